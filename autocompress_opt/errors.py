@@ -1,0 +1,41 @@
+"""The package's exception hierarchy.
+
+Every error that reaches a user names the offending value and, where the set of valid values is
+known, lists it (with a "did you mean" suggestion for near misses).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+__all__ = ["AutocompressError", "ConfigError", "UnknownNameError", "suggest"]
+
+
+class AutocompressError(Exception):
+    """Base class of every error raised on purpose by autocompress_opt."""
+
+
+class ConfigError(AutocompressError, ValueError):
+    """A configuration value is invalid; the message names the field and the value."""
+
+
+class UnknownNameError(AutocompressError, KeyError):
+    """A name was looked up in a registry that does not hold it."""
+
+    def __init__(self, kind: str, name: str, available: Iterable[str]):
+        self.kind, self.name, self.available = kind, name, sorted(available)
+        super().__init__(f"unknown {kind} {name!r}{suggest(name, self.available)}; "
+                         f"available: {', '.join(self.available) or '(none)'}")
+
+    def __str__(self) -> str:  # KeyError would repr() the message otherwise
+        return str(self.args[0])
+
+
+def suggest(name: str, candidates: Iterable[str]) -> str:
+    """Return " — did you mean 'x'?" for the closest candidate, or "" when nothing is close."""
+    close = difflib.get_close_matches(name.lower(), [c.lower() for c in candidates], n=1, cutoff=0.6)
+    if not close:
+        return ""
+    original = next(c for c in candidates if c.lower() == close[0])
+    return f" — did you mean {original!r}?"
