@@ -1,0 +1,42 @@
+"""``autocompress`` command line: one module per verb; each builds a config and calls the API."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from autocompress_opt.errors import AutocompressError
+
+__all__ = ["main"]
+
+_VERBS = ("arch", "cost", "hardware", "report", "validate", "calibrate")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from importlib import import_module
+
+    parser = argparse.ArgumentParser(
+        prog="autocompress",
+        description="Hardware-guided pruning of decoder LLMs: describe architectures, predict serving "
+        "cost on a GPU catalog, calibrate and validate the cost models.",
+        epilog="Run 'autocompress VERB --help' for examples of each verb.",
+    )
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for verb in _VERBS:
+        import_module(f"autocompress_opt.cli.{verb}").add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except AutocompressError as exc:
+        print(f"autocompress {args.verb}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
