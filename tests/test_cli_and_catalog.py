@@ -1,0 +1,150 @@
+"""CLI verbs, hardware catalog, workloads and constraints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autocompress_opt.architecture import known_architectures
+from autocompress_opt.cli import main
+from autocompress_opt.costmodel import METRICS, Scenario, estimate_cost
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.hardware import HARDWARE, get_hardware, load_hardware_file
+from autocompress_opt.workloads import WORKLOADS, Constraint, get_workload, parse_constraint
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cost_json_has_exactly_the_metric_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "cost", "--model", "smollm2-135m", "--hardware", "rtx5070", "--engine", "vllm",
+                           "--dtype", "bf16", "--input-len", "512", "--output-len", "64", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert list(data) == list(METRICS)
+    expected = estimate_cost(known_architectures()["smollm2-135m"], "rtx5070", "vllm", Scenario("bf16", 512, 64, 1))
+    assert data["tpot_ms"] == pytest.approx(expected.tpot_ms)
+
+
+def test_cost_concurrency_max_and_tp(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "cost", "--model", "llama-3.3-70b", "--hardware", "h100", "--engine", "trtllm",
+                           "--dtype", "fp8", "--tp", "2", "--concurrency", "max", "--input-len", "1000",
+                           "--output-len", "1000", "--json")
+    assert code == 0 and json.loads(out)["max_concurrency"] > 1
+
+
+def test_arch_json_reports_params_and_layers(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "arch", "--model", "smollm2-135m", "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert data["params"] == {"total": 134515008, "non_embedding": 134515008 - 49152 * 576}
+    assert len(data["layers"]) == 30 and data["kv_bytes_per_token"] == 2 * 2 * 3 * 64 * 30
+
+
+def test_bad_names_exit_2_with_a_helpful_message(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "cost", "--model", "smollm2-135m", "--hardware", "rtx5070ti", "--engine", "vllm",
+                           "--dtype", "bf16", "--input-len", "8", "--output-len", "8")
+    assert code == 2 and "unknown hardware 'rtx5070ti'" in err and "did you mean 'rtx5070'" in err and "h100-sxm" in err
+    code, _, err = run_cli(capsys, "cost", "--model", "smollm2-135m", "--hardware", "rtx5070", "--engine", "sglang",
+                           "--dtype", "bf16", "--input-len", "8", "--output-len", "8")
+    assert code == 2 and "unknown serving engine 'sglang'" in err and "llamacpp, torch-eager, trtllm, vllm" in err
+    code, _, err = run_cli(capsys, "cost", "--model", "smollm2-135m", "--hardware", "rtx5070", "--engine", "vllm",
+                           "--dtype", "bf16", "--input-len", "-3", "--output-len", "8")
+    assert code == 2 and "input_len must be a positive integer, got -3" in err
+
+
+def test_every_verb_has_help_with_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    for verb in ("arch", "cost", "hardware", "report", "validate", "calibrate"):
+        with pytest.raises(SystemExit) as info:
+            main([verb, "--help"])
+        assert info.value.code == 0
+        assert "examples:" in capsys.readouterr().out
+
+
+def test_hardware_list_json_keeps_sources(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "hardware", "list", "--json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert code == 0 and {"rtx5070", "rtx5080", "h100-sxm", "h200", "b200"} <= set(rows)
+    assert rows["h100-sxm"]["bandwidth_gb_s"] == 3350 and "datasheet" in rows["h100-sxm"]["source"]
+    assert rows["rtx5070"]["peak_tflops"]["bf16"] == 61.7  # the FP32-accumulate rate (DESIGN.md §3)
+
+
+def test_user_hardware_yaml_joins_the_catalog(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "gpus.yaml"
+    path.write_text("- name: my-gpu\n  memory_gib: 24\n  bandwidth_gb_s: 1000\n  peak_tflops: {bf16: 100}\n  source: my bench\n")
+    code, out, _ = run_cli(capsys, "cost", "--hardware-file", str(path), "--model", "smollm2-135m", "--hardware",
+                           "my-gpu", "--engine", "vllm", "--dtype", "bf16", "--input-len", "64", "--output-len", "8", "--json")
+    assert code == 0 and json.loads(out)["tpot_ms"] > 0
+    assert get_hardware("my-gpu").source == "my bench"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- name: x\n  memory_gib: 24\n  bandwith_gb_s: 1000\n  peak_tflops: {bf16: 1}\n")
+    with pytest.raises(ConfigError, match="unknown hardware key 'bandwith_gb_s' — did you mean 'bandwidth_gb_s'"):
+        load_hardware_file(bad)
+    HARDWARE._items.pop("my-gpu")
+
+
+def test_compute_dtype_falls_back_to_wider_math() -> None:
+    assert get_hardware("h100-sxm").compute_dtype("fp4") == "fp8"  # no FP4 tensor cores on Hopper
+    assert get_hardware("b200").compute_dtype("fp4") == "fp4"
+    assert get_hardware("h100-sxm").interconnect_gb_s == 900 and get_hardware("b200").interconnect_gb_s == 1800
+
+
+def test_validate_verb_prints_every_row(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "validate", "--json")
+    rows = json.loads(out)
+    assert code == 0 and [r["id"] for r in rows] == ["pub1", "pub2", "pub3", "pub4", "pub5", "pub6"]
+    assert all({"predicted", "measured", "error", "bound"} <= set(r) for r in rows)
+
+
+def test_validate_rejects_a_csv_without_the_columns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "m.csv"
+    path.write_text("id,model,value\nx,y,1\n")
+    code, _, err = run_cli(capsys, "validate", "--measurements", str(path))
+    assert code == 2 and "lacks column(s) layers" in err
+
+
+def test_report_writes_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "report", "--model", "smollm2-135m", "--workload", "in-game",
+                           "--hardware", "rtx5070,b200", "--out", str(tmp_path))
+    assert code == 0 and "in-game" in out
+    data = json.loads((tmp_path / "cost-report-smollm2-135m.json").read_text())
+    assert {r["hardware"] for r in data["rows"]} == {"rtx5070", "b200"}
+    assert (tmp_path / "cost-report-smollm2-135m.png").stat().st_size > 1000
+
+
+# ------------------------------------------------------------------ workloads
+def test_builtin_workloads_have_shapes_and_constraints() -> None:
+    assert set(WORKLOADS.names()) == {"local-coding", "datacenter", "in-game"}
+    for name in WORKLOADS.names():
+        wl = get_workload(name)
+        assert wl.constraints and wl.scenario().input_len == wl.input_len
+    assert get_workload("local-coding").input_len >= 32768 and get_workload("datacenter").concurrency == "max"
+
+
+def test_constraints_absolute_and_relative() -> None:
+    rel = parse_constraint("tpot_ms", "0.6x")
+    absolute = parse_constraint("tpot_ms", "20")
+    assert rel == Constraint("tpot_ms", 0.6, relative=True) and absolute == Constraint("tpot_ms", 20.0)
+    parent = {"tpot_ms": 10.0, "output_throughput_tok_s": 1000.0}
+    assert rel.violation({"tpot_ms": 5.0}, parent) == pytest.approx((5 - 6) / 6)  # feasible: <= 0
+    assert absolute.violation({"tpot_ms": 30.0}) == pytest.approx(0.5)  # 50 % over
+    thr = parse_constraint("output_throughput_tok_s", "1.5x")
+    assert thr.violation({"output_throughput_tok_s": 1200.0}, parent) == pytest.approx((1500 - 1200) / 1500)
+    with pytest.raises(ConfigError, match="relative to the parent"):
+        rel.violation({"tpot_ms": 5.0})
+    with pytest.raises(ConfigError, match="'fast' is neither a number"):
+        parse_constraint("tpot_ms", "fast")
+    with pytest.raises(ConfigError, match="cannot constrain 'tpot' — did you mean 'tpot_ms'"):
+        Constraint("tpot", 1.0)
+
+
+def test_workload_constraint_overrides() -> None:
+    wl = get_workload("in-game").with_constraints({"peak_memory_gib": "4", "tpot_ms": "0.5x"})
+    by_metric = {c.metric: c for c in wl.constraints}
+    assert by_metric["peak_memory_gib"] == Constraint("peak_memory_gib", 4.0)
+    assert by_metric["tpot_ms"] == Constraint("tpot_ms", 0.5, relative=True)
