@@ -321,7 +321,7 @@ def estimate_batch(
         chunk = prompt_tokens if eng.chunk_tokens == 0 else ops.min(prompt_tokens, eng.chunk_tokens)
         logits_rows = prompt_tokens if eng.logits_all_tokens else batch
         act = chunk * s.act_width * dt.activation_bytes / tp + logits_rows * arrays.vocab * 4 / tp
-        if eng.logits_all_tokens:  # eager attention materialises (batch, heads, P, P) scores
+        if eng.attention_scores_materialised:  # eager attention holds (batch, heads, P, P) scores
             act = act + batch * ops.amax(arrays.heads) * p_len * p_len * dt.activation_bytes / tp
         return act
 

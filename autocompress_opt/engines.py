@@ -43,8 +43,9 @@ class Engine:
         max_seqs: the engine's cap on concurrent sequences.
         framework_gib: fixed memory outside weights/KV/activations (CUDA context, allocator).
         cuda_graph_gib: memory held by captured CUDA graphs.
-        logits_all_tokens: prefill computes logits for every prompt token (HF eager) rather than
-            for the last one only.
+        logits_all_tokens: prefill computes logits for every prompt token rather than for the
+            last one only (serving engines and transformers' ``generate`` keep only the last).
+        attention_scores_materialised: eager attention holds (batch, heads, P, P) scores.
         single_user: the engine serves one sequence at a time.
         options: engine options a user may override (``--engine-option k=v``).
     """
@@ -62,6 +63,7 @@ class Engine:
     framework_gib: float = 0.5
     cuda_graph_gib: float = 0.0
     logits_all_tokens: bool = False
+    attention_scores_materialised: bool = False
     single_user: bool = False
     context_tokens: int = 0  # llama.cpp n_ctx; 0 = input + output rounded up to kv_block_tokens
     options: tuple[str, ...] = field(default=("memory_fraction", "max_seqs", "chunk_tokens", "context_tokens"))
@@ -168,7 +170,7 @@ ENGINES.register(
         memory_fraction=1.0,
         max_seqs=1 << 20,
         framework_gib=0.0,
-        logits_all_tokens=True,
+        attention_scores_materialised=True,
     ),
     aliases=("torch", "eager", "transformers"),
 )

@@ -21,6 +21,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--decode-context", type=int, default=128, help="context length of timed decode steps (default 128)")
     p.add_argument("--batch", type=int, default=1, help="sequences per forward (default 1)")
     p.add_argument("--seed", type=int, default=0, help="sweep and split seed (default 0)")
+    p.add_argument("--passes", type=int, default=2, help="timing passes per architecture, fastest kept (default 2)")
     p.add_argument("--device", default=None, help="torch device (default: cpu for --hardware cpu, else cuda)")
     p.add_argument("--out", type=Path, default=None, help="profile YAML to write (default ~/.cache/autocompress_opt/profiles/)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from autocompress_opt.calibration import calibrate
 
     result = calibrate(args.hardware, n_archs=args.archs, prompt_len=args.prompt_len, decode_context=args.decode_context,
-                       batch=args.batch, seed=args.seed, device=args.device, out=args.out, progress=not args.json)
+                       batch=args.batch, seed=args.seed, passes=args.passes, device=args.device, out=args.out, progress=not args.json)
     if args.json:
         print_json({"hardware": result.hardware.to_dict(), "profile": result.profile.to_dict(),
                     "path": str(result.path), "rows": result.rows})
