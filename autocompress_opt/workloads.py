@@ -137,7 +137,9 @@ WORKLOADS.register("in-game", Workload(
     name="in-game",
     description="latency-bound chat beside a game: batch 1, short context, strict TTFT/TPOT and memory",
     input_len=512, output_len=64, concurrency=1, engine="vllm", dtype="bf16",
-    constraints=(Constraint("ttft_ms", 0.6, True), Constraint("tpot_ms", 0.6, True), Constraint("peak_memory_gib", 0.6, True)),
+    # Fixed per-step costs dominate small models at batch 1, so latency limits are relative and
+    # moderate; the memory budget is absolute: the game keeps the rest of the card.
+    constraints=(Constraint("ttft_ms", 0.7, True), Constraint("tpot_ms", 0.8, True), Constraint("peak_memory_gib", 4.0)),
     targets=("rtx5070", "rtx5080"),
 ))
 

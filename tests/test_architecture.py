@@ -94,6 +94,7 @@ PUBLISHED_TOTALS = {
     "llama-3.3-70b": 70_553_706_496,
     "llama-3.1-405b": 405_853_388_800,
     "qwen3-8b": 8_190_735_360,
+    "mistral-large-2": 122_610_069_504,  # the dense ~120B parent of the paper's large case
 }
 
 

@@ -10,7 +10,7 @@ from autocompress_opt.errors import AutocompressError
 
 __all__ = ["main"]
 
-_VERBS = ("arch", "cost", "hardware", "report", "validate", "calibrate")
+_VERBS = ("arch", "cost", "hardware", "report", "validate", "calibrate", "study", "plot")
 
 
 def build_parser() -> argparse.ArgumentParser:

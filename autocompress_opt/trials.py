@@ -1,0 +1,128 @@
+"""Trial functions: what one outer-loop trial does with the point the sampler proposed.
+
+A trial function takes a plain, serialisable request (it may run on another Ray node) and returns
+a plain result::
+
+    request = {"params": {...global choices...}, "parent": Architecture dict, "target": Target dict,
+               "layer_order": [...] | None, "seed": int}
+    result  = {"architecture": Architecture dict, "metrics": {cost metric: value},
+               "quality": float, "quality_kind": str}
+
+Trial functions live in :data:`TRIAL_MODES`. This module ships ``plan``: no weights; the
+architecture is scored by the target's cost model and a quality proxy (the fraction of the
+parent's parameters retained). The weights path (inner mask search, real pruning and quality)
+registers another mode; the driver does not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autocompress_opt.architecture import Architecture
+from autocompress_opt.costmodel import Scenario, estimate_cost
+from autocompress_opt.engines import get_engine
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.registry import Registry
+from autocompress_opt.search_space import SearchSpace
+from autocompress_opt.workloads import Workload, get_workload
+
+__all__ = ["TRIAL_MODES", "Target", "plan_trial", "quality_proxy"]
+
+TrialFn = Callable[[Mapping[str, Any]], dict[str, Any]]
+TRIAL_MODES: Registry[TrialFn] = Registry("trial mode")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how the pruned model will be served; one Optuna study per target.
+
+    ``constraints`` overrides or adds to the workload's (``{"tpot_ms": "0.6x"}``); ``None``
+    fields take the workload's defaults.
+    """
+
+    hardware: str
+    workload: str
+    engine: str | None = None
+    dtype: str | None = None
+    tp: int = 1
+    input_len: int | None = None
+    output_len: int | None = None
+    concurrency: int | str | None = None
+    constraints: Mapping[str, str] = field(default_factory=dict)
+    engine_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from autocompress_opt.hardware import get_hardware
+
+        get_hardware(self.hardware)
+        self.resolved_workload()  # validates names and constraint strings
+        self.scenario()
+
+    def resolved_workload(self) -> Workload:
+        return get_workload(self.workload).with_constraints(dict(self.constraints))
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine or get_workload(self.workload).engine
+
+    def scenario(self) -> Scenario:
+        return get_workload(self.workload).scenario(dtype=self.dtype, tp=self.tp, input_len=self.input_len,
+                                                    output_len=self.output_len, concurrency=self.concurrency)
+
+    def engine_obj(self) -> Any:
+        return get_engine(self.engine_name).with_options(**dict(self.engine_options))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["constraints"] = dict(self.constraints)
+        data["engine_options"] = dict(self.engine_options)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Target:
+        valid = set(cls.__dataclass_fields__)
+        unknown = [k for k in data if k not in valid]
+        if unknown:
+            raise ConfigError(f"unknown target key(s) {unknown}; valid: {', '.join(sorted(valid))}")
+        return cls(**data)
+
+
+def parent_metrics(parent: Architecture, target: Target) -> dict[str, float]:
+    """The parent's cost in the target scenario: the reference of relative constraints."""
+    return estimate_cost(parent, target.hardware, target.engine_obj(), target.scenario()).to_dict()
+
+
+def quality_proxy(arch: Architecture, parent: Architecture) -> float:
+    """Plan-mode quality: the fraction of the parent's parameters the architecture keeps."""
+    return arch.num_params / parent.num_params
+
+
+@TRIAL_MODES.decorator("plan")
+def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Score a point without weights: cost model for the target + retained-parameter proxy."""
+    parent = Architecture.from_dict(request["parent"])
+    space = SearchSpace.from_dict(request["space"])
+    target = Target.from_dict(request["target"])
+    arch = space.architecture(request["params"], parent, request.get("layer_order"))
+    metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
+    return {"architecture": arch.to_dict(), "metrics": metrics, "quality": quality_proxy(arch, parent),
+            "quality_kind": "retained_params"}
+
+
+def load_plugins(modules: Sequence[str]) -> None:
+    """Import plugin modules; importing one registers its trial modes in :data:`TRIAL_MODES`."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(f"plugin module {name!r} cannot be imported: {exc}") from None
+
+
+def run_trial(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Dispatch to the trial mode named in ``request["mode"]`` (after importing its plugins)."""
+    load_plugins(request.get("plugins") or ())
+    return TRIAL_MODES.get(str(request.get("mode", "plan")))(request)

@@ -1,0 +1,176 @@
+"""Pareto studies on a real local Ray with a real Optuna SQLite storage."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.search_space import load_search_space
+from autocompress_opt.study import Objective, StudyConfig, TrialRecord, load_records, pareto_front, run_study
+from autocompress_opt.study import _init_ray
+from autocompress_opt.trials import Target
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """One local Ray for the module, with the test plugins importable in workers."""
+    import ray
+
+    _init_ray(None, 2, ("study_plugins",))
+    yield
+    ray.shutdown()
+
+
+def config(tmp_path: Path, name: str = "t", **kwargs) -> StudyConfig:
+    base = dict(name=name, model="smollm2-135m", targets=(Target("rtx5070", "in-game"), Target("b200", "datacenter")),
+                space=load_search_space("smollm2-135m"), trials=8, storage=f"sqlite:///{tmp_path}/studies.db",
+                plugins=("study_plugins",), concurrency=2)
+    return StudyConfig(**{**base, **kwargs})
+
+
+def complete(records: list[TrialRecord]) -> list[TrialRecord]:
+    return [r for r in records if r.state == "COMPLETE"]
+
+
+def test_multi_objective_study_with_constraints(tmp_path: Path) -> None:
+    """Both targets reach the requested COMPLETE trials; constraints are stored Optuna's way;
+    the Pareto set is non-dominated; quality and metrics are recorded per trial."""
+    cfg = config(tmp_path)
+    outcomes = run_study(cfg, progress=False)
+    assert [o.complete for o in outcomes] == [8, 8]
+    for target in cfg.targets:
+        records, attrs = load_records(cfg.storage_url, cfg.study_name(target))
+        done = complete(records)
+        assert len(done) == 8
+        assert len({tuple(sorted(r.params.items())) for r in done}) == 8  # no repeated points
+        for r in done:
+            assert r.constraints and r.metrics["tpot_ms"] > 0 and 0 < r.quality <= 1
+            assert r.feasible == all(v <= 0 for v in r.constraints.values())
+        study = optuna.load_study(study_name=cfg.study_name(target), storage=cfg.storage_url)
+        assert all(t.constraints for t in study.trials if t.state.name == "COMPLETE")  # Trial.set_constraint
+        front = pareto_front(records, ["maximize", "minimize" if target.workload == "in-game" else "maximize"])
+        assert front and all(r.feasible for r in front)
+        assert attrs["parent_metrics"]["tpot_ms"] > 0
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1), st.floats(0.1, 100), st.booleans()), min_size=1, max_size=30))
+def test_pareto_front_is_non_dominated_and_complete(points: list) -> None:
+    records = [TrialRecord("s", i, "COMPLETE", {}, [q, c], f, q, {}, {}, None) for i, (q, c, f) in enumerate(points)]
+    front = pareto_front(records, ["maximize", "minimize"])
+    feasible = [r for r in records if r.feasible]
+    dominated = lambda a, b: a.values[0] >= b.values[0] and a.values[1] <= b.values[1] and a.values != b.values  # noqa: E731
+    for r in front:
+        assert r.feasible and not any(dominated(o, r) for o in feasible)
+    for r in feasible:
+        assert r in front or any(dominated(o, r) for o in front)
+
+
+def test_resume_continues_to_the_requested_count_and_repairs_orphans(tmp_path: Path) -> None:
+    """A RUNNING trial left by a dead driver becomes FAIL and its params are re-run."""
+    cfg = config(tmp_path, name="r", targets=(Target("rtx5080", "in-game"),), trials=4)
+    run_study(cfg, progress=False)
+    study = optuna.load_study(study_name="r.rtx5080", storage=cfg.storage_url)
+    orphan = study.ask(cfg.space.distributions())  # no driver recorded: like a killed one
+    run_study(replace(cfg, trials=7), progress=False)
+    records, _ = load_records(cfg.storage_url, "r.rtx5080")
+    assert len(complete(records)) == 7
+    assert not [r for r in records if r.state == "RUNNING"]
+    failed = [r for r in records if r.state == "FAIL"]
+    assert [r.number for r in failed] == [orphan.number] and "orphaned" in failed[0].error
+    assert any(r.params == orphan.params for r in complete(records))  # re-queued and run
+
+
+def test_kill_9_mid_study_then_same_command_loses_nothing(tmp_path: Path) -> None:
+    """kill -9 of the driver, then the same run: exactly N COMPLETE, no duplicates, no orphans."""
+    storage = f"sqlite:///{tmp_path}/k.db"
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from autocompress_opt.search_space import load_search_space
+        from autocompress_opt.study import StudyConfig, run_study
+        from autocompress_opt.trials import Target
+        cfg = StudyConfig(name="k", model="smollm2-135m", targets=(Target("h100-sxm", "datacenter"),),
+                          space=load_search_space("smollm2-135m"), trials=14, storage={storage!r},
+                          mode="plan-slow", plugins=("study_plugins",), concurrency=2)
+        run_study(cfg, progress=False)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, start_new_session=True)
+    deadline = time.time() + 120
+    n_done = 0
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        try:
+            trials = optuna.load_study(study_name="k.h100-sxm", storage=storage).trials
+        except (KeyError, Exception):  # noqa: BLE001 - the study may not exist yet
+            continue
+        n_done = sum(t.state.name == "COMPLETE" for t in trials)
+        if n_done >= 4 and any(t.state.name == "RUNNING" for t in trials):
+            break
+    assert proc.poll() is None, "driver finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything it started
+    proc.wait()
+    before = optuna.load_study(study_name="k.h100-sxm", storage=storage).trials
+    running_before = [t for t in before if t.state.name == "RUNNING"]
+    assert running_before, "expected trials in flight at the kill"
+    cfg = StudyConfig(name="k", model="smollm2-135m", targets=(Target("h100-sxm", "datacenter"),),
+                      space=load_search_space("smollm2-135m"), trials=14, storage=storage, mode="plan-slow",
+                      plugins=("study_plugins",), concurrency=2)
+    run_study(cfg, progress=False)
+    records, _ = load_records(storage, "k.h100-sxm")
+    done = complete(records)
+    assert len(done) == 14
+    assert len({tuple(sorted(r.params.items())) for r in done}) == 14
+    assert not [r for r in records if r.state == "RUNNING"]
+    completed_before = {t.number for t in before if t.state.name == "COMPLETE"}
+    assert completed_before <= {r.number for r in done}  # no finished trial lost
+
+
+def test_a_raising_trial_is_recorded_and_the_study_goes_on(tmp_path: Path) -> None:
+    space = replace(load_search_space("smollm2-135m"), sampler="random")
+    space = type(space).from_dict({**space.to_dict(), "hidden_size": {"choices": [384, 576]}})
+    cfg = config(tmp_path, name="f", targets=(Target("rtx5070", "in-game"),), mode="plan-flaky", space=space,
+                 trials=6, max_failures=40)
+    run_study(cfg, progress=False)
+    records, _ = load_records(cfg.storage_url, "f.rtx5070")
+    assert len(complete(records)) == 6
+    failed = [r for r in records if r.state == "FAIL"]
+    assert failed and all("injected failure" in r.error for r in failed)
+
+
+def test_two_studies_share_a_storage_without_interfering(tmp_path: Path) -> None:
+    a = config(tmp_path, name="a", targets=(Target("rtx5070", "in-game"),), trials=3)
+    b = config(tmp_path, name="b", targets=(Target("rtx5070", "in-game"),), trials=3)
+    run_study(b, progress=False)
+    study_b = optuna.load_study(study_name="b.rtx5070", storage=b.storage_url)
+    study_b.ask(b.space.distributions())  # an orphan in b
+    run_study(a, progress=False)
+    records_a, _ = load_records(a.storage_url, "a.rtx5070")
+    records_b, _ = load_records(b.storage_url, "b.rtx5070")
+    assert len(complete(records_a)) == 3 and len(records_a) == 3
+    assert [r.state for r in records_b].count("RUNNING") == 1  # a's run did not touch b
+
+
+def test_changed_objectives_on_an_existing_study_are_an_error(tmp_path: Path) -> None:
+    cfg = config(tmp_path, name="d", targets=(Target("rtx5070", "in-game"),), trials=2)
+    run_study(cfg, progress=False)
+    other = replace(cfg, objectives=(Objective("quality", "maximize"), Objective("peak_memory_gib", "minimize")))
+    with pytest.raises(ConfigError, match="has directions|different settings"):
+        run_study(other, progress=False)
+    with pytest.raises(ConfigError, match="different settings.*target"):
+        run_study(replace(cfg, targets=(Target("rtx5070", "in-game", dtype="fp8"),)), progress=False)
