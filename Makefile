@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
+	$(VENV)/bin/autocompress study run --config studies/smollm2-plan.yaml
+	$(VENV)/bin/autocompress study show smollm2-plan
+	$(VENV)/bin/autocompress plot smollm2-plan --out plots/
 	$(VENV)/bin/autocompress report --model smollm2-135m --out plots/
 
 test: $(STAMP)
@@ -27,6 +30,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_costmodel.py
 	$(PY) benchmarks/bench_validation.py
+	$(PY) benchmarks/bench_study.py
 
 calibrate: $(STAMP)
 	$(VENV)/bin/autocompress calibrate --hardware cpu

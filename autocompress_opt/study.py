@@ -31,7 +31,8 @@ from typing import Any
 from autocompress_opt.architecture import Architecture, load_architecture
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.search_space import SearchSpace
-from autocompress_opt.trials import TRIAL_MODES, Target, load_plugins, parent_metrics, run_trial
+from autocompress_opt.trials import (FITS_DEVICE, TRIAL_MODES, Target, device_fit_violation, load_plugins,
+                                     parent_metrics, run_trial)
 
 __all__ = ["Objective", "StudyConfig", "TrialRecord", "default_storage", "load_records", "pareto_front", "run_study"]
 
@@ -260,7 +261,7 @@ def _make_searcher(study: Any, config: StudyConfig, target: Target, request: dic
             trial.set_user_attr("quality", payload["quality"])
             trial.set_user_attr("quality_kind", payload["quality_kind"])
             trial.set_user_attr("architecture", payload["architecture"])
-            violations = workload.violations(metrics, parent_cost)
+            violations = {FITS_DEVICE: device_fit_violation(metrics, target), **workload.violations(metrics, parent_cost)}
             for key, value in violations.items():
                 trial.set_constraint(key, float(value))
             values = [payload["quality"] if o.metric == "quality" else metrics[o.metric] for o in objectives]

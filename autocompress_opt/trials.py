@@ -89,6 +89,21 @@ class Target:
         return cls(**data)
 
 
+FITS_DEVICE = "fits device memory"
+
+
+def device_fit_violation(metrics: Mapping[str, float], target: Target) -> float:
+    """Normalised violation of "the model, its KV cache and activations fit the device":
+    ``peak_memory_gib / (device memory · engine memory fraction) - 1`` (<= 0 fits); also
+    violated (+1) when not one sequence fits."""
+    from autocompress_opt.hardware import get_hardware
+
+    engine = target.engine_obj()
+    budget = get_hardware(target.hardware).memory_gib * (engine.memory_fraction if engine.memory_policy != "dynamic" else 1.0)
+    over = metrics["peak_memory_gib"] / budget - 1
+    return max(over, 1.0) if metrics["max_concurrency"] < 1 else over
+
+
 def parent_metrics(parent: Architecture, target: Target) -> dict[str, float]:
     """The parent's cost in the target scenario: the reference of relative constraints."""
     return estimate_cost(parent, target.hardware, target.engine_obj(), target.scenario()).to_dict()

@@ -174,3 +174,54 @@ def test_changed_objectives_on_an_existing_study_are_an_error(tmp_path: Path) ->
         run_study(other, progress=False)
     with pytest.raises(ConfigError, match="different settings.*target"):
         run_study(replace(cfg, targets=(Target("rtx5070", "in-game", dtype="fp8"),)), progress=False)
+
+
+def test_cli_run_show_export_list_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The user verbs end to end: run, resume, show, export (csv/json), list and plot."""
+    import json
+
+    from autocompress_opt.cli import main
+
+    storage = f"sqlite:///{tmp_path}/cli.db"
+    run = ["study", "run", "--model", "smollm2-135m", "--targets", "rtx5070,b200", "--workload", "datacenter",
+           "--mode", "plan", "--trials", "5", "--name", "demo", "--storage", storage, "--quiet"]
+    assert main(run) == 0
+    assert "demo.b200: 5 COMPLETE trials" in capsys.readouterr().out
+    assert main(run[:-3] + ["--trials", "7", "--storage", storage, "--quiet"]) == 0  # resume to 7
+    assert "demo.rtx5070: 7 COMPLETE trials" in capsys.readouterr().out
+    assert main(["study", "show", "demo", "--storage", storage]) == 0
+    out = capsys.readouterr().out
+    assert "== demo.rtx5070" in out and "== demo.b200" in out and "quality" in out
+    csv_path = tmp_path / "demo.csv"
+    assert main(["study", "export", "demo", "--storage", storage, "--format", "csv", "--out", str(csv_path)]) == 0
+    header = csv_path.read_text().splitlines()[0].split(",")
+    for column in ("number", "state", "feasible", "params", "num_layers", "hidden_size", "ffn_width", "num_kv_heads",
+                   "q_per_kv", "ttft_ms", "tpot_ms", "output_throughput_tok_s", "peak_memory_gib", "quality"):
+        assert column in header
+    capsys.readouterr()
+    assert main(["study", "export", "demo", "--storage", storage, "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len([r for r in rows if r["state"] == "COMPLETE"]) == 14
+    assert main(["study", "list", "--storage", storage, "--json"]) == 0
+    assert {r["study"] for r in json.loads(capsys.readouterr().out)} == {"demo.rtx5070", "demo.b200"}
+    assert main(["plot", "demo", "--storage", storage, "--out", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "demo-pareto.png").stat().st_size > 10_000
+    assert (tmp_path / "plots" / "demo-pareto.svg").exists()
+    assert main(["study", "show", "nope", "--storage", storage]) == 2
+    assert "no study named 'nope'" in capsys.readouterr().err
+
+
+def test_the_120b_case_finds_architectures_that_fit_one_b200(tmp_path: Path) -> None:
+    """Plan mode, dense ~123B parent, BF16, 128K context, one B200: the parent does not fit,
+    the study finds feasible architectures that do."""
+    from autocompress_opt.trials import FITS_DEVICE
+
+    cfg = config(tmp_path, name="big", model="mistral-large-2", space=load_search_space("mistral-large-2"),
+                 targets=(Target("b200", "local-coding", engine="vllm", dtype="bf16", input_len=126976,
+                                 output_len=4096, concurrency=1, constraints={"ttft_ms": "1x", "tpot_ms": "1x"}),),
+                 objectives=(Objective("quality", "maximize"), Objective("peak_memory_gib", "minimize")), trials=20)
+    run_study(cfg, progress=False)
+    records, attrs = load_records(cfg.storage_url, "big.b200")
+    assert attrs["parent_metrics"]["peak_memory_gib"] > 180  # the parent does not fit
+    feasible = [r for r in records if r.feasible]
+    assert feasible and all(r.metrics["peak_memory_gib"] < 180 and r.constraints[FITS_DEVICE] <= 0 for r in feasible)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -36,6 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AutocompressError as exc:
         print(f"autocompress {args.verb}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and closed early: not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's final flush
+        return 0
 
 
 if __name__ == "__main__":
