@@ -261,6 +261,7 @@ def _make_searcher(study: Any, config: StudyConfig, target: Target, request: dic
             trial.set_user_attr("quality", payload["quality"])
             trial.set_user_attr("quality_kind", payload["quality_kind"])
             trial.set_user_attr("architecture", payload["architecture"])
+            trial.set_user_attr("node", payload.get("node"))
             violations = {FITS_DEVICE: device_fit_violation(metrics, target), **workload.violations(metrics, parent_cost)}
             for key, value in violations.items():
                 trial.set_constraint(key, float(value))
@@ -279,7 +280,11 @@ def _key(params: Mapping[str, Any]) -> tuple:
 def _trainable(config: dict[str, Any]) -> dict[str, Any]:
     """The Ray Tune function trainable: runs one trial, never raises (errors become payload)."""
     try:
-        return {"payload": json.dumps(run_trial(config["request"]))}
+        import ray
+
+        result = run_trial(config["request"])
+        result["node"] = ray.get_runtime_context().get_node_id()  # provenance: which Ray node ran it
+        return {"payload": json.dumps(result)}
     except Exception as exc:  # noqa: BLE001 - a failing trial must not stop the study
         return {"payload": json.dumps({"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"})}
 
