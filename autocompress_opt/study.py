@@ -127,8 +127,13 @@ def make_storage(url: str) -> Any:
     """An Optuna storage from a URL: an RDB URL (sqlite://, postgresql://...) or a journal file path."""
     import optuna
 
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
     if "://" in url:
-        return optuna.storages.RDBStorage(url)
+        try:
+            return optuna.storages.RDBStorage(url)
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy raises many kinds; name the URL
+            raise ConfigError(f"cannot open study storage {url!r}: {exc}") from None
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     return JournalStorage(JournalFileBackend(url))
