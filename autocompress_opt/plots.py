@@ -79,6 +79,7 @@ def plot_pareto(studies: Sequence[dict[str, Any]], stem: Path, title: str = "") 
                 ax.scatter([study["parent"][metric]], [1.0], marker="*", s=90, color=colour, edgecolor="black",
                            linewidths=0.5, zorder=5)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())  # minor labels collide on short log spans
         ax.set_xlabel(label + ("  → better" if higher_better else "  ← better"))
         ax.set_ylabel("quality (higher is better)")
         ax.grid(True, which="both", alpha=0.25)
