@@ -270,6 +270,9 @@ def _make_searcher(study: Any, config: StudyConfig, target: Target, request: dic
             violations = {FITS_DEVICE: device_fit_violation(metrics, target), **workload.violations(metrics, parent_cost)}
             for key, value in violations.items():
                 trial.set_constraint(key, float(value))
+            # Also as user attributes: optuna-dashboard 0.21 shows only old-style list constraints.
+            trial.set_user_attr("constraints", {k: float(v) for k, v in violations.items()})
+            trial.set_user_attr("feasible", all(v <= 0 for v in violations.values()))
             values = [payload["quality"] if o.metric == "quality" else metrics[o.metric] for o in objectives]
             study.tell(trial, values)
             self.complete += 1
