@@ -61,3 +61,15 @@ def smollm2_gguf() -> Path:
         return smollm2_gguf_path()
     except ConfigError as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def smollm2_loaded(smollm2_gguf: Path) -> Any:
+    """The real SmolLM2-135M as a :class:`~autocompress_opt.loading.LoadedModel` (~15 s once per session).
+
+    Shared: do not modify ``.model`` in place; call ``load_model("smollm2-135m")`` for a private
+    copy (a cache hit: ~0.5 s).
+    """
+    from autocompress_opt.loading import load_model
+
+    return load_model(smollm2_gguf)
