@@ -126,6 +126,15 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
             "quality_kind": "retained_params"}
 
 
+@TRIAL_MODES.decorator("weights")
+def weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Real weights: inner per-layer mask search → materialise → held-out quality → cost.
+    (Imported lazily: torch-heavy, and ``import autocompress_opt`` must stay light.)"""
+    from autocompress_opt.weights_trial import run_weights_trial
+
+    return run_weights_trial(request)
+
+
 def load_plugins(modules: Sequence[str]) -> None:
     """Import plugin modules; importing one registers its trial modes in :data:`TRIAL_MODES`."""
     import importlib
