@@ -542,8 +542,13 @@ def _from_json_file(path: Path) -> Architecture:
         raise ConfigError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    name = path.parent.name if path.name == "config.json" else path.stem
+    if data.get("model_type") == "autocompress_decilm":  # a heterogeneous export of this package
+        from autocompress_opt.hetero_model import AutocompressDeciLMConfig
+
+        return AutocompressDeciLMConfig.from_dict(dict(data)).architecture(name=name)
     if path.name == "config.json" or "model_type" in data or "text_config" in data:
-        return Architecture.from_hf_config(data, name=path.parent.name if path.name == "config.json" else path.stem)
+        return Architecture.from_hf_config(data, name=name)
     return Architecture.from_dict(data)
 
 

@@ -243,6 +243,9 @@ def _check_safetensors(path: Path) -> None:
 
 
 def _check_family(model_type: str, path: Path) -> None:
+    if model_type.lower() == "autocompress_decilm":  # our heterogeneous export: register its class
+        import autocompress_opt.hetero_model  # noqa: F401
+        return
     if model_type.lower() not in SUPPORTED_FAMILIES:
         raise ConfigError(
             f"cannot load {str(path)!r}: model_type {model_type or '(missing)'!r} is not a supported decoder LLM "
@@ -295,7 +298,10 @@ def _gguf_architecture(path: Path) -> str:
 def _checked_architecture(model: Any, path: Path) -> Architecture:
     """The model's :class:`Architecture`, verified to count exactly its parameters."""
     name = path.stem if path.suffix.lower() == ".gguf" else path.name
-    architecture = Architecture.from_hf_config(model.config, name=name)
+    if getattr(model.config, "model_type", "") == "autocompress_decilm":
+        architecture = model.config.architecture(name=name)
+    else:
+        architecture = Architecture.from_hf_config(model.config, name=name)
     actual = sum(p.numel() for p in model.parameters())
     if actual != architecture.num_params:
         raise ConfigError(
