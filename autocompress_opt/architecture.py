@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.errors import ConfigError, UnknownNameError, suggest
+from autocompress_opt.errors import ConfigError, UnknownNameError, reject_unknown_keys, suggest
 
 __all__ = [
     "Architecture",
@@ -279,7 +279,7 @@ class Architecture:
         if not isinstance(data, Mapping):
             raise ConfigError(f"an architecture must be a mapping, got {type(data).__name__}")
         fields = {f for f in cls.__dataclass_fields__ if not f.startswith("_")}
-        _reject_unknown(data, fields, "Architecture")
+        reject_unknown_keys(data, fields, "Architecture")
         if "layers" not in data or not isinstance(data["layers"], Sequence):
             raise ConfigError("Architecture needs 'layers': a list of per-layer mappings")
         layer_fields = set(LayerSpec.__dataclass_fields__)
@@ -287,7 +287,7 @@ class Architecture:
         for i, raw in enumerate(data["layers"]):
             if not isinstance(raw, Mapping):
                 raise ConfigError(f"Architecture.layers[{i}] must be a mapping, got {raw!r}")
-            _reject_unknown(raw, layer_fields, f"Architecture.layers[{i}]")
+            reject_unknown_keys(raw, layer_fields, f"Architecture.layers[{i}]")
             layers.append(LayerSpec(**raw))
         return cls(**{**data, "layers": tuple(layers)})
 
@@ -438,12 +438,6 @@ class Architecture:
             f"{self.name or self.family}: {len(active)}/{self.num_layers} layers, hidden {self.hidden_size}, "
             f"heads {span(heads)}, ffn {span(ffn)}, {self.num_params / 1e6:.1f}M params"
         )
-
-
-def _reject_unknown(data: Mapping[str, Any], valid: set[str], where: str) -> None:
-    for key in data:
-        if key not in valid:
-            raise ConfigError(f"unknown key {key!r} in {where}{suggest(str(key), valid)}; valid keys: {', '.join(sorted(valid))}")
 
 
 # ------------------------------------------------------------------ known names

@@ -7,9 +7,10 @@ known, lists it (with a "did you mean" suggestion for near misses).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-__all__ = ["AutocompressError", "ConfigError", "UnknownNameError", "suggest"]
+__all__ = ["AutocompressError", "ConfigError", "UnknownNameError", "reject_unknown_keys", "suggest"]
 
 
 class AutocompressError(Exception):
@@ -39,3 +40,14 @@ def suggest(name: str, candidates: Iterable[str]) -> str:
         return ""
     original = next(c for c in candidates if c.lower() == close[0])
     return f" — did you mean {original!r}?"
+
+
+def reject_unknown_keys(data: Mapping[str, Any], valid: Iterable[str], where: str) -> None:
+    """Raise :class:`ConfigError` for the first key of ``data`` not in ``valid``, with a suggestion.
+
+    The message reads "unknown key 'x' in <where> — did you mean 'y'?; valid keys: ...".
+    """
+    valid = sorted(valid)
+    for key in data:
+        if key not in valid:
+            raise ConfigError(f"unknown key {key!r} in {where}{suggest(str(key), valid)}; valid keys: {', '.join(valid)}")

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.errors import ConfigError, suggest
+from autocompress_opt.errors import ConfigError, reject_unknown_keys
 from autocompress_opt.registry import Registry
 
 __all__ = [
@@ -100,10 +100,7 @@ class Hardware:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Hardware:
-        valid = set(cls.__dataclass_fields__)
-        for key in data:
-            if key not in valid:
-                raise ConfigError(f"unknown hardware key {key!r}{suggest(str(key), valid)}; valid: {', '.join(sorted(valid))}")
+        reject_unknown_keys(data, cls.__dataclass_fields__, "a hardware entry")
         missing = [k for k in ("name", "memory_gib", "bandwidth_gb_s", "peak_tflops") if k not in data]
         if missing:
             raise ConfigError(f"hardware entry {data.get('name', '?')!r} is missing {', '.join(missing)}")

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autocompress_opt.errors import ConfigError, suggest
+from autocompress_opt.errors import ConfigError, reject_unknown_keys
 
 if TYPE_CHECKING:
     from autocompress_opt.hardware import Hardware
@@ -86,10 +86,7 @@ class CostProfile:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostProfile:
-        valid = set(cls.__dataclass_fields__)
-        for key in data:
-            if key not in valid:
-                raise ConfigError(f"unknown profile key {key!r}{suggest(str(key), valid)}; valid: {', '.join(sorted(valid))}")
+        reject_unknown_keys(data, cls.__dataclass_fields__, "a cost profile")
         if "engine" not in data:
             raise ConfigError("a cost profile needs 'engine'")
         return cls(**data)

@@ -23,7 +23,7 @@ from typing import Any
 from autocompress_opt.architecture import Architecture
 from autocompress_opt.costmodel import Scenario, estimate_cost
 from autocompress_opt.engines import get_engine
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.errors import ConfigError, reject_unknown_keys
 from autocompress_opt.registry import Registry
 from autocompress_opt.search_space import SearchSpace
 from autocompress_opt.workloads import Workload, get_workload
@@ -82,10 +82,7 @@ class Target:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Target:
-        valid = set(cls.__dataclass_fields__)
-        unknown = [k for k in data if k not in valid]
-        if unknown:
-            raise ConfigError(f"unknown target key(s) {unknown}; valid: {', '.join(sorted(valid))}")
+        reject_unknown_keys(data, cls.__dataclass_fields__, "a target")
         return cls(**data)
 
 

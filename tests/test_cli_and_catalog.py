@@ -83,7 +83,7 @@ def test_user_hardware_yaml_joins_the_catalog(tmp_path: Path, capsys: pytest.Cap
     assert get_hardware("my-gpu").source == "my bench"
     bad = tmp_path / "bad.yaml"
     bad.write_text("- name: x\n  memory_gib: 24\n  bandwith_gb_s: 1000\n  peak_tflops: {bf16: 1}\n")
-    with pytest.raises(ConfigError, match="unknown hardware key 'bandwith_gb_s' — did you mean 'bandwidth_gb_s'"):
+    with pytest.raises(ConfigError, match="unknown key 'bandwith_gb_s' in a hardware entry — did you mean 'bandwidth_gb_s'"):
         load_hardware_file(bad)
     HARDWARE._items.pop("my-gpu")
 
