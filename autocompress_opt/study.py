@@ -89,6 +89,7 @@ class StudyConfig:
     address: str | None = None
     max_failures: int | None = None
     plugins: tuple[str, ...] = ()
+    inner: Mapping[str, Any] = field(default_factory=dict)  # per-trial budget of the weights mode
 
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in "/\\ :"):
@@ -334,7 +335,7 @@ def _alive(pid: Any) -> bool:
 # ------------------------------------------------------------------ opening
 def _identity(config: StudyConfig, target: Target, objectives: Sequence[Objective]) -> dict[str, Any]:
     return {"model": config.model, "mode": config.mode, "target": target.to_dict(), "space": config.space.to_dict(),
-            "objectives": [str(o) for o in objectives]}
+            "objectives": [str(o) for o in objectives], "inner": dict(config.inner)}
 
 
 def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tuple[Any, dict[str, float]]:
@@ -453,7 +454,7 @@ def run_study(config: StudyConfig, *, progress: bool = True, layer_order: Sequen
         objectives = config.objectives_for(target)
         request = {"mode": config.mode, "plugins": list(config.plugins), "parent": parent.to_dict(), "space": config.space.to_dict(),
                    "target": target.to_dict(), "layer_order": list(layer_order) if layer_order else None,
-                   "seed": config.seed}
+                   "seed": config.seed, "inner": dict(config.inner)}
         done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
         bar = _Progress(config.study_name(target), config.trials, min(done, config.trials), progress)
         if done < config.trials:

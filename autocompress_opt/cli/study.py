@@ -55,6 +55,8 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--seed", type=int, help="sampler seed (default 0)")
     run.add_argument("--parallel", type=int, help="trials running at once (default 1)")
     run.add_argument("--address", help="existing Ray cluster address (default: start a local Ray)")
+    run.add_argument("--inner", action="append", default=None, metavar="KEY=VALUE",
+                     help="weights mode: per-trial inner-search budget, e.g. steps=24 (see inner_search.InnerConfig)")
     run.add_argument("--plugin", action="append", default=None, metavar="MODULE",
                      help="import MODULE first (in the driver and every trial): it may register trial modes")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -86,7 +88,7 @@ _DEFAULTS = {"model": "smollm2-135m", "targets": "rtx5070,rtx5080,h100-sxm,b200"
 
 _RUN_KEYS = ("model", "targets", "workload", "engine", "dtype", "tp", "input_len", "output_len", "concurrency",
              "max_ttft_ms", "max_tpot_ms", "min_throughput", "max_memory_gib", "engine_option", "mode", "trials",
-             "name", "storage", "space", "sampler", "objectives", "seed", "parallel", "address", "plugin")
+             "name", "storage", "space", "sampler", "objectives", "seed", "parallel", "address", "plugin", "inner")
 
 
 def _merged(args: argparse.Namespace) -> dict[str, Any]:
@@ -141,7 +143,16 @@ def build_config(values: dict[str, Any]) -> Any:
     return StudyConfig(name=name, model=model, targets=tuple(targets), space=space, trials=int(values["trials"]),
                        objectives=objectives, mode=str(values["mode"]), storage=values.get("storage"),
                        seed=int(values["seed"]), concurrency=int(values["parallel"]), address=values.get("address"),
-                       plugins=tuple(values.get("plugin") or ()))
+                       plugins=tuple(values.get("plugin") or ()), inner=_inner(values.get("inner")))
+
+
+def _inner(raw: Any) -> dict[str, Any]:
+    """``{steps: 24}`` from YAML, or ``["steps=24"]`` from flags."""
+    if not raw:
+        return {}
+    if isinstance(raw, dict):
+        return dict(raw)
+    return engine_options(list(raw))
 
 
 def _run(args: argparse.Namespace) -> int:
