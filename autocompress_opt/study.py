@@ -438,6 +438,14 @@ def _init_ray(address: str | None, concurrency: int, plugins: Sequence[str] = ()
         ray.init(num_cpus=max(concurrency, os.cpu_count() or 1), **kwargs)
 
 
+def _trial_cpus(config: StudyConfig) -> int:
+    """Plan trials are arithmetic (1 CPU); weights trials share the machine's cores between the
+    trials running at once (Ray sets OMP_NUM_THREADS, hence torch's threads, from this)."""
+    if config.mode == "plan":
+        return 1
+    return max(1, (os.cpu_count() or 1) // config.concurrency)
+
+
 def run_study(config: StudyConfig, *, progress: bool = True, layer_order: Sequence[int] | None = None) -> list[TargetOutcome]:
     """Run (or continue) every target's study to ``config.trials`` COMPLETE trials."""
     import optuna
@@ -454,7 +462,9 @@ def run_study(config: StudyConfig, *, progress: bool = True, layer_order: Sequen
         objectives = config.objectives_for(target)
         request = {"mode": config.mode, "plugins": list(config.plugins), "parent": parent.to_dict(), "space": config.space.to_dict(),
                    "target": target.to_dict(), "layer_order": list(layer_order) if layer_order else None,
-                   "seed": config.seed, "inner": dict(config.inner)}
+                   "seed": config.seed, "inner": dict(config.inner), "parent_model": config.model,
+                   # absolute: Ray Tune runs each trial in its own (scratch) working directory
+                   "cache_dir": str(Path(".autocompress").resolve())}
         done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
         bar = _Progress(config.study_name(target), config.trials, min(done, config.trials), progress)
         if done < config.trials:
@@ -462,7 +472,7 @@ def run_study(config: StudyConfig, *, progress: bool = True, layer_order: Sequen
             scratch = tempfile.mkdtemp(prefix="autocompress-tune-")
             try:
                 tuner = tune.Tuner(
-                    tune.with_resources(_trainable, {"cpu": 1}),
+                    tune.with_resources(_trainable, {"cpu": _trial_cpus(config)}),
                     tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1,
                                                 max_concurrent_trials=config.concurrency, reuse_actors=True),
                     run_config=tune.RunConfig(storage_path=scratch, name=config.study_name(target), verbose=0,

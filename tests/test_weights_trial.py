@@ -1,0 +1,103 @@
+"""The weights trial mode end to end on a tiny saved Llama: load → importance → inner search →
+materialise → held-out quality → exact cost, with the quality cache and the trials.py contract."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autocompress_opt.architecture import Architecture
+from autocompress_opt.costmodel import estimate_cost
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.loading import load_model
+from autocompress_opt.trials import Target, run_trial
+from autocompress_opt.weights_trial import QUALITY_KIND, TrialConfig, clear_trial_cache, run_weights_trial
+from tiny_lm import save_hf_dir, tiny_model
+
+PARAMS = {"num_layers": 3, "hidden_size": 32, "ffn_width": 32, "num_kv_heads": 1, "q_per_kv": 2}
+INNER = {"steps": 3, "n_samples": 4, "val_samples": 1, "seq_len": 32, "eval_samples": 2, "eval_seq_len": 32,
+         "importance_samples": 2, "importance_seq_len": 32}
+TARGET = Target("h100-sxm", "datacenter", constraints={"tpot_ms": "0.95x", "output_throughput_tok_s": "1.05x"})
+
+
+@pytest.fixture(scope="module")
+def parent_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-layer random Llama (hidden 32, 4 heads in 2 KV groups, FFN 48) saved with a byte tokenizer."""
+    return save_hf_dir(tiny_model("llama", num_hidden_layers=4), tmp_path_factory.mktemp("tiny") / "llama")
+
+
+def request(parent_dir: Path, cache: Path, **changes: Any) -> dict[str, Any]:
+    arch = load_model(parent_dir).architecture
+    return {"mode": "weights", "params": dict(PARAMS), "parent": arch.to_dict(), "target": TARGET.to_dict(),
+            "layer_order": None, "seed": 0, "parent_model": str(parent_dir), "cache_dir": str(cache),
+            "inner": dict(INNER), **changes}
+
+
+def test_weights_trial_runs_end_to_end_and_caches_quality(parent_dir: Path, tmp_path: Path) -> None:
+    """Through the trial-mode registry: a valid sub-architecture, exact cost metrics, quality = exp(-KL)
+    in (0, 1]; the second call (same architecture) reads the quality from disk."""
+    clear_trial_cache()
+    req = request(parent_dir, tmp_path)
+    first = run_trial(req)
+    arch = Architecture.from_dict(first["architecture"])
+    parent = Architecture.from_dict(req["parent"])
+    assert arch.num_layers == parent.num_layers and arch.hidden_size == PARAMS["hidden_size"]
+    assert arch.num_active_layers <= PARAMS["num_layers"]
+    assert first["metrics"] == estimate_cost(arch, TARGET.hardware, TARGET.engine_obj(), TARGET.scenario()).to_dict()
+    assert first["quality_kind"] == QUALITY_KIND
+    assert 0 < first["quality"] <= 1 and first["quality"] == pytest.approx(math.exp(-first["kl_to_parent"]))
+    assert first["kl_to_parent"] >= 0 and first["ppl_code"] > 1 and first["ppl_prose"] > 1
+    assert not first["quality_cached"]
+    assert first["inner"]["feasible"] == all(v <= 0 for v in first["inner"]["violations"].values())
+    json.dumps(first)  # the study ships results as JSON
+
+    assert len(list((tmp_path / "quality").glob("*.json"))) == 1
+    assert list((tmp_path / "teacher").glob("*.safetensors")) and list((tmp_path / "importance").iterdir())
+    second = run_weights_trial(req)
+    assert second["quality_cached"]
+    assert second["architecture"] == first["architecture"] and second["quality"] == first["quality"]
+    assert second["inner"]["steps"] == INNER["steps"]
+
+
+def test_weights_trial_is_deterministic_given_the_seed(parent_dir: Path, tmp_path: Path) -> None:
+    """A fresh process state (cleared caches, new cache folder) and the same seed give the same result."""
+    clear_trial_cache()
+    a = run_weights_trial(request(parent_dir, tmp_path / "a", seed=7))
+    clear_trial_cache()
+    b = run_weights_trial(request(parent_dir, tmp_path / "b", seed=7))
+    for key in ("architecture", "metrics", "quality", "ppl_code", "ppl_prose"):
+        assert a[key] == b[key], key
+
+
+def test_inner_keys_are_validated(parent_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="did you mean 'eval_samples'"):
+        run_weights_trial(request(parent_dir, tmp_path, inner={"eval_sample": 2}))
+    config = TrialConfig.from_dict({"steps": 5, "eval_samples": 3}, seed=11)
+    assert (config.inner.steps, config.inner.seed, config.eval_samples) == (5, 11, 3)
+
+
+def test_a_parent_that_is_not_the_loaded_model_is_refused(parent_dir: Path, tmp_path: Path) -> None:
+    other = Architecture.from_dict(request(parent_dir, tmp_path)["parent"])
+    wrong = {**other.to_dict(), "hidden_size": 64}
+    with pytest.raises(ConfigError, match="hidden_size"):
+        run_weights_trial(request(parent_dir, tmp_path, parent=wrong))
+
+
+def test_one_pass_quality_matches_the_quality_module() -> None:
+    """The trial scores KL and perplexity in one pass with quality.py's definitions."""
+    import torch
+
+    from autocompress_opt.quality import kl_divergence, perplexity
+    from autocompress_opt.weights_trial import _kl_and_perplexity
+
+    student, teacher = tiny_model("llama", seed=1), tiny_model("llama", seed=2)
+    ids = torch.randint(0, 260, (5, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        teacher_logits = teacher(ids).logits
+    kl, ppl = _kl_and_perplexity(student, ids, teacher_logits, batch_size=2)
+    assert kl == pytest.approx(kl_divergence(student, teacher, ids, progress=False), rel=1e-5)
+    assert ppl == pytest.approx(perplexity(student, ids, progress=False), rel=1e-5)
