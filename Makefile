@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test install bench calibrate clean
+.PHONY: demo demo-plan test install bench calibrate clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,12 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
+	$(VENV)/bin/autocompress study run --config studies/smollm2-weights.yaml
+	$(VENV)/bin/autocompress study show smollm2-weights
+	$(VENV)/bin/autocompress plot smollm2-weights --out plots/
+	@echo "results: studies/smollm2-weights.db (Optuna), plots/smollm2-weights-*.png|svg"
+
+demo-plan: $(STAMP)
 	$(VENV)/bin/autocompress study run --config studies/smollm2-plan.yaml
 	$(VENV)/bin/autocompress study show smollm2-plan
 	$(VENV)/bin/autocompress plot smollm2-plan --out plots/
