@@ -23,7 +23,7 @@ metric rises, and throughput does not fall, when any width shrinks (property-tes
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np

@@ -36,7 +36,7 @@ attention takes no slot and ``DynamicCache`` positions stay right when layer 0 h
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autocompress_opt.architecture import Architecture, known_architectures
+from autocompress_opt.architecture import known_architectures
 from autocompress_opt.costmodel import Scenario
 from autocompress_opt.engines import get_engine
 from autocompress_opt.errors import ConfigError
