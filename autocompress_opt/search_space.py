@@ -214,10 +214,16 @@ def default_space(parent: Architecture, sampler: str = "tpe") -> SearchSpace:
         Choice("num_layers", tuple(range(max(1, depth // 3), depth + 1))),
         Choice("hidden_size", tuple(range(max(hidden_step, parent.hidden_size // 2 // hidden_step * hidden_step),
                                           parent.hidden_size + 1, hidden_step))),
-        Choice("ffn_width", tuple(range(max(64, ref.ffn_width // 8 // 64 * 64), ref.ffn_width + 1, 64))),
+        Choice("ffn_width", _down_from(ref.ffn_width, 64 if ref.ffn_width >= 512 else max(1, ref.ffn_width // 8),
+                                       ref.ffn_width // 8)),
         Choice("num_kv_heads", tuple(kv_choices)),
         Choice("q_per_kv", tuple(range(1, group + 1))),
     ), sampler=sampler)
+
+
+def _down_from(top: int, step: int, floor: int) -> tuple[int, ...]:
+    """``top, top - step, ...`` down to ``floor`` (at least one value: ``top``)."""
+    return tuple(sorted(v for v in range(top, max(floor, 1) - 1, -step) if v > 0))
 
 
 def load_search_space(ref: str | Path) -> SearchSpace:

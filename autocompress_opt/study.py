@@ -90,6 +90,7 @@ class StudyConfig:
     max_failures: int | None = None
     plugins: tuple[str, ...] = ()
     inner: Mapping[str, Any] = field(default_factory=dict)  # per-trial budget of the weights mode
+    importance: str | None = None  # plan mode: an Importance record of the parent → retained-importance proxy
 
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in "/\\ :"):
@@ -335,7 +336,8 @@ def _alive(pid: Any) -> bool:
 # ------------------------------------------------------------------ opening
 def _identity(config: StudyConfig, target: Target, objectives: Sequence[Objective]) -> dict[str, Any]:
     return {"model": config.model, "mode": config.mode, "target": target.to_dict(), "space": config.space.to_dict(),
-            "objectives": [str(o) for o in objectives], "inner": dict(config.inner)}
+            "objectives": [str(o) for o in objectives], "inner": dict(config.inner),
+            "importance": config.importance}
 
 
 def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tuple[Any, dict[str, float]]:
@@ -356,7 +358,8 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
             raise ConfigError(f"study {name!r} in {config.storage_url} has directions {old_dirs}; this run asks for "
                               f"{directions} ({', '.join(map(str, objectives))}). Use another --name or the same objectives.")
         old = study.user_attrs.get("identity", {})
-        diffs = [k for k in identity if old.get(k) != identity[k]]
+        added_later = {"inner": {}, "importance": None}  # keys newer than some stored studies
+        diffs = [k for k in identity if old.get(k, added_later.get(k)) != identity[k]]
         if diffs:
             detail = "; ".join(f"{k}: stored {old.get(k)!r}, now {identity[k]!r}" for k in diffs)
             raise ConfigError(f"study {name!r} exists with different settings ({detail}). Use another --name.")
@@ -463,6 +466,7 @@ def run_study(config: StudyConfig, *, progress: bool = True, layer_order: Sequen
         request = {"mode": config.mode, "plugins": list(config.plugins), "parent": parent.to_dict(), "space": config.space.to_dict(),
                    "target": target.to_dict(), "layer_order": list(layer_order) if layer_order else None,
                    "seed": config.seed, "inner": dict(config.inner), "parent_model": config.model,
+                   "importance": str(Path(config.importance).resolve()) if config.importance else None,
                    # absolute: Ray Tune runs each trial in its own (scratch) working directory
                    "cache_dir": str(Path(".autocompress").resolve())}
         done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))

@@ -111,16 +111,59 @@ def quality_proxy(arch: Architecture, parent: Architecture) -> float:
     return arch.num_params / parent.num_params
 
 
+_IMPORTANCE: dict[str, Any] = {}
+
+
+def _importance(path: str) -> Any:
+    """An importance record saved by ``Importance.save``, loaded once per process."""
+    if path not in _IMPORTANCE:
+        from autocompress_opt.importance import Importance
+
+        _IMPORTANCE[path] = Importance.load(path)
+    return _IMPORTANCE[path]
+
+
+def retained_importance(plan: Any, importance: Any) -> float:
+    """Mean over FFN channels, query heads and hidden channels of the fraction of the parent's
+    importance mass (Minitron activation scores, >= 0) that the pruning plan keeps."""
+    def fraction(kept: float, total: float) -> float:
+        return kept / total if total > 0 else 1.0
+
+    ffn_total = sum(float(t.clamp_min(0).sum()) for t in importance.ffn if t is not None)
+    head_total = sum(float(t.clamp_min(0).sum()) for t in importance.heads if t is not None)
+    ffn_kept = sum(float(importance.ffn[lp.parent_index][list(lp.ffn_channels)].clamp_min(0).sum())
+                   for lp in plan.layers if lp.ffn_channels)
+    head_kept = sum(float(importance.heads[lp.parent_index][list(lp.heads)].clamp_min(0).sum())
+                    for lp in plan.layers if lp.heads)
+    hidden = importance.hidden.clamp_min(0)
+    hidden_kept = float(hidden[list(plan.hidden_channels)].sum())
+    return (fraction(ffn_kept, ffn_total) + fraction(head_kept, head_total) + fraction(hidden_kept, float(hidden.sum()))) / 3
+
+
 @TRIAL_MODES.decorator("plan")
 def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
-    """Score a point without weights: cost model for the target + retained-parameter proxy."""
+    """Score a point without weights: cost model for the target + a quality proxy.
+
+    The proxy is the retained parameter fraction, or — when ``request["importance"]`` names an
+    importance record of the parent — the retained importance (:func:`retained_importance`), with
+    layers dropped in order of least importance (skip-loss).
+    """
     parent = Architecture.from_dict(request["parent"])
     space = SearchSpace.from_dict(request["space"])
     target = Target.from_dict(request["target"])
-    arch = space.architecture(request["params"], parent, request.get("layer_order"))
+    importance = _importance(request["importance"]) if request.get("importance") else None
+    order = request.get("layer_order")
+    if importance is not None and order is None:
+        order = [int(i) for i in (-importance.layer_scores()).argsort()]
+    arch = space.architecture(request["params"], parent, order)
     metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
-    return {"architecture": arch.to_dict(), "metrics": metrics, "quality": quality_proxy(arch, parent),
-            "quality_kind": "retained_params"}
+    if importance is None:
+        quality, kind = quality_proxy(arch, parent), "retained_params"
+    else:
+        from autocompress_opt.materialize import plan_pruning
+
+        quality, kind = retained_importance(plan_pruning(parent, importance, arch), importance), "retained_importance"
+    return {"architecture": arch.to_dict(), "metrics": metrics, "quality": quality, "quality_kind": kind}
 
 
 @TRIAL_MODES.decorator("weights")

@@ -92,3 +92,34 @@ def test_yaml_round_trip_and_distributions() -> None:
     assert (dists["hidden_size"].low, dists["hidden_size"].high, dists["hidden_size"].step) == (384, 576, 64)
     uneven = SearchSpace.from_dict({**space.to_dict(), "num_kv_heads": {"choices": [1, 2, 8]}})
     assert list(uneven.distributions()["num_kv_heads"].choices) == [1, 2, 8]  # uneven steps: categorical
+
+
+def test_plan_mode_scores_retained_importance_when_given_an_importance_record(tmp_path: Path) -> None:
+    """With the parent's importance record the plan proxy is the retained importance mass:
+    1 for the whole parent, in (0, 1) for a smaller point, and it drops layers by importance."""
+    import torch
+    from test_adapters import tiny_model
+
+    from autocompress_opt.adapters import adapter_for
+    from autocompress_opt.importance import estimate_importance
+    from autocompress_opt.trials import plan_trial
+
+    model = tiny_model("llama", num_hidden_layers=4)
+    parent = adapter_for(model).architecture(model)
+    tokens = torch.randint(0, parent.vocab_size, (4, 16), generator=torch.Generator().manual_seed(0))
+    importance = estimate_importance(model, tokens, model_id="tiny", data_id="t", seed=0, progress=False)
+    path = importance.save(tmp_path / "imp")
+    space = default_space(parent)
+    full = {c.name: max(c.values) for c in space.choices}
+    small = {c.name: min(c.values) for c in space.choices}
+    request = {"parent": parent.to_dict(), "space": space.to_dict(), "importance": str(path),
+               "target": {"hardware": "rtx5070", "workload": "in-game"}}
+    whole = plan_trial({**request, "params": full})
+    part = plan_trial({**request, "params": small})
+    assert whole["quality_kind"] == "retained_importance" and whole["quality"] == pytest.approx(1.0)
+    assert 0 < part["quality"] < 1
+    kept = [i for i, layer in enumerate(part["architecture"]["layers"]) if layer["attention"] or layer["ffn"]]
+    ranked = [int(i) for i in (-importance.layer_scores()).argsort()]
+    assert kept == sorted(ranked[: small["num_layers"]])
+    plain = plan_trial({**request, "importance": None, "params": small})
+    assert plain["quality_kind"] == "retained_params"

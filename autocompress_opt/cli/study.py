@@ -55,6 +55,8 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--seed", type=int, help="sampler seed (default 0)")
     run.add_argument("--parallel", type=int, help="trials running at once (default 1)")
     run.add_argument("--address", help="existing Ray cluster address (default: start a local Ray)")
+    run.add_argument("--importance", metavar="DIR", help="plan mode: an importance record of the parent (saved by "
+                     "'autocompress prune' under .autocompress/importance/) → quality = retained importance")
     run.add_argument("--inner", action="append", default=None, metavar="KEY=VALUE",
                      help="weights mode: per-trial inner-search budget, e.g. steps=24 (see inner_search.InnerConfig)")
     run.add_argument("--plugin", action="append", default=None, metavar="MODULE",
@@ -88,7 +90,7 @@ _DEFAULTS = {"model": "smollm2-135m", "targets": "rtx5070,rtx5080,h100-sxm,b200"
 
 _RUN_KEYS = ("model", "targets", "workload", "engine", "dtype", "tp", "input_len", "output_len", "concurrency",
              "max_ttft_ms", "max_tpot_ms", "min_throughput", "max_memory_gib", "engine_option", "mode", "trials",
-             "name", "storage", "space", "sampler", "objectives", "seed", "parallel", "address", "plugin", "inner")
+             "name", "storage", "space", "sampler", "objectives", "seed", "parallel", "address", "plugin", "inner", "importance")
 
 
 def _merged(args: argparse.Namespace) -> dict[str, Any]:
@@ -143,7 +145,8 @@ def build_config(values: dict[str, Any]) -> Any:
     return StudyConfig(name=name, model=model, targets=tuple(targets), space=space, trials=int(values["trials"]),
                        objectives=objectives, mode=str(values["mode"]), storage=values.get("storage"),
                        seed=int(values["seed"]), concurrency=int(values["parallel"]), address=values.get("address"),
-                       plugins=tuple(values.get("plugin") or ()), inner=_inner(values.get("inner")))
+                       plugins=tuple(values.get("plugin") or ()), inner=_inner(values.get("inner")),
+                       importance=values.get("importance"))
 
 
 def _inner(raw: Any) -> dict[str, Any]:
