@@ -28,14 +28,13 @@ from autocompress_opt.costmodel import Scenario
 from autocompress_opt.engines import get_engine
 from autocompress_opt.fitting import Observation, fit_profile, relative_errors
 from autocompress_opt.hardware import Hardware, get_hardware
-from autocompress_opt.profiles import CostProfile, clear_cache, save_profile, user_profile_dir
+from autocompress_opt.profiles import PRIORS, CostProfile, clear_cache, save_profile, user_profile_dir
 
 __all__ = ["CalibrationResult", "calibrate", "measure_device"]
 
 ENGINE = "torch-eager"
 DECODE_STEPS = 8
 
-_START = CostProfile(ENGINE, mfu=0.4, mbu=0.5, kernel_launch_us=10.0, step_overhead_ms=1.0)
 
 
 @dataclass(frozen=True)
@@ -161,7 +160,7 @@ def calibrate(
 
     train, heldout = _split(len(archs), heldout_fraction, seed)
     train_obs = [prefill_obs[i] for i in train] + [decode_obs[i] for i in train]
-    profile = fit_profile(train_obs, replace(_START, hardware=hw.name), free=("mfu", "mbu", "kernel_launch_us", "step_overhead_ms"),
+    profile = fit_profile(train_obs, replace(PRIORS[ENGINE], hardware=hw.name), free=("mfu", "mbu", "kernel_launch_us", "step_overhead_ms"),
                           prior_weight=1e-4)
     errs = {
         split: {

@@ -26,7 +26,7 @@ from autocompress_opt.errors import ConfigError, reject_unknown_keys
 if TYPE_CHECKING:
     from autocompress_opt.hardware import Hardware
 
-__all__ = ["CostProfile", "FITTED_PARAMETERS", "get_profile", "load_profiles", "save_profile", "user_profile_dir"]
+__all__ = ["PRIORS", "CostProfile", "FITTED_PARAMETERS", "get_profile", "load_profiles", "save_profile", "user_profile_dir"]
 
 _SHIPPED = Path(__file__).parent / "data" / "profiles"
 
@@ -91,6 +91,16 @@ class CostProfile:
             raise ConfigError("a cost profile needs 'engine'")
         return cls(**data)
 
+
+# Starting points (and the weak prior) of every fit — published rows and calibration: typical published efficiencies, DESIGN.md
+# §3 ("decode reaches about 45-75 % of peak bandwidth"), launch costs of CUDA-graph replays.
+PRIORS: dict[str, CostProfile] = {
+    "vllm": CostProfile("vllm", mfu=0.5, mbu=0.7, kernel_launch_us=2.0, step_overhead_ms=1.0),
+    "trtllm": CostProfile("trtllm", mfu=0.55, mbu=0.75, kernel_launch_us=1.5, step_overhead_ms=0.3,
+                          allreduce_latency_us=8.0, mfu_by_dtype={"fp4": 0.4}),
+    "llamacpp": CostProfile("llamacpp", mfu=0.4, mbu=0.7, kernel_launch_us=2.0, step_overhead_ms=0.3),
+    "torch-eager": CostProfile("torch-eager", mfu=0.4, mbu=0.5, kernel_launch_us=10.0, step_overhead_ms=1.0),
+}
 
 def user_profile_dir() -> Path:
     """Where ``autocompress calibrate`` saves profiles: ``~/.cache/autocompress_opt/profiles``."""

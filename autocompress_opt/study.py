@@ -120,8 +120,7 @@ class StudyConfig:
 
 
 def default_storage(name: str) -> str:
-    """``sqlite:///studies/<name>.db`` (relative to the working directory)."""
-    Path("studies").mkdir(exist_ok=True)
+    """``sqlite:///studies/<name>.db`` (relative to the working directory; created on first use)."""
     return f"sqlite:///studies/{name}.db"
 
 

@@ -23,20 +23,11 @@ from autocompress_opt.engines import get_engine
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.fitting import Observation, fit_profile, predict, relative_errors
 from autocompress_opt.hardware import get_hardware
-from autocompress_opt.profiles import CostProfile
+from autocompress_opt.profiles import PRIORS, CostProfile
 
 __all__ = ["SHIPPED_MEASUREMENTS", "ValidationRow", "fit_published", "load_measurements", "validate"]
 
 SHIPPED_MEASUREMENTS = Path(__file__).parent / "data" / "measurements.csv"
-# Starting points (and the weak prior) of the published fit: typical published efficiencies, DESIGN.md
-# §3 ("decode reaches about 45-75 % of peak bandwidth"), launch costs of CUDA-graph replays.
-PRIORS: dict[str, CostProfile] = {
-    "vllm": CostProfile("vllm", mfu=0.5, mbu=0.7, kernel_launch_us=2.0, step_overhead_ms=1.0),
-    "trtllm": CostProfile("trtllm", mfu=0.55, mbu=0.75, kernel_launch_us=1.5, step_overhead_ms=0.3,
-                          allreduce_latency_us=8.0, mfu_by_dtype={"fp4": 0.4}),
-    "llamacpp": CostProfile("llamacpp", mfu=0.4, mbu=0.7, kernel_launch_us=2.0, step_overhead_ms=0.3),
-    "torch-eager": CostProfile("torch-eager", mfu=0.4, mbu=0.5, kernel_launch_us=10.0, step_overhead_ms=1.0),
-}
 REQUIRED_COLUMNS = ("id", "model", "layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab",
                     "tied_embeddings", "hardware", "tp", "engine", "weight_dtype", "concurrency",
                     "input_len", "output_len", "metric", "value")

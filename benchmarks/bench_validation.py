@@ -13,8 +13,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import write  # noqa: E402
 
-from autocompress_opt.validation import (PRIORS, SHIPPED_MEASUREMENTS, fit_published,  # noqa: E402
-                                         load_measurements, validate)
+from autocompress_opt.profiles import PRIORS  # noqa: E402
+from autocompress_opt.validation import SHIPPED_MEASUREMENTS, fit_published, load_measurements, validate  # noqa: E402
 
 
 def leave_one_out(measurements: list) -> list:
