@@ -24,7 +24,7 @@ Around the training (:func:`search`):
 1. **Start point** — the trial's uniform allocation (or the parent) is rounded, repaired and
    filled (below) into a feasible heterogeneous point, and the masks start there.
 2. **Train** as above, then **discretise** (:func:`discretise`): round to hardware-friendly sizes
-   (whole FFN units, whole KV groups; gates at ½; kept layers capped by the budget by gate
+   (whole FFN units, whole KV groups; gates at ½; kept sub-blocks capped by the layer budget by gate
    value), **repair** with the exact cost model (greedily remove the unit with the least
    importance per unit of violation removed) until every constraint and budget holds, and
    **fill** (greedily add back the unit with the most importance per unit of slack used while
@@ -179,10 +179,13 @@ class InnerConfig:
 class Budget:
     """The outer trial's global choices, as budgets on the per-layer allocation.
 
-    ``num_layers`` bounds the kept layers; ``ffn_width``, ``num_kv_heads`` and
-    ``num_kv_heads · q_per_kv`` bound the *mean* FFN width, KV heads and query heads over
-    ``num_layers`` layers — i.e. totals ``num_layers · x`` — so the uniform allocation meets them
-    exactly and the search may move width between layers. ``hidden_size`` is fixed, not a bound.
+    ``num_layers`` bounds the kept *layer equivalents*: kept sub-blocks (attention, FFN) count
+    half a layer each, so ``num_layers`` full layers meet it exactly, and so do, e.g., two fewer
+    attention blocks and two more FFN blocks (an attention-only or FFN-only layer is half a layer
+    of depth). ``ffn_width``, ``num_kv_heads`` and ``num_kv_heads · q_per_kv`` bound the *mean*
+    FFN width, KV heads and query heads over ``num_layers`` layers — i.e. totals ``num_layers · x``.
+    The uniform allocation meets every budget exactly, and the search may move depth between
+    sub-blocks and width between layers. ``hidden_size`` is fixed, not a bound.
     """
 
     num_layers: int
@@ -227,14 +230,14 @@ class Budget:
 
 
 def _totals_of(arch: Architecture) -> dict[str, float]:
-    return {"budget:num_layers": arch.num_active_layers,
+    return {"budget:num_layers": sum(s.attention + s.ffn for s in arch.layers) / 2,
             "budget:ffn_width": sum(s.ffn_width for s in arch.layers if s.ffn),
             "budget:num_heads": sum(s.num_heads for s in arch.layers if s.attention),
             "budget:num_kv_heads": sum(s.num_kv_heads for s in arch.layers if s.attention)}
 
 
 def _totals_expected(e: ExpectedStructure) -> dict[str, torch.Tensor]:
-    return {"budget:num_layers": e.layers_kept.sum(), "budget:ffn_width": (e.ffn * e.ffn_width).sum(),
+    return {"budget:num_layers": (e.attn.sum() + e.ffn.sum()) / 2, "budget:ffn_width": (e.ffn * e.ffn_width).sum(),
             "budget:num_heads": (e.attn * e.heads).sum(), "budget:num_kv_heads": (e.attn * e.kv_heads).sum()}
 
 
@@ -697,8 +700,8 @@ class Discrete:
 def discretise(masks: ParentMasks, importance: Importance, budget: Budget, goal: CostGoal | None, *,
                fill: bool = True) -> Discrete:
     """Round the masks, cap the kept layers by gate value, repair, fill; judged by :func:`exact_violations`."""
-    layers = _ensure_active(_cap_layers(masks.discrete(), budget.num_layers), masks)
     values = _unit_values(masks, importance)
+    layers = _ensure_active(_cap_layers(masks.discrete(), budget.num_layers, values), masks)
     evaluate = _Evaluator(masks, budget, goal)
     layers, repaired = _repair(layers, values, evaluate)
     filled = 0
@@ -724,14 +727,16 @@ def _ensure_active(layers: list[DiscreteLayer], masks: ParentMasks) -> list[Disc
     return layers[:i] + [revived] + layers[i + 1:]
 
 
-def _cap_layers(layers: list[DiscreteLayer], limit: int) -> list[DiscreteLayer]:
-    """Drop the kept layers with the lowest gate scores until at most ``limit`` remain."""
-    active = [i for i, d in enumerate(layers) if d.attention or d.ffn]
-    surplus = len(active) - limit
-    if surplus <= 0:
-        return layers
-    drop = set(sorted(active, key=lambda i: (layers[i].gate_score, -i))[:surplus])
-    return [replace(d, attention=False, ffn=False) if i in drop else d for i, d in enumerate(layers)]
+def _cap_layers(layers: list[DiscreteLayer], limit: int, values: _Values) -> list[DiscreteLayer]:
+    """Drop kept sub-blocks until at most ``limit`` layer equivalents remain (two sub-blocks per
+    layer): from the layer with the lowest gate score, its less important sub-block first."""
+    layers = list(layers)
+    while sum(d.attention + d.ffn for d in layers) > 2 * limit:
+        i = min((j for j, d in enumerate(layers) if d.attention or d.ffn), key=lambda j: (layers[j].gate_score, -j))
+        d = layers[i]
+        drop_attn = d.attention and (not d.ffn or _attn_value(values, i, d) <= _ffn_value(values, i, d))
+        layers[i] = replace(d, attention=False) if drop_attn else replace(d, ffn=False)
+    return layers
 
 
 _BATCH_MOVES = 8  # most one-unit removals applied at once while far from feasible (on distinct layers)

@@ -48,6 +48,11 @@ def parent() -> Parent:
     return Parent()
 
 
+def layer_equivalents(arch: Any) -> float:
+    """Kept sub-blocks, half a layer each: what the layer budget counts."""
+    return sum(s.attention + s.ffn for s in arch.layers) / 2
+
+
 def logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(ids).logits
@@ -178,7 +183,7 @@ def test_budgets_are_respected_and_the_plan_materialises(parent: Parent) -> None
     result = parent.search(TIGHT)
     arch = result.architecture
     assert result.feasible and arch.num_layers == parent.arch.num_layers
-    assert arch.num_active_layers <= TIGHT.num_layers and arch.hidden_size == TIGHT.hidden_size
+    assert layer_equivalents(arch) <= TIGHT.num_layers and arch.hidden_size == TIGHT.hidden_size
     assert sum(s.ffn_width for s in arch.layers) <= TIGHT.num_layers * TIGHT.ffn_width
     assert sum(s.num_heads for s in arch.layers) <= TIGHT.num_layers * TIGHT.num_kv_heads * TIGHT.q_per_kv
     assert all(s.ffn_width % 16 == 0 for s in arch.layers)  # FFN 48 allows units of 16
@@ -209,7 +214,7 @@ def test_result_is_feasible_by_the_exact_cost_model_or_reported_infeasible(
     metrics = estimate_cost(arch, hardware, tgt.engine_obj(), tgt.scenario()).to_dict()
     values = [*tgt.resolved_workload().violations(metrics, goal.parent_metrics).values(),
               device_fit_violation(metrics, tgt)]
-    values += [arch.num_active_layers / layers - 1,
+    values += [layer_equivalents(arch) / layers - 1,
                sum(s.ffn_width for s in arch.layers) / (layers * ffn) - 1,
                sum(s.num_heads for s in arch.layers) / (layers * kv * q) - 1,
                sum(s.num_kv_heads for s in arch.layers) / (layers * kv) - 1]
@@ -218,6 +223,27 @@ def test_result_is_feasible_by_the_exact_cost_model_or_reported_infeasible(
     if not result.feasible:
         assert max(result.violations.values()) > 0
     assert arch.num_active_layers >= 1
+
+
+def test_the_layer_budget_counts_sub_blocks_so_depth_can_move_between_them(parent: Parent) -> None:
+    """Two full layers of budget: the discrete result may keep three FFN blocks and one attention
+    block (2 layer equivalents) — never more than four sub-blocks — and capping drops sub-blocks of
+    the lowest-scored layers first, not whole layers."""
+    from autocompress_opt.inner_search import _cap_layers, _unit_values
+    from autocompress_opt.masks import DiscreteLayer
+
+    masks = ParentMasks(parent.arch, parent.importance)
+    values = _unit_values(masks, parent.importance)
+    full = [DiscreteLayer(True, 2, 3, True, 3, score) for score in (3.0, 1.0, 2.0)]
+    capped = _cap_layers(full, 2, values)
+    assert sum(d.attention + d.ffn for d in capped) == 4
+    assert capped[0] == full[0] and capped[2] == full[2]  # layer 1 has the lowest gate score
+    assert not (capped[1].attention and capped[1].ffn)
+    odd = _cap_layers(full, 1, values)  # 1 layer = 2 sub-blocks: layer 1 goes, then half of layer 2
+    assert sum(d.attention + d.ffn for d in odd) == 2 and odd[0] == full[0]
+    budget = Budget(num_layers=2, hidden_size=48, ffn_width=48, num_kv_heads=2, q_per_kv=3)
+    arch = parent.search(budget).architecture
+    assert layer_equivalents(arch) <= 2
 
 
 def test_masks_that_drop_every_layer_still_discretise_to_a_decoder(parent: Parent) -> None:
