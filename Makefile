@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-plan test install bench calibrate clean
+.PHONY: demo demo-plan test install bench calibrate data clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,23 @@ bench: $(STAMP)
 
 calibrate: $(STAMP)
 	$(VENV)/bin/autocompress calibrate --hardware cpu
+
+# Data of the offline evaluation tasks (autocompress_opt/tasks/sources.py): the Debian packages when
+# run as root with apt-get (otherwise it prints what to install), then BIG-bench goal_step_wikihow
+# into ~/.cache/autocompress_opt/data/bigbench (358 MB download once; BIGBENCH_TARBALL=path uses a
+# local bigbench-1.0.0.tar.gz instead). Nothing is copied into the repository.
+DATA_DEBS        ?= wordnet-base bible-kjv python3.11-doc
+BIGBENCH_TARBALL ?=
+
+data: $(STAMP)
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get install -y --no-install-recommends $(DATA_DEBS) \
+		|| { apt-get update -qq && apt-get install -y --no-install-recommends $(DATA_DEBS); }; \
+	else \
+		echo "not root or no apt-get: install the task data with 'sudo apt-get install $(DATA_DEBS)'"; \
+	fi
+	$(PY) -m autocompress_opt.tasks.sources fetch-bigbench $(if $(BIGBENCH_TARBALL),--tarball $(BIGBENCH_TARBALL))
+	$(PY) -m autocompress_opt.tasks.sources status
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -11,7 +11,7 @@ from autocompress_opt.errors import AutocompressError
 
 __all__ = ["main"]
 
-_VERBS = ("arch", "cost", "hardware", "report", "validate", "calibrate", "study", "plot", "eval", "prune")
+_VERBS = ("arch", "cost", "hardware", "report", "validate", "calibrate", "study", "plot", "eval", "prune", "distill")
 
 
 def build_parser() -> argparse.ArgumentParser:
