@@ -1,0 +1,572 @@
+"""Score task items on a causal LM exactly the way lm-evaluation-harness does, and compare models.
+
+Every number follows lm-evaluation-harness 0.4.13's ``HFLM`` (``lm_eval/models/huggingface.py``,
+``lm_eval/api/model.py``, ``lm_eval/api/task.py``):
+
+- **Tokens** (:func:`encode_pair`): trailing whitespace of the context moves onto the
+  continuation; ``whole = tok(context + continuation)``, ``ctx = tok(context)`` and the
+  continuation's tokens are ``whole[len(ctx):]``. ``tok`` is ``tokenizer.encode`` with the
+  tokenizer's own special-token default (HFLM's ``add_bos_token=None``): SmolLM2 adds nothing,
+  a Llama-2 style tokenizer prepends BOS. An empty context is replaced by the BOS (else EOS) id.
+- **Log-likelihood** (:func:`loglikelihoods`): the sum over continuation tokens of
+  ``log_softmax`` (nats), and ``is_greedy`` — the argmax at every continuation position is the
+  continuation's token. Inputs longer than the model's context are cut from the left
+  (``(ctx + cont)[-(max_length + 1):][:-1]``); requests run longest first in right-padded batches.
+- **Metrics**: ``acc`` is the argmax of the summed log-likelihoods, ``acc_norm`` the argmax of
+  log-likelihood per UTF-8 byte of the choice (lm-eval calls this ``acc_bytes``; its own
+  ``acc_norm`` divides by characters, identical on ASCII choices), ``greedy`` is ``is_greedy`` of
+  a cloze item's one continuation. Ties go to the lowest index, like ``np.argmax``.
+
+Three deliberate differences, none changing a float32 result beyond rounding: log-softmax runs
+in float32 whatever the model's dtype (lm-eval uses the model's dtype); only the positions that
+can hold a continuation token go through the LM head (``logits_to_keep``); and the choices of an
+item share one forward pass of their context through a KV cache (lm-eval runs each choice whole).
+
+A task's score is the mean of its metric over items, with standard error ``sqrt(p(1-p)/n)``.
+:func:`evaluate_tasks` builds and scores a suite; :func:`paired_bootstrap` gives a confidence
+interval for the difference in average accuracy of two models on the same items.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from autocompress_opt.errors import ConfigError, UnknownNameError
+from autocompress_opt.quality import QualityReport, _inference
+from autocompress_opt.registry import Registry
+from autocompress_opt.tasks.items import Item, TaskSpec
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "EVALUATORS",
+    "HELDOUT_TASK",
+    "ItemResult",
+    "SuiteReport",
+    "TaskInfo",
+    "TaskResult",
+    "describe_tasks",
+    "encode_pair",
+    "evaluate_tasks",
+    "loglikelihoods",
+    "model_max_length",
+    "paired_bootstrap",
+    "score_task",
+]
+
+DEFAULT_BATCH_SIZE = 16  # requests per forward pass; items are short (tens of tokens)
+HELDOUT_TASK = "heldout-perplexity"  # scored by autocompress_opt.quality, not from items
+# lm-eval's fallback context length and its "no limit set" tokenizer sentinel (lm_eval/models/utils.py).
+_LMEVAL_DEFAULT_MAX_LENGTH = 2048
+_TOKENIZER_INFINITY = 1_000_000_000_000_000_019_884_624_838_656
+
+
+# ---------------------------------------------------------------- tokenising
+def encode_pair(tokenizer: Any, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """``(context_ids, continuation_ids)`` exactly as lm-eval's HFLM encodes a loglikelihood request.
+
+    Raises :class:`ConfigError` when the continuation has no tokens of its own.
+    """
+    if context == "":  # lm_eval.api.model.LM.loglikelihood: BOS (else EOS) stands in for the context
+        cont = _encode(tokenizer, continuation, add_special_tokens=False)
+        prefix = _prefix_token_id(tokenizer)
+        if prefix is None:
+            raise ConfigError(f"empty context before {continuation!r} needs a BOS or EOS token; the tokenizer has none")
+        ctx, cont = ([prefix], cont) if not cont or cont[0] != prefix else (cont[:1], cont[1:])
+    else:  # HFLM._encode_pair (causal)
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces:
+            context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+        whole = _encode(tokenizer, context + continuation)
+        ctx = _encode(tokenizer, context)
+        cont = whole[len(ctx):]
+    if not cont:
+        raise ConfigError(f"continuation {continuation!r} after context {context[-40:]!r} has no tokens to score")
+    return ctx, cont
+
+
+def _encode(tokenizer: Any, text: str, add_special_tokens: bool | None = None) -> list[int]:
+    """HFLM.tok_encode with ``add_bos_token=None``: the tokenizer's default, unless text starts with BOS."""
+    if add_special_tokens is None:
+        prefix = _prefix_token_id(tokenizer)
+        prefix_text = tokenizer.decode(prefix) if prefix is not None else ""
+        if prefix_text and text.startswith(prefix_text):
+            add_special_tokens = False
+    kwargs = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+    return list(tokenizer.encode(text, **kwargs))
+
+
+def _prefix_token_id(tokenizer: Any) -> int | None:
+    """HFLM.prefix_token_id: BOS, else EOS."""
+    return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+
+
+def model_max_length(model: Any, tokenizer: Any) -> int:
+    """Context length lm-eval assumes (``resolve_max_length``): config, then tokenizer, then 2048."""
+    config = getattr(model.config, "text_config", None) or model.config
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(config, attr, None)
+        if value is not None:
+            return int(value)
+    limit = getattr(tokenizer, "model_max_length", None)
+    if limit is not None and limit != _TOKENIZER_INFINITY:
+        return int(limit)
+    return _LMEVAL_DEFAULT_MAX_LENGTH
+
+
+# ----------------------------------------------------------- log-likelihoods
+def loglikelihoods(
+    model: Any,
+    tokenizer: Any,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    max_length: int | None = None,
+    share_context: bool = True,
+    progress: bool = True,
+    desc: str = "loglikelihood",
+) -> list[tuple[float, bool]]:
+    """``(log-likelihood in nats, is_greedy)`` of each ``(context, continuation)`` pair, in order.
+
+    ``share_context``: pairs whose context encodes to the same tokens (the choices of one item) run
+    the context once and their continuations on a copy of its KV cache, in one batch (48-70% fewer
+    tokens through SmolLM2 on the multiple-choice tasks of :mod:`~autocompress_opt.tasks.builders`,
+    none on cloze). Other pairs (and every pair when the model takes no cache, or
+    when its input is cut) run whole, longest first, ``batch_size`` per right-padded forward pass.
+    Both paths compute the same numbers up to float rounding (~1e-6 relative), so the result does
+    not depend on ``batch_size`` or ``share_context`` beyond that. Deterministic; leaves the model's
+    training flag unchanged.
+    """
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+    limit = max_length or model_max_length(model, tokenizer)
+    encoded = [encode_pair(tokenizer, ctx, cont) for ctx, cont in pairs]
+    rows = [_row(ctx, cont, limit) for ctx, cont in encoded]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    if share_context and _cache_kwarg(type(model)) is not None:
+        for index, (ctx, cont) in enumerate(encoded):
+            if len(ctx) + len(cont) <= limit + 1:  # not cut: the input is exactly ctx + cont[:-1]
+                groups.setdefault(tuple(ctx), []).append(index)
+    # a group's continuations share one batch: at most batch_size of them (each chunk reruns the context)
+    shared = [members[i:i + batch_size] for members in groups.values() if len(members) > 1
+              for i in range(0, len(members), batch_size)]
+    in_shared = {i for members in shared for i in members}
+    # lm-eval's Collator order: longest first (padding waste is small, the slowest batch comes first).
+    order = sorted((i for i in range(len(rows)) if i not in in_shared),
+                   key=lambda i: (-rows[i][2], rows[i][0] + rows[i][1]))
+    results: list[tuple[float, bool]] = [(math.nan, False)] * len(rows)
+    from tqdm.auto import tqdm
+
+    with _inference(model), tqdm(total=len(rows), desc=desc, unit="req", disable=not progress, leave=False) as bar:
+        for members in shared:
+            scores = _score_shared(model, list(encoded[members[0]][0]), [encoded[i][1] for i in members])
+            for index, result in zip(members, scores):
+                results[index] = result
+            bar.update(len(members))
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            for index, result in zip(chunk, _score_batch(model, [rows[i] for i in chunk])):
+                results[index] = result
+            bar.update(len(chunk))
+    return results
+
+
+def _row(ctx: list[int], cont: list[int], limit: int) -> tuple[list[int], list[int], int]:
+    """(model input, continuation, full length): the input is cut from the left to ``limit`` tokens."""
+    if len(cont) > limit:
+        raise ConfigError(f"a continuation of {len(cont)} tokens exceeds the model's context of {limit} tokens")
+    return (ctx + cont)[-(limit + 1):][:-1], cont, len(ctx) + len(cont)
+
+
+def _score_batch(model: Any, rows: list[tuple[list[int], list[int], int]]) -> list[tuple[float, bool]]:
+    """One right-padded forward pass over ``rows``; continuation token k of a row of input length
+    ``n`` is predicted by the logits at position ``n - len(cont) + k``."""
+    width = max(len(inp) for inp, _, _ in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)  # (B, T); the pad id is never attended
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for r, (inp, _, _) in enumerate(rows):
+        ids[r, :len(inp)] = torch.tensor(inp)
+        mask[r, :len(inp)] = 1
+    starts = [len(inp) - len(cont) for inp, cont, _ in rows]
+    keep = width - min(starts)  # trailing positions that hold any row's continuation
+    logits = _forward(model, ids, attention_mask=mask, keep=keep)  # (B, keep, V)
+    return [_score(logits[r, starts[r] - (width - keep):][:len(cont)], cont) for r, (_, cont, _) in enumerate(rows)]
+
+
+def _score_shared(model: Any, ctx: list[int], conts: list[list[int]]) -> list[tuple[float, bool]]:
+    """One context, several continuations: the context's forward fills a KV cache and predicts
+    every continuation's first token; the cache, repeated once per continuation, serves a
+    right-padded batch of ``cont[:-1]`` whose logits predict ``cont[1:]``."""
+    cache = _new_cache(model)
+    last = _forward(model, torch.tensor([ctx]), keep=1, cache=cache)[0]  # (1, V): predicts cont[0]
+    width = max(len(cont) for cont in conts) - 1
+    if width == 0:  # single-token continuations: the context's last logits are all there is
+        return [_score(last, cont) for cont in conts]
+    cache.batch_repeat_interleave(len(conts))
+    ids = torch.zeros(len(conts), width, dtype=torch.long)  # (k, W); right padding, invisible to real tokens
+    for r, cont in enumerate(conts):
+        ids[r, :len(cont) - 1] = torch.tensor(cont[:-1])
+    rest = _forward(model, ids, keep=width, cache=cache)  # (k, W, V)
+    return [_score(torch.cat([last, rest[r, :len(cont) - 1]]), cont) for r, cont in enumerate(conts)]
+
+
+def _score(logits: torch.Tensor, cont: list[int]) -> tuple[float, bool]:
+    """(summed log-probability, is_greedy) of ``cont`` under ``logits`` (len(cont), V), in float32."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    target = torch.tensor(cont, device=log_probs.device)
+    picked = log_probs.gather(-1, target[:, None])  # (len(cont), 1)
+    return float(picked.sum(dtype=torch.float64)), bool((log_probs.argmax(-1) == target).all())
+
+
+def _forward(model: Any, ids: torch.Tensor, *, keep: int, attention_mask: torch.Tensor | None = None,
+             cache: Any | None = None) -> torch.Tensor:
+    """``(B, keep, V)`` logits of the last ``keep`` positions (the LM head skips the rest when it can).
+
+    With ``cache``, ``ids`` continue the cached sequence and the cache grows by them.
+    """
+    device = next(model.parameters()).device
+    kwargs: dict[str, Any] = {"input_ids": ids.to(device), "use_cache": cache is not None}
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask.to(device)
+    if cache is not None:
+        kwargs[_cache_kwarg(type(model))] = cache
+    if _accepts(type(model), "logits_to_keep"):
+        kwargs["logits_to_keep"] = keep
+    return model(**kwargs).logits[:, -keep:]
+
+
+def _new_cache(model: Any) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)  # per-layer kinds (sliding windows) from the config
+    except TypeError:  # transformers releases whose DynamicCache takes no config
+        return DynamicCache()
+
+
+@functools.lru_cache(maxsize=None)
+def _accepts(model_type: type, name: str) -> bool:
+    return name in inspect.signature(model_type.forward).parameters
+
+
+def _cache_kwarg(model_type: type) -> str | None:
+    """The forward's KV-cache argument: ``cache`` (transformers >= 5.2x), ``past_key_values`` before."""
+    return next((name for name in ("cache", "past_key_values") if _accepts(model_type, name)), None)
+
+
+# ------------------------------------------------------------------ results
+def _argmax(values: Sequence[float]) -> int:
+    """Index of the largest value, the lowest index on ties (like ``np.argmax``)."""
+    return max(range(len(values)), key=lambda i: (values[i], -i))
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """How a model scored one item.
+
+    Attributes:
+        id / gold: the item's id and gold index.
+        logliks_nats: summed log-likelihood of each choice's continuation tokens (nats).
+        greedy: lm-eval's ``is_greedy`` of each choice.
+        pred / pred_norm: argmax of ``logliks_nats`` and of ``logliks_nats / len(choice in UTF-8 bytes)``.
+        acc / acc_norm / is_greedy: ``pred == gold``, ``pred_norm == gold``, ``greedy[gold]``.
+    """
+
+    id: str
+    gold: int
+    logliks_nats: tuple[float, ...]
+    greedy: tuple[bool, ...]
+    pred: int
+    pred_norm: int
+    acc: bool
+    acc_norm: bool
+    is_greedy: bool
+
+    @classmethod
+    def from_scores(cls, item: Item, logliks_nats: Sequence[float], greedy: Sequence[bool]) -> ItemResult:
+        """The result of ``item`` given each choice's ``(log-likelihood, is_greedy)``."""
+        if len(logliks_nats) != len(item.choices) or len(greedy) != len(item.choices):
+            raise ConfigError(f"item {item.id!r}: {len(item.choices)} choices but {len(logliks_nats)} scores")
+        per_byte = [ll / len(choice.encode("utf-8")) for ll, choice in zip(logliks_nats, item.choices)]
+        pred, pred_norm = _argmax(logliks_nats), _argmax(per_byte)
+        return cls(id=item.id, gold=item.gold, logliks_nats=tuple(float(x) for x in logliks_nats),
+                   greedy=tuple(bool(g) for g in greedy), pred=pred, pred_norm=pred_norm,
+                   acc=pred == item.gold, acc_norm=pred_norm == item.gold, is_greedy=bool(greedy[item.gold]))
+
+    def correct(self, metric: str) -> bool:
+        """Whether the item counts as right under ``metric`` (acc, acc_norm or greedy)."""
+        return {"acc": self.acc, "acc_norm": self.acc_norm, "greedy": self.is_greedy}[metric]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "gold": self.gold, "logliks_nats": list(self.logliks_nats), "greedy": list(self.greedy),
+                "pred": self.pred, "pred_norm": self.pred_norm, "acc": self.acc, "acc_norm": self.acc_norm,
+                "is_greedy": self.is_greedy}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ItemResult:
+        return cls(**{**data, "logliks_nats": tuple(data["logliks_nats"]), "greedy": tuple(data["greedy"])})
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """One task scored by one evaluator.
+
+    Attributes:
+        score: mean of ``metric`` over items, a fraction in [0, 1].
+        stderr: ``sqrt(score (1 - score) / n)``.
+        chance / source / seed: copied from the :class:`TaskSpec`.
+        evaluator: the :data:`EVALUATORS` name that scored it.
+        seconds: wall-clock scoring time (building the task not included).
+        items: per-item results, in the task's item order.
+    """
+
+    name: str
+    metric: str
+    score: float
+    stderr: float
+    n: int
+    chance: float
+    seconds: float
+    evaluator: str
+    seed: int
+    source: dict[str, Any] = field(default_factory=dict)
+    items: tuple[ItemResult, ...] = field(default=(), repr=False)
+
+    @classmethod
+    def from_items(cls, spec: TaskSpec, items: Sequence[ItemResult], *, seconds: float, evaluator: str) -> TaskResult:
+        correct = [r.correct(spec.metric) for r in items]
+        score = sum(correct) / len(correct) if correct else math.nan
+        return cls(name=spec.name, metric=spec.metric, score=score, stderr=_stderr(score, len(correct)),
+                   n=len(correct), chance=spec.chance, seconds=seconds, evaluator=evaluator, seed=spec.seed,
+                   source=dict(spec.source), items=tuple(items))
+
+    @property
+    def correct(self) -> list[bool]:
+        """Per-item correctness under the task's metric (the vector :func:`paired_bootstrap` resamples)."""
+        return [r.correct(self.metric) for r in self.items]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "metric": self.metric, "score": self.score, "stderr": self.stderr, "n": self.n,
+                "chance": self.chance, "seconds": self.seconds, "evaluator": self.evaluator, "seed": self.seed,
+                "source": dict(self.source), "correct": self.correct, "items": [r.to_dict() for r in self.items]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TaskResult:
+        fields = {k: v for k, v in data.items() if k not in ("correct", "items")}
+        return cls(**fields, items=tuple(ItemResult.from_dict(r) for r in data.get("items", ())))
+
+
+def _stderr(p: float, n: int) -> float:
+    return math.sqrt(p * (1 - p) / n) if n else math.nan
+
+
+# ---------------------------------------------------------------- evaluators
+# An evaluator scores one built task: (model, tokenizer, spec, *, batch_size, progress) -> TaskResult.
+Evaluator = Callable[..., TaskResult]
+EVALUATORS: Registry[Evaluator] = Registry("evaluator")
+
+
+def score_task(model: Any, tokenizer: Any, spec: TaskSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
+               progress: bool = True, max_length: int | None = None, share_context: bool = True) -> TaskResult:
+    """Score every item of ``spec`` with the built-in lm-eval-equivalent scorer (see :func:`loglikelihoods`)."""
+    start = time.perf_counter()
+    pairs = [(item.context, choice) for item in spec.items for choice in item.choices]
+    scores = loglikelihoods(model, tokenizer, pairs, batch_size=batch_size, max_length=max_length,
+                            share_context=share_context, progress=progress, desc=spec.name)
+    results, offset = [], 0
+    for item in spec.items:
+        mine = scores[offset:offset + len(item.choices)]
+        results.append(ItemResult.from_scores(item, [ll for ll, _ in mine], [g for _, g in mine]))
+        offset += len(item.choices)
+    return TaskResult.from_items(spec, results, seconds=time.perf_counter() - start, evaluator="builtin")
+
+
+def _score_with_lmeval(model: Any, tokenizer: Any, spec: TaskSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
+                       progress: bool = True) -> TaskResult:
+    from autocompress_opt.tasks.lmeval import score_task_lmeval
+
+    return score_task_lmeval(model, tokenizer, spec, batch_size=batch_size, progress=progress)
+
+
+EVALUATORS.register("builtin", score_task)
+EVALUATORS.register("lm-eval", _score_with_lmeval, aliases=("lm_eval", "lmeval"))
+
+
+# --------------------------------------------------------------------- suite
+@dataclass(frozen=True)
+class SuiteReport:
+    """A model scored on a suite of tasks.
+
+    Attributes:
+        tasks: scored item tasks, in the order asked for.
+        skipped: task name → why it was not scored (its source is not installed: the install hint).
+        heldout: perplexity on held-out code and prose when ``heldout-perplexity`` was asked for.
+        average_accuracy: unweighted mean of ``score`` over :attr:`averaged_tasks` (every scored
+            item task), a fraction; None when no item task was scored.
+        settings: n_items, seed, batch_size, evaluator, ppl_samples, ppl_seq_len.
+        timings_s: per-task ``build`` seconds and the ``total``.
+    """
+
+    tasks: tuple[TaskResult, ...]
+    skipped: dict[str, str]
+    heldout: QualityReport | None
+    average_accuracy: float | None
+    averaged_tasks: tuple[str, ...]
+    settings: dict[str, Any]
+    timings_s: dict[str, float] = field(repr=False)
+
+    @property
+    def correct(self) -> dict[str, list[bool]]:
+        """Per-task correctness vectors of the averaged tasks, for :func:`paired_bootstrap`."""
+        return {t.name: t.correct for t in self.tasks if t.name in self.averaged_tasks}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe copy of every field (per-item results included)."""
+        return {"average_accuracy": self.average_accuracy, "averaged_tasks": list(self.averaged_tasks),
+                "tasks": [t.to_dict() for t in self.tasks], "skipped": dict(self.skipped),
+                "heldout_perplexity": self.heldout.to_dict() if self.heldout else None,
+                "settings": dict(self.settings), "timings_s": dict(self.timings_s)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SuiteReport:
+        """Inverse of :meth:`to_dict` (after a JSON round trip)."""
+        heldout = data.get("heldout_perplexity")
+        return cls(tasks=tuple(TaskResult.from_dict(t) for t in data["tasks"]), skipped=dict(data["skipped"]),
+                   heldout=QualityReport(**heldout) if heldout else None,
+                   average_accuracy=data["average_accuracy"], averaged_tasks=tuple(data["averaged_tasks"]),
+                   settings=dict(data["settings"]), timings_s=dict(data["timings_s"]))
+
+
+def evaluate_tasks(
+    model: Any,
+    tokenizer: Any,
+    task_names: Sequence[str],
+    *,
+    n_items: int = 200,
+    seed: int = 0,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = True,
+    data_dir: str | Path | None = None,
+    ppl_samples: int = 16,
+    ppl_seq_len: int = 256,
+    evaluator: str = "builtin",
+) -> SuiteReport:
+    """Build and score each named task; ``heldout-perplexity`` runs :func:`autocompress_opt.quality.evaluate`.
+
+    A task whose source data is not installed is recorded in ``skipped`` with the builder's install
+    hint and never scored. ``n_items`` items per task are drawn with ``seed`` (the same arguments give
+    the same items, so two models' reports can be compared item by item). Deterministic.
+
+    Raises:
+        UnknownNameError: a name that is not a task (with a suggestion).
+    """
+    from autocompress_opt.tasks.builders import TASK_NAMES, build_task
+    from autocompress_opt.tasks.sources import MissingSourceError
+
+    scorer = EVALUATORS.get(evaluator)
+    names = list(dict.fromkeys(task_names))
+    for name in names:
+        if name not in TASK_NAMES:
+            raise UnknownNameError("task", name, TASK_NAMES)
+    start = time.perf_counter()
+    results, skipped, timings, heldout = [], {}, {}, None
+    for name in names:
+        began = time.perf_counter()
+        if name == HELDOUT_TASK:
+            from autocompress_opt.quality import evaluate
+
+            heldout = evaluate(model, tokenizer, n_samples=ppl_samples, seq_len=ppl_seq_len, seed=seed,
+                               progress=progress)
+            timings[name] = time.perf_counter() - began
+            continue
+        try:
+            spec = build_task(name, n_items=n_items, seed=seed, data_dir=data_dir)
+        except MissingSourceError as exc:
+            skipped[name] = str(exc)  # names the source, what is missing and the install hint
+            continue
+        timings[f"build {name}"] = time.perf_counter() - began
+        if not spec.items:
+            skipped[name] = "the installed source yielded no items"
+            continue
+        results.append(scorer(model, tokenizer, spec, batch_size=batch_size, progress=progress))
+    timings["total"] = time.perf_counter() - start
+    averaged = tuple(r.name for r in results)
+    average = sum(r.score for r in results) / len(results) if results else None
+    settings = {"n_items": n_items, "seed": seed, "batch_size": batch_size, "evaluator": evaluator,
+                "ppl_samples": ppl_samples, "ppl_seq_len": ppl_seq_len, "data_dir": str(data_dir) if data_dir else None}
+    return SuiteReport(tasks=tuple(results), skipped=skipped, heldout=heldout, average_accuracy=average,
+                       averaged_tasks=averaged, settings=settings, timings_s=timings)
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """What ``autocompress eval --list-tasks`` shows of one task."""
+
+    name: str
+    metric: str
+    available: bool
+    hint: str
+
+
+def describe_tasks(data_dir: str | Path | None = None) -> list[TaskInfo]:
+    """Every task with its metric, whether its source is installed and, if not, how to install it.
+
+    The metric comes from the builders' ``TASK_METRICS`` when they publish one; otherwise an
+    installed task is built with one item to read it (``"?"`` when not installed).
+    """
+    from autocompress_opt.tasks import builders
+
+    metrics: Mapping[str, str] = getattr(builders, "TASK_METRICS", {})
+    infos = []
+    for name in builders.TASK_NAMES:
+        available, hint = builders.task_available(name, data_dir=data_dir)
+        metric = "perplexity" if name == HELDOUT_TASK else metrics.get(name)
+        if metric is None:
+            metric = builders.build_task(name, n_items=1, data_dir=data_dir).metric if available else "?"
+        infos.append(TaskInfo(name=name, metric=metric, available=bool(available), hint=hint or ""))
+    return infos
+
+
+# ----------------------------------------------------------------- bootstrap
+def paired_bootstrap(
+    a_correct: Mapping[str, Sequence[bool]],
+    b_correct: Mapping[str, Sequence[bool]],
+    *,
+    n_boot: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> tuple[float, float, float]:
+    """``(difference, lo, hi)`` of average accuracy, model A minus model B, in points (×100).
+
+    The average weights tasks equally. Each bootstrap replicate resamples the items of every task
+    with replacement — the same items for both models (paired) — and re-averages; ``lo``/``hi`` are
+    the percentile interval at ``confidence``. Identical inputs give ``(0, 0, 0)``. Deterministic
+    given ``seed``.
+    """
+    if set(a_correct) != set(b_correct) or not a_correct:
+        raise ConfigError(f"paired_bootstrap needs the same non-empty set of tasks for both models, got "
+                          f"{sorted(a_correct)} and {sorted(b_correct)}")
+    if not 0 < confidence < 1 or n_boot < 1:
+        raise ConfigError(f"need 0 < confidence < 1 and n_boot >= 1, got confidence={confidence}, n_boot={n_boot}")
+    rng = np.random.default_rng(seed)
+    observed, replicates = 0.0, np.zeros(n_boot)
+    for task in sorted(a_correct):
+        a, b = np.asarray(a_correct[task], dtype=float), np.asarray(b_correct[task], dtype=float)
+        if a.shape != b.shape or a.ndim != 1 or not len(a):
+            raise ConfigError(f"task {task!r}: the models were scored on different items ({a.shape} vs {b.shape})")
+        diff = a - b  # (n_items,) in {-1, 0, 1}
+        observed += diff.mean()
+        replicates += diff[rng.integers(0, len(diff), size=(n_boot, len(diff)))].mean(axis=1)
+    scale = 100.0 / len(a_correct)
+    tail = (1 - confidence) / 2
+    lo, hi = np.quantile(replicates * scale, [tail, 1 - tail])
+    return float(observed * scale), float(lo), float(hi)
