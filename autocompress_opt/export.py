@@ -4,8 +4,9 @@
 + ``README.md`` + ``autocompress_card.json``:
 
 * a **uniform** architecture as a plain checkpoint of the parent's family (``LlamaForCausalLM``,
-  ``Qwen3ForCausalLM``...) that ``AutoModelForCausalLM.from_pretrained(dir)`` loads with identical
-  logits, no package needed;
+  ``Qwen3ForCausalLM``, ``Gemma3ForCausalLM``...) that ``AutoModelForCausalLM.from_pretrained(dir)``
+  loads with identical logits, no package needed (a Gemma 3 with a pruned hidden size carries the
+  parent's embedding scale in its weights: see :mod:`autocompress_opt.materialize`);
 * a **heterogeneous** one as the package's DeciLM-style ``autocompress_decilm`` config (per-layer
   ``block_configs``, see :mod:`autocompress_opt.hetero_model`), which loads through the same call
   once ``autocompress_opt.hetero_model`` is imported (:func:`load_exported` does it), without

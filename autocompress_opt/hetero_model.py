@@ -26,28 +26,45 @@ Compatibility limits with vLLM's ``nemotron_nas`` reader (which we cannot run he
   with vLLM only for widths that are multiples of 256.
 * Biases (Qwen2's q/k/v), Qwen3's per-head QK-norm and a model-wide sliding window (Mistral) are
   supported here through global flags; DeciLM/vLLM know none of them.
+* Gemma 3 (``base_family "gemma3_text"``) is supported through its base family's traits (see
+  :class:`~autocompress_opt.adapters.FamilyAdapter`): ``(1 + w)`` RMSNorms (transformers'
+  ``Gemma3RMSNorm``), a norm on each sub-block's output, the embedding scaled by
+  ``sqrt(hidden_size)``, ``query_pre_attn_scalar`` for the attention scale, ``hidden_act``
+  ``gelu_pytorch_tanh`` and ``final_logit_softcapping``. Its sliding-window / full-attention layer
+  pattern is per layer: ``attention.window_length`` (DeciLM's key; ``null`` = full attention) in
+  each block, one window size per model (``sliding_window``), and ``rope_parameters`` may be nested
+  by layer type (``{"full_attention": {...}, "sliding_attention": {...}}``, Gemma 3's local and
+  global RoPE bases). A block written without ``window_length`` inherits ``sliding_window``
+  (Mistral-style checkpoints written before the key existed).
 
-The layer code is one generic implementation (no copy per family): attribute names match the
-transformers Llama/Qwen modules (``self_attn.q_proj``, ``mlp.down_proj``, ``input_layernorm``...),
-so state-dict keys are the same as the parent family's, and a dropped sub-block is ``None``.
-KV-cache slots are numbered over the layers that have attention (0, 1, ...), so a layer without
-attention takes no slot and ``DynamicCache`` positions stay right when layer 0 has none.
+The layer code is one generic implementation (no copy per family): attribute names are those of
+the base family's transformers modules (``self_attn.q_proj``, ``mlp.down_proj``, ``input_layernorm``,
+Gemma's ``pre_feedforward_layernorm``...), so state-dict keys are the same as the parent family's,
+and a dropped sub-block is ``None``. ``config.layer_types`` is derived from the blocks
+(``"full_attention"``, ``"sliding_attention"``, or ``"mlp"`` for a layer without attention, the
+label transformers' ``nemotron_h`` uses), so ``DynamicCache(config=...)`` gives each layer the
+right cache: a window for sliding layers, and a placeholder that stores nothing (and that
+``get_seq_length`` skips) for layers without attention.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GenerationMixin, PreTrainedConfig
+from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel, slice_logits_to_keep
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm, Gemma3TextScaledWordEmbedding
 from transformers.models.llama.modeling_llama import (
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
@@ -56,6 +73,7 @@ from transformers.models.llama.modeling_llama import (
 )
 from transformers.utils.deprecation import deprecate_kwarg
 
+from autocompress_opt.adapters import ADAPTERS, FamilyAdapter
 from autocompress_opt.architecture import SUPPORTED_FAMILIES, Architecture, LayerSpec
 from autocompress_opt.errors import ConfigError, suggest
 
@@ -70,25 +88,36 @@ __all__ = [
 ]
 
 MODEL_TYPE = "autocompress_decilm"
+FULL_ATTENTION, SLIDING_ATTENTION, NO_ATTENTION = "full_attention", "sliding_attention", "mlp"
 
 
 # ------------------------------------------------------------------------------ block configs
 @dataclass(frozen=True)
 class AttentionBlock:
-    """One layer's attention: ``no_op`` (removed) or ``num_heads`` query heads over KV heads."""
+    """One layer's attention: ``no_op`` (removed) or ``num_heads`` query heads over KV heads,
+    attending to the last ``window_length`` tokens (``None``: full causal attention)."""
 
     no_op: bool = False
     num_heads: int = 0
     num_key_value_heads: int = 0
+    window_length: int | None = None
 
     @property
     def n_heads_in_group(self) -> int | None:
         """Query heads per KV head (DeciLM's name); None for a removed attention."""
         return None if self.no_op else self.num_heads // self.num_key_value_heads
 
+    @property
+    def layer_type(self) -> str:
+        """transformers' ``layer_types`` entry for this layer."""
+        if self.no_op:
+            return NO_ATTENTION
+        return FULL_ATTENTION if self.window_length is None else SLIDING_ATTENTION
+
     def to_dict(self) -> dict[str, Any]:
         return {"no_op": self.no_op, "replace_with_linear": False, "n_heads_in_group": self.n_heads_in_group,
-                "num_heads": self.num_heads, "num_key_value_heads": self.num_key_value_heads}
+                "num_heads": self.num_heads, "num_key_value_heads": self.num_key_value_heads,
+                "window_length": None if self.no_op else self.window_length}
 
 
 @dataclass(frozen=True)
@@ -113,9 +142,11 @@ class BlockConfig:
     ffn: FFNBlock
 
     @classmethod
-    def from_layer(cls, layer: LayerSpec) -> BlockConfig:
+    def from_layer(cls, layer: LayerSpec, window_length: int | None = None) -> BlockConfig:
+        """The block of ``layer``; ``window_length`` applies when it has attention."""
         return cls(
-            AttentionBlock(not layer.attention, layer.num_heads, layer.num_kv_heads),
+            AttentionBlock(not layer.attention, layer.num_heads, layer.num_kv_heads,
+                           window_length if layer.attention else None),
             FFNBlock(not layer.ffn, layer.ffn_width),
         )
 
@@ -123,8 +154,12 @@ class BlockConfig:
         return {"attention": self.attention.to_dict(), "ffn": self.ffn.to_dict(hidden_size)}
 
     @classmethod
-    def from_dict(cls, data: Any, where: str, num_attention_heads: int) -> BlockConfig:
-        """Parse one ``block_configs`` entry; ``where`` names it in errors (``block_configs[3]``)."""
+    def from_dict(cls, data: Any, where: str, num_attention_heads: int,
+                  sliding_window: int | None = None) -> BlockConfig:
+        """Parse one ``block_configs`` entry; ``where`` names it in errors (``block_configs[3]``).
+
+        An attention without a ``window_length`` key takes ``sliding_window`` (the model-wide window).
+        """
         attn, ffn = _section(data, "attention", where), _section(data, "ffn", where)
         no_attn, no_ffn = bool(attn.get("no_op", False)), bool(ffn.get("no_op", False))
         for sec, name in ((attn, "attention"), (ffn, "ffn")):
@@ -135,12 +170,15 @@ class BlockConfig:
             heads, kv = _heads(attn, where, num_attention_heads)
         if not no_ffn:
             width = _positive(ffn.get("intermediate_size"), f"{where}.ffn.intermediate_size")
+        window = attn.get("window_length", sliding_window)
+        if window is not None:
+            window = _positive(window, f"{where}.attention.window_length")
         try:
             spec = LayerSpec(attention=not no_attn, num_heads=heads, num_kv_heads=kv, head_dim=1,
                              ffn=not no_ffn, ffn_width=width)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
-        return cls.from_layer(spec)
+        return cls.from_layer(spec, window)
 
 
 def _section(data: Any, name: str, where: str) -> Mapping[str, Any]:
@@ -171,18 +209,24 @@ def _heads(attn: Mapping[str, Any], where: str, num_attention_heads: int) -> tup
 
 
 # ------------------------------------------------------------------------------------ config
+@strict  # as every transformers config: type checks, and class validators collected from *this* class
 class AutocompressDeciLMConfig(PreTrainedConfig):
     r"""Config of a heterogeneous decoder: global settings plus one ``block_configs`` entry per layer.
 
     Global keys follow ``LlamaConfig``; ``num_attention_heads`` / ``num_key_value_heads`` /
     ``intermediate_size`` are the largest per-layer values (what homogeneous readers expect).
     Family details: ``attention_bias`` (q/k/v biases), ``o_proj_bias``, ``mlp_bias``, ``qk_norm``
-    (per-head RMSNorm on q and k, Qwen3), ``sliding_window`` (every attention layer, Mistral), and
-    ``base_family``, the parent's ``model_type``.
+    (per-head RMSNorm on q and k, Qwen3 / Gemma 3), ``sliding_window`` (the window of every layer
+    whose block has a ``window_length``; one size per model), ``query_pre_attn_scalar`` (attention
+    scale ``s**-0.5`` instead of ``head_dim**-0.5``, Gemma 3), ``final_logit_softcapping``, and
+    ``base_family``, the parent's ``model_type`` (it also selects the norm style, post-norms and
+    embedding scaling: :meth:`traits`). ``layer_types`` is derived from the blocks and never read.
     """
 
     model_type = MODEL_TYPE
     keys_to_ignore_at_inference = ["past_key_values"]
+    # rope_parameters may be nested by these layer types (Gemma 3: local and global RoPE bases).
+    _rope_type_labels = (FULL_ATTENTION, SLIDING_ATTENTION)
 
     vocab_size: int = 32000
     hidden_size: int = 4096
@@ -193,8 +237,8 @@ class AutocompressDeciLMConfig(PreTrainedConfig):
     head_dim: int | None = None
     hidden_act: str = "silu"
     max_position_embeddings: int = 2048
-    initializer_range: float = 0.02
-    rms_norm_eps: float = 1e-6
+    initializer_range: int | float = 0.02
+    rms_norm_eps: int | float = 1e-6
     use_cache: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -205,10 +249,13 @@ class AutocompressDeciLMConfig(PreTrainedConfig):
     o_proj_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
-    attention_dropout: float = 0.0
+    attention_dropout: int | float = 0.0
     sliding_window: int | None = None
+    query_pre_attn_scalar: int | float | None = None
+    final_logit_softcapping: int | float | None = None
     base_family: str = "llama"
     block_configs: list | None = None
+    layer_types: list | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.head_dim is None:
@@ -218,9 +265,28 @@ class AutocompressDeciLMConfig(PreTrainedConfig):
         if self.block_configs is None:  # homogeneous default: every layer like the global keys
             layer = LayerSpec(True, self.num_attention_heads, self.num_key_value_heads, self.head_dim,
                               True, self.intermediate_size)
-            self.block_configs = [BlockConfig.from_layer(layer).to_dict(self.hidden_size)] * self.num_hidden_layers
+            block = BlockConfig.from_layer(layer, self.sliding_window).to_dict(self.hidden_size)
+            self.block_configs = [block] * self.num_hidden_layers
+        blocks = self.blocks  # validate once, eagerly
+        windows = sorted({b.attention.window_length for b in blocks if b.attention.window_length is not None})
+        if len(windows) > 1 or (windows and self.sliding_window not in (None, windows[0])):
+            raise ConfigError(f"block_configs use window_length {windows} with sliding_window={self.sliding_window}; "
+                              f"{MODEL_TYPE} supports one sliding-window size per model")
+        if windows:
+            self.sliding_window = windows[0]
+        self.layer_types = [b.attention.layer_type for b in blocks]
+        if all(t == NO_ATTENTION for t in self.layer_types):
+            # A cache of placeholders only has no sequence length (transformers raises), so a model
+            # without any attention gets empty full-attention slots instead; nothing writes them.
+            self.layer_types = [FULL_ATTENTION] * len(blocks)
         super().__post_init__(**kwargs)
-        self.blocks  # validate once, eagerly
+
+    def validate_layer_type(self) -> None:
+        """``layer_types`` holds one entry per layer; ``"mlp"`` marks a layer without attention
+        (transformers' ``nemotron_h`` does the same), which the stock check does not allow."""
+        allowed = (FULL_ATTENTION, SLIDING_ATTENTION, NO_ATTENTION)
+        if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= set(allowed):
+            raise ValueError(f"layer_types must list one of {allowed} per layer, got {self.layer_types}")
 
     @property
     def blocks(self) -> tuple[BlockConfig, ...]:
@@ -233,7 +299,17 @@ class AutocompressDeciLMConfig(PreTrainedConfig):
                               f"{suggest(self.base_family, SUPPORTED_FAMILIES)}; "
                               f"supported: {', '.join(SUPPORTED_FAMILIES)}")
         heads = self.num_attention_heads
-        return tuple(BlockConfig.from_dict(b, f"block_configs[{i}]", heads) for i, b in enumerate(raw))
+        return tuple(BlockConfig.from_dict(b, f"block_configs[{i}]", heads, self.sliding_window)
+                     for i, b in enumerate(raw))
+
+    def traits(self) -> FamilyAdapter:
+        """The base family's adapter: module names, norm style, embedding scaling."""
+        return ADAPTERS.get(self.base_family)
+
+    def rope_for(self, layer_type: str) -> dict[str, Any]:
+        """The RoPE parameters of ``layer_type`` layers (``rope_parameters`` may be nested by type)."""
+        rope = self.rope_parameters or {}
+        return rope[layer_type] if layer_type in rope else rope
 
     def architecture(self, name: str = "") -> Architecture:
         """The exact :class:`Architecture` this config builds."""
@@ -250,33 +326,58 @@ class AutocompressDeciLMConfig(PreTrainedConfig):
         )
 
     @classmethod
-    def from_architecture(cls, arch: Architecture, **settings: Any) -> AutocompressDeciLMConfig:
+    def from_architecture(cls, arch: Architecture, *, layer_types: Sequence[str] | None = None,
+                          **settings: Any) -> AutocompressDeciLMConfig:
         """A config that builds ``arch`` exactly; ``settings`` carry the parent's numerics.
 
         ``settings`` are other config keys (``rms_norm_eps``, ``rope_parameters``, ``hidden_act``,
-        ``max_position_embeddings``, ``bos_token_id``, ``sliding_window``...). Every attention layer
-        must share one ``head_dim`` (one rotary table); raises :class:`ConfigError` otherwise.
+        ``max_position_embeddings``, ``bos_token_id``, ``sliding_window``, ``query_pre_attn_scalar``...).
+        ``layer_types`` gives each layer of ``arch`` its attention kind (``"sliding_attention"`` uses
+        ``sliding_window``; entries of layers without attention are ignored); without it every
+        attention layer slides when ``sliding_window`` is set (Mistral). Every attention layer must
+        share one ``head_dim`` (one rotary table); raises :class:`ConfigError` otherwise.
         """
         head_dims = sorted({layer.head_dim for layer in arch.layers if layer.attention})
         if len(head_dims) > 1:
             raise ConfigError(f"layers use head_dim {head_dims}; {MODEL_TYPE} needs one head_dim for all layers")
+        window = settings.get("sliding_window")
+        default = SLIDING_ATTENTION if window is not None else FULL_ATTENTION
+        kinds = list(layer_types) if layer_types is not None else [default] * arch.num_layers
+        if len(kinds) != arch.num_layers:
+            raise ConfigError(f"layer_types has {len(kinds)} entries for {arch.num_layers} layers")
+        if window is None and any(k == SLIDING_ATTENTION for k, s in zip(kinds, arch.layers) if s.attention):
+            raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
         attn = [layer for layer in arch.layers if layer.attention]
         ffn = [layer.ffn_width for layer in arch.layers if layer.ffn]
         heads = max((layer.num_heads for layer in attn), default=1)
+        blocks = [BlockConfig.from_layer(layer, window if kind == SLIDING_ATTENTION else None).to_dict(arch.hidden_size)
+                  for layer, kind in zip(arch.layers, kinds)]
         kwargs: dict[str, Any] = dict(
             vocab_size=arch.vocab_size, hidden_size=arch.hidden_size, num_hidden_layers=arch.num_layers,
             num_attention_heads=heads, num_key_value_heads=max((layer.num_kv_heads for layer in attn), default=1),
-            head_dim=head_dims[0] if head_dims else arch.hidden_size // heads, intermediate_size=max(ffn, default=1),
+            # Without any attention layer head_dim is unused; 2 is the smallest value RoPE validation accepts.
+            head_dim=head_dims[0] if head_dims else 2, intermediate_size=max(ffn, default=1),
             tie_word_embeddings=arch.tie_embeddings, attention_bias=arch.qkv_bias, o_proj_bias=arch.o_bias,
-            mlp_bias=arch.mlp_bias, qk_norm=arch.qk_norm, base_family=arch.family,
-            block_configs=[BlockConfig.from_layer(layer).to_dict(arch.hidden_size) for layer in arch.layers],
+            mlp_bias=arch.mlp_bias, qk_norm=arch.qk_norm, base_family=arch.family, block_configs=blocks,
         )
         if arch.max_context:
             kwargs["max_position_embeddings"] = arch.max_context
+        if not any(k == SLIDING_ATTENTION for k, s in zip(kinds, arch.layers) if s.attention):
+            settings = {**settings, "sliding_window": None}  # no layer slides: no window to record
         return cls(**{**kwargs, **settings})
 
 
 # ------------------------------------------------------------------------------------ layers
+def _rms_norm(config: AutocompressDeciLMConfig, dim: int) -> nn.Module:
+    """The base family's RMSNorm over ``dim`` channels: ``w·x̂`` (Llama) or ``(1 + w)·x̂`` (Gemma)."""
+    offset = config.traits().norm_offset
+    if offset == 0.0:
+        return LlamaRMSNorm(dim, eps=config.rms_norm_eps)
+    if offset == 1.0:
+        return Gemma3RMSNorm(dim, eps=config.rms_norm_eps)
+    raise ConfigError(f"no RMSNorm multiplies by {offset} + weight (base_family {config.base_family!r})")
+
+
 class DeciLMMLP(nn.Module):
     """Gated MLP: ``down(act(gate(x)) * up(x))``; (batch, time, hidden) → (batch, time, hidden)."""
 
@@ -293,10 +394,10 @@ class DeciLMMLP(nn.Module):
 
 
 class DeciLMAttention(nn.Module):
-    """Grouped-query self-attention with this layer's own head counts.
+    """Grouped-query self-attention with this layer's own head counts and window.
 
     Query head ``h`` reads KV head ``h // n_heads_in_group`` (transformers' ``repeat_kv``).
-    ``layer_idx`` is the KV-cache slot, counted over attention layers only.
+    ``layer_idx`` is the layer's index, which is also its KV-cache slot.
     """
 
     def __init__(self, config: AutocompressDeciLMConfig, block: AttentionBlock, layer_idx: int) -> None:
@@ -305,17 +406,19 @@ class DeciLMAttention(nn.Module):
         self.head_dim = config.head_dim
         self.num_heads, self.num_key_value_heads = block.num_heads, block.num_key_value_heads
         self.num_key_value_groups = block.num_heads // block.num_key_value_heads
-        self.scaling = self.head_dim**-0.5
+        # Gemma 3 scales by query_pre_attn_scalar**-0.5 (modeling_gemma3.Gemma3Attention), others by head_dim**-0.5.
+        scalar = config.query_pre_attn_scalar
+        self.scaling = (self.head_dim if scalar is None else scalar) ** -0.5
         self.attention_dropout = config.attention_dropout
         self.is_causal = True
-        self.sliding_window = config.sliding_window
+        self.sliding_window = block.window_length
         hidden, q, kv = config.hidden_size, block.num_heads * self.head_dim, block.num_key_value_heads * self.head_dim
         self.q_proj = nn.Linear(hidden, q, bias=config.attention_bias)
         self.k_proj = nn.Linear(hidden, kv, bias=config.attention_bias)
         self.v_proj = nn.Linear(hidden, kv, bias=config.attention_bias)
         self.o_proj = nn.Linear(q, hidden, bias=config.o_proj_bias)
-        self.q_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps) if config.qk_norm else None
+        self.q_norm = _rms_norm(config, self.head_dim) if config.qk_norm else None
+        self.k_norm = _rms_norm(config, self.head_dim) if config.qk_norm else None
 
     def forward(
         self,
@@ -327,7 +430,7 @@ class DeciLMAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         shape = (*hidden_states.shape[:-1], -1, self.head_dim)  # (batch, time, heads, head_dim)
         query, key = self.q_proj(hidden_states).view(shape), self.k_proj(hidden_states).view(shape)
-        if self.q_norm is not None:  # Qwen3: RMSNorm over head_dim, before RoPE
+        if self.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm over head_dim, before RoPE
             query, key = self.q_norm(query), self.k_norm(key)
         query, key = query.transpose(1, 2), key.transpose(1, 2)  # (batch, heads, time, head_dim)
         value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
@@ -348,17 +451,27 @@ class DeciLMAttention(nn.Module):
 class DeciLMDecoderLayer(nn.Module):
     """Pre-norm residual block whose attention and MLP may each be absent (``None``).
 
-    An absent sub-block has no norm and adds nothing to the residual stream.
+    An absent sub-block has no norms and adds nothing to the residual stream. Norm attributes take
+    the base family's names (Llama: ``input_layernorm``, ``post_attention_layernorm`` before the
+    MLP; Gemma 3 adds a norm on each sub-block's output: ``post_attention_layernorm``,
+    ``post_feedforward_layernorm``, and calls the pre-MLP norm ``pre_feedforward_layernorm``).
     """
 
-    def __init__(self, config: AutocompressDeciLMConfig, block: BlockConfig, cache_idx: int) -> None:
+    def __init__(self, config: AutocompressDeciLMConfig, block: BlockConfig, layer_idx: int) -> None:
         super().__init__()
-        hidden, eps = config.hidden_size, config.rms_norm_eps
+        hidden, paths = config.hidden_size, config.traits().paths
         has_attn, has_ffn = not block.attention.no_op, not block.ffn.no_op
-        self.input_layernorm = LlamaRMSNorm(hidden, eps=eps) if has_attn else None
-        self.self_attn = DeciLMAttention(config, block.attention, cache_idx) if has_attn else None
-        self.post_attention_layernorm = LlamaRMSNorm(hidden, eps=eps) if has_ffn else None
+        self._norm_names = (paths.input_norm, paths.attn_out_norm, paths.ffn_norm, paths.ffn_out_norm)
+        for name, present in zip(self._norm_names, (has_attn, has_attn, has_ffn, has_ffn)):
+            if name is not None:
+                setattr(self, name, _rms_norm(config, hidden) if present else None)
+        self.self_attn = DeciLMAttention(config, block.attention, layer_idx) if has_attn else None
         self.mlp = DeciLMMLP(config, block.ffn.intermediate_size) if has_ffn else None
+
+    def _norm(self, which: int, x: torch.Tensor) -> torch.Tensor:
+        """Apply norm ``which`` (0 input, 1 attention output, 2 pre-MLP, 3 MLP output) if the family has it."""
+        name = self._norm_names[which]
+        return x if name is None else getattr(self, name)(x)
 
     def forward(
         self,
@@ -372,12 +485,12 @@ class DeciLMDecoderLayer(nn.Module):
     ) -> torch.Tensor:
         if self.self_attn is not None:
             attn_out, _ = self.self_attn(
-                hidden_states=self.input_layernorm(hidden_states), position_embeddings=position_embeddings,
+                hidden_states=self._norm(0, hidden_states), position_embeddings=position_embeddings,
                 attention_mask=attention_mask, position_ids=position_ids, cache=cache, use_cache=use_cache, **kwargs,
             )
-            hidden_states = hidden_states + attn_out
+            hidden_states = hidden_states + self._norm(1, attn_out)
         if self.mlp is not None:
-            hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+            hidden_states = hidden_states + self._norm(3, self.mlp(self._norm(2, hidden_states)))
         return hidden_states
 
 
@@ -392,6 +505,25 @@ class AutocompressDeciLMPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
 
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        # As Gemma3PreTrainedModel._init_weights: (1 + w) norms start at w = 0, and the embedding
+        # scale is a non-persistent buffer that a load from the meta device must recompute.
+        if isinstance(module, Gemma3RMSNorm):
+            init.zeros_(module.weight)
+        elif isinstance(module, Gemma3TextScaledWordEmbedding):
+            init.constant_(module.embed_scale, module.scalar_embed_scale)
+
+
+def _rotary(config: AutocompressDeciLMConfig, layer_type: str) -> LlamaRotaryEmbedding:
+    """The rotary table of ``layer_type`` layers (a config view whose ``rope_parameters`` are flat)."""
+    rope = config.rope_for(layer_type)
+    if rope is config.rope_parameters:
+        return LlamaRotaryEmbedding(config=config)
+    view = copy.copy(config)
+    view.rope_parameters = rope
+    return LlamaRotaryEmbedding(config=view)
+
 
 class AutocompressDeciLMModel(AutocompressDeciLMPreTrainedModel):
     """Embedding, heterogeneous decoder layers, final RMSNorm; returns the last hidden state."""
@@ -399,14 +531,16 @@ class AutocompressDeciLMModel(AutocompressDeciLMPreTrainedModel):
     def __init__(self, config: AutocompressDeciLMConfig) -> None:
         super().__init__(config)
         self.padding_idx = config.pad_token_id
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
-        layers, slot = [], 0
-        for block in config.blocks:
-            layers.append(DeciLMDecoderLayer(config, block, slot))
-            slot += not block.attention.no_op
-        self.layers = nn.ModuleList(layers)
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        if config.traits().embed_scale:  # Gemma: embedding × sqrt(hidden_size), as Gemma3TextModel
+            self.embed_tokens = Gemma3TextScaledWordEmbedding(config.vocab_size, config.hidden_size, self.padding_idx,
+                                                              embed_scale=config.hidden_size**0.5)
+        else:
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList(DeciLMDecoderLayer(config, block, i) for i, block in enumerate(config.blocks))
+        self.norm = _rms_norm(config, config.hidden_size)
+        self.layer_kinds = [block.attention.layer_type for block in config.blocks]  # NO_ATTENTION: none
+        self.attention_kinds = sorted(set(self.layer_kinds) - {NO_ATTENTION})
+        self.rotary_emb = nn.ModuleDict({kind: _rotary(config, kind) for kind in self.attention_kinds})
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -414,7 +548,7 @@ class AutocompressDeciLMModel(AutocompressDeciLMPreTrainedModel):
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,  # (batch, time)
-        attention_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | dict[str, torch.Tensor] | None = None,
         position_ids: torch.LongTensor | None = None,
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
@@ -434,21 +568,28 @@ class AutocompressDeciLMModel(AutocompressDeciLMPreTrainedModel):
         if position_ids is None:
             seen = cache.get_seq_length() if cache is not None else 0
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + seen).unsqueeze(0)
-        make_mask = create_causal_mask if self.config.sliding_window is None else create_sliding_window_causal_mask
-        mask = make_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                         cache=cache, position_ids=position_ids)
+        masks = attention_mask if isinstance(attention_mask, dict) else self._masks(
+            inputs_embeds, attention_mask, cache, position_ids)
         hidden_states = inputs_embeds
-        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        rotary = {kind: self.rotary_emb[kind](hidden_states, position_ids=position_ids)  # (cos, sin) per kind
+                  for kind in self.attention_kinds}
         all_hidden = [hidden_states]
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, attention_mask=mask, position_ids=position_ids, cache=cache,
-                                  use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+        for layer, kind in zip(self.layers, self.layer_kinds):
+            hidden_states = layer(hidden_states, attention_mask=masks.get(kind), position_ids=position_ids, cache=cache,
+                                  use_cache=use_cache, position_embeddings=rotary.get(kind), **kwargs)
             all_hidden.append(hidden_states)
         hidden_states = self.norm(hidden_states)
         # transformers' convention: embeddings, then each layer's output, the last one after the final norm
         all_hidden[-1] = hidden_states
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, cache=cache,
                                        hidden_states=tuple(all_hidden) if want_hidden else None)
+
+    def _masks(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None, cache: Cache | None,
+               position_ids: torch.Tensor) -> dict[str, Any]:
+        """One attention mask per attention kind present (causal; causal within the window)."""
+        make = {FULL_ATTENTION: create_causal_mask, SLIDING_ATTENTION: create_sliding_window_causal_mask}
+        return {kind: make[kind](config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                                 cache=cache, position_ids=position_ids) for kind in self.attention_kinds}
 
 
 class AutocompressDeciLMForCausalLM(AutocompressDeciLMPreTrainedModel, GenerationMixin):
@@ -480,6 +621,9 @@ class AutocompressDeciLMForCausalLM(AutocompressDeciLMPreTrainedModel, Generatio
                              cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
         hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
         logits = self.lm_head(hidden_states)  # (batch, time, vocab)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:  # Gemma: cap · tanh(logits / cap)
+            logits = torch.tanh(logits / cap) * cap
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)

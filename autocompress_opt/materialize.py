@@ -24,6 +24,14 @@ hidden norm computes its statistic over the kept channels, ``Σ_c m_c x_c² / Σ
 mask" here means *channel removal*, not "zero these channels in the parent's own norms"; the two
 agree only when ``D' = D``.
 
+**Hidden-size pruning and Gemma's embedding scale.** Gemma 3 multiplies the embedding by
+``sqrt(hidden_size)``, computed from the *model's own* config, so a child with ``D' < D`` channels
+would scale by ``sqrt(D')``: a different model. We keep the parent's numerics by folding the
+factor ``c = sqrt(D)/sqrt(D')`` (generally: parent scale / child scale) into the child's embedding
+weights; with tied embeddings the LM head then carries ``c`` too, and the final norm's multiplier
+``(1 + w)`` is divided by ``c`` to cancel it (exact up to float rounding). A plain Gemma 3 checkpoint
+therefore reloads with the masked parent's logits, and no extra config key is needed.
+
 **Heads.** Heads are pruned in whole KV groups (the groups with the highest summed score) and,
 optionally, by the same number of query heads inside every kept group (the best ones of each
 group), so the result stays valid grouped-query attention. ``head_dim`` never changes.
@@ -289,7 +297,7 @@ def apply_masks(model: Any, masks: Masks, *, adapter: FamilyAdapter | None = Non
         for i, (p, mask) in enumerate(zip(parts, masks.layers)):
             handles += _layer_hooks(p, mask)
         if not bool(masks.hidden.all()):
-            handles += _hidden_hooks(model, adapter, parts, masks.hidden)
+            handles += _hidden_hooks(model, adapter, parts, masks.hidden, adapter.base(model).norm_offset)
     except BaseException:
         MaskHandle(handles).remove()
         raise
@@ -329,14 +337,15 @@ def _layer_hooks(p: LayerParts, mask: LayerMask) -> list[Any]:
     return handles
 
 
-def _hidden_hooks(model: Any, adapter: FamilyAdapter, parts: list[LayerParts], hidden: torch.Tensor) -> list[Any]:
+def _hidden_hooks(model: Any, adapter: FamilyAdapter, parts: list[LayerParts], hidden: torch.Tensor,
+                  norm_offset: float) -> list[Any]:
     handles = [adapter.embedding(model).register_forward_hook(_scale_output(hidden))]
     for p in parts:
         for proj in (p.o_proj, p.down_proj):
             if proj is not None:
                 handles.append(proj.register_forward_hook(_scale_output(hidden)))
-    for norm in adapter.hidden_norms(model):
-        handles.append(norm.register_forward_hook(_kept_channel_rmsnorm(hidden)))
+    for norm in adapter.hidden_norms(model):  # post-norms (Gemma) included: they zero pruned channels too
+        handles.append(norm.register_forward_hook(_kept_channel_rmsnorm(hidden, norm_offset)))
     return handles
 
 
@@ -361,8 +370,12 @@ def _scale_output(mask: torch.Tensor) -> Any:
     return hook
 
 
-def _kept_channel_rmsnorm(mask: torch.Tensor) -> Any:
-    """Recompute an RMSNorm over the kept channels only, as the sliced model's norm does."""
+def _kept_channel_rmsnorm(mask: torch.Tensor, offset: float = 0.0) -> Any:
+    """Recompute an RMSNorm over the kept channels only, as the sliced model's norm does.
+
+    ``offset`` 0: Llama's ``w · x̂`` (x̂ cast to the input dtype first); 1: Gemma's ``(1 + w) · x̂``
+    computed in float32, then cast (transformers' ``Gemma3RMSNorm``).
+    """
     import torch
 
     def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
@@ -372,7 +385,11 @@ def _kept_channel_rmsnorm(mask: torch.Tensor) -> Any:
         m = mask.to(device=x.device, dtype=torch.float32)
         x32 = x.to(torch.float32)
         variance = (x32.pow(2) * m).sum(-1, keepdim=True) / m.sum()
-        y = module.weight * (x32 * torch.rsqrt(variance + eps)).to(x.dtype)
+        normed = x32 * torch.rsqrt(variance + eps)
+        if offset:
+            y = (normed * (offset + module.weight.float())).type_as(x)
+        else:
+            y = module.weight * normed.to(x.dtype)
         return y * m.to(y.dtype)
     return hook
 
@@ -388,14 +405,17 @@ def prune(
     return materialize(parent_model, plan, adapter=adapter)
 
 
-def materialize(parent_model: Any, plan: PrunePlan, *, adapter: FamilyAdapter | None = None) -> Any:
+def materialize(parent_model: Any, plan: PrunePlan, *, adapter: FamilyAdapter | None = None,
+                heterogeneous: bool = False) -> Any:
     """Build the model ``plan`` describes from ``parent_model``'s weights (copied, never shared).
 
     Returns a plain transformers model of the parent's family when ``plan.architecture`` is
-    uniform and that family's config accepts it (``LlamaConfig`` requires ``hidden_size %
-    num_attention_heads == 0``), else an ``AutocompressDeciLMForCausalLM``. Same dtype, device
-    and attention implementation as the parent; eval mode. Raises :class:`ConfigError` when the
-    model is not ``plan.parent``.
+    uniform and that family's config accepts it (``LlamaConfig`` and ``Gemma3TextConfig`` require
+    ``hidden_size % num_attention_heads == 0``), else an ``AutocompressDeciLMForCausalLM``;
+    ``heterogeneous=True`` always builds the latter. Same dtype, device and attention
+    implementation as the parent; eval mode. Raises :class:`ConfigError` when the model is not
+    ``plan.parent``, or when the parent computes something the pruned model cannot (bidirectional
+    attention).
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -404,7 +424,7 @@ def materialize(parent_model: Any, plan: PrunePlan, *, adapter: FamilyAdapter | 
     mismatch = architecture_mismatch(plan.parent, adapter.architecture(parent_model))
     if mismatch:
         raise ConfigError(f"the model is not the plan's parent ({mismatch})")
-    config = _target_config(parent_model, adapter, plan)
+    config = _target_config(parent_model, adapter, plan, heterogeneous)
     weight = adapter.embedding(parent_model).weight
     attn_impl = getattr(parent_model.config, "_attn_implementation", None)
     child = AutoModelForCausalLM.from_config(config, dtype=weight.dtype, attn_implementation=attn_impl)
@@ -414,43 +434,55 @@ def materialize(parent_model: Any, plan: PrunePlan, *, adapter: FamilyAdapter | 
     return child.eval()
 
 
-def _target_config(parent_model: Any, adapter: FamilyAdapter, plan: PrunePlan) -> Any:
+def _target_config(parent_model: Any, adapter: FamilyAdapter, plan: PrunePlan, heterogeneous: bool) -> Any:
     from autocompress_opt.hetero_model import AutocompressDeciLMConfig
 
     arch = plan.architecture
-    if arch.is_uniform:
+    if arch.is_uniform and not heterogeneous:
         config = _plain_config(parent_model, adapter, plan)
         if config is not None:
             return config
-    return AutocompressDeciLMConfig.from_architecture(arch, **_inherited_settings(parent_model, adapter, plan))
+    return AutocompressDeciLMConfig.from_architecture(arch, layer_types=_kept_layer_types(parent_model, plan),
+                                                      **_inherited_settings(parent_model))
 
 
-# Config keys that carry the parent's numerics into the pruned model (not its sizes).
+# Config keys that carry the parent's numerics into a heterogeneous child (not its sizes), with the
+# names a family's config may use instead (Gemma 3 calls the MLP activation ``hidden_activation``).
 _INHERITED_KEYS = ("hidden_act", "rms_norm_eps", "rope_parameters", "max_position_embeddings", "initializer_range",
-                   "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id")
+                   "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id", "sliding_window",
+                   "query_pre_attn_scalar", "final_logit_softcapping")
+_KEY_NAMES = {"hidden_act": ("hidden_act", "hidden_activation")}
 
 
-def _inherited_settings(parent_model: Any, adapter: FamilyAdapter, plan: PrunePlan) -> dict[str, Any]:
+def _inherited_settings(parent_model: Any) -> dict[str, Any]:
+    """The parent's numerics under this package's config keys; refuses what the child cannot compute."""
     config = parent_model.config
-    settings = {k: copy.deepcopy(getattr(config, k)) for k in _INHERITED_KEYS if getattr(config, k, None) is not None}
-    settings["sliding_window"] = _sliding_window(parent_model, adapter, plan)
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ConfigError("the parent uses bidirectional attention (use_bidirectional_attention=True); "
+                          "only causal decoders can be pruned")
+    settings = {}
+    for key in _INHERITED_KEYS:
+        value = next((getattr(config, n) for n in _KEY_NAMES.get(key, (key,)) if getattr(config, n, None) is not None),
+                     None)
+        if value is not None:
+            settings[key] = copy.deepcopy(value)
     return settings
 
 
-def _sliding_window(parent_model: Any, adapter: FamilyAdapter, plan: PrunePlan) -> int | None:
-    """The window every kept attention layer uses (None = full attention); mixed kinds raise."""
-    config = parent_model.config
-    if adapter.heterogeneous or adapter.name == "mistral":
-        return getattr(config, "sliding_window", None)
+def _parent_layer_types(config: Any) -> list[str]:
+    """The attention kind of every parent layer: ``config.layer_types`` where the family has it
+    (Qwen, Gemma 3, this package's model), else every layer slides iff ``sliding_window`` is set (Mistral)."""
     types = getattr(config, "layer_types", None)
-    if not types:
-        return None
-    kept = {types[lp.parent_index] for lp in plan.layers if lp.heads}
-    if kept <= {"full_attention"}:
-        return None
-    if kept == {"sliding_attention"}:
-        return config.sliding_window
-    raise ConfigError(f"kept layers mix attention kinds {sorted(kept)}; a heterogeneous export supports one kind")
+    if types:
+        return list(types)
+    sliding = getattr(config, "sliding_window", None) is not None
+    return ["sliding_attention" if sliding else "full_attention"] * config.num_hidden_layers
+
+
+def _kept_layer_types(parent_model: Any, plan: PrunePlan) -> list[str]:
+    """The attention kind of every layer of ``plan.architecture`` (that of its parent layer)."""
+    types = _parent_layer_types(parent_model.config)
+    return [types[lp.parent_index] for lp in plan.layers]
 
 
 _SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -461,7 +493,7 @@ def _plain_config(parent_model: Any, adapter: FamilyAdapter, plan: PrunePlan) ->
     """A config of the parent's family that builds ``plan.architecture``, or None if the family cannot."""
     arch, layer = plan.architecture, plan.architecture.layers[0]
     if adapter.heterogeneous:
-        config = _family_config(parent_model, adapter, plan)
+        config = _family_config(parent_model, plan)
         if config is None:
             return None
     else:
@@ -475,21 +507,27 @@ def _plain_config(parent_model: Any, adapter: FamilyAdapter, plan: PrunePlan) ->
     return config if _reloadable(config) else None
 
 
-def _family_config(parent_model: Any, adapter: FamilyAdapter, plan: PrunePlan) -> Any | None:
+def _family_config(parent_model: Any, plan: PrunePlan) -> Any | None:
     """A heterogeneous parent's base-family config for a uniform plan, or None if it cannot say it."""
-    settings = _inherited_settings(parent_model, adapter, plan)
-    window = settings.pop("sliding_window")
-    family = plan.architecture.family
-    if window is not None and family != "mistral":  # qwen windows need per-layer types: keep the hetero class
-        return None
+    settings = _inherited_settings(parent_model)
+    window = settings.pop("sliding_window", None)
+    if "sliding_attention" not in _kept_layer_types(parent_model, plan):
+        window = None
     try:
         config = plan.architecture.to_hf_config()
     except (ConfigError, *_validation_errors()):
         return None
     for key, value in settings.items():
-        setattr(config, key, value)
-    if family == "mistral":
+        names = _KEY_NAMES.get(key, (key,))
+        setattr(config, next((n for n in names if hasattr(config, n)), key), value)
+    if getattr(config, "layer_types", None) is not None:  # Qwen, Gemma 3: one kind per layer
+        config.layer_types = _kept_layer_types(parent_model, plan)
+        if window is not None:
+            config.sliding_window = window
+    elif plan.architecture.family == "mistral":
         config.sliding_window = window  # None must be explicit: MistralConfig defaults to 4096
+    elif window is not None:  # a window this family's config cannot express: keep the hetero class
+        return None
     return config
 
 
@@ -514,8 +552,15 @@ def _copy_weights(src: Any, src_adapter: FamilyAdapter, dst: Any, dst_adapter: F
 
     device = src_adapter.embedding(src).weight.device
     h = torch.tensor(plan.hidden_channels, dtype=torch.long, device=device)  # (D',)
-    _put(dst_adapter.embedding(dst).weight, src_adapter.embedding(src).weight[:, h])
-    _put(dst_adapter.final_norm(dst).weight, src_adapter.final_norm(src).weight[h])
+    # Gemma: the embedding is scaled by sqrt(own hidden size); fold parent/child into the weights (module doc).
+    rescale = _embed_scale(src_adapter.embedding(src)) / _embed_scale(dst_adapter.embedding(dst))
+    embedding = src_adapter.embedding(src).weight[:, h]
+    _put(dst_adapter.embedding(dst).weight, embedding if rescale == 1.0 else embedding * rescale)
+    final_norm = src_adapter.final_norm(src).weight[h]
+    if dst_adapter.tied(dst) and rescale != 1.0:  # the LM head carries the factor too: cancel it in the norm
+        offset = src_adapter.base(src).norm_offset
+        final_norm = (offset + final_norm) / rescale - offset
+    _put(dst_adapter.final_norm(dst).weight, final_norm)
     if not dst_adapter.tied(dst):
         _put(dst_adapter.lm_head(dst).weight, src_adapter.lm_head(src).weight[:, h])
     for k, lp in enumerate(plan.layers):
@@ -524,6 +569,12 @@ def _copy_weights(src: Any, src_adapter: FamilyAdapter, dst: Any, dst_adapter: F
             _copy_attention(s, d, lp, h)
         if lp.ffn_channels:
             _copy_ffn(s, d, lp, h)
+
+
+def _embed_scale(embedding: Any) -> float:
+    """The factor an embedding module multiplies its rows by (Gemma's ``embed_scale`` buffer; else 1)."""
+    scale = getattr(embedding, "embed_scale", None)
+    return 1.0 if scale is None else float(scale)
 
 
 def _head_rows(heads: Sequence[int], head_dim: int, device: Any) -> torch.Tensor:
@@ -538,6 +589,8 @@ def _copy_attention(s: LayerParts, d: LayerParts, lp: LayerPlan, h: torch.Tensor
     q = _head_rows(lp.heads, s.head_dim, h.device)
     kv = _head_rows(lp.kv_heads, s.head_dim, h.device)
     _put(d.input_norm.weight, s.input_norm.weight[h])
+    if s.attn_out_norm is not None:
+        _put(d.attn_out_norm.weight, s.attn_out_norm.weight[h])
     for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
         src, dst = getattr(s, name), getattr(d, name)
         _put(dst.weight, src.weight[rows][:, h])
@@ -555,7 +608,9 @@ def _copy_ffn(s: LayerParts, d: LayerParts, lp: LayerPlan, h: torch.Tensor) -> N
     import torch
 
     c = torch.tensor(lp.ffn_channels, dtype=torch.long, device=h.device)
-    _put(d.post_attention_norm.weight, s.post_attention_norm.weight[h])
+    _put(d.ffn_norm.weight, s.ffn_norm.weight[h])
+    if s.ffn_out_norm is not None:
+        _put(d.ffn_out_norm.weight, s.ffn_out_norm.weight[h])
     for name in ("gate_proj", "up_proj"):
         src, dst = getattr(s, name), getattr(d, name)
         _put(dst.weight, src.weight[c][:, h])

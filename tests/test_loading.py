@@ -102,7 +102,7 @@ def test_cache_hands_out_independent_copies(qwen2_dir):
 def test_unknown_name_lists_the_models_with_weights():
     with pytest.raises(UnknownNameError, match=r"did you mean 'smollm2-135m'.*available: .*smollm2-135m"):
         load_model("smollm2-13m")
-    assert "smollm2-135m" in known_weights()
+    assert {"smollm2-135m", "gemma3-270m"} <= set(known_weights())
 
 
 def test_known_architecture_without_weights_says_so():
@@ -177,3 +177,22 @@ def test_smollm2_loads_with_its_exact_count_and_scores(smollm2_loaded):
     assert math.isfinite(report.ppl_code) and math.isfinite(report.ppl_prose)
     assert 1.0 < report.ppl_code < 100.0 and 1.0 < report.ppl_prose < 200.0  # a trained model, far below V=49152
     assert report.kl_to_parent == 0.0
+
+
+@pytest.mark.slow
+def test_gemma3_270m_loads_with_its_exact_count_and_scores(gemma3_gguf):
+    """Integration: the Gemma 3 270M GGUF (assembled from its PyPI chunk wheels) loads offline by name as a
+    dense float32 Gemma3ForCausalLM, counts exactly, and scores finitely on held-out text."""
+    from autocompress_opt.quality import perplexity
+    from autocompress_opt.textdata import evaluation_batches
+
+    loaded = load_model("gemma3-270m")
+    assert type(loaded.model).__name__ == "Gemma3ForCausalLM" and loaded.path == gemma3_gguf.resolve()
+    assert loaded.num_params == loaded.architecture.num_params == load_architecture("gemma3-270m").num_params
+    assert loaded.architecture.num_params == 268_098_176 and loaded.architecture.family == "gemma3_text"
+    config = loaded.model.config
+    assert config.head_dim == 256 and config.sliding_window == 512 and config.layer_types.count("full_attention") == 3
+    assert next(loaded.model.parameters()).dtype == torch.float32
+    ids = evaluation_batches(loaded.tokenizer, n_samples=2, seq_len=64, seed=0)
+    ppl = perplexity(loaded.model, ids, batch_size=1, progress=False)
+    assert math.isfinite(ppl) and 1.0 < ppl < 200.0  # a trained model, far below V=262144

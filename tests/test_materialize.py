@@ -21,7 +21,7 @@ from autocompress_opt.materialize import (LayerMask, Masks, apply_masks, identit
 from test_adapters import FAMILIES, tiny_hetero_model, tiny_model, tokens
 
 PLAIN_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-               "qwen3": "Qwen3ForCausalLM"}
+               "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 
 
 class Parent:
@@ -52,11 +52,19 @@ def logits(model: Any, masks: Masks | None = None, ids: torch.Tensor | None = No
             return model(ids).logits
 
 
+# Gemma 3 renormalises each sub-block's output (post-norms), so a sub-block whose float32 output
+# nearly cancels has its rounding error scaled up to unit RMS with it: masked and sliced models
+# then agree to ~1e-5 relative instead of ~1e-6. With every norm computed in float64 the two agree
+# to 1e-14 on the same targets (checked by hand), so the looser tolerance hides no slicing error.
+TOLERANCE: dict[str, dict[str, float]] = {"gemma3_text": dict(atol=2e-4, rtol=2e-5)}
+
+
 def assert_equivalent(parent: Parent, target: Architecture) -> Any:
     """Materialise ``target``; its logits equal the masked parent's; its structure is the target's."""
     plan = plan_pruning(parent.arch, parent.importance, target)
     child = materialize(parent.model, plan)
-    torch.testing.assert_close(logits(child), logits(parent.model, plan.masks()))
+    torch.testing.assert_close(logits(child), logits(parent.model, plan.masks()),
+                               **TOLERANCE.get(parent.arch.family, {}))
     assert architecture_mismatch(target.active(), adapter_for(child).architecture(child)) is None
     return child
 
@@ -72,7 +80,7 @@ def test_uniform_target_is_a_plain_model_of_the_family(parent: Parent) -> None:
     target = replace(parent.arch, hidden_size=40, layers=(layer(base, num_heads=3, num_kv_heads=1, ffn_width=24),) * 2)
     child = assert_equivalent(parent, target)
     family = parent.arch.family
-    if family == "llama":  # LlamaConfig needs hidden % heads == 0: 40 % 3 != 0 falls back to the hetero class
+    if family in ("llama", "gemma3_text"):  # their configs need hidden % heads == 0: 40 % 3 != 0 → hetero class
         assert isinstance(child, AutocompressDeciLMForCausalLM)
         target = replace(target, hidden_size=36)
         child = assert_equivalent(parent, target)
@@ -152,12 +160,21 @@ def test_hetero_parent_prunes_further(hetero_parent: Parent) -> None:
     assert isinstance(child, AutocompressDeciLMForCausalLM)
 
 
-def test_hetero_parent_with_a_uniform_target_becomes_a_plain_model(hetero_parent: Parent) -> None:
-    """Only layer 1 of the hetero qwen2 parent has both blocks; keeping just it is uniform → Qwen2ForCausalLM."""
+@pytest.mark.parametrize("family", ["qwen2", "gemma3_text"])
+def test_hetero_parent_with_a_uniform_target_becomes_a_plain_model(family: str) -> None:
+    """Only layer 1 of a hetero parent has both blocks; keeping just it is uniform → the plain family class,
+    with the parent's numerics (Gemma: its 4-token window, local RoPE base, activation, attention scale)."""
+    hetero_parent = Parent(tiny_hetero_model(family))
     arch, dropped = hetero_parent.arch, LayerSpec.dropped()
     target = replace(arch, layers=(dropped, layer(arch.layers[1], num_heads=2, num_kv_heads=1, ffn_width=16),
                                    dropped, dropped))
-    assert type(assert_equivalent(hetero_parent, target)).__name__ == "Qwen2ForCausalLM"
+    child = assert_equivalent(hetero_parent, target)
+    assert type(child).__name__ == PLAIN_CLASS[family]
+    if family == "gemma3_text":
+        config = child.config
+        assert (config.layer_types, config.sliding_window) == (["sliding_attention"], 4)
+        assert (config.hidden_activation, config.query_pre_attn_scalar) == ("gelu_pytorch_tanh", 12)
+        assert config.rope_parameters["sliding_attention"]["rope_theta"] == 1e4
 
 
 def test_mistral_sliding_window_carries_over() -> None:
