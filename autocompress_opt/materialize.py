@@ -588,17 +588,8 @@ def _head_rows(heads: Sequence[int], head_dim: int, device: Any) -> torch.Tensor
 def _copy_attention(s: LayerParts, d: LayerParts, lp: LayerPlan, h: torch.Tensor) -> None:
     q = _head_rows(lp.heads, s.head_dim, h.device)
     kv = _head_rows(lp.kv_heads, s.head_dim, h.device)
-    _put(d.input_norm.weight, s.input_norm.weight[h])
-    if s.attn_out_norm is not None:
-        _put(d.attn_out_norm.weight, s.attn_out_norm.weight[h])
-    for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-        src, dst = getattr(s, name), getattr(d, name)
-        _put(dst.weight, src.weight[rows][:, h])
-        if src.bias is not None:
-            _put(dst.bias, src.bias[rows])
-    _put(d.o_proj.weight, s.o_proj.weight[h][:, q])
-    if s.o_proj.bias is not None:
-        _put(d.o_proj.bias, s.o_proj.bias[h])
+    _copy_block(s, d, h, norms=("input_norm", "attn_out_norm"), inputs=(("q_proj", q), ("k_proj", kv), ("v_proj", kv)),
+                output=("o_proj", q))
     for name in ("q_norm", "k_norm"):
         if getattr(s, name) is not None:
             _put(getattr(d, name).weight, getattr(s, name).weight)
@@ -608,17 +599,29 @@ def _copy_ffn(s: LayerParts, d: LayerParts, lp: LayerPlan, h: torch.Tensor) -> N
     import torch
 
     c = torch.tensor(lp.ffn_channels, dtype=torch.long, device=h.device)
-    _put(d.ffn_norm.weight, s.ffn_norm.weight[h])
-    if s.ffn_out_norm is not None:
-        _put(d.ffn_out_norm.weight, s.ffn_out_norm.weight[h])
-    for name in ("gate_proj", "up_proj"):
+    _copy_block(s, d, h, norms=("ffn_norm", "ffn_out_norm"), inputs=(("gate_proj", c), ("up_proj", c)),
+                output=("down_proj", c))
+
+
+def _copy_block(s: LayerParts, d: LayerParts, h: torch.Tensor, *, norms: tuple[str, str],
+                inputs: Sequence[tuple[str, torch.Tensor]], output: tuple[str, torch.Tensor]) -> None:
+    """Slice one residual sub-block: its (pre, optional post) norms over the kept residual channels
+    ``h``; each input projection's kept rows × ``h`` columns; the output projection's ``h`` rows ×
+    its kept input columns. Biases follow their rows."""
+    pre, post = norms
+    _put(getattr(d, pre).weight, getattr(s, pre).weight[h])
+    if getattr(s, post) is not None:
+        _put(getattr(d, post).weight, getattr(s, post).weight[h])
+    for name, rows in inputs:
         src, dst = getattr(s, name), getattr(d, name)
-        _put(dst.weight, src.weight[c][:, h])
+        _put(dst.weight, src.weight[rows][:, h])
         if src.bias is not None:
-            _put(dst.bias, src.bias[c])
-    _put(d.down_proj.weight, s.down_proj.weight[h][:, c])
-    if s.down_proj.bias is not None:
-        _put(d.down_proj.bias, s.down_proj.bias[h])
+            _put(dst.bias, src.bias[rows])
+    name, cols = output
+    src, dst = getattr(s, name), getattr(d, name)
+    _put(dst.weight, src.weight[h][:, cols])
+    if src.bias is not None:
+        _put(dst.bias, src.bias[h])
 
 
 def _put(dst: torch.Tensor, src: torch.Tensor) -> None:
