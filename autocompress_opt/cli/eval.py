@@ -131,7 +131,7 @@ def _run_tasks(args: argparse.Namespace) -> int:
 
 def _task_rows(names: list[str], report: Any) -> list[list[str]]:
     """One row per task in the order asked for; held-out perplexity takes a row per domain."""
-    from autocompress_opt.tasks.scoring import HELDOUT_TASK
+    from autocompress_opt.tasks.items import PERPLEXITY_TASK
 
     scored = {t.name: t for t in report.tasks}
     rows = []
@@ -142,7 +142,7 @@ def _task_rows(names: list[str], report: Any) -> list[list[str]]:
                          str(t.n), f"{t.seconds:.1f}", _source_line(t.source)])
         elif name in report.skipped:
             rows.append([name, "", "", "", "", "", "", f"skipped: {report.skipped[name]}"])
-        elif name == HELDOUT_TASK and report.heldout is not None:
+        elif name == PERPLEXITY_TASK and report.heldout is not None:
             h = report.heldout
             for domain, ppl in (("code", h.ppl_code), ("prose", h.ppl_prose)):
                 rows.append([f"{name} ({domain})", "perplexity", f"{ppl:.3f}", "", "",

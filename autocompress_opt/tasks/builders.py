@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.tasks import sources
 from autocompress_opt.tasks.agreement import MinimalPair, minimal_pair, prose_sentences
-from autocompress_opt.tasks.items import Item, TaskSpec
+from autocompress_opt.tasks.items import PERPLEXITY_TASK, Item, TaskSpec
 from autocompress_opt.tasks.mutants import Mutant, mutants
 from autocompress_opt.tasks.sources import MissingSourceError, Verse
 from autocompress_opt.tasks.wordnet import Synset, WordNet, definition_item, gold_word, load_wordnet, sister_words
@@ -62,7 +62,6 @@ __all__ = ["PERPLEXITY_TASK", "TASK_BUILDERS", "TASK_METRICS", "TASK_NAMES", "TA
 TaskBuilder = Callable[..., TaskSpec]
 T = TypeVar("T")
 
-PERPLEXITY_TASK = "heldout-perplexity"
 TASK_BUILDERS: dict[str, TaskBuilder] = {}
 TASK_SOURCES: dict[str, str] = {}  # task → the sources.SOURCE_NAMES entry it reads
 TASK_METRICS: dict[str, str] = {}  # task → the metric its TaskSpec is reported with

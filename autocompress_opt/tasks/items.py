@@ -18,10 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["Item", "TaskSpec", "ITEM_KINDS", "METRICS"]
+__all__ = ["Item", "TaskSpec", "ITEM_KINDS", "METRICS", "PERPLEXITY_TASK"]
 
 ITEM_KINDS = ("multiple_choice", "cloze")
 METRICS = ("acc", "acc_norm", "greedy")
+# The suite's eighth entry has no items: held-out perplexity, scored by autocompress_opt.quality.
+PERPLEXITY_TASK = "heldout-perplexity"
 
 ItemKind = Literal["multiple_choice", "cloze"]
 

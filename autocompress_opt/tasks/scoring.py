@@ -44,12 +44,11 @@ import torch
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.quality import QualityReport, _inference
 from autocompress_opt.registry import Registry
-from autocompress_opt.tasks.items import Item, TaskSpec
+from autocompress_opt.tasks.items import PERPLEXITY_TASK, Item, TaskSpec
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "EVALUATORS",
-    "HELDOUT_TASK",
     "ItemResult",
     "SuiteReport",
     "TaskInfo",
@@ -64,7 +63,6 @@ __all__ = [
 ]
 
 DEFAULT_BATCH_SIZE = 16  # requests per forward pass; items are short (tens of tokens)
-HELDOUT_TASK = "heldout-perplexity"  # scored by autocompress_opt.quality, not from items
 # lm-eval's fallback context length and its "no limit set" tokenizer sentinel (lm_eval/models/utils.py).
 _LMEVAL_DEFAULT_MAX_LENGTH = 2048
 _TOKENIZER_INFINITY = 1_000_000_000_000_000_019_884_624_838_656
@@ -481,7 +479,7 @@ def evaluate_tasks(
     results, skipped, timings, heldout = [], {}, {}, None
     for name in names:
         began = time.perf_counter()
-        if name == HELDOUT_TASK:
+        if name == PERPLEXITY_TASK:
             from autocompress_opt.quality import evaluate
 
             heldout = evaluate(model, tokenizer, n_samples=ppl_samples, seq_len=ppl_seq_len, seed=seed,
@@ -520,18 +518,14 @@ class TaskInfo:
 def describe_tasks(data_dir: str | Path | None = None) -> list[TaskInfo]:
     """Every task with its metric, whether its source is installed and, if not, how to install it.
 
-    The metric comes from the builders' ``TASK_METRICS`` when they publish one; otherwise an
-    installed task is built with one item to read it (``"?"`` when not installed).
+    The metric comes from the builders' ``TASK_METRICS``; nothing is built.
     """
     from autocompress_opt.tasks import builders
 
-    metrics: Mapping[str, str] = getattr(builders, "TASK_METRICS", {})
     infos = []
     for name in builders.TASK_NAMES:
         available, hint = builders.task_available(name, data_dir=data_dir)
-        metric = "perplexity" if name == HELDOUT_TASK else metrics.get(name)
-        if metric is None:
-            metric = builders.build_task(name, n_items=1, data_dir=data_dir).metric if available else "?"
+        metric = "perplexity" if name == PERPLEXITY_TASK else builders.TASK_METRICS[name]
         infos.append(TaskInfo(name=name, metric=metric, available=bool(available), hint=hint or ""))
     return infos
 
