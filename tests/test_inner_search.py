@@ -18,9 +18,10 @@ from autocompress_opt.importance import estimate_importance
 from autocompress_opt.inner_search import (Budget, CostGoal, InnerConfig, cost_arrays, discretise, expected_of,
                                            objective, search, teacher_log_probs)
 from autocompress_opt.masks import ParentMasks
-from autocompress_opt.materialize import apply_masks, materialize, plan_pruning
+from autocompress_opt.materialize import materialize
 from autocompress_opt.trials import Target, device_fit_violation
 from test_adapters import tiny_model, tokens
+from test_masks import randomise
 
 # Budgets that bind every mask parameter of the tiny parent (3 layers, 2 KV groups of 3 heads, FFN 48).
 TIGHT = Budget(num_layers=2, hidden_size=40, ffn_width=16, num_kv_heads=1, q_per_kv=1)
@@ -58,54 +59,7 @@ def logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
         return model(ids).logits
 
 
-def randomise(masks: ParentMasks, seed: int, gate_scale: float = 4.0) -> ParentMasks:
-    """Random widths anywhere in their range and confident gates (|log α| = gate_scale)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in (masks.kv_keep, masks.q_keep, masks.ffn_keep):
-            p.copy_(torch.rand(p.shape, generator=gen) * 1.2 - 0.1)
-        for p in (masks.attn_log_alpha, masks.ffn_log_alpha):
-            p.copy_(torch.where(torch.rand(p.shape, generator=gen) < 0.75, gate_scale, -gate_scale))
-    masks.clamp_()
-    return masks
-
-
 # ----------------------------------------------------------------------------- masks
-def test_all_ones_float_masks_reproduce_the_parent_exactly(parent: Parent) -> None:
-    """At initialisation (parent start, full hidden size) the deterministic masks are exactly 1 and the
-    hooked parent's logits are bit-identical to the parent's."""
-    masks = ParentMasks(parent.arch, parent.importance)
-    live = masks.live(0.05, sample=False)
-    for tensor in (live.attn_gate, live.ffn_gate):
-        assert torch.equal(tensor, torch.ones_like(tensor))
-    assert torch.equal(live.heads, torch.ones_like(live.heads)) and torch.equal(live.ffn, torch.ones_like(live.ffn))
-    ids = tokens(2, 10, seed=3)
-    with masks.install(parent.model), masks.use(live):
-        hooked = logits(parent.model, ids)
-    assert torch.equal(hooked, logits(parent.model, ids))
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_hard_float_masks_equal_the_materialised_discrete_point(parent: Parent, seed: int) -> None:
-    """With confident gates and τ → 0 the float masks are the discrete point: the hooked parent equals
-    the bool masks of that point (apply_masks) and the model plan_pruning materialises for it."""
-    masks = randomise(ParentMasks(parent.arch, parent.importance, hidden_size=40), seed)
-    layers = masks.discrete()
-    arch = masks.architecture(layers)
-    if arch.num_active_layers == 0:
-        pytest.skip("this draw drops every layer")
-    ids = tokens(2, 10, seed=4)
-    with masks.install(parent.model), masks.use(masks.live(0.0, sample=False)):
-        hooked = logits(parent.model, ids)
-    plan = plan_pruning(parent.arch, parent.importance, arch)
-    for bool_mask, plan_mask in zip(masks.discrete_masks(layers).layers, plan.masks().layers):
-        for a, b in ((bool_mask.heads, plan_mask.heads), (bool_mask.ffn, plan_mask.ffn)):
-            assert (a is None and b is None) or torch.equal(a, b)
-    with apply_masks(parent.model, plan.masks()):
-        torch.testing.assert_close(hooked, logits(parent.model, ids))
-    torch.testing.assert_close(hooked, logits(materialize(parent.model, plan), ids))
-
-
 def test_gradients_reach_every_mask_parameter(parent: Parent) -> None:
     """Under binding budgets and a hardware goal, one Lagrangian batch gives every mask parameter a
     finite, non-zero gradient (no stale graph, no saturated relaxation at the start)."""

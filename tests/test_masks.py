@@ -39,6 +39,28 @@ def logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
         return model(ids).logits
 
 
+def randomise(masks: ParentMasks, seed: int, gate_scale: float = 4.0) -> ParentMasks:
+    """Random widths anywhere in their range and confident gates (|log α| = gate_scale)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in (masks.kv_keep, masks.q_keep, masks.ffn_keep):
+            p.copy_(torch.rand(p.shape, generator=gen) * 1.2 - 0.1)
+        for p in (masks.attn_log_alpha, masks.ffn_log_alpha):
+            p.copy_(torch.where(torch.rand(p.shape, generator=gen) < 0.75, gate_scale, -gate_scale))
+    masks.clamp_()
+    return masks
+
+
+def logits_with_outputs_scaled(model: Any, modules: Any, factor: float, ids: torch.Tensor) -> torch.Tensor:
+    """The model's logits with every module in ``modules`` multiplying its output by ``factor``."""
+    hooks = [m.register_forward_hook(lambda mod, args, out: out * factor) for m in modules]
+    try:
+        return logits(model, ids)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def set_params(masks: ParentMasks, *, keep: float, log_alpha: float) -> ParentMasks:
     with torch.no_grad():
         for p in (masks.kv_keep, masks.q_keep, masks.ffn_keep):
@@ -64,15 +86,9 @@ def test_all_ones_float_masks_reproduce_the_parent_exactly(parent: Parent) -> No
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_hard_float_masks_equal_the_materialised_discrete_point(parent: Parent, seed: int) -> None:
     """Confident gates and τ → 0: the hooked parent computes the discrete point, i.e. what plan_pruning
-    masks (apply_masks) and what materialize builds (hidden size pruned to 40 as well)."""
-    masks = ParentMasks(parent.arch, parent.importance, hidden_size=40)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in (masks.kv_keep, masks.q_keep, masks.ffn_keep):
-            p.copy_(torch.rand(p.shape, generator=gen) * 1.2 - 0.1)
-        for p in (masks.attn_log_alpha, masks.ffn_log_alpha):
-            p.copy_(torch.where(torch.rand(p.shape, generator=gen) < 0.75, 4.0, -4.0))
-    masks.clamp_()
+    masks (apply_masks, whose bool masks are the discrete masks) and what materialize builds (hidden
+    size pruned to 40 as well)."""
+    masks = randomise(ParentMasks(parent.arch, parent.importance, hidden_size=40), seed)
     layers = masks.discrete()
     arch = masks.architecture(layers)
     if arch.num_active_layers == 0:
@@ -81,6 +97,9 @@ def test_hard_float_masks_equal_the_materialised_discrete_point(parent: Parent, 
     with masks.install(parent.model), masks.use(masks.live(0.0, sample=False)):
         hooked = logits(parent.model, ids)
     plan = plan_pruning(parent.arch, parent.importance, arch)
+    for bool_mask, plan_mask in zip(masks.discrete_masks(layers).layers, plan.masks().layers):
+        for a, b in ((bool_mask.heads, plan_mask.heads), (bool_mask.ffn, plan_mask.ffn)):
+            assert (a is None and b is None) or torch.equal(a, b)
     tolerance = TOLERANCE.get(parent.arch.family, {})
     with apply_masks(parent.model, plan.masks()):
         torch.testing.assert_close(hooked, logits(parent.model, ids), **tolerance)
@@ -114,19 +133,9 @@ def test_a_gate_scales_the_residual_contribution(parent: Parent) -> None:
     with masks.install(parent.model), masks.use(half):
         gated = logits(parent.model, ids)
     parts = adapter_for(parent.model).all_layer_parts(parent.model)
-    hooks = [p.attn_residual.register_forward_hook(lambda m, a, out: out * 0.5) for p in parts]
-    try:
-        expected = logits(parent.model, ids)
-    finally:
-        for h in hooks:
-            h.remove()
+    expected = logits_with_outputs_scaled(parent.model, [p.attn_residual for p in parts], 0.5, ids)
     torch.testing.assert_close(gated, expected, rtol=0, atol=0)
     assert (gated - logits(parent.model, ids)).abs().max() > 1e-2
     if parent.arch.family == "gemma3_text":  # scaling o_proj's output instead is (almost) a no-op there
-        hooks = [p.o_proj.register_forward_hook(lambda m, a, out: out * 0.5) for p in parts]
-        try:
-            before_norm = logits(parent.model, ids)
-        finally:
-            for h in hooks:
-                h.remove()
+        before_norm = logits_with_outputs_scaled(parent.model, [p.o_proj for p in parts], 0.5, ids)
         torch.testing.assert_close(before_norm, logits(parent.model, ids), rtol=1e-3, atol=1e-3)
