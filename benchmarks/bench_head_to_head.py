@@ -7,7 +7,8 @@ bind for SmolLM2-135M):
   study (``autocompress study run``: outer Optuna/Ray loop + inner per-layer mask search);
 * (b) **minitron** — the uniform, parameter-targeted architecture a practitioner would pick
   (:func:`~autocompress_opt.materialize.uniform_baseline`): the largest parameter fraction, in
-  0.25 % steps, whose architecture meets the same constraints by the same cost model.
+  0.25 % steps, whose architecture meets the same constraints by the same cost model; of its two
+  width recipes (FFN alone, or hidden size and FFN by one ratio) the one with more parameters.
 
 Both are cut from the same parent with the same importance scores, exported, given the **same**
 distillation recovery budget (``autocompress distill``: same steps × batch × tokens, seed, data),
@@ -15,9 +16,10 @@ and evaluated on the offline eight-task suite (seven accuracy tasks + held-out p
 difference in average accuracy gets a paired bootstrap 95 % interval (items resampled within each
 task, tasks weighted equally).
 
-Every stage is cached under ``benchmarks/results/h2h/`` (git-ignored models, studies, per-arm
-JSON), so an interrupted run resumes where it stopped; ``results/head_to_head.json`` and
-``results/head_to_head.png`` are the summary.
+Every stage is cached under ``benchmarks/results/h2h/`` (``h2h-<model>/`` for a ``--model`` other
+than SmolLM2-135M; git-ignored models, studies, per-arm JSON), so an interrupted run resumes where it
+stopped; ``results/head_to_head.json`` and ``results/head_to_head.png`` (``head_to_head_<model>.*``)
+are the summary.
 
 Run: ``.venv/bin/python benchmarks/bench_head_to_head.py`` (``--help`` for the budgets).
 """
@@ -60,11 +62,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--distill-lr", type=float, default=1e-4, help="recovery learning rate")
     p.add_argument("--items", type=int, default=60, help="items per task")
     p.add_argument("--task-seed", type=int, default=0, help="seed of the task builders")
-    p.add_argument("--work", type=Path, default=ROOT, help="cache of every stage (models, study, per-arm JSON)")
+    p.add_argument("--work", type=Path, default=None,
+                   help=f"cache of every stage (models, study, per-arm JSON); default {ROOT} for {MODEL}, "
+                        f"{ROOT}-MODEL for another model")
     p.add_argument("--boot", type=int, default=10000, help="bootstrap resamples")
     p.add_argument("--no-study", action="store_true",
                    help="use the study storage as it is (e.g. while another process runs the study)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.work is None:
+        args.work = ROOT if args.model == MODEL else ROOT.with_name(f"{ROOT.name}-{args.model}")
+    return args
+
+
+def result_name(model: str) -> str:
+    """``head_to_head`` for the default model, ``head_to_head_<model>`` for another (one summary each)."""
+    return "head_to_head" if model == MODEL else f"head_to_head_{model}"
 
 
 # ---------------------------------------------------------------------------------- stages
@@ -195,7 +207,7 @@ def perplexity(report: dict[str, Any]) -> dict[str, float] | None:
     return {k: held[k] for k in ("ppl_code", "ppl_prose")} if held else None
 
 
-def plot(rows: list[dict[str, Any]], parent_accuracy: float, path: Path) -> None:
+def plot(rows: list[dict[str, Any]], parent_accuracy: float, path: Path, model: str) -> None:
     """Average accuracy per target, searched vs Minitron-style, with the parent as a line; the paired
     bootstrap interval of the difference is written above each pair."""
     import matplotlib
@@ -216,7 +228,7 @@ def plot(rows: list[dict[str, Any]], parent_accuracy: float, path: Path) -> None
     ax.axhline(100 * parent_accuracy, color="black", lw=0.8, ls="--", label="parent (unpruned)")
     ax.set_xticks(list(x), [f"{r['hardware']}\n{r['workload']}" for r in rows])
     ax.set_ylabel("average accuracy, 7 tasks (%)")
-    ax.set_title("SmolLM2-135M, same constraint, same recovery budget")
+    ax.set_title(f"{model}, same constraint, same recovery budget")
     highest = max([100 * parent_accuracy] + [100 * r[a]["average_accuracy"] for r in rows for a in ("searched", "minitron")])
     ax.set_ylim(0, highest + 16)
     ax.legend(fontsize=7, loc="upper center", ncol=3, frameon=False)
@@ -246,14 +258,15 @@ def main(argv: list[str] | None = None) -> None:
     for target in targets:
         goal = CostGoal.for_target(target, parent)
         pick = best_feasible(storage, target)
-        fraction, minitron = minitron_pick(parent, goal)
+        fraction, minitron, width = minitron_pick(parent, goal)
         archs = {"searched": Architecture.from_dict(pick["architecture"]), "minitron": minitron}
         same = same_global_choices(args, pick, archs["searched"])
         row: dict[str, Any] = {"hardware": target.hardware, "workload": target.workload,
                                "constraints": [str(c) for c in target.resolved_workload().constraints],
                                "parent_costs": costs(parent, target), "study_pick": {k: v for k, v in pick.items()
                                                                                      if k != "architecture"},
-                               "minitron_param_fraction": fraction, "same_global_choices": same}
+                               "minitron_param_fraction": fraction, "minitron_width_recipe": width,
+                               "same_global_choices": same}
         reports = {}
         for arm in ARMS:
             arch, where = archs[arm], args.work / target.hardware / arm
@@ -277,8 +290,9 @@ def main(argv: list[str] | None = None) -> None:
               f"minitron {row['minitron']['average_accuracy']:.4f}  diff {diff:+.2f} pts [{lo:+.2f}, {hi:+.2f}]",
               flush=True)
         rows.append(row)
-    plot(rows, parent_report["average_accuracy"], Path(__file__).parent / "results" / "head_to_head.png")
-    write("head_to_head", {
+    name = result_name(args.model)
+    plot(rows, parent_report["average_accuracy"], Path(__file__).parent / "results" / f"{name}.png", parent.name)
+    write(name, {
         "model": args.model, "budgets": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "parent": {"summary": parent.summary(), "params": parent.num_params,
                    "average_accuracy": parent_report["average_accuracy"],

@@ -8,8 +8,9 @@ For each target (hardware × workload, the workload's own constraints, which Smo
   choices as budgets; (i-b) **searched-free** — the same with only the hidden size fixed and the
   other budgets at the parent's (the hardware constraint alone decides the allocation);
 * (ii) **uniform** — the uniform allocation of the same choices (``SearchSpace.architecture``);
-* (iii) **minitron** — the Minitron-style parameter-target baseline (``uniform_baseline``) with the
-  largest parameter count whose architecture meets the same constraints (scanned in 0.25 % steps).
+* (iii) **minitron** — the Minitron-style parameter-target baseline (``uniform_baseline``, FFN-only or
+  hidden+FFN width, whichever is larger) with the largest parameter count whose architecture meets
+  the same constraints (scanned in 0.25 % steps).
 
 Every architecture is materialised from the same importance scores and scored on the same held-out
 code and prose rows (KL to the parent, perplexities). Writes ``results/inner_search.json``.
@@ -33,7 +34,7 @@ from autocompress_opt.architecture import Architecture  # noqa: E402
 from autocompress_opt.costmodel import ArchArrays, estimate_batch, estimate_cost  # noqa: E402
 from autocompress_opt.errors import ConfigError  # noqa: E402
 from autocompress_opt.inner_search import Budget, CostGoal, exact_violations  # noqa: E402
-from autocompress_opt.materialize import uniform_baseline  # noqa: E402
+from autocompress_opt.materialize import BASELINE_WIDTHS, uniform_baseline  # noqa: E402
 from autocompress_opt.search_space import CHOICES, load_search_space  # noqa: E402
 from autocompress_opt.trials import Target  # noqa: E402
 from autocompress_opt.weights_trial import (TrialConfig, evaluate_architecture, importance_order,  # noqa: E402
@@ -68,16 +69,24 @@ def plan_pick(parent: Architecture, target: Target, order: list[int]) -> dict[st
     return points[best]
 
 
-def minitron_pick(parent: Architecture, goal: CostGoal) -> tuple[float, Architecture]:
-    """The largest parameter fraction whose uniform_baseline architecture meets the constraints."""
-    for fraction in np.arange(1.0, 0.05, -0.0025):
-        try:
-            arch = uniform_baseline(parent, float(fraction))
-        except ConfigError:  # below what any uniform model can reach
-            break
-        if feasible(arch, parent, goal)[0]:
-            return float(fraction), arch
-    raise RuntimeError("no parameter target meets the constraints")
+def minitron_pick(parent: Architecture, goal: CostGoal) -> tuple[float, Architecture, str]:
+    """The Minitron-style pick: for each width recipe (FFN alone; hidden and FFN by one ratio), the
+    largest parameter fraction, in 0.25 % steps, whose ``uniform_baseline`` meets the constraints;
+    of the two, the one with more parameters (the practitioner's "largest that fits").
+    Returns ``(fraction, architecture, width recipe)``."""
+    picks = []
+    for width in BASELINE_WIDTHS:
+        for fraction in np.arange(1.0, 0.05, -0.0025):
+            try:
+                arch = uniform_baseline(parent, float(fraction), width=width)
+            except ConfigError:  # below what any uniform model of this recipe can reach
+                break
+            if feasible(arch, parent, goal)[0]:
+                picks.append((float(fraction), arch, width))
+                break
+    if not picks:
+        raise RuntimeError("no parameter target meets the constraints")
+    return max(picks, key=lambda p: (p[1].num_params, p[2] == "ffn"))
 
 
 def describe(arch: Architecture, target: Target) -> dict[str, Any]:
@@ -125,8 +134,9 @@ def main() -> None:
             print(f"{hardware:9s} {name:13s} KL {result['kl_to_parent']:.4f}  feasible {result['inner']['feasible']}  "
                   f"search {result['timings_s']['search']:.1f}s  {arch.summary()}", flush=True)
         uniform = uniform_allocation(params, parent, order)
-        fraction, minitron = minitron_pick(parent, goal)
-        for name, arch, extra in (("uniform", uniform, {}), ("minitron", minitron, {"param_fraction": fraction})):
+        fraction, minitron, width = minitron_pick(parent, goal)
+        for name, arch, extra in (("uniform", uniform, {}),
+                                  ("minitron", minitron, {"param_fraction": fraction, "width_recipe": width})):
             quality = evaluate_architecture(arch, MODEL, cache_dir=CACHE)
             ok, violations = feasible(arch, parent, goal)
             row[name] = {"kl_to_parent": quality["kl_to_parent"], "ppl_code": quality["ppl_code"],

@@ -16,6 +16,7 @@ from typing import Any
 
 from autocompress_opt.cli._common import add_verb
 from autocompress_opt.importance import LAYER_METRICS
+from autocompress_opt.materialize import BASELINE_WIDTHS
 
 _DEFAULT_CACHE = Path(".autocompress") / "importance"
 _SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9}
@@ -40,7 +41,8 @@ def add_parser(sub: Any) -> None:
 
 --params picks a UNIFORM architecture by parameter count, as a practitioner without a hardware model
 would: drop the least important layers (at most --max-layer-drop of them), then shrink every FFN to
-the widest multiple of --width-multiple that meets the budget. --arch exports the given architecture
+the widest multiple of --width-multiple that meets the budget (--width hidden+ffn: shrink hidden size
+and FFN by one ratio, Minitron's width recipe, which also cuts the embeddings). --arch exports the given architecture
 (a file written by Architecture.save, possibly heterogeneous).""")
     p.add_argument("--model", required=True, help="parent: a known name (smollm2-135m), an HF directory or a .gguf")
     target = p.add_mutually_exclusive_group(required=True)
@@ -56,7 +58,11 @@ the widest multiple of --width-multiple that meets the budget. --arch exports th
                    help="layer importance used to choose dropped layers (default skip_loss)")
     p.add_argument("--max-layer-drop", type=float, default=0.25,
                    help="--params only: most layers the recipe drops before shrinking width, as a fraction (default 0.25)")
-    p.add_argument("--width-multiple", type=int, default=64, help="--params only: FFN width granularity (default 64)")
+    p.add_argument("--width-multiple", type=int, default=64,
+                   help="--params only: FFN (and hidden) width granularity (default 64)")
+    p.add_argument("--width", choices=BASELINE_WIDTHS, default="ffn",
+                   help="--params only: what the width step shrinks: the FFN alone (default), or hidden size and "
+                        "FFN by one ratio (hidden+ffn; needed when the embeddings exceed the budget)")
     p.add_argument("--cache-dir", default=str(_DEFAULT_CACHE),
                    help=f"importance cache folder (default {_DEFAULT_CACHE}); scores are reused across runs")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -109,7 +115,8 @@ def _target(args: argparse.Namespace, parent: Any) -> tuple[Any, dict[str, Any]]
     if args.arch is not None:
         target = load_architecture(args.arch)
         return replace(target, name=target.name or Path(args.out).name), {"mode": "architecture", "file": args.arch}
-    target = uniform_baseline(parent, args.params, max_layer_drop=args.max_layer_drop, width_multiple=args.width_multiple)
+    target = uniform_baseline(parent, args.params, max_layer_drop=args.max_layer_drop, width_multiple=args.width_multiple,
+                              width=args.width)
     recipe = {"mode": "uniform-baseline", "params": args.params, "max_layer_drop": args.max_layer_drop,
-              "width_multiple": args.width_multiple}
+              "width_multiple": args.width_multiple, "width": args.width}
     return replace(target, name=Path(args.out).name), recipe
