@@ -43,8 +43,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_study.py
 
 # The head-to-head against the Minitron-style baseline (issue 6): study, export, recovery, eight tasks.
+# make bench-h2h H2H_ARGS="--model gemma3-270m --trials 2"  (--help lists the budgets)
+H2H_ARGS ?=
 bench-h2h: $(STAMP) data
-	$(PY) benchmarks/bench_head_to_head.py
+	$(PY) benchmarks/bench_head_to_head.py $(H2H_ARGS)
 
 calibrate: $(STAMP)
 	$(VENV)/bin/autocompress calibrate --hardware cpu

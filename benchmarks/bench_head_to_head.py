@@ -8,9 +8,11 @@ bind for SmolLM2-135M):
 * (b) **minitron** — the uniform, parameter-targeted architecture a practitioner would pick
   (:func:`~autocompress_opt.materialize.uniform_baseline`): the largest parameter fraction, in
   0.25 % steps, whose architecture meets the same constraints by the same cost model; of its two
-  width recipes (FFN alone, or hidden size and FFN by one ratio) the one with more parameters.
+  width recipes (FFN alone, or hidden size and FFN by one ratio) the one with more parameters;
+* (c) **minitron_other** — the other recipe's pick, where it has one (``--no-other-recipe`` skips
+  it): the search should beat the Minitron-style baseline whichever recipe a practitioner chose.
 
-Both are cut from the same parent with the same importance scores, exported, given the **same**
+All arms are cut from the same parent with the same importance scores, exported, given the **same**
 distillation recovery budget (``autocompress distill``: same steps × batch × tokens, seed, data),
 and evaluated on the offline eight-task suite (seven accuracy tasks + held-out perplexity). The
 difference in average accuracy gets a paired bootstrap 95 % interval (items resampled within each
@@ -36,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import write  # noqa: E402
-from bench_inner_search import minitron_pick  # noqa: E402
+from bench_inner_search import minitron_picks  # noqa: E402
 
 from autocompress_opt.architecture import Architecture  # noqa: E402
 from autocompress_opt.costmodel import estimate_cost  # noqa: E402
@@ -47,7 +49,10 @@ MODEL = "smollm2-135m"
 TARGETS = (("rtx5070", "in-game"), ("rtx5080", "local-coding"), ("h100-sxm", "datacenter"), ("b200", "datacenter"))
 ROOT = Path(__file__).parent / "results" / "h2h"
 CACHE = Path(".autocompress")
-ARMS = ("searched", "minitron")
+ARMS = ("searched", "minitron", "minitron_other")
+LABELS = {"searched": "hardware-guided search (study's best)",
+          "minitron": "Minitron-style, largest meeting the constraint",
+          "minitron_other": "Minitron-style, the other width recipe"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"cache of every stage (models, study, per-arm JSON); default {ROOT} for {MODEL}, "
                         f"{ROOT}-MODEL for another model")
     p.add_argument("--boot", type=int, default=10000, help="bootstrap resamples")
+    p.add_argument("--no-other-recipe", action="store_true",
+                   help="skip the third arm: the Minitron-style pick of the width recipe with fewer parameters")
     p.add_argument("--no-study", action="store_true",
                    help="use the study storage as it is (e.g. while another process runs the study)")
     args = p.parse_args(argv)
@@ -217,21 +224,24 @@ def plot(rows: list[dict[str, Any]], parent_accuracy: float, path: Path, model: 
 
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     x = range(len(rows))
-    for offset, arm, colour in ((-0.18, "searched", "tab:blue"), (0.18, "minitron", "tab:gray")):
-        ax.bar([i + offset for i in x], [100 * r[arm]["average_accuracy"] for r in rows], width=0.36,
-               color=colour, label={"searched": "hardware-guided search (study's best)",
-                                    "minitron": "Minitron-style, largest meeting the constraint"}[arm])
+    arms = [a for a in ARMS if any(a in r for r in rows)]
+    width = 0.8 / len(arms)
+    for k, (arm, colour) in enumerate(zip(arms, ("tab:blue", "tab:gray", "silver"))):
+        offset = (k - (len(arms) - 1) / 2) * width
+        ax.bar([i + offset for i, r in zip(x, rows) if arm in r],
+               [100 * r[arm]["average_accuracy"] for r in rows if arm in r], width=width, color=colour,
+               label=LABELS[arm])
     for i, r in zip(x, rows):
         d = r["difference_points"]
-        top = 100 * max(r["searched"]["average_accuracy"], r["minitron"]["average_accuracy"])
+        top = 100 * max(r[a]["average_accuracy"] for a in ARMS if a in r)
         ax.text(i, top + 1, f"{d['mean']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]", ha="center", fontsize=8)
     ax.axhline(100 * parent_accuracy, color="black", lw=0.8, ls="--", label="parent (unpruned)")
     ax.set_xticks(list(x), [f"{r['hardware']}\n{r['workload']}" for r in rows])
     ax.set_ylabel("average accuracy, 7 tasks (%)")
     ax.set_title(f"{model}, same constraint, same recovery budget")
-    highest = max([100 * parent_accuracy] + [100 * r[a]["average_accuracy"] for r in rows for a in ("searched", "minitron")])
+    highest = max([100 * parent_accuracy] + [100 * r[a]["average_accuracy"] for r in rows for a in ARMS if a in r])
     ax.set_ylim(0, highest + 16)
-    ax.legend(fontsize=7, loc="upper center", ncol=3, frameon=False)
+    ax.legend(fontsize=7, loc="upper center", ncol=2 if len(arms) > 2 else 3, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -258,17 +268,25 @@ def main(argv: list[str] | None = None) -> None:
     for target in targets:
         goal = CostGoal.for_target(target, parent)
         pick = best_feasible(storage, target)
-        fraction, minitron, width = minitron_pick(parent, goal)
+        picks = minitron_picks(parent, goal)
+        if not picks:
+            raise RuntimeError(f"no parameter target meets the constraints of {target}")
+        width, *others = sorted(picks, key=lambda w: (-picks[w][1].num_params, w != "ffn"))  # largest first
+        fraction, minitron = picks[width]
         archs = {"searched": Architecture.from_dict(pick["architecture"]), "minitron": minitron}
+        if others and not args.no_other_recipe:
+            archs["minitron_other"] = picks[others[0]][1]
         same = same_global_choices(args, pick, archs["searched"])
         row: dict[str, Any] = {"hardware": target.hardware, "workload": target.workload,
                                "constraints": [str(c) for c in target.resolved_workload().constraints],
                                "parent_costs": costs(parent, target), "study_pick": {k: v for k, v in pick.items()
                                                                                      if k != "architecture"},
                                "minitron_param_fraction": fraction, "minitron_width_recipe": width,
+                               "minitron_other": {"width_recipe": others[0], "param_fraction": picks[others[0]][0]}
+                               if others else None,
                                "same_global_choices": same}
         reports = {}
-        for arm in ARMS:
+        for arm in archs:
             arch, where = archs[arm], args.work / target.hardware / arm
             fresh_stage(where, arch)
             t0 = time.perf_counter()
@@ -286,6 +304,10 @@ def main(argv: list[str] | None = None) -> None:
         diff, lo, hi = paired_bootstrap(correctness(reports["searched"]), correctness(reports["minitron"]),
                                         n_boot=args.boot, seed=0)
         row["difference_points"] = {"mean": diff, "ci95": [lo, hi]}
+        if "minitron_other" in reports:
+            d2, lo2, hi2 = paired_bootstrap(correctness(reports["searched"]), correctness(reports["minitron_other"]),
+                                            n_boot=args.boot, seed=0)
+            row["difference_vs_other_recipe_points"] = {"mean": d2, "ci95": [lo2, hi2]}
         print(f"{target.hardware:9s} searched {row['searched']['average_accuracy']:.4f} "
               f"minitron {row['minitron']['average_accuracy']:.4f}  diff {diff:+.2f} pts [{lo:+.2f}, {hi:+.2f}]",
               flush=True)

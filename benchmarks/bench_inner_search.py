@@ -69,12 +69,11 @@ def plan_pick(parent: Architecture, target: Target, order: list[int]) -> dict[st
     return points[best]
 
 
-def minitron_pick(parent: Architecture, goal: CostGoal) -> tuple[float, Architecture, str]:
-    """The Minitron-style pick: for each width recipe (FFN alone; hidden and FFN by one ratio), the
-    largest parameter fraction, in 0.25 % steps, whose ``uniform_baseline`` meets the constraints;
-    of the two, the one with more parameters (the practitioner's "largest that fits").
-    Returns ``(fraction, architecture, width recipe)``."""
-    picks = []
+def minitron_picks(parent: Architecture, goal: CostGoal) -> dict[str, tuple[float, Architecture]]:
+    """Per width recipe of ``uniform_baseline`` (FFN alone; hidden and FFN by one ratio): the largest
+    parameter fraction, in 0.25 % steps, whose architecture meets the constraints, and that
+    architecture. A recipe with no feasible fraction is left out."""
+    picks = {}
     for width in BASELINE_WIDTHS:
         for fraction in np.arange(1.0, 0.05, -0.0025):
             try:
@@ -82,11 +81,19 @@ def minitron_pick(parent: Architecture, goal: CostGoal) -> tuple[float, Architec
             except ConfigError:  # below what any uniform model of this recipe can reach
                 break
             if feasible(arch, parent, goal)[0]:
-                picks.append((float(fraction), arch, width))
+                picks[width] = (float(fraction), arch)
                 break
+    return picks
+
+
+def minitron_pick(parent: Architecture, goal: CostGoal) -> tuple[float, Architecture, str]:
+    """The Minitron-style pick: of :func:`minitron_picks`, the one with more parameters (the
+    practitioner's "largest that fits"; FFN-only on a tie). Returns ``(fraction, architecture, recipe)``."""
+    picks = minitron_picks(parent, goal)
     if not picks:
         raise RuntimeError("no parameter target meets the constraints")
-    return max(picks, key=lambda p: (p[1].num_params, p[2] == "ffn"))
+    width = max(picks, key=lambda w: (picks[w][1].num_params, w == "ffn"))
+    return (*picks[width], width)
 
 
 def describe(arch: Architecture, target: Target) -> dict[str, Any]:
