@@ -27,10 +27,10 @@ Importing this module does not import torch or transformers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from autocompress_opt.architecture import Architecture, LayerSpec
+from autocompress_opt.architecture import Architecture, LayerSpec, hf_layer_windows
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.registry import Registry
 
@@ -146,11 +146,13 @@ class LayerParts:
         """FFN channels F (0 without an FFN)."""
         return self.down_proj.in_features if self.mlp is not None else 0
 
-    def spec(self) -> LayerSpec:
-        """This layer's :class:`LayerSpec`, read from the module shapes."""
+    def spec(self, window: int | None = None) -> LayerSpec:
+        """This layer's :class:`LayerSpec`, read from the module shapes; ``window`` (from the config:
+        modules do not show it) applies when the layer has attention."""
         attn = self.attention is not None
         return LayerSpec(attention=attn, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                         head_dim=self.head_dim if attn else 0, ffn=self.mlp is not None, ffn_width=self.ffn_width)
+                         head_dim=self.head_dim if attn else 0, ffn=self.mlp is not None, ffn_width=self.ffn_width,
+                         window=window)
 
 
 @dataclass(frozen=True)
@@ -256,7 +258,8 @@ class FamilyAdapter:
 
     # ----------------------------------------------------------------------- structure
     def architecture(self, model: Any) -> Architecture:
-        """The exact :class:`Architecture` of ``model``, read from its module shapes.
+        """The exact :class:`Architecture` of ``model``, read from its module shapes (each layer's
+        attention window from its config: :meth:`windows`).
 
         ``num_params`` of the result equals ``sum(p.numel() for p in model.parameters())``.
         """
@@ -265,13 +268,21 @@ class FamilyAdapter:
         return Architecture(
             vocab_size=self.embedding(model).num_embeddings,
             hidden_size=self.embedding(model).embedding_dim,
-            layers=tuple(p.spec() for p in parts),
+            layers=tuple(p.spec(w) for p, w in zip(parts, self.windows(model), strict=True)),
             tie_embeddings=self.tied(model),
             family=self.family(model),
             max_context=getattr(config, "max_position_embeddings", None),
             name=str(getattr(config, "_name_or_path", "") or ""),
             **self._flags(model, parts),
         )
+
+    def windows(self, model: Any) -> tuple[int | None, ...]:
+        """Each layer's attention window (None = full attention), as the model applies it: the
+        blocks' ``window_length`` of a heterogeneous model, else the family's config rule
+        (:func:`~autocompress_opt.architecture.hf_layer_windows`)."""
+        if self.heterogeneous:
+            return tuple(b.attention.window_length for b in model.config.blocks)
+        return hf_layer_windows(model.config)
 
     def _flags(self, model: Any, parts: list[LayerParts]) -> dict[str, bool]:
         """Bias and QK-norm flags: from the config of a heterogeneous model (a model without any
@@ -348,8 +359,8 @@ _IGNORED_FIELDS = ("name", "max_context")
 def architecture_mismatch(expected: Architecture, actual: Architecture) -> str | None:
     """The first structural difference between two architectures, or None when they build the same model.
 
-    ``name`` and ``max_context`` are labels and are ignored. Example: ``"layers[3].ffn_width:
-    expected 64, got 48"``.
+    ``name`` and ``max_context`` are labels and are ignored; layer windows count. Example:
+    ``"layers[3].ffn_width: expected 64, got 48"``.
     """
     a, b = expected.to_dict(), actual.to_dict()
     for key in a:
@@ -358,8 +369,8 @@ def architecture_mismatch(expected: Architecture, actual: Architecture) -> str |
         return f"{key}: expected {a[key]!r}, got {b[key]!r}"
     if len(a["layers"]) != len(b["layers"]):
         return f"num_layers: expected {len(a['layers'])}, got {len(b['layers'])}"
-    for i, (la, lb) in enumerate(zip(a["layers"], b["layers"])):
-        for key in la:
-            if la[key] != lb[key]:
-                return f"layers[{i}].{key}: expected {la[key]!r}, got {lb[key]!r}"
+    for i, (la, lb) in enumerate(zip(expected.layers, actual.layers)):
+        for f in fields(LayerSpec):  # the objects, not to_dict(), which omits unset windows
+            if getattr(la, f.name) != getattr(lb, f.name):
+                return f"layers[{i}].{f.name}: expected {getattr(la, f.name)!r}, got {getattr(lb, f.name)!r}"
     return None

@@ -8,6 +8,10 @@ Its parameter count is exact: for a config that transformers can build it equals
 ``sum(p.numel() for p in model.parameters())`` (tested per family: llama, mistral, qwen2, qwen3 and
 gemma3_text, whose four norms per layer are a family trait, not a field).
 
+A layer may attend to a sliding window of the last ``LayerSpec.window`` tokens instead of the whole
+context (Gemma 3: five of every six layers; Mistral: every layer; Qwen2/3 with
+``use_sliding_window``). The window changes what the layer caches and computes, not its parameters.
+
 Builders: :meth:`Architecture.from_hf_config` (a transformers config object or dict),
 :func:`load_architecture` (a known name, a ``config.json``, a Hugging Face directory, a GGUF file,
 or an architecture JSON/YAML written by :meth:`Architecture.save`).
@@ -31,6 +35,7 @@ __all__ = [
     "SUPPORTED_FAMILIES",
     "architecture_from_gguf",
     "gemma3_270m_gguf_path",
+    "hf_layer_windows",
     "known_architectures",
     "load_architecture",
     "smollm2_gguf_path",
@@ -98,8 +103,9 @@ def _check_bool(where: str, value: Any) -> None:
 class LayerSpec:
     """One decoder layer. A dropped sub-block has ``attention=False`` / ``ffn=False``.
 
-    The sizes of a dropped sub-block are set to zero on construction, so two layers that compute
-    the same thing compare equal (``LayerSpec(attention=False, num_heads=8) == LayerSpec(attention=False)``).
+    The sizes of a dropped sub-block are set to zero on construction (its ``window`` to None), so
+    two layers that compute the same thing compare equal
+    (``LayerSpec(attention=False, num_heads=8) == LayerSpec(attention=False)``).
 
     Attributes:
         attention: whether the layer has self-attention (False = DeciLM attention ``no_op``).
@@ -108,6 +114,10 @@ class LayerSpec:
         head_dim: channels per head.
         ffn: whether the layer has a (gated) MLP.
         ffn_width: MLP intermediate size.
+        window: sliding-window attention over the last ``window`` tokens, the current one included
+            (transformers' ``sliding_window``: query ``t`` sees keys ``t - window < s <= t``), so
+            the layer caches at most ``window`` tokens; None = full causal attention. It does not
+            change the parameter count.
     """
 
     attention: bool = True
@@ -116,17 +126,21 @@ class LayerSpec:
     head_dim: int = 0
     ffn: bool = True
     ffn_width: int = 0
+    window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("attention", "ffn"):
             _check_bool(f"LayerSpec.{name}", getattr(self, name))
         for name in ("num_heads", "num_kv_heads", "head_dim", "ffn_width"):
             _check_int(f"LayerSpec.{name}", getattr(self, name), 0)
+        if self.window is not None:
+            _check_int("LayerSpec.window", self.window, 1)
         if self.attention:
             self._check_attention()
         else:
             for name in ("num_heads", "num_kv_heads", "head_dim"):
                 object.__setattr__(self, name, 0)
+            object.__setattr__(self, "window", None)
         if self.ffn and self.ffn_width < 1:
             raise ConfigError(f"a layer with an FFN needs ffn_width >= 1, got ffn_width={self.ffn_width}")
         if not self.ffn:
@@ -220,9 +234,14 @@ class Architecture:
 
     @property
     def is_uniform(self) -> bool:
-        """True when every layer is identical and present: a plain HF config can describe it."""
-        first = self.layers[0]
-        return first.attention and first.ffn and all(layer == first for layer in self.layers)
+        """True when every layer has the same sizes and is present: a plain HF config can describe it.
+
+        Windows are not compared: a plain config gives each layer its own attention kind
+        (``layer_types``), so Gemma 3, whose layers differ only in their window, is uniform.
+        :meth:`to_hf_config` still refuses windows the family's config cannot express.
+        """
+        first = replace(self.layers[0], window=None)
+        return first.attention and first.ffn and all(replace(layer, window=None) == first for layer in self.layers)
 
     def active(self) -> Architecture:
         """The same model with fully dropped layers removed from the stack (same parameter count).
@@ -276,18 +295,37 @@ class Architecture:
         return self.non_embedding_params + self.embedding_params
 
     def kv_elements_per_token(self) -> int:
-        """K and V elements cached per token across all attention layers: ``2·Σ_i g_i·d_i``."""
+        """K and V elements one token adds to the cache of every attention layer: ``2·Σ_i g_i·d_i``.
+
+        Windows are ignored: this is the growth rate while every window is still filling. A
+        sequence of ``S`` tokens caches ``min(S, window)`` of them in a sliding layer
+        (:meth:`kv_bytes`).
+        """
         return 2 * sum(layer.num_kv_heads * layer.head_dim for layer in self.layers if layer.attention)
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
-        """KV-cache bytes per token at ``bytes_per_element`` (2 for a bf16 cache)."""
+        """KV-cache bytes per token at ``bytes_per_element`` (2 for a bf16 cache), windows ignored
+        (see :meth:`kv_elements_per_token`)."""
         return self.kv_elements_per_token() * bytes_per_element
+
+    def kv_bytes(self, tokens: int, bytes_per_element: float = 2.0) -> float:
+        """KV-cache bytes of one sequence of ``tokens`` tokens: ``2·b·Σ_i g_i·d_i·min(tokens, w_i)``
+        (``w_i`` = the layer's window, or ``tokens`` for full attention)."""
+        return 2 * bytes_per_element * sum(
+            layer.num_kv_heads * layer.head_dim * min(tokens, layer.window or tokens)
+            for layer in self.layers if layer.attention
+        )
 
     # ------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON/YAML-safe data; :meth:`from_dict` inverts it exactly."""
+        """Plain JSON/YAML-safe data; :meth:`from_dict` inverts it exactly.
+
+        A layer's ``window`` is written only when set, so a full-attention architecture serialises
+        (and hashes, in cache keys) as it did before windows existed; a missing key reads as None.
+        """
         data = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
-        data["layers"] = [asdict(layer) for layer in self.layers]
+        data["layers"] = [{k: v for k, v in asdict(layer).items() if k != "window" or v is not None}
+                          for layer in self.layers]
         return data
 
     @classmethod
@@ -355,7 +393,7 @@ class Architecture:
         head_dim: int | None = None,
         **kwargs: Any,
     ) -> Architecture:
-        """Every layer identical, like a plain Hugging Face config."""
+        """Every layer identical (full attention), like a plain Hugging Face config."""
         if num_layers < 1:
             raise ConfigError(f"num_layers must be >= 1, got {num_layers}")
         if head_dim is None:
@@ -372,8 +410,8 @@ class Architecture:
         Supports ``model_type`` llama (SmolLM2 is llama), mistral, qwen2, qwen3 and gemma3_text
         (a multimodal Gemma 3 config is read through its ``text_config``). Keys a
         ``config.json`` omits take the transformers config class's default, so the count stays
-        exact. A config that is not a decoder LLM of these families raises :class:`ConfigError`
-        naming its model_type.
+        exact. Each layer's ``window`` follows :func:`hf_layer_windows`. A config that is not a
+        decoder LLM of these families raises :class:`ConfigError` naming its model_type.
         """
         cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
         cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
@@ -390,7 +428,7 @@ class Architecture:
         family = _FAMILIES[model_type]
         heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
         max_context = cfg.get("max_position_embeddings")
-        return cls.uniform(
+        arch = cls.uniform(
             num_layers=int(cfg["num_hidden_layers"]),
             hidden_size=hidden,
             num_heads=heads,
@@ -405,12 +443,16 @@ class Architecture:
             name=name or str(cfg.get("_name_or_path", "") or ""),
             **{flag: bool(cfg.get(src, False)) if isinstance(src, str) else src for flag, src in family.biases.items()},
         )
+        windows = _layer_windows(cfg, model_type, arch.num_layers)
+        return replace(arch, layers=tuple(replace(layer, window=w) for layer, w in zip(arch.layers, windows)))
 
     def to_hf_config(self) -> Any:
-        """A transformers config that builds a model with exactly :attr:`num_params` parameters.
+        """A transformers config that builds a model with exactly :attr:`num_params` parameters and
+        the layers' windows (``layer_types`` + ``sliding_window``; Mistral's model-wide window).
 
-        Raises :class:`ConfigError` for a heterogeneous architecture, or for bias/QK-norm flags the
-        family's config cannot express (e.g. ``o_bias`` on qwen2).
+        Raises :class:`ConfigError` for a heterogeneous architecture, for bias/QK-norm flags the
+        family's config cannot express (e.g. ``o_bias`` on qwen2), or for windows it cannot
+        express (any window on llama; two window sizes; on mistral, sliding and full layers mixed).
         """
         if not self.is_uniform:
             raise ConfigError("a heterogeneous architecture has no plain Hugging Face config; export it as DeciLM")
@@ -427,10 +469,35 @@ class Architecture:
             intermediate_size=layer.ffn_width,
             tie_word_embeddings=self.tie_embeddings,
             **self._hf_flag_kwargs(),
+            **self._hf_window_kwargs(),
         )
         if self.max_context:
             kwargs["max_position_embeddings"] = self.max_context
         return AutoConfig.for_model(self.family, **kwargs)
+
+    def _hf_window_kwargs(self) -> dict[str, Any]:
+        """Config keys that give every layer its window (:func:`hf_layer_windows` reads them back)."""
+        windows = [layer.window for layer in self.layers]
+        sizes = sorted({w for w in windows if w is not None})
+        if len(sizes) > 1:
+            raise ConfigError(f"a {self.family} config has one sliding_window, but the layers use windows {sizes}")
+        window = sizes[0] if sizes else None
+        if self.family == "mistral":
+            if window is not None and None in windows:
+                raise ConfigError("a mistral config's sliding_window applies to every layer; "
+                                  "these layers mix sliding and full attention")
+            return {"sliding_window": window}  # None must be explicit: MistralConfig defaults to 4096
+        if self.family not in _WINDOWED_BY_LAYER_TYPE:
+            if window is not None:
+                raise ConfigError(f"a {self.family} config cannot express sliding windows (layers use window {window})")
+            return {}
+        kinds = [_SLIDING if w is not None else _FULL for w in windows]
+        kwargs: dict[str, Any] = {"layer_types": kinds}
+        if window is not None:
+            kwargs["sliding_window"] = window
+            if self.family in ("qwen2", "qwen3"):
+                kwargs["use_sliding_window"] = True
+        return kwargs
 
     def _hf_flag_kwargs(self) -> dict[str, bool]:
         """Config keys that reproduce this architecture's bias flags; raises if none can."""
@@ -456,6 +523,53 @@ class Architecture:
             f"{self.name or self.family}: {len(active)}/{self.num_layers} layers, hidden {self.hidden_size}, "
             f"heads {span(heads)}, ffn {span(ffn)}, {self.num_params / 1e6:.1f}M params"
         )
+
+
+# ------------------------------------------------------------------------ windows
+# Which layers slide, per family. Source: transformers v5 configuration_{family}.py and modeling_{family}.py
+# (a layer attends within ``config.sliding_window`` iff its ``layer_types`` entry is "sliding_attention"):
+#   mistral: ``sliding_window`` (default 4096; null = none) applies to every layer; layer_types is ignored.
+#   qwen2, qwen3: nothing slides unless ``use_sliding_window`` (default False); then ``sliding_window``
+#     (default 4096) on the "sliding_attention" layers of ``layer_types``, which defaults to layers
+#     ``i >= max_window_layers`` (default 28).
+#   gemma3_text: ``sliding_window`` (default 4096) on the "sliding_attention" layers of ``layer_types``,
+#     which defaults to every layer but each ``sliding_window_pattern``-th (default 6: layers 5, 11, ...
+#     are full); Gemma 3 270M: window 512.
+#   llama: full attention everywhere.
+_SLIDING, _FULL = "sliding_attention", "full_attention"
+_WINDOWED_BY_LAYER_TYPE = ("qwen2", "qwen3", "gemma3_text")
+_DEFAULT_WINDOW = 4096
+_QWEN_MAX_WINDOW_LAYERS = 28
+_GEMMA3_PATTERN = 6
+
+
+def hf_layer_windows(config: Any) -> tuple[int | None, ...]:
+    """Each layer's attention window (None = full attention) under a transformers config or its dict,
+    as that family's transformers model applies it (family rules in the comment above this function)."""
+    cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
+    return _layer_windows(cfg, str(cfg.get("model_type", "")).lower(), int(cfg["num_hidden_layers"]))
+
+
+def _layer_windows(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> tuple[int | None, ...]:
+    window = cfg.get("sliding_window", _DEFAULT_WINDOW)
+    if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        window = None
+    if model_type not in ("mistral", *_WINDOWED_BY_LAYER_TYPE) or window is None:
+        return (None,) * num_layers
+    _check_int(f"{model_type} config sliding_window", window, 1)
+    if model_type == "mistral":
+        return (int(window),) * num_layers
+    kinds = cfg.get("layer_types")
+    if kinds is None and model_type == "gemma3_text":
+        pattern = int(cfg.get("sliding_window_pattern", _GEMMA3_PATTERN))
+        kinds = [_SLIDING if (i + 1) % pattern else _FULL for i in range(num_layers)]
+    elif kinds is None:
+        first = int(cfg.get("max_window_layers", _QWEN_MAX_WINDOW_LAYERS))
+        kinds = [_SLIDING if i >= first else _FULL for i in range(num_layers)]
+    if len(kinds) != num_layers:
+        raise ConfigError(f"{model_type} config has {len(kinds)} layer_types for {num_layers} layers")
+    return tuple(int(window) if kind == _SLIDING else None for kind in kinds)
 
 
 # ------------------------------------------------------------------ known names
@@ -616,6 +730,9 @@ def _from_json_file(path: Path) -> Architecture:
 # "{arch}.block_count", "{arch}.attention.head_count_kv"; tensor names from gguf-py MODEL_TENSOR
 # ("output.weight" is the untied LM head). llama.cpp writes Mistral models as "llama" and the Gemma 3
 # text decoder as "gemma3" (key_length = head_dim = 256, independent of the hidden size).
+# "{arch}.attention.sliding_window" is the window; which layers use it is the family's rule, as in
+# transformers' GGUF loader (its Gemma 3 config gets layer_types from the default pattern of 6, and
+# llama.cpp hard-codes that pattern for "gemma3"): see hf_layer_windows.
 _GGUF_ARCH_TO_FAMILY = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
                         "gemma3": "gemma3_text"}
 
@@ -681,7 +798,9 @@ def _gguf_to_hf_config(meta: Mapping[str, Any], arch: str, tensor_names: set[str
         return value
 
     hidden, heads = int(scalar("embedding_length")), int(scalar("attention.head_count"))
+    window = scalar("attention.sliding_window", None)
     return {
+        **({} if window is None else {"sliding_window": int(window)}),  # absent: the family's default
         "model_type": _GGUF_ARCH_TO_FAMILY[arch],
         "vocab_size": int(scalar("vocab_size")),
         "hidden_size": hidden,

@@ -16,6 +16,21 @@ plus ``kernel_launch_us`` per kernel, ``step_overhead_ms`` per engine step and, 
 parallelism, two all-reduces per layer (latency + 2(tp-1)/tp · message / one-way link bandwidth).
 The *floors* use the same equations at 100 % of peak with no fixed costs: the physical limit.
 
+Attention, per layer ``i`` with ``g_i`` KV heads, ``h_i`` query heads of ``d`` channels and a window
+of ``w_i`` tokens (``LayerSpec.window``; a full-attention layer has ``w_i = ∞``), batch ``B``, prompt
+``P``, ``S`` KV tokens reserved per sequence (``P + O`` in blocks; llama.cpp: its whole ``n_ctx``),
+decode at the mean context ``c = P + O/2``, ``b_kv`` bytes per cached element::
+
+    KV bytes per sequence   = Σ_i 2·b_kv·g_i·d·min(S, ⌈w_i⌉)     (⌈w_i⌉: w_i in whole KV blocks)
+    prefill (query, key) pairs of layer i = B·Σ_{t=1..P} min(t, w_i)
+                                          = B·(m(m+1)/2 + (P − m)·w_i),  m = min(P, w_i)
+    decode pairs = KV tokens read per step of layer i = B·min(c, w_i)
+
+and attention FLOPs = ``4·pairs·h_i·d``. Every supported engine caches only the window of a
+sliding layer (see :func:`estimate_batch`). The ``kv_bytes_per_token`` metric is the KV bytes per
+sequence divided by ``S``: the mean bytes a reserved token costs at the scenario's length. Without
+windows that is the familiar ``2·b_kv·d·Σ_i g_i``; a sliding layer adds ``2·b_kv·g_i·d·min(1, ⌈w_i⌉/S)``.
+
 Contract: costs are pure functions of their inputs; at fixed concurrency no latency or memory
 metric rises, and throughput does not fall, when any width shrinks (property-tested).
 """
@@ -35,9 +50,14 @@ from autocompress_opt.errors import ConfigError
 from autocompress_opt.hardware import Hardware, get_hardware
 from autocompress_opt.profiles import CostProfile, get_profile
 
-__all__ = ["METRICS", "ArchArrays", "CostEstimate", "Scenario", "estimate_batch", "estimate_cost"]
+__all__ = ["FULL_WINDOW", "METRICS", "ArchArrays", "CostEstimate", "Scenario", "estimate_batch", "estimate_cost"]
 
 Array = Any  # numpy.ndarray or torch.Tensor
+
+# The window of a full-attention layer in ArchArrays: larger than any context, yet finite, so that
+# min(tokens, window) and the windowed pair count stay plain arithmetic (finite values and gradients)
+# in numpy and torch alike.
+FULL_WINDOW = float(2**40)
 
 METRICS: tuple[str, ...] = (
     "weights_gib",
@@ -88,7 +108,9 @@ class ArchArrays:
 
     Per-architecture fields have shape ``(N,)``; per-layer fields ``(N, L)``. ``attn`` and ``ffn``
     are keep gates (1 = present, 0 = dropped; fractions are allowed in the differentiable path);
-    padding layers have both gates at 0. Widths may be non-integer in the torch path.
+    padding layers have both gates at 0. Widths may be non-integer in the torch path. ``window``
+    is each layer's attention window in tokens (:data:`FULL_WINDOW` for full attention; a
+    constant, not a search variable); None means every layer attends to the whole context.
     """
 
     vocab: Array
@@ -104,6 +126,7 @@ class ArchArrays:
     o_bias: Array
     mlp_bias: Array
     qk_norm: Array
+    window: Array | None = None
 
     @classmethod
     def from_architectures(cls, archs: Sequence[Architecture], backend: str = "numpy") -> ArchArrays:
@@ -112,8 +135,10 @@ class ArchArrays:
             raise ConfigError("need at least one architecture")
         n, depth = len(archs), max(a.num_layers for a in archs)
         per_layer = {k: np.zeros((n, depth)) for k in ("attn", "heads", "kv_heads", "head_dim", "ffn", "ffn_width")}
+        per_layer["window"] = np.full((n, depth), FULL_WINDOW)
         for i, arch in enumerate(archs):
             for j, layer in enumerate(arch.layers):
+                per_layer["window"][i, j] = layer.window or FULL_WINDOW
                 per_layer["attn"][i, j] = layer.attention
                 per_layer["heads"][i, j] = layer.num_heads if layer.attention else 0
                 per_layer["kv_heads"][i, j] = layer.num_kv_heads if layer.attention else 0
@@ -197,7 +222,7 @@ class _Structure:
     lin: Array  # (N, L) GEMM parameters per layer (attention + FFN projections)
     weight_bytes: Array  # (N,) all weights, at their storage formats
     head_read_bytes: Array  # (N,) bytes of the LM-head matrix read per step
-    kv_bytes_per_token: Array  # (N,) K+V bytes per token, whole model
+    kv_layer_bytes: Array  # (N, L) K+V bytes one cached token takes in each layer
     kv_heads_dim: Array  # (N, L) g_i · d_i · attn_i
     q_heads_dim: Array  # (N, L) h_i · d_i · attn_i
     act_width: Array  # (N,) widest per-token activation of any layer (elements)
@@ -222,7 +247,7 @@ def _structure(a: ArchArrays, dt: WeightDtype, kv_bytes: float, ops: _Ops) -> _S
         lin=lin_attn + lin_ffn,
         weight_bytes=weight_bytes,
         head_read_bytes=embed * head_bits / 8,
-        kv_bytes_per_token=kv_bytes * 2 * kv_heads_dim.sum(-1),
+        kv_layer_bytes=kv_bytes * 2 * kv_heads_dim,
         kv_heads_dim=kv_heads_dim,
         q_heads_dim=q_heads_dim,
         act_width=act_width,
@@ -265,16 +290,18 @@ def _phase_ms(
 ) -> Array:
     """Milliseconds to run ``steps`` engine steps that together process ``tokens`` new tokens.
 
-    ``pairs`` counts (query, key) pairs attended; ``kv_read_tokens`` cached tokens read;
-    ``logits_tokens`` rows sent through the LM head; weights are read once per step.
-    All are ``(N,)`` arrays (or scalars); the result is ``(N,)``.
+    ``pairs`` counts (query, key) pairs attended and ``kv_read_tokens`` cached tokens read, per
+    layer ``(N, L)`` (a sliding layer attends and reads within its window); ``tokens``,
+    ``logits_tokens`` (rows sent through the LM head) and ``steps`` are ``(N,)``; weights are read
+    once per step. The result is ``(N,)``.
     """
     tok, stp = tokens[:, None], steps[:, None]
     # GEMMs: 2 FLOPs per parameter per token; weights streamed once per step.
     t_gemm = ops.max(2 * tok * s.lin / (tp * r.flops), stp * s.lin * dt.body_bits / 8 / (tp * r.bytes_s))
-    # Attention: QKᵀ and AV are 2·d FLOPs each per head per pair; K,V read for cached + new tokens.
-    attn_flops = 4 * pairs[:, None] * s.q_heads_dim
-    attn_bytes = kv_bytes * 2 * (kv_read_tokens + tokens)[:, None] * s.kv_heads_dim
+    # Attention: QKᵀ and AV are 2·d FLOPs each per head per pair; K,V read for cached + new tokens
+    # (every new token's K,V is written, window or not).
+    attn_flops = 4 * pairs * s.q_heads_dim
+    attn_bytes = kv_bytes * 2 * (kv_read_tokens + tok) * s.kv_heads_dim
     t_attn = ops.max(attn_flops / (tp * r.attn_flops), attn_bytes / (tp * r.bytes_s))
     vd = a.vocab * a.hidden
     t_head = ops.max(2 * logits_tokens * vd / (tp * r.flops), steps * s.head_read_bytes / (tp * r.bytes_s))
@@ -300,6 +327,13 @@ def estimate_batch(
 
     Works on numpy arrays and on torch tensors (differentiable through widths and gates; the
     integer-valued ``max_concurrency`` carries no gradient). See the module doc for the equations.
+
+    Sliding-window layers cache at most ``window`` tokens per sequence in every engine modelled:
+    vLLM's hybrid KV-cache manager frees a sliding layer's blocks that leave the window, llama.cpp
+    (``llama_kv_cache_iswa``, unless ``--swa-full``) sizes a separate SWA cache, TensorRT-LLM
+    keeps a cyclic cache of ``max_attention_window`` tokens, and transformers' ``DynamicCache``
+    a sliding layer per window. vLLM and llama.cpp also hold up to one prefill chunk (``n_ubatch``)
+    beyond the window while it is written; that slack is not modelled.
     """
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     eng = get_engine(engine) if isinstance(engine, str) else engine
@@ -310,10 +344,17 @@ def estimate_batch(
     ops = _Ops(arrays.hidden)
     s = _structure(arrays, dt, kv_bytes, ops)
     tp, p_len, o_len = scenario.tp, scenario.input_len, scenario.output_len
+    if arrays.window is None:  # every layer full
+        window = kv_window = FULL_WINDOW
+    else:  # (N, L); a sliding layer holds its window in whole KV blocks
+        window = arrays.window
+        kv_window = ops.ceil(window / eng.kv_block_tokens) * eng.kv_block_tokens
 
     # Memory (per device). Activation peak: the widest layer over one prefill chunk, plus logits.
+    # A layer caches min(S, w_i) of a sequence's S reserved tokens.
     seq_tokens = eng.kv_tokens_per_sequence(p_len, o_len)
-    kv_seq = s.kv_bytes_per_token / tp * seq_tokens
+    kv_seq_bytes = (s.kv_layer_bytes * ops.min(kv_window, float(seq_tokens))).sum(-1)  # (N,) one sequence, all devices
+    kv_seq = kv_seq_bytes / tp
     fixed_gib = (eng.framework_gib + eng.cuda_graph_gib) * GIB
 
     def activation_bytes(batch: Array) -> Array:
@@ -343,16 +384,20 @@ def estimate_batch(
     # Prefill: the batch's prompts, chunked by the engine; logits for the last token (or all).
     prompt_tokens = batch_pos * p_len
     prefill_steps = 1.0 + batch_pos * 0 if eng.chunk_tokens == 0 else ops.ceil(prompt_tokens / eng.chunk_tokens)
+    # Causal: token t attends to min(t, w) keys; Σ_{t=1..P} min(t, w) = m(m+1)/2 + (P − m)·w, m = min(P, w).
+    seen = ops.min(window, float(p_len))  # (N, L)
+    prompt_pairs = seen * (seen + 1) / 2 + (p_len - seen) * window
     prefill = dict(
         tokens=prompt_tokens,
-        pairs=batch_pos * p_len * (p_len + 1) / 2,  # causal: token t attends to t keys
-        kv_read_tokens=batch_pos * 0,
+        pairs=batch_pos[:, None] * prompt_pairs,
+        kv_read_tokens=batch_pos[:, None] * 0.0,
         logits_tokens=prompt_tokens if eng.logits_all_tokens else batch_pos,
         steps=prefill_steps,
     )
-    # Decode: one token per sequence per step at the mean context of the generation.
-    context = p_len + o_len / 2
-    decode = dict(tokens=batch_pos, pairs=batch_pos * context, kv_read_tokens=batch_pos * context,
+    # Decode: one token per sequence per step at the mean context of the generation, which a
+    # sliding layer caps at its window.
+    context = batch_pos[:, None] * ops.min(window, p_len + o_len / 2)  # (N, L)
+    decode = dict(tokens=batch_pos, pairs=context, kv_read_tokens=context,
                   logits_tokens=batch_pos, steps=batch_pos * 0 + 1.0)
 
     out: dict[str, Array] = {}
@@ -367,7 +412,7 @@ def estimate_batch(
     out["e2e_latency_ms"] = out["ttft_ms"] + (o_len - 1) * out["tpot_ms"]
     out["output_throughput_tok_s"] = batch_pos * o_len / (out["e2e_latency_ms"] / 1e3)
     out["weights_gib"] = s.weight_bytes / GIB
-    out["kv_bytes_per_token"] = s.kv_bytes_per_token
+    out["kv_bytes_per_token"] = kv_seq_bytes / seq_tokens  # mean over the S reserved tokens (module doc)
     out["peak_memory_gib"] = peak_memory / GIB
     out["max_concurrency"] = max_conc
     return {k: out[k] for k in METRICS}

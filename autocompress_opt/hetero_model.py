@@ -35,7 +35,8 @@ Compatibility limits with vLLM's ``nemotron_nas`` reader (which we cannot run he
   each block, one window size per model (``sliding_window``), and ``rope_parameters`` may be nested
   by layer type (``{"full_attention": {...}, "sliding_attention": {...}}``, Gemma 3's local and
   global RoPE bases). A block written without ``window_length`` inherits ``sliding_window``
-  (Mistral-style checkpoints written before the key existed).
+  (Mistral-style checkpoints written before the key existed). ``window_length`` is the
+  :class:`~autocompress_opt.architecture.LayerSpec` ``window`` of the layer, both ways.
 
 The layer code is one generic implementation (no copy per family): attribute names are those of
 the base family's transformers modules (``self_attn.q_proj``, ``mlp.down_proj``, ``input_layernorm``,
@@ -50,7 +51,7 @@ right cache: a window for sliding layers, and a placeholder that stores nothing 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,11 +143,10 @@ class BlockConfig:
     ffn: FFNBlock
 
     @classmethod
-    def from_layer(cls, layer: LayerSpec, window_length: int | None = None) -> BlockConfig:
-        """The block of ``layer``; ``window_length`` applies when it has attention."""
+    def from_layer(cls, layer: LayerSpec) -> BlockConfig:
+        """The block of ``layer`` (its ``window`` is the attention's ``window_length``)."""
         return cls(
-            AttentionBlock(not layer.attention, layer.num_heads, layer.num_kv_heads,
-                           window_length if layer.attention else None),
+            AttentionBlock(not layer.attention, layer.num_heads, layer.num_kv_heads, layer.window),
             FFNBlock(not layer.ffn, layer.ffn_width),
         )
 
@@ -175,10 +175,10 @@ class BlockConfig:
             window = _positive(window, f"{where}.attention.window_length")
         try:
             spec = LayerSpec(attention=not no_attn, num_heads=heads, num_kv_heads=kv, head_dim=1,
-                             ffn=not no_ffn, ffn_width=width)
+                             ffn=not no_ffn, ffn_width=width, window=window)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
-        return cls.from_layer(spec, window)
+        return cls.from_layer(spec)
 
 
 def _section(data: Any, name: str, where: str) -> Mapping[str, Any]:
@@ -264,8 +264,8 @@ class AutocompressDeciLMConfig(PreTrainedConfig):
             self.num_key_value_heads = self.num_attention_heads
         if self.block_configs is None:  # homogeneous default: every layer like the global keys
             layer = LayerSpec(True, self.num_attention_heads, self.num_key_value_heads, self.head_dim,
-                              True, self.intermediate_size)
-            block = BlockConfig.from_layer(layer, self.sliding_window).to_dict(self.hidden_size)
+                              True, self.intermediate_size, self.sliding_window)
+            block = BlockConfig.from_layer(layer).to_dict(self.hidden_size)
             self.block_configs = [block] * self.num_hidden_layers
         blocks = self.blocks  # validate once, eagerly
         windows = sorted({b.attention.window_length for b in blocks if b.attention.window_length is not None})
@@ -315,7 +315,8 @@ class AutocompressDeciLMConfig(PreTrainedConfig):
         """The exact :class:`Architecture` this config builds."""
         layers = tuple(
             LayerSpec(not b.attention.no_op, b.attention.num_heads, b.attention.num_key_value_heads,
-                      0 if b.attention.no_op else self.head_dim, not b.ffn.no_op, b.ffn.intermediate_size)
+                      0 if b.attention.no_op else self.head_dim, not b.ffn.no_op, b.ffn.intermediate_size,
+                      b.attention.window_length)
             for b in self.blocks
         )
         return Architecture(
@@ -326,32 +327,31 @@ class AutocompressDeciLMConfig(PreTrainedConfig):
         )
 
     @classmethod
-    def from_architecture(cls, arch: Architecture, *, layer_types: Sequence[str] | None = None,
-                          **settings: Any) -> AutocompressDeciLMConfig:
-        """A config that builds ``arch`` exactly; ``settings`` carry the parent's numerics.
+    def from_architecture(cls, arch: Architecture, **settings: Any) -> AutocompressDeciLMConfig:
+        """A config that builds ``arch`` exactly, each layer's window included; ``settings`` carry
+        the parent's numerics.
 
         ``settings`` are other config keys (``rms_norm_eps``, ``rope_parameters``, ``hidden_act``,
-        ``max_position_embeddings``, ``bos_token_id``, ``sliding_window``, ``query_pre_attn_scalar``...).
-        ``layer_types`` gives each layer of ``arch`` its attention kind (``"sliding_attention"`` uses
-        ``sliding_window``; entries of layers without attention are ignored); without it every
-        attention layer slides when ``sliding_window`` is set (Mistral). Every attention layer must
-        share one ``head_dim`` (one rotary table); raises :class:`ConfigError` otherwise.
+        ``max_position_embeddings``, ``bos_token_id``, ``query_pre_attn_scalar``...). A
+        ``sliding_window`` among them (a parent's) is checked against the layers' windows and is
+        dropped when no layer slides; ``layer_types`` is refused (it is derived from the windows).
+        Every attention layer must share one ``head_dim`` (one rotary table) and every sliding
+        layer one window; raises :class:`ConfigError` otherwise.
         """
         head_dims = sorted({layer.head_dim for layer in arch.layers if layer.attention})
         if len(head_dims) > 1:
             raise ConfigError(f"layers use head_dim {head_dims}; {MODEL_TYPE} needs one head_dim for all layers")
-        window = settings.get("sliding_window")
-        default = SLIDING_ATTENTION if window is not None else FULL_ATTENTION
-        kinds = list(layer_types) if layer_types is not None else [default] * arch.num_layers
-        if len(kinds) != arch.num_layers:
-            raise ConfigError(f"layer_types has {len(kinds)} entries for {arch.num_layers} layers")
-        if window is None and any(k == SLIDING_ATTENTION for k, s in zip(kinds, arch.layers) if s.attention):
-            raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
+        if "layer_types" in settings:
+            raise ConfigError("from_architecture takes each layer's attention kind from LayerSpec.window; "
+                              "pass no layer_types")
+        windows = sorted({layer.window for layer in arch.layers if layer.window is not None})
+        if len(windows) > 1 or (windows and settings.get("sliding_window") not in (None, windows[0])):
+            raise ConfigError(f"the layers use windows {windows} with sliding_window={settings.get('sliding_window')}; "
+                              f"{MODEL_TYPE} supports one sliding-window size per model")
         attn = [layer for layer in arch.layers if layer.attention]
         ffn = [layer.ffn_width for layer in arch.layers if layer.ffn]
         heads = max((layer.num_heads for layer in attn), default=1)
-        blocks = [BlockConfig.from_layer(layer, window if kind == SLIDING_ATTENTION else None).to_dict(arch.hidden_size)
-                  for layer, kind in zip(arch.layers, kinds)]
+        blocks = [BlockConfig.from_layer(layer).to_dict(arch.hidden_size) for layer in arch.layers]
         kwargs: dict[str, Any] = dict(
             vocab_size=arch.vocab_size, hidden_size=arch.hidden_size, num_hidden_layers=arch.num_layers,
             num_attention_heads=heads, num_key_value_heads=max((layer.num_kv_heads for layer in attn), default=1),
@@ -362,8 +362,7 @@ class AutocompressDeciLMConfig(PreTrainedConfig):
         )
         if arch.max_context:
             kwargs["max_position_embeddings"] = arch.max_context
-        if not any(k == SLIDING_ATTENTION for k, s in zip(kinds, arch.layers) if s.attention):
-            settings = {**settings, "sliding_window": None}  # no layer slides: no window to record
+        settings = {**settings, "sliding_window": windows[0] if windows else None}  # no layer slides: none to record
         return cls(**{**kwargs, **settings})
 
 

@@ -58,7 +58,7 @@ import torch
 
 from autocompress_opt.adapters import FamilyAdapter, adapter_for
 from autocompress_opt.architecture import Architecture
-from autocompress_opt.costmodel import ArchArrays, estimate_batch, estimate_cost
+from autocompress_opt.costmodel import FULL_WINDOW, ArchArrays, estimate_batch, estimate_cost
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.importance import Importance, tokens_id
 from autocompress_opt.masks import DiscreteLayer, ExpectedStructure, ParentMasks
@@ -269,7 +269,8 @@ def cost_arrays(parent: Architecture, hidden_size: int, e: ExpectedStructure) ->
     """A batch of one torch :class:`ArchArrays` (float64) from expected per-layer structure.
 
     At a discrete point (gates 0/1, integer widths) it packs exactly what
-    ``ArchArrays.from_architectures`` packs for that architecture, so the two agree.
+    ``ArchArrays.from_architectures`` packs for that architecture, so the two agree. Windows are
+    the parent layers' (a constant: the search never changes a layer's attention kind).
     """
     one = lambda v: torch.tensor([float(v)], dtype=torch.float64)  # noqa: E731
     row = lambda x: x.to(torch.float64)[None, :]  # noqa: E731
@@ -281,6 +282,7 @@ def cost_arrays(parent: Architecture, hidden_size: int, e: ExpectedStructure) ->
         ffn=ffn, ffn_width=row(e.ffn_width) * (ffn > 0),
         qkv_bias=one(parent.qkv_bias), o_bias=one(parent.o_bias), mlp_bias=one(parent.mlp_bias),
         qk_norm=one(parent.qk_norm),
+        window=torch.tensor([[float(s.window or FULL_WINDOW) for s in parent.layers]], dtype=torch.float64),
     )
 
 

@@ -306,7 +306,8 @@ class ParentMasks(torch.nn.Module):
         return out
 
     def architecture(self, layers: list[DiscreteLayer]) -> Architecture:
-        """The :class:`Architecture` of rounded ``layers`` (all of the parent's layers, dropped ones as no-ops)."""
+        """The :class:`Architecture` of rounded ``layers`` (all of the parent's layers, dropped ones as
+        no-ops; a kept attention keeps its parent layer's window)."""
         specs = []
         for p, d in zip(self.parent.layers, layers):
             attn = d.attention and d.kv_groups >= 1 and d.q_per_group >= 1
@@ -314,7 +315,7 @@ class ParentMasks(torch.nn.Module):
             specs.append(LayerSpec(
                 attention=attn, num_heads=d.kv_groups * d.q_per_group if attn else 0,
                 num_kv_heads=d.kv_groups if attn else 0, head_dim=p.head_dim if attn else 0,
-                ffn=ffn, ffn_width=d.ffn_units * self.ffn_unit if ffn else 0))
+                ffn=ffn, ffn_width=d.ffn_units * self.ffn_unit if ffn else 0, window=p.window if attn else None))
         name = f"{self.parent.name or self.parent.family}-searched"
         return replace(self.parent, hidden_size=self.hidden_size, layers=tuple(specs), name=name)
 

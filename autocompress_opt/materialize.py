@@ -41,6 +41,11 @@ group), so the result stays valid grouped-query attention. ``head_dim`` never ch
 important layers (by ``layer_metric``), in their original order. Fully dropped layers are left out
 of the built model (they compute nothing and hold no weights).
 
+**Windows.** A kept layer computes its parent layer's attention (full, or sliding over the parent's
+window), whatever window the target lists: the plan's architecture carries the parent layers'
+windows, so it may differ from the target in ``LayerSpec.window`` only. Export and cost it (not
+the target) when the two can differ (a target with fewer layers than the parent).
+
 :func:`uniform_baseline` is the practitioner's Minitron-style baseline recipe (see its docstring).
 """
 
@@ -144,20 +149,22 @@ def plan_pruning(
     ``target`` must be a sub-architecture of ``parent``: same vocabulary, family, tying, biases and
     QK-norm; ``hidden_size`` no larger; at most as many layers; each kept layer's heads in whole KV
     groups of the parent layer's ``head_dim`` (no more KV heads, no more query heads per group) and
-    no wider FFN; no sub-block the parent layer lacks. Raises :class:`ConfigError` naming the layer
-    and field otherwise, or when ``importance`` was computed for another architecture.
+    no wider FFN; no sub-block the parent layer lacks. ``target``'s windows are not checked: every
+    kept layer takes its parent layer's window (module doc). Raises :class:`ConfigError` naming the
+    layer and field otherwise, or when ``importance`` was computed for another architecture.
     """
     mismatch = architecture_mismatch(importance.architecture, parent)
     if mismatch:
         raise ConfigError(f"the importance scores were computed for another architecture ({mismatch})")
     _check_globals(parent, target)
     mapping = _layer_mapping(parent, importance, target, layer_metric)
-    plans = []
+    plans, specs = [], []
     for t, (spec, p) in enumerate(zip(target.layers, mapping)):
         _check_layer(parent.layers[p], spec, f"target layers[{t}] (parent layer {p})")
         if not spec.is_noop:
             plans.append(_plan_layer(importance, p, parent.layers[p], spec))
-    return PrunePlan(parent=parent, architecture=target.active(), layers=tuple(plans),
+            specs.append(replace(spec, window=parent.layers[p].window))  # None without attention
+    return PrunePlan(parent=parent, architecture=replace(target, layers=tuple(specs)), layers=tuple(plans),
                      hidden_channels=_top(importance.hidden, target.hidden_size))
 
 
@@ -443,8 +450,7 @@ def _target_config(parent_model: Any, adapter: FamilyAdapter, plan: PrunePlan, h
         config = _plain_config(parent_model, adapter, plan)
         if config is not None:
             return config
-    return AutocompressDeciLMConfig.from_architecture(arch, layer_types=_kept_layer_types(parent_model, plan),
-                                                      **_inherited_settings(parent_model))
+    return AutocompressDeciLMConfig.from_architecture(arch, **_inherited_settings(parent_model))
 
 
 # Config keys that carry the parent's numerics into a heterogeneous child (not its sizes), with the
@@ -470,22 +476,6 @@ def _inherited_settings(parent_model: Any) -> dict[str, Any]:
     return settings
 
 
-def _parent_layer_types(config: Any) -> list[str]:
-    """The attention kind of every parent layer: ``config.layer_types`` where the family has it
-    (Qwen, Gemma 3, this package's model), else every layer slides iff ``sliding_window`` is set (Mistral)."""
-    types = getattr(config, "layer_types", None)
-    if types:
-        return list(types)
-    sliding = getattr(config, "sliding_window", None) is not None
-    return ["sliding_attention" if sliding else "full_attention"] * config.num_hidden_layers
-
-
-def _kept_layer_types(parent_model: Any, plan: PrunePlan) -> list[str]:
-    """The attention kind of every layer of ``plan.architecture`` (that of its parent layer)."""
-    types = _parent_layer_types(parent_model.config)
-    return [types[lp.parent_index] for lp in plan.layers]
-
-
 _SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
               "intermediate_size")
 
@@ -509,11 +499,10 @@ def _plain_config(parent_model: Any, adapter: FamilyAdapter, plan: PrunePlan) ->
 
 
 def _family_config(parent_model: Any, plan: PrunePlan) -> Any | None:
-    """A heterogeneous parent's base-family config for a uniform plan, or None if it cannot say it."""
+    """A heterogeneous parent's base-family config for a uniform plan, or None if it cannot say it
+    (including windows it cannot express: :meth:`Architecture.to_hf_config` sets the layers' windows)."""
     settings = _inherited_settings(parent_model)
-    window = settings.pop("sliding_window", None)
-    if "sliding_attention" not in _kept_layer_types(parent_model, plan):
-        window = None
+    settings.pop("sliding_window", None)  # the plan's windows are in the architecture
     try:
         config = plan.architecture.to_hf_config()
     except (ConfigError, *_validation_errors()):
@@ -521,14 +510,6 @@ def _family_config(parent_model: Any, plan: PrunePlan) -> Any | None:
     for key, value in settings.items():
         names = _KEY_NAMES.get(key, (key,))
         setattr(config, next((n for n in names if hasattr(config, n)), key), value)
-    if getattr(config, "layer_types", None) is not None:  # Qwen, Gemma 3: one kind per layer
-        config.layer_types = _kept_layer_types(parent_model, plan)
-        if window is not None:
-            config.sliding_window = window
-    elif plan.architecture.family == "mistral":
-        config.sliding_window = window  # None must be explicit: MistralConfig defaults to 4096
-    elif window is not None:  # a window this family's config cannot express: keep the hetero class
-        return None
     return config
 
 
@@ -672,7 +653,12 @@ def uniform_baseline(
 
     Which layers, channels and heads go is decided afterwards by :func:`plan_pruning` from the
     importance scores (``layer_metric``); this function only fixes the sizes. Returns ``parent`` itself when it
-    already meets the budget. ``parent`` must be uniform.
+    already meets the budget. ``parent`` must be uniform (windows may differ: Gemma 3).
+
+    Windows (they change the cost, not the parameter count): an ``n``-layer result lists the windows
+    of the parent layers it most likely keeps without knowing the importance scores: the first
+    ``n - 1`` and the last, the search space's default (deep layers are the most redundant, Gromov
+    et al. 2024). :func:`plan_pruning` then gives every kept layer its actual parent layer's window.
     """
     if not parent.is_uniform:
         raise ConfigError(f"the uniform baseline needs a uniform parent; {parent.summary()} is heterogeneous")
@@ -690,7 +676,9 @@ def uniform_baseline(
 
     def build(n: int, shape: tuple[int, int]) -> Architecture:
         hidden, ffn = shape
-        return replace(parent, hidden_size=hidden, layers=(replace(layer, ffn_width=ffn),) * n, name=name)
+        kept = [*range(n - 1), parent.num_layers - 1]  # the windows' source layers (docstring)
+        layers = tuple(replace(layer, ffn_width=ffn, window=parent.layers[j].window) for j in kept)
+        return replace(parent, hidden_size=hidden, layers=layers, name=name)
 
     def down(value: int, ratio: float) -> int:
         return max(width_multiple, int(value * ratio) // width_multiple * width_multiple) if ratio < 1 else value

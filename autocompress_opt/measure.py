@@ -72,7 +72,9 @@ def build_torch_model(arch: Architecture, *, dtype: Any = None, device: Any = "c
     ``DynamicCache`` and the positions it implies stay correct when layer 0 has no attention.
 
     For llama, mistral and qwen2 architectures ``sum(p.numel() for p in model.parameters()) ==
-    arch.num_params``; qwen3's QK-norm weights are not built (see the module docstring).
+    arch.num_params``; qwen3's QK-norm weights are not built (see the module docstring). Every
+    layer attends to the whole context: ``LayerSpec.window`` is not built (the calibration sweep,
+    :func:`random_architectures`, has no windows).
 
     Args:
         arch: the architecture to build.

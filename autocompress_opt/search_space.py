@@ -149,7 +149,8 @@ class SearchSpace:
     # --------------------------------------------------------------- to an arch
     def architecture(self, params: Mapping[str, int], parent: Architecture,
                      layer_order: Sequence[int] | None = None) -> Architecture:
-        """The architecture a sampled point stands for (plan mode: every kept layer alike).
+        """The architecture a sampled point stands for (plan mode: every kept layer alike in size;
+        each keeps its parent layer's attention window).
 
         ``layer_order`` ranks the parent's layers from most to least important (e.g. by block
         influence); without it, layers are dropped from the deep end, keeping the last one, since
@@ -163,7 +164,8 @@ class SearchSpace:
         ref = _reference_layer(parent)
         kv = int(params["num_kv_heads"])
         layer = LayerSpec(True, kv * int(params["q_per_kv"]), kv, ref.head_dim, True, int(params["ffn_width"]))
-        layers = tuple(layer if i in keep else LayerSpec.dropped() for i in range(parent.num_layers))
+        layers = tuple(replace(layer, window=parent.layers[i].window) if i in keep else LayerSpec.dropped()
+                       for i in range(parent.num_layers))
         return replace(parent, hidden_size=int(params["hidden_size"]), layers=layers,
                        name=f"{parent.name or parent.family}-pruned")
 
@@ -186,6 +188,8 @@ class SearchSpace:
 
 
 def _reference_layer(parent: Architecture) -> LayerSpec:
+    """The first layer with attention and an FFN: the sizes every kept layer starts from (its window
+    is irrelevant; each kept layer keeps its own)."""
     for layer in parent.layers:
         if layer.attention and layer.ffn:
             return layer

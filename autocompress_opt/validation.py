@@ -72,6 +72,9 @@ def _row_to_observation(row: dict[str, str], where: str) -> tuple[Observation, s
                 "head_dim": int(row["head_dim"]),
                 "intermediate_size": int(row["ffn"]),
                 "tie_word_embeddings": row["tied_embeddings"].strip().lower() in ("true", "1", "yes"),
+                # The CSV has no window column: rows are full-attention models (without this key a
+                # mistral row would take MistralConfig's default 4096-token window).
+                "sliding_window": None,
             },
             name=row["model"],
         )

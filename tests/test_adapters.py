@@ -73,12 +73,13 @@ def tiny_model(family: str, *, seed: int = 0, **overrides: Any) -> Any:
 
 def hetero_arch(family: str = "llama", **kwargs: Any) -> Architecture:
     """Layer 0 has no attention, layer 1 keeps 2 of 3 query heads per group over 2 groups, layer 2 is
-    dropped entirely, layer 3 has no FFN and one KV group of 3 heads."""
+    dropped entirely, layer 3 has no FFN and one KV group of 3 heads. Gemma: layer 1 slides over 4
+    tokens, layer 3 attends fully."""
     flags = {"llama": dict(qkv_bias=True, o_bias=True, mlp_bias=True), "qwen2": dict(qkv_bias=True),
              "qwen3": dict(qk_norm=True), "gemma3_text": dict(qk_norm=True, tie_embeddings=True)}.get(family, {})
     layers = (
         LayerSpec(attention=False, ffn=True, ffn_width=40),
-        LayerSpec(True, 4, 2, 8, True, 48),
+        LayerSpec(True, 4, 2, 8, True, 48, window=4 if family == "gemma3_text" else None),
         LayerSpec.dropped(),
         LayerSpec(True, 3, 1, 8, False, 0),
     )
@@ -90,9 +91,8 @@ def tiny_hetero_model(family: str = "llama", *, seed: int = 0, **kwargs: Any) ->
     from autocompress_opt.hetero_model import AutocompressDeciLMConfig, AutocompressDeciLMForCausalLM
 
     settings: dict[str, Any] = {}
-    if family == "gemma3_text":  # Gemma numerics; layer 1 slides over 4 tokens, layer 3 attends fully
-        settings = dict(layer_types=["mlp", "sliding_attention", "mlp", "full_attention"], sliding_window=4,
-                        hidden_act="gelu_pytorch_tanh", query_pre_attn_scalar=12, final_logit_softcapping=5.0,
+    if family == "gemma3_text":  # Gemma numerics (hetero_arch gives layer 1 its 4-token window)
+        settings = dict(hidden_act="gelu_pytorch_tanh", query_pre_attn_scalar=12, final_logit_softcapping=5.0,
                         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
     config = AutocompressDeciLMConfig.from_architecture(hetero_arch(family, **kwargs), max_position_embeddings=64,

@@ -342,6 +342,116 @@ def test_dropped_sub_blocks_have_zero_size():
     assert LayerSpec(False, num_heads=8, num_kv_heads=2, head_dim=64, ffn=False, ffn_width=99) == LayerSpec.dropped()
 
 
+# ------------------------------------------------------------------------ sliding windows
+GEMMA3_270M_WINDOWS = ([512] * 5 + [None]) * 3  # layers 5, 11, 17 attend fully (config.layer_types)
+
+
+def test_known_gemma3_270m_has_its_sliding_windows():
+    """The shipped gemma3-270m numbers give five sliding layers (window 512) per full one; windows do
+    not change the parameter count; the layers differ only in window, so the model is uniform."""
+    arch = load_architecture("gemma3-270m")
+    assert [layer.window for layer in arch.layers] == GEMMA3_270M_WINDOWS
+    assert arch.is_uniform and arch.num_params == 268_098_176
+    assert all(layer.window is None for name in ("smollm2-135m", "qwen3-8b", "mistral-large-2", "llama-3.1-8b")
+               for layer in load_architecture(name).layers)
+
+
+def test_windows_round_trip_and_files_without_them_still_load():
+    """A window survives to_dict/from_dict, JSON and YAML; a layer dict without the key (files written
+    before windows existed) reads as full attention, and full-attention layers write no key."""
+    arch = replace(heterogeneous_architecture(), layers=(
+        replace(heterogeneous_architecture().layers[0], window=4096), *heterogeneous_architecture().layers[1:]))
+    data = arch.to_dict()
+    assert data["layers"][0]["window"] == 4096 and all("window" not in layer for layer in data["layers"][1:])
+    assert Architecture.from_dict(data) == arch
+    assert Architecture.from_json(arch.to_json()) == arch and Architecture.from_yaml(arch.to_yaml()) == arch
+    old = heterogeneous_architecture().to_dict()
+    assert all("window" not in layer for layer in old["layers"])
+    assert Architecture.from_dict(old) == heterogeneous_architecture()
+    assert Architecture.from_dict(old).layers[0].window is None
+
+
+def test_window_is_validated_and_cleared_without_attention():
+    """window is None or a positive int; a layer without attention has none (it slides over nothing)."""
+    for bad in (0, -4, 2.5, True, "512"):
+        with pytest.raises(ConfigError, match=f"LayerSpec.window must be a positive int, got {bad!r}"):
+            LayerSpec(True, 4, 2, 8, True, 16, window=bad)
+    assert LayerSpec(False, ffn=True, ffn_width=16, window=512) == LayerSpec(False, ffn=True, ffn_width=16)
+
+
+def test_windows_do_not_change_the_parameter_count_or_uniformity():
+    """Same sizes with different windows: same count, still uniform; different sizes: not uniform."""
+    full = Architecture.uniform(num_layers=3, hidden_size=32, num_heads=4, num_kv_heads=2, ffn_width=48, vocab_size=100)
+    mixed = replace(full, layers=(replace(full.layers[0], window=8), full.layers[1], replace(full.layers[2], window=8)))
+    assert mixed.num_params == full.num_params and mixed.is_uniform
+    assert mixed != full
+    # K and V · 2 KV heads · head_dim 8 · 2 bytes = 64 B per token and layer
+    assert mixed.kv_bytes_per_token(2) == full.kv_bytes_per_token(2) == 3 * 64
+    # One sequence of 20 tokens: the 2 sliding layers cache 8 tokens each, the full layer all 20.
+    assert mixed.kv_bytes(20) == 64 * (8 + 20 + 8) and full.kv_bytes(20) == 64 * 60
+    assert not replace(mixed, layers=(*mixed.layers[:2], replace(mixed.layers[2], ffn_width=40))).is_uniform
+
+
+def test_from_hf_config_reads_each_familys_windows():
+    """transformers' rules: Mistral's window covers every layer (null: none; absent: 4096); Gemma 3 slides
+    on its "sliding_attention" layer_types, by default all but every 6th; Qwen2/3 slide only with
+    use_sliding_window, on layer_types or the layers from max_window_layers on; Llama never."""
+    sizes = dict(vocab_size=100, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48)
+
+    def windows(model_type: str, layers: int, **keys):  # noqa: ANN003, ANN202
+        cfg = {"model_type": model_type, "num_hidden_layers": layers, **sizes, **keys}
+        return [layer.window for layer in Architecture.from_hf_config(cfg).layers]
+
+    assert windows("mistral", 2, sliding_window=4) == [4, 4]
+    assert windows("mistral", 2, sliding_window=None) == [None, None]
+    assert windows("mistral", 2) == [4096, 4096]  # MistralConfig's default
+    assert windows("gemma3_text", 7, sliding_window=512) == [512] * 5 + [None, 512]
+    assert windows("gemma3_text", 4, sliding_window=8, sliding_window_pattern=2) == [8, None, 8, None]
+    assert windows("gemma3_text", 3, sliding_window=8,
+                   layer_types=["full_attention", "sliding_attention", "full_attention"]) == [None, 8, None]
+    assert windows("qwen2", 3, sliding_window=64, use_sliding_window=False,
+                   layer_types=["sliding_attention"] * 3) == [None] * 3
+    assert windows("qwen2", 3, sliding_window=64) == [None] * 3  # use_sliding_window defaults to False
+    assert windows("qwen2", 3, sliding_window=64, use_sliding_window=True, max_window_layers=1) == [None, 64, 64]
+    assert windows("qwen3", 2, sliding_window=64, use_sliding_window=True,
+                   layer_types=["sliding_attention", "full_attention"]) == [64, None]
+    assert windows("llama", 2, sliding_window=4) == [None, None]
+    with pytest.raises(ConfigError, match="2 layer_types for 3 layers"):
+        windows("gemma3_text", 3, layer_types=["full_attention"] * 2)
+
+
+@pytest.mark.parametrize(("family", "keys"), [
+    ("mistral", dict(sliding_window=4)),
+    ("qwen2", dict(sliding_window=16, use_sliding_window=True, max_window_layers=1)),
+    ("qwen3", dict(sliding_window=16, use_sliding_window=True, layer_types=["sliding_attention", "full_attention"])),
+    ("gemma3_text", dict(sliding_window=4, layer_types=["full_attention", "sliding_attention"])),
+])
+def test_windows_agree_with_the_transformers_config_and_round_trip(family, keys, tiny_hf_config):
+    """The config object (after transformers' own __post_init__) reads as its dict does, and
+    to_hf_config writes the windows back."""
+    config = tiny_hf_config(family, **keys)
+    arch = Architecture.from_hf_config(config)
+    assert arch == Architecture.from_hf_config({"model_type": family, **config.to_dict()})
+    assert any(layer.window for layer in arch.layers)
+    assert Architecture.from_hf_config(arch.to_hf_config()) == arch
+
+
+def test_to_hf_config_refuses_windows_the_family_cannot_express():
+    """llama has no window; a mistral window covers every layer; a config holds one window size."""
+    base = Architecture.uniform(num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2, ffn_width=48, vocab_size=100)
+    def one(family: str, *windows: int | None) -> Architecture:
+        return replace(base, family=family, qk_norm=family == "gemma3_text",
+                       layers=tuple(replace(base.layers[0], window=w) for w in windows))
+
+    with pytest.raises(ConfigError, match="llama config cannot express sliding windows"):
+        one("llama", 8, None).to_hf_config()
+    with pytest.raises(ConfigError, match="mistral config's sliding_window applies to every layer"):
+        one("mistral", 8, None).to_hf_config()
+    with pytest.raises(ConfigError, match=r"one sliding_window, but the layers use windows \[8, 16\]"):
+        one("gemma3_text", 8, 16).to_hf_config()
+    assert one("mistral", None, None).to_hf_config().sliding_window is None  # not MistralConfig's 4096
+
+
 # ------------------------------------------------------------------- Hypothesis properties
 @st.composite
 def layer_specs(draw: st.DrawFn) -> LayerSpec:
@@ -355,6 +465,7 @@ def layer_specs(draw: st.DrawFn) -> LayerSpec:
         head_dim=draw(st.integers(1, 16)) if attention else 0,
         ffn=ffn,
         ffn_width=draw(st.integers(1, 256)) if ffn else 0,
+        window=draw(st.none() | st.integers(1, 1 << 17)) if attention else None,
     )
 
 

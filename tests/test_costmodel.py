@@ -69,6 +69,7 @@ def _random_arch(draw: st.DrawFn) -> Architecture:
         layers.append(LayerSpec(
             attention=draw(st.booleans()), num_heads=kv * draw(st.integers(1, 4)), num_kv_heads=kv,
             head_dim=draw(st.sampled_from([16, 32])), ffn=draw(st.booleans()), ffn_width=draw(st.integers(1, 8)) * 64,
+            window=draw(st.none() | st.sampled_from([16, 100, 4096])),  # binding at the tests' 200-350 tokens, or not
         ))
     layers = [l if l.ffn else dataclasses.replace(l, ffn_width=0) for l in layers]
     return Architecture(vocab_size=draw(st.sampled_from([500, 32000])), hidden_size=hidden, layers=tuple(layers),

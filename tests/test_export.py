@@ -349,9 +349,10 @@ def test_gemma3_uniform_export_with_a_smaller_hidden_size_keeps_the_parent_embed
     target = replace(arch, hidden_size=36, layers=(replace(arch.layers[0], num_heads=3, num_kv_heads=1),) * 3)
     plan = plan_pruning(arch, estimate_importance(parent, tokens(2, 8), model_id="g", progress=False), target)
     child = materialize(parent, plan)
-    out = export_model(child, target, tmp_path / "out")
+    out = export_model(child, plan.architecture, tmp_path / "out")  # the parent's windows, not layer 0's thrice
     loaded = load_exported(out)
     assert type(loaded).__name__ == "Gemma3ForCausalLM" and loaded.config.tie_word_embeddings
+    assert loaded.config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
     assert float(loaded.model.embed_tokens.embed_scale) == pytest.approx(36 ** 0.5)
     h = list(plan.hidden_channels)
     parent_rows = parent.model.embed_tokens.weight[:, h]

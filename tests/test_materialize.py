@@ -60,13 +60,22 @@ TOLERANCE: dict[str, dict[str, float]] = {"gemma3_text": dict(atol=2e-4, rtol=2e
 
 
 def assert_equivalent(parent: Parent, target: Architecture) -> Any:
-    """Materialise ``target``; its logits equal the masked parent's; its structure is the target's."""
+    """Materialise ``target``; its logits equal the masked parent's; its structure is the plan's: the
+    target's sizes, with every kept layer's window that of its parent layer."""
     plan = plan_pruning(parent.arch, parent.importance, target)
     child = materialize(parent.model, plan)
     torch.testing.assert_close(logits(child), logits(parent.model, plan.masks()),
                                **TOLERANCE.get(parent.arch.family, {}))
-    assert architecture_mismatch(target.active(), adapter_for(child).architecture(child)) is None
+    assert architecture_mismatch(plan.architecture, adapter_for(child).architecture(child)) is None
+    assert without_windows(plan.architecture) == without_windows(target.active())
+    assert [s.window for s in plan.architecture.layers] == [
+        parent.arch.layers[lp.parent_index].window if s.attention else None
+        for lp, s in zip(plan.layers, plan.architecture.layers)]
     return child
+
+
+def without_windows(arch: Architecture) -> Architecture:
+    return replace(arch, layers=tuple(replace(s, window=None) for s in arch.layers))
 
 
 def layer(spec: LayerSpec, **changes: Any) -> LayerSpec:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autocompress_opt.architecture import LayerSpec, load_architecture
+from autocompress_opt.architecture import load_architecture
 
 pytestmark = pytest.mark.slow
 
@@ -64,11 +64,15 @@ def test_prune_export_reload_on_the_real_gemma3(gemma3_gguf, tmp_path: Path) -> 
     torch.testing.assert_close(sliced, masked, atol=2e-3, rtol=1e-4)
     del masked
 
+    # The plan keeps the 16 most important layers, each with its parent layer's window (the target
+    # lists those of layers 0..15): the plan's architecture is what was built.
+    assert [s.window for s in plan.architecture.layers] == [arch.layers[lp.parent_index].window for lp in plan.layers]
     start = time.perf_counter()
-    out = export_model(pruned, target, tmp_path / "export", parent="gemma3-270m", tokenizer=tokenizer)
+    out = export_model(pruned, plan.architecture, tmp_path / "export", parent="gemma3-270m", tokenizer=tokenizer)
     reloaded = load_model(out, cache=False)
     seconds["export+reload"] = time.perf_counter() - start
     assert reloaded.architecture.num_params == target.num_params == load_architecture(out).num_params
+    assert reloaded.architecture.layers == plan.architecture.layers
     with torch.inference_mode():
         torch.testing.assert_close(reloaded.model(ids).logits, sliced, atol=1e-5, rtol=1e-5)
 
@@ -82,3 +86,21 @@ def test_prune_export_reload_on_the_real_gemma3(gemma3_gguf, tmp_path: Path) -> 
           f"max |masked - sliced| logit {masked_vs_sliced:.2e}; held-out ppl parent {ppl_parent:.2f}, "
           f"pruned (no retraining) {ppl_pruned:.1f}; seconds {({k: round(v, 1) for k, v in seconds.items()})}")
     assert math.isfinite(ppl_pruned) and ppl_pruned > ppl_parent
+
+
+def test_gemma3_270m_windows_match_the_real_model(gemma3_gguf) -> None:
+    """The known name, the GGUF's metadata and the loaded model agree: layers 5, 11 and 17 attend fully,
+    the other 15 slide over 512 tokens (the model's config.layer_types and sliding_window)."""
+    from autocompress_opt.adapters import adapter_for
+    from autocompress_opt.architecture import architecture_from_gguf
+    from autocompress_opt.loading import load_model
+
+    expected = ([512] * 5 + [None]) * 3
+    assert [s.window for s in load_architecture("gemma3-270m").layers] == expected
+    assert [s.window for s in architecture_from_gguf(gemma3_gguf).layers] == expected
+    loaded = load_model("gemma3-270m")
+    config = loaded.model.config
+    assert [512 if t == "sliding_attention" else None for t in config.layer_types] == expected
+    assert config.sliding_window == 512
+    assert [s.window for s in adapter_for(loaded.model).architecture(loaded.model).layers] == expected
+    assert loaded.architecture.layers == load_architecture("gemma3-270m").layers

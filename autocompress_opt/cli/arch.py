@@ -30,10 +30,12 @@ def run(args: argparse.Namespace) -> int:
                     "kv_bytes_per_token": kv, "kv_dtype": args.kv_dtype})
         return 0
     print(arch.summary())
+    sliding = " while every sliding window fills" if any(l.window for l in arch.layers) else ""
     print(f"parameters: {arch.num_params:,} total, {arch.non_embedding_params:,} non-embedding; "
-          f"KV cache: {kv:,.0f} bytes/token ({args.kv_dtype})")
+          f"KV cache: {kv:,.0f} bytes/token{sliding} ({args.kv_dtype})")
     rows = [[str(i), "yes" if l.attention else "-", str(l.num_heads or "-"), str(l.num_kv_heads or "-"),
-             str(l.head_dim or "-"), str(l.ffn_width if l.ffn else "-"), f"{arch.layer_params(i):,}"]
+             str(l.head_dim or "-"), str(l.window or ("full" if l.attention else "-")), str(l.ffn_width if l.ffn else "-"),
+             f"{arch.layer_params(i):,}"]
             for i, l in enumerate(arch.layers)]
-    print(table(rows, ["layer", "attn", "heads", "kv", "head_dim", "ffn", "params"]))
+    print(table(rows, ["layer", "attn", "heads", "kv", "head_dim", "window", "ffn", "params"]))
     return 0
