@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import write  # noqa: E402
-from bench_inner_search import minitron_picks  # noqa: E402
+from bench_inner_search import feasible, minitron_picks  # noqa: E402
 
 from autocompress_opt.architecture import Architecture  # noqa: E402
 from autocompress_opt.costmodel import estimate_cost  # noqa: E402
@@ -123,19 +123,24 @@ def fresh_stage(where: Path, arch: Architecture) -> None:
     record.write_text(wanted, encoding="utf-8")
 
 
-def export_arm(args: argparse.Namespace, arch: Architecture, out: Path, card: dict[str, Any]) -> Path:
-    """Cut ``arch`` from the parent with the trials' importance scores and export it (skipped when done)."""
-    if (out / "config.json").is_file():
-        return out
+def export_arm(args: argparse.Namespace, arch: Architecture, out: Path, card: dict[str, Any]) -> Architecture:
+    """Cut ``arch`` from the parent with the trials' importance scores and export it to ``out``
+    (skipped when done). Returns the built architecture: ``arch`` with each kept layer's actual
+    attention window (a sliding or full parent layer; the uniform baseline only guesses them)."""
+    built = out.parent / "built_architecture.json"
+    if (out / "config.json").is_file() and built.is_file():
+        return Architecture.from_json(built.read_text(encoding="utf-8"))
     from autocompress_opt.export import export_model
     from autocompress_opt.materialize import materialize, plan_pruning
     from autocompress_opt.weights_trial import TrialConfig, parent_context
 
     context, _ = parent_context(args.model, TrialConfig(), CACHE)
     plan = plan_pruning(context.architecture, context.importance, arch)
-    child = materialize(context.model, plan)
-    return export_model(child, plan.architecture, out, parent={"model": args.model}, card=card,
-                        tokenizer=context.tokenizer, force=True)
+    if not (out / "config.json").is_file():
+        export_model(materialize(context.model, plan), plan.architecture, out, parent={"model": args.model},
+                     card=card, tokenizer=context.tokenizer, force=True)
+    plan.architecture.save(built)
+    return plan.architecture
 
 
 def distill_arm(args: argparse.Namespace, student: Path, out: Path) -> dict[str, Any]:
@@ -290,12 +295,13 @@ def main(argv: list[str] | None = None) -> None:
             arch, where = archs[arm], args.work / target.hardware / arm
             fresh_stage(where, arch)
             t0 = time.perf_counter()
-            exported = export_arm(args, arch, where / "export", {"benchmark": "head_to_head", "arm": arm,
-                                                                  "target": target.to_dict()})
-            distilled = distill_arm(args, exported, where / "distilled")
+            built = export_arm(args, arch, where / "export", {"benchmark": "head_to_head", "arm": arm,
+                                                              "target": target.to_dict()})
+            distilled = distill_arm(args, where / "export", where / "distilled")
             t1 = time.perf_counter()
             reports[arm] = evaluate_arm(args, str(where / "distilled"), where / "eval.json")
-            row[arm] = {"summary": arch.summary(), "params": arch.num_params, "costs": costs(arch, target),
+            row[arm] = {"summary": arch.summary(), "params": arch.num_params, "costs": costs(built, target),
+                        "feasible_as_built": feasible(built, parent, goal)[0],
                         "attention_layers": sum(s.attention for s in arch.layers),
                         "ffn_layers": sum(s.ffn for s in arch.layers),
                         "average_accuracy": reports[arm]["average_accuracy"],
