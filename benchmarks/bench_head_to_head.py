@@ -231,11 +231,14 @@ def plot(rows: list[dict[str, Any]], parent_accuracy: float, path: Path, model: 
     x = range(len(rows))
     arms = [a for a in ARMS if any(a in r for r in rows)]
     width = 0.8 / len(arms)
-    for k, (arm, colour) in enumerate(zip(arms, ("tab:blue", "tab:gray", "silver"))):
-        offset = (k - (len(arms) - 1) / 2) * width
-        ax.bar([i + offset for i, r in zip(x, rows) if arm in r],
-               [100 * r[arm]["average_accuracy"] for r in rows if arm in r], width=width, color=colour,
-               label=LABELS[arm])
+    for arm, colour in zip(arms, ("tab:blue", "tab:gray", "silver")):
+        at, heights = [], []
+        for i, r in zip(x, rows):  # the arms a target has, centred on it
+            present = [a for a in arms if a in r]
+            if arm in present:
+                at.append(i + (present.index(arm) - (len(present) - 1) / 2) * width)
+                heights.append(100 * r[arm]["average_accuracy"])
+        ax.bar(at, heights, width=width, color=colour, label=LABELS[arm])
     for i, r in zip(x, rows):
         d = r["difference_points"]
         top = 100 * max(r[a]["average_accuracy"] for a in ARMS if a in r)
@@ -287,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
                                "parent_costs": costs(parent, target), "study_pick": {k: v for k, v in pick.items()
                                                                                      if k != "architecture"},
                                "minitron_param_fraction": fraction, "minitron_width_recipe": width,
-                               "minitron_other": {"width_recipe": others[0], "param_fraction": picks[others[0]][0]}
+                               "minitron_other_recipe": {"width_recipe": others[0], "param_fraction": picks[others[0]][0]}
                                if others else None,
                                "same_global_choices": same}
         reports = {}
