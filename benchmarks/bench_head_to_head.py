@@ -321,16 +321,24 @@ def main(argv: list[str] | None = None) -> None:
               f"minitron {row['minitron']['average_accuracy']:.4f}  diff {diff:+.2f} pts [{lo:+.2f}, {hi:+.2f}]",
               flush=True)
         rows.append(row)
+        summarise(args, parent, parent_report, rows, {**seconds, "total": time.perf_counter() - began},
+                  complete=len(rows) == len(targets))
+
+
+def summarise(args: argparse.Namespace, parent: Architecture, parent_report: dict[str, Any], rows: list[dict[str, Any]],
+              seconds: dict[str, float], *, complete: bool) -> None:
+    """Write the summary JSON and plot; called after every target, so an interrupted run keeps the
+    targets it finished (``"complete": false`` until the last)."""
     name = result_name(args.model)
     plot(rows, parent_report["average_accuracy"], Path(__file__).parent / "results" / f"{name}.png", parent.name)
     write(name, {
-        "model": args.model, "budgets": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "model": args.model, "complete": complete,
+        "budgets": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "parent": {"summary": parent.summary(), "params": parent.num_params,
                    "average_accuracy": parent_report["average_accuracy"],
                    "tasks": scores(parent_report), "perplexity": perplexity(parent_report)},
-        "targets": rows, "seconds": {**seconds, "total": time.perf_counter() - began},
+        "targets": rows, "seconds": seconds,
     })
-
 
 if __name__ == "__main__":
     main()
