@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--boot", type=int, default=10000, help="bootstrap resamples")
     p.add_argument("--no-other-recipe", action="store_true",
                    help="skip the third arm: the Minitron-style pick of the width recipe with fewer parameters")
+    p.add_argument("--other-recipe-targets", default=None,
+                   help="comma-separated hardware names that get the third arm (default: every target)")
     p.add_argument("--no-study", action="store_true",
                    help="use the study storage as it is (e.g. while another process runs the study)")
     args = p.parse_args(argv)
@@ -282,7 +284,8 @@ def main(argv: list[str] | None = None) -> None:
         width, *others = sorted(picks, key=lambda w: (-picks[w][1].num_params, w != "ffn"))  # largest first
         fraction, minitron = picks[width]
         archs = {"searched": Architecture.from_dict(pick["architecture"]), "minitron": minitron}
-        if others and not args.no_other_recipe:
+        wanted = args.other_recipe_targets is None or target.hardware in args.other_recipe_targets.split(",")
+        if others and wanted and not args.no_other_recipe:
             archs["minitron_other"] = picks[others[0]][1]
         same = same_global_choices(args, pick, archs["searched"])
         row: dict[str, Any] = {"hardware": target.hardware, "workload": target.workload,
