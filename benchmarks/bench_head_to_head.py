@@ -331,12 +331,23 @@ def main(argv: list[str] | None = None) -> None:
 def summarise(args: argparse.Namespace, parent: Architecture, parent_report: dict[str, Any], rows: list[dict[str, Any]],
               seconds: dict[str, float], *, complete: bool) -> None:
     """Write the summary JSON and plot; called after every target, so an interrupted run keeps the
-    targets it finished (``"complete": false`` until the last)."""
+    targets it finished (``"complete": false`` until the last). Targets of an earlier run with the
+    same budgets that this run does not cover are kept, so ``--targets`` can add one at a time."""
     name = result_name(args.model)
+    budgets = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    same = ("items", "task_seed", "distill_steps", "distill_batch", "distill_seq_len", "distill_lr", "work")
+    earlier = Path(__file__).parent / "results" / f"{name}.json"
+    if earlier.is_file():
+        old = json.loads(earlier.read_text(encoding="utf-8"))
+        if all(old.get("budgets", {}).get(k) == budgets.get(k) for k in same):
+            mine = {r["hardware"] for r in rows}
+            order = [h for h, _ in TARGETS]
+            rows = sorted([r for r in old["targets"] if r["hardware"] not in mine] + rows,
+                          key=lambda r: order.index(r["hardware"]) if r["hardware"] in order else len(order))
     plot(rows, parent_report["average_accuracy"], Path(__file__).parent / "results" / f"{name}.png", parent.name)
     write(name, {
         "model": args.model, "complete": complete,
-        "budgets": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "budgets": budgets,
         "parent": {"summary": parent.summary(), "params": parent.num_params,
                    "average_accuracy": parent_report["average_accuracy"],
                    "tasks": scores(parent_report), "perplexity": perplexity(parent_report)},
