@@ -26,8 +26,10 @@ class UnknownNameError(AutocompressError, KeyError):
 
     def __init__(self, kind: str, name: str, available: Iterable[str]):
         self.kind, self.name, self.available = kind, name, sorted(available)
-        super().__init__(f"unknown {kind} {name!r}{suggest(name, self.available)}; "
-                         f"available: {', '.join(self.available) or '(none)'}")
+        super().__init__(
+            f"unknown {kind} {name!r}{suggest(name, self.available)}; "
+            f"available: {', '.join(self.available) or '(none)'}"
+        )
 
     def __str__(self) -> str:  # KeyError would repr() the message otherwise
         return str(self.args[0])
@@ -50,4 +52,6 @@ def reject_unknown_keys(data: Mapping[str, Any], valid: Iterable[str], where: st
     valid = sorted(valid)
     for key in data:
         if key not in valid:
-            raise ConfigError(f"unknown key {key!r} in {where}{suggest(str(key), valid)}; valid keys: {', '.join(valid)}")
+            raise ConfigError(
+                f"unknown key {key!r} in {where}{suggest(str(key), valid)}; valid keys: {', '.join(valid)}"
+            )

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _util import RESULTS, write  # noqa: E402
+from _util import RESULTS, write
 
-from autocompress_opt.calibration import calibrate  # noqa: E402
+from autocompress_opt.serving.calibration import calibrate
 
 SHIPPED = Path(__file__).parents[1] / "autocompress_opt" / "data" / "profiles" / "cpu-torch-eager.yaml"
 
@@ -37,14 +37,24 @@ def main() -> None:
     result = calibrate("cpu", n_archs=args.archs, out=profile_path)
     seconds = time.perf_counter() - start
     ok = max(result.heldout_mdape.values()) <= 0.10
-    print(f"held-out MdAPE prefill {result.heldout_mdape['prefill']:.1%}, decode {result.heldout_mdape['decode']:.1%} "
-          f"({'meets' if ok else 'MISSES'} the 10 % target); {seconds:.0f} s")
-    write("calibration_cpu", {
-        "command": "python benchmarks/bench_calibration.py", "seconds": round(seconds, 1), "under_10_minutes": seconds < 600,
-        "hardware": result.hardware.to_dict(), "profile": result.profile.to_dict(),
-        "heldout_mdape": result.heldout_mdape, "train_mdape": result.train_mdape, "meets_10pct_target": ok,
-        "rows": result.rows,
-    })
+    print(
+        f"held-out MdAPE prefill {result.heldout_mdape['prefill']:.1%}, decode {result.heldout_mdape['decode']:.1%} "
+        f"({'meets' if ok else 'MISSES'} the 10 % target); {seconds:.0f} s"
+    )
+    write(
+        "calibration_cpu",
+        {
+            "command": "python benchmarks/bench_calibration.py",
+            "seconds": round(seconds, 1),
+            "under_10_minutes": seconds < 600,
+            "hardware": result.hardware.to_dict(),
+            "profile": result.profile.to_dict(),
+            "heldout_mdape": result.heldout_mdape,
+            "train_mdape": result.train_mdape,
+            "meets_10pct_target": ok,
+            "rows": result.rows,
+        },
+    )
     if args.install:
         shutil.copy(profile_path, SHIPPED)
         print(f"installed {SHIPPED}")

@@ -28,17 +28,23 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _util import write  # noqa: E402
+from _util import write
 
-from autocompress_opt.architecture import Architecture  # noqa: E402
-from autocompress_opt.costmodel import ArchArrays, estimate_batch, estimate_cost  # noqa: E402
-from autocompress_opt.errors import ConfigError  # noqa: E402
-from autocompress_opt.inner_search import Budget, CostGoal, exact_violations  # noqa: E402
-from autocompress_opt.materialize import BASELINE_WIDTHS, uniform_baseline  # noqa: E402
-from autocompress_opt.search_space import CHOICES, load_search_space  # noqa: E402
-from autocompress_opt.trials import Target  # noqa: E402
-from autocompress_opt.weights_trial import (TrialConfig, evaluate_architecture, importance_order,  # noqa: E402
-                                            parent_context, run_weights_trial, uniform_allocation)
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.search_space import CHOICES, load_search_space
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.prune.materialize import BASELINE_WIDTHS, uniform_baseline
+from autocompress_opt.search.inner_search import Budget, CostGoal, exact_violations
+from autocompress_opt.search.weights_trial import (
+    TrialConfig,
+    evaluate_architecture,
+    importance_order,
+    parent_context,
+    run_weights_trial,
+    uniform_allocation,
+)
+from autocompress_opt.serving.costmodel import ArchArrays, estimate_batch, estimate_cost
+from autocompress_opt.serving.targets import Target
 
 MODEL = "smollm2-135m"
 TARGETS = (("rtx5070", "in-game"), ("rtx5080", "local-coding"), ("h100-sxm", "datacenter"), ("b200", "datacenter"))
@@ -57,7 +63,9 @@ def plan_pick(parent: Architecture, target: Target, order: list[int]) -> dict[st
     points = [dict(zip(CHOICES, v)) for v in itertools.product(*(space[c].values for c in CHOICES))]
     archs = [space.architecture(p, parent, order) for p in points]
     goal = CostGoal.for_target(target, parent)
-    metrics = estimate_batch(ArchArrays.from_architectures(archs), target.hardware, target.engine_obj(), target.scenario())
+    metrics = estimate_batch(
+        ArchArrays.from_architectures(archs), target.hardware, target.engine_obj(), target.scenario()
+    )
     ok = np.ones(len(archs), dtype=bool)
     for n in range(len(archs)):
         row = {k: float(np.asarray(v)[n]) for k, v in metrics.items()}
@@ -100,11 +108,18 @@ def describe(arch: Architecture, target: Target) -> dict[str, Any]:
     layers = arch.layers
     cost = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
     constrained = {c.metric for c in target.resolved_workload().constraints}
-    return {"summary": arch.summary(), "params": arch.num_params, "active_layers": arch.num_active_layers,
-            "metrics": {k: v for k, v in cost.items() if k in constrained},
-            "attention_layers": sum(s.attention for s in layers), "ffn_layers": sum(s.ffn for s in layers),
-            "per_layer": [f"{s.num_kv_heads}x{s.num_heads // max(s.num_kv_heads, 1)}/{s.ffn_width}" if not s.is_noop
-                          else "-" for s in layers]}
+    return {
+        "summary": arch.summary(),
+        "params": arch.num_params,
+        "active_layers": arch.num_active_layers,
+        "metrics": {k: v for k, v in cost.items() if k in constrained},
+        "attention_layers": sum(s.attention for s in layers),
+        "ffn_layers": sum(s.ffn for s in layers),
+        "per_layer": [
+            f"{s.num_kv_heads}x{s.num_heads // max(s.num_kv_heads, 1)}/{s.ffn_width}" if not s.is_noop else "-"
+            for s in layers
+        ],
+    }
 
 
 def main() -> None:
@@ -120,44 +135,85 @@ def main() -> None:
         target = Target(hardware, workload)
         goal = CostGoal.for_target(target, parent)
         params = plan_pick(parent, target, order)
-        free = {"num_layers": parent.num_layers, "hidden_size": params["hidden_size"],
-                "ffn_width": parent.layers[0].ffn_width, "num_kv_heads": parent.layers[0].num_kv_heads,
-                "q_per_kv": parent.layers[0].num_heads // parent.layers[0].num_kv_heads}
-        row: dict[str, Any] = {"hardware": hardware, "workload": workload,
-                               "constraints": [str(c) for c in target.resolved_workload().constraints],
-                               "parent_metrics": {c.metric: goal.parent_metrics[c.metric]
-                                                  for c in target.resolved_workload().constraints},
-                               "global_choices": params}
-        request = {"params": params, "parent": parent.to_dict(), "target": target.to_dict(), "layer_order": order,
-                   "seed": 0, "parent_model": MODEL, "cache_dir": str(CACHE)}
+        free = {
+            "num_layers": parent.num_layers,
+            "hidden_size": params["hidden_size"],
+            "ffn_width": parent.layers[0].ffn_width,
+            "num_kv_heads": parent.layers[0].num_kv_heads,
+            "q_per_kv": parent.layers[0].num_heads // parent.layers[0].num_kv_heads,
+        }
+        row: dict[str, Any] = {
+            "hardware": hardware,
+            "workload": workload,
+            "constraints": [str(c) for c in target.resolved_workload().constraints],
+            "parent_metrics": {c.metric: goal.parent_metrics[c.metric] for c in target.resolved_workload().constraints},
+            "global_choices": params,
+        }
+        request = {
+            "params": params,
+            "parent": parent.to_dict(),
+            "target": target.to_dict(),
+            "layer_order": order,
+            "seed": 0,
+            "parent_model": MODEL,
+            "cache_dir": str(CACHE),
+        }
         for name, point in (("searched", params), ("searched_free", free)):
             result = run_weights_trial({**request, "params": point})
             arch = Architecture.from_dict(result["architecture"])
-            row[name] = {"kl_to_parent": result["kl_to_parent"], "ppl_code": result["ppl_code"],
-                         "ppl_prose": result["ppl_prose"], "feasible": result["inner"]["feasible"],
-                         "violations": result["inner"]["violations"], "inner_search_s": result["timings_s"]["search"],
-                         "trial_s": result["timings_s"]["total"], "moves": result["inner"]["moves"],
-                         "budget": point, **describe(arch, target)}
-            print(f"{hardware:9s} {name:13s} KL {result['kl_to_parent']:.4f}  feasible {result['inner']['feasible']}  "
-                  f"search {result['timings_s']['search']:.1f}s  {arch.summary()}", flush=True)
+            row[name] = {
+                "kl_to_parent": result["kl_to_parent"],
+                "ppl_code": result["ppl_code"],
+                "ppl_prose": result["ppl_prose"],
+                "feasible": result["inner"]["feasible"],
+                "violations": result["inner"]["violations"],
+                "inner_search_s": result["timings_s"]["search"],
+                "trial_s": result["timings_s"]["total"],
+                "moves": result["inner"]["moves"],
+                "budget": point,
+                **describe(arch, target),
+            }
+            print(
+                f"{hardware:9s} {name:13s} KL {result['kl_to_parent']:.4f}  feasible {result['inner']['feasible']}  "
+                f"search {result['timings_s']['search']:.1f}s  {arch.summary()}",
+                flush=True,
+            )
         uniform = uniform_allocation(params, parent, order)
         fraction, minitron, width = minitron_pick(parent, goal)
-        for name, arch, extra in (("uniform", uniform, {}),
-                                  ("minitron", minitron, {"param_fraction": fraction, "width_recipe": width})):
+        for name, arch, extra in (
+            ("uniform", uniform, {}),
+            ("minitron", minitron, {"param_fraction": fraction, "width_recipe": width}),
+        ):
             quality = evaluate_architecture(arch, MODEL, cache_dir=CACHE)
             ok, violations = feasible(arch, parent, goal)
-            row[name] = {"kl_to_parent": quality["kl_to_parent"], "ppl_code": quality["ppl_code"],
-                         "ppl_prose": quality["ppl_prose"], "feasible": ok, "violations": violations,
-                         **extra, **describe(arch, target)}
-            print(f"{hardware:9s} {name:13s} KL {quality['kl_to_parent']:.4f}  feasible {ok}  {arch.summary()}", flush=True)
+            row[name] = {
+                "kl_to_parent": quality["kl_to_parent"],
+                "ppl_code": quality["ppl_code"],
+                "ppl_prose": quality["ppl_prose"],
+                "feasible": ok,
+                "violations": violations,
+                **extra,
+                **describe(arch, target),
+            }
+            print(
+                f"{hardware:9s} {name:13s} KL {quality['kl_to_parent']:.4f}  feasible {ok}  {arch.summary()}",
+                flush=True,
+            )
         rows.append(row)
-    write("inner_search", {
-        "model": MODEL, "parent": parent.summary(), "inner_defaults": config.to_dict(),
-        "parent_quality": {k: reference[k] for k in ("kl_to_parent", "ppl_code", "ppl_prose")},
-        "setup_s": setup_s, "setup_breakdown_s": context.seconds, "total_s": time.perf_counter() - began,
-        "quality": "held-out KL(parent || pruned), nats, mean over code and prose rows; lower is better",
-        "rows": rows,
-    })
+    write(
+        "inner_search",
+        {
+            "model": MODEL,
+            "parent": parent.summary(),
+            "inner_defaults": config.to_dict(),
+            "parent_quality": {k: reference[k] for k in ("kl_to_parent", "ppl_code", "ppl_prose")},
+            "setup_s": setup_s,
+            "setup_breakdown_s": context.seconds,
+            "total_s": time.perf_counter() - began,
+            "quality": "held-out KL(parent || pruned), nats, mean over code and prose rows; lower is better",
+            "rows": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

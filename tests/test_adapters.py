@@ -13,10 +13,16 @@ from typing import Any
 import pytest
 import torch
 
-from autocompress_opt.adapters import (ADAPTERS, adapter_for, architecture_mismatch, bypass_layer, layer_input,
-                                       layer_output)
-from autocompress_opt.architecture import Architecture, LayerSpec
+from autocompress_opt.arch.architecture import Architecture, LayerSpec
 from autocompress_opt.errors import UnknownNameError
+from autocompress_opt.hf.adapters import (
+    ADAPTERS,
+    adapter_for,
+    architecture_mismatch,
+    bypass_layer,
+    layer_input,
+    layer_output,
+)
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 VOCAB = 97
@@ -26,14 +32,27 @@ VOCAB = 97
 # Gemma 3 (tied embeddings by default) gets q/k/v/o biases, a sliding / full / sliding layer pattern
 # with a 4-token window (the tests' 10-12-token inputs cross it), an attention scale that is not
 # head_dim**-0.5 and a final logit cap, so every Gemma-specific setting must survive pruning.
-TINY: dict[str, Any] = dict(vocab_size=VOCAB, hidden_size=48, num_hidden_layers=3, num_attention_heads=6,
-                            num_key_value_heads=2, head_dim=8, intermediate_size=48, max_position_embeddings=64,
-                            rms_norm_eps=1e-5)
+TINY: dict[str, Any] = dict(
+    vocab_size=VOCAB,
+    hidden_size=48,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=8,
+    intermediate_size=48,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-5,
+)
 GEMMA3_LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention"]
 FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
     "llama": dict(attention_bias=True, mlp_bias=True),
-    "gemma3_text": dict(attention_bias=True, layer_types=GEMMA3_LAYER_TYPES, sliding_window=4,
-                        query_pre_attn_scalar=12, final_logit_softcapping=5.0),
+    "gemma3_text": dict(
+        attention_bias=True,
+        layer_types=GEMMA3_LAYER_TYPES,
+        sliding_window=4,
+        query_pre_attn_scalar=12,
+        final_logit_softcapping=5.0,
+    ),
 }
 
 
@@ -75,8 +94,12 @@ def hetero_arch(family: str = "llama", **kwargs: Any) -> Architecture:
     """Layer 0 has no attention, layer 1 keeps 2 of 3 query heads per group over 2 groups, layer 2 is
     dropped entirely, layer 3 has no FFN and one KV group of 3 heads. Gemma: layer 1 slides over 4
     tokens, layer 3 attends fully."""
-    flags = {"llama": dict(qkv_bias=True, o_bias=True, mlp_bias=True), "qwen2": dict(qkv_bias=True),
-             "qwen3": dict(qk_norm=True), "gemma3_text": dict(qk_norm=True, tie_embeddings=True)}.get(family, {})
+    flags = {
+        "llama": dict(qkv_bias=True, o_bias=True, mlp_bias=True),
+        "qwen2": dict(qkv_bias=True),
+        "qwen3": dict(qk_norm=True),
+        "gemma3_text": dict(qk_norm=True, tie_embeddings=True),
+    }.get(family, {})
     layers = (
         LayerSpec(attention=False, ffn=True, ffn_width=40),
         LayerSpec(True, 4, 2, 8, True, 48, window=4 if family == "gemma3_text" else None),
@@ -88,15 +111,22 @@ def hetero_arch(family: str = "llama", **kwargs: Any) -> Architecture:
 
 def tiny_hetero_model(family: str = "llama", *, seed: int = 0, **kwargs: Any) -> Any:
     """A random-weight ``AutocompressDeciLMForCausalLM`` of :func:`hetero_arch`."""
-    from autocompress_opt.hetero_model import AutocompressDeciLMConfig, AutocompressDeciLMForCausalLM
+    from autocompress_opt.hf.hetero_model import AutocompressDeciLMConfig, AutocompressDeciLMForCausalLM
 
     settings: dict[str, Any] = {}
     if family == "gemma3_text":  # Gemma numerics (hetero_arch gives layer 1 its 4-token window)
-        settings = dict(hidden_act="gelu_pytorch_tanh", query_pre_attn_scalar=12, final_logit_softcapping=5.0,
-                        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
-    config = AutocompressDeciLMConfig.from_architecture(hetero_arch(family, **kwargs), max_position_embeddings=64,
-                                                        rms_norm_eps=1e-5, **settings)
+        settings = dict(
+            hidden_act="gelu_pytorch_tanh",
+            query_pre_attn_scalar=12,
+            final_logit_softcapping=5.0,
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        )
+    config = AutocompressDeciLMConfig.from_architecture(
+        hetero_arch(family, **kwargs), max_position_embeddings=64, rms_norm_eps=1e-5, **settings
+    )
     return randomize(AutocompressDeciLMForCausalLM(config), seed)
 
 
@@ -178,7 +208,7 @@ def test_kv_group_layout_matches_the_model(built: tuple[str, Any]) -> None:
         with torch.no_grad():
             model(ids)
             original = parts.v_proj.weight.clone()
-            parts.v_proj.weight[g * d:(g + 1) * d] += 1.0
+            parts.v_proj.weight[g * d : (g + 1) * d] += 1.0
             model(ids)
             parts.v_proj.weight.copy_(original)
     finally:
@@ -195,8 +225,10 @@ def test_bypass_layer_returns_its_input(built: tuple[str, Any]) -> None:
     with torch.no_grad():
         base = model(tokens()).logits
         handle = bypass_layer(layer)  # forward hooks run in registration order: the next one sees its result
-        hooks = [layer.register_forward_pre_hook(lambda m, a, k: seen.update(input=layer_input(a, k)), with_kwargs=True),
-                 layer.register_forward_hook(lambda m, a, o: seen.update(output=layer_output(o)))]
+        hooks = [
+            layer.register_forward_pre_hook(lambda m, a, k: seen.update(input=layer_input(a, k)), with_kwargs=True),
+            layer.register_forward_hook(lambda m, a, o: seen.update(output=layer_output(o))),
+        ]
         skipped = model(tokens()).logits
         for h in (handle, *hooks):
             h.remove()
@@ -224,8 +256,12 @@ def test_tied_embeddings_are_detected() -> None:
 
 def test_architecture_mismatch_names_the_first_difference() -> None:
     a = hetero_arch()
-    b = Architecture.from_dict({**a.to_dict(), "layers": [*a.to_dict()["layers"][:3],
-                                                          {**a.to_dict()["layers"][3], "num_heads": 2, "num_kv_heads": 1}]})
+    b = Architecture.from_dict(
+        {
+            **a.to_dict(),
+            "layers": [*a.to_dict()["layers"][:3], {**a.to_dict()["layers"][3], "num_heads": 2, "num_kv_heads": 1}],
+        }
+    )
     assert architecture_mismatch(a, b) == "layers[3].num_heads: expected 3, got 2"
     assert architecture_mismatch(a, Architecture.from_dict({**a.to_dict(), "name": "other"})) is None
 

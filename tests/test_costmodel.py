@@ -10,24 +10,42 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autocompress_opt.architecture import Architecture, LayerSpec, known_architectures
-from autocompress_opt.costmodel import METRICS, ArchArrays, Scenario, estimate_batch, estimate_cost
-from autocompress_opt.dtypes import WEIGHT_DTYPES
-from autocompress_opt.engines import ENGINES, Engine, get_engine
+from autocompress_opt.arch.architecture import Architecture, LayerSpec
+from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.errors import ConfigError, UnknownNameError
-from autocompress_opt.hardware import HARDWARE, Hardware
-from autocompress_opt.profiles import CostProfile
+from autocompress_opt.serving.costmodel import METRICS, ArchArrays, Scenario, estimate_batch, estimate_cost
+from autocompress_opt.serving.dtypes import WEIGHT_DTYPES
+from autocompress_opt.serving.engines import ENGINES, Engine, get_engine
+from autocompress_opt.serving.hardware import HARDWARE, Hardware
+from autocompress_opt.serving.profiles import CostProfile
 
 GIB = 2**30
 
 # A device, engine and profile with round numbers, so golden values can be worked by hand.
 GOLD_HW = Hardware(name="gold", memory_gib=10, bandwidth_gb_s=100, peak_tflops={"bf16": 10})
-GOLD_ENGINE = Engine(name="gold", description="hand-checkable", kernels_per_attention=1, kernels_per_ffn=1,
-                     kernels_per_step=0, chunk_tokens=0, kv_block_tokens=1, memory_policy="dynamic",
-                     max_seqs=1 << 20, framework_gib=0.0)
+GOLD_ENGINE = Engine(
+    name="gold",
+    description="hand-checkable",
+    kernels_per_attention=1,
+    kernels_per_ffn=1,
+    kernels_per_step=0,
+    chunk_tokens=0,
+    kv_block_tokens=1,
+    memory_policy="dynamic",
+    max_seqs=1 << 20,
+    framework_gib=0.0,
+)
 GOLD_PROFILE = CostProfile("gold", mfu=0.5, mbu=0.5, kernel_launch_us=1.0, step_overhead_ms=0.01)
-GOLD_ARCH = Architecture.uniform(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
-                                 ffn_width=128, vocab_size=1000, tie_embeddings=False)
+GOLD_ARCH = Architecture.uniform(
+    num_layers=2,
+    hidden_size=64,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    ffn_width=128,
+    vocab_size=1000,
+    tie_embeddings=False,
+)
 GOLD_SCENARIO = Scenario(dtype="bf16", input_len=100, output_len=21, concurrency=1)
 
 
@@ -66,14 +84,26 @@ def _random_arch(draw: st.DrawFn) -> Architecture:
     layers = []
     for _ in range(draw(st.integers(1, 6))):
         kv = draw(st.sampled_from([1, 2, 4]))
-        layers.append(LayerSpec(
-            attention=draw(st.booleans()), num_heads=kv * draw(st.integers(1, 4)), num_kv_heads=kv,
-            head_dim=draw(st.sampled_from([16, 32])), ffn=draw(st.booleans()), ffn_width=draw(st.integers(1, 8)) * 64,
-            window=draw(st.none() | st.sampled_from([16, 100, 4096])),  # binding at the tests' 200-350 tokens, or not
-        ))
+        layers.append(
+            LayerSpec(
+                attention=draw(st.booleans()),
+                num_heads=kv * draw(st.integers(1, 4)),
+                num_kv_heads=kv,
+                head_dim=draw(st.sampled_from([16, 32])),
+                ffn=draw(st.booleans()),
+                ffn_width=draw(st.integers(1, 8)) * 64,
+                window=draw(
+                    st.none() | st.sampled_from([16, 100, 4096])
+                ),  # binding at the tests' 200-350 tokens, or not
+            )
+        )
     layers = [l if l.ffn else dataclasses.replace(l, ffn_width=0) for l in layers]
-    return Architecture(vocab_size=draw(st.sampled_from([500, 32000])), hidden_size=hidden, layers=tuple(layers),
-                        tie_embeddings=draw(st.booleans()))
+    return Architecture(
+        vocab_size=draw(st.sampled_from([500, 32000])),
+        hidden_size=hidden,
+        layers=tuple(layers),
+        tie_embeddings=draw(st.booleans()),
+    )
 
 
 architectures = st.composite(_random_arch)()
@@ -81,8 +111,12 @@ SETTINGS = dict(max_examples=25, deadline=None)
 
 
 @settings(**SETTINGS)
-@given(st.lists(architectures, min_size=1, max_size=4), st.sampled_from(["vllm", "trtllm", "llamacpp", "torch-eager"]),
-       st.sampled_from(["h100-sxm", "rtx5070", "b200"]), st.sampled_from(["bf16", "fp8", "q4_k_m"]))
+@given(
+    st.lists(architectures, min_size=1, max_size=4),
+    st.sampled_from(["vllm", "trtllm", "llamacpp", "torch-eager"]),
+    st.sampled_from(["h100-sxm", "rtx5070", "b200"]),
+    st.sampled_from(["bf16", "fp8", "q4_k_m"]),
+)
 def test_scalar_numpy_and_torch_agree(archs: list[Architecture], engine: str, hardware: str, dtype: str) -> None:
     """The scalar API, the vectorised numpy batch and the torch batch give the same numbers."""
     scenario = Scenario(dtype=dtype, input_len=300, output_len=50, concurrency=1 if engine == "llamacpp" else 4)
@@ -107,11 +141,19 @@ def test_cost_never_rises_when_a_width_shrinks(arch: Architecture, data: st.Data
         smaller = dataclasses.replace(layer, num_heads=layer.num_heads - layer.num_kv_heads)
     else:
         smaller = dataclasses.replace(layer, ffn=False, ffn_width=0)
-    shrunk = dataclasses.replace(arch, layers=arch.layers[:i] + (smaller,) + arch.layers[i + 1:])
+    shrunk = dataclasses.replace(arch, layers=arch.layers[:i] + (smaller,) + arch.layers[i + 1 :])
     scenario = Scenario(dtype="bf16", input_len=200, output_len=40, concurrency=1)
     big, small = (estimate_cost(a, "rtx5080", engine, scenario).to_dict() for a in (arch, shrunk))
-    for key in ("weights_gib", "kv_bytes_per_token", "peak_memory_gib", "ttft_ms", "tpot_ms", "e2e_latency_ms",
-                "ttft_floor_ms", "tpot_floor_ms"):
+    for key in (
+        "weights_gib",
+        "kv_bytes_per_token",
+        "peak_memory_gib",
+        "ttft_ms",
+        "tpot_ms",
+        "e2e_latency_ms",
+        "ttft_floor_ms",
+        "tpot_floor_ms",
+    ):
         assert small[key] <= big[key] * (1 + 1e-12), key
     assert small["output_throughput_tok_s"] >= big["output_throughput_tok_s"] * (1 - 1e-12)
     assert small["max_concurrency"] >= big["max_concurrency"]
@@ -123,7 +165,9 @@ def test_torch_path_is_differentiable_in_per_layer_widths() -> None:
     widths = arrays.ffn_width.clone().requires_grad_(True)
     heads = arrays.heads.clone().requires_grad_(True)
     arrays = dataclasses.replace(arrays, ffn_width=widths, heads=heads)
-    out = estimate_batch(arrays, "h100-sxm", "vllm", Scenario(dtype="bf16", input_len=512, output_len=64, concurrency=8))
+    out = estimate_batch(
+        arrays, "h100-sxm", "vllm", Scenario(dtype="bf16", input_len=512, output_len=64, concurrency=8)
+    )
     (out["tpot_ms"].sum() + out["peak_memory_gib"].sum() + out["ttft_ms"].sum()).backward()
     assert widths.grad is not None and torch.all(widths.grad >= 0) and widths.grad.abs().sum() > 0
     assert heads.grad is not None and torch.all(heads.grad >= 0) and heads.grad.abs().sum() > 0
@@ -142,11 +186,13 @@ def test_engine_conformance(engine: str) -> None:
     assert short.weights_gib == pytest.approx(arch.num_params * 2 / GIB)
     assert short.kv_bytes_per_token == arch.kv_bytes_per_token(2)
     assert short.ttft_floor_ms <= short.ttft_ms and short.tpot_floor_ms <= short.tpot_ms
-    assert long.ttft_ms > short.ttft_ms and long.tpot_ms > short.tpot_ms and long.peak_memory_gib > short.peak_memory_gib
+    assert (
+        long.ttft_ms > short.ttft_ms and long.tpot_ms > short.tpot_ms and long.peak_memory_gib > short.peak_memory_gib
+    )
     assert short.e2e_latency_ms == pytest.approx(short.ttft_ms + 127 * short.tpot_ms)
 
 
-@pytest.mark.parametrize("hardware", [n for n in HARDWARE.names()])
+@pytest.mark.parametrize("hardware", list(HARDWARE.names()))
 @pytest.mark.parametrize("dtype", WEIGHT_DTYPES.names())
 def test_every_hardware_and_dtype_gives_a_cost(hardware: str, dtype: str) -> None:
     """Each catalog device prices each weight format (falling back to wider math where needed)."""
@@ -185,7 +231,8 @@ def test_llamacpp_preallocates_the_whole_context() -> None:
     small = estimate_cost(arch, "rtx5090", "llamacpp", Scenario("q4_k_m", 512, 64, 1))
     full = estimate_cost(arch, "rtx5090", engine, Scenario("q4_k_m", 512, 64, 1))
     assert full.peak_memory_gib - small.peak_memory_gib == pytest.approx(
-        (131072 - 768) * full.kv_bytes_per_token / GIB, rel=1e-9)  # 576 tokens round up to 768 (256-token blocks)
+        (131072 - 768) * full.kv_bytes_per_token / GIB, rel=1e-9
+    )  # 576 tokens round up to 768 (256-token blocks)
     # 128K tokens · 128 KiB of bf16 KV = 16 GiB, plus ~4.6 GiB of Q4_K_M weights: fits a 32 GiB card
     assert full.peak_memory_gib > 16 + small.weights_gib and full.max_concurrency == 1
     too_long = get_engine("llamacpp").with_options(context_tokens=4 * 131072)
@@ -195,7 +242,7 @@ def test_llamacpp_preallocates_the_whole_context() -> None:
 def test_published_measurements_within_25_percent_and_floors_hold() -> None:
     """The shipped engine profiles predict every published row within 25 %; no floor exceeds a
     measured latency and no ceiling falls below a measured throughput."""
-    from autocompress_opt.validation import load_measurements, validate
+    from autocompress_opt.serving.validation import load_measurements, validate
 
     rows = validate(load_measurements())
     assert len(rows) >= 6

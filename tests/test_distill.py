@@ -15,13 +15,19 @@ import pytest
 import torch
 from tiny_lm import VOCAB, byte_tokenizer, save_hf_dir, tiny_model
 
-import autocompress_opt.distill as distill_module
-from autocompress_opt.adapters import adapter_for
-from autocompress_opt.distill import (MIN_LR_RATIO, DistillRecipe, RecipeMismatchError, distill, distillation_loss,
-                                      learning_rate)
+import autocompress_opt.recover.distill as distill_module
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.export import CARD_FILE, OutputExistsError, export_model
-from autocompress_opt.loading import load_model
+from autocompress_opt.hf.adapters import adapter_for
+from autocompress_opt.hf.loading import load_model
+from autocompress_opt.prune.export import CARD_FILE, OutputExistsError, export_model
+from autocompress_opt.recover.distill import (
+    MIN_LR_RATIO,
+    DistillRecipe,
+    RecipeMismatchError,
+    distill,
+    distillation_loss,
+    learning_rate,
+)
 
 # 4 updates of 2 rows of 16 tokens: 128 tokens, a second or two per run on one core.
 RECIPE = DistillRecipe(steps=4, batch_size=2, seq_len=16, lr=3e-3, save_every=2, n_eval_rows=2)
@@ -40,8 +46,9 @@ def perturbed(model: Any, scale: float, seed: int = 0) -> Any:
 def export(model: Any, out: Path) -> Path:
     """``model`` as this package exports a pruned model (model card included), with the byte tokenizer."""
     arch = adapter_for(model).architecture(model)
-    return export_model(model, arch, out, parent={"model": "tiny-teacher"}, card={"hardware": "rtx5070"},
-                        tokenizer=byte_tokenizer())
+    return export_model(
+        model, arch, out, parent={"model": "tiny-teacher"}, card={"hardware": "rtx5070"}, tokenizer=byte_tokenizer()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +75,21 @@ def card(directory: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ recipe and maths
-@pytest.mark.parametrize("field, value", [("steps", 0), ("batch_size", -1), ("seq_len", 1), ("lr", 0.0),
-                                          ("temperature", -1.0), ("grad_clip", float("nan")), ("save_every", 0),
-                                          ("n_eval_rows", 0), ("warmup_steps", 5), ("seed", 1.5)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("steps", 0),
+        ("batch_size", -1),
+        ("seq_len", 1),
+        ("lr", 0.0),
+        ("temperature", -1.0),
+        ("grad_clip", float("nan")),
+        ("save_every", 0),
+        ("n_eval_rows", 0),
+        ("warmup_steps", 5),
+        ("seed", 1.5),
+    ],
+)
 def test_recipe_rejects_bad_values_naming_field_and_value(field: str, value: Any) -> None:
     with pytest.raises(ValueError, match=rf"DistillRecipe\.{field} .*{value!r}"):
         DistillRecipe(**{"steps": 4, field: value})
@@ -88,7 +107,7 @@ def test_learning_rate_warms_up_linearly_then_decays_by_cosine() -> None:
 
 def test_distillation_loss_is_the_quality_kl_and_scales_with_t_squared() -> None:
     """At T=1 it equals quality.kl_divergence's per-position KL; it is 0 for equal logits and >= 0."""
-    from autocompress_opt.quality import _kl
+    from autocompress_opt.quality.metrics import _kl
 
     gen = torch.Generator().manual_seed(0)
     student, teacher = torch.randn(2, 5, 11, generator=gen), torch.randn(2, 5, 11, generator=gen)
@@ -111,7 +130,7 @@ def test_data_order_depends_only_on_seed_and_step() -> None:
 
 def test_calibration_rows_are_prefix_stable() -> None:
     """What resume and equal budgets rely on: drawing more rows never changes the first ones."""
-    from autocompress_opt.textdata import calibration_batches
+    from autocompress_opt.quality.textdata import calibration_batches
 
     few = calibration_batches(byte_tokenizer(), n_samples=3, seq_len=16, seed=4)
     more = calibration_batches(byte_tokenizer(), n_samples=8, seq_len=16, seed=4)
@@ -119,8 +138,9 @@ def test_calibration_rows_are_prefix_stable() -> None:
 
 
 # ------------------------------------------------------------------------------------ training
-def test_loss_falls_and_held_out_kl_drops_on_a_perturbed_student(student_dir: Path, teacher_dir: Path,
-                                                                  tmp_path: Path) -> None:
+def test_loss_falls_and_held_out_kl_drops_on_a_perturbed_student(
+    student_dir: Path, teacher_dir: Path, tmp_path: Path
+) -> None:
     result = distill(student_dir, teacher_dir, tmp_path / "out", replace(RECIPE, steps=8), progress=False)
     assert result.complete and len(result.losses) == 8
     assert result.losses[-1] < 0.7 * result.losses[0]
@@ -135,8 +155,7 @@ def test_a_student_equal_to_its_teacher_starts_at_zero_kl(teacher: Any, teacher_
     assert result.losses[0] == pytest.approx(0.0, abs=1e-6)
 
 
-def test_output_reloads_and_records_budget_recipe_and_kl(student_dir: Path, teacher_dir: Path,
-                                                         tmp_path: Path) -> None:
+def test_output_reloads_and_records_budget_recipe_and_kl(student_dir: Path, teacher_dir: Path, tmp_path: Path) -> None:
     """tokens_seen = steps·batch·seq_len; load_model(out) loads it; the card keeps the student's and adds ours."""
     result = distill(student_dir, teacher_dir, tmp_path / "out", RECIPE, progress=False)
     assert result.tokens_seen == 4 * 2 * 16 == RECIPE.budget_tokens
@@ -152,9 +171,9 @@ def test_output_reloads_and_records_budget_recipe_and_kl(student_dir: Path, teac
     assert result.to_dict()["budget_tokens"] == 128 and json.dumps(result.to_dict())
 
 
-def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(student_dir: Path, teacher_dir: Path,
-                                                                   tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
+    student_dir: Path, teacher_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """4 steps straight vs. a crash in step 3 (after the step-2 checkpoint) and a re-run: equal to the bit."""
     straight = distill(student_dir, teacher_dir, tmp_path / "straight", RECIPE, progress=False)
 
@@ -181,29 +200,33 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(student_dir: 
         torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0, msg=name)
 
 
-def test_a_finished_run_called_again_returns_without_training(student_dir: Path, teacher_dir: Path,
-                                                              tmp_path: Path) -> None:
+def test_a_finished_run_called_again_returns_without_training(
+    student_dir: Path, teacher_dir: Path, tmp_path: Path
+) -> None:
     first = distill(student_dir, teacher_dir, tmp_path / "out", RECIPE, progress=False)
     again = distill(student_dir, teacher_dir, tmp_path / "out", replace(RECIPE, save_every=1), progress=False)
     assert again.resumed_from_step == 4 and again.seconds_per_step is None
     assert again.final_kl == first.final_kl and again.losses == first.losses
 
 
-def test_a_checkpoint_of_another_recipe_is_refused_naming_the_field(student_dir: Path, teacher_dir: Path,
-                                                                    tmp_path: Path) -> None:
+def test_a_checkpoint_of_another_recipe_is_refused_naming_the_field(
+    student_dir: Path, teacher_dir: Path, tmp_path: Path
+) -> None:
     distill(student_dir, teacher_dir, tmp_path / "out", replace(RECIPE, steps=2), progress=False)
     with pytest.raises(RecipeMismatchError, match=r"lr=0\.003.*lr=0\.001.*--restart"):
         distill(student_dir, teacher_dir, tmp_path / "out", replace(RECIPE, steps=2, lr=1e-3), progress=False)
     other_teacher = save_hf_dir(tiny_model("llama", seed=7), tmp_path / "other-teacher")
     with pytest.raises(RecipeMismatchError, match="another teacher"):
         distill(student_dir, other_teacher, tmp_path / "out", replace(RECIPE, steps=2), progress=False)
-    restarted = distill(student_dir, teacher_dir, tmp_path / "out", replace(RECIPE, steps=2, lr=1e-3),
-                        progress=False, restart=True)
+    restarted = distill(
+        student_dir, teacher_dir, tmp_path / "out", replace(RECIPE, steps=2, lr=1e-3), progress=False, restart=True
+    )
     assert restarted.resumed_from_step == 0 and card(tmp_path / "out")["extra"]["distillation"]["recipe"]["lr"] == 1e-3
 
 
-def test_an_unrelated_non_empty_output_is_refused_without_force(student_dir: Path, teacher_dir: Path,
-                                                                tmp_path: Path) -> None:
+def test_an_unrelated_non_empty_output_is_refused_without_force(
+    student_dir: Path, teacher_dir: Path, tmp_path: Path
+) -> None:
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "notes.txt").write_text("mine")
     with pytest.raises(OutputExistsError, match="force"):
@@ -226,11 +249,15 @@ def test_bad_inputs_are_named(student_dir: Path, teacher_dir: Path, tmp_path: Pa
 
 def test_a_heterogeneous_student_distils_and_stays_heterogeneous(teacher_dir: Path, tmp_path: Path) -> None:
     """FFN 24 in layer 0, 2 of 4 query heads in layer 1: exported and reloaded as autocompress_decilm."""
-    from autocompress_opt.architecture import Architecture, LayerSpec
-    from autocompress_opt.hetero_model import AutocompressDeciLMConfig, AutocompressDeciLMForCausalLM
+    from autocompress_opt.arch.architecture import Architecture, LayerSpec
+    from autocompress_opt.hf.hetero_model import AutocompressDeciLMConfig, AutocompressDeciLMForCausalLM
 
-    arch = Architecture(vocab_size=VOCAB, hidden_size=32, family="llama",
-                        layers=(LayerSpec(True, 4, 2, 8, True, 24), LayerSpec(True, 2, 1, 8, True, 48)))
+    arch = Architecture(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        family="llama",
+        layers=(LayerSpec(True, 4, 2, 8, True, 24), LayerSpec(True, 2, 1, 8, True, 48)),
+    )
     torch.manual_seed(0)
     config = AutocompressDeciLMConfig.from_architecture(arch, max_position_embeddings=128, rms_norm_eps=1e-6)
     student = export(AutocompressDeciLMForCausalLM(config).eval(), tmp_path / "hetero")
@@ -253,12 +280,29 @@ def test_cli_help_shows_examples(capsys: pytest.CaptureFixture[str]) -> None:
     assert "autocompress distill --student" in capsys.readouterr().out
 
 
-def test_cli_distills_end_to_end_and_resumes(student_dir: Path, teacher_dir: Path, tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_distills_end_to_end_and_resumes(
+    student_dir: Path, teacher_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from autocompress_opt.cli import main
 
-    argv = ["distill", "--student", str(student_dir), "--teacher", str(teacher_dir), "--out", str(tmp_path / "out"),
-            "--batch-size", "2", "--seq-len", "16", "--eval-rows", "2", "--no-progress", "--steps", "2"]
+    argv = [
+        "distill",
+        "--student",
+        str(student_dir),
+        "--teacher",
+        str(teacher_dir),
+        "--out",
+        str(tmp_path / "out"),
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--eval-rows",
+        "2",
+        "--no-progress",
+        "--steps",
+        "2",
+    ]
     assert main([*argv, "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["tokens_seen"] == 64 and record["complete"] and record["recipe"]["steps"] == 2

@@ -11,18 +11,21 @@ from typing import Any
 
 import pytest
 import torch
-
-from autocompress_opt.adapters import adapter_for, architecture_mismatch
-from autocompress_opt.architecture import Architecture
-from autocompress_opt.errors import ConfigError
-from autocompress_opt.export import CARD_FILE, OutputExistsError, export_model, load_exported
-from autocompress_opt.hetero_model import AutocompressDeciLMConfig, AutocompressDeciLMForCausalLM
-from autocompress_opt.importance import estimate_importance
-from autocompress_opt.materialize import identity_plan, materialize, plan_pruning
 from test_adapters import FAMILIES, hetero_arch, tiny_hetero_model, tiny_model, tokens
 
-CARD = {"constraints": {"tpot_ms": 25.0, "memory_gib": 10.0}, "predicted_costs": {"tpot_ms": 21.4},
-        "hardware": "rtx5070"}
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
+from autocompress_opt.hf.hetero_model import AutocompressDeciLMConfig, AutocompressDeciLMForCausalLM
+from autocompress_opt.prune.export import CARD_FILE, OutputExistsError, export_model, load_exported
+from autocompress_opt.prune.importance import estimate_importance
+from autocompress_opt.prune.materialize import identity_plan, materialize, plan_pruning
+
+CARD = {
+    "constraints": {"tpot_ms": 25.0, "memory_gib": 10.0},
+    "predicted_costs": {"tpot_ms": 21.4},
+    "hardware": "rtx5070",
+}
 
 
 def logits(model: Any, ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -35,8 +38,11 @@ def pruned(family: str, uniform: bool) -> tuple[Any, Architecture]:
     parent = tiny_model(family)
     arch = adapter_for(parent).architecture(parent)
     base = arch.layers[0]
-    layers = ((replace(base, num_heads=3, num_kv_heads=1, ffn_width=24),) * 2 if uniform
-              else (replace(base, ffn_width=24), replace(base, num_heads=3, num_kv_heads=1), arch.layers[2]))
+    layers = (
+        (replace(base, num_heads=3, num_kv_heads=1, ffn_width=24),) * 2
+        if uniform
+        else (replace(base, ffn_width=24), replace(base, num_heads=3, num_kv_heads=1), arch.layers[2])
+    )
     target = replace(arch, hidden_size=36, layers=layers, name=f"tiny-{family}")
     imp = estimate_importance(parent, tokens(2, 8), model_id=family, progress=False)
     plan = plan_pruning(arch, imp, target)
@@ -84,9 +90,18 @@ def test_heterogeneous_export_reloads_through_the_package_class(family: str, tmp
 
 def test_heterogeneous_class_with_uniform_layers_exports_plain(tmp_path: Path) -> None:
     """An AutocompressDeciLM model whose layers are all alike is written as the plain family class."""
-    config = AutocompressDeciLMConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, head_dim=8, intermediate_size=40, base_family="qwen2",
-                                      attention_bias=True, rms_norm_eps=1e-5)
+    config = AutocompressDeciLMConfig(
+        vocab_size=97,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=40,
+        base_family="qwen2",
+        attention_bias=True,
+        rms_norm_eps=1e-5,
+    )
     model = AutocompressDeciLMForCausalLM(config).eval()
     arch = adapter_for(model).architecture(model)
     out = export_model(model, arch, tmp_path / "out")
@@ -114,7 +129,13 @@ def test_model_card_records_parent_architecture_constraints_and_costs(tmp_path: 
     assert card["constraints"] == CARD["constraints"] and card["predicted_costs"] == CARD["predicted_costs"]
     assert card["extra"] == {"hardware": "rtx5070"} and card["model_type"] == "autocompress_decilm"
     readme = (out / "README.md").read_text()
-    for text in ("smollm2-135m", "| tpot_ms | 25.0 |", "| tpot_ms | 21.4 |", "rtx5070", "import autocompress_opt.hetero_model"):
+    for text in (
+        "smollm2-135m",
+        "| tpot_ms | 25.0 |",
+        "| tpot_ms | 21.4 |",
+        "rtx5070",
+        "import autocompress_opt.hf.hetero_model",
+    ):
         assert text in readme
 
 
@@ -184,14 +205,17 @@ def test_hetero_kv_cache_decoding_matches_the_full_forward(family: str) -> None:
     from transformers import DynamicCache
 
     model, ids = tiny_hetero_model(family), tokens(2, 12, seed=9)
-    assert model.config.layer_types == (["mlp", "sliding_attention", "mlp", "full_attention"] if family == "gemma3_text"
-                                        else ["mlp", "full_attention", "mlp", "full_attention"])
+    assert model.config.layer_types == (
+        ["mlp", "sliding_attention", "mlp", "full_attention"]
+        if family == "gemma3_text"
+        else ["mlp", "full_attention", "mlp", "full_attention"]
+    )
     full = logits(model, ids)
     with torch.no_grad():
         out = model(ids[:, :6], cache=DynamicCache(config=model.config), use_cache=True)
         steps = [out.logits]
         for t in range(6, 12):
-            out = model(ids[:, t:t + 1], cache=out.cache, use_cache=True)
+            out = model(ids[:, t : t + 1], cache=out.cache, use_cache=True)
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full)
 
@@ -210,20 +234,31 @@ def test_hetero_generate_is_greedy_decoding(family: str) -> None:
 
 def test_hetero_config_reads_vllm_style_block_configs() -> None:
     """DeciLM's own keys (n_heads_in_group, no_op) are understood; per-layer num_heads is optional."""
-    blocks = [{"attention": {"n_heads_in_group": 2}, "ffn": {"intermediate_size": 64}},
-              {"attention": {"no_op": True}, "ffn": {"intermediate_size": 32}}]
-    config = AutocompressDeciLMConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                      head_dim=8, block_configs=blocks)
+    blocks = [
+        {"attention": {"n_heads_in_group": 2}, "ffn": {"intermediate_size": 64}},
+        {"attention": {"no_op": True}, "ffn": {"intermediate_size": 32}},
+    ]
+    config = AutocompressDeciLMConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, head_dim=8, block_configs=blocks
+    )
     arch = config.architecture()
     assert (arch.layers[0].num_heads, arch.layers[0].num_kv_heads) == (4, 2) and not arch.layers[1].attention
-    assert AutocompressDeciLMConfig.from_architecture(hetero_arch()).architecture() == replace(hetero_arch(), max_context=2048)
+    assert AutocompressDeciLMConfig.from_architecture(hetero_arch()).architecture() == replace(
+        hetero_arch(), max_context=2048
+    )
 
 
 @pytest.mark.parametrize(
     "blocks, match",
     [
-        ([{"attention": {"n_heads_in_group": 3}, "ffn": {"intermediate_size": 8}}], r"block_configs\[0\].*does not divide"),
-        ([{"attention": {"no_op": True}, "ffn": {"intermediate_size": 0}}], r"block_configs\[0\].ffn.intermediate_size"),
+        (
+            [{"attention": {"n_heads_in_group": 3}, "ffn": {"intermediate_size": 8}}],
+            r"block_configs\[0\].*does not divide",
+        ),
+        (
+            [{"attention": {"no_op": True}, "ffn": {"intermediate_size": 0}}],
+            r"block_configs\[0\].ffn.intermediate_size",
+        ),
         ([{"attention": {"no_op": True, "replace_with_linear": True}, "ffn": {"no_op": True}}], "replace_with_linear"),
         ([], "block_configs has 0 entries but num_hidden_layers=1"),
     ],
@@ -231,8 +266,9 @@ def test_hetero_config_reads_vllm_style_block_configs() -> None:
 )
 def test_bad_block_configs_name_the_entry(blocks: list[Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        AutocompressDeciLMConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                 head_dim=8, block_configs=blocks)
+        AutocompressDeciLMConfig(
+            vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, head_dim=8, block_configs=blocks
+        )
 
 
 # -------------------------------------------------------------------------- the CLI verb
@@ -241,22 +277,43 @@ def fake_loading(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Stand-ins for loading.load_model / textdata.calibration_batches (the real functions are replaced,
     so a renamed API fails here): a tiny llama and random tokens."""
     parent = tiny_model("llama")
-    loaded = types.SimpleNamespace(model=parent, tokenizer=None, source="tiny test model", path=Path("tiny-llama"),
-                                   architecture=adapter_for(parent).architecture(parent))
+    loaded = types.SimpleNamespace(
+        model=parent,
+        tokenizer=None,
+        source="tiny test model",
+        path=Path("tiny-llama"),
+        architecture=adapter_for(parent).architecture(parent),
+    )
 
     def calibration_batches(tokenizer: Any, *, n_samples: int, seq_len: int, seed: int) -> torch.Tensor:
         return tokens(n_samples, seq_len, seed)
 
-    monkeypatch.setattr("autocompress_opt.loading.load_model", lambda ref, **kw: loaded)
-    monkeypatch.setattr("autocompress_opt.textdata.calibration_batches", calibration_batches)
+    monkeypatch.setattr("autocompress_opt.hf.loading.load_model", lambda ref, **kw: loaded)
+    monkeypatch.setattr("autocompress_opt.quality.textdata.calibration_batches", calibration_batches)
     return parent
 
 
 def test_cli_prune_params_exports_a_uniform_baseline(fake_loading: Any, tmp_path: Path, capsys: Any) -> None:
     from autocompress_opt.cli import main
 
-    argv = ["prune", "--model", "tiny", "--params", "0.8", "--out", str(tmp_path / "out"), "--samples", "2",
-            "--seq-len", "8", "--width-multiple", "8", "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    argv = [
+        "prune",
+        "--model",
+        "tiny",
+        "--params",
+        "0.8",
+        "--out",
+        str(tmp_path / "out"),
+        "--samples",
+        "2",
+        "--seq-len",
+        "8",
+        "--width-multiple",
+        "8",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     model = load_exported(tmp_path / "out")
     card = json.loads((tmp_path / "out" / CARD_FILE).read_text())
@@ -275,8 +332,27 @@ def test_cli_prune_arch_exports_the_given_architecture(fake_loading: Any, tmp_pa
     arch = adapter_for(fake_loading).architecture(fake_loading)
     target = replace(arch, layers=(replace(arch.layers[0], ffn_width=16),) + arch.layers[1:])
     target.save(tmp_path / "arch.json")
-    assert main(["prune", "--model", "tiny", "--arch", str(tmp_path / "arch.json"), "--out", str(tmp_path / "out"),
-                 "--samples", "2", "--seq-len", "8", "--cache-dir", str(tmp_path / "cache"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "prune",
+                "--model",
+                "tiny",
+                "--arch",
+                str(tmp_path / "arch.json"),
+                "--out",
+                str(tmp_path / "out"),
+                "--samples",
+                "2",
+                "--seq-len",
+                "8",
+                "--cache-dir",
+                str(tmp_path / "cache"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     model = load_exported(tmp_path / "out")
     assert architecture_mismatch(target, adapter_for(model).architecture(model)) is None
 
@@ -310,13 +386,16 @@ def test_gemma3_heterogeneous_export_keeps_gemma_numerics(tmp_path: Path) -> Non
     autocompress_decilm config records the layer kinds (window_length per block), the nested local /
     global RoPE bases, query_pre_attn_scalar, the logit cap and the activation; the state dict has
     Gemma's norm names; the reloaded model computes the masked parent's logits."""
-    from autocompress_opt.architecture import LayerSpec
+    from autocompress_opt.arch.architecture import LayerSpec
 
     parent = tiny_model("gemma3_text")
     arch = adapter_for(parent).architecture(parent)
     base = arch.layers[0]
-    target = replace(arch, hidden_size=40, layers=(replace(base, ffn_width=24), LayerSpec.dropped(),
-                                                   replace(base, num_heads=3, num_kv_heads=1)))
+    target = replace(
+        arch,
+        hidden_size=40,
+        layers=(replace(base, ffn_width=24), LayerSpec.dropped(), replace(base, num_heads=3, num_kv_heads=1)),
+    )
     imp = estimate_importance(parent, tokens(2, 8), model_id="gemma", progress=False)
     plan = plan_pruning(arch, imp, target)
     out = export_model(materialize(parent, plan), target.active(), tmp_path / "out")
@@ -328,9 +407,13 @@ def test_gemma3_heterogeneous_export_keeps_gemma_numerics(tmp_path: Path) -> Non
     assert config["query_pre_attn_scalar"] == 12 and config["final_logit_softcapping"] == 5.0
     loaded = load_exported(out)
     keys = set(loaded.state_dict())
-    assert {"model.layers.0.pre_feedforward_layernorm.weight", "model.layers.0.post_feedforward_layernorm.weight",
-            "model.layers.0.post_attention_layernorm.weight", "model.layers.0.self_attn.q_norm.weight"} <= keys
-    from autocompress_opt.materialize import apply_masks
+    assert {
+        "model.layers.0.pre_feedforward_layernorm.weight",
+        "model.layers.0.post_feedforward_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.self_attn.q_norm.weight",
+    } <= keys
+    from autocompress_opt.prune.materialize import apply_masks
 
     ids = tokens(2, 12, seed=5)
     with torch.no_grad(), apply_masks(parent, plan.masks()):
@@ -342,7 +425,7 @@ def test_gemma3_uniform_export_with_a_smaller_hidden_size_keeps_the_parent_embed
     """Gemma scales the embedding by sqrt(hidden_size) of its own config: a plain Gemma3ForCausalLM with
     hidden 36 would use sqrt(36), not the parent's sqrt(48). The factor is folded into the (tied)
     embedding and cancelled in the final norm, so the reloaded checkpoint keeps the parent's numerics."""
-    from autocompress_opt.materialize import apply_masks
+    from autocompress_opt.prune.materialize import apply_masks
 
     parent = tiny_model("gemma3_text")
     arch = adapter_for(parent).architecture(parent)
@@ -353,7 +436,7 @@ def test_gemma3_uniform_export_with_a_smaller_hidden_size_keeps_the_parent_embed
     loaded = load_exported(out)
     assert type(loaded).__name__ == "Gemma3ForCausalLM" and loaded.config.tie_word_embeddings
     assert loaded.config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
-    assert float(loaded.model.embed_tokens.embed_scale) == pytest.approx(36 ** 0.5)
+    assert float(loaded.model.embed_tokens.embed_scale) == pytest.approx(36**0.5)
     h = list(plan.hidden_channels)
     parent_rows = parent.model.embed_tokens.weight[:, h]
     torch.testing.assert_close(loaded.model.embed_tokens.weight, parent_rows * (48 / 36) ** 0.5)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from autocompress_opt.adapters import adapter_for
-from autocompress_opt.errors import ConfigError, UnknownNameError
-from autocompress_opt.importance import Importance, cache_path, estimate_importance, tokens_id
 from test_adapters import FAMILIES, VOCAB, tiny_hetero_model, tiny_model, tokens
+
+from autocompress_opt.errors import ConfigError, UnknownNameError
+from autocompress_opt.hf.adapters import adapter_for
+from autocompress_opt.prune.importance import Importance, cache_path, estimate_importance, tokens_id
 
 
 def score(model: torch.nn.Module, ids: torch.Tensor | None = None, **kwargs: object) -> Importance:
@@ -45,8 +45,10 @@ def test_head_and_ffn_scores_are_mean_activation_magnitudes() -> None:
     model, ids = tiny_model("qwen3"), tokens(4, 10)
     parts = adapter_for(model).layer_parts(model, 1)
     seen: dict[str, torch.Tensor] = {}
-    hooks = [parts.o_proj.register_forward_pre_hook(lambda m, a: seen.update(o=a[0].clone())),
-             parts.down_proj.register_forward_pre_hook(lambda m, a: seen.update(f=a[0].clone()))]
+    hooks = [
+        parts.o_proj.register_forward_pre_hook(lambda m, a: seen.update(o=a[0].clone())),
+        parts.down_proj.register_forward_pre_hook(lambda m, a: seen.update(f=a[0].clone())),
+    ]
     with torch.no_grad():
         model(ids)
     for h in hooks:

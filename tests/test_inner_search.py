@@ -10,18 +10,27 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from autocompress_opt.adapters import adapter_for, architecture_mismatch
-from autocompress_opt.costmodel import METRICS, ArchArrays, estimate_batch, estimate_cost
-from autocompress_opt.errors import ConfigError
-from autocompress_opt.importance import estimate_importance
-from autocompress_opt.inner_search import (Budget, CostGoal, InnerConfig, cost_arrays, discretise, expected_of,
-                                           objective, search, teacher_log_probs)
-from autocompress_opt.masks import ParentMasks
-from autocompress_opt.materialize import materialize
-from autocompress_opt.trials import Target, device_fit_violation
 from test_adapters import tiny_model, tokens
 from test_masks import randomise
+
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
+from autocompress_opt.prune.importance import estimate_importance
+from autocompress_opt.prune.materialize import materialize
+from autocompress_opt.search.inner_search import (
+    Budget,
+    CostGoal,
+    InnerConfig,
+    cost_arrays,
+    discretise,
+    expected_of,
+    objective,
+    search,
+    teacher_log_probs,
+)
+from autocompress_opt.search.masks import ParentMasks
+from autocompress_opt.serving.costmodel import METRICS, ArchArrays, estimate_batch, estimate_cost
+from autocompress_opt.serving.targets import Target, device_fit_violation
 
 # Budgets that bind every mask parameter of the tiny parent (3 layers, 2 KV groups of 3 heads, FFN 48).
 TIGHT = Budget(num_layers=2, hidden_size=40, ffn_width=16, num_kv_heads=1, q_per_kv=1)
@@ -40,8 +49,16 @@ class Parent:
 
     def search(self, budget: Budget | None = None, goal: CostGoal | None = None, **config: Any) -> Any:
         cfg = InnerConfig(**{**FAST.to_dict(), **config})
-        return search(self.model, self.arch, self.importance, self.tokens, self.teacher,
-                      budget=budget or Budget.of(self.arch), goal=goal, config=cfg)
+        return search(
+            self.model,
+            self.arch,
+            self.importance,
+            self.tokens,
+            self.teacher,
+            budget=budget or Budget.of(self.arch),
+            goal=goal,
+            config=cfg,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +85,18 @@ def test_gradients_reach_every_mask_parameter(parent: Parent) -> None:
     gen = torch.Generator().manual_seed(0)
     with masks.install(parent.model):
         assert not any(p.requires_grad for p in parent.model.parameters())  # the parent is frozen
-        loss, kl, violations = objective(parent.model, masks, parent.tokens[:2], parent.teacher[:2], budget=TIGHT,
-                                         goal=goal, tau=0.5, duals={}, config=FAST, generator=gen)
+        loss, _kl, violations = objective(
+            parent.model,
+            masks,
+            parent.tokens[:2],
+            parent.teacher[:2],
+            budget=TIGHT,
+            goal=goal,
+            tau=0.5,
+            duals={},
+            config=FAST,
+            generator=gen,
+        )
         assert all(violations[k] > 0 for k in TIGHT.limits())  # every budget binds
         loss.backward()
     for name, p in masks.named_parameters():
@@ -89,8 +116,9 @@ def test_torch_cost_model_agrees_with_estimate_cost_at_the_discrete_point(parent
         target = Target(hardware, workload)
         exact = estimate_cost(arch, hardware, target.engine_obj(), target.scenario()).to_dict()
         for structure in (masks.expected(0.5, hard=True), expected_of(arch)):
-            torch_metrics = estimate_batch(cost_arrays(parent.arch, 40, structure), hardware, target.engine_obj(),
-                                           target.scenario())
+            torch_metrics = estimate_batch(
+                cost_arrays(parent.arch, 40, structure), hardware, target.engine_obj(), target.scenario()
+            )
             for metric in METRICS:
                 assert float(torch_metrics[metric][0]) == pytest.approx(exact[metric], rel=1e-12), metric
 
@@ -101,7 +129,9 @@ def test_expected_structure_is_differentiable_and_matches_numpy_batch(parent: Pa
     e = masks.expected(0.4)
     arrays = cost_arrays(parent.arch, parent.arch.hidden_size, e)
     as_numpy = ArchArrays(**{k: getattr(arrays, k).detach().numpy() for k in arrays.__dataclass_fields__})
-    t, n = (estimate_batch(a, "h100-sxm", "vllm", Target("h100-sxm", "datacenter").scenario()) for a in (arrays, as_numpy))
+    t, n = (
+        estimate_batch(a, "h100-sxm", "vllm", Target("h100-sxm", "datacenter").scenario()) for a in (arrays, as_numpy)
+    )
     for metric in METRICS:
         np.testing.assert_allclose(t[metric].detach().numpy(), n[metric], rtol=1e-12)
     t["tpot_ms"].sum().backward()
@@ -150,13 +180,25 @@ METRIC_CHOICES = ["ttft_ms", "tpot_ms", "peak_memory_gib", "output_throughput_to
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(target=st.sampled_from(TARGETS), limits=st.dictionaries(st.sampled_from(METRIC_CHOICES),
-                                                                st.floats(0.3, 1.3), max_size=2),
-       layers=st.integers(1, 3), ffn=st.sampled_from([16, 32, 48]), kv=st.integers(1, 2), q=st.integers(1, 3),
-       steps=st.integers(0, 2))
+@given(
+    target=st.sampled_from(TARGETS),
+    limits=st.dictionaries(st.sampled_from(METRIC_CHOICES), st.floats(0.3, 1.3), max_size=2),
+    layers=st.integers(1, 3),
+    ffn=st.sampled_from([16, 32, 48]),
+    kv=st.integers(1, 2),
+    q=st.integers(1, 3),
+    steps=st.integers(0, 2),
+)
 def test_result_is_feasible_by_the_exact_cost_model_or_reported_infeasible(
-        parent: Parent, target: tuple[str, str], limits: dict[str, float], layers: int, ffn: int, kv: int, q: int,
-        steps: int) -> None:
+    parent: Parent,
+    target: tuple[str, str],
+    limits: dict[str, float],
+    layers: int,
+    ffn: int,
+    kv: int,
+    q: int,
+    steps: int,
+) -> None:
     """Property: never a false "feasible". The verdict is recomputed here from estimate_cost, the
     workload's constraints and the device-fit constraint; an infeasible result lists a positive violation."""
     hardware, workload = target
@@ -166,12 +208,16 @@ def test_result_is_feasible_by_the_exact_cost_model_or_reported_infeasible(
     result = parent.search(budget, goal, steps=steps)
     arch = result.architecture
     metrics = estimate_cost(arch, hardware, tgt.engine_obj(), tgt.scenario()).to_dict()
-    values = [*tgt.resolved_workload().violations(metrics, goal.parent_metrics).values(),
-              device_fit_violation(metrics, tgt)]
-    values += [layer_equivalents(arch) / layers - 1,
-               sum(s.ffn_width for s in arch.layers) / (layers * ffn) - 1,
-               sum(s.num_heads for s in arch.layers) / (layers * kv * q) - 1,
-               sum(s.num_kv_heads for s in arch.layers) / (layers * kv) - 1]
+    values = [
+        *tgt.resolved_workload().violations(metrics, goal.parent_metrics).values(),
+        device_fit_violation(metrics, tgt),
+    ]
+    values += [
+        layer_equivalents(arch) / layers - 1,
+        sum(s.ffn_width for s in arch.layers) / (layers * ffn) - 1,
+        sum(s.num_heads for s in arch.layers) / (layers * kv * q) - 1,
+        sum(s.num_kv_heads for s in arch.layers) / (layers * kv) - 1,
+    ]
     truly_feasible = all(v <= 0 for v in values)
     assert result.feasible == truly_feasible
     if not result.feasible:
@@ -183,8 +229,8 @@ def test_the_layer_budget_counts_sub_blocks_so_depth_can_move_between_them(paren
     """Two full layers of budget: the discrete result may keep three FFN blocks and one attention
     block (2 layer equivalents) — never more than four sub-blocks — and capping drops sub-blocks of
     the lowest-scored layers first, not whole layers."""
-    from autocompress_opt.inner_search import _cap_layers, _unit_values
-    from autocompress_opt.masks import DiscreteLayer
+    from autocompress_opt.search.inner_search import _cap_layers, _unit_values
+    from autocompress_opt.search.masks import DiscreteLayer
 
     masks = ParentMasks(parent.arch, parent.importance)
     values = _unit_values(masks, parent.importance)
@@ -223,7 +269,7 @@ def test_inner_config_rejects_unknown_keys_with_a_suggestion() -> None:
 
 
 def test_teacher_log_probs_are_cached_in_process_and_on_disk(parent: Parent, tmp_path: Any) -> None:
-    import autocompress_opt.inner_search as inner
+    import autocompress_opt.search.inner_search as inner
 
     ids = tokens(3, 8, seed=9)
     first = teacher_log_probs(parent.model, ids, parent_id="tiny", data_id="d", cache_dir=tmp_path)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from tiny_lm import VOCAB, save_hf_dir, tiny_model, write_qwen2_gguf
 
-from autocompress_opt.architecture import load_architecture
+from autocompress_opt.arch.catalog import known_weights, load_architecture
 from autocompress_opt.errors import ConfigError, UnknownNameError
-from autocompress_opt.loading import clear_model_cache, known_weights, load_model
+from autocompress_opt.hf.loading import clear_model_cache, load_model
 
 
 @pytest.fixture(scope="module")
@@ -166,14 +166,15 @@ def test_dtype_must_be_floating(qwen2_dir):
 @pytest.mark.slow
 def test_smollm2_loads_with_its_exact_count_and_scores(smollm2_loaded):
     """Integration: the real SmolLM2 GGUF loads offline, counts exactly, and scores finitely on held-out text."""
-    from autocompress_opt.quality import evaluate
+    from autocompress_opt.quality.metrics import evaluate
 
     loaded = smollm2_loaded
     assert loaded.num_params == loaded.architecture.num_params == load_architecture("smollm2-135m").num_params
     assert loaded.architecture.num_params == 134_515_008
     assert (loaded.architecture.num_layers, loaded.architecture.hidden_size) == (30, 576)
-    report = evaluate(loaded.model, loaded.tokenizer, parent=loaded.model, n_samples=2, seq_len=64, seed=0,
-                      progress=False)
+    report = evaluate(
+        loaded.model, loaded.tokenizer, parent=loaded.model, n_samples=2, seq_len=64, seed=0, progress=False
+    )
     assert math.isfinite(report.ppl_code) and math.isfinite(report.ppl_prose)
     assert 1.0 < report.ppl_code < 100.0 and 1.0 < report.ppl_prose < 200.0  # a trained model, far below V=49152
     assert report.kl_to_parent == 0.0
@@ -183,8 +184,8 @@ def test_smollm2_loads_with_its_exact_count_and_scores(smollm2_loaded):
 def test_gemma3_270m_loads_with_its_exact_count_and_scores(gemma3_gguf):
     """Integration: the Gemma 3 270M GGUF (assembled from its PyPI chunk wheels) loads offline by name as a
     dense float32 Gemma3ForCausalLM, counts exactly, and scores finitely on held-out text."""
-    from autocompress_opt.quality import perplexity
-    from autocompress_opt.textdata import evaluation_batches
+    from autocompress_opt.quality.metrics import perplexity
+    from autocompress_opt.quality.textdata import evaluation_batches
 
     loaded = load_model("gemma3-270m")
     assert type(loaded.model).__name__ == "Gemma3ForCausalLM" and loaded.path == gemma3_gguf.resolve()

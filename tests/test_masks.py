@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 import torch
-
-from autocompress_opt.adapters import adapter_for
-from autocompress_opt.importance import estimate_importance
-from autocompress_opt.masks import ParentMasks
-from autocompress_opt.materialize import apply_masks, materialize, plan_pruning
 from test_adapters import tiny_model, tokens
 from test_materialize import TOLERANCE
+
+from autocompress_opt.hf.adapters import adapter_for
+from autocompress_opt.prune.importance import estimate_importance
+from autocompress_opt.prune.materialize import apply_masks, materialize, plan_pruning
+from autocompress_opt.search.masks import ParentMasks
 
 # Gemma 3 (post-norms, (1 + w) norms, scaled tied embedding, mixed windows) and Llama (with biases) as
 # the reference the inner search was first written for.

@@ -10,18 +10,33 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from autocompress_opt.adapters import adapter_for, architecture_mismatch
-from autocompress_opt.architecture import Architecture, LayerSpec, known_architectures
-from autocompress_opt.errors import ConfigError, UnknownNameError
-from autocompress_opt.hetero_model import AutocompressDeciLMForCausalLM
-from autocompress_opt.importance import estimate_importance
-from autocompress_opt.materialize import (LayerMask, Masks, apply_masks, identity_plan, materialize, plan_pruning,
-                                          prune, resolve_param_target, uniform_baseline)
 from test_adapters import FAMILIES, tiny_hetero_model, tiny_model, tokens
 
-PLAIN_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-               "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+from autocompress_opt.arch.architecture import Architecture, LayerSpec
+from autocompress_opt.arch.catalog import known_architectures
+from autocompress_opt.errors import ConfigError, UnknownNameError
+from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
+from autocompress_opt.hf.hetero_model import AutocompressDeciLMForCausalLM
+from autocompress_opt.prune.importance import estimate_importance
+from autocompress_opt.prune.materialize import (
+    LayerMask,
+    Masks,
+    apply_masks,
+    identity_plan,
+    materialize,
+    plan_pruning,
+    prune,
+    resolve_param_target,
+    uniform_baseline,
+)
+
+PLAIN_CLASS = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+}
 
 
 class Parent:
@@ -64,13 +79,15 @@ def assert_equivalent(parent: Parent, target: Architecture) -> Any:
     target's sizes, with every kept layer's window that of its parent layer."""
     plan = plan_pruning(parent.arch, parent.importance, target)
     child = materialize(parent.model, plan)
-    torch.testing.assert_close(logits(child), logits(parent.model, plan.masks()),
-                               **TOLERANCE.get(parent.arch.family, {}))
+    torch.testing.assert_close(
+        logits(child), logits(parent.model, plan.masks()), **TOLERANCE.get(parent.arch.family, {})
+    )
     assert architecture_mismatch(plan.architecture, adapter_for(child).architecture(child)) is None
     assert without_windows(plan.architecture) == without_windows(target.active())
     assert [s.window for s in plan.architecture.layers] == [
         parent.arch.layers[lp.parent_index].window if s.attention else None
-        for lp, s in zip(plan.layers, plan.architecture.layers)]
+        for lp, s in zip(plan.layers, plan.architecture.layers)
+    ]
     return child
 
 
@@ -99,18 +116,24 @@ def test_uniform_target_is_a_plain_model_of_the_family(parent: Parent) -> None:
 def test_heterogeneous_target_is_the_package_model(parent: Parent) -> None:
     """Per-layer widths, a removed attention, a removed FFN and a dropped layer → AutocompressDeciLM."""
     base = parent.arch.layers[0]
-    target = replace(parent.arch, hidden_size=40, layers=(
-        layer(base, num_heads=4, num_kv_heads=2, ffn_width=40),   # 2 of 3 query heads per group
-        LayerSpec(attention=False, ffn=True, ffn_width=16),
-        LayerSpec(True, 3, 1, 8, False, 0),
-    ))
+    target = replace(
+        parent.arch,
+        hidden_size=40,
+        layers=(
+            layer(base, num_heads=4, num_kv_heads=2, ffn_width=40),  # 2 of 3 query heads per group
+            LayerSpec(attention=False, ffn=True, ffn_width=16),
+            LayerSpec(True, 3, 1, 8, False, 0),
+        ),
+    )
     child = assert_equivalent(parent, target)
     assert isinstance(child, AutocompressDeciLMForCausalLM)
     assert child.config.base_family == parent.arch.family
 
 
 def test_dropped_layers_and_hidden_pruning_only(parent: Parent) -> None:
-    target = replace(parent.arch, hidden_size=24, layers=(parent.arch.layers[0], LayerSpec.dropped(), parent.arch.layers[2]))
+    target = replace(
+        parent.arch, hidden_size=24, layers=(parent.arch.layers[0], LayerSpec.dropped(), parent.arch.layers[2])
+    )
     assert_equivalent(parent, target)
 
 
@@ -124,8 +147,11 @@ def target_strategy(parent_arch: Architecture) -> st.SearchStrategy[Architecture
             attention, ffn = draw(st.booleans()), draw(st.booleans())
             groups = draw(st.integers(1, spec.num_kv_heads))
             per_group = draw(st.integers(1, spec.num_heads // spec.num_kv_heads))
-            layers.append(LayerSpec(attention, groups * per_group, groups, spec.head_dim,
-                                    ffn, draw(st.integers(1, spec.ffn_width))))
+            layers.append(
+                LayerSpec(
+                    attention, groups * per_group, groups, spec.head_dim, ffn, draw(st.integers(1, spec.ffn_width))
+                )
+            )
         if all(s.is_noop for s in layers):
             layers[0] = parent_arch.layers[0]
         depth = draw(st.integers(1, len(layers)))
@@ -162,9 +188,16 @@ def test_identity_plan_rebuilds_the_parent_exactly(parent: Parent) -> None:
 def test_hetero_parent_prunes_further(hetero_parent: Parent) -> None:
     """The package's own model is a valid parent: prune its remaining layers again."""
     arch = hetero_parent.arch
-    target = replace(arch, hidden_size=32, layers=(
-        layer(arch.layers[0], ffn_width=8), layer(arch.layers[1], num_heads=2, num_kv_heads=1, ffn_width=20),
-        LayerSpec.dropped(), arch.layers[3]))
+    target = replace(
+        arch,
+        hidden_size=32,
+        layers=(
+            layer(arch.layers[0], ffn_width=8),
+            layer(arch.layers[1], num_heads=2, num_kv_heads=1, ffn_width=20),
+            LayerSpec.dropped(),
+            arch.layers[3],
+        ),
+    )
     child = assert_equivalent(hetero_parent, target)
     assert isinstance(child, AutocompressDeciLMForCausalLM)
 
@@ -175,8 +208,9 @@ def test_hetero_parent_with_a_uniform_target_becomes_a_plain_model(family: str) 
     with the parent's numerics (Gemma: its 4-token window, local RoPE base, activation, attention scale)."""
     hetero_parent = Parent(tiny_hetero_model(family))
     arch, dropped = hetero_parent.arch, LayerSpec.dropped()
-    target = replace(arch, layers=(dropped, layer(arch.layers[1], num_heads=2, num_kv_heads=1, ffn_width=16),
-                                   dropped, dropped))
+    target = replace(
+        arch, layers=(dropped, layer(arch.layers[1], num_heads=2, num_kv_heads=1, ffn_width=16), dropped, dropped)
+    )
     child = assert_equivalent(hetero_parent, target)
     assert type(child).__name__ == PLAIN_CLASS[family]
     if family == "gemma3_text":
@@ -260,14 +294,22 @@ def test_prune_is_plan_then_materialise(parent: Parent) -> None:
 @pytest.mark.parametrize(
     "change, match",
     [
-        (lambda a: {"layers": (a.layers[0], layer(a.layers[1], ffn_width=49), a.layers[2])},
-         r"layers\[1\] \(parent layer 1\) ffn_width=49 exceeds the parent's 48"),
-        (lambda a: {"layers": (layer(a.layers[0], num_heads=9, num_kv_heads=3),) + a.layers[1:]},
-         r"layers\[0\].*num_kv_heads=3 exceeds the parent's 2"),
-        (lambda a: {"layers": (layer(a.layers[0], num_heads=8, num_kv_heads=2),) + a.layers[1:]},
-         r"num_heads=8 is 4 query heads per KV head; the parent has 3"),
-        (lambda a: {"layers": (layer(a.layers[0], num_heads=3, num_kv_heads=1, head_dim=16),) + a.layers[1:]},
-         r"head_dim=16 differs from the parent's 8"),
+        (
+            lambda a: {"layers": (a.layers[0], layer(a.layers[1], ffn_width=49), a.layers[2])},
+            r"layers\[1\] \(parent layer 1\) ffn_width=49 exceeds the parent's 48",
+        ),
+        (
+            lambda a: {"layers": (layer(a.layers[0], num_heads=9, num_kv_heads=3),) + a.layers[1:]},
+            r"layers\[0\].*num_kv_heads=3 exceeds the parent's 2",
+        ),
+        (
+            lambda a: {"layers": (layer(a.layers[0], num_heads=8, num_kv_heads=2),) + a.layers[1:]},
+            r"num_heads=8 is 4 query heads per KV head; the parent has 3",
+        ),
+        (
+            lambda a: {"layers": (layer(a.layers[0], num_heads=3, num_kv_heads=1, head_dim=16),) + a.layers[1:]},
+            r"head_dim=16 differs from the parent's 8",
+        ),
         (lambda a: {"hidden_size": 64}, r"hidden_size=64 exceeds the parent's 48"),
         (lambda a: {"vocab_size": 50}, r"vocab_size=50 but the parent has 97"),
         (lambda a: {"tie_embeddings": True}, r"tie_embeddings=True"),
@@ -284,8 +326,11 @@ def test_target_that_is_not_a_sub_architecture_is_rejected(change: Any, match: s
 def test_other_family_is_rejected() -> None:
     parent = _PARENTS.setdefault("llama", Parent(tiny_model("llama")))
     with pytest.raises(ConfigError, match="family='mistral' but the parent has 'llama'"):
-        plan_pruning(parent.arch, parent.importance, replace(parent.arch, family="mistral", qkv_bias=True,
-                                                             o_bias=True, mlp_bias=True))
+        plan_pruning(
+            parent.arch,
+            parent.importance,
+            replace(parent.arch, family="mistral", qkv_bias=True, o_bias=True, mlp_bias=True),
+        )
 
 
 def test_sub_block_the_parent_lacks_is_rejected(hetero_parent: Parent) -> None:
@@ -303,15 +348,17 @@ def test_importance_of_another_model_and_wrong_model_are_rejected() -> None:
     with pytest.raises(ConfigError, match="not the plan's parent"):
         materialize(other.model, identity_plan(parent.arch))
     with pytest.raises(UnknownNameError, match="layer importance metric 'ppl'"):
-        plan_pruning(parent.arch, parent.importance, replace(parent.arch, layers=parent.arch.layers[:1]),
-                     layer_metric="ppl")
+        plan_pruning(
+            parent.arch, parent.importance, replace(parent.arch, layers=parent.arch.layers[:1]), layer_metric="ppl"
+        )
 
 
 def test_masks_that_do_not_fit_are_rejected() -> None:
     parent = _PARENTS.setdefault("llama", Parent(tiny_model("llama")))
     ones = Masks.ones(parent.arch)
-    bad_layer = Masks(layers=(LayerMask(torch.ones(5, dtype=torch.bool), ones.layers[0].ffn),) + ones.layers[1:],
-                      hidden=ones.hidden)
+    bad_layer = Masks(
+        layers=(LayerMask(torch.ones(5, dtype=torch.bool), ones.layers[0].ffn),) + ones.layers[1:], hidden=ones.hidden
+    )
     with pytest.raises(ConfigError, match=r"masks.layers\[0\].heads has shape \(5,\), layer 0 needs \(6,\)"):
         apply_masks(parent.model, bad_layer)
     with pytest.raises(ConfigError, match="masks have 2 layers, the model has 3"):
@@ -360,8 +407,15 @@ def test_baseline_hidden_and_ffn_shrink_by_one_ratio() -> None:
 
 def test_baseline_hidden_width_reaches_budgets_below_the_embeddings() -> None:
     """A big vocabulary (embeddings 2/3 of the parent): FFN-only pruning cannot reach 40%, hidden+ffn can."""
-    wide_vocab = Architecture.uniform(num_layers=8, hidden_size=256, num_heads=4, num_kv_heads=1, ffn_width=512,
-                                      vocab_size=8 * 4096, name="wide-vocab")
+    wide_vocab = Architecture.uniform(
+        num_layers=8,
+        hidden_size=256,
+        num_heads=4,
+        num_kv_heads=1,
+        ffn_width=512,
+        vocab_size=8 * 4096,
+        name="wide-vocab",
+    )
     assert wide_vocab.embedding_params > 0.6 * wide_vocab.num_params
     with pytest.raises(ConfigError, match=r"hidden\+ffn.*embeddings"):
         uniform_baseline(wide_vocab, 0.4)

@@ -1,4 +1,4 @@
-"""Tests for autocompress_opt.measure: random-weight models built from an Architecture, and timings.
+"""Tests for autocompress_opt.serving.timing: random-weight models built from an Architecture, and timings.
 
 Models are tiny (hidden 32, 2-4 layers, vocabulary 97) so the whole file runs in seconds. Timing
 values are only checked for being positive and finite: speed is for benchmarks, not tests.
@@ -14,9 +14,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autocompress_opt.architecture import Architecture, LayerSpec
+from autocompress_opt.arch.architecture import Architecture, LayerSpec
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.measure import (
+from autocompress_opt.serving.timing import (
     ENGINE,
     Timing,
     build_torch_model,
@@ -121,8 +121,9 @@ def test_dtype_is_applied_and_validated() -> None:
 
 
 # ------------------------------------------------------------------------------ forward
-@pytest.mark.parametrize("arch", [uniform_arch(), uniform_arch(tie_embeddings=True), hetero_arch()],
-                         ids=["uniform", "tied", "hetero"])
+@pytest.mark.parametrize(
+    "arch", [uniform_arch(), uniform_arch(tie_embeddings=True), hetero_arch()], ids=["uniform", "tied", "hetero"]
+)
 def test_prefill_then_cached_decode_matches_full_forward(arch: Architecture) -> None:
     """Prefill builds a cache; decoding one token with it gives finite (batch, 1, vocab) logits equal
     to the last position of a full forward — so the cache (and positions) are right, even when
@@ -189,8 +190,12 @@ def test_time_decode_leaves_context_length_unchanged_between_rounds() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [(dict(batch=0), "batch"), (dict(prompt_len=0), "prompt_len"), (dict(repeats=0), "repeats"),
-     (dict(warmup=-1), "warmup")],
+    [
+        (dict(batch=0), "batch"),
+        (dict(prompt_len=0), "prompt_len"),
+        (dict(repeats=0), "repeats"),
+        (dict(warmup=-1), "warmup"),
+    ],
 )
 def test_invalid_timing_arguments_name_the_field(kwargs: dict[str, int], field: str) -> None:
     model = build_torch_model(uniform_arch())
@@ -200,8 +205,17 @@ def test_invalid_timing_arguments_name_the_field(kwargs: dict[str, int], field: 
 
 def test_measure_records_the_setup() -> None:
     arch = hetero_arch()
-    timing = measure(arch, batch=2, prompt_len=12, decode_context=10, decode_steps=3, prefill_repeats=2,
-                     decode_repeats=2, warmup=1, seed=3)
+    timing = measure(
+        arch,
+        batch=2,
+        prompt_len=12,
+        decode_context=10,
+        decode_steps=3,
+        prefill_repeats=2,
+        decode_repeats=2,
+        warmup=1,
+        seed=3,
+    )
     assert isinstance(timing, Timing)
     assert timing.prefill_ms > 0 and timing.decode_ms_per_token > 0
     assert (timing.engine, timing.device, timing.dtype) == (ENGINE, "cpu", "float32")
@@ -253,8 +267,14 @@ def test_random_architectures_are_valid_and_varied() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(hidden_sizes=()), dict(hidden_sizes=(32,)), dict(num_layers=(3, 2)), dict(ffn_ratio=(0.0, 1.0)),
-     dict(drop_prob=1.5), dict(n=-1)],
+    [
+        dict(hidden_sizes=()),
+        dict(hidden_sizes=(32,)),
+        dict(num_layers=(3, 2)),
+        dict(ffn_ratio=(0.0, 1.0)),
+        dict(drop_prob=1.5),
+        dict(n=-1),
+    ],
 )
 def test_random_architectures_reject_bad_settings(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
@@ -265,8 +285,9 @@ def test_random_architectures_reject_bad_settings(kwargs: dict[str, object]) -> 
 @given(seed=st.integers(0, 2**32 - 1))
 def test_every_sampled_architecture_builds_exactly_and_decodes(seed: int) -> None:
     """Any sweep member (tiny settings) builds with its exact parameter count and decodes."""
-    (arch,) = random_architectures(1, seed=seed, vocab_size=VOCAB, hidden_sizes=(32, 48), head_dim=16,
-                                   num_layers=(1, 4), drop_prob=0.3)
+    (arch,) = random_architectures(
+        1, seed=seed, vocab_size=VOCAB, hidden_sizes=(32, 48), head_dim=16, num_layers=(1, 4), drop_prob=0.3
+    )
     model = build_torch_model(arch, seed=seed)
     assert num_params(model) == arch.num_params
     assert time_decode(model, batch=1, context_len=3, steps=2, repeats=1, warmup=0) > 0

@@ -13,7 +13,7 @@ from tiny_lm import VOCAB, byte_tokenizer, save_hf_dir, tiny_model
 
 from autocompress_opt.cli import main
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.quality import evaluate, kl_divergence, perplexity, cache_teacher_logits
+from autocompress_opt.quality.metrics import cache_teacher_logits, evaluate, kl_divergence, perplexity
 
 # 5 rows of 12 tokens: batch_size 2 leaves a ragged last batch.
 BATCHES = torch.randint(0, VOCAB, (5, 12), generator=torch.Generator().manual_seed(0))
@@ -94,7 +94,9 @@ def test_cached_teacher_logits_match_the_live_teacher(model, perturbed):
     assert kl_divergence(perturbed, None, BATCHES, batch_size=2, teacher_logits=cached, progress=False) == live
     assert kl_divergence(model, None, BATCHES, batch_size=2, teacher_logits=cached, progress=False) == 0.0
     log_probs = torch.log_softmax(cached, -1)  # log-probabilities are accepted too
-    assert kl_divergence(perturbed, None, BATCHES, teacher_logits=log_probs, progress=False) == pytest.approx(live, abs=1e-6)
+    assert kl_divergence(perturbed, None, BATCHES, teacher_logits=log_probs, progress=False) == pytest.approx(
+        live, abs=1e-6
+    )
     half = cache_teacher_logits(model, BATCHES, dtype=torch.float16, progress=False)
     cached_half = kl_divergence(perturbed, None, BATCHES, teacher_logits=half, progress=False)
     assert cached_half == pytest.approx(live, abs=1e-3)
@@ -110,11 +112,14 @@ def test_kl_errors_name_the_problem(model):
         kl_divergence(smaller_vocab, model, BATCHES % (VOCAB - 4), progress=False)
 
 
-@pytest.mark.parametrize(("batches", "message"), [
-    (BATCHES.float(), r"int64 tensor, got torch.float32 tensor of shape \(5, 12\)"),
-    (BATCHES[0], r"got torch.int64 tensor of shape \(12,\)"),
-    (BATCHES[:, :1], r"at least 1 row of 2 tokens, got shape \(5, 1\)"),
-])
+@pytest.mark.parametrize(
+    ("batches", "message"),
+    [
+        (BATCHES.float(), r"int64 tensor, got torch.float32 tensor of shape \(5, 12\)"),
+        (BATCHES[0], r"got torch.int64 tensor of shape \(12,\)"),
+        (BATCHES[:, :1], r"at least 1 row of 2 tokens, got shape \(5, 1\)"),
+    ],
+)
 def test_bad_batches_are_named(model, batches, message):
     with pytest.raises(ConfigError, match=message):
         perplexity(model, batches, progress=False)
@@ -155,8 +160,23 @@ def model_dirs(model, perturbed, tmp_path_factory):
 
 def test_cli_eval_prints_a_table(model_dirs, capsys):
     parent, pruned = model_dirs
-    assert main(["eval", "--model", str(pruned), "--parent", str(parent), "--samples", "2", "--seq-len", "16",
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(pruned),
+                "--parent",
+                str(parent),
+                "--samples",
+                "2",
+                "--seq-len",
+                "16",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "perplexity" in out and "KL(parent||model)" in out and str(pruned) in out
 
@@ -164,8 +184,28 @@ def test_cli_eval_prints_a_table(model_dirs, capsys):
 def test_cli_eval_json_and_out_file(model_dirs, capsys, tmp_path):
     parent, pruned = model_dirs
     out_file = tmp_path / "eval.json"
-    assert main(["eval", "--model", str(pruned), "--parent", str(parent), "--samples", "2", "--seq-len", "16",
-                 "--seed", "3", "--json", "--no-progress", "--out", str(out_file)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(pruned),
+                "--parent",
+                str(parent),
+                "--samples",
+                "2",
+                "--seq-len",
+                "16",
+                "--seed",
+                "3",
+                "--json",
+                "--no-progress",
+                "--out",
+                str(out_file),
+            ]
+        )
+        == 0
+    )
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(out_file.read_text())
     assert printed["kl_to_parent"] > 0 and printed["seed"] == 3 and printed["num_params"] > 0

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from autocompress_opt.architecture import load_architecture
+from autocompress_opt.arch.catalog import load_architecture
 
 pytestmark = pytest.mark.slow
 
 
-def sixty_percent_target(arch):  # noqa: ANN001, ANN201
+def sixty_percent_target(arch):
     """Hidden 640 → 512 (the 262k-row embedding alone is 62% of the model, so 60% needs a narrower
     residual stream), 16 of 18 layers (plan_pruning drops the two least important), all 4 query heads
     (Gemma 3 270M has a single KV head; halving the query heads cost far more perplexity, in masked
@@ -27,12 +27,12 @@ def sixty_percent_target(arch):  # noqa: ANN001, ANN201
 
 
 def test_prune_export_reload_on_the_real_gemma3(gemma3_gguf, tmp_path: Path) -> None:
-    from autocompress_opt.export import export_model
-    from autocompress_opt.importance import estimate_importance
-    from autocompress_opt.loading import load_model
-    from autocompress_opt.materialize import apply_masks, materialize, plan_pruning
-    from autocompress_opt.quality import perplexity
-    from autocompress_opt.textdata import calibration_batches, evaluation_batches
+    from autocompress_opt.hf.loading import load_model
+    from autocompress_opt.prune.export import export_model
+    from autocompress_opt.prune.importance import estimate_importance
+    from autocompress_opt.prune.materialize import apply_masks, materialize, plan_pruning
+    from autocompress_opt.quality.metrics import perplexity
+    from autocompress_opt.quality.textdata import calibration_batches, evaluation_batches
 
     start = time.perf_counter()
     loaded = load_model("gemma3-270m")
@@ -41,8 +41,16 @@ def test_prune_export_reload_on_the_real_gemma3(gemma3_gguf, tmp_path: Path) -> 
 
     start = time.perf_counter()
     calib = calibration_batches(tokenizer, n_samples=4, seq_len=64, seed=0)
-    importance = estimate_importance(parent, calib, model_id="gemma3-270m", data_id="test-4x64", seed=0,
-                                     batch_size=2, cache_dir=tmp_path / "imp", progress=False)
+    importance = estimate_importance(
+        parent,
+        calib,
+        model_id="gemma3-270m",
+        data_id="test-4x64",
+        seed=0,
+        batch_size=2,
+        cache_dir=tmp_path / "imp",
+        progress=False,
+    )
     seconds["importance"] = time.perf_counter() - start
     assert torch.isfinite(importance.skip_loss).all() and math.isfinite(importance.meta.base_loss)
 
@@ -81,19 +89,21 @@ def test_prune_export_reload_on_the_real_gemma3(gemma3_gguf, tmp_path: Path) -> 
     ppl_parent = perplexity(parent, held_out, batch_size=1, progress=False)
     ppl_pruned = perplexity(reloaded.model, held_out, batch_size=1, progress=False)
     seconds["perplexity"] = time.perf_counter() - start
-    print(f"\ngemma3-270m: {arch.num_params:,} → {target.num_params:,} params "
-          f"({target.num_params / arch.num_params:.1%}); kept layers {[lp.parent_index for lp in plan.layers]}; "
-          f"max |masked - sliced| logit {masked_vs_sliced:.2e}; held-out ppl parent {ppl_parent:.2f}, "
-          f"pruned (no retraining) {ppl_pruned:.1f}; seconds {({k: round(v, 1) for k, v in seconds.items()})}")
+    print(
+        f"\ngemma3-270m: {arch.num_params:,} → {target.num_params:,} params "
+        f"({target.num_params / arch.num_params:.1%}); kept layers {[lp.parent_index for lp in plan.layers]}; "
+        f"max |masked - sliced| logit {masked_vs_sliced:.2e}; held-out ppl parent {ppl_parent:.2f}, "
+        f"pruned (no retraining) {ppl_pruned:.1f}; seconds { ({k: round(v, 1) for k, v in seconds.items()}) }"
+    )
     assert math.isfinite(ppl_pruned) and ppl_pruned > ppl_parent
 
 
 def test_gemma3_270m_windows_match_the_real_model(gemma3_gguf) -> None:
     """The known name, the GGUF's metadata and the loaded model agree: layers 5, 11 and 17 attend fully,
     the other 15 slide over 512 tokens (the model's config.layer_types and sliding_window)."""
-    from autocompress_opt.adapters import adapter_for
-    from autocompress_opt.architecture import architecture_from_gguf
-    from autocompress_opt.loading import load_model
+    from autocompress_opt.arch.gguf import architecture_from_gguf
+    from autocompress_opt.hf.adapters import adapter_for
+    from autocompress_opt.hf.loading import load_model
 
     expected = ([512] * 5 + [None]) * 3
     assert [s.window for s in load_architecture("gemma3-270m").layers] == expected

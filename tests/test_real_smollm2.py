@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autocompress_opt.architecture import LayerSpec, load_architecture
+from autocompress_opt.arch.architecture import LayerSpec
+from autocompress_opt.arch.catalog import load_architecture
 
 pytestmark = pytest.mark.slow
 
@@ -17,17 +18,18 @@ def test_prune_export_reload_on_the_real_model(smollm2_loaded, tmp_path: Path) -
     """Importance on a small calibration set, a heterogeneous target (dropped layers, per-layer
     FFN widths and heads, smaller hidden), export, reload through load_model: identical logits;
     held-out perplexity finite and worse than the parent's."""
-    from autocompress_opt.export import export_model
-    from autocompress_opt.importance import estimate_importance
-    from autocompress_opt.loading import load_model
-    from autocompress_opt.materialize import apply_masks, materialize, plan_pruning
-    from autocompress_opt.quality import perplexity
-    from autocompress_opt.textdata import calibration_batches, evaluation_batches
+    from autocompress_opt.hf.loading import load_model
+    from autocompress_opt.prune.export import export_model
+    from autocompress_opt.prune.importance import estimate_importance
+    from autocompress_opt.prune.materialize import apply_masks, materialize, plan_pruning
+    from autocompress_opt.quality.metrics import perplexity
+    from autocompress_opt.quality.textdata import calibration_batches, evaluation_batches
 
     parent, tokenizer, arch = smollm2_loaded.model, smollm2_loaded.tokenizer, smollm2_loaded.architecture
     calib = calibration_batches(tokenizer, n_samples=4, seq_len=64, seed=0)
-    importance = estimate_importance(parent, calib, model_id="smollm2-135m", data_id="test-4x64", seed=0,
-                                     cache_dir=tmp_path / "imp", progress=False)
+    importance = estimate_importance(
+        parent, calib, model_id="smollm2-135m", data_id="test-4x64", seed=0, cache_dir=tmp_path / "imp", progress=False
+    )
     layers = list(arch.layers)
     for i in (5, 17):
         layers[i] = LayerSpec.dropped()
@@ -50,8 +52,14 @@ def test_prune_export_reload_on_the_real_model(smollm2_loaded, tmp_path: Path) -
         sliced = pruned(ids).logits
     torch.testing.assert_close(sliced, masked, atol=2e-4, rtol=1e-4)
 
-    out = export_model(pruned, target.active(), tmp_path / "export", parent="smollm2-135m",
-                       card={"note": "integration test"}, tokenizer=tokenizer)
+    out = export_model(
+        pruned,
+        target.active(),
+        tmp_path / "export",
+        parent="smollm2-135m",
+        card={"note": "integration test"},
+        tokenizer=tokenizer,
+    )
     reloaded = load_model(out, cache=False)
     assert reloaded.architecture.num_params == target.active().num_params
     assert load_architecture(out).num_params == target.active().num_params

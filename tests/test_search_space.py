@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autocompress_opt.architecture import known_architectures
+from autocompress_opt.arch.catalog import known_architectures
+from autocompress_opt.arch.search_space import CHOICES, SearchSpace, default_space, load_search_space
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search_space import CHOICES, SearchSpace, default_space, load_search_space
 
 BUNDLED = sorted(p.stem for p in (Path(__file__).parents[1] / "search_spaces").glob("*.yaml"))
 
@@ -58,14 +58,26 @@ def test_layer_order_decides_which_layers_stay() -> None:
 @pytest.mark.parametrize(
     ("yaml_text", "message"),
     [
-        ("sampler: tpe\nnum_layer: {min: 1, max: 3}", "unknown search-space key 'num_layer' — did you mean 'num_layers'"),
-        ("num_layers: {min: 9, max: 3}\nhidden_size: 64\nffn_width: 64\nnum_kv_heads: 1\nq_per_kv: 1",
-         "num_layers range is empty (min 9 > max 3)"),
-        ("num_layers: {choices: []}\nhidden_size: 64\nffn_width: 64\nnum_kv_heads: 1\nq_per_kv: 1", "no candidate values"),
-        ("num_layers: 3\nhidden_size: 64\nffn_width: 64\nnum_kv_heads: 1\nq_per_kv: 1\nsampler: cmaes",
-         "unknown sampler 'cmaes'"),
-        ("num_layers: {min: 1, max: 3, stride: 2}\nhidden_size: 64\nffn_width: 64\nnum_kv_heads: 1\nq_per_kv: 1",
-         "unknown key 'stride' in num_layers"),
+        (
+            "sampler: tpe\nnum_layer: {min: 1, max: 3}",
+            "unknown search-space key 'num_layer' — did you mean 'num_layers'",
+        ),
+        (
+            "num_layers: {min: 9, max: 3}\nhidden_size: 64\nffn_width: 64\nnum_kv_heads: 1\nq_per_kv: 1",
+            "num_layers range is empty (min 9 > max 3)",
+        ),
+        (
+            "num_layers: {choices: []}\nhidden_size: 64\nffn_width: 64\nnum_kv_heads: 1\nq_per_kv: 1",
+            "no candidate values",
+        ),
+        (
+            "num_layers: 3\nhidden_size: 64\nffn_width: 64\nnum_kv_heads: 1\nq_per_kv: 1\nsampler: cmaes",
+            "unknown sampler 'cmaes'",
+        ),
+        (
+            "num_layers: {min: 1, max: 3, stride: 2}\nhidden_size: 64\nffn_width: 64\nnum_kv_heads: 1\nq_per_kv: 1",
+            "unknown key 'stride' in num_layers",
+        ),
     ],
 )
 def test_bad_yaml_is_rejected_with_a_clear_message(tmp_path: Path, yaml_text: str, message: str) -> None:
@@ -76,10 +88,14 @@ def test_bad_yaml_is_rejected_with_a_clear_message(tmp_path: Path, yaml_text: st
 
 
 def test_a_choice_larger_than_the_parent_is_an_error() -> None:
-    space = SearchSpace.from_dict({"num_layers": 31, "hidden_size": 576, "ffn_width": 1536, "num_kv_heads": 3, "q_per_kv": 3})
+    space = SearchSpace.from_dict(
+        {"num_layers": 31, "hidden_size": 576, "ffn_width": 1536, "num_kv_heads": 3, "q_per_kv": 3}
+    )
     with pytest.raises(ConfigError, match="num_layers choice 31 is larger than the parent's 30"):
         space.check_parent(known_architectures()["smollm2-135m"])
-    space = SearchSpace.from_dict({"num_layers": 3, "hidden_size": 576, "ffn_width": 2048, "num_kv_heads": 3, "q_per_kv": 3})
+    space = SearchSpace.from_dict(
+        {"num_layers": 3, "hidden_size": 576, "ffn_width": 2048, "num_kv_heads": 3, "q_per_kv": 3}
+    )
     with pytest.raises(ConfigError, match="ffn_width choice 2048 is larger than the parent's 1536"):
         space.check_parent(known_architectures()["smollm2-135m"])
 
@@ -100,9 +116,9 @@ def test_plan_mode_scores_retained_importance_when_given_an_importance_record(tm
     import torch
     from test_adapters import tiny_model
 
-    from autocompress_opt.adapters import adapter_for
-    from autocompress_opt.importance import estimate_importance
-    from autocompress_opt.trials import plan_trial
+    from autocompress_opt.hf.adapters import adapter_for
+    from autocompress_opt.prune.importance import estimate_importance
+    from autocompress_opt.search.trials import plan_trial
 
     model = tiny_model("llama", num_hidden_layers=4)
     parent = adapter_for(model).architecture(model)
@@ -112,8 +128,12 @@ def test_plan_mode_scores_retained_importance_when_given_an_importance_record(tm
     space = default_space(parent)
     full = {c.name: max(c.values) for c in space.choices}
     small = {c.name: min(c.values) for c in space.choices}
-    request = {"parent": parent.to_dict(), "space": space.to_dict(), "importance": str(path),
-               "target": {"hardware": "rtx5070", "workload": "in-game"}}
+    request = {
+        "parent": parent.to_dict(),
+        "space": space.to_dict(),
+        "importance": str(path),
+        "target": {"hardware": "rtx5070", "workload": "in-game"},
+    }
     whole = plan_trial({**request, "params": full})
     part = plan_trial({**request, "params": small})
     assert whole["quality_kind"] == "retained_importance" and whole["quality"] == pytest.approx(1.0)

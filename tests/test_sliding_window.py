@@ -9,13 +9,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-
-from autocompress_opt.architecture import Architecture, LayerSpec, load_architecture
-from autocompress_opt.costmodel import METRICS, ArchArrays, Scenario, estimate_batch, estimate_cost
-from autocompress_opt.engines import ENGINES, get_engine
-from autocompress_opt.errors import ConfigError
-from autocompress_opt.hardware import Hardware
 from test_costmodel import GOLD_ARCH, GOLD_ENGINE, GOLD_HW, GOLD_PROFILE
+
+from autocompress_opt.arch.architecture import Architecture, LayerSpec
+from autocompress_opt.arch.catalog import load_architecture
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.serving.costmodel import METRICS, ArchArrays, Scenario, estimate_batch, estimate_cost
+from autocompress_opt.serving.engines import ENGINES, get_engine
+from autocompress_opt.serving.hardware import Hardware
 
 GEMMA3_270M_WINDOWS = ([512] * 5 + [None]) * 3
 
@@ -56,8 +57,9 @@ def test_kv_cache_and_decode_reads_stop_at_the_window() -> None:
     assert windowed["kv_bytes_per_token"] == pytest.approx((12 + 4) * 128 / 12, rel=1e-12)
     assert windowed["kv_bytes_per_token"] * 12 == pytest.approx(WINDOWED.kv_bytes(12), rel=1e-12)
     assert full["peak_memory_gib"] - windowed["peak_memory_gib"] == pytest.approx(128 * (12 - 4) / 2**30, rel=1e-9)
-    assert full["tpot_ms"] - windowed["tpot_ms"] == pytest.approx(1e3 * (2 * 2 * 12 * 32 - 2 * 2 * 5 * 32) / 5e10,
-                                                                  rel=1e-9)
+    assert full["tpot_ms"] - windowed["tpot_ms"] == pytest.approx(
+        1e3 * (2 * 2 * 12 * 32 - 2 * 2 * 5 * 32) / 5e10, rel=1e-9
+    )
 
 
 @pytest.mark.parametrize("engine", ENGINES.names())
@@ -70,8 +72,10 @@ def test_windows_longer_than_the_context_change_nothing(engine: str) -> None:
     for window in (800, context, 10**7):
         windowed = replace(arch, layers=tuple(replace(layer, window=window) for layer in arch.layers))
         for backend in ("numpy", "torch"):
-            a, b = (estimate_batch(ArchArrays.from_architectures([x], backend=backend), "h100-sxm", engine, scenario)
-                    for x in (arch, windowed))
+            a, b = (
+                estimate_batch(ArchArrays.from_architectures([x], backend=backend), "h100-sxm", engine, scenario)
+                for x in (arch, windowed)
+            )
             for key in METRICS:
                 assert float(a[key][0]) == pytest.approx(float(b[key][0]), rel=1e-12), (key, window, backend)
 
@@ -131,8 +135,8 @@ def test_arch_arrays_without_windows_mean_full_attention() -> None:
 def test_inner_search_cost_arrays_carry_the_parents_windows() -> None:
     """cost_arrays (the inner loop's differentiable cost) prices a discrete point exactly as
     estimate_cost prices its architecture, windows included, a dropped attention too."""
-    from autocompress_opt.inner_search import cost_arrays, expected_of
-    from autocompress_opt.trials import Target
+    from autocompress_opt.search.inner_search import cost_arrays, expected_of
+    from autocompress_opt.serving.targets import Target
 
     parent = load_architecture("gemma3-270m")
     layers = list(parent.layers)
@@ -141,23 +145,25 @@ def test_inner_search_cost_arrays_carry_the_parents_windows() -> None:
     arch = replace(parent, hidden_size=512, layers=tuple(layers))
     target = Target("rtx5080", "local-coding")
     exact = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
-    relaxed = estimate_batch(cost_arrays(parent, 512, expected_of(arch)), target.hardware, target.engine_obj(),
-                             target.scenario())
+    relaxed = estimate_batch(
+        cost_arrays(parent, 512, expected_of(arch)), target.hardware, target.engine_obj(), target.scenario()
+    )
     for key in METRICS:
         assert float(relaxed[key][0]) == pytest.approx(exact[key], rel=1e-12), key
 
 
 def test_search_space_and_uniform_allocation_keep_each_layers_window() -> None:
     """A plan-mode point keeps parent layer i's window for every kept layer i."""
-    from autocompress_opt.search_space import default_space
-    from autocompress_opt.weights_trial import uniform_allocation
+    from autocompress_opt.arch.search_space import default_space
+    from autocompress_opt.search.weights_trial import uniform_allocation
 
     parent = load_architecture("gemma3-270m")
     params = {"num_layers": 12, "hidden_size": 512, "ffn_width": 1024, "num_kv_heads": 1, "q_per_kv": 2}
     order = list(range(17, -1, -1))  # the deepest 12 layers are "most important"
     for arch in (default_space(parent).architecture(params, parent), uniform_allocation(params, parent, order)):
-        assert [s.window for s in arch.layers] == [p.window if s.attention else None
-                                                  for s, p in zip(arch.layers, parent.layers)]
+        assert [s.window for s in arch.layers] == [
+            p.window if s.attention else None for s, p in zip(arch.layers, parent.layers)
+        ]
     kept = [i for i, s in enumerate(arch.layers) if not s.is_noop]
     assert kept == list(range(6, 18)) and [arch.layers[i].window for i in (11, 17)] == [None, None]
 
@@ -165,7 +171,7 @@ def test_search_space_and_uniform_allocation_keep_each_layers_window() -> None:
 def test_uniform_baseline_lists_the_windows_of_the_layers_it_most_likely_keeps() -> None:
     """Gemma 3 270M is uniform despite its windows; an n-layer baseline takes the windows of parent
     layers 0..n-2 and 17 (the search space's default drop order)."""
-    from autocompress_opt.materialize import uniform_baseline
+    from autocompress_opt.prune.materialize import uniform_baseline
 
     parent = load_architecture("gemma3-270m")
     target = uniform_baseline(parent, 0.9)
@@ -178,10 +184,11 @@ def test_uniform_baseline_lists_the_windows_of_the_layers_it_most_likely_keeps()
 def test_plan_pruning_gives_kept_layers_their_parent_windows() -> None:
     """A tiny Gemma 3 (sliding, full, sliding over 4 tokens) cut to 2 layers: whatever windows the
     target lists, each kept layer computes and reports its parent layer's; the built model agrees."""
-    from autocompress_opt.adapters import adapter_for, architecture_mismatch
-    from autocompress_opt.importance import estimate_importance
-    from autocompress_opt.materialize import materialize, plan_pruning
     from test_adapters import tiny_model, tokens
+
+    from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
+    from autocompress_opt.prune.importance import estimate_importance
+    from autocompress_opt.prune.materialize import materialize, plan_pruning
 
     model = tiny_model("gemma3_text")
     parent = adapter_for(model).architecture(model)
@@ -190,8 +197,9 @@ def test_plan_pruning_gives_kept_layers_their_parent_windows() -> None:
     for listed in (None, 4, 99):
         target = replace(parent, layers=tuple(replace(parent.layers[1], window=listed, ffn_width=24) for _ in range(2)))
         plan = plan_pruning(parent, importance, target)
-        assert [s.window for s in plan.architecture.layers] == [parent.layers[lp.parent_index].window
-                                                                for lp in plan.layers]
+        assert [s.window for s in plan.architecture.layers] == [
+            parent.layers[lp.parent_index].window for lp in plan.layers
+        ]
     child = materialize(model, plan)
     assert architecture_mismatch(plan.architecture, adapter_for(child).architecture(child)) is None
 
@@ -199,8 +207,9 @@ def test_plan_pruning_gives_kept_layers_their_parent_windows() -> None:
 def test_hetero_config_maps_windows_both_ways() -> None:
     """AutocompressDeciLMConfig stores a layer's window as its block's window_length and reads it back;
     it refuses two window sizes, a conflicting sliding_window and a layer_types argument."""
-    from autocompress_opt.hetero_model import AutocompressDeciLMConfig
     from test_adapters import hetero_arch
+
+    from autocompress_opt.hf.hetero_model import AutocompressDeciLMConfig
 
     arch = hetero_arch("gemma3_text")
     assert [s.window for s in arch.layers] == [None, 4, None, None]
@@ -220,17 +229,19 @@ def test_hetero_config_maps_windows_both_ways() -> None:
 
 def test_parent_masks_architecture_keeps_windows() -> None:
     """The inner search's discrete architectures (ParentMasks.architecture) keep each kept attention's window."""
-    from autocompress_opt.adapters import adapter_for
-    from autocompress_opt.importance import estimate_importance
-    from autocompress_opt.masks import ParentMasks
     from test_adapters import tiny_model, tokens
+
+    from autocompress_opt.hf.adapters import adapter_for
+    from autocompress_opt.prune.importance import estimate_importance
+    from autocompress_opt.search.masks import ParentMasks
 
     model = tiny_model("gemma3_text")
     parent = adapter_for(model).architecture(model)
     importance = estimate_importance(model, tokens(2, 10, seed=1), model_id="gemma-masks", progress=False)
     masks = ParentMasks(parent, importance)
     arch = masks.architecture(masks.discrete())
-    assert [s.window for s in arch.layers] == [p.window if s.attention else None
-                                              for s, p in zip(arch.layers, parent.layers)]
+    assert [s.window for s in arch.layers] == [
+        p.window if s.attention else None for s, p in zip(arch.layers, parent.layers)
+    ]
     dropped = [replace(d, attention=False) for d in masks.discrete()]
     assert all(s.window is None for s in masks.architecture(dropped).layers)

@@ -16,11 +16,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autocompress_opt.arch.search_space import load_search_space
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search_space import load_search_space
-from autocompress_opt.study import Objective, StudyConfig, TrialRecord, load_records, pareto_front, run_study
-from autocompress_opt.study import _init_ray
-from autocompress_opt.trials import Target
+from autocompress_opt.search.study import (
+    Objective,
+    StudyConfig,
+    TrialRecord,
+    _init_ray,
+    load_records,
+    pareto_front,
+    run_study,
+)
+from autocompress_opt.serving.targets import Target
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).parent
@@ -37,9 +44,16 @@ def local_ray():
 
 
 def config(tmp_path: Path, name: str = "t", **kwargs) -> StudyConfig:
-    base = dict(name=name, model="smollm2-135m", targets=(Target("rtx5070", "in-game"), Target("b200", "datacenter")),
-                space=load_search_space("smollm2-135m"), trials=8, storage=f"sqlite:///{tmp_path}/studies.db",
-                plugins=("study_plugins",), concurrency=2)
+    base = dict(
+        name=name,
+        model="smollm2-135m",
+        targets=(Target("rtx5070", "in-game"), Target("b200", "datacenter")),
+        space=load_search_space("smollm2-135m"),
+        trials=8,
+        storage=f"sqlite:///{tmp_path}/studies.db",
+        plugins=("study_plugins",),
+        concurrency=2,
+    )
     return StudyConfig(**{**base, **kwargs})
 
 
@@ -74,7 +88,7 @@ def test_pareto_front_is_non_dominated_and_complete(points: list) -> None:
     records = [TrialRecord("s", i, "COMPLETE", {}, [q, c], f, q, {}, {}, None) for i, (q, c, f) in enumerate(points)]
     front = pareto_front(records, ["maximize", "minimize"])
     feasible = [r for r in records if r.feasible]
-    dominated = lambda a, b: a.values[0] >= b.values[0] and a.values[1] <= b.values[1] and a.values != b.values  # noqa: E731
+    dominated = lambda a, b: a.values[0] >= b.values[0] and a.values[1] <= b.values[1] and a.values != b.values
     for r in front:
         assert r.feasible and not any(dominated(o, r) for o in feasible)
     for r in feasible:
@@ -102,9 +116,9 @@ def test_kill_9_mid_study_then_same_command_loses_nothing(tmp_path: Path) -> Non
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(TESTS)!r})
-        from autocompress_opt.search_space import load_search_space
-        from autocompress_opt.study import StudyConfig, run_study
-        from autocompress_opt.trials import Target
+        from autocompress_opt.arch.search_space import load_search_space
+        from autocompress_opt.search.study import StudyConfig, run_study
+        from autocompress_opt.serving.targets import Target
         cfg = StudyConfig(name="k", model="smollm2-135m", targets=(Target("h100-sxm", "datacenter"),),
                           space=load_search_space("smollm2-135m"), trials=14, storage={storage!r},
                           mode="plan-slow", plugins=("study_plugins",), concurrency=2)
@@ -117,7 +131,7 @@ def test_kill_9_mid_study_then_same_command_loses_nothing(tmp_path: Path) -> Non
         time.sleep(0.5)
         try:
             trials = optuna.load_study(study_name="k.h100-sxm", storage=storage).trials
-        except (KeyError, Exception):  # noqa: BLE001 - the study may not exist yet
+        except (KeyError, Exception):
             continue
         n_done = sum(t.state.name == "COMPLETE" for t in trials)
         if n_done >= 4 and any(t.state.name == "RUNNING" for t in trials):
@@ -128,9 +142,17 @@ def test_kill_9_mid_study_then_same_command_loses_nothing(tmp_path: Path) -> Non
     before = optuna.load_study(study_name="k.h100-sxm", storage=storage).trials
     running_before = [t for t in before if t.state.name == "RUNNING"]
     assert running_before, "expected trials in flight at the kill"
-    cfg = StudyConfig(name="k", model="smollm2-135m", targets=(Target("h100-sxm", "datacenter"),),
-                      space=load_search_space("smollm2-135m"), trials=14, storage=storage, mode="plan-slow",
-                      plugins=("study_plugins",), concurrency=2)
+    cfg = StudyConfig(
+        name="k",
+        model="smollm2-135m",
+        targets=(Target("h100-sxm", "datacenter"),),
+        space=load_search_space("smollm2-135m"),
+        trials=14,
+        storage=storage,
+        mode="plan-slow",
+        plugins=("study_plugins",),
+        concurrency=2,
+    )
     run_study(cfg, progress=False)
     records, _ = load_records(storage, "k.h100-sxm")
     done = complete(records)
@@ -144,8 +166,15 @@ def test_kill_9_mid_study_then_same_command_loses_nothing(tmp_path: Path) -> Non
 def test_a_raising_trial_is_recorded_and_the_study_goes_on(tmp_path: Path) -> None:
     space = replace(load_search_space("smollm2-135m"), sampler="random")
     space = type(space).from_dict({**space.to_dict(), "hidden_size": {"choices": [384, 576]}})
-    cfg = config(tmp_path, name="f", targets=(Target("rtx5070", "in-game"),), mode="plan-flaky", space=space,
-                 trials=6, max_failures=40)
+    cfg = config(
+        tmp_path,
+        name="f",
+        targets=(Target("rtx5070", "in-game"),),
+        mode="plan-flaky",
+        space=space,
+        trials=6,
+        max_failures=40,
+    )
     run_study(cfg, progress=False)
     records, _ = load_records(cfg.storage_url, "f.rtx5070")
     assert len(complete(records)) == 6
@@ -183,8 +212,25 @@ def test_cli_run_show_export_list_plot(tmp_path: Path, capsys: pytest.CaptureFix
     from autocompress_opt.cli import main
 
     storage = f"sqlite:///{tmp_path}/cli.db"
-    run = ["study", "run", "--model", "smollm2-135m", "--targets", "rtx5070,b200", "--workload", "datacenter",
-           "--mode", "plan", "--trials", "5", "--name", "demo", "--storage", storage, "--quiet"]
+    run = [
+        "study",
+        "run",
+        "--model",
+        "smollm2-135m",
+        "--targets",
+        "rtx5070,b200",
+        "--workload",
+        "datacenter",
+        "--mode",
+        "plan",
+        "--trials",
+        "5",
+        "--name",
+        "demo",
+        "--storage",
+        storage,
+        "--quiet",
+    ]
     assert main(run) == 0
     assert "demo.b200: 5 COMPLETE trials" in capsys.readouterr().out
     assert main(run[:-3] + ["--trials", "7", "--storage", storage, "--quiet"]) == 0  # resume to 7
@@ -195,8 +241,22 @@ def test_cli_run_show_export_list_plot(tmp_path: Path, capsys: pytest.CaptureFix
     csv_path = tmp_path / "demo.csv"
     assert main(["study", "export", "demo", "--storage", storage, "--format", "csv", "--out", str(csv_path)]) == 0
     header = csv_path.read_text().splitlines()[0].split(",")
-    for column in ("number", "state", "feasible", "params", "num_layers", "hidden_size", "ffn_width", "num_kv_heads",
-                   "q_per_kv", "ttft_ms", "tpot_ms", "output_throughput_tok_s", "peak_memory_gib", "quality"):
+    for column in (
+        "number",
+        "state",
+        "feasible",
+        "params",
+        "num_layers",
+        "hidden_size",
+        "ffn_width",
+        "num_kv_heads",
+        "q_per_kv",
+        "ttft_ms",
+        "tpot_ms",
+        "output_throughput_tok_s",
+        "peak_memory_gib",
+        "quality",
+    ):
         assert column in header
     capsys.readouterr()
     assert main(["study", "export", "demo", "--storage", storage, "--format", "json"]) == 0
@@ -214,12 +274,28 @@ def test_cli_run_show_export_list_plot(tmp_path: Path, capsys: pytest.CaptureFix
 def test_the_120b_case_finds_architectures_that_fit_one_b200(tmp_path: Path) -> None:
     """Plan mode, dense ~123B parent, BF16, 128K context, one B200: the parent does not fit,
     the study finds feasible architectures that do."""
-    from autocompress_opt.trials import FITS_DEVICE
+    from autocompress_opt.serving.targets import FITS_DEVICE
 
-    cfg = config(tmp_path, name="big", model="mistral-large-2", space=load_search_space("mistral-large-2"),
-                 targets=(Target("b200", "local-coding", engine="vllm", dtype="bf16", input_len=126976,
-                                 output_len=4096, concurrency=1, constraints={"ttft_ms": "1x", "tpot_ms": "1x"}),),
-                 objectives=(Objective("quality", "maximize"), Objective("peak_memory_gib", "minimize")), trials=20)
+    cfg = config(
+        tmp_path,
+        name="big",
+        model="mistral-large-2",
+        space=load_search_space("mistral-large-2"),
+        targets=(
+            Target(
+                "b200",
+                "local-coding",
+                engine="vllm",
+                dtype="bf16",
+                input_len=126976,
+                output_len=4096,
+                concurrency=1,
+                constraints={"ttft_ms": "1x", "tpot_ms": "1x"},
+            ),
+        ),
+        objectives=(Objective("quality", "maximize"), Objective("peak_memory_gib", "minimize")),
+        trials=20,
+    )
     run_study(cfg, progress=False)
     records, attrs = load_records(cfg.storage_url, "big.b200")
     assert attrs["parent_metrics"]["peak_memory_gib"] > 180  # the parent does not fit

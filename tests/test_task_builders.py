@@ -59,7 +59,7 @@ def assert_well_formed(spec: TaskSpec) -> None:
 
 # ------------------------------------------------------------------ registry
 def test_task_names_are_the_seven_item_tasks_then_perplexity():
-    assert TASK_NAMES == (*TASK_BUILDERS, PERPLEXITY_TASK) and len(TASK_NAMES) == 8
+    assert (*TASK_BUILDERS, PERPLEXITY_TASK) == TASK_NAMES and len(TASK_NAMES) == 8
     assert set(TASK_SOURCES) == set(TASK_METRICS) == set(TASK_BUILDERS)
     assert set(TASK_SOURCES.values()) <= set(sources.SOURCE_NAMES)
     assert set(TASK_METRICS.values()) <= set(METRICS)
@@ -104,8 +104,9 @@ def test_status_names_every_source_and_how_to_install_it(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ wordnet
-def _data_line(offset: str, ss_type: str, words: list[str], pointers: list[tuple[str, str, str]], gloss: str,
-               frames: str = "") -> str:
+def _data_line(
+    offset: str, ss_type: str, words: list[str], pointers: list[tuple[str, str, str]], gloss: str, frames: str = ""
+) -> str:
     """One ``data.<pos>`` line as wndb(5WN) lays it out (w_cnt in hex, p_cnt in 3 decimal digits)."""
     head = f"{offset} 05 {ss_type} {len(words):02x} " + " ".join(f"{w} 0" for w in words)
     ptrs = f" {len(pointers):03d}" + "".join(f" {s} {o} {p} 0000" for s, o, p in pointers)
@@ -118,8 +119,13 @@ _SYNSETS = {
     "noun": [
         ("00000001", "n", ["entity"], [], "that which is perceived to exist"),
         ("00000002", "n", ["animal", "beast"], ["00000001"], "a living organism that feeds and moves"),
-        ("00000003", "n", ["dog", "domestic_dog"], ["00000002"],
-         'a domesticated carnivore kept as a pet; "the dog barked"'),
+        (
+            "00000003",
+            "n",
+            ["dog", "domestic_dog"],
+            ["00000002"],
+            'a domesticated carnivore kept as a pet; "the dog barked"',
+        ),
         ("00000004", "n", ["cat"], ["00000002"], "a small feline with soft fur"),
         ("00000005", "n", ["horse"], ["00000002"], "a large hoofed mammal ridden by people"),
         ("00000006", "n", ["sheep"], ["00000002"], "a woolly farm mammal kept for fleece"),
@@ -162,22 +168,33 @@ def wordnet_root(tmp_path: Path) -> Path:
     for pos, synsets in _SYNSETS.items():
         letter = _POS_LETTER[pos]
         frames = " 01 + 02 00" if pos == "verb" else ""  # verb frames sit between pointers and gloss
-        lines = [_data_line(off, ss, words, [("@", h, letter) for h in hyp], gloss, frames)
-                 for off, ss, words, hyp, gloss in synsets]
+        lines = [
+            _data_line(off, ss, words, [("@", h, letter) for h in hyp], gloss, frames)
+            for off, ss, words, hyp, gloss in synsets
+        ]
         (folder / f"data.{pos}").write_text(_LICENSE + "".join(lines))
         senses: dict[str, list[str]] = {}
         for off, _, words, _, _ in synsets:
             for word in words:
                 senses.setdefault(word.split("(")[0].lower(), []).append(off)
-        index = [f"{lemma} {letter} {len(offs)} 1 @ {len(offs)} {0 if lemma == 'aardvark' else len(offs)} "
-                 f"{' '.join(offs)}  \n" for lemma, offs in sorted(senses.items())]
+        index = [
+            f"{lemma} {letter} {len(offs)} 1 @ {len(offs)} {0 if lemma == 'aardvark' else len(offs)} "
+            f"{' '.join(offs)}  \n"
+            for lemma, offs in sorted(senses.items())
+        ]
         (folder / f"index.{pos}").write_text(_LICENSE + "".join(index))
     return tmp_path
 
 
 def test_wordnet_data_parser_reads_lemmas_pointers_and_definition():
-    text = _LICENSE + _data_line("00004032", "v", ["sigh", "suspire"], [("@", "00001740", "v"), ("+", "07129602", "n")],
-                                 'heave or utter a sigh; breathe deeply and heavily; "She sighed sadly"', " 01 + 02 00")
+    text = _LICENSE + _data_line(
+        "00004032",
+        "v",
+        ["sigh", "suspire"],
+        [("@", "00001740", "v"), ("+", "07129602", "n")],
+        'heave or utter a sigh; breathe deeply and heavily; "She sighed sadly"',
+        " 01 + 02 00",
+    )
     text += _data_line("00001740", "s", ["galore(ip)"], [("&", "00003356", "a")], "in great numbers")
     sigh, galore = parse_wordnet_data(text.splitlines(keepends=True))
     assert (sigh.offset, sigh.pos, sigh.lemmas, sigh.hypernyms) == ("00004032", "v", ("sigh", "suspire"), ("00001740",))
@@ -186,8 +203,9 @@ def test_wordnet_data_parser_reads_lemmas_pointers_and_definition():
 
 
 def test_wordnet_index_parser_keeps_only_semcor_tagged_senses():
-    index = parse_wordnet_index(["  1 license\n", "run v 3 2 @ ~ 3 2 00000001 00000002 00000003  \n",
-                                 "zyzzyva n 1 1 @ 1 0 00000009  \n"])
+    index = parse_wordnet_index(
+        ["  1 license\n", "run v 3 2 @ ~ 3 2 00000001 00000002 00000003  \n", "zyzzyva n 1 1 @ 1 0 00000009  \n"]
+    )
     assert index == {"run": ("00000001", "00000002")}
 
 
@@ -201,7 +219,7 @@ def test_wordnet_define_items_from_a_synthetic_database(wordnet_root):
         assert item.context == f"Definition: {synset.gloss}\nWord:"
         words = [c.strip() for c in item.choices]
         assert words[item.gold] in synset.lemmas
-        assert not set(words[:item.gold] + words[item.gold + 1:]) & set(synset.lemmas), "a distractor is a synonym"
+        assert not set(words[: item.gold] + words[item.gold + 1 :]) & set(synset.lemmas), "a distractor is a synonym"
         assert all(w in wordnet.familiar[synset.pos] for w in words), "distractors are of the same part of speech"
     golds = {item.choices[item.gold].strip() for item in spec.items}
     assert "pencil" not in golds and "aardvark" not in golds  # gloss contains the word; never tagged
@@ -224,28 +242,37 @@ def test_hard_distractors_are_sister_terms(wordnet_root):
 
 # -------------------------------------------------------------------- bible
 _CHAPTER_TEXT = {
-    ("Ge", 1): ["In the beginning God created the heaven and the earth.",
-                "And the earth was without form, and void; and darkness was upon the deep.",
-                "And God said, Let there be light: and there was light.",
-                "And God saw the light, that it was good: and God divided the light from the darkness.",
-                "And God called the light Day, and the darkness he called Night."],
-    ("Ge", 2): ["Thus the heavens and the earth were finished, and all the host of them.",
-                "And on the seventh day God ended his work which he had made; and he rested.",
-                "And God blessed the seventh day, and sanctified it: because that in it he had rested.",
-                "These are the generations of the heavens and of the earth when they were created."],
-    ("Ex", 1): ["Now these are the names of the children of Israel, which came into Egypt.",
-                "Reuben, Simeon, Levi, and Judah, Issachar, Zebulun, and Benjamin, Dan, and Naphtali.",
-                "And all the souls that came out of the loins of Jacob were seventy souls: for Joseph was in Egypt.",
-                "And Joseph died, and all his brethren, and all that generation, and they were many.",
-                "And the children of Israel were fruitful, and increased abundantly, and multiplied greatly."],
+    ("Ge", 1): [
+        "In the beginning God created the heaven and the earth.",
+        "And the earth was without form, and void; and darkness was upon the deep.",
+        "And God said, Let there be light: and there was light.",
+        "And God saw the light, that it was good: and God divided the light from the darkness.",
+        "And God called the light Day, and the darkness he called Night.",
+    ],
+    ("Ge", 2): [
+        "Thus the heavens and the earth were finished, and all the host of them.",
+        "And on the seventh day God ended his work which he had made; and he rested.",
+        "And God blessed the seventh day, and sanctified it: because that in it he had rested.",
+        "These are the generations of the heavens and of the earth when they were created.",
+    ],
+    ("Ex", 1): [
+        "Now these are the names of the children of Israel, which came into Egypt.",
+        "Reuben, Simeon, Levi, and Judah, Issachar, Zebulun, and Benjamin, Dan, and Naphtali.",
+        "And all the souls that came out of the loins of Jacob were seventy souls: for Joseph was in Egypt.",
+        "And Joseph died, and all his brethren, and all that generation, and they were many.",
+        "And the children of Israel were fruitful, and increased abundantly, and multiplied greatly.",
+    ],
 }
 
 
 @pytest.fixture
 def bible_root(tmp_path: Path) -> Path:
     """``bible -f`` output for three short chapters, with one verse wrapped onto a second line."""
-    lines = [f"{book}{chapter}:{n} {text}" for (book, chapter), verses in _CHAPTER_TEXT.items()
-             for n, text in enumerate(verses, start=1)]
+    lines = [
+        f"{book}{chapter}:{n} {text}"
+        for (book, chapter), verses in _CHAPTER_TEXT.items()
+        for n, text in enumerate(verses, start=1)
+    ]
     lines[1] = lines[1].replace(" and darkness", "\n   and darkness")
     (tmp_path / "bible-kjv").mkdir()
     (tmp_path / "bible-kjv" / "kjv.txt").write_text("\n".join(lines) + "\n")
@@ -286,9 +313,15 @@ _WANTED = "bigbench-1.0.0/bigbench/benchmark_tasks/goal_step_wikihow/"
 
 def _fake_bigbench(folder: Path) -> tuple[Path, str]:
     """A small tarball laid out like the bigbench sdist: wanted task files among unwanted members."""
+
     def task(kind: str) -> bytes:  # example i: "... of 'Thing i' is " -> "<Kind> i.j", right when j == i % 4
-        examples = [{"input": f"The most reasonable {kind} of 'Thing {i}' is ",
-                     "target_scores": {f"{kind.title()} {i}.{j}": int(j == i % 4) for j in range(4)}} for i in range(6)]
+        examples = [
+            {
+                "input": f"The most reasonable {kind} of 'Thing {i}' is ",
+                "target_scores": {f"{kind.title()} {i}.{j}": int(j == i % 4) for j in range(4)},
+            }
+            for i in range(6)
+        ]
         return json.dumps({"examples": examples}).encode()
 
     members = {
@@ -319,8 +352,12 @@ def test_fetch_extracts_only_the_wanted_files_with_provenance(tmp_path):
     tarball, sha = _fake_bigbench(tmp_path)
     cache = fetch_bigbench(tmp_path / "data" / "bigbench", tarball=tarball, sha256=sha)
     extracted = sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*") if p.is_file())
-    assert extracted == ["goal_step_wikihow/goal_inference/task.json", "goal_step_wikihow/step_inference/task.json",
-                         "goal_step_wikihow/task.json", "provenance.json"]
+    assert extracted == [
+        "goal_step_wikihow/goal_inference/task.json",
+        "goal_step_wikihow/step_inference/task.json",
+        "goal_step_wikihow/task.json",
+        "provenance.json",
+    ]
     provenance = json.loads((cache / "provenance.json").read_text())
     assert provenance["sha256"] == sha and set(provenance["files"]) == set(extracted[:-1])
     assert tarball.exists()  # a local tarball is the user's: left alone
@@ -341,31 +378,57 @@ def test_fetch_from_a_url_streams_checks_and_deletes_the_download(tmp_path):
 
 
 # ------------------------------------------------------------ docs-agreement
-@pytest.mark.parametrize("sentence, context, right, wrong", [
-    ("The function is called once per thread.", "The function", " is called once per thread.",
-     " are called once per thread."),
-    ("These values are ignored by the parser.", "These values", " are ignored by the parser.",
-     " is ignored by the parser."),
-    ("Each worker thread has its own copy of the data.", "Each worker thread", " has its own copy of the data.",
-     " have its own copy of the data."),
-    ("If the callbacks do not return, the loop stalls.", "If the callbacks", " do not return, the loop stalls.",
-     " does not return, the loop stalls."),
-    ("Note that the result doesn't depend on the order.", "Note that the result", " doesn't depend on the order.",
-     " don't depend on the order."),
-])
+@pytest.mark.parametrize(
+    "sentence, context, right, wrong",
+    [
+        (
+            "The function is called once per thread.",
+            "The function",
+            " is called once per thread.",
+            " are called once per thread.",
+        ),
+        (
+            "These values are ignored by the parser.",
+            "These values",
+            " are ignored by the parser.",
+            " is ignored by the parser.",
+        ),
+        (
+            "Each worker thread has its own copy of the data.",
+            "Each worker thread",
+            " has its own copy of the data.",
+            " have its own copy of the data.",
+        ),
+        (
+            "If the callbacks do not return, the loop stalls.",
+            "If the callbacks",
+            " do not return, the loop stalls.",
+            " does not return, the loop stalls.",
+        ),
+        (
+            "Note that the result doesn't depend on the order.",
+            "Note that the result",
+            " doesn't depend on the order.",
+            " don't depend on the order.",
+        ),
+    ],
+)
 def test_agreement_pair_flips_the_verb_number(sentence, context, right, wrong):
     pair = minimal_pair(sentence)
     assert (pair.context, pair.grammatical, pair.flipped) == (context, right, wrong)
     assert pair.context + pair.grammatical == sentence
 
 
-@pytest.mark.parametrize("sentence", [
-    "If the file were missing, the call would fail.",     # subjunctive: "was" is also fine
-    "It shows that objects are created lazily.",          # "that" is a conjunction here
-    "The following are supported by this module.",        # no noun to agree with
-    "The data is stored in memory as text.",              # "data are" is grammatical too
-    "The series is printed as a table.",                  # plural-looking singular: number unknown
-])
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "If the file were missing, the call would fail.",  # subjunctive: "was" is also fine
+        "It shows that objects are created lazily.",  # "that" is a conjunction here
+        "The following are supported by this module.",  # no noun to agree with
+        "The data is stored in memory as text.",  # "data are" is grammatical too
+        "The series is printed as a table.",  # plural-looking singular: number unknown
+    ],
+)
 def test_no_agreement_site_where_the_flip_could_be_grammatical(sentence):
     assert agreement_site(sentence) is None
 
@@ -376,8 +439,10 @@ def test_flip_verb_is_an_involution():
 
 
 def test_markup_is_stripped_and_code_is_left_out():
-    assert strip_markup(":func:`~os.path.join` returns ``x`` for *every* `path <https://x.org>`_ [#f1]_.") == \
-        "join returns x for every path."
+    assert (
+        strip_markup(":func:`~os.path.join` returns ``x`` for *every* `path <https://x.org>`_ [#f1]_.")
+        == "join returns x for every path."
+    )
     doc = """Title here
 ==========
 
@@ -395,8 +460,10 @@ The module is used by many programs in the standard library.  Example::
 
 :param x: the argument is a field list entry and is skipped.
 """
-    assert list(prose_sentences(doc)) == ["The module is used by many programs in the standard library.",
-                                          "The function is safe to call from several threads at once."]
+    assert list(prose_sentences(doc)) == [
+        "The module is used by many programs in the standard library.",
+        "The function is safe to call from several threads at once.",
+    ]
 
 
 def test_docs_agreement_excludes_reference_and_balances_verb_number(tmp_path):
@@ -417,8 +484,10 @@ def test_docs_agreement_excludes_reference_and_balances_verb_number(tmp_path):
 
 # ---------------------------------------------------------------- humaneval
 _PROMPT = 'def clip(values, low):\n    """Values below low become low."""\n'
-_BODY = "    out = []\n    for v in values:\n        if v < low and -v != 1:\n            out.append(low)\n" \
-        "        else:\n            out.append(v + 0)\n    return out\n"
+_BODY = (
+    "    out = []\n    for v in values:\n        if v < low and -v != 1:\n            out.append(low)\n"
+    "        else:\n            out.append(v + 0)\n    return out\n"
+)
 
 
 def test_mutants_parse_differ_and_leave_unary_signs_and_loop_ins_alone():
@@ -428,17 +497,25 @@ def test_mutants_parse_differ_and_leave_unary_signs_and_loop_ins_alone():
     assert ("boolean", "and", "or") in edits and ("arithmetic", "+", "-") in edits
     assert ("off-by-one", "1", "2") in edits and ("return-name", "out", "values") in edits
     assert ("boolean", "in", "not in") not in edits  # the only "in" belongs to the for loop
-    assert not any(m.before == "-" for m in found)   # "-v" is a sign, not a subtraction
+    assert not any(m.before == "-" for m in found)  # "-v" is a sign, not a subtraction
     for mutant in found:
         ast.parse(_PROMPT + mutant.body)
-        assert mutant.body != _BODY and mutant.body[mutant.where:].startswith(mutant.after)
+        assert mutant.body != _BODY and mutant.body[mutant.where :].startswith(mutant.after)
 
 
 def test_humaneval_mutants_from_a_synthetic_file(tmp_path):
     folder = tmp_path / "human-eval"
     folder.mkdir()
-    problems = [{"task_id": f"Toy/{i}", "prompt": _PROMPT.replace("clip", f"clip{i}"), "canonical_solution": _BODY,
-                 "entry_point": f"clip{i}", "test": ""} for i in range(3)]
+    problems = [
+        {
+            "task_id": f"Toy/{i}",
+            "prompt": _PROMPT.replace("clip", f"clip{i}"),
+            "canonical_solution": _BODY,
+            "entry_point": f"clip{i}",
+            "test": "",
+        }
+        for i in range(3)
+    ]
     with gzip.open(folder / "HumanEval.jsonl.gz", "wt") as handle:
         handle.writelines(json.dumps(p) + "\n" for p in problems)
     spec = build_task("humaneval-mutants", n_items=10, seed=0, data_dir=tmp_path)
@@ -484,6 +561,7 @@ def test_real_task_builds_50_well_formed_deterministic_items(real_task):
     if real_task == "docs-agreement":
         assert not any("/reference/" in f"/{item.id.split('/', 1)[1]}" for item in spec.items)
         for item in spec.items:
-            (verb_a, rest_a), (verb_b, rest_b) = (re.fullmatch(r" ([a-z]+(?:n't)?)(.*)", c).groups()
-                                                  for c in item.choices)
+            (verb_a, rest_a), (verb_b, rest_b) = (
+                re.fullmatch(r" ([a-z]+(?:n't)?)(.*)", c).groups() for c in item.choices
+            )
             assert rest_a == rest_b and verb_a != verb_b  # only the verb differs

@@ -9,7 +9,7 @@ import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -32,8 +32,15 @@ from autocompress_opt.tasks.scoring import (
     score_task,
 )
 
-PAIRS = [("The cat sat on the", " mat"), ("A", " b"), ("Once upon a time there was a", " little prince who"),
-         ("x = 1 +", " 2"), ("trailing space ", "word"), ("", "empty context"), ("def f(x):\n", "    return x")]
+PAIRS = [
+    ("The cat sat on the", " mat"),
+    ("A", " b"),
+    ("Once upon a time there was a", " little prince who"),
+    ("x = 1 +", " 2"),
+    ("trailing space ", "word"),
+    ("", "empty context"),
+    ("def f(x):\n", "    return x"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +74,16 @@ def by_hand(model: Any, tokenizer: Any, context: str, continuation: str) -> tupl
 
 
 def mc_items(n: int = 6) -> tuple[Item, ...]:
-    return tuple(Item(task="numbers", id=f"n{k}", context=f"The number {k} is",
-                      choices=(" odd", " even", " a prime number"), gold=k % 3) for k in range(n))
+    return tuple(
+        Item(
+            task="numbers",
+            id=f"n{k}",
+            context=f"The number {k} is",
+            choices=(" odd", " even", " a prime number"),
+            gold=k % 3,
+        )
+        for k in range(n)
+    )
 
 
 # ---------------------------------------------------------------- tokenising
@@ -107,8 +122,12 @@ def test_padded_batches_equal_unbatched(model: Any, tokenizer: Any) -> None:
     """Right padding is invisible to a causal model: batch 4 (ragged) gives batch 1's numbers."""
     single = loglikelihoods(model, tokenizer, PAIRS, batch_size=1, progress=False)
     batched = loglikelihoods(model, tokenizer, PAIRS, batch_size=4, progress=False)
-    torch.testing.assert_close(torch.tensor([ll for ll, _ in batched], dtype=torch.float64),
-                               torch.tensor([ll for ll, _ in single], dtype=torch.float64), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor([ll for ll, _ in batched], dtype=torch.float64),
+        torch.tensor([ll for ll, _ in single], dtype=torch.float64),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     assert [g for _, g in batched] == [g for _, g in single]
 
 
@@ -130,8 +149,11 @@ def test_shared_context_equals_whole_requests_in_every_family(family: str) -> No
     (context, choice) whole, and as the hand computation, in every supported family — Gemma 3's
     4-token sliding window and the heterogeneous export (attention-free layers) included."""
     model, tokenizer = ADAPTER_MODELS[family]().eval(), _ModuloTokenizer()
-    pairs = [(f"Question {k}: what is it? The answer is", choice) for k in range(2)
-             for choice in (" a", " bb", " a much longer answer")] + [("one", " x"), ("one", " y")]
+    pairs = [
+        (f"Question {k}: what is it? The answer is", choice)
+        for k in range(2)
+        for choice in (" a", " bb", " a much longer answer")
+    ] + [("one", " x"), ("one", " y")]
     whole = loglikelihoods(model, tokenizer, pairs, share_context=False, batch_size=3, progress=False)
     shared = loglikelihoods(model, tokenizer, pairs, share_context=True, progress=False)
     for (ctx, cont), (ll_whole, greedy_whole), (ll_shared, greedy_shared) in zip(pairs, whole, shared):
@@ -202,14 +224,16 @@ def test_cloze_is_correct_exactly_when_greedy_decoding_reproduces_it(tokenizer: 
     model = tiny_model("llama", seed=0)
     with torch.no_grad():  # zero logits for every byte but a-z: the argmax is a letter (some letter's logit > 0)
         keep = torch.zeros(model.config.vocab_size, dtype=torch.bool)
-        keep[ord("a"):ord("z") + 1] = True
+        keep[ord("a") : ord("z") + 1] = True
         model.lm_head.weight[~keep] = 0.0
     greedy_a = _greedy_continuation(model, tokenizer, "ctx a:", 2)
     greedy_b = _greedy_continuation(model, tokenizer, "ctx b:", 2)
     assert greedy_a.isalpha() and greedy_b.isalpha() and len(greedy_b) == 2
     wrong_b = greedy_b[0] + ("A" if greedy_b[1] != "A" else "B")  # the last token is not the argmax
-    items = (Item(task="c", id="a", context="ctx a:", choices=(greedy_a,), gold=0, kind="cloze"),
-             Item(task="c", id="b", context="ctx b:", choices=(wrong_b,), gold=0, kind="cloze"))
+    items = (
+        Item(task="c", id="a", context="ctx a:", choices=(greedy_a,), gold=0, kind="cloze"),
+        Item(task="c", id="b", context="ctx b:", choices=(wrong_b,), gold=0, kind="cloze"),
+    )
     result = score_task(model, tokenizer, TaskSpec(name="c", metric="greedy", items=items), progress=False)
     assert [r.is_greedy for r in result.items] == [True, False]
     assert result.score == 0.5 and result.correct == [True, False]
@@ -223,16 +247,22 @@ def _lmeval_or_skip(name: str) -> None:
 
 @pytest.mark.parametrize("evaluator", EVALUATORS.names())
 @pytest.mark.parametrize("tok", ["tokenizer", "bos_tokenizer"])
-def test_every_evaluator_reproduces_the_hand_computed_scores(model: Any, evaluator: str, tok: str,
-                                                             request: Any) -> None:
+def test_every_evaluator_reproduces_the_hand_computed_scores(
+    model: Any, evaluator: str, tok: str, request: Any
+) -> None:
     """Conformance: each evaluator's per-choice log-likelihoods, greedy flags and verdicts equal the
     hand computation, on multiple-choice and cloze items; so lm-eval agrees with the built-in scorer."""
     _lmeval_or_skip(evaluator)
     tokenizer = request.getfixturevalue(tok)
     mc = TaskSpec(name="numbers", metric="acc_norm", items=mc_items(), chance=1 / 3)
-    cloze = TaskSpec(name="cloze", metric="greedy", items=tuple(
-        Item(task="cloze", id=f"c{k}", context=ctx, choices=(cont,), gold=0, kind="cloze")
-        for k, (ctx, cont) in enumerate(PAIRS[:4])))
+    cloze = TaskSpec(
+        name="cloze",
+        metric="greedy",
+        items=tuple(
+            Item(task="cloze", id=f"c{k}", context=ctx, choices=(cont,), gold=0, kind="cloze")
+            for k, (ctx, cont) in enumerate(PAIRS[:4])
+        ),
+    )
     for spec in (mc, cloze):
         got = EVALUATORS.get(evaluator)(model, tokenizer, spec, batch_size=4, progress=False)
         want = score_task(model, tokenizer, spec, batch_size=1, progress=False)
@@ -245,8 +275,7 @@ def test_every_evaluator_reproduces_the_hand_computed_scores(model: Any, evaluat
         assert got.score == want.score
 
 
-def test_lm_eval_evaluator_says_how_to_install_it(model: Any, tokenizer: Any,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lm_eval_evaluator_says_how_to_install_it(model: Any, tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # makes `import lm_eval` raise ImportError
     spec = TaskSpec(name="numbers", metric="acc", items=mc_items(1))
     with pytest.raises(ConfigError, match="pip install 'lm-eval"):
@@ -258,7 +287,7 @@ class _FakeBuilders:
     """Stand-in for tasks.builders: "numbers" builds, "absent" lacks its source."""
 
     TASK_NAMES = ("numbers", "absent", "heldout-perplexity")
-    TASK_METRICS = {"numbers": "acc", "absent": "acc_norm"}
+    TASK_METRICS: ClassVar[dict[str, str]] = {"numbers": "acc", "absent": "acc_norm"}
 
     def __init__(self) -> None:
         self.built: list[str] = []
@@ -269,8 +298,14 @@ class _FakeBuilders:
         self.built.append(name)
         if name == "absent":
             raise MissingSourceError("fake-corpus", "not installed here", "apt-get install fake-corpus")
-        return TaskSpec(name=name, metric="acc", items=mc_items(n_items), chance=1 / 3, seed=seed,
-                        source={"package": "numbers-data", "version": "1.0"})
+        return TaskSpec(
+            name=name,
+            metric="acc",
+            items=mc_items(n_items),
+            chance=1 / 3,
+            seed=seed,
+            source={"package": "numbers-data", "version": "1.0"},
+        )
 
     def task_available(self, name: str, data_dir: Any = None) -> tuple[bool, str]:
         return (False, "apt-get install fake-corpus") if name == "absent" else (True, "")
@@ -287,8 +322,9 @@ def fake_builders(monkeypatch: pytest.MonkeyPatch) -> Iterator[_FakeBuilders]:
     yield fake
 
 
-def test_a_missing_source_is_skipped_with_its_hint_and_never_scored(model: Any, tokenizer: Any,
-                                                                    fake_builders: _FakeBuilders) -> None:
+def test_a_missing_source_is_skipped_with_its_hint_and_never_scored(
+    model: Any, tokenizer: Any, fake_builders: _FakeBuilders
+) -> None:
     report = evaluate_tasks(model, tokenizer, ["absent", "numbers"], n_items=4, progress=False)
     assert [t.name for t in report.tasks] == ["numbers"] and report.averaged_tasks == ("numbers",)
     assert "apt-get install fake-corpus" in report.skipped["absent"]
@@ -296,16 +332,24 @@ def test_a_missing_source_is_skipped_with_its_hint_and_never_scored(model: Any, 
     assert report.tasks[0].source == {"package": "numbers-data", "version": "1.0"}
 
 
-def test_an_unknown_task_name_is_refused_with_a_suggestion(model: Any, tokenizer: Any,
-                                                           fake_builders: _FakeBuilders) -> None:
+def test_an_unknown_task_name_is_refused_with_a_suggestion(
+    model: Any, tokenizer: Any, fake_builders: _FakeBuilders
+) -> None:
     with pytest.raises(UnknownNameError, match="did you mean 'numbers'"):
         evaluate_tasks(model, tokenizer, ["numbrs"], progress=False)
     assert fake_builders.built == []
 
 
 def test_suite_report_survives_a_json_round_trip(model: Any, tokenizer: Any, fake_builders: _FakeBuilders) -> None:
-    report = evaluate_tasks(model, tokenizer, ["numbers", "absent", "heldout-perplexity"], n_items=3,
-                            progress=False, ppl_samples=1, ppl_seq_len=16)
+    report = evaluate_tasks(
+        model,
+        tokenizer,
+        ["numbers", "absent", "heldout-perplexity"],
+        n_items=3,
+        progress=False,
+        ppl_samples=1,
+        ppl_seq_len=16,
+    )
     assert report.heldout is not None and report.heldout.ppl_code > 0
     text = json.dumps(report.to_dict())
     back = SuiteReport.from_dict(json.loads(text))
@@ -353,8 +397,9 @@ def test_eval_help_shows_the_task_options_and_examples(capsys: pytest.CaptureFix
     assert all(flag in out for flag in ("--tasks", "--items", "--evaluator", "--data-dir", "--list-tasks"))
 
 
-def test_eval_list_tasks_shows_metric_and_install_hint(capsys: pytest.CaptureFixture[str],
-                                                       fake_builders: _FakeBuilders) -> None:
+def test_eval_list_tasks_shows_metric_and_install_hint(
+    capsys: pytest.CaptureFixture[str], fake_builders: _FakeBuilders
+) -> None:
     code, out, _ = run_cli(capsys, "eval", "--list-tasks")
     lines = {line.split()[0]: line for line in out.splitlines()[2:]}
     assert code == 0 and set(lines) == set(fake_builders.TASK_NAMES)
@@ -369,12 +414,24 @@ def test_eval_list_tasks_with_the_real_builders(capsys: pytest.CaptureFixture[st
     assert code == 0 and all(name in out for name in builders.TASK_NAMES)
 
 
-def test_eval_tasks_prints_a_table_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                   fake_builders: _FakeBuilders) -> None:
+def test_eval_tasks_prints_a_table_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_builders: _FakeBuilders
+) -> None:
     directory = save_hf_dir(tiny_model("llama", seed=0), tmp_path / "tiny")
     out_file = tmp_path / "report.json"
-    code, out, _ = run_cli(capsys, "eval", "--model", str(directory), "--tasks", "numbers,absent", "--items", "3",
-                           "--no-progress", "--out", str(out_file))
+    code, out, _ = run_cli(
+        capsys,
+        "eval",
+        "--model",
+        str(directory),
+        "--tasks",
+        "numbers,absent",
+        "--items",
+        "3",
+        "--no-progress",
+        "--out",
+        str(out_file),
+    )
     assert code == 0 and "skipped: data source 'fake-corpus'" in out
     assert "average accuracy:" in out and "over 1 tasks (numbers)" in out and "numbers-data 1.0" in out
     saved = json.loads(out_file.read_text())

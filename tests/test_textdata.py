@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tiny_lm import byte_tokenizer
 
 from autocompress_opt.errors import ConfigError, UnknownNameError
-from autocompress_opt.textdata import (
+from autocompress_opt.quality.textdata import (
     DEFAULT_SOURCES,
     BibleKJVSource,
     PydocTopicsSource,
@@ -43,7 +43,7 @@ def test_split_is_by_whole_document_and_covers_everything():
     split = data_split()
     calibration, evaluation = set(split.calibration), set(split.evaluation)
     assert not calibration & evaluation
-    everything = {f"{s.name}:{k}" for s in (StdlibSource(), PydocTopicsSource()) for k in s.keys()}
+    everything = {f"{s.name}:{k}" for s in (StdlibSource(), PydocTopicsSource()) for k in s.keys()}  # noqa: SIM118 (a source, not a dict)
     assert calibration | evaluation == everything
     assert 0.12 < len(evaluation) / len(everything) < 0.28
 
@@ -133,19 +133,25 @@ def test_record_is_json_and_names_what_was_used(tokenizer):
 
 # ------------------------------------------------------------------------ errors
 def test_too_much_text_requested_says_how_much_there_is(tokenizer):
-    with pytest.raises(ConfigError, match=r"evaluation prose text holds [\d,]+ tokens from \d+ documents; "
-                                          r"100000 rows of 512 need 51,200,000"):
+    with pytest.raises(
+        ConfigError,
+        match=r"evaluation prose text holds [\d,]+ tokens from \d+ documents; "
+        r"100000 rows of 512 need 51,200,000",
+    ):
         evaluation_batches(tokenizer, n_samples=100_000, seq_len=512, seed=0, domain="prose")
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(domain="poetry"), r"domain must be one of code, prose, mixed; got 'poetry'"),
-    (dict(n_samples=0), r"n_samples must be an int >= 1, got 0"),
-    (dict(seq_len=1), r"seq_len must be an int >= 2, got 1"),
-    (dict(eval_fraction=1.5), r"eval_fraction must be in \(0, 1\), got 1.5"),
-    (dict(sources=["python-stdlib", "python-stdlib"]), r"listed twice: python-stdlib"),
-    (dict(sources=["python-stdlib"], domain="prose"), r"no prose documents.*add a prose source"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(domain="poetry"), r"domain must be one of code, prose, mixed; got 'poetry'"),
+        (dict(n_samples=0), r"n_samples must be an int >= 1, got 0"),
+        (dict(seq_len=1), r"seq_len must be an int >= 2, got 1"),
+        (dict(eval_fraction=1.5), r"eval_fraction must be in \(0, 1\), got 1.5"),
+        (dict(sources=["python-stdlib", "python-stdlib"]), r"listed twice: python-stdlib"),
+        (dict(sources=["python-stdlib"], domain="prose"), r"no prose documents.*add a prose source"),
+    ],
+)
 def test_invalid_arguments_name_the_value(tokenizer, kwargs, message):
     args = dict(n_samples=2, seq_len=16, seed=0) | kwargs
     with pytest.raises(ConfigError, match=message):
@@ -190,8 +196,10 @@ Ge1:2 And the earth was without form, and void;
 def test_bible_output_is_parsed_per_book():
     books = parse_bible_output(_BIBLE_SAMPLE)
     assert list(books) == ["Ge", "1Sm"]
-    assert books["Ge"] == ("In the beginning God created the heaven and the earth.\n"
-                           "And the earth was without form, and void; and darkness was upon the face of the deep.")
+    assert books["Ge"] == (
+        "In the beginning God created the heaven and the earth.\n"
+        "And the earth was without form, and void; and darkness was upon the face of the deep."
+    )
 
 
 def test_bible_source_runs_the_program(tmp_path):

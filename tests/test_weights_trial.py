@@ -9,18 +9,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from autocompress_opt.architecture import Architecture
-from autocompress_opt.costmodel import estimate_cost
-from autocompress_opt.errors import ConfigError
-from autocompress_opt.loading import load_model
-from autocompress_opt.trials import Target, run_trial
-from autocompress_opt.weights_trial import QUALITY_KIND, TrialConfig, clear_trial_cache, run_weights_trial
 from tiny_lm import save_hf_dir, tiny_model
 
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.hf.loading import load_model
+from autocompress_opt.search.trials import Target, run_trial
+from autocompress_opt.search.weights_trial import QUALITY_KIND, TrialConfig, clear_trial_cache, run_weights_trial
+from autocompress_opt.serving.costmodel import estimate_cost
+
 PARAMS = {"num_layers": 3, "hidden_size": 32, "ffn_width": 32, "num_kv_heads": 1, "q_per_kv": 2}
-INNER = {"steps": 3, "n_samples": 4, "val_samples": 1, "seq_len": 32, "eval_samples": 2, "eval_seq_len": 32,
-         "importance_samples": 2, "importance_seq_len": 32}
+INNER = {
+    "steps": 3,
+    "n_samples": 4,
+    "val_samples": 1,
+    "seq_len": 32,
+    "eval_samples": 2,
+    "eval_seq_len": 32,
+    "importance_samples": 2,
+    "importance_seq_len": 32,
+}
 TARGET = Target("h100-sxm", "datacenter", constraints={"tpot_ms": "0.95x", "output_throughput_tok_s": "1.05x"})
 
 
@@ -32,9 +40,18 @@ def parent_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def request(parent_dir: Path, cache: Path, **changes: Any) -> dict[str, Any]:
     arch = load_model(parent_dir).architecture
-    return {"mode": "weights", "params": dict(PARAMS), "parent": arch.to_dict(), "target": TARGET.to_dict(),
-            "layer_order": None, "seed": 0, "parent_model": str(parent_dir), "cache_dir": str(cache),
-            "inner": dict(INNER), **changes}
+    return {
+        "mode": "weights",
+        "params": dict(PARAMS),
+        "parent": arch.to_dict(),
+        "target": TARGET.to_dict(),
+        "layer_order": None,
+        "seed": 0,
+        "parent_model": str(parent_dir),
+        "cache_dir": str(cache),
+        "inner": dict(INNER),
+        **changes,
+    }
 
 
 def test_weights_trial_runs_end_to_end_and_caches_quality(parent_dir: Path, tmp_path: Path) -> None:
@@ -91,8 +108,8 @@ def test_one_pass_quality_matches_the_quality_module() -> None:
     """The trial scores KL and perplexity in one pass with quality.py's definitions."""
     import torch
 
-    from autocompress_opt.quality import kl_divergence, perplexity
-    from autocompress_opt.weights_trial import _kl_and_perplexity
+    from autocompress_opt.quality.metrics import kl_divergence, perplexity
+    from autocompress_opt.search.weights_trial import _kl_and_perplexity
 
     student, teacher = tiny_model("llama", seed=1), tiny_model("llama", seed=2)
     ids = torch.randint(0, 260, (5, 16), generator=torch.Generator().manual_seed(0))

@@ -40,10 +40,21 @@ def tiny_model(family: str = "qwen2", seed: int = 0, **overrides: Any) -> Any:
     """A random causal LM (2 layers, hidden 32, 4 query / 2 KV heads, FFN 48) in eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(family, **{
-        "vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 48, "max_position_embeddings": 128,
-        "tie_word_embeddings": False, "rms_norm_eps": 1e-6, **overrides})
+    config = AutoConfig.for_model(
+        family,
+        **{
+            "vocab_size": VOCAB,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 48,
+            "max_position_embeddings": 128,
+            "tie_word_embeddings": False,
+            "rms_norm_eps": 1e-6,
+            **overrides,
+        },
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).eval()
 
@@ -56,11 +67,22 @@ def save_hf_dir(model: Any, path: Path, tokenizer: Any | None = None) -> Path:
 
 
 # transformers parameter name → llama.cpp GGUF tensor name (gguf-py MODEL_TENSOR for qwen2).
-_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-_PER_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+_GLOBAL = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_PER_LAYER = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
 
 
 def write_qwen2_gguf(model: Any, path: Path, *, architecture: str = "qwen2") -> Path:

@@ -12,16 +12,23 @@ EXAMPLES = argparse.RawDescriptionHelpFormatter
 
 
 def add_verb(sub: Any, name: str, help_text: str, examples: str) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=help_text, description=f"{help_text}\n\nexamples:\n{examples}", formatter_class=EXAMPLES)
+    return sub.add_parser(
+        name, help=help_text, description=f"{help_text}\n\nexamples:\n{examples}", formatter_class=EXAMPLES
+    )
 
 
 def add_hardware_file(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hardware-file", metavar="YAML", action="append", default=[],
-                        help="extra hardware profiles (YAML list of {name, memory_gib, bandwidth_gb_s, peak_tflops})")
+    parser.add_argument(
+        "--hardware-file",
+        metavar="YAML",
+        action="append",
+        default=[],
+        help="extra hardware profiles (YAML list of {name, memory_gib, bandwidth_gb_s, peak_tflops})",
+    )
 
 
 def load_hardware_files(args: argparse.Namespace) -> None:
-    from autocompress_opt.hardware import load_hardware_file
+    from autocompress_opt.serving.hardware import load_hardware_file
 
     for path in getattr(args, "hardware_file", []):
         load_hardware_file(path)
@@ -43,7 +50,9 @@ def print_json(data: Any) -> None:
 
 def table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda cells: "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    line = lambda cells: "  ".join(
+        str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+    )
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 

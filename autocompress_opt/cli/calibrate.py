@@ -10,11 +10,16 @@ from autocompress_opt.cli._common import add_verb, print_json
 
 
 def add_parser(sub: Any) -> None:
-    p = add_verb(sub, "calibrate", "Time transformers' eager forward over a sweep of synthetic heterogeneous "
-                 "architectures, fit the torch-eager profile, report held-out error, save the profile.", """
+    p = add_verb(
+        sub,
+        "calibrate",
+        "Time transformers' eager forward over a sweep of synthetic heterogeneous "
+        "architectures, fit the torch-eager profile, report held-out error, save the profile.",
+        """
   autocompress calibrate --hardware cpu
   autocompress calibrate --hardware cpu --archs 24 --out my-cpu.yaml --json
-  autocompress calibrate --hardware h200            # on a GPU host: times on cuda, keeps datasheet figures""")
+  autocompress calibrate --hardware h200            # on a GPU host: times on cuda, keeps datasheet figures""",
+    )
     p.add_argument("--hardware", default="cpu", help="'cpu' (figures measured here) or a catalog GPU (default cpu)")
     p.add_argument("--archs", type=int, default=48, help="architectures in the sweep (default 48)")
     p.add_argument("--prompt-len", type=int, default=128, help="prefill tokens timed (default 128)")
@@ -23,24 +28,44 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="sweep and split seed (default 0)")
     p.add_argument("--passes", type=int, default=2, help="timing passes per architecture, fastest kept (default 2)")
     p.add_argument("--device", default=None, help="torch device (default: cpu for --hardware cpu, else cuda)")
-    p.add_argument("--out", type=Path, default=None, help="profile YAML to write (default ~/.cache/autocompress_opt/profiles/)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="profile YAML to write (default ~/.cache/autocompress_opt/profiles/)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from autocompress_opt.calibration import calibrate
+    from autocompress_opt.serving.calibration import calibrate
 
-    result = calibrate(args.hardware, n_archs=args.archs, prompt_len=args.prompt_len, decode_context=args.decode_context,
-                       batch=args.batch, seed=args.seed, passes=args.passes, device=args.device, out=args.out, progress=not args.json)
+    result = calibrate(
+        args.hardware,
+        n_archs=args.archs,
+        prompt_len=args.prompt_len,
+        decode_context=args.decode_context,
+        batch=args.batch,
+        seed=args.seed,
+        passes=args.passes,
+        device=args.device,
+        out=args.out,
+        progress=not args.json,
+    )
     if args.json:
-        print_json({"hardware": result.hardware.to_dict(), "profile": result.profile.to_dict(),
-                    "path": str(result.path), "rows": result.rows})
+        print_json(
+            {
+                "hardware": result.hardware.to_dict(),
+                "profile": result.profile.to_dict(),
+                "path": str(result.path),
+                "rows": result.rows,
+            }
+        )
         return 0
     hw, prof = result.hardware, result.profile
     print(f"{hw.name}: peak {dict(hw.peak_tflops)} TFLOP/s, bandwidth {hw.bandwidth_gb_s:g} GB/s")
-    print(f"fitted torch-eager profile: mfu {prof.mfu:.3f}, mbu {prof.mbu:.3f}, "
-          f"kernel launch {prof.kernel_launch_us:.2f} us, step overhead {prof.step_overhead_ms:.3f} ms")
+    print(
+        f"fitted torch-eager profile: mfu {prof.mfu:.3f}, mbu {prof.mbu:.3f}, "
+        f"kernel launch {prof.kernel_launch_us:.2f} us, step overhead {prof.step_overhead_ms:.3f} ms"
+    )
     print(f"MdAPE train:    prefill {result.train_mdape['prefill']:.1%}, decode {result.train_mdape['decode']:.1%}")
     print(f"MdAPE held-out: prefill {result.heldout_mdape['prefill']:.1%}, decode {result.heldout_mdape['decode']:.1%}")
     print(f"saved {result.path}")

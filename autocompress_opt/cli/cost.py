@@ -5,17 +5,28 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from autocompress_opt.cli._common import (add_hardware_file, add_verb, concurrency, engine_options,
-                                          load_hardware_files, print_json)
+from autocompress_opt.cli._common import (
+    add_hardware_file,
+    add_verb,
+    concurrency,
+    engine_options,
+    load_hardware_files,
+    print_json,
+)
 
 
 def add_parser(sub: Any) -> None:
-    p = add_verb(sub, "cost", "Predict latency, throughput and memory of a model served on a device.", """
+    p = add_verb(
+        sub,
+        "cost",
+        "Predict latency, throughput and memory of a model served on a device.",
+        """
   autocompress cost --model smollm2-135m --hardware rtx5070 --engine vllm --dtype bf16 --input-len 512 --output-len 64
   autocompress cost --model llama-3.3-70b --hardware h100-sxm --engine trtllm --dtype fp8 --tp 2 \\
       --input-len 5000 --output-len 500 --json
   autocompress cost --model llama-3.1-8b --hardware b200 --engine vllm --dtype fp8 --concurrency max \\
-      --input-len 1000 --output-len 1000 --engine-option memory_fraction=0.8""")
+      --input-len 1000 --output-len 1000 --engine-option memory_fraction=0.8""",
+    )
     p.add_argument("--model", required=True, help="known name, HF directory, config.json, .gguf or architecture file")
     p.add_argument("--hardware", required=True, help="catalog name (see 'autocompress hardware list')")
     p.add_argument("--engine", required=True, help="vllm, trtllm, llamacpp or torch-eager")
@@ -25,29 +36,42 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--concurrency", type=concurrency, default=1, help="concurrent sequences, or 'max' (default 1)")
     p.add_argument("--input-len", type=int, required=True, help="prompt tokens per request")
     p.add_argument("--output-len", type=int, required=True, help="generated tokens per request")
-    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="engine setting, e.g. memory_fraction=0.5 (vLLM gpu_memory_utilization), max_seqs=64")
+    p.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine setting, e.g. memory_fraction=0.5 (vLLM gpu_memory_utilization), max_seqs=64",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object with exactly the metric keys")
     add_hardware_file(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from autocompress_opt.architecture import load_architecture
-    from autocompress_opt.costmodel import Scenario, estimate_cost
-    from autocompress_opt.engines import get_engine
+    from autocompress_opt.arch.catalog import load_architecture
+    from autocompress_opt.serving.costmodel import Scenario, estimate_cost
+    from autocompress_opt.serving.engines import get_engine
 
     load_hardware_files(args)
     arch = load_architecture(args.model)
     engine = get_engine(args.engine).with_options(**engine_options(args.engine_option))
-    scenario = Scenario(dtype=args.dtype, input_len=args.input_len, output_len=args.output_len,
-                        concurrency=args.concurrency, tp=args.tp, kv_dtype=args.kv_dtype)
+    scenario = Scenario(
+        dtype=args.dtype,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        concurrency=args.concurrency,
+        tp=args.tp,
+        kv_dtype=args.kv_dtype,
+    )
     cost = estimate_cost(arch, args.hardware, engine, scenario)
     if args.json:
         print_json(cost.to_dict())
         return 0
-    print(f"{arch.summary()}\non {args.hardware} with {engine.name}, {args.dtype}, tp={args.tp}, "
-          f"concurrency={args.concurrency}, {args.input_len} in / {args.output_len} out")
+    print(
+        f"{arch.summary()}\non {args.hardware} with {engine.name}, {args.dtype}, tp={args.tp}, "
+        f"concurrency={args.concurrency}, {args.input_len} in / {args.output_len} out"
+    )
     for key, value in cost.to_dict().items():
         print(f"  {key:<26} {value:>14,.3f}" if isinstance(value, float) else f"  {key:<26} {value:>14,}")
     return 0

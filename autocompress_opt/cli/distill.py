@@ -10,10 +10,14 @@ from autocompress_opt.cli._common import add_verb, print_json
 
 
 def add_parser(sub: Any) -> None:
-    from autocompress_opt.distill import DistillRecipe
+    from autocompress_opt.recover.distill import DistillRecipe
 
     d = DistillRecipe(steps=1)
-    p = add_verb(sub, "distill", "Distil a teacher into a pruned student on a fixed token budget (resumable).", """
+    p = add_verb(
+        sub,
+        "distill",
+        "Distil a teacher into a pruned student on a fixed token budget (resumable).",
+        """
   autocompress distill --student pruned/smollm2-0.6 --teacher smollm2-135m --steps 200
   autocompress distill --student pruned/smollm2-0.6 --teacher smollm2-135m --steps 2000 --batch-size 8 \\
       --seq-len 256 --lr 2e-4 --warmup-steps 100 --save-every 200 --out distilled/smollm2-0.6 --json
@@ -24,49 +28,100 @@ held-out split); the run is exactly steps x batch-size x seq-len tokens, and tha
 into the output's model card. The output directory is a checkpoint in the student's own format
 (load_model(out) loads it) and is rewritten every --save-every steps: running the same command again
 after an interruption continues from the last checkpoint and ends with the same weights. A
-checkpoint made with other settings is refused naming the setting, unless --restart.""")
-    p.add_argument("--student", required=True, metavar="DIR", help="student checkpoint directory (e.g. from autocompress prune)")
-    p.add_argument("--teacher", required=True, metavar="MODEL",
-                   help="teacher: a known name (smollm2-135m), an HF directory or a .gguf; same vocabulary as the student")
-    p.add_argument("--steps", type=int, required=True, help="optimizer updates (the token budget is steps x batch x seq-len)")
+checkpoint made with other settings is refused naming the setting, unless --restart.""",
+    )
+    p.add_argument(
+        "--student", required=True, metavar="DIR", help="student checkpoint directory (e.g. from autocompress prune)"
+    )
+    p.add_argument(
+        "--teacher",
+        required=True,
+        metavar="MODEL",
+        help="teacher: a known name (smollm2-135m), an HF directory or a .gguf; same vocabulary as the student",
+    )
+    p.add_argument(
+        "--steps", type=int, required=True, help="optimizer updates (the token budget is steps x batch x seq-len)"
+    )
     p.add_argument("--out", metavar="DIR", help="output checkpoint directory (default: <student>-distilled)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"rows per update (default {d.batch_size})")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"tokens per row (default {d.seq_len})")
     p.add_argument("--lr", type=float, default=d.lr, help=f"peak AdamW learning rate (default {d.lr:g})")
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps,
-                   help=f"linear warmup updates before the cosine decay (default {d.warmup_steps})")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"AdamW weight decay (default {d.weight_decay:g})")
-    p.add_argument("--temperature", type=float, default=d.temperature, help=f"softmax temperature (default {d.temperature:g})")
-    p.add_argument("--grad-clip", type=float, default=d.grad_clip, help=f"max gradient L2 norm, 0 = off (default {d.grad_clip:g})")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"data sampling, data order and RNG seed (default {d.seed})")
-    p.add_argument("--save-every", type=int, default=d.save_every, help=f"checkpoint every K updates (default {d.save_every})")
-    p.add_argument("--eval-rows", type=int, default=d.n_eval_rows,
-                   help=f"held-out rows for the KL before/after (default {d.n_eval_rows})")
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=d.warmup_steps,
+        help=f"linear warmup updates before the cosine decay (default {d.warmup_steps})",
+    )
+    p.add_argument(
+        "--weight-decay", type=float, default=d.weight_decay, help=f"AdamW weight decay (default {d.weight_decay:g})"
+    )
+    p.add_argument(
+        "--temperature", type=float, default=d.temperature, help=f"softmax temperature (default {d.temperature:g})"
+    )
+    p.add_argument(
+        "--grad-clip", type=float, default=d.grad_clip, help=f"max gradient L2 norm, 0 = off (default {d.grad_clip:g})"
+    )
+    p.add_argument(
+        "--seed", type=int, default=d.seed, help=f"data sampling, data order and RNG seed (default {d.seed})"
+    )
+    p.add_argument(
+        "--save-every", type=int, default=d.save_every, help=f"checkpoint every K updates (default {d.save_every})"
+    )
+    p.add_argument(
+        "--eval-rows",
+        type=int,
+        default=d.n_eval_rows,
+        help=f"held-out rows for the KL before/after (default {d.n_eval_rows})",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA only); weights stay float32")
     p.add_argument("--restart", action="store_true", help="discard a checkpoint in --out and start over")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out that is not a distillation checkpoint")
+    p.add_argument(
+        "--force", action="store_true", help="replace a non-empty --out that is not a distillation checkpoint"
+    )
     p.add_argument("--json", action="store_true", help="print the result record as JSON")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from autocompress_opt.distill import DistillRecipe, distill
+    from autocompress_opt.recover.distill import DistillRecipe, distill
 
     recipe = DistillRecipe(
-        steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
-        warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, temperature=args.temperature,
-        seed=args.seed, save_every=args.save_every, grad_clip=args.grad_clip, n_eval_rows=args.eval_rows,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        temperature=args.temperature,
+        seed=args.seed,
+        save_every=args.save_every,
+        grad_clip=args.grad_clip,
+        n_eval_rows=args.eval_rows,
     )
     out = args.out if args.out is not None else f"{str(Path(args.student)).rstrip('/')}-distilled"
-    result = distill(args.student, args.teacher, out, recipe, progress=not args.no_progress, restart=args.restart,
-                     force=args.force, device=args.device, bf16=args.bf16)
+    result = distill(
+        args.student,
+        args.teacher,
+        out,
+        recipe,
+        progress=not args.no_progress,
+        restart=args.restart,
+        force=args.force,
+        device=args.device,
+        bf16=args.bf16,
+    )
     if args.json:
         print_json(result.to_dict())
     else:
         start = result.resumed_from_step
-        verb = ("already complete" if start == recipe.steps else
-                f"distilled (resumed from step {start})" if start else "distilled")
+        verb = (
+            "already complete"
+            if start == recipe.steps
+            else f"distilled (resumed from step {start})"
+            if start
+            else "distilled"
+        )
         print(f"{verb}: {result.summary()}")
     return 0

@@ -15,32 +15,69 @@ _TASK_BATCH_SIZE = 16  # scoring.DEFAULT_BATCH_SIZE: short requests
 
 
 def add_parser(sub: Any) -> None:
-    p = add_verb(sub, "eval", "Score a model: held-out perplexity and KL to a parent, or task accuracy (--tasks).", """
+    p = add_verb(
+        sub,
+        "eval",
+        "Score a model: held-out perplexity and KL to a parent, or task accuracy (--tasks).",
+        """
   autocompress eval --model smollm2-135m                            # parent perplexities, 16 x 256 tokens per domain
   autocompress eval --model pruned/ --parent smollm2-135m --json    # a pruned checkpoint against its parent
   autocompress eval --model smollm2-135m --samples 64 --seq-len 512 --seed 1 --out eval.json
   autocompress eval --list-tasks                                    # tasks, metrics, installed sources, install hints
   autocompress eval --model smollm2-135m --tasks all --items 200 --out tasks.json
-  autocompress eval --model pruned/ --tasks wordnet-define,bible-cloze --items 50 --evaluator lm-eval""")
-    p.add_argument("--model", default=None,
-                   help="model with offline weights (smollm2-135m), Hugging Face directory (safetensors) or .gguf")
+  autocompress eval --model pruned/ --tasks wordnet-define,bible-cloze --items 50 --evaluator lm-eval""",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model with offline weights (smollm2-135m), Hugging Face directory (safetensors) or .gguf",
+    )
     p.add_argument("--parent", default=None, help="reference model for KL(parent || model); same forms as --model")
-    p.add_argument("--tasks", default=None, metavar="NAMES",
-                   help="comma-separated tasks or 'all' (see --list-tasks): zero-shot accuracy scored like "
-                        "lm-evaluation-harness; without it, the perplexity/KL report")
+    p.add_argument(
+        "--tasks",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated tasks or 'all' (see --list-tasks): zero-shot accuracy scored like "
+        "lm-evaluation-harness; without it, the perplexity/KL report",
+    )
     p.add_argument("--items", type=int, default=200, help="items per task (default 200)")
-    p.add_argument("--evaluator", default="builtin", choices=("builtin", "lm-eval"),
-                   help="builtin (default) or lm-eval (needs: pip install lm-eval)")
-    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
-                   help="read task sources from DIR instead of their installed locations")
-    p.add_argument("--list-tasks", action="store_true",
-                   help="list the tasks, their metric and whether their source is installed, then exit")
-    p.add_argument("--samples", type=int, default=16, help="held-out rows per domain (default 16), also for the heldout-perplexity task")
+    p.add_argument(
+        "--evaluator",
+        default="builtin",
+        choices=("builtin", "lm-eval"),
+        help="builtin (default) or lm-eval (needs: pip install lm-eval)",
+    )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="read task sources from DIR instead of their installed locations",
+    )
+    p.add_argument(
+        "--list-tasks",
+        action="store_true",
+        help="list the tasks, their metric and whether their source is installed, then exit",
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=16,
+        help="held-out rows per domain (default 16), also for the heldout-perplexity task",
+    )
     p.add_argument("--seq-len", type=int, default=256, help="tokens per row (default 256)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="sampling seed of rows and task items (default 0); the held-out split stays fixed")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help=f"rows per forward pass (default {_PPL_BATCH_SIZE}; {_TASK_BATCH_SIZE} with --tasks)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="sampling seed of rows and task items (default 0); the held-out split stays fixed",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"rows per forward pass (default {_PPL_BATCH_SIZE}; {_TASK_BATCH_SIZE} with --tasks)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.add_argument("--json", action="store_true", help="print the full report as one JSON object")
     p.add_argument("--out", type=Path, default=None, metavar="FILE", help="also write the JSON report to FILE")
@@ -54,17 +91,28 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--model is required (only --list-tasks runs without a model)")
     if args.tasks is not None:
         return _run_tasks(args)
-    from autocompress_opt.loading import load_model
-    from autocompress_opt.quality import evaluate
+    from autocompress_opt.hf.loading import load_model
+    from autocompress_opt.quality.metrics import evaluate
 
     model = load_model(args.model)
     parent = load_model(args.parent) if args.parent else None
-    report = evaluate(model.model, model.tokenizer, parent=parent.model if parent else None,
-                      n_samples=args.samples, seq_len=args.seq_len, seed=args.seed,
-                      batch_size=args.batch_size or _PPL_BATCH_SIZE, progress=not args.no_progress)
-    result = {"model": model.source, "parent": parent.source if parent else None,
-              "num_params": model.num_params, "parent_num_params": parent.num_params if parent else None,
-              **report.to_dict()}
+    report = evaluate(
+        model.model,
+        model.tokenizer,
+        parent=parent.model if parent else None,
+        n_samples=args.samples,
+        seq_len=args.seq_len,
+        seed=args.seed,
+        batch_size=args.batch_size or _PPL_BATCH_SIZE,
+        progress=not args.no_progress,
+    )
+    result = {
+        "model": model.source,
+        "parent": parent.source if parent else None,
+        "num_params": model.num_params,
+        "parent_num_params": parent.num_params if parent else None,
+        **report.to_dict(),
+    }
     _write(args, result)
     if args.json:
         print_json(result)
@@ -80,12 +128,16 @@ def _write(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 
 def _print_table(model: str, parent: str | None, report: Any) -> None:
-    kl = lambda v: "-" if v is None else f"{v:.5f}"  # noqa: E731
-    rows = [["code", f"{report.ppl_code:.3f}", kl(report.kl_code), f"{report.timings_s['code']:.1f}"],
-            ["prose", f"{report.ppl_prose:.3f}", kl(report.kl_prose), f"{report.timings_s['prose']:.1f}"],
-            ["all", "", kl(report.kl_to_parent), f"{report.timings_s['total']:.1f}"]]
-    print(f"model:  {model}\nparent: {parent or '(none)'}\n"
-          f"held-out: {report.n_samples} rows x {report.seq_len} tokens per domain, seed {report.seed}")
+    kl = lambda v: "-" if v is None else f"{v:.5f}"
+    rows = [
+        ["code", f"{report.ppl_code:.3f}", kl(report.kl_code), f"{report.timings_s['code']:.1f}"],
+        ["prose", f"{report.ppl_prose:.3f}", kl(report.kl_prose), f"{report.timings_s['prose']:.1f}"],
+        ["all", "", kl(report.kl_to_parent), f"{report.timings_s['total']:.1f}"],
+    ]
+    print(
+        f"model:  {model}\nparent: {parent or '(none)'}\n"
+        f"held-out: {report.n_samples} rows x {report.seq_len} tokens per domain, seed {report.seed}"
+    )
     print(table(rows, ["domain", "perplexity", "KL(parent||model) nats", "seconds"]))
 
 
@@ -102,30 +154,44 @@ def _task_names(text: str) -> list[str]:
 
 
 def _run_tasks(args: argparse.Namespace) -> int:
-    from autocompress_opt.loading import load_model
+    from autocompress_opt.hf.loading import load_model
     from autocompress_opt.tasks.scoring import evaluate_tasks
 
     if args.parent:
         raise ConfigError("--parent applies to the perplexity/KL report, not to --tasks")
     names = _task_names(args.tasks)
     model = load_model(args.model)
-    report = evaluate_tasks(model.model, model.tokenizer, names, n_items=args.items, seed=args.seed,
-                            batch_size=args.batch_size or _TASK_BATCH_SIZE, progress=not args.no_progress,
-                            data_dir=args.data_dir, ppl_samples=args.samples, ppl_seq_len=args.seq_len,
-                            evaluator=args.evaluator)
+    report = evaluate_tasks(
+        model.model,
+        model.tokenizer,
+        names,
+        n_items=args.items,
+        seed=args.seed,
+        batch_size=args.batch_size or _TASK_BATCH_SIZE,
+        progress=not args.no_progress,
+        data_dir=args.data_dir,
+        ppl_samples=args.samples,
+        ppl_seq_len=args.seq_len,
+        evaluator=args.evaluator,
+    )
     result = {"model": model.source, "num_params": model.num_params, **report.to_dict()}
     _write(args, result)
     if args.json:
         print_json(result)
         return 0
     print(f"model: {model.source}\n{args.items} items per task, seed {args.seed}, evaluator {args.evaluator}")
-    print(table(_task_rows(names, report), ["task", "metric", "score %", "± stderr", "chance %", "n", "seconds",
-                                            "source"]))
+    print(
+        table(
+            _task_rows(names, report), ["task", "metric", "score %", "± stderr", "chance %", "n", "seconds", "source"]
+        )
+    )
     if report.average_accuracy is None:
         print("average accuracy: - (no item task was scored)")
     else:
-        print(f"average accuracy: {100 * report.average_accuracy:.1f}% over {len(report.averaged_tasks)} tasks "
-              f"({', '.join(report.averaged_tasks)})")
+        print(
+            f"average accuracy: {100 * report.average_accuracy:.1f}% over {len(report.averaged_tasks)} tasks "
+            f"({', '.join(report.averaged_tasks)})"
+        )
     return 0
 
 
@@ -138,15 +204,35 @@ def _task_rows(names: list[str], report: Any) -> list[list[str]]:
     for name in names:
         if name in scored:
             t = scored[name]
-            rows.append([name, t.metric, f"{100 * t.score:.1f}", f"± {100 * t.stderr:.1f}", f"{100 * t.chance:.1f}",
-                         str(t.n), f"{t.seconds:.1f}", _source_line(t.source)])
+            rows.append(
+                [
+                    name,
+                    t.metric,
+                    f"{100 * t.score:.1f}",
+                    f"± {100 * t.stderr:.1f}",
+                    f"{100 * t.chance:.1f}",
+                    str(t.n),
+                    f"{t.seconds:.1f}",
+                    _source_line(t.source),
+                ]
+            )
         elif name in report.skipped:
             rows.append([name, "", "", "", "", "", "", f"skipped: {report.skipped[name]}"])
         elif name == PERPLEXITY_TASK and report.heldout is not None:
             h = report.heldout
             for domain, ppl in (("code", h.ppl_code), ("prose", h.ppl_prose)):
-                rows.append([f"{name} ({domain})", "perplexity", f"{ppl:.3f}", "", "",
-                             f"{h.n_samples}x{h.seq_len}", f"{h.timings_s[domain]:.1f}", "held-out " + domain])
+                rows.append(
+                    [
+                        f"{name} ({domain})",
+                        "perplexity",
+                        f"{ppl:.3f}",
+                        "",
+                        "",
+                        f"{h.n_samples}x{h.seq_len}",
+                        f"{h.timings_s[domain]:.1f}",
+                        "held-out " + domain,
+                    ]
+                )
     return rows
 
 

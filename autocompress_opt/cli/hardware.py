@@ -9,10 +9,15 @@ from autocompress_opt.cli._common import add_hardware_file, add_verb, load_hardw
 
 
 def add_parser(sub: Any) -> None:
-    p = add_verb(sub, "hardware", "List the hardware catalog (datasheet figures with sources, plus the calibrated CPU).", """
+    p = add_verb(
+        sub,
+        "hardware",
+        "List the hardware catalog (datasheet figures with sources, plus the calibrated CPU).",
+        """
   autocompress hardware list
   autocompress hardware list --json
-  autocompress hardware list --hardware-file my_gpus.yaml""")
+  autocompress hardware list --hardware-file my_gpus.yaml""",
+    )
     p.add_argument("action", choices=["list"], help="what to do (list)")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     add_hardware_file(p)
@@ -20,16 +25,24 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autocompress_opt.hardware import HARDWARE
+    from autocompress_opt.serving.hardware import HARDWARE
 
     load_hardware_files(args)
     items = [HARDWARE.get(name) for name in HARDWARE.names()]
     if args.json:
         print_json([h.to_dict() for h in items])
         return 0
-    rows = [[h.name, f"{h.memory_gib:g}", f"{h.bandwidth_gb_s:g}",
-             " ".join(f"{k}={v:g}" for k, v in h.peak_tflops.items()), h.interconnect or "-", h.source[:60]]
-            for h in items]
+    rows = [
+        [
+            h.name,
+            f"{h.memory_gib:g}",
+            f"{h.bandwidth_gb_s:g}",
+            " ".join(f"{k}={v:g}" for k, v in h.peak_tflops.items()),
+            h.interconnect or "-",
+            h.source[:60],
+        ]
+        for h in items
+    ]
     print(table(rows, ["name", "GiB", "GB/s", "dense TFLOPS", "interconnect", "source"]))
     if "cpu" not in HARDWARE:
         print("\n(cpu is not calibrated yet: run 'autocompress calibrate --hardware cpu')")

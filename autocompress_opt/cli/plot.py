@@ -10,11 +10,16 @@ from autocompress_opt.cli._common import add_verb
 
 
 def add_parser(sub: Any) -> None:
-    p = add_verb(sub, "plot", "Plot Pareto fronts (quality vs TTFT, TPOT, throughput, memory; one curve per "
-                 "hardware target, infeasible points apart) and the per-layer structure of each target's best "
-                 "feasible architecture beside the parent. Writes PNG and SVG.", """
+    p = add_verb(
+        sub,
+        "plot",
+        "Plot Pareto fronts (quality vs TTFT, TPOT, throughput, memory; one curve per "
+        "hardware target, infeasible points apart) and the per-layer structure of each target's best "
+        "feasible architecture beside the parent. Writes PNG and SVG.",
+        """
   autocompress plot demo
-  autocompress plot demo other --out plots/ --storage sqlite:///studies/demo.db""")
+  autocompress plot demo other --out plots/ --storage sqlite:///studies/demo.db""",
+    )
     p.add_argument("names", nargs="+", metavar="NAME", help="study group name(s)")
     p.add_argument("--storage", help="storage URL (default sqlite:///studies/NAME.db per name)")
     p.add_argument("--out", type=Path, default=Path("plots"), help="output directory (default plots/)")
@@ -22,8 +27,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autocompress_opt.plots import plot_pareto, plot_structure
-    from autocompress_opt.studyio import load_group
+    from autocompress_opt.search.plots import plot_pareto, plot_structure
+    from autocompress_opt.search.studyio import load_group
 
     written = []
     for name in args.names:
@@ -33,8 +38,12 @@ def run(args: argparse.Namespace) -> int:
         for view in views:
             best, parent = view.best_feasible(), view.parent
             if best is not None and parent is not None and best.arch() is not None:
-                written += plot_structure(best.arch(), parent, args.out / f"{view.name}-structure",
-                                          title=f"{view.label}: best feasible trial #{best.number} "
-                                                f"(quality {best.quality:.3f})\n{best.arch().summary()}")
+                written += plot_structure(
+                    best.arch(),
+                    parent,
+                    args.out / f"{view.name}-structure",
+                    title=f"{view.label}: best feasible trial #{best.number} "
+                    f"(quality {best.quality:.3f})\n{best.arch().summary()}",
+                )
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

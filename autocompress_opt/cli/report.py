@@ -10,10 +10,15 @@ from autocompress_opt.cli._common import add_hardware_file, add_verb, load_hardw
 
 
 def add_parser(sub: Any) -> None:
-    p = add_verb(sub, "report", "Cost report across the GPU catalog: each workload (with its default engine "
-                 "and dtype) on each GPU; table, JSON and PNG/SVG plots.", """
+    p = add_verb(
+        sub,
+        "report",
+        "Cost report across the GPU catalog: each workload (with its default engine "
+        "and dtype) on each GPU; table, JSON and PNG/SVG plots.",
+        """
   autocompress report --model smollm2-135m --out plots/
-  autocompress report --model llama-3.1-8b --workload datacenter --hardware h100-sxm,b200 --json""")
+  autocompress report --model llama-3.1-8b --workload datacenter --hardware h100-sxm,b200 --json""",
+    )
     p.add_argument("--model", default="smollm2-135m", help="model reference (default smollm2-135m)")
     p.add_argument("--workload", default=None, help="comma-separated workloads (default: all)")
     p.add_argument("--hardware", default=None, help="comma-separated catalog names (default: every GPU)")
@@ -24,9 +29,9 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autocompress_opt.architecture import load_architecture
-    from autocompress_opt.report import cost_report, save_report
-    from autocompress_opt.workloads import get_workload
+    from autocompress_opt.arch.catalog import load_architecture
+    from autocompress_opt.serving.report import cost_report, save_report
+    from autocompress_opt.serving.workloads import get_workload
 
     load_hardware_files(args)
     arch = load_architecture(args.model)
@@ -38,9 +43,23 @@ def run(args: argparse.Namespace) -> int:
         print_json([r.to_dict() for r in rows])
         return 0
     print(arch.summary())
-    body = [[r.workload, r.hardware, r.engine, r.dtype] + (["error: " + r.error] if r.error else [
-        f"{r.cost.ttft_ms:,.2f}", f"{r.cost.tpot_ms:,.3f}", f"{r.cost.output_throughput_tok_s:,.0f}",
-        f"{r.cost.peak_memory_gib:,.2f}", f"{r.cost.max_concurrency:,}"]) for r in rows]
-    print(table(body, ["workload", "hardware", "engine", "dtype", "ttft_ms", "tpot_ms", "tok/s", "mem_gib", "max_conc"]))
+    body = [
+        [r.workload, r.hardware, r.engine, r.dtype]
+        + (
+            ["error: " + r.error]
+            if r.error
+            else [
+                f"{r.cost.ttft_ms:,.2f}",
+                f"{r.cost.tpot_ms:,.3f}",
+                f"{r.cost.output_throughput_tok_s:,.0f}",
+                f"{r.cost.peak_memory_gib:,.2f}",
+                f"{r.cost.max_concurrency:,}",
+            ]
+        )
+        for r in rows
+    ]
+    print(
+        table(body, ["workload", "hardware", "engine", "dtype", "ttft_ms", "tpot_ms", "tok/s", "mem_gib", "max_conc"])
+    )
     print("\nwrote " + ", ".join(str(p) for p in paths))
     return 0

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autocompress_opt._data import REPO_SEARCH_SPACES
 from autocompress_opt.cli._common import add_verb, concurrency, engine_options, print_json, table
 
 RUN_EXAMPLES = """
@@ -24,11 +25,20 @@ Running the same 'study run' command again continues each study to --trials COMP
 
 
 def add_parser(sub: Any) -> None:
-    p = add_verb(sub, "study", "Pareto studies: Ray Tune runs trials, a persistent Optuna study (SQLite under "
-                 "studies/ by default) proposes the global architecture choices.", RUN_EXAMPLES)
+    p = add_verb(
+        sub,
+        "study",
+        "Pareto studies: Ray Tune runs trials, a persistent Optuna study (SQLite under "
+        "studies/ by default) proposes the global architecture choices.",
+        RUN_EXAMPLES,
+    )
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    run = actions.add_parser("run", help="run or resume a study group", description="Run or resume a study group.\n\n"
-                             "examples:" + RUN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = actions.add_parser(
+        "run",
+        help="run or resume a study group",
+        description="Run or resume a study group.\n\nexamples:" + RUN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("--config", type=Path, help="study YAML (keys = these flags with underscores); flags override it")
     run.add_argument("--model", help="parent model reference (default smollm2-135m)")
     run.add_argument("--targets", help="comma-separated hardware[:workload] (default rtx5070,rtx5080,h100-sxm,b200)")
@@ -39,28 +49,53 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--input-len", type=int, help="override the workload's prompt length")
     run.add_argument("--output-len", type=int, help="override the workload's output length")
     run.add_argument("--concurrency", type=concurrency, help="override the workload's concurrent requests (or 'max')")
-    for flag, metric in (("--max-ttft-ms", "ttft_ms"), ("--max-tpot-ms", "tpot_ms"),
-                         ("--min-throughput", "output_throughput_tok_s"), ("--max-memory-gib", "peak_memory_gib")):
-        run.add_argument(flag, metavar="V|Rx", help=f"constraint on {metric}: absolute, or relative to the parent as 0.6x")
+    for flag, metric in (
+        ("--max-ttft-ms", "ttft_ms"),
+        ("--max-tpot-ms", "tpot_ms"),
+        ("--min-throughput", "output_throughput_tok_s"),
+        ("--max-memory-gib", "peak_memory_gib"),
+    ):
+        run.add_argument(
+            flag, metavar="V|Rx", help=f"constraint on {metric}: absolute, or relative to the parent as 0.6x"
+        )
     run.add_argument("--engine-option", action="append", default=None, metavar="KEY=VALUE", help="engine setting")
     run.add_argument("--mode", help="trial mode (default plan: cost model + retained-parameter quality proxy)")
     run.add_argument("--trials", type=int, help="COMPLETE trials wanted per target (default 40)")
     run.add_argument("--name", help="study group name (default: the model name)")
     run.add_argument("--storage", help="Optuna storage: RDB URL or journal file (default sqlite:///studies/NAME.db)")
-    run.add_argument("--space", help="search-space YAML or bundled name (default: search_spaces/<model>.yaml if "
-                     "present, else derived from the parent)")
+    run.add_argument(
+        "--space",
+        help="search-space YAML or bundled name (default: search_spaces/<model>.yaml if "
+        "present, else derived from the parent)",
+    )
     run.add_argument("--sampler", choices=["tpe", "nsga2", "gp", "random"], help="override the space's sampler")
-    run.add_argument("--objectives", help="comma-separated, e.g. quality:max,tpot_ms:min (default quality + the "
-                     "workload's primary metric)")
+    run.add_argument(
+        "--objectives",
+        help="comma-separated, e.g. quality:max,tpot_ms:min (default quality + the workload's primary metric)",
+    )
     run.add_argument("--seed", type=int, help="sampler seed (default 0)")
     run.add_argument("--parallel", type=int, help="trials running at once (default 1)")
     run.add_argument("--address", help="existing Ray cluster address (default: start a local Ray)")
-    run.add_argument("--importance", metavar="DIR", help="plan mode: an importance record of the parent (saved by "
-                     "'autocompress prune' under .autocompress/importance/) → quality = retained importance")
-    run.add_argument("--inner", action="append", default=None, metavar="KEY=VALUE",
-                     help="weights mode: per-trial inner-search budget, e.g. steps=24 (see inner_search.InnerConfig)")
-    run.add_argument("--plugin", action="append", default=None, metavar="MODULE",
-                     help="import MODULE first (in the driver and every trial): it may register trial modes")
+    run.add_argument(
+        "--importance",
+        metavar="DIR",
+        help="plan mode: an importance record of the parent (saved by "
+        "'autocompress prune' under .autocompress/importance/) → quality = retained importance",
+    )
+    run.add_argument(
+        "--inner",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="weights mode: per-trial inner-search budget, e.g. steps=24 (see inner_search.InnerConfig)",
+    )
+    run.add_argument(
+        "--plugin",
+        action="append",
+        default=None,
+        metavar="MODULE",
+        help="import MODULE first (in the driver and every trial): it may register trial modes",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(run=_run)
 
@@ -84,13 +119,47 @@ def add_parser(sub: Any) -> None:
     exp.set_defaults(run=_export)
 
 
-_DEFAULTS = {"model": "smollm2-135m", "targets": "rtx5070,rtx5080,h100-sxm,b200", "workload": "datacenter",
-             "tp": 1, "mode": "plan", "trials": 40, "seed": 0, "parallel": 1}
+_DEFAULTS = {
+    "model": "smollm2-135m",
+    "targets": "rtx5070,rtx5080,h100-sxm,b200",
+    "workload": "datacenter",
+    "tp": 1,
+    "mode": "plan",
+    "trials": 40,
+    "seed": 0,
+    "parallel": 1,
+}
 
 
-_RUN_KEYS = ("model", "targets", "workload", "engine", "dtype", "tp", "input_len", "output_len", "concurrency",
-             "max_ttft_ms", "max_tpot_ms", "min_throughput", "max_memory_gib", "engine_option", "mode", "trials",
-             "name", "storage", "space", "sampler", "objectives", "seed", "parallel", "address", "plugin", "inner", "importance")
+_RUN_KEYS = (
+    "model",
+    "targets",
+    "workload",
+    "engine",
+    "dtype",
+    "tp",
+    "input_len",
+    "output_len",
+    "concurrency",
+    "max_ttft_ms",
+    "max_tpot_ms",
+    "min_throughput",
+    "max_memory_gib",
+    "engine_option",
+    "mode",
+    "trials",
+    "name",
+    "storage",
+    "space",
+    "sampler",
+    "objectives",
+    "seed",
+    "parallel",
+    "address",
+    "plugin",
+    "inner",
+    "importance",
+)
 
 
 def _merged(args: argparse.Namespace) -> dict[str, Any]:
@@ -107,46 +176,81 @@ def _merged(args: argparse.Namespace) -> dict[str, Any]:
         for key, value in data.items():
             key = key.replace("-", "_")
             if key not in valid:
-                raise ConfigError(f"unknown key {key!r} in {args.config}{suggest(key, valid)}; valid: {', '.join(sorted(valid))}")
+                raise ConfigError(
+                    f"unknown key {key!r} in {args.config}{suggest(key, valid)}; valid: {', '.join(sorted(valid))}"
+                )
             values[key] = value
-    values.update({k: v for k, v in vars(args).items() if v is not None and k not in ("run", "verb", "action", "config")})
+    values.update(
+        {k: v for k, v in vars(args).items() if v is not None and k not in ("run", "verb", "action", "config")}
+    )
     return values
 
 
 def build_config(values: dict[str, Any]) -> Any:
     """Flags/YAML values → StudyConfig (the CLI's only logic)."""
-    from autocompress_opt.architecture import load_architecture
-    from autocompress_opt.search_space import default_space, load_search_space
-    from autocompress_opt.study import Objective, StudyConfig
-    from autocompress_opt.trials import Target
+    from autocompress_opt.arch.catalog import load_architecture
+    from autocompress_opt.arch.search_space import default_space, load_search_space
+    from autocompress_opt.search.study import Objective, StudyConfig
+    from autocompress_opt.serving.targets import Target
 
-    constraints = {metric: str(values[key]) for key, metric in (("max_ttft_ms", "ttft_ms"), ("max_tpot_ms", "tpot_ms"),
-                   ("min_throughput", "output_throughput_tok_s"), ("max_memory_gib", "peak_memory_gib")) if values.get(key)}
+    constraints = {
+        metric: str(values[key])
+        for key, metric in (
+            ("max_ttft_ms", "ttft_ms"),
+            ("max_tpot_ms", "tpot_ms"),
+            ("min_throughput", "output_throughput_tok_s"),
+            ("max_memory_gib", "peak_memory_gib"),
+        )
+        if values.get(key)
+    }
     targets = []
     raw_targets = values["targets"] if isinstance(values["targets"], list) else str(values["targets"]).split(",")
     for item in raw_targets:
         hardware, _, workload = str(item).strip().partition(":")
-        targets.append(Target(hardware=hardware, workload=workload or values["workload"], engine=values.get("engine"),
-                              dtype=values.get("dtype"), tp=int(values["tp"]), input_len=values.get("input_len"),
-                              output_len=values.get("output_len"), concurrency=values.get("concurrency"),
-                              constraints=constraints, engine_options=engine_options(values.get("engine_option") or [])))
+        targets.append(
+            Target(
+                hardware=hardware,
+                workload=workload or values["workload"],
+                engine=values.get("engine"),
+                dtype=values.get("dtype"),
+                tp=int(values["tp"]),
+                input_len=values.get("input_len"),
+                output_len=values.get("output_len"),
+                concurrency=values.get("concurrency"),
+                constraints=constraints,
+                engine_options=engine_options(values.get("engine_option") or []),
+            )
+        )
     model = str(values["model"])
     if values.get("space"):
         space = load_search_space(values["space"])
     else:
-        bundled = Path(__file__).parents[2] / "search_spaces" / f"{model}.yaml"
+        bundled = REPO_SEARCH_SPACES / f"{model}.yaml"
         space = load_search_space(bundled) if bundled.is_file() else default_space(load_architecture(model))
     if values.get("sampler"):
         from dataclasses import replace
 
         space = replace(space, sampler=values["sampler"])
-    objectives = tuple(Objective.parse(o) for o in str(values["objectives"]).split(",")) if values.get("objectives") else ()
+    objectives = (
+        tuple(Objective.parse(o) for o in str(values["objectives"]).split(",")) if values.get("objectives") else ()
+    )
     name = values.get("name") or Path(model).stem.replace(".", "-")
-    return StudyConfig(name=name, model=model, targets=tuple(targets), space=space, trials=int(values["trials"]),
-                       objectives=objectives, mode=str(values["mode"]), storage=values.get("storage"),
-                       seed=int(values["seed"]), concurrency=int(values["parallel"]), address=values.get("address"),
-                       plugins=tuple(values.get("plugin") or ()), inner=_inner(values.get("inner")),
-                       importance=values.get("importance"))
+    return StudyConfig(
+        name=name,
+        model=model,
+        targets=tuple(targets),
+        space=space,
+        trials=int(values["trials"]),
+        objectives=objectives,
+        mode=str(values["mode"]),
+        storage=values.get("storage"),
+        seed=int(values["seed"]),
+        concurrency=int(values["parallel"]),
+        address=values.get("address"),
+        plugins=tuple(values.get("plugin") or ()),
+        inner=_inner(values.get("inner")),
+        importance=values.get("importance"),
+    )
 
 
 def _inner(raw: Any) -> dict[str, Any]:
@@ -159,20 +263,22 @@ def _inner(raw: Any) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from autocompress_opt.study import run_study
+    from autocompress_opt.search.study import run_study
 
     config = build_config(_merged(args))
     outcomes = run_study(config, progress=not args.quiet)
     for o in outcomes:
         note = f", re-queued orphaned trials {o.repaired}" if o.repaired else ""
         print(f"{o.study_name}: {o.complete} COMPLETE trials{note}")
-    print(f"storage: {config.storage_url}\nnext: autocompress study show {config.name} --storage {config.storage_url}\n"
-          f"      autocompress plot {config.name} --storage {config.storage_url}")
+    print(
+        f"storage: {config.storage_url}\nnext: autocompress study show {config.name} --storage {config.storage_url}\n"
+        f"      autocompress plot {config.name} --storage {config.storage_url}"
+    )
     return 0
 
 
 def _list(args: argparse.Namespace) -> int:
-    from autocompress_opt.studyio import list_studies
+    from autocompress_opt.search.studyio import list_studies
 
     urls = args.storage or [f"sqlite:///{p}" for p in sorted(Path("studies").glob("*.db"))]
     rows = [row for url in urls for row in list_studies(url)]
@@ -181,18 +287,31 @@ def _list(args: argparse.Namespace) -> int:
     elif not rows:
         print("no studies yet: run 'autocompress study run --help'")
     else:
-        print(table([[r["study"], str(r["trials"]), ",".join(r["directions"]), r["storage"]] for r in rows],
-                    ["study", "trials", "directions", "storage"]))
+        print(
+            table(
+                [[r["study"], str(r["trials"]), ",".join(r["directions"]), r["storage"]] for r in rows],
+                ["study", "trials", "directions", "storage"],
+            )
+        )
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    from autocompress_opt.studyio import load_group
+    from autocompress_opt.search.studyio import load_group
 
     views = load_group(args.name, args.storage)
     if args.json:
-        print_json([{"study": v.name, "target": v.target, "objectives": v.attrs.get("objectives"),
-                     "pareto": [r.__dict__ for r in v.pareto()]} for v in views])
+        print_json(
+            [
+                {
+                    "study": v.name,
+                    "target": v.target,
+                    "objectives": v.attrs.get("objectives"),
+                    "pareto": [r.__dict__ for r in v.pareto()],
+                }
+                for v in views
+            ]
+        )
         return 0
     for view in views:
         states: dict[str, int] = {}
@@ -207,17 +326,25 @@ def _show(args: argparse.Namespace) -> int:
         if not shown:
             print("   no feasible trial yet")
             continue
-        rows = [[str(r.number), r.arch().summary().split(": ", 1)[-1] if r.arch() else "-",
-                 f"{r.quality:.3f}" if r.quality is not None else "-",
-                 *(f"{r.metrics.get(k, float('nan')):,.2f}" for k in ("ttft_ms", "tpot_ms", "output_throughput_tok_s",
-                                                                     "peak_memory_gib")),
-                 "yes" if r.feasible else ("no" if r.state == "COMPLETE" else r.state.lower())] for r in shown]
+        rows = [
+            [
+                str(r.number),
+                r.arch().summary().split(": ", 1)[-1] if r.arch() else "-",
+                f"{r.quality:.3f}" if r.quality is not None else "-",
+                *(
+                    f"{r.metrics.get(k, float('nan')):,.2f}"
+                    for k in ("ttft_ms", "tpot_ms", "output_throughput_tok_s", "peak_memory_gib")
+                ),
+                "yes" if r.feasible else ("no" if r.state == "COMPLETE" else r.state.lower()),
+            ]
+            for r in shown
+        ]
         print(table(rows, ["#", "architecture", "quality", "ttft_ms", "tpot_ms", "tok/s", "mem_gib", "feasible"]))
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
-    from autocompress_opt.studyio import export_rows, load_group, rows_to_csv
+    from autocompress_opt.search.studyio import export_rows, load_group, rows_to_csv
 
     rows = [row for view in load_group(args.name, args.storage) for row in export_rows(view)]
     text = rows_to_csv(rows) if args.format == "csv" else json.dumps(rows, indent=2, default=str)

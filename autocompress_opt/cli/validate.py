@@ -10,11 +10,16 @@ from autocompress_opt.cli._common import add_verb, print_json, table
 
 
 def add_parser(sub: Any) -> None:
-    p = add_verb(sub, "validate", "Compare cost-model predictions with measurements (CSV in the columns of "
-                 "shared/reference/measurements.csv): prediction, measurement, error, roofline bound.", """
+    p = add_verb(
+        sub,
+        "validate",
+        "Compare cost-model predictions with measurements (CSV in the columns of "
+        "shared/reference/measurements.csv): prediction, measurement, error, roofline bound.",
+        """
   autocompress validate                                 # the shipped published measurements
   autocompress validate --measurements mine.csv --json
-  autocompress validate --fit --out autocompress_opt/data/profiles/published.yaml   # refit engine profiles""")
+  autocompress validate --fit --out autocompress_opt/data/profiles/published.yaml   # refit engine profiles""",
+    )
     p.add_argument("--measurements", type=Path, default=None, help="CSV of measurements (default: the shipped file)")
     p.add_argument("--fit", action="store_true", help="first fit one profile per engine to these rows")
     p.add_argument("--out", type=Path, default=None, help="with --fit: where to write the fitted profiles (YAML)")
@@ -23,15 +28,19 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autocompress_opt.profiles import clear_cache, save_profile
-    from autocompress_opt.validation import SHIPPED_MEASUREMENTS, fit_published, load_measurements, validate
+    from autocompress_opt.serving.profiles import clear_cache, save_profile
+    from autocompress_opt.serving.validation import SHIPPED_MEASUREMENTS, fit_published, load_measurements, validate
 
     source = args.measurements or SHIPPED_MEASUREMENTS
     rows = load_measurements(source)
     if args.fit:
         profiles = fit_published(rows)
         if args.out:
-            save_profile(args.out, profiles, header=f"Engine-wide profiles fitted to {source.name} by 'autocompress validate --fit'.")
+            save_profile(
+                args.out,
+                profiles,
+                header=f"Engine-wide profiles fitted to {source.name} by 'autocompress validate --fit'.",
+            )
             clear_cache()
         results = []
         for prof in profiles:
@@ -41,11 +50,28 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json([r.to_dict() for r in results])
         return 0
-    body = [[r.id, r.model, r.hardware, r.engine, r.metric, f"{r.predicted:,.2f}", f"{r.measured:,.2f}",
-             f"{r.error:+.1%}", f"{r.bound:,.2f}", "ok" if r.bound_ok else "VIOLATED"] for r in results]
-    print(table(body, ["id", "model", "hardware", "engine", "metric", "predicted", "measured", "error", "bound", "bound"]))
+    body = [
+        [
+            r.id,
+            r.model,
+            r.hardware,
+            r.engine,
+            r.metric,
+            f"{r.predicted:,.2f}",
+            f"{r.measured:,.2f}",
+            f"{r.error:+.1%}",
+            f"{r.bound:,.2f}",
+            "ok" if r.bound_ok else "VIOLATED",
+        ]
+        for r in results
+    ]
+    print(
+        table(body, ["id", "model", "hardware", "engine", "metric", "predicted", "measured", "error", "bound", "bound"])
+    )
     errors = sorted(abs(r.error) for r in results)
     if errors:
-        print(f"\n{len(errors)} rows: median |error| {errors[len(errors) // 2]:.1%}, max {errors[-1]:.1%}; "
-              f"bounds respected: {sum(r.bound_ok for r in results)}/{len(results)}")
+        print(
+            f"\n{len(errors)} rows: median |error| {errors[len(errors) // 2]:.1%}, max {errors[-1]:.1%}; "
+            f"bounds respected: {sum(r.bound_ok for r in results)}/{len(results)}"
+        )
     return 0

@@ -17,8 +17,15 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["AgreementSite", "MinimalPair", "agreement_site", "flip_verb", "minimal_pair", "prose_sentences",
-           "strip_markup"]
+__all__ = [
+    "AgreementSite",
+    "MinimalPair",
+    "agreement_site",
+    "flip_verb",
+    "minimal_pair",
+    "prose_sentences",
+    "strip_markup",
+]
 
 _SINGULAR_VERBS = ("is", "was", "has", "does", "isn't", "wasn't", "hasn't", "doesn't")
 _PLURAL_VERBS = ("are", "were", "have", "do", "aren't", "weren't", "haven't", "don't")
@@ -26,26 +33,98 @@ _FLIP = {**dict(zip(_SINGULAR_VERBS, _PLURAL_VERBS)), **dict(zip(_PLURAL_VERBS, 
 _SINGULAR_DETERMINERS = frozenset({"a", "an", "this", "that", "each", "every", "another", "either", "neither"})
 _PLURAL_DETERMINERS = frozenset({"these", "those", "both", "many", "several", "few"})
 # Function words that can sit between a determiner and a verb without being its subject's noun.
-_NOT_NOUNS = frozenset({"that", "which", "who", "whom", "whose", "what", "it", "its", "there", "this", "these", "those",
-                        "they", "he", "she", "we", "you", "also", "not", "only", "then", "now", "one", "ones", "same",
-                        "other", "others", "following", "former", "latter", "rest", "number", "majority",
-                        "data", "media", "criteria"})  # Latin plurals used as singulars
+_NOT_NOUNS = frozenset(
+    {
+        "that",
+        "which",
+        "who",
+        "whom",
+        "whose",
+        "what",
+        "it",
+        "its",
+        "there",
+        "this",
+        "these",
+        "those",
+        "they",
+        "he",
+        "she",
+        "we",
+        "you",
+        "also",
+        "not",
+        "only",
+        "then",
+        "now",
+        "one",
+        "ones",
+        "same",
+        "other",
+        "others",
+        "following",
+        "former",
+        "latter",
+        "rest",
+        "number",
+        "majority",
+        "data",
+        "media",
+        "criteria",
+    }
+)  # Latin plurals used as singulars
 _VERB_PATTERN = "|".join(re.escape(v) for v in sorted(_FLIP, key=len, reverse=True))
 # determiner, optional modifier, noun, verb: "The (return) value is", "each (new) thread has". A
 # lookahead, so that candidates may overlap ("a few bytes are" is tried at "a" and at "few").
 _SITE = re.compile(
-    rf"(?=\b(?P<det>[A-Za-z]+)\s+(?:(?P<mod>[a-z]+)\s+)?(?P<noun>[a-z]{{3,}})\s+(?P<verb>{_VERB_PATTERN})\b)")
+    rf"(?=\b(?P<det>[A-Za-z]+)\s+(?:(?P<mod>[a-z]+)\s+)?(?P<noun>[a-z]{{3,}})\s+(?P<verb>{_VERB_PATTERN})\b)"
+)
 
 MIN_WORDS, MAX_WORDS = 6, 40
 # Directives whose content is prose; the content of any other directive (code-block, doctest,
 # productionlist, tables, toctree...) is skipped.
-_PROSE_DIRECTIVES = frozenset({
-    "note", "warning", "seealso", "versionadded", "versionchanged", "deprecated", "deprecated-removed",
-    "function", "method", "class", "attribute", "data", "exception", "decorator", "classmethod", "staticmethod",
-    "decoratormethod", "coroutinefunction", "coroutinemethod", "abstractmethod", "describe", "impl-detail",
-    "admonition", "important", "tip", "caution", "attention", "hint", "topic", "opcode", "cmdoption", "option",
-    "envvar", "c:function", "c:macro", "c:type", "c:member", "c:var",
-})
+_PROSE_DIRECTIVES = frozenset(
+    {
+        "note",
+        "warning",
+        "seealso",
+        "versionadded",
+        "versionchanged",
+        "deprecated",
+        "deprecated-removed",
+        "function",
+        "method",
+        "class",
+        "attribute",
+        "data",
+        "exception",
+        "decorator",
+        "classmethod",
+        "staticmethod",
+        "decoratormethod",
+        "coroutinefunction",
+        "coroutinemethod",
+        "abstractmethod",
+        "describe",
+        "impl-detail",
+        "admonition",
+        "important",
+        "tip",
+        "caution",
+        "attention",
+        "hint",
+        "topic",
+        "opcode",
+        "cmdoption",
+        "option",
+        "envvar",
+        "c:function",
+        "c:macro",
+        "c:type",
+        "c:member",
+        "c:var",
+    }
+)
 _DIRECTIVE = re.compile(r"^\s*\.\.\s+([\w:-]+)::")
 _FIELD = re.compile(r"^\s*:[\w ()-]+:(\s|$)")  # ":param x:", ":synopsis:" (but not a role ":mod:`x`")
 _UNDERLINE = re.compile(r"^\s*([=\-~^\"'`#*+.:_])\1{2,}\s*$")
@@ -57,12 +136,12 @@ _ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.")
 
 def strip_markup(text: str) -> str:
     """Inline reST reduced to its text: ``:func:`~os.path.join``` → ``join``, ``*x*`` → ``x``, links → text."""
-    text = re.sub(r"\[#?[\w-]*\]_", "", text)                              # footnote refs
+    text = re.sub(r"\[#?[\w-]*\]_", "", text)  # footnote refs
     text = re.sub(r":[\w:+-]+:`!?~?([^`<]*?)\s*<[^`>]*>`", r"\1", text)  # :ref:`text <target>`
     text = re.sub(r":[\w:+-]+:`!?~([^`]*)`", lambda m: m.group(1).rsplit(".", 1)[-1], text)
     text = re.sub(r":[\w:+-]+:`!?([^`]*)`", r"\1", text)
     text = re.sub(r"``([^`]+)``", r"\1", text)
-    text = re.sub(r"`([^`<]*?)\s*<[^`>]*>`__?", r"\1", text)              # `text <url>`_
+    text = re.sub(r"`([^`<]*?)\s*<[^`>]*>`__?", r"\1", text)  # `text <url>`_
     text = re.sub(r"`([^`]+)`__?", r"\1", text)
     text = re.sub(r"`([^`]+)`", r"\1", text)
     text = re.sub(r"\*\*([^*]+)\*\*", r"\1", text)
@@ -97,8 +176,13 @@ def _paragraphs(text: str) -> Iterator[str]:
             continue
         directive = _DIRECTIVE.match(line)
         next_line = lines[i + 1] if i + 1 < len(lines) else ""
-        if directive or _FIELD.match(line) or _UNDERLINE.match(line) or _UNDERLINE.match(next_line) \
-                or line.lstrip().startswith(("..", ">>>", "|", "+-", "+=")):
+        if (
+            directive
+            or _FIELD.match(line)
+            or _UNDERLINE.match(line)
+            or _UNDERLINE.match(next_line)
+            or line.lstrip().startswith(("..", ">>>", "|", "+-", "+="))
+        ):
             yield from _flush(paragraph)
             if directive is None or directive.group(1) not in _PROSE_DIRECTIVES:
                 skip_deeper_than = indent  # its content (code, options, table, comment) goes too
@@ -124,8 +208,13 @@ def prose_sentences(text: str) -> Iterator[str]:
             plain = plain.replace(abbreviation + " ", abbreviation + "\x00")
         for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z])", plain):
             sentence = sentence.replace("\x00", " ").strip()
-            if (MIN_WORDS <= len(sentence.split()) <= MAX_WORDS and sentence[0].isupper() and sentence.endswith(".")
-                    and _PLAIN.fullmatch(sentence) and not re.search(r"\w\.\w|\(\)", sentence)):
+            if (
+                MIN_WORDS <= len(sentence.split()) <= MAX_WORDS
+                and sentence[0].isupper()
+                and sentence.endswith(".")
+                and _PLAIN.fullmatch(sentence)
+                and not re.search(r"\w\.\w|\(\)", sentence)
+            ):
                 yield sentence
 
 
@@ -186,5 +275,5 @@ def minimal_pair(sentence: str) -> MinimalPair | None:
     site = agreement_site(sentence)
     if site is None:
         return None
-    context, rest = sentence[:site.start].rstrip(), sentence[site.end:]
+    context, rest = sentence[: site.start].rstrip(), sentence[site.end :]
     return MinimalPair(context, f" {site.verb}{rest}", f" {flip_verb(site.verb)}{rest}", site.verb in _PLURAL_VERBS)

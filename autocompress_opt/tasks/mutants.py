@@ -33,23 +33,81 @@ from dataclasses import dataclass
 __all__ = ["Mutant", "mutants"]
 
 _KIND_OF = {
-    "<": "comparison", ">=": "comparison", "<=": "comparison", ">": "comparison", "==": "comparison",
-    "!=": "comparison", "+": "arithmetic", "-": "arithmetic", "*": "arithmetic", "/": "arithmetic",
-    "//": "arithmetic", "%": "arithmetic", "**": "arithmetic", "+=": "arithmetic", "-=": "arithmetic", "and": "boolean",
-    "or": "boolean", "True": "boolean", "False": "boolean",
+    "<": "comparison",
+    ">=": "comparison",
+    "<=": "comparison",
+    ">": "comparison",
+    "==": "comparison",
+    "!=": "comparison",
+    "+": "arithmetic",
+    "-": "arithmetic",
+    "*": "arithmetic",
+    "/": "arithmetic",
+    "//": "arithmetic",
+    "%": "arithmetic",
+    "**": "arithmetic",
+    "+=": "arithmetic",
+    "-=": "arithmetic",
+    "and": "boolean",
+    "or": "boolean",
+    "True": "boolean",
+    "False": "boolean",
 }
-_REPLACEMENT = {"<": ">=", ">=": "<", "<=": ">", ">": "<=", "==": "!=", "!=": "==", "+": "-", "-": "+", "*": "/",
-                "/": "*", "//": "%", "%": "//", "**": "*", "+=": "-=", "-=": "+=", "and": "or", "or": "and",
-                "True": "False", "False": "True"}
+_REPLACEMENT = {
+    "<": ">=",
+    ">=": "<",
+    "<=": ">",
+    ">": "<=",
+    "==": "!=",
+    "!=": "==",
+    "+": "-",
+    "-": "+",
+    "*": "/",
+    "/": "*",
+    "//": "%",
+    "%": "//",
+    "**": "*",
+    "+=": "-=",
+    "-=": "+=",
+    "and": "or",
+    "or": "and",
+    "True": "False",
+    "False": "True",
+}
 _BINARY_ONLY = frozenset({"+", "-", "*", "/", "//", "%", "**"})  # "-x", "*args" and "%" in no other role are skipped
 # One-way where the reverse is often a no-op: "list" -> "set" inside sorted(...) changes nothing
 # when the items are already unique.
-_CALL_SWAPS = {"min": "max", "max": "min", "lower": "upper", "upper": "lower", "any": "all", "all": "any",
-               "startswith": "endswith", "endswith": "startswith", "isupper": "islower", "islower": "isupper",
-               "ceil": "floor", "floor": "ceil", "set": "list", "len": "sum", "sum": "len",
-               "sorted": "reversed", "reversed": "sorted", "isdigit": "isalpha", "isalpha": "isdigit"}
-_STRING_SWAPS = {"' '": "''", "''": "' '", '" "': '""', '""': '" "', "'0'": "'1'", "'1'": "'0'", '"0"': '"1"',
-                 '"1"': '"0"'}
+_CALL_SWAPS = {
+    "min": "max",
+    "max": "min",
+    "lower": "upper",
+    "upper": "lower",
+    "any": "all",
+    "all": "any",
+    "startswith": "endswith",
+    "endswith": "startswith",
+    "isupper": "islower",
+    "islower": "isupper",
+    "ceil": "floor",
+    "floor": "ceil",
+    "set": "list",
+    "len": "sum",
+    "sum": "len",
+    "sorted": "reversed",
+    "reversed": "sorted",
+    "isdigit": "isalpha",
+    "isalpha": "isdigit",
+}
+_STRING_SWAPS = {
+    "' '": "''",
+    "''": "' '",
+    '" "': '""',
+    '""': '" "',
+    "'0'": "'1'",
+    "'1'": "'0'",
+    '"0"': '"1"',
+    '"1"': '"0"',
+}
 _OPERAND_KEYWORDS = frozenset({"True", "False", "None"})
 
 
@@ -81,7 +139,7 @@ def mutants(prompt: str, body: str) -> list[Mutant]:
         if start < 0:
             continue
         for kind, before, after in _edits(context, i):
-            mutated = body[:start] + after + body[start + len(before):]
+            mutated = body[:start] + after + body[start + len(before) :]
             if mutated != body and _parses(prompt + mutated):
                 found.append(Mutant(kind, start, before, after, mutated))
     return found
@@ -119,8 +177,14 @@ def _edits(context: _Context, i: int) -> list[tuple[str, str, str]]:
     if tok.type == token.NUMBER and text.isdigit():
         value = int(text)
         return [("off-by-one", text, str(value - 1 if value > 1 else value + 1))]
-    if (tok.type == token.NAME and text in context.locals_ and previous is not None and previous.string == "return"
-            and following is not None and following.type in (token.NEWLINE, token.COMMENT, token.ENDMARKER)):
+    if (
+        tok.type == token.NAME
+        and text in context.locals_
+        and previous is not None
+        and previous.string == "return"
+        and following is not None
+        and following.type in (token.NEWLINE, token.COMMENT, token.ENDMARKER)
+    ):
         return [("return-name", text, name) for name in context.locals_ if name != text][:1]
     return []
 

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from autocompress_opt.errors import ConfigError, UnknownNameError
-from autocompress_opt.quality import QualityReport, _inference
+from autocompress_opt.quality.metrics import QualityReport, _inference
 from autocompress_opt.registry import Registry
 from autocompress_opt.tasks.items import PERPLEXITY_TASK, Item, TaskSpec
 
@@ -86,7 +86,7 @@ def encode_pair(tokenizer: Any, context: str, continuation: str) -> tuple[list[i
             context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
         whole = _encode(tokenizer, context + continuation)
         ctx = _encode(tokenizer, context)
-        cont = whole[len(ctx):]
+        cont = whole[len(ctx) :]
     if not cont:
         raise ConfigError(f"continuation {continuation!r} after context {context[-40:]!r} has no tokens to score")
     return ctx, cont
@@ -155,12 +155,17 @@ def loglikelihoods(
             if len(ctx) + len(cont) <= limit + 1:  # not cut: the input is exactly ctx + cont[:-1]
                 groups.setdefault(tuple(ctx), []).append(index)
     # a group's continuations share one batch: at most batch_size of them (each chunk reruns the context)
-    shared = [members[i:i + batch_size] for members in groups.values() if len(members) > 1
-              for i in range(0, len(members), batch_size)]
+    shared = [
+        members[i : i + batch_size]
+        for members in groups.values()
+        if len(members) > 1
+        for i in range(0, len(members), batch_size)
+    ]
     in_shared = {i for members in shared for i in members}
     # lm-eval's Collator order: longest first (padding waste is small, the slowest batch comes first).
-    order = sorted((i for i in range(len(rows)) if i not in in_shared),
-                   key=lambda i: (-rows[i][2], rows[i][0] + rows[i][1]))
+    order = sorted(
+        (i for i in range(len(rows)) if i not in in_shared), key=lambda i: (-rows[i][2], rows[i][0] + rows[i][1])
+    )
     results: list[tuple[float, bool]] = [(math.nan, False)] * len(rows)
     from tqdm.auto import tqdm
 
@@ -171,7 +176,7 @@ def loglikelihoods(
                 results[index] = result
             bar.update(len(members))
         for start in range(0, len(order), batch_size):
-            chunk = order[start:start + batch_size]
+            chunk = order[start : start + batch_size]
             for index, result in zip(chunk, _score_batch(model, [rows[i] for i in chunk])):
                 results[index] = result
             bar.update(len(chunk))
@@ -182,7 +187,7 @@ def _row(ctx: list[int], cont: list[int], limit: int) -> tuple[list[int], list[i
     """(model input, continuation, full length): the input is cut from the left to ``limit`` tokens."""
     if len(cont) > limit:
         raise ConfigError(f"a continuation of {len(cont)} tokens exceeds the model's context of {limit} tokens")
-    return (ctx + cont)[-(limit + 1):][:-1], cont, len(ctx) + len(cont)
+    return (ctx + cont)[-(limit + 1) :][:-1], cont, len(ctx) + len(cont)
 
 
 def _score_batch(model: Any, rows: list[tuple[list[int], list[int], int]]) -> list[tuple[float, bool]]:
@@ -192,12 +197,12 @@ def _score_batch(model: Any, rows: list[tuple[list[int], list[int], int]]) -> li
     ids = torch.zeros(len(rows), width, dtype=torch.long)  # (B, T); the pad id is never attended
     mask = torch.zeros(len(rows), width, dtype=torch.long)
     for r, (inp, _, _) in enumerate(rows):
-        ids[r, :len(inp)] = torch.tensor(inp)
-        mask[r, :len(inp)] = 1
+        ids[r, : len(inp)] = torch.tensor(inp)
+        mask[r, : len(inp)] = 1
     starts = [len(inp) - len(cont) for inp, cont, _ in rows]
     keep = width - min(starts)  # trailing positions that hold any row's continuation
     logits = _forward(model, ids, attention_mask=mask, keep=keep)  # (B, keep, V)
-    return [_score(logits[r, starts[r] - (width - keep):][:len(cont)], cont) for r, (_, cont, _) in enumerate(rows)]
+    return [_score(logits[r, starts[r] - (width - keep) :][: len(cont)], cont) for r, (_, cont, _) in enumerate(rows)]
 
 
 def _score_shared(model: Any, ctx: list[int], conts: list[list[int]]) -> list[tuple[float, bool]]:
@@ -212,9 +217,9 @@ def _score_shared(model: Any, ctx: list[int], conts: list[list[int]]) -> list[tu
     cache.batch_repeat_interleave(len(conts))
     ids = torch.zeros(len(conts), width, dtype=torch.long)  # (k, W); right padding, invisible to real tokens
     for r, cont in enumerate(conts):
-        ids[r, :len(cont) - 1] = torch.tensor(cont[:-1])
+        ids[r, : len(cont) - 1] = torch.tensor(cont[:-1])
     rest = _forward(model, ids, keep=width, cache=cache)  # (k, W, V)
-    return [_score(torch.cat([last, rest[r, :len(cont) - 1]]), cont) for r, cont in enumerate(conts)]
+    return [_score(torch.cat([last, rest[r, : len(cont) - 1]]), cont) for r, cont in enumerate(conts)]
 
 
 def _score(logits: torch.Tensor, cont: list[int]) -> tuple[float, bool]:
@@ -225,8 +230,9 @@ def _score(logits: torch.Tensor, cont: list[int]) -> tuple[float, bool]:
     return float(picked.sum(dtype=torch.float64)), bool((log_probs.argmax(-1) == target).all())
 
 
-def _forward(model: Any, ids: torch.Tensor, *, keep: int, attention_mask: torch.Tensor | None = None,
-             cache: Any | None = None) -> torch.Tensor:
+def _forward(
+    model: Any, ids: torch.Tensor, *, keep: int, attention_mask: torch.Tensor | None = None, cache: Any | None = None
+) -> torch.Tensor:
     """``(B, keep, V)`` logits of the last ``keep`` positions (the LM head skips the rest when it can).
 
     With ``cache``, ``ids`` continue the cached sequence and the cache grows by them.
@@ -251,7 +257,7 @@ def _new_cache(model: Any) -> Any:
         return DynamicCache()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _accepts(model_type: type, name: str) -> bool:
     return name in inspect.signature(model_type.forward).parameters
 
@@ -296,18 +302,34 @@ class ItemResult:
             raise ConfigError(f"item {item.id!r}: {len(item.choices)} choices but {len(logliks_nats)} scores")
         per_byte = [ll / len(choice.encode("utf-8")) for ll, choice in zip(logliks_nats, item.choices)]
         pred, pred_norm = _argmax(logliks_nats), _argmax(per_byte)
-        return cls(id=item.id, gold=item.gold, logliks_nats=tuple(float(x) for x in logliks_nats),
-                   greedy=tuple(bool(g) for g in greedy), pred=pred, pred_norm=pred_norm,
-                   acc=pred == item.gold, acc_norm=pred_norm == item.gold, is_greedy=bool(greedy[item.gold]))
+        return cls(
+            id=item.id,
+            gold=item.gold,
+            logliks_nats=tuple(float(x) for x in logliks_nats),
+            greedy=tuple(bool(g) for g in greedy),
+            pred=pred,
+            pred_norm=pred_norm,
+            acc=pred == item.gold,
+            acc_norm=pred_norm == item.gold,
+            is_greedy=bool(greedy[item.gold]),
+        )
 
     def correct(self, metric: str) -> bool:
         """Whether the item counts as right under ``metric`` (acc, acc_norm or greedy)."""
         return {"acc": self.acc, "acc_norm": self.acc_norm, "greedy": self.is_greedy}[metric]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "gold": self.gold, "logliks_nats": list(self.logliks_nats), "greedy": list(self.greedy),
-                "pred": self.pred, "pred_norm": self.pred_norm, "acc": self.acc, "acc_norm": self.acc_norm,
-                "is_greedy": self.is_greedy}
+        return {
+            "id": self.id,
+            "gold": self.gold,
+            "logliks_nats": list(self.logliks_nats),
+            "greedy": list(self.greedy),
+            "pred": self.pred,
+            "pred_norm": self.pred_norm,
+            "acc": self.acc,
+            "acc_norm": self.acc_norm,
+            "is_greedy": self.is_greedy,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ItemResult:
@@ -343,9 +365,19 @@ class TaskResult:
     def from_items(cls, spec: TaskSpec, items: Sequence[ItemResult], *, seconds: float, evaluator: str) -> TaskResult:
         correct = [r.correct(spec.metric) for r in items]
         score = sum(correct) / len(correct) if correct else math.nan
-        return cls(name=spec.name, metric=spec.metric, score=score, stderr=_stderr(score, len(correct)),
-                   n=len(correct), chance=spec.chance, seconds=seconds, evaluator=evaluator, seed=spec.seed,
-                   source=dict(spec.source), items=tuple(items))
+        return cls(
+            name=spec.name,
+            metric=spec.metric,
+            score=score,
+            stderr=_stderr(score, len(correct)),
+            n=len(correct),
+            chance=spec.chance,
+            seconds=seconds,
+            evaluator=evaluator,
+            seed=spec.seed,
+            source=dict(spec.source),
+            items=tuple(items),
+        )
 
     @property
     def correct(self) -> list[bool]:
@@ -353,9 +385,20 @@ class TaskResult:
         return [r.correct(self.metric) for r in self.items]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "metric": self.metric, "score": self.score, "stderr": self.stderr, "n": self.n,
-                "chance": self.chance, "seconds": self.seconds, "evaluator": self.evaluator, "seed": self.seed,
-                "source": dict(self.source), "correct": self.correct, "items": [r.to_dict() for r in self.items]}
+        return {
+            "name": self.name,
+            "metric": self.metric,
+            "score": self.score,
+            "stderr": self.stderr,
+            "n": self.n,
+            "chance": self.chance,
+            "seconds": self.seconds,
+            "evaluator": self.evaluator,
+            "seed": self.seed,
+            "source": dict(self.source),
+            "correct": self.correct,
+            "items": [r.to_dict() for r in self.items],
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskResult:
@@ -373,30 +416,40 @@ Evaluator = Callable[..., TaskResult]
 EVALUATORS: Registry[Evaluator] = Registry("evaluator")
 
 
-def score_task(model: Any, tokenizer: Any, spec: TaskSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
-               progress: bool = True, max_length: int | None = None, share_context: bool = True) -> TaskResult:
+def score_task(
+    model: Any,
+    tokenizer: Any,
+    spec: TaskSpec,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = True,
+    max_length: int | None = None,
+    share_context: bool = True,
+) -> TaskResult:
     """Score every item of ``spec`` with the built-in lm-eval-equivalent scorer (see :func:`loglikelihoods`)."""
     start = time.perf_counter()
     pairs = [(item.context, choice) for item in spec.items for choice in item.choices]
-    scores = loglikelihoods(model, tokenizer, pairs, batch_size=batch_size, max_length=max_length,
-                            share_context=share_context, progress=progress, desc=spec.name)
+    scores = loglikelihoods(
+        model,
+        tokenizer,
+        pairs,
+        batch_size=batch_size,
+        max_length=max_length,
+        share_context=share_context,
+        progress=progress,
+        desc=spec.name,
+    )
     results, offset = [], 0
     for item in spec.items:
-        mine = scores[offset:offset + len(item.choices)]
+        mine = scores[offset : offset + len(item.choices)]
         results.append(ItemResult.from_scores(item, [ll for ll, _ in mine], [g for _, g in mine]))
         offset += len(item.choices)
     return TaskResult.from_items(spec, results, seconds=time.perf_counter() - start, evaluator="builtin")
 
 
-def _score_with_lmeval(model: Any, tokenizer: Any, spec: TaskSpec, *, batch_size: int = DEFAULT_BATCH_SIZE,
-                       progress: bool = True) -> TaskResult:
-    from autocompress_opt.tasks.lmeval import score_task_lmeval
-
-    return score_task_lmeval(model, tokenizer, spec, batch_size=batch_size, progress=progress)
-
-
 EVALUATORS.register("builtin", score_task)
-EVALUATORS.register("lm-eval", _score_with_lmeval, aliases=("lm_eval", "lmeval"))
+# lm-evaluation-harness, an optional dependency: registered lazily (its module imports this one).
+EVALUATORS.register_lazy("lm-eval", "autocompress_opt.tasks.lmeval:score_task_lmeval", aliases=("lm_eval", "lmeval"))
 
 
 # --------------------------------------------------------------------- suite
@@ -429,19 +482,29 @@ class SuiteReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe copy of every field (per-item results included)."""
-        return {"average_accuracy": self.average_accuracy, "averaged_tasks": list(self.averaged_tasks),
-                "tasks": [t.to_dict() for t in self.tasks], "skipped": dict(self.skipped),
-                "heldout_perplexity": self.heldout.to_dict() if self.heldout else None,
-                "settings": dict(self.settings), "timings_s": dict(self.timings_s)}
+        return {
+            "average_accuracy": self.average_accuracy,
+            "averaged_tasks": list(self.averaged_tasks),
+            "tasks": [t.to_dict() for t in self.tasks],
+            "skipped": dict(self.skipped),
+            "heldout_perplexity": self.heldout.to_dict() if self.heldout else None,
+            "settings": dict(self.settings),
+            "timings_s": dict(self.timings_s),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SuiteReport:
         """Inverse of :meth:`to_dict` (after a JSON round trip)."""
         heldout = data.get("heldout_perplexity")
-        return cls(tasks=tuple(TaskResult.from_dict(t) for t in data["tasks"]), skipped=dict(data["skipped"]),
-                   heldout=QualityReport(**heldout) if heldout else None,
-                   average_accuracy=data["average_accuracy"], averaged_tasks=tuple(data["averaged_tasks"]),
-                   settings=dict(data["settings"]), timings_s=dict(data["timings_s"]))
+        return cls(
+            tasks=tuple(TaskResult.from_dict(t) for t in data["tasks"]),
+            skipped=dict(data["skipped"]),
+            heldout=QualityReport(**heldout) if heldout else None,
+            average_accuracy=data["average_accuracy"],
+            averaged_tasks=tuple(data["averaged_tasks"]),
+            settings=dict(data["settings"]),
+            timings_s=dict(data["timings_s"]),
+        )
 
 
 def evaluate_tasks(
@@ -458,7 +521,7 @@ def evaluate_tasks(
     ppl_seq_len: int = 256,
     evaluator: str = "builtin",
 ) -> SuiteReport:
-    """Build and score each named task; ``heldout-perplexity`` runs :func:`autocompress_opt.quality.evaluate`.
+    """Build and score each named task; ``heldout-perplexity`` runs :func:`autocompress_opt.quality.metrics.evaluate`.
 
     A task whose source data is not installed is recorded in ``skipped`` with the builder's install
     hint and never scored. ``n_items`` items per task are drawn with ``seed`` (the same arguments give
@@ -480,10 +543,11 @@ def evaluate_tasks(
     for name in names:
         began = time.perf_counter()
         if name == PERPLEXITY_TASK:
-            from autocompress_opt.quality import evaluate
+            from autocompress_opt.quality.metrics import evaluate
 
-            heldout = evaluate(model, tokenizer, n_samples=ppl_samples, seq_len=ppl_seq_len, seed=seed,
-                               progress=progress)
+            heldout = evaluate(
+                model, tokenizer, n_samples=ppl_samples, seq_len=ppl_seq_len, seed=seed, progress=progress
+            )
             timings[name] = time.perf_counter() - began
             continue
         try:
@@ -499,10 +563,24 @@ def evaluate_tasks(
     timings["total"] = time.perf_counter() - start
     averaged = tuple(r.name for r in results)
     average = sum(r.score for r in results) / len(results) if results else None
-    settings = {"n_items": n_items, "seed": seed, "batch_size": batch_size, "evaluator": evaluator,
-                "ppl_samples": ppl_samples, "ppl_seq_len": ppl_seq_len, "data_dir": str(data_dir) if data_dir else None}
-    return SuiteReport(tasks=tuple(results), skipped=skipped, heldout=heldout, average_accuracy=average,
-                       averaged_tasks=averaged, settings=settings, timings_s=timings)
+    settings = {
+        "n_items": n_items,
+        "seed": seed,
+        "batch_size": batch_size,
+        "evaluator": evaluator,
+        "ppl_samples": ppl_samples,
+        "ppl_seq_len": ppl_seq_len,
+        "data_dir": str(data_dir) if data_dir else None,
+    }
+    return SuiteReport(
+        tasks=tuple(results),
+        skipped=skipped,
+        heldout=heldout,
+        average_accuracy=average,
+        averaged_tasks=averaged,
+        settings=settings,
+        timings_s=timings,
+    )
 
 
 @dataclass(frozen=True)
@@ -547,8 +625,10 @@ def paired_bootstrap(
     given ``seed``.
     """
     if set(a_correct) != set(b_correct) or not a_correct:
-        raise ConfigError(f"paired_bootstrap needs the same non-empty set of tasks for both models, got "
-                          f"{sorted(a_correct)} and {sorted(b_correct)}")
+        raise ConfigError(
+            f"paired_bootstrap needs the same non-empty set of tasks for both models, got "
+            f"{sorted(a_correct)} and {sorted(b_correct)}"
+        )
     if not 0 < confidence < 1 or n_boot < 1:
         raise ConfigError(f"need 0 < confidence < 1 and n_boot >= 1, got confidence={confidence}, n_boot={n_boot}")
     rng = np.random.default_rng(seed)

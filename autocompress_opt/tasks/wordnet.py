@@ -24,8 +24,16 @@ from pathlib import Path
 
 from autocompress_opt.tasks.items import Item
 
-__all__ = ["Synset", "WordNet", "definition_item", "gold_word", "load_wordnet", "parse_wordnet_data", "parse_wordnet_index",
-           "sister_words"]
+__all__ = [
+    "Synset",
+    "WordNet",
+    "definition_item",
+    "gold_word",
+    "load_wordnet",
+    "parse_wordnet_data",
+    "parse_wordnet_index",
+    "sister_words",
+]
 
 POS_FILES = {"n": "noun", "v": "verb", "a": "adj", "r": "adv"}
 _HYPERNYM = "@"  # "@i" (instance hypernym) is left out: its hyponyms are proper names
@@ -65,10 +73,11 @@ def parse_wordnet_data(lines: Iterable[str]) -> list[Synset]:
         lemmas = tuple(_ADJ_MARKER.sub("", tokens[4 + 2 * i]) for i in range(n_words))
         at = 4 + 2 * n_words
         n_pointers = int(tokens[at])
-        pointers = [tokens[at + 1 + 4 * i: at + 5 + 4 * i] for i in range(n_pointers)]
+        pointers = [tokens[at + 1 + 4 * i : at + 5 + 4 * i] for i in range(n_pointers)]
         pos = "a" if ss_type == "s" else ss_type
-        hypernyms = tuple(target for symbol, target, target_pos, _ in pointers
-                          if symbol == _HYPERNYM and target_pos == pos)
+        hypernyms = tuple(
+            target for symbol, target, target_pos, _ in pointers if symbol == _HYPERNYM and target_pos == pos
+        )
         synsets.append(Synset(offset, pos, lemmas, hypernyms, _definition(gloss)))
     return synsets
 
@@ -92,7 +101,7 @@ def parse_wordnet_index(lines: Iterable[str]) -> dict[str, tuple[str, ...]]:
         tokens = line.split()
         n_synsets, n_pointers = int(tokens[2]), int(tokens[3])
         tag_count = int(tokens[5 + n_pointers])
-        offsets = tokens[6 + n_pointers: 6 + n_pointers + n_synsets]
+        offsets = tokens[6 + n_pointers : 6 + n_pointers + n_synsets]
         if tag_count:
             tagged[tokens[0]] = tuple(offsets[:tag_count])
     return tagged
@@ -178,14 +187,19 @@ def definition_item(task: str, synset: Synset, word: str, pool: Sequence[str], r
     """
     drawn = [w for w in rng.sample(pool, min(len(pool), _DRAWS)) if w not in synset.lemmas and not _same_stem(w, word)]
     close = [w for w in drawn if abs(len(w) - len(word)) <= _LENGTH_SLACK]
-    distractors = list(dict.fromkeys(close + drawn))[:_N_CHOICES - 1]
+    distractors = list(dict.fromkeys(close + drawn))[: _N_CHOICES - 1]
     if len(distractors) < _N_CHOICES - 1:
         return None
     choices = [f" {w}" for w in distractors]
     gold = rng.randrange(_N_CHOICES)
     choices.insert(gold, f" {word}")
-    return Item(task=task, id=f"{task}/{synset.key}", context=f"Definition: {synset.gloss}\nWord:",
-                choices=tuple(choices), gold=gold)
+    return Item(
+        task=task,
+        id=f"{task}/{synset.key}",
+        context=f"Definition: {synset.gloss}\nWord:",
+        choices=tuple(choices),
+        gold=gold,
+    )
 
 
 def sister_words(wordnet: WordNet, synset: Synset, hyponyms: Mapping[str, Sequence[Synset]]) -> list[str]:

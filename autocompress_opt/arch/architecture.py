@@ -1,0 +1,568 @@
+"""An exact, immutable description of a (possibly heterogeneous) decoder-only transformer.
+
+An :class:`Architecture` is global structure (vocabulary, hidden size, tied embeddings, family
+details such as biases and QK-norm) plus one :class:`LayerSpec` per layer, so every layer may keep
+its own heads and FFN width, or drop attention or the FFN altogether (DeciLM ``no_op`` blocks).
+
+Its parameter count is exact: for a config that transformers can build it equals
+``sum(p.numel() for p in model.parameters())`` (tested per family: llama, mistral, qwen2, qwen3 and
+gemma3_text, whose four norms per layer are a family trait, not a field).
+
+A layer may attend to a sliding window of the last ``LayerSpec.window`` tokens instead of the whole
+context (Gemma 3: five of every six layers; Mistral: every layer; Qwen2/3 with
+``use_sliding_window``). The window changes what the layer caches and computes, not its parameters.
+
+Builders: :meth:`Architecture.from_hf_config` (a transformers config object or dict),
+:meth:`Architecture.from_dict` / :meth:`Architecture.from_yaml`; resolving a name or a file is
+:func:`autocompress_opt.arch.catalog.load_architecture`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from autocompress_opt.errors import ConfigError, reject_unknown_keys, suggest
+
+__all__ = ["SUPPORTED_FAMILIES", "Architecture", "LayerSpec", "hf_layer_windows"]
+
+
+@dataclass(frozen=True)
+class _Family:
+    """What one Hugging Face ``model_type`` means for the parameter count.
+
+    ``biases`` maps each Architecture bias flag to the config key that switches it (read with
+    default False) or to a constant when the family hard-codes it. ``default_*`` are the config
+    class defaults used when a ``config.json`` omits the key (None: derived as HF derives it).
+    """
+
+    biases: Mapping[str, str | bool]
+    qk_norm: bool = False  # RMSNorm(head_dim) on q and on k
+    post_norms: bool = False  # an RMSNorm(D) on each sub-block's output too ("sandwich" norms, Gemma 2/3)
+    default_kv_heads: int | None = None  # None: num_attention_heads
+    default_head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    default_tied: bool = False  # tie_word_embeddings when config.json omits it
+
+
+# Source: transformers v5 configuration_{family}.py (defaults) and modeling_{family}.py (biases):
+#   llama: q,k,v,o biased iff attention_bias, gate/up/down iff mlp_bias; mistral: no biases,
+#   8 KV heads by default; qwen2: q,k,v always biased, o never, 32 KV heads by default;
+#   qwen3: q,k,v,o biased iff attention_bias, q/k RMSNorm, 32 KV heads and head_dim 128 by default;
+#   gemma3_text (Gemma 3 text decoder, Gemma3ForCausalLM): q,k,v,o biased iff attention_bias, q/k
+#   RMSNorm, four RMSNorms per layer (input, post_attention, pre_feedforward, post_feedforward),
+#   4 KV heads, head_dim 256 and tied embeddings by default.
+_FAMILIES: dict[str, _Family] = {
+    "llama": _Family({"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": "mlp_bias"}),
+    "mistral": _Family({"qkv_bias": False, "o_bias": False, "mlp_bias": False}, default_kv_heads=8),
+    "qwen2": _Family({"qkv_bias": True, "o_bias": False, "mlp_bias": False}, default_kv_heads=32),
+    "qwen3": _Family(
+        {"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": False},
+        qk_norm=True,
+        default_kv_heads=32,
+        default_head_dim=128,
+    ),
+    "gemma3_text": _Family(
+        {"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": False},
+        qk_norm=True,
+        post_norms=True,
+        default_kv_heads=4,
+        default_head_dim=256,
+        default_tied=True,
+    ),
+}
+SUPPORTED_FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
+
+
+def _check_int(where: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "non-negative" if minimum == 0 else "positive"
+        raise ConfigError(f"{where} must be a {kind} int, got {value!r}")
+
+
+def _check_bool(where: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One decoder layer. A dropped sub-block has ``attention=False`` / ``ffn=False``.
+
+    The sizes of a dropped sub-block are set to zero on construction (its ``window`` to None), so
+    two layers that compute the same thing compare equal
+    (``LayerSpec(attention=False, num_heads=8) == LayerSpec(attention=False)``).
+
+    Attributes:
+        attention: whether the layer has self-attention (False = DeciLM attention ``no_op``).
+        num_heads: query heads.
+        num_kv_heads: key/value heads; must divide ``num_heads`` (grouped-query attention).
+        head_dim: channels per head.
+        ffn: whether the layer has a (gated) MLP.
+        ffn_width: MLP intermediate size.
+        window: sliding-window attention over the last ``window`` tokens, the current one included
+            (transformers' ``sliding_window``: query ``t`` sees keys ``t - window < s <= t``), so
+            the layer caches at most ``window`` tokens; None = full causal attention. It does not
+            change the parameter count.
+    """
+
+    attention: bool = True
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    ffn: bool = True
+    ffn_width: int = 0
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("attention", "ffn"):
+            _check_bool(f"LayerSpec.{name}", getattr(self, name))
+        for name in ("num_heads", "num_kv_heads", "head_dim", "ffn_width"):
+            _check_int(f"LayerSpec.{name}", getattr(self, name), 0)
+        if self.window is not None:
+            _check_int("LayerSpec.window", self.window, 1)
+        if self.attention:
+            self._check_attention()
+        else:
+            for name in ("num_heads", "num_kv_heads", "head_dim"):
+                object.__setattr__(self, name, 0)
+            object.__setattr__(self, "window", None)
+        if self.ffn and self.ffn_width < 1:
+            raise ConfigError(f"a layer with an FFN needs ffn_width >= 1, got ffn_width={self.ffn_width}")
+        if not self.ffn:
+            object.__setattr__(self, "ffn_width", 0)
+
+    def _check_attention(self) -> None:
+        if self.num_heads < 1 or self.num_kv_heads < 1 or self.head_dim < 1:
+            raise ConfigError(
+                "a layer with attention needs num_heads, num_kv_heads and head_dim >= 1, got "
+                f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            valid = [g for g in range(1, self.num_heads + 1) if self.num_heads % g == 0]
+            raise ConfigError(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}; "
+                f"valid num_kv_heads: {', '.join(map(str, valid))}"
+            )
+
+    @property
+    def is_noop(self) -> bool:
+        """True when the layer is dropped entirely (no attention and no FFN)."""
+        return not self.attention and not self.ffn
+
+    @classmethod
+    def dropped(cls) -> LayerSpec:
+        """A fully dropped layer (DeciLM attention and FFN ``no_op``)."""
+        return cls(attention=False, ffn=False)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Global plus per-layer structure of a decoder; exact parameter counts.
+
+    Attributes:
+        vocab_size: rows of the embedding matrix.
+        hidden_size: residual stream width ``D``.
+        layers: one :class:`LayerSpec` per layer, in order.
+        tie_embeddings: the LM head shares the embedding matrix.
+        family: Hugging Face ``model_type`` the architecture came from (``llama``, ``qwen2``...).
+        qkv_bias / o_bias / mlp_bias: linear layers with a bias vector.
+        qk_norm: per-head RMSNorm on queries and keys (Qwen3, Gemma 3).
+        max_context: the parent's ``max_position_embeddings`` (informational), or None.
+        name: a label for reports.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    layers: tuple[LayerSpec, ...]
+    tie_embeddings: bool = False
+    family: str = "llama"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    max_context: int | None = None
+    name: str = ""
+    _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layers, tuple):
+            object.__setattr__(self, "layers", tuple(self.layers))
+        for name in ("vocab_size", "hidden_size"):
+            _check_int(f"Architecture.{name}", getattr(self, name), 1)
+        for name in ("tie_embeddings", "qkv_bias", "o_bias", "mlp_bias", "qk_norm"):
+            _check_bool(f"Architecture.{name}", getattr(self, name))
+        if self.max_context is not None:
+            _check_int("Architecture.max_context", self.max_context, 1)
+        if not isinstance(self.name, str):
+            raise ConfigError(f"Architecture.name must be a string, got {self.name!r}")
+        if not self.layers:
+            raise ConfigError("Architecture.layers is empty: a decoder needs at least one layer")
+        for i, layer in enumerate(self.layers):
+            if not isinstance(layer, LayerSpec):
+                raise ConfigError(f"Architecture.layers[{i}] must be a LayerSpec, got {type(layer).__name__}")
+        if self.family not in _FAMILIES:
+            raise ConfigError(
+                f"Architecture.family {self.family!r} is not supported{suggest(str(self.family), SUPPORTED_FAMILIES)}; "
+                f"supported: {', '.join(SUPPORTED_FAMILIES)}"
+            )
+
+    # ----------------------------------------------------------------- structure
+    @property
+    def num_layers(self) -> int:
+        """Layers in the stack, dropped (no-op) layers included."""
+        return len(self.layers)
+
+    @property
+    def num_active_layers(self) -> int:
+        """Layers that compute something (attention or FFN)."""
+        return sum(not layer.is_noop for layer in self.layers)
+
+    @property
+    def is_uniform(self) -> bool:
+        """True when every layer has the same sizes and is present: a plain HF config can describe it.
+
+        Windows are not compared: a plain config gives each layer its own attention kind
+        (``layer_types``), so Gemma 3, whose layers differ only in their window, is uniform.
+        :meth:`to_hf_config` still refuses windows the family's config cannot express.
+        """
+        first = replace(self.layers[0], window=None)
+        return first.attention and first.ffn and all(replace(layer, window=None) == first for layer in self.layers)
+
+    def active(self) -> Architecture:
+        """The same model with fully dropped layers removed from the stack (same parameter count).
+
+        Raises :class:`ConfigError` when every layer is dropped.
+        """
+        return replace(self, layers=tuple(layer for layer in self.layers if not layer.is_noop))
+
+    # ------------------------------------------------------------------ counting
+    def layer_params(self, i: int) -> int:
+        """Exact parameter count of layer ``i`` (norms and biases included).
+
+        Each present sub-block brings its own pre-norm (``input_layernorm`` before attention,
+        ``post_attention_layernorm`` before the FFN), as in DeciLM; a family with post-norms
+        (Gemma 3) adds one more RMSNorm(D) on each present sub-block's output.
+        """
+        layer, d_model = self.layers[i], self.hidden_size
+        norms_per_block = 2 if _FAMILIES[self.family].post_norms else 1
+        total = 0
+        if layer.attention:
+            q, kv = layer.num_heads * layer.head_dim, layer.num_kv_heads * layer.head_dim
+            total += norms_per_block * d_model  # input_layernorm (+ Gemma's post_attention_layernorm)
+            total += d_model * (q + 2 * kv) + q * d_model  # q, k, v, o projections
+            total += (q + 2 * kv) if self.qkv_bias else 0
+            total += d_model if self.o_bias else 0
+            total += 2 * layer.head_dim if self.qk_norm else 0
+        if layer.ffn:
+            total += norms_per_block * d_model  # pre-FFN norm (+ Gemma's post_feedforward_layernorm)
+            total += 3 * d_model * layer.ffn_width  # gate, up, down
+            total += (2 * layer.ffn_width + d_model) if self.mlp_bias else 0
+        return total
+
+    @property
+    def embedding_params(self) -> int:
+        """Embedding matrix plus an untied LM head."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_embeddings else 2)
+
+    @property
+    def non_embedding_params(self) -> int:
+        """All layers plus the final norm."""
+        if "non_embedding" not in self._cache:
+            self._cache["non_embedding"] = sum(self.layer_params(i) for i in range(self.num_layers)) + self.hidden_size
+        return self._cache["non_embedding"]
+
+    @property
+    def num_params(self) -> int:
+        """Exact total: equals ``sum(p.numel() for p in model.parameters())`` of the built model.
+
+        Never rises when a layer's ``ffn_width`` or ``num_heads`` shrinks.
+        """
+        return self.non_embedding_params + self.embedding_params
+
+    def kv_elements_per_token(self) -> int:
+        """K and V elements one token adds to the cache of every attention layer: ``2·Σ_i g_i·d_i``.
+
+        Windows are ignored: this is the growth rate while every window is still filling. A
+        sequence of ``S`` tokens caches ``min(S, window)`` of them in a sliding layer
+        (:meth:`kv_bytes`).
+        """
+        return 2 * sum(layer.num_kv_heads * layer.head_dim for layer in self.layers if layer.attention)
+
+    def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
+        """KV-cache bytes per token at ``bytes_per_element`` (2 for a bf16 cache), windows ignored
+        (see :meth:`kv_elements_per_token`)."""
+        return self.kv_elements_per_token() * bytes_per_element
+
+    def kv_bytes(self, tokens: int, bytes_per_element: float = 2.0) -> float:
+        """KV-cache bytes of one sequence of ``tokens`` tokens: ``2·b·Σ_i g_i·d_i·min(tokens, w_i)``
+        (``w_i`` = the layer's window, or ``tokens`` for full attention)."""
+        return (
+            2
+            * bytes_per_element
+            * sum(
+                layer.num_kv_heads * layer.head_dim * min(tokens, layer.window or tokens)
+                for layer in self.layers
+                if layer.attention
+            )
+        )
+
+    # ------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON/YAML-safe data; :meth:`from_dict` inverts it exactly.
+
+        A layer's ``window`` is written only when set, so a full-attention architecture serialises
+        (and hashes, in cache keys) as it did before windows existed; a missing key reads as None.
+        """
+        data = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        data["layers"] = [
+            {k: v for k, v in asdict(layer).items() if k != "window" or v is not None} for layer in self.layers
+        ]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Architecture:
+        """Inverse of :meth:`to_dict`; unknown keys are rejected with a suggestion."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"an architecture must be a mapping, got {type(data).__name__}")
+        fields = {f for f in cls.__dataclass_fields__ if not f.startswith("_")}
+        reject_unknown_keys(data, fields, "Architecture")
+        if "layers" not in data or not isinstance(data["layers"], Sequence):
+            raise ConfigError("Architecture needs 'layers': a list of per-layer mappings")
+        layer_fields = set(LayerSpec.__dataclass_fields__)
+        layers = []
+        for i, raw in enumerate(data["layers"]):
+            if not isinstance(raw, Mapping):
+                raise ConfigError(f"Architecture.layers[{i}] must be a mapping, got {raw!r}")
+            reject_unknown_keys(raw, layer_fields, f"Architecture.layers[{i}]")
+            layers.append(LayerSpec(**raw))
+        return cls(**{**data, "layers": tuple(layers)})
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> Architecture:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"an architecture is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)  # allow_unicode=True mangles "\x85" (NEL)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> Architecture:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"an architecture is not valid YAML: {exc}") from None
+        return cls.from_dict(data)
+
+    def save(self, path: str | Path) -> Path:
+        """Write JSON (``.json``) or YAML (``.yaml``/``.yml``); :func:`load_architecture` reads it back."""
+        path = Path(path)
+        text = self.to_yaml() if path.suffix in (".yaml", ".yml") else self.to_json()
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    # -------------------------------------------------------------- construction
+    @classmethod
+    def uniform(
+        cls,
+        *,
+        num_layers: int,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        ffn_width: int,
+        vocab_size: int,
+        head_dim: int | None = None,
+        **kwargs: Any,
+    ) -> Architecture:
+        """Every layer identical (full attention), like a plain Hugging Face config."""
+        if num_layers < 1:
+            raise ConfigError(f"num_layers must be >= 1, got {num_layers}")
+        if head_dim is None:
+            if num_heads < 1 or hidden_size % num_heads:
+                raise ConfigError(f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}; pass head_dim")
+            head_dim = hidden_size // num_heads
+        layer = LayerSpec(True, num_heads, num_kv_heads, head_dim, True, ffn_width)
+        return cls(vocab_size=vocab_size, hidden_size=hidden_size, layers=(layer,) * num_layers, **kwargs)
+
+    @classmethod
+    def from_hf_config(cls, config: Any, name: str = "") -> Architecture:
+        """Build from a transformers ``PretrainedConfig`` or its dict (``config.json``).
+
+        Supports ``model_type`` llama (SmolLM2 is llama), mistral, qwen2, qwen3 and gemma3_text
+        (a multimodal Gemma 3 config is read through its ``text_config``). Keys a
+        ``config.json`` omits take the transformers config class's default, so the count stays
+        exact. Each layer's ``window`` follows :func:`hf_layer_windows`. A config that is not a
+        decoder LLM of these families raises :class:`ConfigError` naming its model_type.
+        """
+        cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+        cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
+        model_type = str(cfg.get("model_type", "")).lower()
+        if model_type not in _FAMILIES:
+            raise ConfigError(
+                f"model_type {model_type or '(missing)'!r} is not a supported decoder LLM"
+                f"{suggest(model_type, SUPPORTED_FAMILIES)}; supported: {', '.join(SUPPORTED_FAMILIES)}"
+            )
+        required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+        missing = [k for k in required if cfg.get(k) is None]
+        if missing:
+            raise ConfigError(f"{model_type} config is missing {', '.join(missing)}")
+        family = _FAMILIES[model_type]
+        heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+        max_context = cfg.get("max_position_embeddings")
+        arch = cls.uniform(
+            num_layers=int(cfg["num_hidden_layers"]),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads", family.default_kv_heads) or heads),
+            head_dim=int(cfg.get("head_dim", family.default_head_dim) or hidden // heads),
+            ffn_width=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", family.default_tied)),
+            family=model_type,
+            qk_norm=family.qk_norm,
+            max_context=None if max_context is None else int(max_context),
+            name=name or str(cfg.get("_name_or_path", "") or ""),
+            **{flag: bool(cfg.get(src, False)) if isinstance(src, str) else src for flag, src in family.biases.items()},
+        )
+        windows = _layer_windows(cfg, model_type, arch.num_layers)
+        return replace(arch, layers=tuple(replace(layer, window=w) for layer, w in zip(arch.layers, windows)))
+
+    def to_hf_config(self) -> Any:
+        """A transformers config that builds a model with exactly :attr:`num_params` parameters and
+        the layers' windows (``layer_types`` + ``sliding_window``; Mistral's model-wide window).
+
+        Raises :class:`ConfigError` for a heterogeneous architecture, for bias/QK-norm flags the
+        family's config cannot express (e.g. ``o_bias`` on qwen2), or for windows it cannot
+        express (any window on llama; two window sizes; on mistral, sliding and full layers mixed).
+        """
+        if not self.is_uniform:
+            raise ConfigError("a heterogeneous architecture has no plain Hugging Face config; export it as DeciLM")
+        from transformers import AutoConfig
+
+        layer = self.layers[0]
+        kwargs: dict[str, Any] = dict(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=layer.num_heads,
+            num_key_value_heads=layer.num_kv_heads,
+            head_dim=layer.head_dim,
+            intermediate_size=layer.ffn_width,
+            tie_word_embeddings=self.tie_embeddings,
+            **self._hf_flag_kwargs(),
+            **self._hf_window_kwargs(),
+        )
+        if self.max_context:
+            kwargs["max_position_embeddings"] = self.max_context
+        return AutoConfig.for_model(self.family, **kwargs)
+
+    def _hf_window_kwargs(self) -> dict[str, Any]:
+        """Config keys that give every layer its window (:func:`hf_layer_windows` reads them back)."""
+        windows = [layer.window for layer in self.layers]
+        sizes = sorted({w for w in windows if w is not None})
+        if len(sizes) > 1:
+            raise ConfigError(f"a {self.family} config has one sliding_window, but the layers use windows {sizes}")
+        window = sizes[0] if sizes else None
+        if self.family == "mistral":
+            if window is not None and None in windows:
+                raise ConfigError(
+                    "a mistral config's sliding_window applies to every layer; "
+                    "these layers mix sliding and full attention"
+                )
+            return {"sliding_window": window}  # None must be explicit: MistralConfig defaults to 4096
+        if self.family not in _WINDOWED_BY_LAYER_TYPE:
+            if window is not None:
+                raise ConfigError(f"a {self.family} config cannot express sliding windows (layers use window {window})")
+            return {}
+        kinds = [_SLIDING if w is not None else _FULL for w in windows]
+        kwargs: dict[str, Any] = {"layer_types": kinds}
+        if window is not None:
+            kwargs["sliding_window"] = window
+            if self.family in ("qwen2", "qwen3"):
+                kwargs["use_sliding_window"] = True
+        return kwargs
+
+    def _hf_flag_kwargs(self) -> dict[str, bool]:
+        """Config keys that reproduce this architecture's bias flags; raises if none can."""
+        family, kwargs = _FAMILIES[self.family], {}
+        for flag, src in family.biases.items():
+            value = getattr(self, flag)
+            expressible = kwargs.setdefault(src, value) == value if isinstance(src, str) else src == value
+            if not expressible:
+                flags = ", ".join(f"{f}={getattr(self, f)}" for f in family.biases)
+                raise ConfigError(f"a {self.family} config cannot express {flags}")
+        if self.qk_norm != family.qk_norm:
+            raise ConfigError(f"a {self.family} config cannot express qk_norm={self.qk_norm}")
+        return kwargs
+
+    # --------------------------------------------------------------- reporting
+    def summary(self) -> str:
+        """One line: depth, width, heads, FFN and parameter count."""
+        active = [layer for layer in self.layers if not layer.is_noop]
+        heads = sorted({layer.num_heads for layer in active if layer.attention})
+        ffn = sorted({layer.ffn_width for layer in active if layer.ffn})
+        span = lambda v: "-" if not v else (str(v[0]) if len(v) == 1 else f"{v[0]}..{v[-1]}")
+        return (
+            f"{self.name or self.family}: {len(active)}/{self.num_layers} layers, hidden {self.hidden_size}, "
+            f"heads {span(heads)}, ffn {span(ffn)}, {self.num_params / 1e6:.1f}M params"
+        )
+
+
+# ------------------------------------------------------------------------ windows
+# Which layers slide, per family. Source: transformers v5 configuration_{family}.py and modeling_{family}.py
+# (a layer attends within ``config.sliding_window`` iff its ``layer_types`` entry is "sliding_attention"):
+#   mistral: ``sliding_window`` (default 4096; null = none) applies to every layer; layer_types is ignored.
+#   qwen2, qwen3: nothing slides unless ``use_sliding_window`` (default False); then ``sliding_window``
+#     (default 4096) on the "sliding_attention" layers of ``layer_types``, which defaults to layers
+#     ``i >= max_window_layers`` (default 28).
+#   gemma3_text: ``sliding_window`` (default 4096) on the "sliding_attention" layers of ``layer_types``,
+#     which defaults to every layer but each ``sliding_window_pattern``-th (default 6: layers 5, 11, ...
+#     are full); Gemma 3 270M: window 512.
+#   llama: full attention everywhere.
+_SLIDING, _FULL = "sliding_attention", "full_attention"
+_WINDOWED_BY_LAYER_TYPE = ("qwen2", "qwen3", "gemma3_text")
+_DEFAULT_WINDOW = 4096
+_QWEN_MAX_WINDOW_LAYERS = 28
+_GEMMA3_PATTERN = 6
+
+
+def hf_layer_windows(config: Any) -> tuple[int | None, ...]:
+    """Each layer's attention window (None = full attention) under a transformers config or its dict,
+    as that family's transformers model applies it (family rules in the comment above this function)."""
+    cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
+    return _layer_windows(cfg, str(cfg.get("model_type", "")).lower(), int(cfg["num_hidden_layers"]))
+
+
+def _layer_windows(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> tuple[int | None, ...]:
+    window = cfg.get("sliding_window", _DEFAULT_WINDOW)
+    if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        window = None
+    if model_type not in ("mistral", *_WINDOWED_BY_LAYER_TYPE) or window is None:
+        return (None,) * num_layers
+    _check_int(f"{model_type} config sliding_window", window, 1)
+    if model_type == "mistral":
+        return (int(window),) * num_layers
+    kinds = cfg.get("layer_types")
+    if kinds is None and model_type == "gemma3_text":
+        pattern = int(cfg.get("sliding_window_pattern", _GEMMA3_PATTERN))
+        kinds = [_SLIDING if (i + 1) % pattern else _FULL for i in range(num_layers)]
+    elif kinds is None:
+        first = int(cfg.get("max_window_layers", _QWEN_MAX_WINDOW_LAYERS))
+        kinds = [_SLIDING if i >= first else _FULL for i in range(num_layers)]
+    if len(kinds) != num_layers:
+        raise ConfigError(f"{model_type} config has {len(kinds)} layer_types for {num_layers} layers")
+    return tuple(int(window) if kind == _SLIDING else None for kind in kinds)

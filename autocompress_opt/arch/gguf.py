@@ -1,0 +1,110 @@
+"""Read a GGUF file's metadata (never its weights) into an
+:class:`~autocompress_opt.arch.architecture.Architecture`; the ``gguf`` package only, no torch."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.errors import ConfigError
+
+__all__ = ["GGUF_ARCH_TO_FAMILY", "architecture_from_gguf"]
+
+
+# ------------------------------------------------------------------------ GGUF
+# GGUF metadata → HF config keys. Source: llama.cpp gguf-py constants (LLM_KV_*), e.g.
+# "{arch}.block_count", "{arch}.attention.head_count_kv"; tensor names from gguf-py MODEL_TENSOR
+# ("output.weight" is the untied LM head). llama.cpp writes Mistral models as "llama" and the Gemma 3
+# text decoder as "gemma3" (key_length = head_dim = 256, independent of the hidden size).
+# "{arch}.attention.sliding_window" is the window; which layers use it is the family's rule, as in
+# transformers' GGUF loader (its Gemma 3 config gets layer_types from the default pattern of 6, and
+# llama.cpp hard-codes that pattern for "gemma3"): see hf_layer_windows.
+GGUF_ARCH_TO_FAMILY = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3_text",
+}
+
+
+def architecture_from_gguf(path: str | Path) -> Architecture:
+    """Read a GGUF file's metadata (not its weights) into an :class:`Architecture`.
+
+    Raises :class:`ConfigError` for a file that is not GGUF, an unsupported architecture, or
+    metadata that is missing or per-layer (heterogeneous GGUFs are not read yet). Results are
+    cached per file (path, size, modification time): parsing takes seconds because the reader
+    decodes every tokenizer string.
+    """
+    resolved = Path(path).expanduser().resolve()
+    if not resolved.is_file():
+        raise ConfigError(f"no such GGUF file: {str(path)!r}")
+    stat = resolved.stat()
+    return _read_gguf(resolved, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_gguf(path: Path, size: int, mtime_ns: int) -> Architecture:
+    """Uncached body of :func:`architecture_from_gguf`; ``size`` and ``mtime_ns`` only key the cache."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path), "r")
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not a readable GGUF file: {exc}") from None
+    meta = {key: f.contents() for key, f in reader.fields.items() if not key.startswith("tokenizer.ggml.")}
+    arch = str(meta.get("general.architecture"))
+    if arch not in GGUF_ARCH_TO_FAMILY:
+        raise ConfigError(
+            f"GGUF architecture {arch!r} in {path} is not supported; supported: {', '.join(GGUF_ARCH_TO_FAMILY)}"
+        )
+    tensor_names = {t.name for t in reader.tensors}
+    if f"{arch}.vocab_size" not in meta:
+        meta[f"{arch}.vocab_size"] = _gguf_vocab_size(reader)
+    cfg = _gguf_to_hf_config(meta, arch, tensor_names, path)
+    return Architecture.from_hf_config(cfg, name=str(meta.get("general.name") or Path(path).stem))
+
+
+def _gguf_vocab_size(reader: Any) -> int | None:
+    """Vocabulary from the token list, else from ``token_embd.weight`` (ggml shape [D, V])."""
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        return len(tokens.data)  # one entry per token string
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    return None if embd is None else int(embd.shape[-1])
+
+
+_REQUIRED = object()
+
+
+def _gguf_to_hf_config(meta: Mapping[str, Any], arch: str, tensor_names: set[str], path: str | Path) -> dict[str, Any]:
+    """The HF config dict equivalent to GGUF metadata ``meta`` of architecture ``arch``."""
+
+    def scalar(key: str, default: Any = _REQUIRED) -> Any:
+        value = meta.get(f"{arch}.{key}", default)
+        if value is _REQUIRED or (value is None and default is _REQUIRED):
+            raise ConfigError(f"GGUF {path} lacks metadata {arch}.{key}")
+        if isinstance(value, list):
+            raise ConfigError(f"GGUF {path} has per-layer {arch}.{key}; heterogeneous GGUFs are not supported")
+        return value
+
+    hidden, heads = int(scalar("embedding_length")), int(scalar("attention.head_count"))
+    window = scalar("attention.sliding_window", None)
+    return {
+        **({} if window is None else {"sliding_window": int(window)}),  # absent: the family's default
+        "model_type": GGUF_ARCH_TO_FAMILY[arch],
+        "vocab_size": int(scalar("vocab_size")),
+        "hidden_size": hidden,
+        "num_hidden_layers": int(scalar("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(scalar("attention.head_count_kv", None) or heads),
+        "head_dim": int(scalar("attention.key_length", None) or hidden // heads),
+        "intermediate_size": int(scalar("feed_forward_length")),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "max_position_embeddings": scalar("context_length", None),
+        "attention_bias": "blk.0.attn_output.bias" in tensor_names,
+        "mlp_bias": "blk.0.ffn_up.bias" in tensor_names,
+    }

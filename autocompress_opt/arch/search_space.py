@@ -1,0 +1,281 @@
+"""Search spaces: the *global* choices of the outer loop, as typed data with a YAML form.
+
+A space names, for a parent model, the candidate values of five global choices:
+
+* ``num_layers`` — layers kept (the rest dropped);
+* ``hidden_size`` — residual width;
+* ``ffn_width`` — FFN intermediate size (every kept layer in plan mode; the mean budget later);
+* ``num_kv_heads`` — KV heads per attention layer;
+* ``q_per_kv`` — query heads per KV head (query heads = ``num_kv_heads · q_per_kv``).
+
+Each is a range ``{min, max, step}`` or a list ``{choices: [...]}``, in hardware-friendly
+multiples. Values larger than the parent's are an error, so every sampled point is a valid
+sub-architecture of the parent (property-tested). YAML example (``search_spaces/smollm2-135m.yaml``)::
+
+    sampler: tpe
+    num_layers: {min: 10, max: 30}
+    hidden_size: {choices: [384, 448, 512, 576]}
+    ffn_width: {min: 256, max: 1536, step: 128}
+    num_kv_heads: {choices: [1, 3]}
+    q_per_kv: {choices: [1, 2, 3]}
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from autocompress_opt._data import REPO_SEARCH_SPACES
+from autocompress_opt.arch.architecture import Architecture, LayerSpec
+from autocompress_opt.errors import ConfigError, suggest
+
+__all__ = ["CHOICES", "SAMPLERS", "Choice", "SearchSpace", "default_space", "load_search_space"]
+
+CHOICES: tuple[str, ...] = ("num_layers", "hidden_size", "ffn_width", "num_kv_heads", "q_per_kv")
+SAMPLERS: tuple[str, ...] = ("tpe", "nsga2", "gp", "random")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The candidate values of one global choice (sorted, unique, positive integers)."""
+
+    name: str
+    values: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.values:
+            raise ConfigError(f"search space: {self.name} has no candidate values (empty range or list)")
+        if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in self.values):
+            raise ConfigError(f"search space: {self.name} values must be positive integers, got {list(self.values)}")
+
+    @classmethod
+    def parse(cls, name: str, raw: Any) -> Choice:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return cls(name, (raw,))
+        if isinstance(raw, Sequence) and not isinstance(raw, str):
+            return cls(name, tuple(sorted(set(raw))))
+        if not isinstance(raw, Mapping):
+            raise ConfigError(
+                f"search space: {name} must be a number, a list, {{choices: [...]}} or {{min, max, step}}; got {raw!r}"
+            )
+        keys = set(raw)
+        if keys == {"choices"}:
+            return cls.parse(name, list(raw["choices"]))
+        for key in keys - {"min", "max", "step"}:
+            raise ConfigError(
+                f"search space: unknown key {key!r} in {name}{suggest(key, ['min', 'max', 'step', 'choices'])}; "
+                "use {choices: [...]} or {min, max, step}"
+            )
+        if not {"min", "max"} <= keys:
+            raise ConfigError(f"search space: {name} range needs both min and max, got {dict(raw)}")
+        lo, hi, step = raw["min"], raw["max"], raw.get("step", 1)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi, step)) or step < 1:
+            raise ConfigError(f"search space: {name} min/max/step must be integers with step >= 1, got {dict(raw)}")
+        if lo > hi:
+            raise ConfigError(f"search space: {name} range is empty (min {lo} > max {hi})")
+        return cls(name, tuple(range(lo, hi + 1, step)))
+
+    def to_yaml(self) -> dict[str, Any]:
+        return {"choices": list(self.values)}
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Global choices for one parent, plus the sampler that explores them."""
+
+    choices: tuple[Choice, ...]
+    sampler: str = "tpe"
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(
+                f"unknown sampler {self.sampler!r}{suggest(self.sampler, SAMPLERS)}; valid: {', '.join(SAMPLERS)}"
+            )
+        names = [c.name for c in self.choices]
+        if sorted(names) != sorted(CHOICES):
+            raise ConfigError(f"search space needs exactly the choices {', '.join(CHOICES)}; got {', '.join(names)}")
+
+    def __getitem__(self, name: str) -> Choice:
+        return next(c for c in self.choices if c.name == name)
+
+    @property
+    def size(self) -> int:
+        """Number of distinct points."""
+        total = 1
+        for c in self.choices:
+            total *= len(c.values)
+        return total
+
+    # ---------------------------------------------------------------- validation
+    def check_parent(self, parent: Architecture) -> None:
+        """Raise when a choice exceeds what the parent has (nothing can be grown by pruning)."""
+        ref = _reference_layer(parent)
+        limits = {
+            "num_layers": parent.num_active_layers,
+            "hidden_size": parent.hidden_size,
+            "ffn_width": ref.ffn_width,
+            "num_kv_heads": ref.num_kv_heads,
+            "q_per_kv": ref.num_heads // ref.num_kv_heads,
+        }
+        for name, limit in limits.items():
+            largest = max(self[name].values)
+            if largest > limit:
+                raise ConfigError(
+                    f"search space: {name} choice {largest} is larger than the parent's {limit} "
+                    f"({parent.name or parent.family}); valid values are <= {limit}"
+                )
+
+    # ------------------------------------------------------------------ optuna
+    def distributions(self) -> dict[str, Any]:
+        """Optuna distributions, one categorical (or int) per choice."""
+        from optuna.distributions import CategoricalDistribution, IntDistribution
+
+        out: dict[str, Any] = {}
+        for c in self.choices:
+            values = c.values
+            steps = {b - a for a, b in itertools.pairwise(values)}
+            if len(values) > 1 and len(steps) == 1:
+                out[c.name] = IntDistribution(values[0], values[-1], step=steps.pop())
+            elif len(values) == 1:
+                out[c.name] = IntDistribution(values[0], values[0])
+            else:
+                out[c.name] = CategoricalDistribution(list(values))
+        return out
+
+    def make_sampler(self, seed: int | None = None) -> Any:
+        import optuna
+
+        if self.sampler == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
+        if self.sampler == "nsga2":
+            return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)
+        if self.sampler == "gp":
+            return optuna.samplers.GPSampler(seed=seed)
+        return optuna.samplers.RandomSampler(seed=seed)
+
+    # --------------------------------------------------------------- to an arch
+    def architecture(
+        self, params: Mapping[str, int], parent: Architecture, layer_order: Sequence[int] | None = None
+    ) -> Architecture:
+        """The architecture a sampled point stands for (plan mode: every kept layer alike in size;
+        each keeps its parent layer's attention window).
+
+        ``layer_order`` ranks the parent's layers from most to least important (e.g. by block
+        influence); without it, layers are dropped from the deep end, keeping the last one, since
+        deeper layers are the most redundant (Gromov et al. 2024, "The Unreasonable
+        Ineffectiveness of the Deeper Layers").
+        """
+        missing = [c for c in CHOICES if c not in params]
+        if missing:
+            raise ConfigError(f"point lacks {', '.join(missing)}")
+        keep = set(_kept_layers(parent, int(params["num_layers"]), layer_order))
+        ref = _reference_layer(parent)
+        kv = int(params["num_kv_heads"])
+        layer = LayerSpec(True, kv * int(params["q_per_kv"]), kv, ref.head_dim, True, int(params["ffn_width"]))
+        layers = tuple(
+            replace(layer, window=parent.layers[i].window) if i in keep else LayerSpec.dropped()
+            for i in range(parent.num_layers)
+        )
+        return replace(
+            parent, hidden_size=int(params["hidden_size"]), layers=layers, name=f"{parent.name or parent.family}-pruned"
+        )
+
+    # ------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler, **{c.name: c.to_yaml() for c in self.choices}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SearchSpace:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"a search space must be a mapping, got {type(data).__name__}")
+        valid = set(CHOICES) | {"sampler"}
+        for key in data:
+            if key not in valid:
+                raise ConfigError(
+                    f"unknown search-space key {key!r}{suggest(str(key), valid)}; valid: {', '.join(sorted(valid))}"
+                )
+        missing = [c for c in CHOICES if c not in data]
+        if missing:
+            raise ConfigError(f"search space lacks {', '.join(missing)}")
+        return cls(tuple(Choice.parse(c, data[c]) for c in CHOICES), sampler=str(data.get("sampler", "tpe")))
+
+
+def _reference_layer(parent: Architecture) -> LayerSpec:
+    """The first layer with attention and an FFN: the sizes every kept layer starts from (its window
+    is irrelevant; each kept layer keeps its own)."""
+    for layer in parent.layers:
+        if layer.attention and layer.ffn:
+            return layer
+    raise ConfigError(f"parent {parent.name!r} has no layer with both attention and an FFN to take sizes from")
+
+
+def _kept_layers(parent: Architecture, n: int, order: Sequence[int] | None) -> list[int]:
+    active = [i for i, layer in enumerate(parent.layers) if not layer.is_noop]
+    if not 1 <= n <= len(active):
+        raise ConfigError(f"num_layers={n} is outside 1..{len(active)} (the parent's active layers)")
+    if order is not None:
+        ranked = [i for i in order if i in active]
+        return sorted(ranked[:n])
+    # keep the first n-1 layers and the last one
+    return sorted(active[: n - 1] + [active[-1]]) if n > 1 else [active[0]]
+
+
+def default_space(parent: Architecture, sampler: str = "tpe") -> SearchSpace:
+    """A space derived from the parent: depth from ~1/3 up, widths in hardware-friendly steps."""
+    ref = _reference_layer(parent)
+    depth = parent.num_active_layers
+    hidden_step = 64 if parent.hidden_size % 64 == 0 else ref.head_dim
+    group = ref.num_heads // ref.num_kv_heads
+    kv_choices = sorted({k for k in (1, 2, 4, 8, ref.num_kv_heads) if k <= ref.num_kv_heads})
+    return SearchSpace(
+        (
+            Choice("num_layers", tuple(range(max(1, depth // 3), depth + 1))),
+            Choice(
+                "hidden_size",
+                tuple(
+                    range(
+                        max(hidden_step, parent.hidden_size // 2 // hidden_step * hidden_step),
+                        parent.hidden_size + 1,
+                        hidden_step,
+                    )
+                ),
+            ),
+            Choice(
+                "ffn_width",
+                _down_from(
+                    ref.ffn_width, 64 if ref.ffn_width >= 512 else max(1, ref.ffn_width // 8), ref.ffn_width // 8
+                ),
+            ),
+            Choice("num_kv_heads", tuple(kv_choices)),
+            Choice("q_per_kv", tuple(range(1, group + 1))),
+        ),
+        sampler=sampler,
+    )
+
+
+def _down_from(top: int, step: int, floor: int) -> tuple[int, ...]:
+    """``top, top - step, ...`` down to ``floor`` (at least one value: ``top``)."""
+    return tuple(sorted(v for v in range(top, max(floor, 1) - 1, -step) if v > 0))
+
+
+def load_search_space(ref: str | Path) -> SearchSpace:
+    """Load YAML from a path, or a bundled space by name (``search_spaces/<name>.yaml``)."""
+    import yaml
+
+    path = Path(ref)
+    if not path.is_file():
+        bundled = REPO_SEARCH_SPACES / f"{ref}.yaml"
+        if not bundled.is_file():
+            available = sorted(p.stem for p in bundled.parent.glob("*.yaml"))
+            raise ConfigError(
+                f"search space {str(ref)!r} is neither a file nor a bundled space; bundled: {', '.join(available)}"
+            )
+        path = bundled
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    return SearchSpace.from_dict(data)

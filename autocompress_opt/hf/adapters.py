@@ -1,0 +1,406 @@
+"""Model-family adapters: where a transformers decoder keeps its embedding, layers, heads and FFN.
+
+One :class:`FamilyAdapter` per Hugging Face ``model_type``, held in :data:`ADAPTERS` (a
+:class:`~autocompress_opt.registry.Registry`). An adapter is data, not code: the attribute names
+of each module (every supported family uses transformers' Llama names for the projections,
+``model.layers[i].self_attn.q_proj`` ...; Gemma 3 names its norms differently and has two more per
+layer), and the family traits that the module tree does not show (how an RMSNorm applies its
+weight, whether the embedding is scaled). The package's own heterogeneous model uses the names
+of its base family, so its state dict has the parent's keys. Importance estimation, masking and
+materialisation only ever reach into a model through :meth:`FamilyAdapter.layer_parts` and
+friends, so supporting a new family is one registry entry, never a fork of the model code.
+
+Norms (``D`` = hidden size): ``input_norm`` before attention and ``ffn_norm`` before the MLP (Llama:
+``input_layernorm`` / ``post_attention_layernorm``). Gemma 3 also normalises each sub-block's
+output before adding it to the residual stream (``attn_out_norm`` = its
+``post_attention_layernorm``, ``ffn_out_norm`` = ``post_feedforward_layernorm``), so there a
+sub-block's *residual contribution* is that norm's output, not ``o_proj``'s / ``down_proj``'s
+(:attr:`LayerParts.attn_residual`); a gate that scales ``o_proj``'s output would be undone by
+the scale-invariant norm after it.
+
+Head layout (every family): query head ``h`` occupies rows ``h·d:(h+1)·d`` of ``q_proj`` and
+columns ``h·d:(h+1)·d`` of ``o_proj``; it reads KV head ``h // (num_heads // num_kv_heads)``
+(transformers' ``repeat_kv``), so KV group ``g`` is query heads ``g·r .. g·r + r - 1``.
+
+Importing this module does not import torch or transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from autocompress_opt.arch.architecture import Architecture, LayerSpec, hf_layer_windows
+from autocompress_opt.errors import ConfigError, UnknownNameError
+from autocompress_opt.registry import Registry
+
+__all__ = [
+    "ADAPTERS",
+    "GEMMA3_PATHS",
+    "FamilyAdapter",
+    "LayerParts",
+    "ModulePaths",
+    "adapter_for",
+    "architecture_mismatch",
+    "bypass_layer",
+    "layer_input",
+    "layer_output",
+    "model_type_of",
+]
+
+
+@dataclass(frozen=True)
+class ModulePaths:
+    """Attribute names, relative to their parent module, of every piece an adapter exposes."""
+
+    decoder: str = "model"
+    embedding: str = "embed_tokens"
+    layers: str = "layers"
+    final_norm: str = "norm"
+    lm_head: str = "lm_head"
+    attention: str = "self_attn"
+    q_proj: str = "q_proj"
+    k_proj: str = "k_proj"
+    v_proj: str = "v_proj"
+    o_proj: str = "o_proj"
+    q_norm: str = "q_norm"
+    k_norm: str = "k_norm"
+    mlp: str = "mlp"
+    gate_proj: str = "gate_proj"
+    up_proj: str = "up_proj"
+    down_proj: str = "down_proj"
+    input_norm: str = "input_layernorm"  # before attention
+    ffn_norm: str = "post_attention_layernorm"  # before the MLP (Llama's name)
+    attn_out_norm: str | None = None  # on the attention output, before the residual add (Gemma 3)
+    ffn_out_norm: str | None = None  # on the MLP output, before the residual add (Gemma 3)
+
+
+# Gemma 3 (transformers' Gemma3DecoderLayer): four RMSNorms, two of them on the sub-block outputs.
+GEMMA3_PATHS = ModulePaths(
+    ffn_norm="pre_feedforward_layernorm",
+    attn_out_norm="post_attention_layernorm",
+    ffn_out_norm="post_feedforward_layernorm",
+)
+
+
+@dataclass(frozen=True)
+class LayerParts:
+    """The modules of one decoder layer; the attention fields are None when it has no attention,
+    the MLP fields None when it has no FFN; ``attn_out_norm`` / ``ffn_out_norm`` are None in
+    families without post-norms.
+
+    Shapes (``nn.Linear.weight`` is ``(out, in)``): ``q_proj`` ``(H·d, D)``, ``k_proj``/``v_proj``
+    ``(G·d, D)``, ``o_proj`` ``(D, H·d)``, ``gate_proj``/``up_proj`` ``(F, D)``, ``down_proj``
+    ``(D, F)``, norms ``(D,)``, ``q_norm``/``k_norm`` ``(d,)``.
+    """
+
+    layer: Any
+    attention: Any = None
+    q_proj: Any = None
+    k_proj: Any = None
+    v_proj: Any = None
+    o_proj: Any = None
+    q_norm: Any = None
+    k_norm: Any = None
+    input_norm: Any = None
+    attn_out_norm: Any = None
+    mlp: Any = None
+    gate_proj: Any = None
+    up_proj: Any = None
+    down_proj: Any = None
+    ffn_norm: Any = None
+    ffn_out_norm: Any = None
+    head_dim: int = 0
+
+    @property
+    def attn_residual(self) -> Any:
+        """The module whose output ``(batch, time, D)`` the attention adds to the residual stream
+        (``attn_out_norm`` where the family has one, else ``o_proj``); None without attention."""
+        return self.attn_out_norm if self.attn_out_norm is not None else self.o_proj
+
+    @property
+    def ffn_residual(self) -> Any:
+        """The module whose output the MLP adds to the residual stream (``ffn_out_norm`` or ``down_proj``)."""
+        return self.ffn_out_norm if self.ffn_out_norm is not None else self.down_proj
+
+    @property
+    def hidden_norms(self) -> list[Any]:
+        """This layer's RMSNorms over the hidden size D, in forward order."""
+        norms = (self.input_norm, self.attn_out_norm, self.ffn_norm, self.ffn_out_norm)
+        return [n for n in norms if n is not None]
+
+    @property
+    def num_heads(self) -> int:
+        """Query heads H (0 without attention)."""
+        return self.q_proj.out_features // self.head_dim if self.attention is not None else 0
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads G (0 without attention)."""
+        return self.k_proj.out_features // self.head_dim if self.attention is not None else 0
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head, ``H // G`` (0 without attention)."""
+        return self.num_heads // self.num_kv_heads if self.attention is not None else 0
+
+    @property
+    def ffn_width(self) -> int:
+        """FFN channels F (0 without an FFN)."""
+        return self.down_proj.in_features if self.mlp is not None else 0
+
+    def spec(self, window: int | None = None) -> LayerSpec:
+        """This layer's :class:`LayerSpec`, read from the module shapes; ``window`` (from the config:
+        modules do not show it) applies when the layer has attention."""
+        attn = self.attention is not None
+        return LayerSpec(
+            attention=attn,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim if attn else 0,
+            ffn=self.mlp is not None,
+            ffn_width=self.ffn_width,
+            window=window,
+        )
+
+
+@dataclass(frozen=True)
+class FamilyAdapter:
+    """Where one model family keeps its pieces, and the traits its modules do not show.
+
+    Attributes:
+        name: the Hugging Face ``model_type`` this adapter serves.
+        description: one line for listings.
+        paths: attribute names of the modules.
+        qk_norm: the family has per-head RMSNorm on queries and keys (Qwen3, Gemma 3).
+        norm_offset: an RMSNorm multiplies by ``norm_offset + weight`` (Gemma: 1, weights stored
+            around 0; Llama: 0). Source: transformers' ``Gemma3RMSNorm``, which also applies the
+            weight in float32 before casting back.
+        embed_scale: the embedding's output is multiplied by ``sqrt(config.hidden_size)`` (Gemma's
+            ``Gemma3TextScaledWordEmbedding``); the factor follows the model's *own* hidden size.
+        heterogeneous: layers may lack attention or FFN and differ in shape (the package's own
+            ``autocompress_decilm``); the base family is then read from ``config.base_family``, and
+            module names and traits are the base family's (:meth:`base`).
+    """
+
+    name: str
+    description: str
+    paths: ModulePaths = field(default_factory=ModulePaths)
+    qk_norm: bool = False
+    norm_offset: float = 0.0
+    embed_scale: bool = False
+    heterogeneous: bool = False
+
+    def base(self, model_or_config: Any) -> FamilyAdapter:
+        """The adapter whose module names and numerics the model uses: the base family's for a
+        heterogeneous model, else this one."""
+        if not self.heterogeneous:
+            return self
+        config = getattr(model_or_config, "config", model_or_config)
+        return ADAPTERS.get(str(config.base_family))
+
+    # ----------------------------------------------------------------- model-level pieces
+    def decoder(self, model: Any) -> Any:
+        """The base model holding embedding, layers and final norm (``model.model``)."""
+        return getattr(model, self.paths.decoder)
+
+    def embedding(self, model: Any) -> Any:
+        """Token embedding, an ``nn.Embedding`` with weight ``(V, D)``."""
+        return getattr(self.decoder(model), self.paths.embedding)
+
+    def layers(self, model: Any) -> Any:
+        """The ``nn.ModuleList`` of decoder layers."""
+        return getattr(self.decoder(model), self.paths.layers)
+
+    def final_norm(self, model: Any) -> Any:
+        """RMSNorm applied before the LM head, weight ``(D,)``."""
+        return getattr(self.decoder(model), self.paths.final_norm)
+
+    def lm_head(self, model: Any) -> Any:
+        """Output projection, ``nn.Linear`` with weight ``(V, D)`` (shared with the embedding when tied)."""
+        return getattr(model, self.paths.lm_head)
+
+    def tied(self, model: Any) -> bool:
+        """True when the LM head and the embedding share one matrix."""
+        return self.lm_head(model).weight is self.embedding(model).weight
+
+    def family(self, model: Any) -> str:
+        """The architecture family (``llama``, ``qwen3``...); the base family for a heterogeneous model."""
+        return str(model.config.base_family) if self.heterogeneous else self.name
+
+    # ----------------------------------------------------------------- layer-level pieces
+    def layer_parts(self, model: Any, index: int) -> LayerParts:
+        """The modules of layer ``index``; raises :class:`ConfigError` for a layer out of range."""
+        layers = self.layers(model)
+        if not 0 <= index < len(layers):
+            raise ConfigError(f"layer index {index} out of range: the model has {len(layers)} layers")
+        return self._parts(model, layers[index])
+
+    def all_layer_parts(self, model: Any) -> list[LayerParts]:
+        """:meth:`layer_parts` of every layer, in order."""
+        return [self._parts(model, layer) for layer in self.layers(model)]
+
+    def _parts(self, model: Any, layer: Any) -> LayerParts:
+        p = self.base(model).paths
+        attn, mlp = getattr(layer, p.attention, None), getattr(layer, p.mlp, None)
+        if not self.heterogeneous and (attn is None or mlp is None):
+            raise ConfigError(f"a {self.name} layer lacks {p.attention!r} or {p.mlp!r}: is this a {self.name} model?")
+        optional = lambda module, name: None if name is None else getattr(module, name)
+        parts: dict[str, Any] = {"layer": layer}
+        if attn is not None:
+            parts.update(
+                attention=attn,
+                input_norm=getattr(layer, p.input_norm),
+                attn_out_norm=optional(layer, p.attn_out_norm),
+                head_dim=int(getattr(attn, "head_dim", 0) or model.config.head_dim),
+                **{
+                    k: getattr(attn, getattr(p, k), None)
+                    for k in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+                },
+            )
+        if mlp is not None:
+            parts.update(
+                mlp=mlp,
+                ffn_norm=getattr(layer, p.ffn_norm),
+                ffn_out_norm=optional(layer, p.ffn_out_norm),
+                **{k: getattr(mlp, getattr(p, k)) for k in ("gate_proj", "up_proj", "down_proj")},
+            )
+        return LayerParts(**parts)
+
+    def hidden_norms(self, model: Any) -> list[Any]:
+        """Every RMSNorm over the hidden size D: each layer's (pre- and post-) norms, then the final norm."""
+        norms = []
+        for parts in self.all_layer_parts(model):
+            norms += parts.hidden_norms
+        return norms + [self.final_norm(model)]
+
+    # ----------------------------------------------------------------------- structure
+    def architecture(self, model: Any) -> Architecture:
+        """The exact :class:`Architecture` of ``model``, read from its module shapes (each layer's
+        attention window from its config: :meth:`windows`).
+
+        ``num_params`` of the result equals ``sum(p.numel() for p in model.parameters())``.
+        """
+        parts = self.all_layer_parts(model)
+        config = model.config
+        return Architecture(
+            vocab_size=self.embedding(model).num_embeddings,
+            hidden_size=self.embedding(model).embedding_dim,
+            layers=tuple(p.spec(w) for p, w in zip(parts, self.windows(model), strict=True)),
+            tie_embeddings=self.tied(model),
+            family=self.family(model),
+            max_context=getattr(config, "max_position_embeddings", None),
+            name=str(getattr(config, "_name_or_path", "") or ""),
+            **self._flags(model, parts),
+        )
+
+    def windows(self, model: Any) -> tuple[int | None, ...]:
+        """Each layer's attention window (None = full attention), as the model applies it: the
+        blocks' ``window_length`` of a heterogeneous model, else the family's config rule
+        (:func:`~autocompress_opt.arch.architecture.hf_layer_windows`)."""
+        if self.heterogeneous:
+            return tuple(b.attention.window_length for b in model.config.blocks)
+        return hf_layer_windows(model.config)
+
+    def _flags(self, model: Any, parts: list[LayerParts]) -> dict[str, bool]:
+        """Bias and QK-norm flags: from the config of a heterogeneous model (a model without any
+        attention layer still has them), else from the modules."""
+        if self.heterogeneous:
+            c = model.config
+            return dict(
+                qkv_bias=bool(c.attention_bias),
+                o_bias=bool(c.o_proj_bias),
+                mlp_bias=bool(c.mlp_bias),
+                qk_norm=bool(c.qk_norm),
+            )
+        return dict(
+            qkv_bias=any(p.q_proj.bias is not None for p in parts),
+            o_bias=any(p.o_proj.bias is not None for p in parts),
+            mlp_bias=any(p.down_proj.bias is not None for p in parts),
+            qk_norm=any(p.q_norm is not None for p in parts),
+        )
+
+
+ADAPTERS: Registry[FamilyAdapter] = Registry("decoder model family")
+for _adapter in (
+    FamilyAdapter("llama", "Llama 2/3, SmolLM2, CodeLlama (optional attention/MLP biases)"),
+    FamilyAdapter("mistral", "Mistral (no biases; model-wide sliding window)"),
+    FamilyAdapter("qwen2", "Qwen2 / Qwen2.5 (q, k, v biases)"),
+    FamilyAdapter("qwen3", "Qwen3 (per-head q/k RMSNorm)", qk_norm=True),
+    FamilyAdapter(
+        "gemma3_text",
+        "Gemma 3 text decoder (q/k norm, post-norms, (1+w) RMSNorm, scaled embedding)",
+        paths=GEMMA3_PATHS,
+        qk_norm=True,
+        norm_offset=1.0,
+        embed_scale=True,
+    ),
+    FamilyAdapter("autocompress_decilm", "this package's heterogeneous DeciLM-style decoder", heterogeneous=True),
+):
+    ADAPTERS.register(_adapter.name, _adapter)
+
+
+def model_type_of(model_or_config: Any) -> str:
+    """``config.model_type`` of a model or config (lower case), or ``""`` when it has none."""
+    config = getattr(model_or_config, "config", model_or_config)
+    return str(getattr(config, "model_type", "") or "").lower()
+
+
+def adapter_for(model_or_config: Any) -> FamilyAdapter:
+    """The adapter for a transformers model (or its config), chosen by ``config.model_type``.
+
+    Raises :class:`UnknownNameError` naming the model_type and listing the supported families
+    (e.g. ``gpt2`` is not a supported decoder).
+    """
+    model_type = model_type_of(model_or_config)
+    if model_type not in ADAPTERS:
+        raise UnknownNameError("decoder model family", model_type or "(no model_type)", ADAPTERS.names())
+    return ADAPTERS.get(model_type)
+
+
+# ------------------------------------------------------------------------------ helpers
+def bypass_layer(layer: Any) -> Any:
+    """Make decoder ``layer`` return its input unchanged (the layer is skipped); returns the hook handle.
+
+    The layer still runs (its output is discarded). Works for layers that return the hidden
+    states (transformers v5) or a tuple whose first item is the hidden states.
+    """
+
+    def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+        hidden = layer_input(args, kwargs)
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+    return layer.register_forward_hook(hook, with_kwargs=True)
+
+
+def layer_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The hidden states (batch, time, D) a decoder layer was called with."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def layer_output(output: Any) -> Any:
+    """The hidden states (batch, time, D) a decoder layer returned."""
+    return output[0] if isinstance(output, tuple) else output
+
+
+_IGNORED_FIELDS = ("name", "max_context")
+
+
+def architecture_mismatch(expected: Architecture, actual: Architecture) -> str | None:
+    """The first structural difference between two architectures, or None when they build the same model.
+
+    ``name`` and ``max_context`` are labels and are ignored; layer windows count. Example:
+    ``"layers[3].ffn_width: expected 64, got 48"``.
+    """
+    a, b = expected.to_dict(), actual.to_dict()
+    for key in a:
+        if key in _IGNORED_FIELDS or key == "layers" or a[key] == b[key]:
+            continue
+        return f"{key}: expected {a[key]!r}, got {b[key]!r}"
+    if len(a["layers"]) != len(b["layers"]):
+        return f"num_layers: expected {len(a['layers'])}, got {len(b['layers'])}"
+    for i, (la, lb) in enumerate(zip(expected.layers, actual.layers)):
+        for f in fields(LayerSpec):  # the objects, not to_dict(), which omits unset windows
+            if getattr(la, f.name) != getattr(lb, f.name):
+                return f"layers[{i}].{f.name}: expected {getattr(la, f.name)!r}, got {getattr(lb, f.name)!r}"
+    return None

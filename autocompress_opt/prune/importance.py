@@ -1,0 +1,446 @@
+"""Minitron-style importance of heads, FFN channels, hidden channels and layers, from forward passes.
+
+Source: Muralidharan et al., "Compact Language Models via Pruning and Knowledge Distillation"
+(Minitron, arXiv 2407.14679), §2: activation-based importance from a small calibration set,
+no gradients. What is scored (all scores: higher = more important):
+
+* **heads** — per layer, per query head ``h``: mean over calibration tokens of ‖o_h‖₂, where
+  ``o_h`` (``head_dim`` values) is the head's attention output, i.e. its slice of ``o_proj``'s
+  input. **kv_groups** — per KV head ``g``: the sum of the scores of the query heads that read it
+  (heads ``g·r .. g·r+r-1``), so grouped-query attention is pruned in whole groups.
+* **ffn** — per layer, per channel ``c``: mean |act(gate(x))·up(x)|_c, the input of ``down_proj``.
+* **hidden** — per residual channel: mean |RMSNorm output| over tokens and over every hidden
+  RMSNorm (each layer's pre-norms, Gemma 3's post-norms too, and the final norm): Minitron's
+  embedding-channel score.
+* **block_influence** — per layer: ``1 − mean cos(x_in, x_out)`` over tokens (Men et al.,
+  ShortGPT, arXiv 2403.03853; used by Minitron for depth).
+* **skip_loss** — per layer: mean next-token cross-entropy with the layer skipped minus the
+  unpruned model's (Minitron's LM-loss depth metric). Costs one extra pass over the data per layer.
+
+:func:`estimate_importance` runs under ``torch.inference_mode`` and is deterministic: the same
+model, tokens and ``batch_size`` give bit-identical scores. It returns an :class:`Importance`
+record that saves as safetensors + a JSON sidecar (never pickle) and is cached on disk keyed by
+(model id, data id, method).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.errors import ConfigError, UnknownNameError
+from autocompress_opt.hf.adapters import (
+    FamilyAdapter,
+    adapter_for,
+    architecture_mismatch,
+    bypass_layer,
+    layer_input,
+    layer_output,
+)
+from autocompress_opt.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "ESTIMATORS",
+    "LAYER_METRICS",
+    "Importance",
+    "ImportanceMeta",
+    "cache_path",
+    "estimate_importance",
+    "tokens_id",
+]
+
+_FORMAT = "autocompress-importance/1"
+_TENSORS_FILE, _META_FILE = "importance.safetensors", "importance.json"
+LAYER_METRICS: tuple[str, ...] = ("skip_loss", "block_influence")
+
+
+@dataclass(frozen=True)
+class ImportanceMeta:
+    """Where a set of scores came from.
+
+    Attributes:
+        model_id: the parent model's identity (a hub id, a path, a name); part of the cache key.
+        data_id: the calibration data's identity (e.g. ``"textdata:n=64:len=256:seed=0"``); part of the cache key.
+        method: the estimator's registry name (``"minitron"``); part of the cache key.
+        num_sequences / seq_len: shape of the calibration token batch.
+        batch_size: sequences per forward pass.
+        seed: the calibration data's seed, when the caller knows it (informational).
+        base_loss: mean next-token cross-entropy (nats) of the unpruned model on the data.
+    """
+
+    model_id: str
+    data_id: str
+    method: str
+    num_sequences: int
+    seq_len: int
+    batch_size: int
+    seed: int | None = None
+    base_loss: float = float("nan")
+
+
+@dataclass(frozen=True, eq=False)
+class Importance:
+    """Importance scores of one parent model; every score is float64 and higher = more important.
+
+    Per layer ``i`` of ``architecture`` (``None`` where the layer has no such sub-block):
+    ``heads[i]`` ``(H_i,)``, ``kv_groups[i]`` ``(G_i,)``, ``ffn[i]`` ``(F_i,)``. Model-wide:
+    ``hidden`` ``(D,)``, ``block_influence`` ``(L,)``, ``skip_loss`` ``(L,)`` (nats).
+    """
+
+    architecture: Architecture
+    heads: tuple[torch.Tensor | None, ...]
+    kv_groups: tuple[torch.Tensor | None, ...]
+    ffn: tuple[torch.Tensor | None, ...]
+    hidden: torch.Tensor
+    block_influence: torch.Tensor
+    skip_loss: torch.Tensor
+    meta: ImportanceMeta
+
+    def __post_init__(self) -> None:
+        _check_shapes(self)
+
+    def layer_scores(self, metric: str = "skip_loss") -> torch.Tensor:
+        """Per-layer importance ``(L,)`` by ``metric`` (``skip_loss`` or ``block_influence``)."""
+        if metric not in LAYER_METRICS:
+            raise UnknownNameError("layer importance metric", metric, LAYER_METRICS)
+        return getattr(self, metric)
+
+    # ------------------------------------------------------------------- persistence
+    def save(self, directory: str | Path) -> Path:
+        """Write ``importance.safetensors`` + ``importance.json`` into ``directory`` (created); returns it."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self._tensors().items()}, str(directory / _TENSORS_FILE))
+        sidecar = {"format": _FORMAT, "meta": asdict(self.meta), "architecture": self.architecture.to_dict()}
+        (directory / _META_FILE).write_text(json.dumps(sidecar, indent=2), encoding="utf-8")
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Importance:
+        """Read what :meth:`save` wrote; raises :class:`ConfigError` for a missing or foreign file."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        sidecar = _read_sidecar(directory / _META_FILE)
+        tensors = load_file(str(directory / _TENSORS_FILE))
+        arch = Architecture.from_dict(sidecar["architecture"])
+        per_layer = lambda kind: tuple(tensors.get(f"layers.{i}.{kind}") for i in range(arch.num_layers))
+        return cls(
+            architecture=arch,
+            heads=per_layer("heads"),
+            kv_groups=per_layer("kv_groups"),
+            ffn=per_layer("ffn"),
+            hidden=tensors["hidden"],
+            block_influence=tensors["block_influence"],
+            skip_loss=tensors["skip_loss"],
+            meta=ImportanceMeta(**sidecar["meta"]),
+        )
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        out = {"hidden": self.hidden, "block_influence": self.block_influence, "skip_loss": self.skip_loss}
+        for kind in ("heads", "kv_groups", "ffn"):
+            for i, t in enumerate(getattr(self, kind)):
+                if t is not None:
+                    out[f"layers.{i}.{kind}"] = t
+        return out
+
+
+def _read_sidecar(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"no importance sidecar at {str(path)!r}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != _FORMAT:
+        raise ConfigError(f"{path} is not an importance file (format {data.get('format')!r}, expected {_FORMAT!r})")
+    return data
+
+
+def _check_shapes(imp: Importance) -> None:
+    """Every tensor matches the architecture; raises :class:`ConfigError` naming the first that does not."""
+    arch = imp.architecture
+    expect: dict[str, tuple[int, ...] | None] = {
+        "hidden": (arch.hidden_size,),
+        "block_influence": (arch.num_layers,),
+        "skip_loss": (arch.num_layers,),
+    }
+    for kind in ("heads", "kv_groups", "ffn"):
+        if len(getattr(imp, kind)) != arch.num_layers:
+            raise ConfigError(f"Importance.{kind} has {len(getattr(imp, kind))} layers, architecture {arch.num_layers}")
+    for i, layer in enumerate(arch.layers):
+        expect[f"heads[{i}]"] = (layer.num_heads,) if layer.attention else None
+        expect[f"kv_groups[{i}]"] = (layer.num_kv_heads,) if layer.attention else None
+        expect[f"ffn[{i}]"] = (layer.ffn_width,) if layer.ffn else None
+    for name, shape in expect.items():
+        kind, _, idx = name.partition("[")
+        tensor = getattr(imp, kind)[int(idx[:-1])] if idx else getattr(imp, kind)
+        got = None if tensor is None else tuple(tensor.shape)
+        if got != shape:
+            raise ConfigError(f"Importance.{name} has shape {got}, expected {shape} for the architecture")
+
+
+# ------------------------------------------------------------------------------ estimation
+Estimator = Callable[..., Importance]
+ESTIMATORS: Registry[Estimator] = Registry("importance method")
+
+
+def tokens_id(tokens: torch.Tensor) -> str:
+    """A content hash of a token batch, usable as ``data_id`` (same tokens → same id)."""
+    import numpy as np
+
+    digest = hashlib.sha256(np.ascontiguousarray(tokens.cpu().numpy()).astype("<i8").tobytes()).hexdigest()
+    return f"tokens-sha256:{digest[:16]}:{tokens.shape[0]}x{tokens.shape[1]}"
+
+
+def cache_path(cache_dir: str | Path, model_id: str, data_id: str, method: str) -> Path:
+    """The folder that caches the scores of (model_id, data_id, method) under ``cache_dir``."""
+    key = hashlib.sha256(json.dumps([model_id, data_id, method]).encode()).hexdigest()[:24]
+    return Path(cache_dir) / f"{method}-{key}"
+
+
+def estimate_importance(
+    model: Any,
+    tokens: torch.Tensor,
+    *,
+    model_id: str | None = None,
+    data_id: str | None = None,
+    method: str = "minitron",
+    seed: int | None = None,
+    adapter: FamilyAdapter | None = None,
+    batch_size: int = 4,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+) -> Importance:
+    """Score ``model``'s heads, FFN channels, hidden channels and layers on calibration ``tokens``.
+
+    Args:
+        model: a transformers causal LM of a supported family (see :func:`adapter_for`).
+        tokens: LongTensor ``(num_sequences, seq_len)`` of token ids, ``seq_len >= 2``.
+        model_id: the model's identity for the cache key; default ``config._name_or_path``.
+        data_id: the data's identity for the cache key; default :func:`tokens_id` (a content hash).
+        method: registry name of the estimator (:data:`ESTIMATORS`); ``"minitron"``.
+        seed: the calibration data's seed, recorded in the metadata only.
+        adapter: default :func:`adapter_for` ``(model)``.
+        batch_size: sequences per forward pass (peak memory ~ batch·seq_len·vocab float32 logits,
+            about three copies during the loss: with Gemma 3's 262k vocabulary, 2 × 64 tokens
+            already take ~400 MB).
+        cache_dir: when given, reuse ``cache_path(cache_dir, model_id, data_id, method)`` if it
+            exists, else compute and write it.
+        progress: show a tqdm progress bar.
+
+    Returns an :class:`Importance`; the model's weights are not changed and no hook is left behind.
+    Raises :class:`ConfigError` for bad tokens, a cache entry made for another architecture, or a
+    cache without a model id; :class:`UnknownNameError` for an unknown method or model family.
+    """
+    estimator = ESTIMATORS.get(method)
+    adapter = adapter or adapter_for(model)
+    arch = adapter.architecture(model)
+    _check_tokens(tokens, arch.vocab_size)
+    _check_positive(batch_size=batch_size)
+    model_id = model_id or str(getattr(model.config, "_name_or_path", "") or "")
+    data_id = data_id or tokens_id(tokens)
+    if cache_dir is not None and not model_id:
+        raise ConfigError("an importance cache needs a model_id (the model has no _name_or_path); pass model_id=")
+    meta = ImportanceMeta(
+        model_id=model_id,
+        data_id=data_id,
+        method=method,
+        num_sequences=int(tokens.shape[0]),
+        seq_len=int(tokens.shape[1]),
+        batch_size=batch_size,
+        seed=seed,
+    )
+    if cache_dir is not None:
+        cached = _load_cached(cache_path(cache_dir, model_id, data_id, method), arch)
+        if cached is not None:
+            return cached
+    result = estimator(model, tokens, adapter=adapter, meta=meta, progress=progress)
+    if cache_dir is not None:
+        result.save(cache_path(cache_dir, model_id, data_id, method))
+    return result
+
+
+def _load_cached(path: Path, arch: Architecture) -> Importance | None:
+    if not (path / _META_FILE).is_file():
+        return None
+    cached = Importance.load(path)
+    mismatch = architecture_mismatch(cached.architecture, arch)
+    if mismatch:
+        raise ConfigError(
+            f"cached importance at {str(path)!r} (model_id {cached.meta.model_id!r}) was computed for another "
+            f"architecture ({mismatch}); pass a different model_id or delete that folder"
+        )
+    return cached
+
+
+def _check_tokens(tokens: Any, vocab_size: int) -> None:
+    import torch
+
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long or tokens.dim() != 2:
+        got = (
+            f"{tokens.dtype} tensor of shape {tuple(tokens.shape)}"
+            if isinstance(tokens, torch.Tensor)
+            else type(tokens).__name__
+        )
+        raise ConfigError(f"tokens must be a LongTensor (num_sequences, seq_len), got {got}")
+    if tokens.shape[0] < 1 or tokens.shape[1] < 2:
+        raise ConfigError(f"tokens needs >= 1 sequence of >= 2 tokens, got shape {tuple(tokens.shape)}")
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= vocab_size:
+        raise ConfigError(f"token ids must lie in [0, {vocab_size}), got values from {low} to {high}")
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive int, got {value!r}")
+
+
+# ---------------------------------------------------------------------------- minitron
+class _Activations:
+    """Forward hooks that sum activation statistics over calibration tokens (float64 sums).
+
+    Per layer: ``heads`` ``(H,)`` Σ‖o_h‖₂, ``ffn`` ``(F,)`` Σ|x_c| at ``down_proj``'s input,
+    ``cos`` Σ cos(x_in, x_out); model-wide: ``hidden`` ``(D,)`` Σ|norm output| over all hidden norms.
+    """
+
+    def __init__(self, model: Any, adapter: FamilyAdapter) -> None:
+        import torch
+
+        self.parts = adapter.all_layer_parts(model)
+        self.norms = adapter.hidden_norms(model)
+        device = adapter.embedding(model).weight.device  # sums stay where the activations are
+        zeros = lambda n: torch.zeros(n, dtype=torch.float64, device=device)
+        self.heads = [zeros(p.num_heads) if p.attention is not None else None for p in self.parts]
+        self.ffn = [zeros(p.ffn_width) if p.mlp is not None else None for p in self.parts]
+        self.hidden = zeros(adapter.embedding(model).embedding_dim)
+        self.cos = zeros(len(self.parts))
+        self._inputs: dict[int, torch.Tensor] = {}
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> _Activations:
+        for i, parts in enumerate(self.parts):
+            self.handles.append(parts.layer.register_forward_pre_hook(self._save_input(i), with_kwargs=True))
+            self.handles.append(parts.layer.register_forward_hook(self._cosine(i), with_kwargs=True))
+            if parts.attention is not None:
+                self.handles.append(parts.o_proj.register_forward_pre_hook(self._head_norms(i, parts.head_dim)))
+            if parts.mlp is not None:
+                self.handles.append(parts.down_proj.register_forward_pre_hook(self._ffn_magnitude(i)))
+        for norm in self.norms:
+            self.handles.append(norm.register_forward_hook(self._norm_magnitude))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def _save_input(self, i: int) -> Callable[..., None]:
+        def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            self._inputs[i] = layer_input(args, kwargs)
+
+        return hook
+
+    def _cosine(self, i: int) -> Callable[..., None]:
+        import torch
+
+        def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            x_in, x_out = self._inputs.pop(i).float(), layer_output(output).float()  # (batch, time, D)
+            self.cos[i] += torch.nn.functional.cosine_similarity(x_in, x_out, dim=-1).double().sum()
+
+        return hook
+
+    def _head_norms(self, i: int, head_dim: int) -> Callable[..., None]:
+        def hook(module: Any, args: tuple[Any, ...]) -> None:
+            x = args[0].float()  # (batch, time, H·d)
+            self.heads[i] += x.unflatten(-1, (-1, head_dim)).norm(dim=-1).double().sum(dim=(0, 1))  # (H,)
+
+        return hook
+
+    def _ffn_magnitude(self, i: int) -> Callable[..., None]:
+        def hook(module: Any, args: tuple[Any, ...]) -> None:
+            self.ffn[i] += args[0].float().abs().double().sum(dim=(0, 1))  # (F,)
+
+        return hook
+
+    def _norm_magnitude(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
+        self.hidden += output.float().abs().double().sum(dim=(0, 1))  # (D,)
+
+
+def _batches(tokens: torch.Tensor, batch_size: int) -> Iterator[torch.Tensor]:
+    for start in range(0, tokens.shape[0], batch_size):
+        yield tokens[start : start + batch_size]
+
+
+def _loss_sum(model: Any, batch: torch.Tensor) -> float:
+    """Σ next-token cross-entropy (nats) over ``batch`` ``(B, T)``: B·(T−1) predictions."""
+    import torch
+
+    logits = model(input_ids=batch, use_cache=False).logits[:, :-1]  # (B, T-1, V)
+    return float(
+        torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1).float(), batch[:, 1:].flatten(), reduction="sum"
+        ).double()
+    )
+
+
+def _minitron(
+    model: Any, tokens: torch.Tensor, *, adapter: FamilyAdapter, meta: ImportanceMeta, progress: bool
+) -> Importance:
+    """Activation scores in one pass, then one pass per layer with that layer skipped."""
+    import torch
+    from tqdm.auto import tqdm
+
+    arch = adapter.architecture(model)
+    batch_size, was_training = meta.batch_size, model.training
+    batches = list(_batches(tokens.to(adapter.embedding(model).weight.device), batch_size))
+    n_tokens, n_predictions = tokens.numel(), tokens.shape[0] * (tokens.shape[1] - 1)
+    bar = tqdm(total=len(batches) * (arch.num_layers + 1), desc="importance", unit="pass", disable=not progress)
+    model.eval()
+    try:
+        with torch.inference_mode():
+            with _Activations(model, adapter) as acts:
+                base = sum(_loss_sum(model, b) for b in _counted(batches, bar)) / n_predictions
+            skip = torch.zeros(arch.num_layers, dtype=torch.float64)
+            for i, layer in enumerate(adapter.layers(model)):
+                handle = bypass_layer(layer)
+                try:
+                    skip[i] = sum(_loss_sum(model, b) for b in _counted(batches, bar)) / n_predictions - base
+                finally:
+                    handle.remove()
+    finally:
+        bar.close()
+        model.train(was_training)
+    heads = tuple(None if h is None else h.cpu() / n_tokens for h in acts.heads)
+    return Importance(
+        architecture=arch,
+        heads=heads,
+        kv_groups=tuple(
+            None if h is None else h.unflatten(0, (p.num_kv_heads, -1)).sum(-1) for h, p in zip(heads, acts.parts)
+        ),
+        ffn=tuple(None if f is None else f.cpu() / n_tokens for f in acts.ffn),
+        hidden=acts.hidden.cpu() / (n_tokens * len(acts.norms)),
+        block_influence=1.0 - acts.cos.cpu() / n_tokens,
+        skip_loss=skip,
+        meta=replace(meta, base_loss=base),
+    )
+
+
+def _counted(batches: list[torch.Tensor], bar: Any) -> Iterator[torch.Tensor]:
+    for batch in batches:
+        yield batch
+        bar.update(1)
+
+
+ESTIMATORS.register("minitron", _minitron)

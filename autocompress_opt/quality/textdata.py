@@ -1,0 +1,629 @@
+"""Offline calibration and held-out evaluation text, built at run time from what is installed.
+
+Nothing is downloaded and nothing is copied into the repository: every token comes from a
+:class:`TextSource` that reads an installed package.
+
+========================  ======  ===========================================  ===============
+source                    domain  what                                         licence
+========================  ======  ===========================================  ===============
+``python-stdlib``         code    the interpreter's standard-library ``.py``   PSF-2.0
+                                  files (tests, site-packages, pydoc_data,
+                                  generated codec tables and build config out)
+``pydoc-topics``          prose   ``pydoc_data/topics.py`` (the language       PSF-2.0
+                                  reference behind ``help()``), one per topic
+``python-docs``           prose   Debian ``python3.X-doc`` reST sources         PSF-2.0
+                                  (optional: ``apt-get install python3.11-doc``)
+``bible-kjv``             prose   Debian ``bible-kjv``, one document per book   public domain
+                                  (optional: ``apt-get install bible-kjv``)
+========================  ======  ===========================================  ===============
+
+The defaults (:data:`DEFAULT_SOURCES`) ship with every Python, so numbers are comparable across
+machines; the optional sources are used only when named, and naming one that is not installed
+raises a :class:`ConfigError` saying how to install it — never a silent fallback.
+
+**Split.** Every *document* (a module file, a topic, a book) goes wholly to calibration or to
+evaluation, decided by a hash of ``(split_seed, source, key)``: the two never share a file.
+``split_seed`` is separate from the sampling ``seed`` so that calibration drawn with one seed and
+evaluation drawn with another still never overlap; keep the default unless you mean to re-split.
+
+**Sampling.** Documents of the role and domain are ordered by a hash of ``(seed, source, key)``;
+each is tokenised and cut into ``seq_len``-token pieces (in a per-document hashed order). Pass
+``k`` appends piece ``k`` of every document, separated by ``"\\n\\n"``, until the stream holds
+enough tokens; the stream is then cut into consecutive rows (each led by BOS when the tokenizer
+adds one). So rows spread over as many documents as possible. Everything is a pure function of
+the installed files, the tokenizer and the seeds.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tokenize
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.registry import Registry
+
+__all__ = [
+    "DEFAULT_SOURCES",
+    "DEFAULT_SPLIT_SEED",
+    "DOMAINS",
+    "EVAL_FRACTION",
+    "ROLES",
+    "BibleKJVSource",
+    "DataSplit",
+    "PydocTopicsSource",
+    "PythonDocsSource",
+    "SourceInfo",
+    "StdlibSource",
+    "TextBatches",
+    "TextSource",
+    "calibration_batches",
+    "data_split",
+    "evaluation_batches",
+    "text_batches",
+    "text_sources",
+]
+
+DOMAINS: tuple[str, ...] = ("code", "prose")
+ROLES: tuple[str, ...] = ("calibration", "evaluation")
+DEFAULT_SOURCES: tuple[str, ...] = ("python-stdlib", "pydoc-topics")
+DEFAULT_SPLIT_SEED = 0
+# A fifth of the documents is held out: ~146 stdlib files (~0.7M tokens) and ~16 pydoc topics
+# (~20-30k tokens) — enough for a few hundred 256-token evaluation rows, leaving most text for
+# calibration.
+EVAL_FRACTION = 0.2
+_PIECE_SEPARATOR = "\n\n"
+
+
+# ---------------------------------------------------------------------- sources
+class TextSource(ABC):
+    """A collection of installed documents of one domain.
+
+    Contract: :meth:`keys` is sorted, stable for a given installation and cheap (no tokenising);
+    :meth:`read` of a key always returns the same text. Methods other than :meth:`available`,
+    :meth:`install_hint` and :meth:`describe` may raise :class:`ConfigError` when the source is
+    not available.
+    """
+
+    name: str
+    domain: str
+    licence: str
+
+    @abstractmethod
+    def available(self) -> bool:
+        """Whether the installed files this source reads are present."""
+
+    @abstractmethod
+    def install_hint(self) -> str:
+        """How to make the source available (shown in the error when it is not)."""
+
+    @abstractmethod
+    def origin(self) -> str:
+        """Where the text comes from on this machine (path and version), for records."""
+
+    @abstractmethod
+    def keys(self) -> tuple[str, ...]:
+        """Document keys, sorted."""
+
+    @abstractmethod
+    def read(self, key: str) -> str:
+        """Text of one document."""
+
+    def require(self) -> None:
+        """Raise :class:`ConfigError` naming the source and the fix when it is not available."""
+        if not self.available():
+            raise ConfigError(f"text source {self.name!r} is not available on this machine: {self.install_hint()}")
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.domain}, {self.licence})"
+
+
+# Directories of the standard library that are not its own module sources: tests, third-party
+# packages, and pydoc_data (the prose of the pydoc-topics source — kept out of code).
+_STDLIB_EXCLUDED_DIRS = frozenset(
+    {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "pydoc_data"}
+)
+# Files that are data rather than code, or that differ from build to build: the build's own
+# config (_sysconfigdata*, config-3.X-<platform>/) and the 65 charmap tables of encodings/ that
+# Tools/unicode/gencodec.py generated (their first lines say so).
+_STDLIB_EXCLUDED_PREFIXES = ("_sysconfigdata", "config-")
+_GENERATED_MARK = b"gencodec.py"
+
+
+class StdlibSource(TextSource):
+    """``.py`` files of the running interpreter's standard library; key = path relative to it."""
+
+    name, domain, licence = "python-stdlib", "code", "PSF-2.0"
+
+    def __init__(self, root: str | Path | None = None):
+        self.root = Path(root) if root is not None else Path(sysconfig.get_paths()["stdlib"])
+
+    def available(self) -> bool:
+        return self.root.is_dir()
+
+    def install_hint(self) -> str:
+        return f"the standard library directory {str(self.root)!r} does not exist"
+
+    def origin(self) -> str:
+        return f"Python {sys.version.split()[0]} standard library at {self.root}"
+
+    @functools.cached_property
+    def _keys(self) -> tuple[str, ...]:
+        self.require()
+        found = []
+        for folder, dirs, files in os.walk(self.root):
+            dirs[:] = [d for d in dirs if d not in _STDLIB_EXCLUDED_DIRS]
+            found += [(Path(folder) / f).relative_to(self.root).as_posix() for f in files if f.endswith(".py")]
+        return tuple(sorted(k for k in found if self._is_module_source(k)))
+
+    def _is_module_source(self, key: str) -> bool:
+        if key.startswith(_STDLIB_EXCLUDED_PREFIXES) or Path(key).name.startswith("test_"):
+            return False
+        if key.startswith("encodings/"):
+            with open(self.root / key, "rb") as handle:
+                return _GENERATED_MARK not in handle.read(1024)
+        return True
+
+    def keys(self) -> tuple[str, ...]:
+        return self._keys
+
+    def read(self, key: str) -> str:
+        path = self.root / key
+        try:
+            with tokenize.open(path) as handle:  # honours PEP 263 encoding cookies
+                return handle.read()
+        except SyntaxError:  # an undecodable cookie: keep what can be read
+            return path.read_text(encoding="utf-8", errors="replace")
+
+
+class PydocTopicsSource(TextSource):
+    """``pydoc_data.topics.topics``: the language reference text ``help()`` shows; key = topic."""
+
+    name, domain, licence = "pydoc-topics", "prose", "PSF-2.0"
+
+    def available(self) -> bool:
+        return self._topics() is not None
+
+    def install_hint(self) -> str:
+        return "this Python has no pydoc_data.topics module (some minimal builds strip it)"
+
+    def origin(self) -> str:
+        return f"pydoc_data.topics of Python {sys.version.split()[0]}"
+
+    def keys(self) -> tuple[str, ...]:
+        self.require()
+        return tuple(sorted(self._topics() or {}))
+
+    def read(self, key: str) -> str:
+        self.require()
+        return (self._topics() or {})[key]
+
+    @staticmethod
+    @functools.cache
+    def _topics() -> dict[str, str] | None:
+        try:
+            from pydoc_data.topics import topics
+        except ImportError:
+            return None
+        return dict(topics)
+
+
+class PythonDocsSource(TextSource):
+    """Debian ``python3.X-doc``: the documentation's reST sources; key = path under ``_sources``."""
+
+    name, domain, licence = "python-docs", "prose", "PSF-2.0"
+
+    def __init__(self, root: str | Path | None = None):
+        self.root = Path(root) if root is not None else self._default_root()
+
+    @staticmethod
+    def _default_root() -> Path:
+        own = Path(f"/usr/share/doc/python{sys.version_info[0]}.{sys.version_info[1]}/html/_sources")
+        if own.is_dir():
+            return own
+        others = sorted(Path("/usr/share/doc").glob("python3*/html/_sources"))
+        return others[-1] if others else own
+
+    def available(self) -> bool:
+        return bool(self._keys)
+
+    def install_hint(self) -> str:
+        version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        return f"no reST sources under {str(self.root)!r}; install them with `apt-get install python{version}-doc`"
+
+    def origin(self) -> str:
+        return f"Python documentation reST sources at {self.root}"
+
+    @functools.cached_property
+    def _keys(self) -> tuple[str, ...]:
+        if not self.root.is_dir():
+            return ()
+        return tuple(sorted(p.relative_to(self.root).as_posix() for p in self.root.rglob("*.txt") if p.is_file()))
+
+    def keys(self) -> tuple[str, ...]:
+        self.require()
+        return self._keys
+
+    def read(self, key: str) -> str:
+        return (self.root / key).read_text(encoding="utf-8", errors="replace")
+
+
+# A verse line of `bible -f`: "<book abbreviation><chapter>:<verse> <text>", e.g. "1Sm1:1 Now ...".
+_VERSE = re.compile(r"^([1-3]?[A-Za-z]+)\d+:\d+ (.*)$")
+_WHOLE_BIBLE = "Gen1:1-Rev22:21"
+
+
+class BibleKJVSource(TextSource):
+    """Debian ``bible-kjv`` (King James Version, public domain); key = book abbreviation."""
+
+    name, domain, licence = "bible-kjv", "prose", "public-domain"
+
+    def __init__(self, executable: str = "bible"):
+        self.executable = executable
+
+    def available(self) -> bool:
+        return shutil.which(self.executable) is not None
+
+    def install_hint(self) -> str:
+        return f"the {self.executable!r} program is not installed; install it with `apt-get install bible-kjv`"
+
+    def origin(self) -> str:
+        return f"`{self.executable} -f {_WHOLE_BIBLE}` (Debian bible-kjv)"
+
+    def keys(self) -> tuple[str, ...]:
+        return tuple(sorted(self._books))
+
+    def read(self, key: str) -> str:
+        return self._books[key]
+
+    @functools.cached_property
+    def _books(self) -> dict[str, str]:
+        """The whole text in one run of the program (~0.1 s, 4.4 MB)."""
+        self.require()
+        result = subprocess.run([self.executable, "-f", _WHOLE_BIBLE], capture_output=True, text=True, check=True)
+        return parse_bible_output(result.stdout)
+
+
+def parse_bible_output(text: str) -> dict[str, str]:
+    """``bible -f`` output → {book abbreviation: its verses' text, one verse per line}.
+
+    A line that is not a verse line continues the previous verse (wrapped output).
+    """
+    books: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        match = _VERSE.match(line)
+        if match:
+            current = books.setdefault(match.group(1), [])
+            current.append(match.group(2).strip())
+        elif current is not None and line.strip():
+            current[-1] += " " + line.strip()
+    return {book: "\n".join(verses) for book, verses in books.items()}
+
+
+_SOURCES: Registry[TextSource] = Registry("text source")
+for _source in (StdlibSource(), PydocTopicsSource(), PythonDocsSource(), BibleKJVSource()):
+    _SOURCES.register(_source.name, _source)
+
+
+def text_sources() -> dict[str, TextSource]:
+    """Every registered source by name (available or not: check :meth:`TextSource.available`)."""
+    return {name: _SOURCES.get(name) for name in _SOURCES.names()}
+
+
+def _resolve_sources(sources: Sequence[str | TextSource] | None) -> tuple[TextSource, ...]:
+    """Sources by name or instance; raises for an unknown name, a duplicate or a missing install."""
+    chosen = [_SOURCES.get(s) if isinstance(s, str) else s for s in (DEFAULT_SOURCES if sources is None else sources)]
+    if not chosen:
+        raise ConfigError(f"no text sources given; registered: {', '.join(_SOURCES.names())}")
+    names = [s.name for s in chosen]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"text sources listed twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
+    for source in chosen:
+        if source.domain not in DOMAINS:
+            raise ConfigError(f"text source {source.name!r} has domain {source.domain!r}; valid: {', '.join(DOMAINS)}")
+        source.require()
+    return tuple(chosen)
+
+
+# ------------------------------------------------------------------------ split
+def _digest(*parts: object) -> str:
+    return hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8")).hexdigest()
+
+
+def _unit(*parts: object) -> float:
+    """A uniform number in [0, 1) determined by ``parts`` (first 64 bits of a SHA-256)."""
+    return int(_digest(*parts)[:16], 16) / 2.0**64
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """What a split drew from one source (for records)."""
+
+    name: str
+    domain: str
+    licence: str
+    origin: str
+    n_documents: int
+
+
+@dataclass(frozen=True)
+class DataSplit:
+    """The partition of every document into calibration and evaluation.
+
+    Attributes:
+        split_seed: seed of the partition hash.
+        eval_fraction: probability that a document is held out for evaluation.
+        sources: the sources split.
+        calibration / evaluation: ``"source:key"`` of each document in the role, sorted; disjoint.
+    """
+
+    split_seed: int
+    eval_fraction: float
+    sources: tuple[SourceInfo, ...]
+    calibration: tuple[str, ...] = field(repr=False)
+    evaluation: tuple[str, ...] = field(repr=False)
+
+    def documents(self, role: str) -> tuple[str, ...]:
+        """Documents of ``role`` (``calibration`` or ``evaluation``)."""
+        _check_choice("role", role, ROLES)
+        return self.calibration if role == "calibration" else self.evaluation
+
+    @property
+    def assignment_sha256(self) -> str:
+        """Fingerprint of the whole partition: equal digests mean the same documents on each side."""
+        return _digest("calibration", *self.calibration, "evaluation", *self.evaluation)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe record (the document lists are summarised by their digest)."""
+        return {
+            "split_seed": self.split_seed,
+            "eval_fraction": self.eval_fraction,
+            "sources": [vars(s).copy() for s in self.sources],
+            "n_calibration_documents": len(self.calibration),
+            "n_evaluation_documents": len(self.evaluation),
+            "assignment_sha256": self.assignment_sha256,
+        }
+
+
+def data_split(
+    sources: Sequence[str | TextSource] | None = None,
+    *,
+    split_seed: int = DEFAULT_SPLIT_SEED,
+    eval_fraction: float = EVAL_FRACTION,
+) -> DataSplit:
+    """Partition the documents of ``sources`` (default :data:`DEFAULT_SOURCES`) by document.
+
+    Pure: the same installed files and ``split_seed`` give the same split. A document is held out
+    when ``hash(split_seed, source, key) < eval_fraction``.
+    """
+    return _split(_resolve_sources(sources), split_seed, eval_fraction)
+
+
+def _split(sources: Sequence[TextSource], split_seed: int, eval_fraction: float) -> DataSplit:
+    if not isinstance(eval_fraction, (int, float)) or not 0.0 < eval_fraction < 1.0:
+        raise ConfigError(f"eval_fraction must be in (0, 1), got {eval_fraction!r}")
+    _check_seed("split_seed", split_seed)
+    calibration, evaluation, infos = [], [], []
+    for source in sources:
+        keys = source.keys()
+        infos.append(SourceInfo(source.name, source.domain, source.licence, source.origin(), len(keys)))
+        for key in keys:
+            side = evaluation if _unit(split_seed, source.name, key) < eval_fraction else calibration
+            side.append(f"{source.name}:{key}")
+    return DataSplit(
+        split_seed, float(eval_fraction), tuple(infos), tuple(sorted(calibration)), tuple(sorted(evaluation))
+    )
+
+
+# --------------------------------------------------------------------- batches
+@dataclass(frozen=True)
+class TextBatches:
+    """Token rows for one role and domain, with the record of where they came from.
+
+    Attributes:
+        tokens: ``(n_samples, seq_len)`` int64 token ids.
+        role: ``calibration`` or ``evaluation``.
+        domain: ``code``, ``prose`` or ``mixed`` (rows alternate code, prose, code...).
+        seed: the sampling seed.
+        split: the partition the documents came from.
+        documents: ``"source:key"`` of every document that contributed, in order of first use.
+        tokenizer: the tokenizer's ``name_or_path`` and vocabulary size.
+    """
+
+    tokens: torch.Tensor = field(repr=False)
+    role: str
+    domain: str
+    seed: int
+    split: DataSplit
+    documents: tuple[str, ...] = field(repr=False)
+    tokenizer: str
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe record every result can embed (no tensors, document list as a digest)."""
+        return {
+            "role": self.role,
+            "domain": self.domain,
+            "seed": self.seed,
+            "n_samples": self.n_samples,
+            "seq_len": self.seq_len,
+            "n_tokens": self.n_samples * self.seq_len,
+            "n_documents": len(self.documents),
+            "documents_sha256": _digest(*self.documents),
+            "tokenizer": self.tokenizer,
+            "split": self.split.to_dict(),
+        }
+
+
+def text_batches(
+    tokenizer: Any,
+    *,
+    role: str,
+    n_samples: int,
+    seq_len: int,
+    seed: int,
+    domain: str = "mixed",
+    sources: Sequence[str | TextSource] | None = None,
+    split_seed: int = DEFAULT_SPLIT_SEED,
+    eval_fraction: float = EVAL_FRACTION,
+) -> TextBatches:
+    """``n_samples`` rows of ``seq_len`` tokens of ``role`` text, with their record.
+
+    Deterministic: the same installed files, tokenizer and arguments give identical tensors.
+    ``domain="mixed"`` gives ``ceil(n/2)`` code rows and ``floor(n/2)`` prose rows, interleaved.
+    Raises :class:`ConfigError` for an invalid argument, a source that is not installed, a
+    domain with no selected source, or too little text for the request (saying how much there is).
+    """
+    _check_choice("role", role, ROLES)
+    _check_choice("domain", domain, (*DOMAINS, "mixed"))
+    _check_positive("n_samples", n_samples)
+    _check_positive("seq_len", seq_len, minimum=2)
+    _check_seed("seed", seed)
+    resolved = _resolve_sources(sources)
+    split = _split(resolved, split_seed, eval_fraction)
+    by_name = {s.name: s for s in resolved}
+    counts = {"code": (n_samples + 1) // 2, "prose": n_samples // 2} if domain == "mixed" else {domain: n_samples}
+    rows: dict[str, list[list[int]]] = {}
+    used: list[str] = []
+    for dom, count in counts.items():
+        if count:
+            docs = [d for d in split.documents(role) if by_name[d.split(":", 1)[0]].domain == dom]
+            rows[dom], dom_used = _domain_rows(tokenizer, docs, by_name, count, seq_len, seed, role, dom)
+            used += dom_used
+    ordered = _interleave([rows.get("code", []), rows.get("prose", [])]) if domain == "mixed" else rows[domain]
+    tokens = torch.tensor(ordered, dtype=torch.long)
+    name = f"{getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__} (vocab {len(tokenizer)})"
+    return TextBatches(tokens, role, domain, seed, split, tuple(used), name)
+
+
+def calibration_batches(
+    tokenizer: Any, *, n_samples: int, seq_len: int, seed: int, domain: str = "mixed", **kwargs: Any
+) -> torch.Tensor:
+    """``(n_samples, seq_len)`` int64 calibration tokens; see :func:`text_batches` for the contract."""
+    return text_batches(
+        tokenizer, role="calibration", n_samples=n_samples, seq_len=seq_len, seed=seed, domain=domain, **kwargs
+    ).tokens
+
+
+def evaluation_batches(
+    tokenizer: Any, *, n_samples: int, seq_len: int, seed: int, domain: str = "mixed", **kwargs: Any
+) -> torch.Tensor:
+    """``(n_samples, seq_len)`` int64 held-out tokens, never from a calibration document."""
+    return text_batches(
+        tokenizer, role="evaluation", n_samples=n_samples, seq_len=seq_len, seed=seed, domain=domain, **kwargs
+    ).tokens
+
+
+def _domain_rows(
+    tokenizer: Any,
+    docs: Sequence[str],
+    sources: dict[str, TextSource],
+    n_rows: int,
+    seq_len: int,
+    seed: int,
+    role: str,
+    domain: str,
+) -> tuple[list[list[int]], list[str]]:
+    """Rows of one domain built by the piece-per-pass scheme of the module docstring."""
+    if not docs:
+        raise ConfigError(
+            f"no {domain} documents in the {role} split; add a {domain} source "
+            f"(available: {', '.join(n for n, s in text_sources().items() if s.domain == domain)})"
+        )
+    bos = _bos_id(tokenizer)
+    body = seq_len - (bos is not None)
+    need, separator = n_rows * body, _encode(tokenizer, _PIECE_SEPARATOR)
+    order = sorted(docs, key=lambda d: _digest(seed, "order", d))
+    pieces: dict[str, list[list[int]]] = {}
+    stream: list[int] = []
+    used: dict[str, None] = {}  # insertion-ordered set
+    for round_ in itertools.count():
+        progressed = False
+        for doc in order:
+            if doc not in pieces:
+                pieces[doc] = _pieces(tokenizer, sources, doc, seq_len, seed)
+            if round_ < len(pieces[doc]):
+                stream += pieces[doc][round_] + separator
+                used.setdefault(doc)
+                progressed = True
+            if len(stream) >= need:
+                break
+        if len(stream) >= need or not progressed:
+            break
+    if len(stream) < need:
+        raise ConfigError(
+            f"the {role} {domain} text holds {len(stream):,} tokens from {len(docs)} documents; "
+            f"{n_rows} rows of {seq_len} need {need:,}: ask for fewer or shorter rows"
+        )
+    head = [] if bos is None else [bos]
+    return [head + stream[i * body : (i + 1) * body] for i in range(n_rows)], list(used)
+
+
+def _pieces(tokenizer: Any, sources: dict[str, TextSource], doc: str, size: int, seed: int) -> list[list[int]]:
+    """A document's tokens cut into ``size``-token pieces, in a hashed (seeded) order."""
+    source, key = doc.split(":", 1)
+    ids = _encode(tokenizer, sources[source].read(key))
+    chunks = [ids[i : i + size] for i in range(0, len(ids), size)]
+    ranks = sorted(range(len(chunks)), key=lambda i: _digest(seed, "piece", doc, i))
+    return [chunks[i] for i in ranks]
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` without special tokens (no length warning: documents are cut later)."""
+    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+def _bos_id(tokenizer: Any) -> int | None:
+    """The BOS id when the tokenizer prepends one by default (Gemma, Llama-2), else None (SmolLM2, Qwen2)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return None
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return int(bos) if ids and ids[0] == bos else None
+
+
+def _interleave(groups: Sequence[Sequence[list[int]]]) -> list[list[int]]:
+    """Round-robin over ``groups`` (code, prose, code, ...), then the rest of the longer one."""
+    out: list[list[int]] = []
+    for i in range(max(len(g) for g in groups)):
+        out += [g[i] for g in groups if i < len(g)]
+    return out
+
+
+# ------------------------------------------------------------------ validation
+def _check_choice(name: str, value: object, valid: Iterable[str]) -> None:
+    valid = tuple(valid)
+    if value not in valid:
+        raise ConfigError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
+
+
+def _check_positive(name: str, value: object, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _check_seed(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{name} must be an int, got {value!r}")

@@ -1,0 +1,1 @@
+"""Recovering a pruned model's quality: logit distillation from its parent."""

@@ -1,0 +1,729 @@
+"""Recover a pruned model's quality by logit distillation from its parent, on a fixed token budget.
+
+:func:`distill` trains every parameter of a *student* (a checkpoint this package exported, or any
+Hugging Face safetensors directory) to match a frozen *teacher*'s next-token distributions:
+
+    loss = T² · mean over positions of KL(softmax(teacher / T) ‖ softmax(student / T))
+
+(Hinton et al. 2015, "Distilling the Knowledge in a Neural Network": the T² keeps gradient
+magnitudes comparable across temperatures). AdamW, linear warmup then cosine decay to
+:data:`MIN_LR_RATIO` of the peak rate, gradient-norm clipping, float32 weights (bf16 autocast only
+on CUDA, on request).
+
+**Budget.** A run is ``steps × batch_size × seq_len`` tokens, all of them calibration text
+(:mod:`autocompress_opt.quality.textdata`; never a held-out document). The :class:`DistillRecipe` and the
+data record are written into every checkpoint and the result, so two arms of a comparison can be
+shown to have had identical budgets.
+
+**Data order.** Row ``k`` of the run's stream (``k = step·batch_size + j``) is, for ``k < P``, row
+``k`` of the calibration rows :func:`~autocompress_opt.quality.textdata.text_batches` draws with the
+recipe's ``seq_len`` and ``seed`` (its rows are prefix-stable: asking for more never changes the
+first ones), where ``P = min(steps·batch_size, POOL_TOKENS / seq_len)`` rows are drawn once. A run
+longer than the pool revisits it, pass ``p ≥ 1`` in an order permuted by ``(seed, p)``. So the batch
+of step ``i`` depends only on ``(seed, i)`` for a given ``batch_size`` and ``seq_len``, and a resumed
+run needs no data-loader state.
+
+**Checkpoints.** Every ``save_every`` steps and at the end, the output directory is replaced by a
+complete checkpoint written beside it and renamed into place (the previous one is renamed aside
+first, then deleted, so no half-written checkpoint is ever read): the student in the export
+format of :func:`~autocompress_opt.prune.export.export_model` (a heterogeneous student stays
+heterogeneous; ``load_model(out)`` loads it), the student's model card with a ``distillation``
+record added, and ``distill_state/`` holding the AdamW moments and the RNG states
+(``state.safetensors``, nothing pickled) plus step, losses, recipe and data record
+(``state.json``); the moments take twice the model's size on disk. Calling :func:`distill` again
+with the same arguments continues from the last checkpoint and ends with the same weights as an
+uninterrupted run (bit for bit on CPU); a checkpoint made with another recipe, teacher, student or
+data is refused naming the field, unless ``restart=True``. A finished run called again returns its
+result without training.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import shutil
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autocompress_opt.errors import ConfigError
+
+__all__ = [
+    "MIN_LR_RATIO",
+    "POOL_TOKENS",
+    "STATE_DIR",
+    "DistillRecipe",
+    "DistillResult",
+    "RecipeMismatchError",
+    "distill",
+    "distillation_loss",
+    "learning_rate",
+]
+
+STATE_DIR = "distill_state"
+_STATE_JSON = "state.json"
+_STATE_TENSORS = "state.safetensors"
+_STATE_FORMAT = "autocompress-distill-state/1"
+# Cosine decay ends at 10% of the peak learning rate, the floor of the LLaMA / Chinchilla recipes.
+MIN_LR_RATIO = 0.1
+# Most calibration tokens drawn per run. 2^17: the mixed pool is half prose, and the prose
+# calibration split of the default sources holds ~84k SmolLM2 tokens (pydoc topics, 62 documents),
+# so 65k prose tokens fit at any seq_len; longer runs revisit the pool in a new order.
+POOL_TOKENS = 2**17
+
+
+class RecipeMismatchError(ConfigError):
+    """The output directory holds a checkpoint of another run (recipe, teacher, student or data)."""
+
+
+# ------------------------------------------------------------------------------ the recipe
+@dataclass(frozen=True)
+class DistillRecipe:
+    """Everything that determines the trained weights (besides the student, teacher and text).
+
+    Attributes:
+        steps: optimizer updates; the run sees ``steps · batch_size · seq_len`` tokens.
+        batch_size: rows per update.
+        seq_len: tokens per row.
+        lr: peak AdamW learning rate (reached after ``warmup_steps``).
+        warmup_steps: updates of linear warmup before the cosine decay (0 = none).
+        weight_decay: AdamW decoupled weight decay.
+        temperature: softmax temperature of both distributions; the loss is scaled by its square.
+        seed: sampling seed of the calibration pool, the data order and the torch RNG.
+        save_every: checkpoint every this many updates (and at the end); may change on resume.
+        grad_clip: maximum global gradient L2 norm (0 = no clipping).
+        n_eval_rows: held-out rows (of ``seq_len`` tokens) on which the KL before/after is measured.
+    """
+
+    steps: int
+    batch_size: int = 8
+    seq_len: int = 256
+    lr: float = 1e-4
+    warmup_steps: int = 0
+    weight_decay: float = 0.01
+    temperature: float = 1.0
+    seed: int = 0
+    save_every: int = 100
+    grad_clip: float = 1.0
+    n_eval_rows: int = 8
+
+    def __post_init__(self) -> None:
+        for name, minimum in (
+            ("steps", 1),
+            ("batch_size", 1),
+            ("seq_len", 2),
+            ("warmup_steps", 0),
+            ("save_every", 1),
+            ("n_eval_rows", 1),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ConfigError(f"DistillRecipe.{name} must be an int >= {minimum}, got {value!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ConfigError(f"DistillRecipe.seed must be an int, got {self.seed!r}")
+        for name, positive in (("lr", True), ("temperature", True), ("weight_decay", False), ("grad_clip", False)):
+            value = getattr(self, name)
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or not math.isfinite(value)
+                or value < 0
+                or (positive and value == 0)
+            ):
+                bound = "> 0" if positive else ">= 0"
+                raise ConfigError(f"DistillRecipe.{name} must be a finite number {bound}, got {value!r}")
+        if self.warmup_steps > self.steps:
+            raise ConfigError(f"DistillRecipe.warmup_steps must be <= steps ({self.steps}), got {self.warmup_steps}")
+
+    @property
+    def budget_tokens(self) -> int:
+        """Tokens the whole run trains on: ``steps · batch_size · seq_len``."""
+        return self.steps * self.batch_size * self.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def learning_rate(recipe: DistillRecipe, step: int) -> float:
+    """Learning rate of update ``step`` (0-based): linear warmup to ``lr``, then cosine to ``MIN_LR_RATIO·lr``.
+
+    Pure in ``(recipe, step)``, so the schedule's only state is the step.
+    """
+    if step < recipe.warmup_steps:
+        return recipe.lr * (step + 1) / recipe.warmup_steps
+    progress = (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)  # in [0, 1)
+    return recipe.lr * (MIN_LR_RATIO + (1.0 - MIN_LR_RATIO) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def distillation_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """``T² · mean_positions KL(teacher ‖ student)`` of ``(B, L, V)`` logits, in nats, computed in float32.
+
+    At ``T = 1`` this is the ``kl_divergence`` of :mod:`autocompress_opt.quality.metrics`.
+    """
+    if student_logits.shape != teacher_logits.shape:
+        raise ConfigError(
+            f"student and teacher logits differ in shape: {tuple(student_logits.shape)} "
+            f"vs {tuple(teacher_logits.shape)}"
+        )
+    student = torch.log_softmax(student_logits.float() / temperature, dim=-1)
+    teacher = torch.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    per_position = (teacher.exp() * (teacher - student)).sum(-1)  # (B, L)
+    return per_position.mean() * temperature**2
+
+
+# ------------------------------------------------------------------------------ the result
+@dataclass(frozen=True)
+class DistillResult:
+    """What a :func:`distill` call produced.
+
+    Attributes:
+        out_dir: the checkpoint directory (``load_model(out_dir)`` loads the student).
+        recipe: the recipe trained with.
+        teacher / student: resolved paths of the teacher's weights and the starting student.
+        steps_done / tokens_seen: updates and tokens trained on so far (the whole budget when complete).
+        resumed_from_step: the checkpoint step this call started from (0 = a fresh run).
+        initial_kl / final_kl: held-out mean per-position KL(teacher ‖ student) in nats before
+            training and after the last step (None until the run is complete).
+        losses: training loss of every update, in order.
+        train_s: seconds this call spent in updates; ``seconds_per_step`` and ``tokens_per_s`` are
+            over this call's updates (None when it made none).
+        data / eval_data: records of the calibration pool and the held-out rows.
+        device / precision: where and how it trained (``fp32`` or ``bf16-autocast``).
+    """
+
+    out_dir: Path
+    recipe: DistillRecipe
+    teacher: str
+    student: str
+    steps_done: int
+    tokens_seen: int
+    resumed_from_step: int
+    initial_kl: float
+    final_kl: float | None
+    losses: tuple[float, ...] = field(repr=False)
+    train_s: float
+    seconds_per_step: float | None
+    tokens_per_s: float | None
+    data: dict[str, Any] = field(repr=False)
+    eval_data: dict[str, Any] = field(repr=False)
+    device: str
+    precision: str
+
+    @property
+    def complete(self) -> bool:
+        return self.steps_done == self.recipe.steps
+
+    def summary(self) -> str:
+        """One line: steps, tokens, speed and the held-out KL before → after."""
+        speed = (
+            f", {self.seconds_per_step:.2f} s/step, {self.tokens_per_s:,.0f} tokens/s"
+            if self.seconds_per_step is not None
+            else ""
+        )
+        after = f"{self.final_kl:.4f}" if self.final_kl is not None else "(incomplete)"
+        return (
+            f"{self.steps_done}/{self.recipe.steps} steps, {self.tokens_seen:,} tokens{speed}; "
+            f"held-out KL {self.initial_kl:.4f} -> {after} nats; wrote {self.out_dir}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(
+            out_dir=str(self.out_dir),
+            recipe=self.recipe.to_dict(),
+            losses=list(self.losses),
+            complete=self.complete,
+            budget_tokens=self.recipe.budget_tokens,
+        )
+        return data
+
+
+# ------------------------------------------------------------------------------- the API
+def distill(
+    student_ref: str | Path,
+    teacher_ref: str | Path,
+    out_dir: str | Path,
+    recipe: DistillRecipe,
+    *,
+    progress: bool = True,
+    restart: bool = False,
+    force: bool = False,
+    device: str = "cpu",
+    bf16: bool = False,
+) -> DistillResult:
+    """Distil ``teacher_ref`` into the student in directory ``student_ref``; write the result to ``out_dir``.
+
+    Args:
+        student_ref: a checkpoint directory (an :func:`~autocompress_opt.prune.export.export_model`
+            output or a Hugging Face safetensors directory with its tokenizer).
+        teacher_ref: anything :func:`~autocompress_opt.hf.loading.load_model` loads; it must share the
+            student's vocabulary. Its text is tokenised with the student's tokenizer.
+        out_dir: the output checkpoint; a checkpoint of this run in it is resumed.
+        recipe: the training recipe (the run's identity together with teacher, student and data).
+        progress: show a tqdm bar (loss, tokens/s) on stderr.
+        restart: discard a checkpoint in ``out_dir`` and start over.
+        force: replace a non-empty ``out_dir`` that holds no distillation checkpoint.
+        device: ``cpu``, ``cuda`` (or ``cuda:N``) or ``auto`` (CUDA when available).
+        bf16: bf16 autocast for the forward passes (CUDA only); weights and the loss stay float32.
+
+    Deterministic given its arguments on a given device; the caller's torch RNG state is restored
+    on return. Raises :class:`ConfigError` for a missing student, ``out_dir`` equal to it, a
+    vocabulary mismatch or ``seq_len`` beyond the model's context;
+    :class:`~autocompress_opt.prune.export.OutputExistsError` for an unrelated non-empty ``out_dir``
+    without ``force``; :class:`RecipeMismatchError` naming the field that differs from the checkpoint.
+    """
+    from autocompress_opt.prune.export import OutputExistsError
+
+    if not isinstance(recipe, DistillRecipe):
+        raise ConfigError(f"recipe must be a DistillRecipe, got {type(recipe).__name__}")
+    student_dir = _student_dir(student_ref)
+    out = Path(out_dir).expanduser().resolve()
+    if out == student_dir:
+        raise ConfigError(f"the output directory must differ from the student's ({str(out)!r})")
+    torch_device, precision = _device(device, bf16)
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(f"output path {str(out)!r} exists and is not a directory")
+    ours = (out / STATE_DIR / _STATE_JSON).is_file()
+    if not ours and out.is_dir() and any(out.iterdir()) and not force:
+        raise OutputExistsError(
+            f"output directory {str(out)!r} is not empty and holds no distillation "
+            "checkpoint; pass force=True (--force) to replace it"
+        )
+    state = _read_state(out) if ours and not restart else None
+    if state is not None:
+        _check_same(state["identity"], {"recipe": recipe.to_dict(), "student": str(student_dir)}, out)
+    with torch.random.fork_rng(devices=[torch_device] if torch_device.type == "cuda" else []):
+        run = _Run.start(student_dir, teacher_ref, out, recipe, state, torch_device, precision)
+        return run.train(progress)
+
+
+# ------------------------------------------------------------------------------ internals
+@dataclass
+class _Run:
+    """One call's training session: models, data, optimizer, and where the checkpoint left off."""
+
+    recipe: DistillRecipe
+    student: Any  # LoadedModel of the student (its .model is `model`, in train mode)
+    teacher: Any  # LoadedModel of the teacher, frozen, eval mode
+    model: Any
+    optimizer: torch.optim.Optimizer
+    pool: torch.Tensor  # (P, seq_len) calibration rows
+    eval_tokens: torch.Tensor  # (n_eval_rows, seq_len) held-out rows
+    identity: dict[str, Any]  # recipe, student, teacher, data records: what a resume must match
+    card: dict[str, Any]  # the student's model card ({} when it has none)
+    student_dir: Path
+    out: Path
+    device: torch.device
+    precision: str
+    initial_kl: float
+    final_kl: float | None
+    start_step: int
+    losses: list[float]
+    train_s_total: float
+
+    @classmethod
+    def start(
+        cls,
+        student_dir: Path,
+        teacher_ref: str | Path,
+        out: Path,
+        recipe: DistillRecipe,
+        state: dict[str, Any] | None,
+        device: torch.device,
+        precision: str,
+    ) -> _Run:
+        from transformers import AutoTokenizer
+
+        from autocompress_opt.hf.loading import load_model
+        from autocompress_opt.quality.textdata import text_batches
+
+        teacher = load_model(teacher_ref, cache=False, device=device)
+        teacher.model.requires_grad_(False).eval()
+        student = load_model(out if state is not None else student_dir, cache=False, device=device)
+        _check_compatible(student, teacher, student_dir, teacher_ref, recipe.seq_len)
+        # Text is always tokenised by the starting student's tokenizer, so a resume draws the same rows.
+        tokenizer = AutoTokenizer.from_pretrained(student_dir, local_files_only=True)
+        pool = text_batches(
+            tokenizer, role="calibration", n_samples=_pool_rows(recipe), seq_len=recipe.seq_len, seed=recipe.seed
+        )
+        held_out = text_batches(
+            tokenizer, role="evaluation", n_samples=recipe.n_eval_rows, seq_len=recipe.seq_len, seed=recipe.seed
+        )
+        identity = {
+            "recipe": recipe.to_dict(),
+            "student": str(student_dir),
+            "teacher": str(teacher.path),
+            "data": pool.to_dict(),
+            "eval_data": held_out.to_dict(),
+        }
+        if state is not None:
+            _check_same(state["identity"], identity, out)
+        model = student.model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+        if state is None:
+            torch.manual_seed(recipe.seed)
+            initial_kl = _held_out_kl(model, teacher.model, held_out.tokens, recipe.batch_size)
+            state = {"step": 0, "losses": [], "train_s_total": 0.0, "final_kl": None}
+        else:
+            _restore(model, optimizer, out, state)
+            initial_kl = state["initial_kl"]
+        return cls(
+            recipe=recipe,
+            student=student,
+            teacher=teacher,
+            model=model,
+            optimizer=optimizer,
+            pool=pool.tokens,
+            eval_tokens=held_out.tokens,
+            identity=identity,
+            card=_student_card(student_dir),
+            student_dir=student_dir,
+            out=out,
+            device=device,
+            precision=precision,
+            initial_kl=initial_kl,
+            final_kl=state["final_kl"],
+            start_step=state["step"],
+            losses=list(state["losses"]),
+            train_s_total=state["train_s_total"],
+        )
+
+    def train(self, progress: bool) -> DistillResult:
+        from tqdm.auto import tqdm
+
+        recipe, tokens_per_step = self.recipe, self.recipe.batch_size * self.recipe.seq_len
+        final_kl, session_s = self.final_kl, 0.0
+        bar = tqdm(total=recipe.steps, initial=self.start_step, desc="distill", unit="step", disable=not progress)
+        with bar:
+            for step in range(self.start_step, recipe.steps):
+                began = time.perf_counter()
+                rows = _step_rows(recipe.seed, step, recipe.batch_size, len(self.pool))
+                loss = _train_step(
+                    self.model,
+                    self.teacher.model,
+                    self.pool[rows].to(self.device),
+                    self.optimizer,
+                    learning_rate(recipe, step),
+                    recipe,
+                    self.precision,
+                )
+                session_s += time.perf_counter() - began
+                self.losses.append(loss)
+                bar.update(1)
+                tokens_per_s = tokens_per_step * (step + 1 - self.start_step) / session_s
+                bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
+                done = step + 1
+                if done == recipe.steps:
+                    final_kl = _held_out_kl(self.model, self.teacher.model, self.eval_tokens, recipe.batch_size)
+                if done == recipe.steps or done % recipe.save_every == 0:
+                    self._save(done, final_kl, self.train_s_total + session_s)
+        return self._result(len(self.losses), final_kl, session_s)
+
+    def _record(self, steps_done: int, final_kl: float | None, train_s: float) -> dict[str, Any]:
+        """The ``distillation`` entry of the model card."""
+        return {
+            "teacher": {
+                "ref": self.identity["teacher"],
+                "source": self.teacher.source,
+                "num_params": self.teacher.num_params,
+            },
+            "student": {"path": self.identity["student"], "num_params": self.student.num_params},
+            "recipe": self.recipe.to_dict(),
+            "budget_tokens": self.recipe.budget_tokens,
+            "steps_done": steps_done,
+            "tokens_seen": steps_done * self.recipe.batch_size * self.recipe.seq_len,
+            "complete": steps_done == self.recipe.steps,
+            "held_out_kl": {"initial": self.initial_kl, "final": final_kl, "n_rows": self.recipe.n_eval_rows},
+            "first_loss": self.losses[0] if self.losses else None,
+            "last_loss": self.losses[-1] if self.losses else None,
+            "train_s": train_s,
+            "device": str(self.device),
+            "precision": self.precision,
+            "data": self.identity["data"],
+            "eval_data": self.identity["eval_data"],
+        } | self._previous()
+
+    def _previous(self) -> dict[str, Any]:
+        """The student's own ``distillation`` record, kept when a distilled model is distilled again."""
+        earlier = self.card.get("extra", {}).get("distillation")
+        return {"previous": earlier} if earlier is not None else {}
+
+    def _save(self, steps_done: int, final_kl: float | None, train_s: float) -> None:
+        from autocompress_opt.prune.export import export_model
+
+        tensors = _optimizer_tensors(self.model, self.optimizer) | _rng_tensors()
+        state = {
+            "format": _STATE_FORMAT,
+            "identity": self.identity,
+            "step": steps_done,
+            "tokens_seen": steps_done * self.recipe.batch_size * self.recipe.seq_len,
+            "initial_kl": self.initial_kl,
+            "final_kl": final_kl,
+            "losses": self.losses,
+            "train_s_total": train_s,
+            "param_names": [name for name, _ in self.model.named_parameters()],
+            "scheduler": {
+                "kind": "linear-warmup-cosine",
+                "min_lr_ratio": MIN_LR_RATIO,
+                "next_step": steps_done,
+                "last_lr": learning_rate(self.recipe, steps_done - 1),
+            },
+        }
+        card = self.card
+        extras = {
+            **card.get("extra", {}),
+            "constraints": card.get("constraints", {}),
+            "predicted_costs": card.get("predicted_costs", {}),
+            "distillation": self._record(steps_done, final_kl, train_s),
+        }
+        arch = replace(self.student.architecture, name=self.out.name)
+        staging = self.out.parent / f".{self.out.name}.distill-{uuid.uuid4().hex[:8]}"
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            export_model(
+                self.model,
+                arch,
+                staging,
+                parent=card.get("parent") or {"model": str(self.student_dir)},
+                card=extras,
+                tokenizer=self.student.tokenizer,
+            )
+            from safetensors.torch import save_file
+
+            (staging / STATE_DIR).mkdir()
+            save_file(tensors, str(staging / STATE_DIR / _STATE_TENSORS))
+            (staging / STATE_DIR / _STATE_JSON).write_text(json.dumps(state, indent=2), encoding="utf-8")
+            _replace_dir(staging, self.out)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    def _result(self, steps_done: int, final_kl: float | None, session_s: float) -> DistillResult:
+        ran = steps_done - self.start_step
+        return DistillResult(
+            out_dir=self.out,
+            recipe=self.recipe,
+            teacher=self.identity["teacher"],
+            student=self.identity["student"],
+            steps_done=steps_done,
+            tokens_seen=steps_done * self.recipe.batch_size * self.recipe.seq_len,
+            resumed_from_step=self.start_step,
+            initial_kl=self.initial_kl,
+            final_kl=final_kl,
+            losses=tuple(self.losses),
+            train_s=session_s,
+            seconds_per_step=session_s / ran if ran else None,
+            tokens_per_s=ran * self.recipe.batch_size * self.recipe.seq_len / session_s if ran else None,
+            data=self.identity["data"],
+            eval_data=self.identity["eval_data"],
+            device=str(self.device),
+            precision=self.precision,
+        )
+
+
+def _train_step(
+    model: Any,
+    teacher: Any,
+    tokens: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    lr: float,
+    recipe: DistillRecipe,
+    precision: str,
+) -> float:
+    """One AdamW update on ``tokens`` (B, L); returns the loss (nats, before the update)."""
+    autocast = torch.autocast(tokens.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast")
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with torch.no_grad(), autocast:
+        teacher_logits = teacher(input_ids=tokens, use_cache=False).logits  # (B, L, V)
+    with autocast:
+        student_logits = model(input_ids=tokens, use_cache=False).logits
+    loss = distillation_loss(student_logits, teacher_logits, recipe.temperature)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if recipe.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+    optimizer.step()
+    return float(loss.detach())
+
+
+def _pool_rows(recipe: DistillRecipe) -> int:
+    """Calibration rows drawn for a run: the whole budget, at most ``POOL_TOKENS`` tokens (>= one batch)."""
+    return min(recipe.steps * recipe.batch_size, max(recipe.batch_size, POOL_TOKENS // recipe.seq_len))
+
+
+def _step_rows(seed: int, step: int, batch_size: int, pool_rows: int) -> torch.Tensor:
+    """Pool rows of update ``step``: stream entries ``step·B .. step·B + B - 1`` (see the module docstring)."""
+    rows = []
+    for k in range(step * batch_size, (step + 1) * batch_size):
+        pass_, within = divmod(k, pool_rows)
+        rows.append(within if pass_ == 0 else int(_permutation(seed, pass_, pool_rows)[within]))
+    return torch.tensor(rows, dtype=torch.long)
+
+
+@functools.lru_cache(maxsize=2)
+def _permutation(seed: int, pass_: int, size: int) -> torch.Tensor:
+    """The order of pool rows in pass ``pass_ >= 1`` (SHA-256 of the seed and pass seeds the generator)."""
+    digest = hashlib.sha256(f"distill-order\x1f{seed}\x1f{pass_}".encode()).hexdigest()
+    return torch.randperm(size, generator=torch.Generator().manual_seed(int(digest[:15], 16)))
+
+
+def _held_out_kl(model: Any, teacher: Any, tokens: torch.Tensor, batch_size: int) -> float:
+    from autocompress_opt.quality.metrics import kl_divergence
+
+    return kl_divergence(model, teacher, tokens, batch_size=batch_size, progress=False)
+
+
+# ------------------------------------------------------------------------------- checks
+def _student_dir(ref: str | Path) -> Path:
+    path = Path(ref).expanduser()
+    if not path.is_dir():
+        raise ConfigError(
+            f"student directory {str(ref)!r} does not exist; pass a checkpoint directory "
+            "(e.g. the --out of `autocompress prune`)"
+        )
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"student directory {str(ref)!r} has no config.json; expected an exported checkpoint")
+    return path.resolve()
+
+
+def _device(device: str, bf16: bool) -> tuple[torch.device, str]:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {device!r}") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for but CUDA is not available")
+    if bf16 and resolved.type != "cuda":
+        raise ConfigError(f"bf16 autocast is for CUDA only; on {device!r} training runs in float32")
+    return resolved, "bf16-autocast" if bf16 else "fp32"
+
+
+def _check_compatible(student: Any, teacher: Any, student_dir: Path, teacher_ref: str | Path, seq_len: int) -> None:
+    vocab_s = student.model.get_output_embeddings().weight.shape[0]
+    vocab_t = teacher.model.get_output_embeddings().weight.shape[0]
+    if vocab_s != vocab_t:
+        raise ConfigError(
+            f"teacher {str(teacher_ref)!r} has a vocabulary of {vocab_t:,} tokens but student "
+            f"{str(student_dir)!r} has {vocab_s:,}; distillation compares next-token distributions, "
+            "so both must share one tokenizer"
+        )
+    for who, loaded in (("student", student), ("teacher", teacher)):
+        context = getattr(loaded.model.config, "max_position_embeddings", None)
+        if context is not None and seq_len > context:
+            raise ConfigError(f"seq_len {seq_len} exceeds the {who}'s context of {context} positions")
+
+
+def _check_same(saved: Mapping[str, Any], current: Mapping[str, Any], out: Path) -> None:
+    """Raise :class:`RecipeMismatchError` for the first entry of ``current`` that differs from ``saved``."""
+    hint = "pass restart=True (--restart) to start over, or choose another output directory"
+    for key, value in current.items():
+        if key == "recipe":
+            for name, mine in value.items():
+                theirs = saved["recipe"].get(name)
+                if name != "save_every" and theirs != mine:
+                    raise RecipeMismatchError(
+                        f"the checkpoint in {str(out)!r} was made with {name}={theirs!r}; "
+                        f"this run asks for {name}={mine!r}: {hint}"
+                    )
+        elif saved.get(key) != value:
+            raise RecipeMismatchError(
+                f"the checkpoint in {str(out)!r} was made with another {key} "
+                f"({_short(saved.get(key))} vs now {_short(value)}): {hint}"
+            )
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, Mapping):  # a data record: its fingerprint says enough
+        return f"documents_sha256={str(value.get('documents_sha256'))[:12]}, tokenizer={value.get('tokenizer')!r}"
+    return repr(value)
+
+
+# ---------------------------------------------------------------------------- checkpoints
+def _read_state(out: Path) -> dict[str, Any] | None:
+    """The ``state.json`` of a distillation checkpoint in ``out``, or None when there is none."""
+    path = out / STATE_DIR / _STATE_JSON
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}); pass restart=True (--restart)") from None
+    if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+        raise ConfigError(f"{str(path)!r} is not a {_STATE_FORMAT} checkpoint; pass restart=True (--restart)")
+    return state
+
+
+def _student_card(student_dir: Path) -> dict[str, Any]:
+    from autocompress_opt.prune.export import CARD_FILE
+
+    path = student_dir / CARD_FILE
+    if not path.is_file():
+        return {}
+    try:
+        card = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"the student's model card {str(path)!r} is not valid JSON: {exc}") from None
+    return card if isinstance(card, dict) else {}
+
+
+def _optimizer_tensors(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """AdamW moments and step counts by parameter name: ``optimizer/<name>/<exp_avg|exp_avg_sq|step>``."""
+    tensors = {}
+    for name, param in model.named_parameters():
+        for key, value in optimizer.state.get(param, {}).items():
+            tensors[f"optimizer/{name}/{key}"] = value.detach().to("cpu").contiguous()
+    return tensors
+
+
+def _rng_tensors() -> dict[str, torch.Tensor]:
+    tensors = {"rng/cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors |= {f"rng/cuda/{i}": state for i, state in enumerate(torch.cuda.get_rng_state_all())}
+    return tensors
+
+
+def _restore(model: Any, optimizer: torch.optim.Optimizer, out: Path, state: Mapping[str, Any]) -> None:
+    """Load the AdamW state and RNG states of the checkpoint in ``out`` (weights are already loaded)."""
+    from safetensors.torch import load_file
+
+    names = [name for name, _ in model.named_parameters()]
+    if names != state["param_names"]:
+        raise ConfigError(
+            f"the checkpoint in {str(out)!r} does not match its own model's parameters; "
+            "pass restart=True (--restart) to start over"
+        )
+    tensors = load_file(str(out / STATE_DIR / _STATE_TENSORS))
+    per_param = {
+        i: {key: tensors[f"optimizer/{name}/{key}"] for key in ("step", "exp_avg", "exp_avg_sq")}
+        for i, name in enumerate(names)
+        if f"optimizer/{name}/step" in tensors
+    }
+    optimizer.load_state_dict({"state": per_param, "param_groups": optimizer.state_dict()["param_groups"]})
+    torch.set_rng_state(tensors["rng/cpu"])
+    if torch.cuda.is_available():
+        cuda = [tensors[f"rng/cuda/{i}"] for i in range(torch.cuda.device_count()) if f"rng/cuda/{i}" in tensors]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def _replace_dir(staging: Path, out: Path) -> None:
+    """Put the complete ``staging`` directory at ``out``: the old one is renamed aside, then deleted."""
+    if not out.exists():
+        staging.rename(out)
+        return
+    aside = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+    out.rename(aside)
+    staging.rename(out)
+    shutil.rmtree(aside, ignore_errors=True)

@@ -1,0 +1,168 @@
+"""Trade-off plots of studies (matplotlib, PNG and SVG).
+
+* :func:`plot_pareto` — quality against each cost metric (TTFT, TPOT, throughput, memory), one
+  colour per hardware target; feasible trials as dots with the 2-D Pareto staircase drawn through
+  them, infeasible trials apart as grey crosses; the parent's cost marked per target.
+* :func:`plot_structure` — per-layer structure of a chosen architecture beside its parent: which
+  layers are kept, each layer's FFN width and query/KV heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autocompress_opt.arch.architecture import Architecture
+
+__all__ = ["plot_pareto", "plot_structure"]
+
+PANELS: tuple[tuple[str, str, bool], ...] = (
+    ("ttft_ms", "time to first token (ms, log)", False),
+    ("tpot_ms", "time per output token (ms, log)", False),
+    ("output_throughput_tok_s", "output throughput (tok/s, log)", True),
+    ("peak_memory_gib", "peak memory (GiB, log)", False),
+)
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, stem: Path) -> list[Path]:
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [Path(f"{stem}.png"), Path(f"{stem}.svg")]  # not with_suffix: names hold dots ("demo.b200")
+    for path in paths:
+        fig.savefig(path, dpi=120)
+    _plt().close(fig)
+    return paths
+
+
+def _staircase(points: list[tuple[float, float]], higher_better: bool) -> list[tuple[float, float]]:
+    """2-D Pareto set of (cost, quality) with quality maximised, sorted by cost."""
+    ordered = sorted(points, key=lambda p: (-p[0], -p[1]) if higher_better else (p[0], -p[1]))
+    front, best = [], float("-inf")
+    for cost, quality in ordered:
+        if quality > best:
+            front.append((cost, quality))
+            best = quality
+    return front
+
+
+def plot_pareto(studies: Sequence[dict[str, Any]], stem: Path, title: str = "") -> list[Path]:
+    """``studies``: dicts with ``label``, ``records`` (TrialRecords) and ``parent`` (parent metrics)."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.4 * len(PANELS), 4.2))
+    colours = plt.get_cmap("tab10")
+    for ax, (metric, label, higher_better) in zip(axes, PANELS):
+        shown_infeasible = False
+        for k, study in enumerate(studies):
+            done = [r for r in study["records"] if r.state == "COMPLETE" and metric in r.metrics]
+            feasible = [(r.metrics[metric], r.quality) for r in done if r.feasible]
+            infeasible = [(r.metrics[metric], r.quality) for r in done if not r.feasible]
+            colour = colours(k % 10)
+            if infeasible:
+                ax.scatter(
+                    *zip(*infeasible),
+                    marker="x",
+                    s=14,
+                    color="0.65",
+                    linewidths=0.8,
+                    label=None if shown_infeasible else "infeasible (violates a constraint)",
+                )
+                shown_infeasible = True
+            if feasible:
+                ax.scatter(*zip(*feasible), s=16, color=colour, alpha=0.55)
+                front = _staircase(feasible, higher_better)
+                ax.plot(
+                    *zip(*front),
+                    drawstyle="steps-post" if not higher_better else "steps-pre",
+                    color=colour,
+                    linewidth=1.6,
+                    label=f"{study['label']} ({len(feasible)} feasible)",
+                )
+            if study.get("parent") and metric in study["parent"]:
+                ax.scatter(
+                    [study["parent"][metric]],
+                    [1.0],
+                    marker="*",
+                    s=90,
+                    color=colour,
+                    edgecolor="black",
+                    linewidths=0.5,
+                    zorder=5,
+                )
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())  # minor labels collide on short log spans
+        ax.set_xlabel(label + ("  → better" if higher_better else "  ← better"))
+        ax.set_ylabel("quality (higher is better)")
+        ax.grid(True, which="both", alpha=0.25)
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    handles.append(
+        plt.Line2D([], [], marker="*", color="w", markerfacecolor="0.5", markeredgecolor="black", markersize=11)
+    )
+    labels.append("parent model (quality 1.0)")
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8, frameon=False)
+    fig.suptitle(title or "Pareto fronts: quality vs serving cost per hardware target", fontsize=11)
+    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
+    return _save(fig, stem)
+
+
+def plot_structure(arch: Architecture, parent: Architecture, stem: Path, title: str = "") -> list[Path]:
+    """Per-layer FFN width and heads of ``arch`` (filled) over the parent's (outline)."""
+    plt = _plt()
+    n = parent.num_layers
+    idx = list(range(n))
+    fig, (ax_ffn, ax_heads) = plt.subplots(2, 1, figsize=(max(8, 0.3 * n + 3), 5.6), sharex=True)
+    parent_ffn = [l.ffn_width if l.ffn else 0 for l in parent.layers]
+    child_ffn = [l.ffn_width if l.ffn else 0 for l in arch.layers] + [0] * (n - arch.num_layers)
+    ax_ffn.bar(idx, parent_ffn, color="none", edgecolor="0.4", linewidth=0.8, label="parent")
+    ax_ffn.bar(idx, child_ffn, color="tab:blue", alpha=0.8, label="pruned")
+    dropped = [i for i, l in enumerate(arch.layers) if l.is_noop]
+    if dropped:
+        ax_ffn.scatter(dropped, [0] * len(dropped), marker="x", color="tab:red", zorder=5, label="layer dropped")
+    ax_ffn.set_ylabel("FFN width")
+    ax_ffn.legend(fontsize=8, loc="upper right")
+    width = 0.4
+    ax_heads.bar(
+        [i - width / 2 for i in idx],
+        [l.num_heads if l.attention else 0 for l in parent.layers],
+        width,
+        color="none",
+        edgecolor="0.4",
+        linewidth=0.8,
+        label="parent query heads",
+    )
+    ax_heads.bar(
+        [i - width / 2 for i in idx],
+        [l.num_heads if l.attention else 0 for l in arch.layers],
+        width,
+        color="tab:orange",
+        alpha=0.8,
+        label="pruned query heads",
+    )
+    ax_heads.bar(
+        [i + width / 2 for i in idx],
+        [l.num_kv_heads if l.attention else 0 for l in arch.layers],
+        width,
+        color="tab:green",
+        alpha=0.8,
+        label="pruned KV heads",
+    )
+    ax_heads.set_ylabel("heads")
+    ax_heads.set_xlabel("layer")
+    ax_heads.legend(fontsize=8, loc="upper right")
+    ax_heads.set_xticks(idx[:: max(1, n // 30)])
+    fig.suptitle(title or f"{arch.summary()}\nvs parent {parent.summary()}", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, stem)

@@ -1,0 +1,541 @@
+"""Pareto studies: Ray Tune runs the trials, a persistent Optuna study decides what to try.
+
+One Optuna study per target (hardware × engine × workload × dtype × tp) in one storage; a *study
+group* (``StudyConfig.targets``) runs several targets with one command. The storage is the state:
+running the same command again continues every study to its requested number of COMPLETE trials.
+
+Flow per target (all storage access in this driver process; trials run wherever Ray puts them)::
+
+    open/create study ──► repair: RUNNING trials of a dead driver → FAIL, their params re-queued
+        └─► Tuner(search_alg=StudySearcher) ── suggest(): study.ask() (duplicates of earlier points
+             are told PRUNED and asked again) ── trial runs on Ray ── on_trial_complete():
+             set_constraint(...) (≤ 0 feasible), tell(objective values) or FAIL with the error
+
+Ray's stock ``OptunaSearch`` is not used: it neither passes constraints through nor repairs
+orphaned RUNNING trials after a killed driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.catalog import load_architecture
+from autocompress_opt.arch.search_space import SearchSpace
+from autocompress_opt.errors import ConfigError, suggest
+from autocompress_opt.search.trials import (
+    FITS_DEVICE,
+    TRIAL_MODES,
+    Target,
+    device_fit_violation,
+    load_plugins,
+    parent_metrics,
+    run_trial,
+)
+
+__all__ = ["Objective", "StudyConfig", "TrialRecord", "default_storage", "load_records", "pareto_front", "run_study"]
+
+DEFAULT_GROUP: tuple[str, ...] = ("rtx5070", "rtx5080", "h100-sxm", "b200")
+_MAXIMISE = {"quality", "output_throughput_tok_s", "max_concurrency"}
+PRIMARY_METRIC = {"local-coding": "ttft_ms", "datacenter": "output_throughput_tok_s", "in-game": "tpot_ms"}
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One optimisation direction: ``quality`` or a cost metric, maximised or minimised."""
+
+    metric: str
+    direction: str
+
+    def __post_init__(self) -> None:
+        from autocompress_opt.serving.costmodel import METRICS
+
+        valid = ("quality",) + METRICS
+        if self.metric not in valid:
+            raise ConfigError(
+                f"unknown objective {self.metric!r}{suggest(self.metric, valid)}; valid: {', '.join(valid)}"
+            )
+        if self.direction not in ("maximize", "minimize"):
+            raise ConfigError(f"objective direction must be 'maximize' or 'minimize', got {self.direction!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> Objective:
+        """``"tpot_ms"`` (natural direction), ``"tpot_ms:min"``, ``"quality:max"``."""
+        metric, _, way = text.strip().partition(":")
+        if not way:
+            way = "max" if metric in _MAXIMISE else "min"
+        direction = {"max": "maximize", "maximize": "maximize", "min": "minimize", "minimize": "minimize"}.get(way)
+        if direction is None:
+            raise ConfigError(f"objective {text!r}: direction must be max or min, got {way!r}")
+        return cls(metric, direction)
+
+    def __str__(self) -> str:
+        return f"{self.metric}:{self.direction[:3]}"
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Everything that defines a study group; also its identity when resuming."""
+
+    name: str
+    model: str
+    targets: tuple[Target, ...]
+    space: SearchSpace
+    trials: int
+    objectives: tuple[Objective, ...] = ()
+    mode: str = "plan"
+    storage: str | None = None
+    seed: int = 0
+    concurrency: int = 1
+    address: str | None = None
+    max_failures: int | None = None
+    plugins: tuple[str, ...] = ()
+    inner: Mapping[str, Any] = field(default_factory=dict)  # per-trial budget of the weights mode
+    importance: str | None = None  # plan mode: an Importance record of the parent → retained-importance proxy
+
+    def __post_init__(self) -> None:
+        if not self.name or any(c in self.name for c in "/\\ :"):
+            raise ConfigError(f"study name {self.name!r} must be non-empty without '/', '\\\\', ':' or spaces")
+        if not isinstance(self.trials, int) or self.trials < 1:
+            raise ConfigError(f"trials must be a positive integer, got {self.trials!r}")
+        if self.concurrency < 1:
+            raise ConfigError(f"concurrency must be >= 1, got {self.concurrency!r}")
+        load_plugins(self.plugins)
+        TRIAL_MODES.get(self.mode)
+        names = [t.hardware for t in self.targets]
+        if not names or len(set(names)) != len(names):
+            raise ConfigError(f"targets must be distinct hardware names, got {names}")
+
+    def objectives_for(self, target: Target) -> tuple[Objective, ...]:
+        """Explicit objectives, else quality plus the workload's primary metric."""
+        if self.objectives:
+            return self.objectives
+        return (Objective("quality", "maximize"), Objective.parse(PRIMARY_METRIC.get(target.workload, "tpot_ms")))
+
+    def study_name(self, target: Target) -> str:
+        return f"{self.name}.{target.hardware}"
+
+    @property
+    def storage_url(self) -> str:
+        return self.storage or default_storage(self.name)
+
+
+def default_storage(name: str) -> str:
+    """``sqlite:///studies/<name>.db`` (relative to the working directory; created on first use)."""
+    return f"sqlite:///studies/{name}.db"
+
+
+def make_storage(url: str) -> Any:
+    """An Optuna storage from a URL: an RDB URL (sqlite://, postgresql://...) or a journal file path."""
+    import optuna
+
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    if "://" in url:
+        try:
+            return optuna.storages.RDBStorage(url)
+        except Exception as exc:
+            raise ConfigError(f"cannot open study storage {url!r}: {exc}") from None
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    return JournalStorage(JournalFileBackend(url))
+
+
+# --------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class TrialRecord:
+    """A finished or failed trial as stored, in plain values."""
+
+    study: str
+    number: int
+    state: str
+    params: dict[str, Any]
+    values: list[float] | None
+    feasible: bool
+    quality: float | None
+    metrics: dict[str, float]
+    constraints: dict[str, float]
+    architecture: dict[str, Any] | None
+    error: str | None = None
+
+    def arch(self) -> Architecture | None:
+        return Architecture.from_dict(self.architecture) if self.architecture else None
+
+
+def _record(study_name: str, trial: Any) -> TrialRecord:
+    attrs = trial.user_attrs
+    constraints = {k.split(":", 1)[1]: v for k, v in trial.system_attrs.items() if k.startswith("constraints:")}
+    return TrialRecord(
+        study=study_name,
+        number=trial.number,
+        state=trial.state.name,
+        params=dict(trial.params),
+        values=list(trial.values) if trial.values else None,
+        feasible=trial.state.name == "COMPLETE" and all(v <= 0 for v in constraints.values()),
+        quality=attrs.get("quality"),
+        metrics=dict(attrs.get("metrics", {})),
+        constraints=constraints,
+        architecture=attrs.get("architecture"),
+        error=attrs.get("error"),
+    )
+
+
+def load_records(storage_url: str, study_name: str) -> tuple[list[TrialRecord], dict[str, Any]]:
+    """All trials of a study as :class:`TrialRecord` plus the study's user attributes."""
+    import optuna
+
+    try:
+        study = optuna.load_study(study_name=study_name, storage=make_storage(storage_url))
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(make_storage(storage_url))]
+        raise ConfigError(
+            f"no study {study_name!r} in {storage_url}{suggest(study_name, names)}; "
+            f"studies there: {', '.join(names) or '(none)'}"
+        ) from None
+    return [_record(study_name, t) for t in study.get_trials(deepcopy=False)], dict(study.user_attrs)
+
+
+def pareto_front(records: Sequence[TrialRecord], directions: Sequence[str]) -> list[TrialRecord]:
+    """Feasible COMPLETE trials not dominated by another feasible one (``values`` vs ``directions``)."""
+    pool = [r for r in records if r.feasible and r.values]
+    sign = [1.0 if d == "maximize" else -1.0 for d in directions]
+
+    def dominates(a: TrialRecord, b: TrialRecord) -> bool:
+        better_eq = all(s * x >= s * y for s, x, y in zip(sign, a.values, b.values))  # type: ignore[arg-type]
+        strictly = any(s * x > s * y for s, x, y in zip(sign, a.values, b.values))  # type: ignore[arg-type]
+        return better_eq and strictly
+
+    return [r for r in pool if not any(dominates(o, r) for o in pool if o is not r)]
+
+
+# ----------------------------------------------------------------- the searcher
+def _tune_searcher_base() -> type:
+    from ray.tune.search import Searcher
+
+    return Searcher
+
+
+def _make_searcher(
+    study: Any,
+    config: StudyConfig,
+    target: Target,
+    request: dict[str, Any],
+    objectives: Sequence[Objective],
+    parent_cost: Mapping[str, float],
+    progress: Any,
+) -> Any:
+    import optuna
+
+    Searcher = _tune_searcher_base()
+    workload = target.resolved_workload()
+    distributions = config.space.distributions()
+    TrialState = optuna.trial.TrialState
+    driver = {"host": socket.gethostname(), "pid": os.getpid()}
+    max_failures = config.max_failures if config.max_failures is not None else config.trials
+
+    class StudySearcher(Searcher):  # type: ignore[misc, valid-type]
+        """Ask/tell a persistent Optuna study from Ray Tune; see the module doc."""
+
+        def __init__(self) -> None:
+            super().__init__(metric=None, mode=None)
+            self.live: dict[str, Any] = {}
+            done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            self.complete = len(done)
+            self.seen = {_key(t.params) for t in done}
+            self.failures = 0
+
+        def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+            if self.complete >= config.trials or self.failures >= max_failures:
+                return Searcher.FINISHED if not self.live else None
+            if self.complete + len(self.live) >= config.trials:
+                return None  # enough in flight; wait for them
+            trial = self._ask_unique()
+            if trial is None:
+                return Searcher.FINISHED if not self.live else None
+            self.live[trial_id] = trial
+            return {"request": {**request, "params": dict(trial.params)}, "number": trial.number}
+
+        def _ask_unique(self) -> Any:
+            for _ in range(100):
+                trial = study.ask(distributions)
+                trial.set_user_attr("driver", driver)
+                key = _key(trial.params)
+                if key not in self.seen:
+                    self.seen.add(key)
+                    return trial
+                trial.set_user_attr("duplicate", True)  # the sampler repeated an evaluated point
+                study.tell(trial, state=TrialState.PRUNED)
+            return None  # the space looks exhausted
+
+        def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+            trial = self.live.pop(trial_id, None)
+            if trial is None:
+                return
+            payload = json.loads(result["payload"]) if result and "payload" in result else None
+            if error or payload is None or "error" in payload:
+                self.failures += 1
+                trial.set_user_attr("error", (payload or {}).get("error", "trial process died (see Ray logs)"))
+                study.tell(trial, state=TrialState.FAIL)
+                progress.update_fail()
+                return
+            metrics = payload["metrics"]
+            trial.set_user_attr("metrics", metrics)
+            trial.set_user_attr("quality", payload["quality"])
+            trial.set_user_attr("quality_kind", payload["quality_kind"])
+            trial.set_user_attr("architecture", payload["architecture"])
+            trial.set_user_attr("node", payload.get("node"))
+            violations = {
+                FITS_DEVICE: device_fit_violation(metrics, target),
+                **workload.violations(metrics, parent_cost),
+            }
+            for key, value in violations.items():
+                trial.set_constraint(key, float(value))
+            # Also as user attributes: optuna-dashboard 0.21 shows only old-style list constraints.
+            trial.set_user_attr("constraints", {k: float(v) for k, v in violations.items()})
+            trial.set_user_attr("feasible", all(v <= 0 for v in violations.values()))
+            values = [payload["quality"] if o.metric == "quality" else metrics[o.metric] for o in objectives]
+            study.tell(trial, values)
+            self.complete += 1
+            progress.update_complete(all(v <= 0 for v in violations.values()), payload["quality"])
+
+    return StudySearcher()
+
+
+def _key(params: Mapping[str, Any]) -> tuple:
+    return tuple(sorted((k, float(v)) for k, v in params.items()))
+
+
+def _trainable(config: dict[str, Any]) -> dict[str, Any]:
+    """The Ray Tune function trainable: runs one trial, never raises (errors become payload)."""
+    try:
+        import ray
+
+        result = run_trial(config["request"])
+        result["node"] = ray.get_runtime_context().get_node_id()  # provenance: which Ray node ran it
+        return {"payload": json.dumps(result)}
+    except Exception as exc:
+        return {"payload": json.dumps({"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"})}
+
+
+# ------------------------------------------------------------------- repair
+def repair_orphans(study: Any) -> list[int]:
+    """Mark RUNNING trials whose driver is gone as FAIL and re-queue their parameters.
+
+    A trial is left alone when its driver (host, pid) is this host and that process is alive
+    (another driver is working on the same study). Returns the repaired trial numbers.
+    """
+    import optuna
+
+    repaired = []
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        owner = trial.user_attrs.get("driver") or {}
+        if owner.get("host") == socket.gethostname() and owner.get("pid") != os.getpid() and _alive(owner.get("pid")):
+            continue
+        study._storage.set_trial_user_attr(trial._trial_id, "error", "orphaned: its driver died; parameters re-queued")
+        study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+        if trial.params:
+            study.enqueue_trial(dict(trial.params), user_attrs={"requeued_from": trial.number})
+        repaired.append(trial.number)
+    return repaired
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ------------------------------------------------------------------ opening
+def _identity(config: StudyConfig, target: Target, objectives: Sequence[Objective]) -> dict[str, Any]:
+    return {
+        "model": config.model,
+        "mode": config.mode,
+        "target": target.to_dict(),
+        "space": config.space.to_dict(),
+        "objectives": [str(o) for o in objectives],
+        "inner": dict(config.inner),
+        "importance": config.importance,
+    }
+
+
+def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tuple[Any, dict[str, float]]:
+    """Create the target's study, or load it and check it is the same study (directions included)."""
+    import optuna
+
+    objectives = config.objectives_for(target)
+    directions = [o.direction for o in objectives]
+    storage = make_storage(config.storage_url)
+    name = config.study_name(target)
+    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
+    identity = _identity(config, target, objectives)
+    sampler = config.space.make_sampler(seed=config.seed)
+    if name in existing:
+        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+        old_dirs = [d.name.lower() for d in study.directions]
+        if old_dirs != directions:
+            raise ConfigError(
+                f"study {name!r} in {config.storage_url} has directions {old_dirs}; this run asks for "
+                f"{directions} ({', '.join(map(str, objectives))}). Use another --name or the same objectives."
+            )
+        old = study.user_attrs.get("identity", {})
+        added_later = {"inner": {}, "importance": None}  # keys newer than some stored studies
+        diffs = [k for k in identity if old.get(k, added_later.get(k)) != identity[k]]
+        if diffs:
+            detail = "; ".join(f"{k}: stored {old.get(k)!r}, now {identity[k]!r}" for k in diffs)
+            raise ConfigError(f"study {name!r} exists with different settings ({detail}). Use another --name.")
+        return study, dict(study.user_attrs["parent_metrics"])
+    study = optuna.create_study(study_name=name, storage=storage, directions=directions, sampler=sampler)
+    cost = parent_metrics(parent, target)
+    study.set_user_attr("identity", identity)
+    study.set_user_attr("parent_metrics", cost)
+    study.set_user_attr("parent_architecture", parent.to_dict())
+    study.set_user_attr("objectives", [str(o) for o in objectives])
+    return study, cost
+
+
+# --------------------------------------------------------------------- runner
+class _Progress:
+    """One tqdm bar per target: trials done, feasible, best feasible quality so far."""
+
+    def __init__(self, desc: str, total: int, initial: int, enabled: bool):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, initial=initial, desc=desc, disable=not enabled, unit="trial", leave=True)
+        self.feasible, self.failed, self.best = 0, 0, None
+
+    def _post(self) -> None:
+        best = "-" if self.best is None else f"{self.best:.3f}"
+        self.bar.set_postfix_str(f"feasible {self.feasible}, failed {self.failed}, best quality {best}")
+
+    def update_complete(self, feasible: bool, quality: float) -> None:
+        self.feasible += feasible
+        if feasible and (self.best is None or quality > self.best):
+            self.best = quality
+        self.bar.update(1)
+        self._post()
+
+    def update_fail(self) -> None:
+        self.failed += 1
+        self._post()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@dataclass
+class TargetOutcome:
+    study_name: str
+    complete: int
+    repaired: list[int] = field(default_factory=list)
+
+
+def _plugin_paths(plugins: Sequence[str]) -> list[str]:
+    """Directories that make the plugin modules importable in Ray workers."""
+    import importlib
+
+    paths = []
+    for name in plugins:
+        module = importlib.import_module(name)
+        top = Path(module.__file__ or "").resolve().parents[len(name.split(".")) - 1]
+        paths.append(str(top))
+    return paths
+
+
+def _init_ray(address: str | None, concurrency: int, plugins: Sequence[str] = ()) -> None:
+    import logging
+
+    import ray
+
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no per-trial json/csv/tb files
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    extra = _plugin_paths(plugins)
+    if extra:  # workers import plugins by name: put their directories on the workers' path
+        path = os.pathsep.join(extra + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": path}}
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(num_cpus=max(concurrency, os.cpu_count() or 1), **kwargs)
+
+
+def _trial_cpus(config: StudyConfig) -> int:
+    """Plan trials are arithmetic (1 CPU); weights trials share the machine's cores between the
+    trials running at once (Ray sets OMP_NUM_THREADS, hence torch's threads, from this)."""
+    if config.mode == "plan":
+        return 1
+    return max(1, (os.cpu_count() or 1) // config.concurrency)
+
+
+def run_study(
+    config: StudyConfig, *, progress: bool = True, layer_order: Sequence[int] | None = None
+) -> list[TargetOutcome]:
+    """Run (or continue) every target's study to ``config.trials`` COMPLETE trials."""
+    import optuna
+    from ray import tune
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    parent = load_architecture(config.model)
+    config.space.check_parent(parent)
+    _init_ray(config.address, config.concurrency, config.plugins)
+    outcomes = []
+    for target in config.targets:
+        study, parent_cost = open_study(config, target, parent)
+        repaired = repair_orphans(study)
+        objectives = config.objectives_for(target)
+        request = {
+            "mode": config.mode,
+            "plugins": list(config.plugins),
+            "parent": parent.to_dict(),
+            "space": config.space.to_dict(),
+            "target": target.to_dict(),
+            "layer_order": list(layer_order) if layer_order else None,
+            "seed": config.seed,
+            "inner": dict(config.inner),
+            "parent_model": config.model,
+            "importance": str(Path(config.importance).resolve()) if config.importance else None,
+            # absolute: Ray Tune runs each trial in its own (scratch) working directory
+            "cache_dir": str(Path(".autocompress").resolve()),
+        }
+        done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        bar = _Progress(config.study_name(target), config.trials, min(done, config.trials), progress)
+        if done < config.trials:
+            searcher = _make_searcher(study, config, target, request, objectives, parent_cost, bar)
+            scratch = tempfile.mkdtemp(prefix="autocompress-tune-")
+            try:
+                tuner = tune.Tuner(
+                    tune.with_resources(_trainable, {"cpu": _trial_cpus(config)}),
+                    tune_config=tune.TuneConfig(
+                        search_alg=searcher, num_samples=-1, max_concurrent_trials=config.concurrency, reuse_actors=True
+                    ),
+                    run_config=tune.RunConfig(
+                        storage_path=scratch,
+                        name=config.study_name(target),
+                        verbose=0,
+                        failure_config=tune.FailureConfig(max_failures=2),
+                    ),
+                )
+                tuner.fit()
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+        bar.close()
+        final = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        outcomes.append(TargetOutcome(config.study_name(target), final, repaired))
+    return outcomes

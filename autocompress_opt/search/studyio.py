@@ -1,0 +1,117 @@
+"""Reading finished studies back: groups of per-target studies, Pareto tables, export rows."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.search.study import TrialRecord, default_storage, load_records, make_storage, pareto_front
+
+__all__ = ["StudyView", "export_rows", "list_studies", "load_group", "rows_to_csv"]
+
+
+@dataclass(frozen=True)
+class StudyView:
+    """One target's study as read from storage."""
+
+    name: str
+    records: list[TrialRecord]
+    attrs: dict[str, Any]
+
+    @property
+    def target(self) -> dict[str, Any]:
+        return self.attrs.get("identity", {}).get("target", {})
+
+    @property
+    def label(self) -> str:
+        t = self.target
+        return f"{t.get('hardware', self.name)} / {t.get('workload', '?')}"
+
+    @property
+    def directions(self) -> list[str]:
+        return ["maximize" if o.endswith(":max") else "minimize" for o in self.attrs.get("objectives", [])]
+
+    @property
+    def parent(self) -> Architecture | None:
+        data = self.attrs.get("parent_architecture")
+        return Architecture.from_dict(data) if data else None
+
+    def pareto(self) -> list[TrialRecord]:
+        return sorted(pareto_front(self.records, self.directions), key=lambda r: -(r.quality or 0))
+
+    def best_feasible(self) -> TrialRecord | None:
+        feasible = [r for r in self.records if r.feasible]
+        return max(feasible, key=lambda r: r.quality or 0) if feasible else None
+
+
+def list_studies(storage_url: str) -> list[dict[str, Any]]:
+    import optuna
+
+    out = []
+    for s in optuna.get_all_study_summaries(make_storage(storage_url)):
+        out.append(
+            {
+                "study": s.study_name,
+                "trials": s.n_trials,
+                "directions": [d.name.lower() for d in s.directions],
+                "storage": storage_url,
+                "started": str(s.datetime_start or ""),
+            }
+        )
+    return out
+
+
+def load_group(name: str, storage_url: str | None = None) -> list[StudyView]:
+    """Every study of group ``name`` (studies named ``name.<hardware>``), or the study ``name``."""
+    import optuna
+
+    url = storage_url or default_storage(name.split(".")[0])
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise ConfigError(f"no study storage at {url}; run 'autocompress study list' to see studies")
+    names = [s.study_name for s in optuna.get_all_study_summaries(make_storage(url))]
+    chosen = [n for n in names if n == name or n.startswith(name + ".")]
+    if not chosen:
+        raise ConfigError(f"no study named {name!r} in {url}; studies there: {', '.join(names) or '(none)'}")
+    views = []
+    for study_name in chosen:
+        records, attrs = load_records(url, study_name)
+        views.append(StudyView(study_name, records, attrs))
+    return views
+
+
+def export_rows(view: StudyView) -> list[dict[str, Any]]:
+    """One flat row per trial: number, state, feasible, params, the global choices, metrics, quality."""
+    rows = []
+    for r in view.records:
+        row: dict[str, Any] = {
+            "study": view.name,
+            "number": r.number,
+            "state": r.state,
+            "feasible": r.feasible,
+            "params": json.dumps(r.params, sort_keys=True),
+            **r.params,
+        }
+        row.update(r.metrics)
+        row["quality"] = r.quality
+        row.update({f"constraint[{k}]": v for k, v in r.constraints.items()})
+        if r.error:
+            row["error"] = r.error.splitlines()[0]
+        rows.append(row)
+    return rows
+
+
+def rows_to_csv(rows: list[dict[str, Any]]) -> str:
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()

@@ -1,0 +1,130 @@
+"""Trial functions: what one outer-loop trial does with the point the sampler proposed.
+
+A trial function takes a plain, serialisable request (it may run on another Ray node) and returns
+a plain result::
+
+    request = {"params": {...global choices...}, "parent": Architecture dict, "target": Target dict,
+               "layer_order": [...] | None, "seed": int}
+    result  = {"architecture": Architecture dict, "metrics": {cost metric: value},
+               "quality": float, "quality_kind": str}
+
+Trial functions live in :data:`TRIAL_MODES`. This module ships ``plan``: no weights; the
+architecture is scored by the target's cost model and a quality proxy (the fraction of the
+parent's parameters retained). The weights path (inner mask search, real pruning and quality)
+registers another mode; the driver does not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.search_space import SearchSpace
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.registry import Registry
+from autocompress_opt.serving.costmodel import estimate_cost
+from autocompress_opt.serving.targets import FITS_DEVICE, Target, device_fit_violation, parent_metrics
+
+__all__ = [
+    "FITS_DEVICE",
+    "TRIAL_MODES",
+    "Target",
+    "device_fit_violation",
+    "parent_metrics",
+    "plan_trial",
+    "quality_proxy",
+    "run_trial",
+]
+
+TrialFn = Callable[[Mapping[str, Any]], dict[str, Any]]
+TRIAL_MODES: Registry[TrialFn] = Registry("trial mode")
+
+
+def quality_proxy(arch: Architecture, parent: Architecture) -> float:
+    """Plan-mode quality: the fraction of the parent's parameters the architecture keeps."""
+    return arch.num_params / parent.num_params
+
+
+_IMPORTANCE: dict[str, Any] = {}
+
+
+def _importance(path: str) -> Any:
+    """An importance record saved by ``Importance.save``, loaded once per process."""
+    if path not in _IMPORTANCE:
+        from autocompress_opt.prune.importance import Importance
+
+        _IMPORTANCE[path] = Importance.load(path)
+    return _IMPORTANCE[path]
+
+
+def retained_importance(plan: Any, importance: Any) -> float:
+    """Mean over FFN channels, query heads and hidden channels of the fraction of the parent's
+    importance mass (Minitron activation scores, >= 0) that the pruning plan keeps."""
+
+    def fraction(kept: float, total: float) -> float:
+        return kept / total if total > 0 else 1.0
+
+    ffn_total = sum(float(t.clamp_min(0).sum()) for t in importance.ffn if t is not None)
+    head_total = sum(float(t.clamp_min(0).sum()) for t in importance.heads if t is not None)
+    ffn_kept = sum(
+        float(importance.ffn[lp.parent_index][list(lp.ffn_channels)].clamp_min(0).sum())
+        for lp in plan.layers
+        if lp.ffn_channels
+    )
+    head_kept = sum(
+        float(importance.heads[lp.parent_index][list(lp.heads)].clamp_min(0).sum()) for lp in plan.layers if lp.heads
+    )
+    hidden = importance.hidden.clamp_min(0)
+    hidden_kept = float(hidden[list(plan.hidden_channels)].sum())
+    return (
+        fraction(ffn_kept, ffn_total) + fraction(head_kept, head_total) + fraction(hidden_kept, float(hidden.sum()))
+    ) / 3
+
+
+@TRIAL_MODES.decorator("plan")
+def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Score a point without weights: cost model for the target + a quality proxy.
+
+    The proxy is the retained parameter fraction, or — when ``request["importance"]`` names an
+    importance record of the parent — the retained importance (:func:`retained_importance`), with
+    layers dropped in order of least importance (skip-loss).
+    """
+    parent = Architecture.from_dict(request["parent"])
+    space = SearchSpace.from_dict(request["space"])
+    target = Target.from_dict(request["target"])
+    importance = _importance(request["importance"]) if request.get("importance") else None
+    order = request.get("layer_order")
+    if importance is not None and order is None:
+        order = [int(i) for i in (-importance.layer_scores()).argsort()]
+    arch = space.architecture(request["params"], parent, order)
+    metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
+    if importance is None:
+        quality, kind = quality_proxy(arch, parent), "retained_params"
+    else:
+        from autocompress_opt.prune.materialize import plan_pruning
+
+        quality, kind = retained_importance(plan_pruning(parent, importance, arch), importance), "retained_importance"
+    return {"architecture": arch.to_dict(), "metrics": metrics, "quality": quality, "quality_kind": kind}
+
+
+# Real weights: inner per-layer mask search → materialise → held-out quality → cost. Registered
+# lazily: torch-heavy, and the module imports this one.
+TRIAL_MODES.register_lazy("weights", "autocompress_opt.search.weights_trial:run_weights_trial")
+
+
+def load_plugins(modules: Sequence[str]) -> None:
+    """Import plugin modules; importing one registers its trial modes in :data:`TRIAL_MODES`."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(f"plugin module {name!r} cannot be imported: {exc}") from None
+
+
+def run_trial(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Dispatch to the trial mode named in ``request["mode"]`` (after importing its plugins)."""
+    load_plugins(request.get("plugins") or ())
+    return TRIAL_MODES.get(str(request.get("mode", "plan")))(request)

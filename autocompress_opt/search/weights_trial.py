@@ -1,0 +1,391 @@
+"""The ``weights`` trial mode: inner mask search on the real parent → materialise → quality → cost.
+
+:func:`run_weights_trial` follows the contract of :mod:`autocompress_opt.search.trials`::
+
+    request = {"params": {...global choices...}, "parent": Architecture dict, "target": Target dict,
+               "layer_order": [...] | None, "seed": int,   # ("space" may be present; unused)
+               # optional:
+               "inner": {...},            # InnerConfig keys + the data keys of TrialConfig
+               "parent_model": str,       # what load_model loads; default: the parent's name, which
+                                          # works for known names ("smollm2-135m"), not for paths
+               "cache_dir": str}          # on-disk caches (default ".autocompress")
+    result  = {"architecture": dict, "metrics": {...}, "quality": exp(-KL), "quality_kind": "exp_neg_kl",
+               "kl_to_parent": nats, "kl_code", "kl_prose", "ppl_code", "ppl_prose",
+               "quality_cached": bool, "inner": {...search summary...}, "timings_s": {...}}
+
+Steps: load the parent (cached per process), its importance (``estimate_importance`` with its disk
+cache, ``.autocompress/importance/``), the parent's log-probs on the calibration rows (once,
+``.autocompress/teacher/``), the inner search (:func:`autocompress_opt.search.inner_search.search`,
+starting from the trial's uniform allocation — layers ranked by ``layer_order``, else by the
+importance ``skip_loss`` — and holding its global choices as budgets) → a
+heterogeneous :class:`Architecture` → :func:`~autocompress_opt.prune.materialize.materialize` → held-out
+quality → the exact cost metrics of the target.
+
+**Quality** is ``exp(−KL)``, where KL is the mean per-position ``KL(parent ‖ pruned)`` in nats on
+held-out code and prose (never calibration documents): higher is better, 1 means the parent's
+exact next-token distribution. It is cached on disk (``.autocompress/quality/``) keyed by the
+parent's id, the importance data (which decides the kept channels), the architecture and the
+evaluation data, so an architecture is evaluated once across targets and trials.
+
+Deterministic given ``request["seed"]`` (and the thread count). Calibration and evaluation data
+use ``data_seed`` / ``eval_seed``, not the trial seed, so every trial shares the caches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.search_space import CHOICES, Choice, SearchSpace
+from autocompress_opt.errors import ConfigError, suggest
+from autocompress_opt.hf.adapters import architecture_mismatch
+from autocompress_opt.prune.importance import Importance, estimate_importance
+from autocompress_opt.search.inner_search import Budget, CostGoal, InnerConfig, search, teacher_log_probs
+from autocompress_opt.serving.costmodel import estimate_cost
+from autocompress_opt.serving.targets import Target
+
+__all__ = [
+    "DEFAULT_CACHE_DIR",
+    "ParentContext",
+    "TrialConfig",
+    "clear_trial_cache",
+    "evaluate_architecture",
+    "importance_order",
+    "parent_context",
+    "run_weights_trial",
+    "uniform_allocation",
+]
+
+DEFAULT_CACHE_DIR = Path(".autocompress")
+QUALITY_KIND = "exp_neg_kl"
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """Per-trial budget: the inner search's :class:`InnerConfig` plus data sizes.
+
+    Attributes:
+        inner: the inner search (steps, batch, seq_len, calibration rows, ...).
+        eval_samples / eval_seq_len / eval_seed: held-out rows per domain (code and prose).
+        importance_samples / importance_seq_len: calibration rows that score importance.
+        data_seed: seed of the calibration rows (search and importance).
+    """
+
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    eval_samples: int = 8
+    eval_seq_len: int = 128
+    eval_seed: int = 0
+    importance_samples: int = 8
+    importance_seq_len: int = 128
+    data_seed: int = 0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.name == "inner":
+                continue
+            value, minimum = getattr(self, f.name), (0 if f.name.endswith("seed") else 1 if "samples" in f.name else 2)
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ConfigError(f"inner.{f.name} must be an int >= {minimum}, got {value!r}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None, *, seed: int | None = None) -> TrialConfig:
+        """Split ``request["inner"]`` into inner-search keys and data keys; unknown keys are rejected."""
+        data = dict(data or {})
+        own = [f.name for f in fields(cls) if f.name != "inner"]
+        inner_keys = [f.name for f in fields(InnerConfig)]
+        for key in data:
+            if key not in own and key not in inner_keys:
+                valid = own + inner_keys
+                raise ConfigError(
+                    f"unknown request['inner'] key {key!r}{suggest(str(key), valid)}; valid: {', '.join(valid)}"
+                )
+        inner = {k: v for k, v in data.items() if k in inner_keys}
+        if seed is not None:
+            inner["seed"] = int(seed)
+        return cls(inner=InnerConfig.from_dict(inner), **{k: v for k, v in data.items() if k in own})
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(out.pop("inner"))
+        return out
+
+
+# ------------------------------------------------------------------------- the parent
+@dataclass
+class ParentContext:
+    """Everything a trial needs from one parent and one data configuration (cached per process).
+
+    ``seconds`` holds how long building it took: ``load``, ``importance``, ``teacher`` (calibration
+    log-probs) and ``eval_teacher`` (held-out rows and the parent's logits on them).
+    """
+
+    model: Any
+    tokenizer: Any
+    architecture: Architecture
+    parent_id: str
+    importance: Importance
+    tokens: torch.Tensor  # (n, T) calibration rows of the search
+    teacher: torch.Tensor  # (n, T, V) parent log-probs on them
+    eval_tokens: dict[str, torch.Tensor]  # domain -> (n, T)
+    eval_teacher: dict[str, torch.Tensor]  # domain -> (n, T, V) parent logits
+    eval_id: str
+    seconds: dict[str, float]
+
+
+_PARENTS: OrderedDict[str, ParentContext] = OrderedDict()
+_PARENTS_SIZE = 1  # a parent plus its teacher caches is ~1 GB for SmolLM2
+
+
+def clear_trial_cache() -> None:
+    """Forget the in-process parent cache (model, importance, teacher log-probs, evaluation data)."""
+    _PARENTS.clear()
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _parent_id(path: Path, arch: Architecture) -> str:
+    """Identity of the weights: file(s), sizes, modification times and architecture."""
+    files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors")) if path.is_dir() else [path]
+    stamps = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    return f"{path.name}:{_digest(str(path), stamps, arch.to_dict())}"
+
+
+def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[ParentContext, bool]:
+    """The context of parent ``ref`` under ``config``'s data settings (cached per process; importance
+    and teacher log-probs also on disk under ``cache_dir``), and whether it was built by this call."""
+    from autocompress_opt.hf.loading import load_model
+    from autocompress_opt.quality.metrics import cache_teacher_logits
+    from autocompress_opt.quality.textdata import text_batches
+
+    settings = config.to_dict()
+    key = _digest(ref, str(cache_dir), {k: settings[k] for k in _CONTEXT_KEYS})
+    if key in _PARENTS:
+        _PARENTS.move_to_end(key)
+        return _PARENTS[key], False
+    seconds: dict[str, float] = {}
+    began = time.perf_counter()
+    loaded = load_model(ref, cache=False)  # this cache holds it; no second pristine copy
+    model, tokenizer, arch = loaded.model.eval(), loaded.tokenizer, loaded.architecture
+    for p in model.parameters():
+        p.requires_grad_(False)
+    parent_id = _parent_id(loaded.path, arch)
+    seconds["load"] = time.perf_counter() - began
+
+    began = time.perf_counter()
+    imp_rows = text_batches(
+        tokenizer,
+        role="calibration",
+        n_samples=config.importance_samples,
+        seq_len=config.importance_seq_len,
+        seed=config.data_seed,
+    )
+    importance = estimate_importance(
+        model,
+        imp_rows.tokens,
+        model_id=parent_id,
+        data_id=_digest(imp_rows.to_dict()),
+        seed=config.data_seed,
+        cache_dir=cache_dir / "importance",
+        progress=False,
+    )
+    seconds["importance"] = time.perf_counter() - began
+
+    began = time.perf_counter()
+    inner = config.inner
+    rows = text_batches(
+        tokenizer, role="calibration", n_samples=inner.n_samples, seq_len=inner.seq_len, seed=config.data_seed
+    )
+    teacher = teacher_log_probs(
+        model, rows.tokens, parent_id=parent_id, data_id=_digest(rows.to_dict()), cache_dir=cache_dir / "teacher"
+    )
+    seconds["teacher"] = time.perf_counter() - began
+
+    began = time.perf_counter()
+    evals = {
+        dom: text_batches(
+            tokenizer,
+            role="evaluation",
+            n_samples=config.eval_samples,
+            seq_len=config.eval_seq_len,
+            seed=config.eval_seed,
+            domain=dom,
+        )
+        for dom in ("code", "prose")
+    }
+    eval_teacher = {dom: cache_teacher_logits(model, b.tokens, progress=False) for dom, b in evals.items()}
+    seconds["eval_teacher"] = time.perf_counter() - began
+    parent = ParentContext(
+        model,
+        tokenizer,
+        arch,
+        parent_id,
+        importance,
+        rows.tokens,
+        teacher,
+        {d: b.tokens for d, b in evals.items()},
+        eval_teacher,
+        _digest({d: b.to_dict() for d, b in evals.items()}),
+        seconds,
+    )
+    _PARENTS[key] = parent
+    while len(_PARENTS) > _PARENTS_SIZE:
+        _PARENTS.popitem(last=False)
+    return parent, True
+
+
+# The settings that decide what a parent context holds (the rest only steer the search).
+_CONTEXT_KEYS = (
+    "n_samples",
+    "seq_len",
+    "eval_samples",
+    "eval_seq_len",
+    "eval_seed",
+    "importance_samples",
+    "importance_seq_len",
+    "data_seed",
+)
+
+
+# ----------------------------------------------------------------------------- quality
+def _quality(parent: ParentContext, arch: Architecture, plan: Any, cache_dir: Path) -> tuple[dict[str, float], bool]:
+    """Held-out KL and perplexities of ``arch`` cut from the parent; cached on disk by architecture."""
+    from autocompress_opt.prune.materialize import materialize
+
+    imp = parent.importance.meta
+    key = _digest(parent.parent_id, imp.data_id, imp.method, {**arch.to_dict(), "name": ""}, parent.eval_id)
+    path = cache_dir / "quality" / f"{key}.json"
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8")), True
+    child = materialize(parent.model, plan)
+    out: dict[str, float] = {}
+    for dom, tokens in parent.eval_tokens.items():
+        out[f"kl_{dom}"], out[f"ppl_{dom}"] = _kl_and_perplexity(child, tokens, parent.eval_teacher[dom])
+    # Both domains have the same number of positions: the token-weighted mean is the plain mean.
+    out["kl_to_parent"] = (out["kl_code"] + out["kl_prose"]) / 2
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=2), encoding="utf-8")
+    tmp.replace(path)
+    return out, False
+
+
+def _kl_and_perplexity(
+    model: Any, tokens: torch.Tensor, teacher_logits: torch.Tensor, batch_size: int = 4
+) -> tuple[float, float]:
+    """One pass for both numbers, with :mod:`autocompress_opt.quality.metrics`'s definitions: mean per-position
+    ``KL(teacher ‖ model)`` over all ``L`` positions, and ``exp`` of the mean CE of positions ``< L-1``."""
+    kl_sum = ce_sum = 0.0
+    with torch.inference_mode():
+        for start in range(0, tokens.shape[0], batch_size):
+            ids = tokens[start : start + batch_size]
+            student = torch.log_softmax(model(input_ids=ids, use_cache=False).logits.float(), dim=-1)  # (B, L, V)
+            teacher = torch.log_softmax(teacher_logits[start : start + batch_size].float(), dim=-1)
+            kl_sum += float((teacher.exp() * (teacher - student)).sum(-1).sum(dtype=torch.float64))
+            ce_sum -= float(student[:, :-1].gather(-1, ids[:, 1:, None]).sum(dtype=torch.float64))
+    n, length = tokens.shape
+    return kl_sum / (n * length), math.exp(ce_sum / (n * (length - 1)))
+
+
+# ------------------------------------------------------------------------------- trial
+def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
+    """One weights-mode trial (see the module doc for the request and result)."""
+    began = time.perf_counter()
+    parent_arch = Architecture.from_dict(request["parent"])
+    target = Target.from_dict(request["target"])
+    seed = int(request.get("seed", 0))
+    config = TrialConfig.from_dict(request.get("inner"), seed=seed)
+    cache_dir = Path(request.get("cache_dir") or DEFAULT_CACHE_DIR)
+    ref = str(request.get("parent_model") or parent_arch.name)
+    if not ref:
+        raise ConfigError("the parent architecture has no name; pass request['parent_model'] (a path or known name)")
+    parent, fresh = parent_context(ref, config, cache_dir)
+    mismatch = architecture_mismatch(parent_arch, parent.architecture)
+    if mismatch:
+        raise ConfigError(f"request['parent'] does not describe the model loaded from {ref!r} ({mismatch})")
+    ready = time.perf_counter()
+
+    params = dict(request["params"])
+    order = request.get("layer_order") or importance_order(parent.importance)
+    start_point = uniform_allocation(params, parent.architecture, order)
+    result = search(
+        parent.model,
+        parent.architecture,
+        parent.importance,
+        parent.tokens,
+        parent.teacher,
+        budget=Budget.from_params(params),
+        goal=CostGoal.for_target(target, parent.architecture),
+        config=config.inner,
+        init=start_point,
+    )
+    searched = time.perf_counter()
+
+    arch = result.architecture
+    quality, cached = _quality(parent, arch, result.plan, cache_dir)
+    metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
+    done = time.perf_counter()
+    return {
+        "architecture": arch.to_dict(),
+        "metrics": metrics,
+        "quality": math.exp(-quality["kl_to_parent"]),
+        "quality_kind": QUALITY_KIND,
+        **quality,
+        "quality_cached": cached,
+        "inner": {**result.summary(), "config": config.to_dict()},
+        "timings_s": {
+            "parent": ready - began,
+            "search": searched - ready,
+            "quality": done - searched,
+            "total": done - began,
+            **({f"parent_{k}": v for k, v in parent.seconds.items()} if fresh else {}),
+        },
+    }
+
+
+def evaluate_architecture(
+    arch: Architecture,
+    parent_model: str,
+    *,
+    inner: Mapping[str, Any] | None = None,
+    cache_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """Held-out quality of any sub-architecture of ``parent_model`` (e.g. a baseline), measured exactly as a
+    weights trial measures its result (same data, importance and quality cache): ``quality``,
+    ``kl_to_parent``, ``kl_code``, ``kl_prose``, ``ppl_code``, ``ppl_prose``, ``quality_cached``."""
+    from autocompress_opt.prune.materialize import plan_pruning
+
+    config = TrialConfig.from_dict(inner)
+    cache = Path(cache_dir or DEFAULT_CACHE_DIR)
+    parent, _ = parent_context(str(parent_model), config, cache)
+    plan = plan_pruning(parent.architecture, parent.importance, arch)
+    quality, cached = _quality(parent, arch, plan, cache)
+    return {
+        "quality": math.exp(-quality["kl_to_parent"]),
+        "quality_kind": QUALITY_KIND,
+        **quality,
+        "quality_cached": cached,
+    }
+
+
+def uniform_allocation(params: Mapping[str, Any], parent: Architecture, layer_order: Any = None) -> Architecture:
+    """The plan-mode architecture of a point (:meth:`SearchSpace.architecture`): every kept layer alike."""
+    space = SearchSpace(tuple(Choice(name, (int(params[name]),)) for name in CHOICES if name in params))
+    return space.architecture(params, parent, layer_order)
+
+
+def importance_order(importance: Importance) -> list[int]:
+    """Layers from most to least important by ``skip_loss`` (ties: lower index first)."""
+    scores = importance.skip_loss.tolist()
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))

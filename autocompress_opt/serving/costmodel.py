@@ -1,0 +1,471 @@
+"""Serving cost model: latency, throughput and memory of an architecture on (hardware, engine).
+
+One set of equations (DESIGN.md §3), written once over an array module, serves three callers:
+
+* :func:`estimate_cost` — one :class:`Architecture`, Python floats (reports, the CLI);
+* :func:`estimate_batch` with numpy arrays — thousands of candidates at once (outer-loop filter);
+* :func:`estimate_batch` with torch tensors — differentiable with respect to continuous per-layer
+  widths (``heads``, ``kv_heads``, ``ffn_width``) and soft keep gates (``attn``, ``ffn``).
+
+Every layer is summed on its own (never ``layers x one layer``). Per layer, the GEMMs and the
+attention are separate kernels, each timed by its own roofline::
+
+    t = max(FLOPs / (peak · mfu), bytes / (bandwidth · mbu))
+
+plus ``kernel_launch_us`` per kernel, ``step_overhead_ms`` per engine step and, with tensor
+parallelism, two all-reduces per layer (latency + 2(tp-1)/tp · message / one-way link bandwidth).
+The *floors* use the same equations at 100 % of peak with no fixed costs: the physical limit.
+
+Attention, per layer ``i`` with ``g_i`` KV heads, ``h_i`` query heads of ``d`` channels and a window
+of ``w_i`` tokens (``LayerSpec.window``; a full-attention layer has ``w_i = ∞``), batch ``B``, prompt
+``P``, ``S`` KV tokens reserved per sequence (``P + O`` in blocks; llama.cpp: its whole ``n_ctx``),
+decode at the mean context ``c = P + O/2``, ``b_kv`` bytes per cached element::
+
+    KV bytes per sequence   = Σ_i 2·b_kv·g_i·d·min(S, ⌈w_i⌉)     (⌈w_i⌉: w_i in whole KV blocks)
+    prefill (query, key) pairs of layer i = B·Σ_{t=1..P} min(t, w_i)
+                                          = B·(m(m+1)/2 + (P − m)·w_i),  m = min(P, w_i)
+    decode pairs = KV tokens read per step of layer i = B·min(c, w_i)
+
+and attention FLOPs = ``4·pairs·h_i·d``. Every supported engine caches only the window of a
+sliding layer (see :func:`estimate_batch`). The ``kv_bytes_per_token`` metric is the KV bytes per
+sequence divided by ``S``: the mean bytes a reserved token costs at the scenario's length. Without
+windows that is the familiar ``2·b_kv·d·Σ_i g_i``; a sliding layer adds ``2·b_kv·g_i·d·min(1, ⌈w_i⌉/S)``.
+
+Contract: costs are pure functions of their inputs; at fixed concurrency no latency or memory
+metric rises, and throughput does not fall, when any width shrinks (property-tested).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.serving.dtypes import WeightDtype, get_weight_dtype, kv_dtype_bytes
+from autocompress_opt.serving.engines import GIB, Engine, get_engine
+from autocompress_opt.serving.hardware import Hardware, get_hardware
+from autocompress_opt.serving.profiles import CostProfile, get_profile
+
+__all__ = ["FULL_WINDOW", "METRICS", "ArchArrays", "CostEstimate", "Scenario", "estimate_batch", "estimate_cost"]
+
+Array = Any  # numpy.ndarray or torch.Tensor
+
+# The window of a full-attention layer in ArchArrays: larger than any context, yet finite, so that
+# min(tokens, window) and the windowed pair count stay plain arithmetic (finite values and gradients)
+# in numpy and torch alike.
+FULL_WINDOW = float(2**40)
+
+METRICS: tuple[str, ...] = (
+    "weights_gib",
+    "kv_bytes_per_token",
+    "peak_memory_gib",
+    "max_concurrency",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_latency_ms",
+    "output_throughput_tok_s",
+    "ttft_floor_ms",
+    "tpot_floor_ms",
+)
+
+
+# --------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class Scenario:
+    """What is served: weight/KV formats, tensor parallelism and the request shape.
+
+    ``concurrency`` is a number of simultaneous sequences or ``"max"`` (as many as memory and the
+    engine allow). ``kv_dtype=None`` takes the engine's default for the weight format.
+    """
+
+    dtype: str = "bf16"
+    input_len: int = 1024
+    output_len: int = 256
+    concurrency: int | str = 1
+    tp: int = 1
+    kv_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        get_weight_dtype(self.dtype)
+        if self.kv_dtype is not None:
+            kv_dtype_bytes(self.kv_dtype)
+        for name in ("input_len", "output_len", "tp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        c = self.concurrency
+        if not (c == "max" or (isinstance(c, int) and not isinstance(c, bool) and c >= 1)):
+            raise ConfigError(f"concurrency must be a positive integer or 'max', got {c!r}")
+
+
+@dataclass(frozen=True)
+class ArchArrays:
+    """A batch of ``N`` architectures padded to ``L`` layers, as numpy arrays or torch tensors.
+
+    Per-architecture fields have shape ``(N,)``; per-layer fields ``(N, L)``. ``attn`` and ``ffn``
+    are keep gates (1 = present, 0 = dropped; fractions are allowed in the differentiable path);
+    padding layers have both gates at 0. Widths may be non-integer in the torch path. ``window``
+    is each layer's attention window in tokens (:data:`FULL_WINDOW` for full attention; a
+    constant, not a search variable); None means every layer attends to the whole context.
+    """
+
+    vocab: Array
+    hidden: Array
+    tied: Array
+    attn: Array
+    heads: Array
+    kv_heads: Array
+    head_dim: Array
+    ffn: Array
+    ffn_width: Array
+    qkv_bias: Array
+    o_bias: Array
+    mlp_bias: Array
+    qk_norm: Array
+    window: Array | None = None
+
+    @classmethod
+    def from_architectures(cls, archs: Sequence[Architecture], backend: str = "numpy") -> ArchArrays:
+        """Pack architectures into arrays (``backend`` = ``"numpy"`` or ``"torch"``, float64)."""
+        if not archs:
+            raise ConfigError("need at least one architecture")
+        n, depth = len(archs), max(a.num_layers for a in archs)
+        per_layer = {k: np.zeros((n, depth)) for k in ("attn", "heads", "kv_heads", "head_dim", "ffn", "ffn_width")}
+        per_layer["window"] = np.full((n, depth), FULL_WINDOW)
+        for i, arch in enumerate(archs):
+            for j, layer in enumerate(arch.layers):
+                per_layer["window"][i, j] = layer.window or FULL_WINDOW
+                per_layer["attn"][i, j] = layer.attention
+                per_layer["heads"][i, j] = layer.num_heads if layer.attention else 0
+                per_layer["kv_heads"][i, j] = layer.num_kv_heads if layer.attention else 0
+                per_layer["head_dim"][i, j] = layer.head_dim
+                per_layer["ffn"][i, j] = layer.ffn
+                per_layer["ffn_width"][i, j] = layer.ffn_width if layer.ffn else 0
+        per_arch = {
+            k: np.array([float(getattr(a, attr)) for a in archs])
+            for k, attr in (
+                ("vocab", "vocab_size"),
+                ("hidden", "hidden_size"),
+                ("tied", "tie_embeddings"),
+                ("qkv_bias", "qkv_bias"),
+                ("o_bias", "o_bias"),
+                ("mlp_bias", "mlp_bias"),
+                ("qk_norm", "qk_norm"),
+            )
+        }
+        arrays = {**per_arch, **per_layer}
+        if backend == "torch":
+            import torch
+
+            arrays = {k: torch.from_numpy(v) for k, v in arrays.items()}
+        elif backend != "numpy":
+            raise ConfigError(f"backend must be 'numpy' or 'torch', got {backend!r}")
+        return cls(**arrays)
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    """The cost of serving one architecture in one scenario (units in the names)."""
+
+    weights_gib: float
+    kv_bytes_per_token: float
+    peak_memory_gib: float
+    max_concurrency: int
+    ttft_ms: float
+    tpot_ms: float
+    e2e_latency_ms: float
+    output_throughput_tok_s: float
+    ttft_floor_ms: float
+    tpot_floor_ms: float
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------ array helpers
+class _Ops:
+    """The handful of array operations the equations need, for numpy or torch."""
+
+    def __init__(self, like: Array):
+        self.torch = type(like).__module__.startswith("torch")
+        if self.torch:
+            import torch
+
+            self._t = torch
+
+    def max(self, a: Array, b: Array) -> Array:
+        if self.torch:
+            return self._t.maximum(
+                self._t.as_tensor(a, dtype=self._t.float64), self._t.as_tensor(b, dtype=self._t.float64)
+            )
+        return np.maximum(a, b)
+
+    def min(self, a: Array, b: Array) -> Array:
+        if self.torch:
+            return self._t.minimum(
+                self._t.as_tensor(a, dtype=self._t.float64), self._t.as_tensor(b, dtype=self._t.float64)
+            )
+        return np.minimum(a, b)
+
+    def amax(self, a: Array) -> Array:
+        return a.amax(-1) if self.torch else a.max(-1)
+
+    def floor(self, a: Array) -> Array:
+        return self._t.floor(a) if self.torch else np.floor(a)
+
+    def ceil(self, a: Array) -> Array:
+        return self._t.ceil(a) if self.torch else np.ceil(a)
+
+    def where(self, cond: Array, a: Array, b: Array) -> Array:
+        if self.torch:
+            return self._t.where(
+                cond, self._t.as_tensor(a, dtype=self._t.float64), self._t.as_tensor(b, dtype=self._t.float64)
+            )
+        return np.where(cond, a, b)
+
+
+@dataclass(frozen=True)
+class _Structure:
+    """Per-layer parameter groups and per-architecture byte counts, shared by every phase."""
+
+    lin: Array  # (N, L) GEMM parameters per layer (attention + FFN projections)
+    weight_bytes: Array  # (N,) all weights, at their storage formats
+    head_read_bytes: Array  # (N,) bytes of the LM-head matrix read per step
+    kv_layer_bytes: Array  # (N, L) K+V bytes one cached token takes in each layer
+    kv_heads_dim: Array  # (N, L) g_i · d_i · attn_i
+    q_heads_dim: Array  # (N, L) h_i · d_i · attn_i
+    act_width: Array  # (N,) widest per-token activation of any layer (elements)
+
+
+def _structure(a: ArchArrays, dt: WeightDtype, kv_bytes: float, ops: _Ops) -> _Structure:
+    d_model = a.hidden[:, None]
+    hd = a.head_dim
+    lin_attn = a.attn * d_model * hd * (2 * a.heads + 2 * a.kv_heads)  # q, k, v, o
+    lin_ffn = a.ffn * 3 * d_model * a.ffn_width  # gate, up, down
+    small = a.attn * (
+        d_model
+        + a.qkv_bias[:, None] * hd * (a.heads + 2 * a.kv_heads)
+        + a.o_bias[:, None] * d_model
+        + a.qk_norm[:, None] * 2 * hd
+    ) + a.ffn * (d_model + a.mlp_bias[:, None] * (2 * a.ffn_width + d_model))
+    body = (lin_attn + lin_ffn + small).sum(-1) + a.hidden  # + final norm
+    embed = a.vocab * a.hidden
+    head = embed * (1 - a.tied)
+    weight_bytes = (body * dt.body_bits + embed * dt.embed_bits + head * dt.head_bits) / 8
+    head_bits = ops.where(a.tied > 0.5, dt.embed_bits, dt.head_bits)
+    kv_heads_dim = a.attn * a.kv_heads * hd
+    q_heads_dim = a.attn * a.heads * hd
+    act_width = ops.amax(2 * a.ffn * a.ffn_width + q_heads_dim + 2 * kv_heads_dim) + 4 * a.hidden
+    return _Structure(
+        lin=lin_attn + lin_ffn,
+        weight_bytes=weight_bytes,
+        head_read_bytes=embed * head_bits / 8,
+        kv_layer_bytes=kv_bytes * 2 * kv_heads_dim,
+        kv_heads_dim=kv_heads_dim,
+        q_heads_dim=q_heads_dim,
+        act_width=act_width,
+    )
+
+
+@dataclass(frozen=True)
+class _Rates:
+    """Achievable rates for one scenario; ``floor=True`` gives the 100 %-of-peak physical limit."""
+
+    flops: float  # GEMM FLOP/s per device
+    attn_flops: float  # attention FLOP/s per device (BF16 math)
+    bytes_s: float  # memory bytes/s per device
+    launch_s: float
+    step_s: float
+    allreduce_s: float
+    link_bytes_s: float  # one-way interconnect bytes/s
+
+
+def _rates(hw: Hardware, dt: WeightDtype, profile: CostProfile, floor: bool) -> _Rates:
+    compute = hw.compute_dtype(dt.compute)
+    attn_compute = hw.compute_dtype("bf16" if compute != "fp32" else "fp32")
+    mfu = 1.0 if floor else profile.mfu_for(compute)
+    mfu_attn = 1.0 if floor else profile.mfu_for(attn_compute)
+    mbu = 1.0 if floor else profile.mbu
+    return _Rates(
+        flops=hw.peak_flops(compute) * mfu,
+        attn_flops=hw.peak_flops(attn_compute) * mfu_attn,
+        bytes_s=hw.bandwidth_gb_s * 1e9 * mbu,
+        launch_s=0.0 if floor else profile.kernel_launch_us * 1e-6,
+        step_s=0.0 if floor else profile.step_overhead_ms * 1e-3,
+        allreduce_s=0.0 if floor else profile.allreduce_latency_us * 1e-6,
+        link_bytes_s=hw.interconnect_gb_s * 1e9 / 2,
+    )
+
+
+def _phase_ms(
+    a: ArchArrays,
+    s: _Structure,
+    dt: WeightDtype,
+    kv_bytes: float,
+    eng: Engine,
+    r: _Rates,
+    ops: _Ops,
+    tp: int,
+    *,
+    tokens: Array,
+    pairs: Array,
+    kv_read_tokens: Array,
+    logits_tokens: Array,
+    steps: Array,
+) -> Array:
+    """Milliseconds to run ``steps`` engine steps that together process ``tokens`` new tokens.
+
+    ``pairs`` counts (query, key) pairs attended and ``kv_read_tokens`` cached tokens read, per
+    layer ``(N, L)`` (a sliding layer attends and reads within its window); ``tokens``,
+    ``logits_tokens`` (rows sent through the LM head) and ``steps`` are ``(N,)``; weights are read
+    once per step. The result is ``(N,)``.
+    """
+    tok, stp = tokens[:, None], steps[:, None]
+    # GEMMs: 2 FLOPs per parameter per token; weights streamed once per step.
+    t_gemm = ops.max(2 * tok * s.lin / (tp * r.flops), stp * s.lin * dt.body_bits / 8 / (tp * r.bytes_s))
+    # Attention: QKᵀ and AV are 2·d FLOPs each per head per pair; K,V read for cached + new tokens
+    # (every new token's K,V is written, window or not).
+    attn_flops = 4 * pairs * s.q_heads_dim
+    attn_bytes = kv_bytes * 2 * (kv_read_tokens + tok) * s.kv_heads_dim
+    t_attn = ops.max(attn_flops / (tp * r.attn_flops), attn_bytes / (tp * r.bytes_s))
+    vd = a.vocab * a.hidden
+    t_head = ops.max(2 * logits_tokens * vd / (tp * r.flops), steps * s.head_read_bytes / (tp * r.bytes_s))
+    kernels = (eng.kernels_per_attention * a.attn + eng.kernels_per_ffn * a.ffn).sum(-1) + eng.kernels_per_step
+    fixed = steps * (kernels * r.launch_s + r.step_s)
+    total = (t_gemm + t_attn).sum(-1) + t_head + fixed
+    if tp > 1:
+        blocks = (a.attn + a.ffn).sum(-1)  # one all-reduce after each attention and each FFN block
+        message = tokens * a.hidden * dt.activation_bytes * 2 * (tp - 1) / tp
+        total = total + blocks * (steps * r.allreduce_s + message / r.link_bytes_s)
+    return 1e3 * total
+
+
+# ------------------------------------------------------------------------ the model
+def estimate_batch(
+    arrays: ArchArrays,
+    hardware: Hardware | str,
+    engine: Engine | str,
+    scenario: Scenario,
+    profile: CostProfile | None = None,
+) -> dict[str, Array]:
+    """Every metric of :data:`METRICS` for a batch of architectures, as ``(N,)`` arrays.
+
+    Works on numpy arrays and on torch tensors (differentiable through widths and gates; the
+    integer-valued ``max_concurrency`` carries no gradient). See the module doc for the equations.
+
+    Sliding-window layers cache at most ``window`` tokens per sequence in every engine modelled:
+    vLLM's hybrid KV-cache manager frees a sliding layer's blocks that leave the window, llama.cpp
+    (``llama_kv_cache_iswa``, unless ``--swa-full``) sizes a separate SWA cache, TensorRT-LLM
+    keeps a cyclic cache of ``max_attention_window`` tokens, and transformers' ``DynamicCache``
+    a sliding layer per window. vLLM and llama.cpp also hold up to one prefill chunk (``n_ubatch``)
+    beyond the window while it is written; that slack is not modelled.
+    """
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    eng = get_engine(engine) if isinstance(engine, str) else engine
+    prof = profile or get_profile(eng.name, hw.name)
+    _check_scenario(hw, eng, scenario)
+    dt = get_weight_dtype(scenario.dtype)
+    kv_bytes = kv_dtype_bytes(scenario.kv_dtype or eng.default_kv_dtype(dt.name))
+    ops = _Ops(arrays.hidden)
+    s = _structure(arrays, dt, kv_bytes, ops)
+    tp, p_len, o_len = scenario.tp, scenario.input_len, scenario.output_len
+    if arrays.window is None:  # every layer full
+        window = kv_window = FULL_WINDOW
+    else:  # (N, L); a sliding layer holds its window in whole KV blocks
+        window = arrays.window
+        kv_window = ops.ceil(window / eng.kv_block_tokens) * eng.kv_block_tokens
+
+    # Memory (per device). Activation peak: the widest layer over one prefill chunk, plus logits.
+    # A layer caches min(S, w_i) of a sequence's S reserved tokens.
+    seq_tokens = eng.kv_tokens_per_sequence(p_len, o_len)
+    kv_seq_bytes = (s.kv_layer_bytes * ops.min(kv_window, float(seq_tokens))).sum(-1)  # (N,) one sequence, all devices
+    kv_seq = kv_seq_bytes / tp
+    fixed_gib = (eng.framework_gib + eng.cuda_graph_gib) * GIB
+
+    def activation_bytes(batch: Array) -> Array:
+        prompt_tokens = batch * p_len
+        chunk = prompt_tokens if eng.chunk_tokens == 0 else ops.min(prompt_tokens, eng.chunk_tokens)
+        logits_rows = prompt_tokens if eng.logits_all_tokens else batch
+        act = chunk * s.act_width * dt.activation_bytes / tp + logits_rows * arrays.vocab * 4 / tp
+        if eng.attention_scores_materialised:  # eager attention holds (batch, heads, P, P) scores
+            act = act + batch * ops.amax(arrays.heads) * p_len * p_len * dt.activation_bytes / tp
+        return act
+
+    total_bytes = hw.memory_bytes
+    weights_dev = s.weight_bytes / tp
+    if eng.single_user:
+        max_conc = ops.where(weights_dev + activation_bytes(1.0) + fixed_gib + kv_seq <= total_bytes, 1.0, 0.0)
+    else:
+        # Per-sequence activation memory grows with the batch only where no chunking bounds it.
+        per_seq_act = activation_bytes(1.0) if eng.memory_policy == "dynamic" else 0.0
+        non_kv = (
+            weights_dev + fixed_gib + (0.0 if eng.memory_policy == "dynamic" else activation_bytes(float(eng.max_seqs)))
+        )
+        budget = eng.kv_budget_bytes(total_bytes, non_kv)
+        max_conc = ops.min(ops.max(ops.floor(budget / ops.max(kv_seq + per_seq_act, 1.0)), 0.0), float(eng.max_seqs))
+    batch = max_conc if scenario.concurrency == "max" else max_conc * 0 + float(scenario.concurrency)
+    batch_pos = ops.max(batch, 1.0)  # time a sequence even where none fits; memory flags it
+
+    peak_memory = weights_dev + fixed_gib + activation_bytes(batch_pos) + batch_pos * kv_seq
+
+    # Prefill: the batch's prompts, chunked by the engine; logits for the last token (or all).
+    prompt_tokens = batch_pos * p_len
+    prefill_steps = 1.0 + batch_pos * 0 if eng.chunk_tokens == 0 else ops.ceil(prompt_tokens / eng.chunk_tokens)
+    # Causal: token t attends to min(t, w) keys; Σ_{t=1..P} min(t, w) = m(m+1)/2 + (P − m)·w, m = min(P, w).
+    seen = ops.min(window, float(p_len))  # (N, L)
+    prompt_pairs = seen * (seen + 1) / 2 + (p_len - seen) * window
+    prefill = dict(
+        tokens=prompt_tokens,
+        pairs=batch_pos[:, None] * prompt_pairs,
+        kv_read_tokens=batch_pos[:, None] * 0.0,
+        logits_tokens=prompt_tokens if eng.logits_all_tokens else batch_pos,
+        steps=prefill_steps,
+    )
+    # Decode: one token per sequence per step at the mean context of the generation, which a
+    # sliding layer caps at its window.
+    context = batch_pos[:, None] * ops.min(window, p_len + o_len / 2)  # (N, L)
+    decode = dict(
+        tokens=batch_pos, pairs=context, kv_read_tokens=context, logits_tokens=batch_pos, steps=batch_pos * 0 + 1.0
+    )
+
+    out: dict[str, Array] = {}
+    for floor in (False, True):
+        rates = _rates(hw, dt, prof, floor)
+        ttft = _phase_ms(arrays, s, dt, kv_bytes, eng, rates, ops, tp, **prefill)
+        tpot = _phase_ms(arrays, s, dt, kv_bytes, eng, rates, ops, tp, **decode)
+        if floor:
+            out["ttft_floor_ms"], out["tpot_floor_ms"] = ttft, tpot
+        else:
+            out["ttft_ms"], out["tpot_ms"] = ttft, tpot
+    out["e2e_latency_ms"] = out["ttft_ms"] + (o_len - 1) * out["tpot_ms"]
+    out["output_throughput_tok_s"] = batch_pos * o_len / (out["e2e_latency_ms"] / 1e3)
+    out["weights_gib"] = s.weight_bytes / GIB
+    out["kv_bytes_per_token"] = kv_seq_bytes / seq_tokens  # mean over the S reserved tokens (module doc)
+    out["peak_memory_gib"] = peak_memory / GIB
+    out["max_concurrency"] = max_conc
+    return {k: out[k] for k in METRICS}
+
+
+def _check_scenario(hw: Hardware, eng: Engine, sc: Scenario) -> None:
+    if sc.tp > 1 and hw.interconnect_gb_s <= 0:
+        raise ConfigError(f"tp={sc.tp} needs an interconnect, and hardware {hw.name!r} lists none")
+    if eng.single_user and sc.concurrency not in (1, "max"):
+        raise ConfigError(f"engine {eng.name!r} serves a single user; concurrency must be 1, got {sc.concurrency!r}")
+
+
+def estimate_cost(
+    arch: Architecture,
+    hardware: Hardware | str,
+    engine: Engine | str,
+    scenario: Scenario,
+    profile: CostProfile | None = None,
+) -> CostEstimate:
+    """The cost of one architecture: :func:`estimate_batch` on a batch of one, as floats."""
+    values = estimate_batch(ArchArrays.from_architectures([arch]), hardware, engine, scenario, profile)
+    row = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in values.items()}
+    row["max_concurrency"] = int(row["max_concurrency"])
+    return CostEstimate(**row)

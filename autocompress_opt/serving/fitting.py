@@ -1,0 +1,166 @@
+"""Fit a :class:`CostProfile` to observations, through the differentiable cost model.
+
+An :class:`Observation` is one measured number (a TTFT, a TPOT, a throughput...) of one
+architecture served in one scenario. :func:`fit_profile` adjusts a few profile parameters so the
+cost model's predictions match, minimising squared log error (relative error, so a 5 ms TPOT and a
+10 s end-to-end latency weigh alike) plus a weak pull toward the starting values, which keeps an
+under-determined fit (one published row for an engine) physically plausible. Both the CPU
+calibration and the fit to published measurements use it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.serving.costmodel import ArchArrays, Scenario, estimate_batch
+from autocompress_opt.serving.engines import Engine
+from autocompress_opt.serving.hardware import Hardware
+from autocompress_opt.serving.profiles import FITTED_PARAMETERS, CostProfile
+
+__all__ = ["DERIVED_METRICS", "Observation", "fit_profile", "metric_with_bound", "predict"]
+
+# Metrics an observation may carry: the cost model's own plus ones derived from them.
+DERIVED_METRICS: tuple[str, ...] = (
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_latency_ms",
+    "output_throughput_tok_s",
+    "decode_throughput_tok_s",
+)
+_EFFICIENCIES = ("mfu", "mbu")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured value: ``metric`` of ``arch`` on ``hardware`` with ``engine`` in ``scenario``."""
+
+    arch: Architecture
+    hardware: Hardware
+    engine: Engine
+    scenario: Scenario
+    metric: str
+    value: float
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if self.metric not in DERIVED_METRICS:
+            raise ConfigError(f"unsupported metric {self.metric!r}; valid: {', '.join(DERIVED_METRICS)}")
+        if not self.value > 0:
+            raise ConfigError(f"observation {self.label or self.metric}: value must be > 0, got {self.value!r}")
+
+
+def metric_with_bound(values: dict[str, Any], scenario: Scenario, metric: str) -> tuple[Any, Any]:
+    """(prediction, physical bound) of ``metric``; the bound is a floor for latencies and a
+    ceiling for throughputs, computed from the 100 %-of-peak floors."""
+    batch = values["output_throughput_tok_s"] * values["e2e_latency_ms"] / 1e3 / scenario.output_len
+    e2e_floor = values["ttft_floor_ms"] + (scenario.output_len - 1) * values["tpot_floor_ms"]
+    if metric == "ttft_ms":
+        return values["ttft_ms"], values["ttft_floor_ms"]
+    if metric == "tpot_ms":
+        return values["tpot_ms"], values["tpot_floor_ms"]
+    if metric == "e2e_latency_ms":
+        return values["e2e_latency_ms"], e2e_floor
+    if metric == "output_throughput_tok_s":
+        return values["output_throughput_tok_s"], batch * scenario.output_len / (e2e_floor / 1e3)
+    if metric == "decode_throughput_tok_s":
+        return batch * 1e3 / values["tpot_ms"], batch * 1e3 / values["tpot_floor_ms"]
+    raise ConfigError(f"unsupported metric {metric!r}; valid: {', '.join(DERIVED_METRICS)}")
+
+
+def _groups(observations: Sequence[Observation]) -> dict[tuple, list[int]]:
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, obs in enumerate(observations):
+        groups[(obs.hardware.name, obs.engine, obs.scenario)].append(i)
+    return groups
+
+
+def predict(
+    observations: Sequence[Observation], profile: CostProfile | None = None, backend: str = "numpy"
+) -> list[tuple[Any, Any]]:
+    """(prediction, bound) per observation. ``profile=None`` uses each (hardware, engine)'s own."""
+    out: list[tuple[Any, Any]] = [(None, None)] * len(observations)
+    for indices in _groups(observations).values():
+        first = observations[indices[0]]
+        arrays = ArchArrays.from_architectures([observations[i].arch for i in indices], backend=backend)
+        values = estimate_batch(arrays, first.hardware, first.engine, first.scenario, profile)
+        for row, i in enumerate(indices):
+            pred, bound = metric_with_bound(values, first.scenario, observations[i].metric)
+            out[i] = (pred[row], bound[row])
+    return out
+
+
+def fit_profile(
+    observations: Sequence[Observation],
+    start: CostProfile,
+    free: Sequence[str] = FITTED_PARAMETERS,
+    free_mfu_dtypes: Sequence[str] = (),
+    prior_weight: float = 0.02,
+    steps: int = 200,
+) -> CostProfile:
+    """Fit ``free`` parameters (and per-dtype MFUs) of ``start`` to ``observations``.
+
+    Minimises ``mean((log pred - log measured)²) + prior_weight · Σ (θ - θ_start)²`` over
+    unconstrained θ (logit for efficiencies, log for overheads) with L-BFGS. Deterministic.
+    """
+    import torch
+
+    unknown = [p for p in free if p not in FITTED_PARAMETERS]
+    if unknown:
+        raise ConfigError(f"cannot fit {unknown}; fittable: {', '.join(FITTED_PARAMETERS)}")
+    if not observations:
+        raise ConfigError("no observations to fit")
+    names = list(free) + [f"mfu_by_dtype.{d}" for d in free_mfu_dtypes]
+
+    def initial(name: str) -> float:
+        value = start.mfu_for(name.split(".")[1]) if name.startswith("mfu_by_dtype.") else getattr(start, name)
+        value = max(float(value), 1e-6)
+        is_eff = name in _EFFICIENCIES or name.startswith("mfu_by_dtype.")
+        value = min(value, 0.999) if is_eff else value
+        return float(np.log(value / (1 - value))) if is_eff else float(np.log(value))
+
+    theta0 = torch.tensor([initial(n) for n in names], dtype=torch.float64)
+    theta = theta0.clone().requires_grad_(True)
+    measured = torch.tensor([obs.value for obs in observations], dtype=torch.float64).log()
+
+    def profile_from(t: torch.Tensor) -> CostProfile:
+        values: dict[str, Any] = {}
+        by_dtype = dict(start.mfu_by_dtype)
+        for name, raw in zip(names, t):
+            is_eff = name in _EFFICIENCIES or name.startswith("mfu_by_dtype.")
+            value = torch.sigmoid(raw) if is_eff else torch.exp(raw)
+            if name.startswith("mfu_by_dtype."):
+                by_dtype[name.split(".")[1]] = value
+            else:
+                values[name] = value
+        return replace(start, **values, mfu_by_dtype=by_dtype)
+
+    def loss_fn() -> torch.Tensor:
+        preds = predict(observations, profile_from(theta), backend="torch")
+        logp = torch.stack([p.log() for p, _ in preds])
+        return ((logp - measured) ** 2).mean() + prior_weight * ((theta - theta0) ** 2).sum()
+
+    optimiser = torch.optim.LBFGS([theta], lr=0.5, max_iter=steps, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimiser.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        return loss
+
+    optimiser.step(closure)
+    fitted = profile_from(theta.detach())
+    plain = {k: float(v) for k, v in ((n, getattr(fitted, n)) for n in free)}
+    return replace(fitted, **plain, mfu_by_dtype={k: float(v) for k, v in fitted.mfu_by_dtype.items()})
+
+
+def relative_errors(observations: Sequence[Observation], profile: CostProfile | None = None) -> np.ndarray:
+    """Signed relative error (pred / measured - 1) per observation."""
+    preds = predict(observations, profile)
+    return np.array([float(p) / obs.value - 1 for (p, _), obs in zip(preds, observations)])

@@ -1,0 +1,205 @@
+"""The hardware catalog: accelerator figures as data, each with its source.
+
+GPU rows come from ``data/hardware.csv`` (copied from the vendors' datasheets and whitepapers; the
+``source`` column names the document). ``cpu`` is this machine: its peak FLOP/s and bandwidth are
+*measured* by ``autocompress calibrate --hardware cpu`` and read from the calibrated profile.
+Users add their own accelerators from a YAML file with :func:`load_hardware_file`.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autocompress_opt._data import DATA_DIR
+from autocompress_opt.errors import ConfigError, reject_unknown_keys
+from autocompress_opt.registry import Registry
+from autocompress_opt.serving.profiles import calibrated_hardware_blocks
+
+__all__ = [
+    "COMPUTE_DTYPES",
+    "HARDWARE",
+    "Hardware",
+    "cpu_hardware",
+    "get_hardware",
+    "load_hardware_file",
+]
+
+_DATA = DATA_DIR
+
+# Tensor-math rates, lowest precision first. A weight format without native math on a device
+# computes at the next wider format it has (e.g. FP4 weights on H100 run FP8/BF16 GEMMs).
+COMPUTE_DTYPES: tuple[str, ...] = ("fp4", "fp8", "bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator (or the host CPU).
+
+    Attributes:
+        name: catalog key, e.g. ``h100-sxm``.
+        memory_gib: device memory. Vendor "GB" for GPU memory is binary (80 GB H100 = 80 GiB).
+        bandwidth_gb_s: peak memory bandwidth, 1e9 bytes/s.
+        peak_tflops: dense tensor throughput per compute dtype (``bf16`` is the FP32-accumulate
+            rate on GeForce cards, which is what BF16 inference runs at; DESIGN.md §3).
+        interconnect_gb_s: GPU-to-GPU bandwidth as quoted (both directions together), 0 if none.
+        interconnect: the link as quoted in the source.
+        source: where the figures come from.
+    """
+
+    name: str
+    memory_gib: float
+    bandwidth_gb_s: float
+    peak_tflops: Mapping[str, float]
+    interconnect_gb_s: float = 0.0
+    interconnect: str = ""
+    sms: int | None = None
+    l2_mb: float | None = None
+    tdp_w: float | None = None
+    note: str = ""
+    source: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("memory_gib", "bandwidth_gb_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"hardware {self.name!r}: {name} must be a positive number, got {value!r}")
+        unknown = set(self.peak_tflops) - set(COMPUTE_DTYPES)
+        if unknown:
+            raise ConfigError(
+                f"hardware {self.name!r}: unknown compute dtype(s) {sorted(unknown)} in peak_tflops; "
+                f"valid: {', '.join(COMPUTE_DTYPES)}"
+            )
+        if not self.peak_tflops or any(v <= 0 for v in self.peak_tflops.values()):
+            raise ConfigError(
+                f"hardware {self.name!r}: peak_tflops needs at least one positive rate, got {dict(self.peak_tflops)}"
+            )
+
+    def compute_dtype(self, requested: str) -> str:
+        """The tensor-math dtype a ``requested`` compute format actually runs at on this device."""
+        if requested not in COMPUTE_DTYPES:
+            raise ConfigError(f"unknown compute dtype {requested!r}; valid: {', '.join(COMPUTE_DTYPES)}")
+        for candidate in COMPUTE_DTYPES[COMPUTE_DTYPES.index(requested) :]:
+            if candidate in self.peak_tflops:
+                return candidate
+        # Only wider-than-available formats are left (e.g. fp32 on a catalogue GPU): use the widest rate.
+        return max(self.peak_tflops, key=COMPUTE_DTYPES.index)
+
+    def peak_flops(self, requested: str) -> float:
+        """Peak FLOP/s for a compute dtype, after the fallback of :meth:`compute_dtype`."""
+        return self.peak_tflops[self.compute_dtype(requested)] * 1e12
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * 2**30
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["peak_tflops"] = dict(self.peak_tflops)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Hardware:
+        reject_unknown_keys(data, cls.__dataclass_fields__, "a hardware entry")
+        missing = [k for k in ("name", "memory_gib", "bandwidth_gb_s", "peak_tflops") if k not in data]
+        if missing:
+            raise ConfigError(f"hardware entry {data.get('name', '?')!r} is missing {', '.join(missing)}")
+        return cls(**{**data, "peak_tflops": {str(k): float(v) for k, v in dict(data["peak_tflops"]).items()}})
+
+
+def _interconnect_gb_s(text: str) -> float:
+    """'NVLink4 900 GB/s' → 900; 'NVLink5 1.8 TB/s' → 1800; 'PCIe5 x16' → 128 (64 GB/s each way)."""
+    match = re.search(r"([\d.]+)\s*(GB|TB)/s", text)
+    if match:
+        return float(match.group(1)) * (1000 if match.group(2) == "TB" else 1)
+    pcie = re.search(r"PCIe(\d)\s*x(\d+)", text)
+    if pcie:  # PCIe gen 3/4/5: ~1/2/4 GB/s per lane per direction
+        per_lane = {3: 1.0, 4: 2.0, 5: 4.0, 6: 8.0}.get(int(pcie.group(1)), 1.0)
+        return 2 * per_lane * int(pcie.group(2))
+    return 0.0
+
+
+def _load_catalog_csv(path: Path) -> list[Hardware]:
+    rows = []
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            peaks = {
+                dtype: float(row[f"{dtype}_dense_tflops"])
+                for dtype in ("bf16", "fp8", "fp4")
+                if row.get(f"{dtype}_dense_tflops")
+            }
+            optional = lambda key, kind, row=row: kind(row[key]) if row.get(key) else None
+            rows.append(
+                Hardware(
+                    name=row["name"],
+                    memory_gib=float(row["memory_gb"]),
+                    bandwidth_gb_s=float(row["bandwidth_gb_s"]),
+                    peak_tflops=peaks,
+                    interconnect_gb_s=_interconnect_gb_s(row.get("interconnect", "")),
+                    interconnect=row.get("interconnect", ""),
+                    sms=optional("sms", int),
+                    l2_mb=optional("l2_mb", float),
+                    tdp_w=optional("tdp_w", float),
+                    note=row.get("note", ""),
+                    source=row.get("source", ""),
+                )
+            )
+    return rows
+
+
+def load_hardware_file(path: str | Path, *, register: bool = True) -> list[Hardware]:
+    """Read user hardware profiles from YAML: a list of mappings (or ``{hardware: [...]}``).
+
+    Each entry needs ``name``, ``memory_gib``, ``bandwidth_gb_s`` and ``peak_tflops``
+    (``{bf16: ..., fp8: ...}``). With ``register=True`` they join (and may replace) the catalog.
+    """
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"hardware file {str(path)!r} does not exist")
+    data = yaml.safe_load(path.read_text())
+    entries = data.get("hardware", data) if isinstance(data, Mapping) else data
+    if isinstance(entries, Mapping):
+        entries = [entries]
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: expected a list of hardware entries, got {type(entries).__name__}")
+    items = [Hardware.from_dict(entry) for entry in entries]
+    if register:
+        for item in items:
+            HARDWARE.register(item.name, item, replace=True)
+    return items
+
+
+def _register_builtin(registry: Registry[Hardware]) -> None:
+    """The datasheet rows, then ``cpu`` when a calibration measured this host (first use only)."""
+    for item in _load_catalog_csv(_DATA / "hardware.csv"):
+        registry.register(
+            item.name, item, aliases=(item.name.replace("-sxm", ""),) if item.name.endswith("-sxm") else ()
+        )
+    cpu = cpu_hardware()
+    if cpu is not None:
+        registry.register("cpu", cpu)
+
+
+def cpu_hardware() -> Hardware | None:
+    """The host CPU as measured by the newest calibration (the user's first, then the shipped one):
+    the ``hardware`` block that ``autocompress calibrate`` writes beside a CPU profile."""
+    for block in calibrated_hardware_blocks():
+        if block.get("name") == "cpu":
+            return Hardware.from_dict(block)
+    return None
+
+
+# Built on first lookup, not at import (reading the CSV and the calibrated profiles).
+HARDWARE: Registry[Hardware] = Registry("hardware", builtins=_register_builtin)
+
+
+def get_hardware(name: str) -> Hardware:
+    """Look up a catalog entry by name (``h100`` is an alias of ``h100-sxm``)."""
+    return HARDWARE.get(name)

@@ -1,0 +1,200 @@
+"""Fitted efficiency and overhead parameters per (hardware, engine).
+
+A :class:`CostProfile` holds the few numbers the cost model cannot take from a datasheet: how close
+an engine gets to peak compute (``mfu``) and bandwidth (``mbu``), and its fixed costs per kernel
+launch, per engine step and per all-reduce. They are *fitted*, never assumed to be 1:
+
+* ``data/profiles/published.yaml``: one profile per engine (``hardware: "*"``), fitted to the
+  published measurements in ``data/measurements.csv`` (``autocompress validate --fit``).
+* ``data/profiles/cpu-torch-eager.yaml``: fitted to real timings on the machine that ran
+  ``autocompress calibrate --hardware cpu``; it also carries the measured CPU figures.
+* user calibrations, written to :func:`user_profile_dir`, take precedence over shipped ones.
+
+Lookup order for (hardware, engine): user exact → shipped exact → user engine-wide → shipped
+engine-wide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from autocompress_opt._data import DATA_DIR
+from autocompress_opt.errors import ConfigError, reject_unknown_keys
+
+__all__ = [
+    "FITTED_PARAMETERS",
+    "PRIORS",
+    "CostProfile",
+    "calibrated_hardware_blocks",
+    "get_profile",
+    "load_profiles",
+    "save_profile",
+    "user_profile_dir",
+]
+
+_SHIPPED = DATA_DIR / "profiles"
+
+# Parameters a fit may change; everything else in a profile is structure or metadata.
+FITTED_PARAMETERS: tuple[str, ...] = ("mfu", "mbu", "kernel_launch_us", "step_overhead_ms", "allreduce_latency_us")
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Efficiency factors and fixed overheads of one engine on one (or every) device.
+
+    Attributes:
+        engine: serving-engine registry name.
+        hardware: hardware name, or ``"*"`` for an engine-wide default.
+        mfu: fraction of peak tensor FLOP/s reached by GEMMs and attention (0, 1].
+        mfu_by_dtype: per compute-dtype overrides of ``mfu`` (FP4 kernels reach less of their peak).
+        mbu: fraction of peak memory bandwidth reached by memory-bound kernels (0, 1].
+        kernel_launch_us: fixed cost per kernel (launch + tail); ``engine.kernels_per_*`` count them.
+        step_overhead_ms: fixed cost per engine step (scheduling, sampling, Python).
+        allreduce_latency_us: fixed latency of one tensor-parallel all-reduce.
+        fit: provenance: rows or sweep fitted, error statistics, date.
+    """
+
+    engine: str
+    hardware: str = "*"
+    mfu: float = 0.5
+    mfu_by_dtype: Mapping[str, float] = field(default_factory=dict)
+    mbu: float = 0.7
+    kernel_launch_us: float = 2.0
+    step_overhead_ms: float = 0.5
+    allreduce_latency_us: float = 10.0
+    fit: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("mfu", "mbu"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise ConfigError(f"profile {self.engine}@{self.hardware}: {name} must be in (0, 1], got {value!r}")
+        for dtype, value in self.mfu_by_dtype.items():
+            if not 0 < value <= 1:
+                raise ConfigError(
+                    f"profile {self.engine}@{self.hardware}: mfu_by_dtype[{dtype!r}] must be in (0, 1], got {value!r}"
+                )
+        for name in ("kernel_launch_us", "step_overhead_ms", "allreduce_latency_us"):
+            if getattr(self, name) < 0:
+                raise ConfigError(
+                    f"profile {self.engine}@{self.hardware}: {name} must be >= 0, got {getattr(self, name)!r}"
+                )
+
+    def mfu_for(self, compute_dtype: str) -> float:
+        return self.mfu_by_dtype.get(compute_dtype, self.mfu)
+
+    def with_parameters(self, **values: float) -> CostProfile:
+        return replace(self, **values)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["mfu_by_dtype"] = dict(self.mfu_by_dtype)
+        data["fit"] = dict(self.fit)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CostProfile:
+        reject_unknown_keys(data, cls.__dataclass_fields__, "a cost profile")
+        if "engine" not in data:
+            raise ConfigError("a cost profile needs 'engine'")
+        return cls(**data)
+
+
+# Starting points (and the weak prior) of every fit — published rows and calibration: typical published
+# efficiencies, DESIGN.md §3 ("decode reaches about 45-75 % of peak bandwidth"), launch costs of CUDA-graph replays.
+PRIORS: dict[str, CostProfile] = {
+    "vllm": CostProfile("vllm", mfu=0.5, mbu=0.7, kernel_launch_us=2.0, step_overhead_ms=1.0),
+    "trtllm": CostProfile(
+        "trtllm",
+        mfu=0.55,
+        mbu=0.75,
+        kernel_launch_us=1.5,
+        step_overhead_ms=0.3,
+        allreduce_latency_us=8.0,
+        mfu_by_dtype={"fp4": 0.4},
+    ),
+    "llamacpp": CostProfile("llamacpp", mfu=0.4, mbu=0.7, kernel_launch_us=2.0, step_overhead_ms=0.3),
+    "torch-eager": CostProfile("torch-eager", mfu=0.4, mbu=0.5, kernel_launch_us=10.0, step_overhead_ms=1.0),
+}
+
+
+def user_profile_dir() -> Path:
+    """Where ``autocompress calibrate`` saves profiles: ``~/.cache/autocompress_opt/profiles``."""
+    return Path.home() / ".cache" / "autocompress_opt" / "profiles"
+
+
+def _read_profile_file(path: Path) -> tuple[list[CostProfile], dict[str, Any] | None]:
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: a profile file must be a mapping with 'profiles' (and optionally 'hardware')")
+    profiles = [CostProfile.from_dict(entry) for entry in data.get("profiles", [])]
+    return profiles, data.get("hardware")
+
+
+def load_profiles(directory: Path) -> tuple[dict[tuple[str, str], CostProfile], list[dict[str, Any]]]:
+    """All profiles (keyed by (hardware, engine)) and hardware blocks found in ``directory``."""
+    profiles: dict[tuple[str, str], CostProfile] = {}
+    hardware: list[dict[str, Any]] = []
+    if directory.is_dir():
+        for path in sorted(directory.glob("*.yaml")):
+            items, hw = _read_profile_file(path)
+            for item in items:
+                profiles[(item.hardware, item.engine)] = item
+            if hw:
+                hardware.append(dict(hw))
+    return profiles, hardware
+
+
+def save_profile(
+    path: Path, profiles: list[CostProfile], hardware: Mapping[str, Any] | None = None, header: str = ""
+) -> Path:
+    """Write profiles (and the measured hardware block, for calibrated hosts) as YAML."""
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data: dict[str, Any] = {}
+    if hardware is not None:  # a Hardware.to_dict() of the measured host
+        data["hardware"] = dict(hardware)
+    data["profiles"] = [p.to_dict() for p in profiles]
+    text = "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(data, sort_keys=False)
+    path.write_text(text)
+    return path
+
+
+_cache: dict[str, Any] = {}
+
+
+def _all() -> tuple[list[dict[tuple[str, str], CostProfile]], list[dict[str, Any]]]:
+    if "profiles" not in _cache:
+        user, user_hw = load_profiles(user_profile_dir())
+        shipped, shipped_hw = load_profiles(_SHIPPED)
+        _cache["profiles"] = [user, shipped]
+        _cache["hardware"] = user_hw + shipped_hw
+    return _cache["profiles"], _cache["hardware"]
+
+
+def clear_cache() -> None:
+    """Forget loaded profiles (after a calibration wrote a new one)."""
+    _cache.clear()
+
+
+def get_profile(engine: str, hardware: str) -> CostProfile:
+    """The most specific fitted profile for (hardware, engine); see the module doc for the order."""
+    layers, _ = _all()
+    for key in ((hardware, engine), ("*", engine)):
+        for layer in layers:
+            if key in layer:
+                return layer[key]
+    return CostProfile(engine=engine, hardware="*", fit={"note": "unfitted defaults"})
+
+
+def calibrated_hardware_blocks() -> list[dict[str, Any]]:
+    """The ``hardware`` blocks of calibrated profiles (the user's first, then the shipped ones), as
+    written by ``autocompress calibrate``: plain mappings that :class:`Hardware` reads."""
+    _, hardware = _all()
+    return [dict(block) for block in hardware]

@@ -1,0 +1,202 @@
+"""Check the cost model against published measurements (and fit engine profiles to them).
+
+A measurements CSV has the columns of ``shared/reference/measurements.csv``::
+
+    id,model,layers,hidden,ffn,heads,kv_heads,head_dim,vocab,tied_embeddings,hardware,tp,engine,
+    engine_detail,weight_dtype,concurrency,input_len,output_len,metric,value,source
+
+Each row becomes an :class:`~autocompress_opt.serving.fitting.Observation`; :func:`validate` returns the
+prediction, the measurement, the signed error and whether the physical bound (roofline floor for a
+latency, ceiling for a throughput) is respected.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from autocompress_opt._data import DATA_DIR
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.serving.costmodel import Scenario
+from autocompress_opt.serving.engines import get_engine
+from autocompress_opt.serving.fitting import Observation, fit_profile, predict, relative_errors
+from autocompress_opt.serving.hardware import get_hardware
+from autocompress_opt.serving.profiles import PRIORS, CostProfile
+
+__all__ = ["SHIPPED_MEASUREMENTS", "ValidationRow", "fit_published", "load_measurements", "validate"]
+
+SHIPPED_MEASUREMENTS = DATA_DIR / "measurements.csv"
+REQUIRED_COLUMNS = (
+    "id",
+    "model",
+    "layers",
+    "hidden",
+    "ffn",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "vocab",
+    "tied_embeddings",
+    "hardware",
+    "tp",
+    "engine",
+    "weight_dtype",
+    "concurrency",
+    "input_len",
+    "output_len",
+    "metric",
+    "value",
+)
+
+
+@dataclass(frozen=True)
+class ValidationRow:
+    id: str
+    model: str
+    hardware: str
+    engine: str
+    metric: str
+    measured: float
+    predicted: float
+    error: float  # predicted / measured - 1
+    bound: float  # floor (latency) or ceiling (throughput) at 100 % of peak
+    bound_ok: bool
+    source: str
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _family(model: str) -> str:
+    lowered = model.lower()
+    for family in ("qwen3", "qwen2", "mistral"):
+        if family in lowered:
+            return family
+    return "llama"
+
+
+def _row_to_observation(row: dict[str, str], where: str) -> tuple[Observation, str]:
+    try:
+        arch = Architecture.from_hf_config(
+            {
+                "model_type": _family(row["model"]),
+                "vocab_size": int(row["vocab"]),
+                "hidden_size": int(row["hidden"]),
+                "num_hidden_layers": int(row["layers"]),
+                "num_attention_heads": int(row["heads"]),
+                "num_key_value_heads": int(row["kv_heads"]),
+                "head_dim": int(row["head_dim"]),
+                "intermediate_size": int(row["ffn"]),
+                "tie_word_embeddings": row["tied_embeddings"].strip().lower() in ("true", "1", "yes"),
+                # The CSV has no window column: rows are full-attention models (without this key a
+                # mistral row would take MistralConfig's default 4096-token window).
+                "sliding_window": None,
+            },
+            name=row["model"],
+        )
+        concurrency = row["concurrency"].strip()
+        scenario = Scenario(
+            dtype=row["weight_dtype"].strip(),
+            input_len=int(row["input_len"]),
+            output_len=int(row["output_len"]),
+            concurrency="max" if concurrency == "max" else int(concurrency),
+            tp=int(row["tp"]),
+        )
+        obs = Observation(
+            arch,
+            get_hardware(row["hardware"].strip()),
+            get_engine(row["engine"].strip()),
+            scenario,
+            row["metric"].strip(),
+            float(row["value"]),
+            label=row["id"],
+        )
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return obs, row.get("source", "")
+
+
+def load_measurements(path: str | Path = SHIPPED_MEASUREMENTS) -> list[tuple[Observation, str]]:
+    """Parse a measurements CSV into (observation, source) pairs; errors name the row."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"measurements file {str(path)!r} does not exist")
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError(f"{path} lacks column(s) {', '.join(missing)}; required: {', '.join(REQUIRED_COLUMNS)}")
+        return [_row_to_observation(row, f"{path}:{n + 2} ({row.get('id', '?')})") for n, row in enumerate(reader)]
+
+
+def validate(rows: Sequence[tuple[Observation, str]], profile: CostProfile | None = None) -> list[ValidationRow]:
+    """Predict every row with its (hardware, engine) profile (or ``profile``) and compare."""
+    observations = [obs for obs, _ in rows]
+    results = []
+    for (obs, source), (pred, bound) in zip(rows, predict(observations, profile)):
+        pred, bound = float(pred), float(bound)
+        is_latency = obs.metric.endswith("_ms")
+        results.append(
+            ValidationRow(
+                id=obs.label,
+                model=obs.arch.name,
+                hardware=obs.hardware.name,
+                engine=obs.engine.name,
+                metric=obs.metric,
+                measured=obs.value,
+                predicted=pred,
+                error=pred / obs.value - 1,
+                bound=bound,
+                bound_ok=bound <= obs.value if is_latency else bound >= obs.value,
+                source=source,
+            )
+        )
+    return results
+
+
+def fit_published(rows: Sequence[tuple[Observation, str]]) -> list[CostProfile]:
+    """One engine-wide profile per engine, fitted to that engine's rows.
+
+    Free parameters: ``mbu``, ``mfu`` (plus an FP4 MFU where FP4 rows exist), the per-kernel and
+    per-step overheads, and the all-reduce latency where a tensor-parallel row exists: at most six
+    numbers per engine, shared by every device and row of that engine.
+    """
+    by_engine: dict[str, list[Observation]] = {}
+    for obs, _ in rows:
+        by_engine.setdefault(obs.engine.name, []).append(obs)
+    fitted = []
+    for engine, observations in sorted(by_engine.items()):
+        start = PRIORS.get(engine, CostProfile(engine))
+        free = ["mfu", "mbu", "kernel_launch_us", "step_overhead_ms"]
+        if any(o.scenario.tp > 1 for o in observations):
+            free.append("allreduce_latency_us")
+        fp4 = ["fp4"] if any(o.scenario.dtype == "fp4" for o in observations) else []
+        profile = fit_profile(observations, start, free=free, free_mfu_dtypes=fp4)
+        profile = replace(
+            profile,
+            fit={
+                "method": "log-space least squares (L-BFGS) with a weak prior toward typical published efficiencies",
+                "free": free + [f"mfu_by_dtype.{d}" for d in fp4],
+                "rows": {
+                    o.label: round(float(e), 4) for o, e in zip(observations, relative_errors(observations, profile))
+                },
+            },
+        )
+        fitted.append(_rounded(profile))
+    return fitted
+
+
+def _rounded(profile: CostProfile) -> CostProfile:
+    """Four significant digits: the fit is not more precise than that."""
+    sig = lambda v: float(f"{v:.4g}")
+    return replace(
+        profile,
+        **{
+            k: sig(getattr(profile, k))
+            for k in ("mfu", "mbu", "kernel_launch_us", "step_overhead_ms", "allreduce_latency_us")
+        },
+        mfu_by_dtype={k: sig(v) for k, v in profile.mfu_by_dtype.items()},
+    )
