@@ -6,7 +6,7 @@ bind for SmolLM2-135M):
 * (a) **searched** — the best feasible point (highest held-out quality) of a weights-mode Pareto
   study (``autocompress study run``: outer Optuna/Ray loop + inner per-layer mask search);
 * (b) **minitron** — the uniform, parameter-targeted architecture a practitioner would pick
-  (:func:`~autocompress_opt.prune.materialize.uniform_baseline`): the largest parameter fraction, in
+  (:func:`~autocompress_opt.prune.baselines.uniform_baseline`): the largest parameter fraction, in
   0.25 % steps, whose architecture meets the same constraints by the same cost model; of its two
   width recipes (FFN alone, or hidden size and FFN by one ratio) the one with more parameters;
 * (c) **minitron_other** — the other recipe's pick, where it has one (``--no-other-recipe`` skips
@@ -41,7 +41,7 @@ from _util import write
 from bench_inner_search import feasible, minitron_picks
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.search.inner_search import CostGoal
+from autocompress_opt.search.budget import CostGoal
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
 
@@ -171,7 +171,8 @@ def export_arm(args: argparse.Namespace, arch: Architecture, out: Path, card: di
     if (out / "config.json").is_file() and built.is_file():
         return Architecture.from_json(built.read_text(encoding="utf-8"))
     from autocompress_opt.prune.export import export_model
-    from autocompress_opt.prune.materialize import materialize, plan_pruning
+    from autocompress_opt.prune.plan import plan_pruning
+    from autocompress_opt.prune.slicing import materialize
     from autocompress_opt.search.weights_trial import TrialConfig, parent_context
 
     context, _ = parent_context(args.model, TrialConfig(), CACHE)

@@ -33,8 +33,8 @@ from _util import write
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import CHOICES, load_search_space
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.prune.materialize import BASELINE_WIDTHS, uniform_baseline
-from autocompress_opt.search.inner_search import Budget, CostGoal, exact_violations
+from autocompress_opt.prune.baselines import BASELINE_WIDTHS, uniform_baseline
+from autocompress_opt.search.budget import Budget, CostGoal, exact_violations
 from autocompress_opt.search.weights_trial import (
     TrialConfig,
     evaluate_architecture,

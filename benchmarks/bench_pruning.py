@@ -22,8 +22,10 @@ from _util import write
 
 def main() -> None:
     from autocompress_opt.hf.loading import load_model
+    from autocompress_opt.prune.baselines import uniform_baseline
     from autocompress_opt.prune.importance import estimate_importance
-    from autocompress_opt.prune.materialize import materialize, plan_pruning, uniform_baseline
+    from autocompress_opt.prune.plan import plan_pruning
+    from autocompress_opt.prune.slicing import materialize
     from autocompress_opt.quality.metrics import evaluate
     from autocompress_opt.quality.textdata import calibration_batches
 

@@ -19,7 +19,8 @@ from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
 from autocompress_opt.hf.hetero_model import AutocompressDeciLMConfig, AutocompressDeciLMForCausalLM
 from autocompress_opt.prune.export import CARD_FILE, OutputExistsError, export_model, load_exported
 from autocompress_opt.prune.importance import estimate_importance
-from autocompress_opt.prune.materialize import identity_plan, materialize, plan_pruning
+from autocompress_opt.prune.plan import identity_plan, plan_pruning
+from autocompress_opt.prune.slicing import materialize
 
 CARD = {
     "constraints": {"tpot_ms": 25.0, "memory_gib": 10.0},
@@ -413,7 +414,7 @@ def test_gemma3_heterogeneous_export_keeps_gemma_numerics(tmp_path: Path) -> Non
         "model.layers.0.post_attention_layernorm.weight",
         "model.layers.0.self_attn.q_norm.weight",
     } <= keys
-    from autocompress_opt.prune.materialize import apply_masks
+    from autocompress_opt.prune.masking import apply_masks
 
     ids = tokens(2, 12, seed=5)
     with torch.no_grad(), apply_masks(parent, plan.masks()):
@@ -425,7 +426,7 @@ def test_gemma3_uniform_export_with_a_smaller_hidden_size_keeps_the_parent_embed
     """Gemma scales the embedding by sqrt(hidden_size) of its own config: a plain Gemma3ForCausalLM with
     hidden 36 would use sqrt(36), not the parent's sqrt(48). The factor is folded into the (tied)
     embedding and cancelled in the final norm, so the reloaded checkpoint keeps the parent's numerics."""
-    from autocompress_opt.prune.materialize import apply_masks
+    from autocompress_opt.prune.masking import apply_masks
 
     parent = tiny_model("gemma3_text")
     arch = adapter_for(parent).architecture(parent)

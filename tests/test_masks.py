@@ -14,8 +14,10 @@ from test_materialize import TOLERANCE
 
 from autocompress_opt.hf.adapters import adapter_for
 from autocompress_opt.prune.importance import estimate_importance
-from autocompress_opt.prune.materialize import apply_masks, materialize, plan_pruning
-from autocompress_opt.search.masks import ParentMasks
+from autocompress_opt.prune.masking import apply_masks
+from autocompress_opt.prune.plan import plan_pruning
+from autocompress_opt.prune.slicing import materialize
+from autocompress_opt.search.relaxation import ParentMasks
 
 # Gemma 3 (post-norms, (1 + w) norms, scaled tied embedding, mixed windows) and Llama (with biases) as
 # the reference the inner search was first written for.

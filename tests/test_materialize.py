@@ -17,18 +17,11 @@ from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
 from autocompress_opt.hf.hetero_model import AutocompressDeciLMForCausalLM
+from autocompress_opt.prune.baselines import resolve_param_target, uniform_baseline
 from autocompress_opt.prune.importance import estimate_importance
-from autocompress_opt.prune.materialize import (
-    LayerMask,
-    Masks,
-    apply_masks,
-    identity_plan,
-    materialize,
-    plan_pruning,
-    prune,
-    resolve_param_target,
-    uniform_baseline,
-)
+from autocompress_opt.prune.masking import LayerMask, Masks, apply_masks
+from autocompress_opt.prune.plan import identity_plan, plan_pruning
+from autocompress_opt.prune.slicing import materialize, prune
 
 PLAIN_CLASS = {
     "llama": "LlamaForCausalLM",

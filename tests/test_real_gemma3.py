@@ -30,7 +30,9 @@ def test_prune_export_reload_on_the_real_gemma3(gemma3_gguf, tmp_path: Path) -> 
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.prune.export import export_model
     from autocompress_opt.prune.importance import estimate_importance
-    from autocompress_opt.prune.materialize import apply_masks, materialize, plan_pruning
+    from autocompress_opt.prune.masking import apply_masks
+    from autocompress_opt.prune.plan import plan_pruning
+    from autocompress_opt.prune.slicing import materialize
     from autocompress_opt.quality.metrics import perplexity
     from autocompress_opt.quality.textdata import calibration_batches, evaluation_batches
 

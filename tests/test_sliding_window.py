@@ -135,7 +135,7 @@ def test_arch_arrays_without_windows_mean_full_attention() -> None:
 def test_inner_search_cost_arrays_carry_the_parents_windows() -> None:
     """cost_arrays (the inner loop's differentiable cost) prices a discrete point exactly as
     estimate_cost prices its architecture, windows included, a dropped attention too."""
-    from autocompress_opt.search.inner_search import cost_arrays, expected_of
+    from autocompress_opt.search.budget import cost_arrays, expected_of
     from autocompress_opt.serving.targets import Target
 
     parent = load_architecture("gemma3-270m")
@@ -171,7 +171,7 @@ def test_search_space_and_uniform_allocation_keep_each_layers_window() -> None:
 def test_uniform_baseline_lists_the_windows_of_the_layers_it_most_likely_keeps() -> None:
     """Gemma 3 270M is uniform despite its windows; an n-layer baseline takes the windows of parent
     layers 0..n-2 and 17 (the search space's default drop order)."""
-    from autocompress_opt.prune.materialize import uniform_baseline
+    from autocompress_opt.prune.baselines import uniform_baseline
 
     parent = load_architecture("gemma3-270m")
     target = uniform_baseline(parent, 0.9)
@@ -188,7 +188,8 @@ def test_plan_pruning_gives_kept_layers_their_parent_windows() -> None:
 
     from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
     from autocompress_opt.prune.importance import estimate_importance
-    from autocompress_opt.prune.materialize import materialize, plan_pruning
+    from autocompress_opt.prune.plan import plan_pruning
+    from autocompress_opt.prune.slicing import materialize
 
     model = tiny_model("gemma3_text")
     parent = adapter_for(model).architecture(model)
@@ -233,7 +234,7 @@ def test_parent_masks_architecture_keeps_windows() -> None:
 
     from autocompress_opt.hf.adapters import adapter_for
     from autocompress_opt.prune.importance import estimate_importance
-    from autocompress_opt.search.masks import ParentMasks
+    from autocompress_opt.search.relaxation import ParentMasks
 
     model = tiny_model("gemma3_text")
     parent = adapter_for(model).architecture(model)

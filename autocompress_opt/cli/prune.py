@@ -1,7 +1,7 @@
 """``autocompress prune``: prune a real model by importance and export it.
 
 Two modes: ``--params`` is the practitioner's Minitron-style baseline (a uniform architecture chosen
-by parameter count, :func:`~autocompress_opt.prune.materialize.uniform_baseline`); ``--arch`` exports a
+by parameter count, :func:`~autocompress_opt.prune.baselines.uniform_baseline`); ``--arch`` exports a
 given (e.g. searched, heterogeneous) architecture. Both score the parent on calibration text
 (cached), keep the most important layers/heads/channels, and write a checkpoint with a model card.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.cli._common import add_verb
+from autocompress_opt.prune.baselines import BASELINE_WIDTHS
 from autocompress_opt.prune.importance import LAYER_METRICS
-from autocompress_opt.prune.materialize import BASELINE_WIDTHS
 
 _DEFAULT_CACHE = Path(".autocompress") / "importance"
 _SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9}
@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     from autocompress_opt.hf.adapters import adapter_for
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.prune.export import export_model
-    from autocompress_opt.prune.materialize import materialize, plan_pruning
+    from autocompress_opt.prune.plan import plan_pruning
+    from autocompress_opt.prune.slicing import materialize
 
     loaded = load_model(args.model)
     adapter = adapter_for(loaded.model)
@@ -153,7 +154,7 @@ def _importance(args: argparse.Namespace, loaded: Any, adapter: Any) -> Any:
 def _target(args: argparse.Namespace, parent: Any) -> tuple[Any, dict[str, Any]]:
     """The architecture to build (named after --out unless the file names it) and the recipe record."""
     from autocompress_opt.arch.catalog import load_architecture
-    from autocompress_opt.prune.materialize import uniform_baseline
+    from autocompress_opt.prune.baselines import uniform_baseline
 
     if args.arch is not None:
         target = load_architecture(args.arch)

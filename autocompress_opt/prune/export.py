@@ -6,7 +6,7 @@
 * a **uniform** architecture as a plain checkpoint of the parent's family (``LlamaForCausalLM``,
   ``Qwen3ForCausalLM``, ``Gemma3ForCausalLM``...) that ``AutoModelForCausalLM.from_pretrained(dir)``
   loads with identical logits, no package needed (a Gemma 3 with a pruned hidden size carries the
-  parent's embedding scale in its weights: see :mod:`autocompress_opt.prune.materialize`);
+  parent's embedding scale in its weights: see :mod:`autocompress_opt.prune.slicing`);
 * a **heterogeneous** one as the package's DeciLM-style ``autocompress_decilm`` config (per-layer
   ``block_configs``, see :mod:`autocompress_opt.hf.hetero_model`), which loads through the same call
   once ``autocompress_opt.hf.hetero_model`` is imported (:func:`load_exported` does it), without
@@ -54,7 +54,7 @@ def export_model(
 
     Args:
         model: a transformers causal LM of a supported family or an ``AutocompressDeciLMForCausalLM``
-            (e.g. from :func:`~autocompress_opt.prune.materialize.materialize`).
+            (e.g. from :func:`~autocompress_opt.prune.slicing.materialize`).
         arch: the model's architecture (fully dropped layers may be listed; they are not built).
         out_dir: the checkpoint directory; created with its parents.
         parent: what the model was pruned from (an id/path, or a mapping of details), for the card.
@@ -111,7 +111,8 @@ def _swap_in(staging: Path, out: Path) -> None:
 
 def _as_plain(model: Any) -> Any:
     """The same weights in the parent family's plain class (heterogeneous class, uniform layers)."""
-    from autocompress_opt.prune.materialize import identity_plan, materialize
+    from autocompress_opt.prune.plan import identity_plan
+    from autocompress_opt.prune.slicing import materialize
 
     adapter = adapter_for(model)
     return materialize(model, identity_plan(adapter.architecture(model)), adapter=adapter)

@@ -1,7 +1,7 @@
 """The inner loop: a differentiable per-layer mask search under a trial's budget, hardware-guided.
 
 Given a frozen parent, its importance scores and calibration tokens, :func:`search` trains the
-masks of :class:`~autocompress_opt.search.masks.ParentMasks` with Adam on
+masks of :class:`~autocompress_opt.search.relaxation.ParentMasks` with Adam on
 
     loss = KL(parent ‖ masked parent)  +  Σ_k λ_k · v_k  +  ρ/2 · Σ_k relu(v_k)²
 
@@ -43,42 +43,25 @@ gate noise come from one seeded generator; CPU kernels are deterministic at a fi
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
-from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-import numpy as np
 import torch
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.hf.adapters import FamilyAdapter, adapter_for
-from autocompress_opt.prune.importance import Importance, tokens_id
-from autocompress_opt.prune.materialize import Masks, PrunePlan, apply_masks, plan_pruning
-from autocompress_opt.search.masks import DiscreteLayer, ExpectedStructure, ParentMasks
-from autocompress_opt.serving.costmodel import FULL_WINDOW, ArchArrays, estimate_batch, estimate_cost
-from autocompress_opt.serving.targets import FITS_DEVICE, Target, device_fit_violation, parent_metrics
+from autocompress_opt.prune.importance import Importance
+from autocompress_opt.prune.masking import Masks, apply_masks
+from autocompress_opt.prune.plan import PrunePlan, plan_pruning
+from autocompress_opt.search.budget import Budget, CostGoal, cost_arrays, expected_totals
+from autocompress_opt.search.discretise import Discrete, discretise
+from autocompress_opt.search.relaxation import ExpectedStructure, ParentMasks
 
-__all__ = [
-    "Budget",
-    "CostGoal",
-    "Discrete",
-    "InnerConfig",
-    "InnerResult",
-    "cost_arrays",
-    "discretise",
-    "exact_violations",
-    "expected_of",
-    "objective",
-    "search",
-    "teacher_log_probs",
-]
+__all__ = ["InnerConfig", "InnerResult", "objective", "search"]
 
 
 # ----------------------------------------------------------------------------- config
@@ -178,219 +161,6 @@ class InnerConfig:
         return self.tau_start * (self.tau_end / self.tau_start) ** (step / (self.steps - 1))
 
 
-# ----------------------------------------------------------------------------- budget
-@dataclass(frozen=True)
-class Budget:
-    """The outer trial's global choices, as budgets on the per-layer allocation.
-
-    ``num_layers`` bounds the kept *layer equivalents*: kept sub-blocks (attention, FFN) count
-    half a layer each, so ``num_layers`` full layers meet it exactly, and so do, e.g., two fewer
-    attention blocks and two more FFN blocks (an attention-only or FFN-only layer is half a layer
-    of depth). ``ffn_width``, ``num_kv_heads`` and ``num_kv_heads · q_per_kv`` bound the *mean*
-    FFN width, KV heads and query heads over ``num_layers`` layers — i.e. totals ``num_layers · x``.
-    The uniform allocation meets every budget exactly, and the search may move depth between
-    sub-blocks and width between layers. ``hidden_size`` is fixed, not a bound.
-    """
-
-    num_layers: int
-    hidden_size: int
-    ffn_width: int
-    num_kv_heads: int
-    q_per_kv: int
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"Budget.{f.name} must be a positive int, got {value!r}")
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> Budget:
-        """From a search-space point (``num_layers``, ``hidden_size``, ``ffn_width``, ``num_kv_heads``,
-        ``q_per_kv``)."""
-        names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in params]
-        if missing:
-            raise ConfigError(f"search-space point lacks {', '.join(missing)}")
-        return cls(**{n: int(params[n]) for n in names})
-
-    @classmethod
-    def of(cls, parent: Architecture) -> Budget:
-        """Budgets that never bind: the parent's active layers and its widest layer's sizes."""
-        attn = [s for s in parent.layers if s.attention]
-        return cls(
-            num_layers=parent.num_active_layers,
-            hidden_size=parent.hidden_size,
-            ffn_width=max((s.ffn_width for s in parent.layers), default=1) or 1,
-            num_kv_heads=max((s.num_kv_heads for s in attn), default=1),
-            q_per_kv=max((s.num_heads // s.num_kv_heads for s in attn), default=1),
-        )
-
-    def limits(self) -> dict[str, float]:
-        """Totals over the whole stack: kept layers, FFN channels, query heads, KV heads."""
-        n = self.num_layers
-        return {
-            "budget:num_layers": n,
-            "budget:ffn_width": n * self.ffn_width,
-            "budget:num_heads": n * self.num_kv_heads * self.q_per_kv,
-            "budget:num_kv_heads": n * self.num_kv_heads,
-        }
-
-    def violations(self, totals: Mapping[str, Any]) -> dict[str, Any]:
-        """Normalised ``(total - limit) / limit`` per budget (floats or tensors), ``<= 0`` within."""
-        return {k: (totals[k] - lim) / lim for k, lim in self.limits().items()}
-
-
-def _totals_of(arch: Architecture) -> dict[str, float]:
-    return {
-        "budget:num_layers": sum(s.attention + s.ffn for s in arch.layers) / 2,
-        "budget:ffn_width": sum(s.ffn_width for s in arch.layers if s.ffn),
-        "budget:num_heads": sum(s.num_heads for s in arch.layers if s.attention),
-        "budget:num_kv_heads": sum(s.num_kv_heads for s in arch.layers if s.attention),
-    }
-
-
-def _totals_expected(e: ExpectedStructure) -> dict[str, torch.Tensor]:
-    return {
-        "budget:num_layers": (e.attn.sum() + e.ffn.sum()) / 2,
-        "budget:ffn_width": (e.ffn * e.ffn_width).sum(),
-        "budget:num_heads": (e.attn * e.heads).sum(),
-        "budget:num_kv_heads": (e.attn * e.kv_heads).sum(),
-    }
-
-
-# ------------------------------------------------------------------------------ cost
-@dataclass(frozen=True)
-class CostGoal:
-    """A target's hardware constraints: the workload's (relative to ``parent_metrics``) plus device fit."""
-
-    target: Target
-    parent_metrics: Mapping[str, float]
-
-    @classmethod
-    def for_target(cls, target: Target, parent: Architecture) -> CostGoal:
-        return cls(target, parent_metrics(parent, target))
-
-    def metrics(self, arrays: ArchArrays) -> dict[str, Any]:
-        """Every cost metric of ``arrays`` (numpy or torch) in the target's scenario."""
-        t = self.target
-        return estimate_batch(arrays, t.hardware, t.engine_obj(), t.scenario())
-
-    def violations(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
-        """Normalised violations (``<= 0`` feasible) of one architecture's metrics (floats or 1-element tensors)."""
-        out = dict(self.target.resolved_workload().violations(metrics, self.parent_metrics))
-        out[FITS_DEVICE] = device_fit_violation(metrics, self.target)
-        return out
-
-
-def cost_arrays(parent: Architecture, hidden_size: int, e: ExpectedStructure) -> ArchArrays:
-    """A batch of one torch :class:`ArchArrays` (float64) from expected per-layer structure.
-
-    At a discrete point (gates 0/1, integer widths) it packs exactly what
-    ``ArchArrays.from_architectures`` packs for that architecture, so the two agree. Windows are
-    the parent layers' (a constant: the search never changes a layer's attention kind).
-    """
-    one = lambda v: torch.tensor([float(v)], dtype=torch.float64)
-    row = lambda x: x.to(torch.float64)[None, :]
-    attn, ffn = row(e.attn), row(e.ffn)
-    return ArchArrays(
-        vocab=one(parent.vocab_size),
-        hidden=one(hidden_size),
-        tied=one(parent.tie_embeddings),
-        attn=attn,
-        heads=row(e.heads) * (attn > 0),
-        kv_heads=row(e.kv_heads) * (attn > 0),
-        head_dim=torch.tensor([[float(s.head_dim) for s in parent.layers]], dtype=torch.float64) * (attn > 0),
-        ffn=ffn,
-        ffn_width=row(e.ffn_width) * (ffn > 0),
-        qkv_bias=one(parent.qkv_bias),
-        o_bias=one(parent.o_bias),
-        mlp_bias=one(parent.mlp_bias),
-        qk_norm=one(parent.qk_norm),
-        window=torch.tensor([[float(s.window or FULL_WINDOW) for s in parent.layers]], dtype=torch.float64),
-    )
-
-
-def expected_of(arch: Architecture) -> ExpectedStructure:
-    """The (degenerate) expected structure of a discrete architecture: gates 0/1, exact widths."""
-    t = lambda v: torch.tensor(v, dtype=torch.float64)
-    return ExpectedStructure(
-        attn=t([float(s.attention) for s in arch.layers]),
-        ffn=t([float(s.ffn) for s in arch.layers]),
-        heads=t([float(s.num_heads) for s in arch.layers]),
-        kv_heads=t([float(s.num_kv_heads) for s in arch.layers]),
-        ffn_width=t([float(s.ffn_width) for s in arch.layers]),
-    )
-
-
-def exact_violations(
-    arch: Architecture, budget: Budget, goal: CostGoal | None
-) -> tuple[dict[str, float], dict[str, float]]:
-    """``(violations, metrics)`` of ``arch`` by the exact scalar cost model (:func:`estimate_cost`) and the budgets."""
-    out = {k: float(v) for k, v in budget.violations(_totals_of(arch)).items()}
-    metrics: dict[str, float] = {}
-    if goal is not None:
-        t = goal.target
-        metrics = estimate_cost(arch, t.hardware, t.engine_obj(), t.scenario()).to_dict()
-        out.update({k: float(v) for k, v in goal.violations(metrics).items()})
-    return out, metrics
-
-
-# ---------------------------------------------------------------------- teacher cache
-_TEACHER_MEMORY: OrderedDict[str, torch.Tensor] = OrderedDict()
-_TEACHER_MEMORY_SIZE = 2  # entries (SmolLM2, 16 x 128 tokens, fp16: 0.2 GB each)
-
-
-def teacher_log_probs(
-    model: Any,
-    tokens: torch.Tensor,
-    *,
-    parent_id: str,
-    data_id: str | None = None,
-    cache_dir: str | Path | None = None,
-    batch_size: int = 4,
-    dtype: torch.dtype = torch.float16,
-) -> torch.Tensor:
-    """The parent's next-token log-probabilities ``(n, T, V)`` on ``tokens``, computed once.
-
-    Cached in process and, with ``cache_dir``, as safetensors under it, keyed by ``parent_id``,
-    ``data_id`` (e.g. a hash of the data record) and the tokens' content hash. Stored in
-    ``dtype`` (float16 halves memory; its rounding moves a KL by ~1e-3 nats).
-    """
-    from autocompress_opt.quality.metrics import cache_teacher_logits
-
-    key = hashlib.sha256(json.dumps([parent_id, data_id, tokens_id(tokens), str(dtype)]).encode()).hexdigest()[:24]
-    if key in _TEACHER_MEMORY:
-        _TEACHER_MEMORY.move_to_end(key)
-        return _TEACHER_MEMORY[key]
-    path = Path(cache_dir) / f"{key}.safetensors" if cache_dir is not None else None
-    if path is not None and path.is_file():
-        from safetensors.torch import load_file
-
-        log_probs = load_file(str(path))["log_probs"]
-    else:
-        logits = cache_teacher_logits(model, tokens, batch_size=batch_size, progress=False)
-        log_probs = torch.log_softmax(logits, dim=-1).to(dtype)
-        del logits
-        if path is not None:
-            from safetensors.torch import save_file
-
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            save_file(
-                {"log_probs": log_probs.contiguous()},
-                str(tmp),
-                metadata={"parent_id": parent_id, "data_id": str(data_id)},
-            )
-            tmp.replace(path)
-    if tuple(log_probs.shape[:2]) != tuple(tokens.shape):
-        raise ConfigError(f"cached teacher log-probs {tuple(log_probs.shape)} do not fit tokens {tuple(tokens.shape)}")
-    _TEACHER_MEMORY[key] = log_probs
-    while len(_TEACHER_MEMORY) > _TEACHER_MEMORY_SIZE:
-        _TEACHER_MEMORY.popitem(last=False)
-    return log_probs
-
-
 # ------------------------------------------------------------------------------ search
 @dataclass
 class InnerResult:
@@ -398,7 +168,7 @@ class InnerResult:
 
     Attributes:
         architecture: heterogeneous, the parent's number of layers (dropped ones are no-ops).
-        plan / masks: how to materialise it from the parent (:func:`~autocompress_opt.prune.materialize.materialize`).
+        plan / masks: how to materialise it from the parent (:func:`~autocompress_opt.prune.slicing.materialize`).
         feasible: every constraint and budget holds by the exact cost model.
         violations: normalised violations of the final architecture (``<= 0`` satisfied).
         metrics: its exact cost metrics (empty without a cost goal).
@@ -407,7 +177,7 @@ class InnerResult:
         moves: how many units the repair removed and the fill added back.
         seconds: wall-clock seconds of the start point, training, discretising and selecting.
         selection: the candidates (trained, start), their validation KL, and which was chosen.
-        learned: the trained :class:`~autocompress_opt.search.masks.ParentMasks` (frozen values).
+        learned: the trained :class:`~autocompress_opt.search.relaxation.ParentMasks` (frozen values).
     """
 
     architecture: Architecture
@@ -708,280 +478,10 @@ def _violations(
             }
         )
     out = {
-        k: torch.as_tensor(v, dtype=torch.float64).reshape(())
-        for k, v in budget.violations(_totals_expected(e)).items()
+        k: torch.as_tensor(v, dtype=torch.float64).reshape(()) for k, v in budget.violations(expected_totals(e)).items()
     }
     if goal is not None:
         metrics = goal.metrics(cost_arrays(masks.parent, budget.hidden_size, e))
         for k, v in goal.violations(metrics).items():
             out[k] = torch.as_tensor(v, dtype=torch.float64).reshape(()) + margin
     return out
-
-
-# -------------------------------------------------------------------- discretisation
-@dataclass(frozen=True)
-class _Values:
-    """Importance of each unit, comparable across layers: a unit's share of its sub-block's summed
-    scores × half the layer's importance (``skip_loss``, floored at a small positive value)."""
-
-    ffn: list[list[float]]  # [layer][unit rank]
-    heads: list[list[list[float]]]  # [layer][group rank][head rank inside group]
-
-
-def _unit_values(masks: ParentMasks, importance: Importance) -> _Values:
-    skip = importance.skip_loss.double().clamp(min=0)
-    floor = max(float(skip.mean()) * 1e-3, 1e-9)
-    weight = (skip + floor).tolist()
-    ffn, heads = [], []
-    for i, spec in enumerate(masks.parent.layers):
-        f_vals: list[float] = []
-        if spec.ffn:
-            scores = torch.sort(importance.ffn[i].double(), descending=True, stable=True).values
-            f_vals = (scores.view(-1, masks.ffn_unit).sum(-1) / scores.sum() * weight[i] / 2).tolist()
-        h_vals: list[list[float]] = []
-        if spec.attention:
-            r = spec.num_heads // spec.num_kv_heads
-            by_group = importance.heads[i].double().view(spec.num_kv_heads, r)
-            total = by_group.sum()
-            for g in torch.argsort(importance.kv_groups[i], descending=True, stable=True).tolist():
-                sorted_heads = torch.sort(by_group[g], descending=True, stable=True).values
-                h_vals.append((sorted_heads / total * weight[i] / 2).tolist())
-        ffn.append(f_vals)
-        heads.append(h_vals)
-    return _Values(ffn, heads)
-
-
-def _attn_value(v: _Values, i: int, d: DiscreteLayer) -> float:
-    return sum(v.heads[i][g][j] for g in range(d.kv_groups) for j in range(d.q_per_group)) if d.attention else 0.0
-
-
-def _ffn_value(v: _Values, i: int, d: DiscreteLayer) -> float:
-    return sum(v.ffn[i][: d.ffn_units]) if d.ffn else 0.0
-
-
-def _shrink_moves(layers: list[DiscreteLayer], v: _Values) -> list[tuple[str, list[DiscreteLayer], float]]:
-    """Every one-step removal: (description, new layers, importance lost)."""
-    active = sum(d.attention or d.ffn for d in layers)
-    moves = []
-
-    def add(name: str, i: int, new: DiscreteLayer, lost: float) -> None:
-        if not (new.attention or new.ffn) and active <= 1:
-            return  # keep at least one layer computing something
-        moves.append((f"{name}@{i}", layers[:i] + [new] + layers[i + 1 :], lost))
-
-    for i, d in enumerate(layers):
-        if d.ffn:
-            if d.ffn_units > 1:
-                add("ffn-unit", i, replace(d, ffn_units=d.ffn_units - 1), v.ffn[i][d.ffn_units - 1])
-            add("drop-ffn", i, replace(d, ffn=False), _ffn_value(v, i, d))
-        if d.attention:
-            if d.kv_groups > 1:
-                add(
-                    "kv-group",
-                    i,
-                    replace(d, kv_groups=d.kv_groups - 1),
-                    sum(v.heads[i][d.kv_groups - 1][: d.q_per_group]),
-                )
-            if d.q_per_group > 1:
-                add(
-                    "q-head",
-                    i,
-                    replace(d, q_per_group=d.q_per_group - 1),
-                    sum(v.heads[i][g][d.q_per_group - 1] for g in range(d.kv_groups)),
-                )
-            add("drop-attn", i, replace(d, attention=False), _attn_value(v, i, d))
-        if d.attention and d.ffn:
-            add("drop-layer", i, replace(d, attention=False, ffn=False), _attn_value(v, i, d) + _ffn_value(v, i, d))
-    return moves
-
-
-def _grow_moves(
-    layers: list[DiscreteLayer], v: _Values, parent: Architecture, sizes: torch.Tensor
-) -> list[tuple[str, list[DiscreteLayer], float]]:
-    """Every one-step addition the parent allows: (description, new layers, importance gained)."""
-    moves = []
-    for i, (d, p) in enumerate(zip(layers, parent.layers)):
-        g_n, r_n, u_n = (int(x) for x in sizes[i])
-
-        def add(name: str, new: DiscreteLayer, gained: float, i: int = i) -> None:
-            moves.append((f"{name}@{i}", layers[:i] + [new] + layers[i + 1 :], gained))
-
-        if p.ffn:
-            if not d.ffn:
-                add("add-ffn", replace(d, ffn=True, ffn_units=1), v.ffn[i][0])
-            elif d.ffn_units < u_n:
-                add("ffn-unit", replace(d, ffn_units=d.ffn_units + 1), v.ffn[i][d.ffn_units])
-        if p.attention:
-            if not d.attention:
-                r = max(1, min(d.q_per_group, r_n))
-                add("add-attn", replace(d, attention=True, kv_groups=1, q_per_group=r), sum(v.heads[i][0][:r]))
-            else:
-                if d.kv_groups < g_n:
-                    add(
-                        "kv-group", replace(d, kv_groups=d.kv_groups + 1), sum(v.heads[i][d.kv_groups][: d.q_per_group])
-                    )
-                if d.q_per_group < r_n:
-                    add(
-                        "q-head",
-                        replace(d, q_per_group=d.q_per_group + 1),
-                        sum(v.heads[i][g][d.q_per_group] for g in range(d.kv_groups)),
-                    )
-    return moves
-
-
-class _Evaluator:
-    """Violations of many candidate architectures at once (numpy :func:`estimate_batch`: the same
-    equations as :func:`estimate_cost`, which judges the final answer)."""
-
-    def __init__(self, masks: ParentMasks, budget: Budget, goal: CostGoal | None) -> None:
-        self.masks, self.budget, self.goal = masks, budget, goal
-        self.names = list(budget.limits()) + (list(goal.violations(goal.parent_metrics)) if goal else [])
-
-    def __call__(self, candidates: Sequence[list[DiscreteLayer]]) -> np.ndarray:
-        archs = [self.masks.architecture(c) for c in candidates]
-        rows = [self.budget.violations(_totals_of(a)) for a in archs]
-        if self.goal is not None:
-            metrics = self.goal.metrics(ArchArrays.from_architectures(archs))
-            for n, row in enumerate(rows):
-                one = {k: float(np.asarray(m).reshape(-1)[n]) for k, m in metrics.items()}
-                row.update(self.goal.violations(one))
-        return np.array([[float(r[k]) for k in self.names] for r in rows])  # (N, K)
-
-
-@dataclass(frozen=True)
-class Discrete:
-    """A discretised, repaired point: its architecture and verdict by the exact cost model."""
-
-    architecture: Architecture
-    feasible: bool
-    violations: dict[str, float]
-    metrics: dict[str, float]
-    moves: dict[str, int]
-
-
-def discretise(
-    masks: ParentMasks, importance: Importance, budget: Budget, goal: CostGoal | None, *, fill: bool = True
-) -> Discrete:
-    """Round the masks, cap the kept layers by gate value, repair, fill; judged by :func:`exact_violations`."""
-    values = _unit_values(masks, importance)
-    layers = _ensure_active(_cap_layers(masks.discrete(), budget.num_layers, values), masks)
-    evaluate = _Evaluator(masks, budget, goal)
-    layers, repaired = _repair(layers, values, evaluate)
-    filled = 0
-    if fill and np.all(evaluate([layers])[0] <= 0):
-        layers, filled = _fill(layers, values, evaluate, masks)
-    arch = masks.architecture(layers)
-    violations, metrics = exact_violations(arch, budget, goal)
-    feasible = all(v <= 0 for v in violations.values())
-    return Discrete(arch, feasible, violations, metrics, {"repair": repaired, "fill": filled})
-
-
-def _ensure_active(layers: list[DiscreteLayer], masks: ParentMasks) -> list[DiscreteLayer]:
-    """A decoder needs one computing layer: if the masks dropped all, revive the one with the
-    highest gate score (its FFN, else its attention, at least one unit)."""
-    if any(d.attention or d.ffn for d in layers):
-        return layers
-    i = max(range(len(layers)), key=lambda j: (layers[j].gate_score, -j))
-    d, spec = layers[i], masks.parent.layers[i]
-    if spec.ffn:
-        revived = replace(d, ffn=True, ffn_units=max(d.ffn_units, 1))
-    else:
-        revived = replace(d, attention=True, kv_groups=max(d.kv_groups, 1), q_per_group=max(d.q_per_group, 1))
-    return layers[:i] + [revived] + layers[i + 1 :]
-
-
-def _cap_layers(layers: list[DiscreteLayer], limit: int, values: _Values) -> list[DiscreteLayer]:
-    """Drop kept sub-blocks until at most ``limit`` layer equivalents remain (two sub-blocks per
-    layer): from the layer with the lowest gate score, its less important sub-block first."""
-    layers = list(layers)
-    while sum(d.attention + d.ffn for d in layers) > 2 * limit:
-        i = min((j for j, d in enumerate(layers) if d.attention or d.ffn), key=lambda j: (layers[j].gate_score, -j))
-        d = layers[i]
-        drop_attn = d.attention and (not d.ffn or _attn_value(values, i, d) <= _ffn_value(values, i, d))
-        layers[i] = replace(d, attention=False) if drop_attn else replace(d, ffn=False)
-    return layers
-
-
-_BATCH_MOVES = 8  # most one-unit removals applied at once while far from feasible (on distinct layers)
-
-
-def _repair(layers: list[DiscreteLayer], values: _Values, evaluate: _Evaluator) -> tuple[list[DiscreteLayer], int]:
-    """Greedy: remove the unit with the least importance per unit of total violation removed.
-
-    While the total excess is large, the best few removals on distinct layers are applied together
-    (``1 + 8·excess`` of them, at most :data:`_BATCH_MOVES`), so a far-off start does not cost one
-    cost-model sweep per unit; near the boundary it is one unit at a time.
-    """
-    current = evaluate([layers])[0]
-    moves = 0
-    while np.any(current > 0):
-        candidates = _shrink_moves(layers, values)
-        if not candidates:
-            break  # nothing left to remove: infeasible
-        viol = evaluate([c[1] for c in candidates])  # (N, K)
-        lost = np.array([c[2] for c in candidates]) + 1e-12
-        over = current > 0
-        gain = np.maximum(current, 0).sum() - np.maximum(viol, 0).sum(1)
-        if np.any(gain > 1e-12):
-            score = np.where(gain > 1e-12, lost / np.maximum(gain, 1e-12), np.inf)
-        else:  # e.g. a stepwise metric: reduce the violated values themselves, else shrink cheaply
-            drop = (current[over][None, :] - viol[:, over]).sum(1)
-            score = np.where(drop > 1e-12, lost / np.maximum(drop, 1e-12), np.inf)
-            if not np.isfinite(score).any():
-                score = lost
-        best = int(np.argmin(score))
-        batch = min(_BATCH_MOVES, 1 + int(8 * np.maximum(current, 0).sum()))
-        if batch > 1:
-            combined, applied = _combine(layers, candidates, np.argsort(score, kind="stable"), score, batch)
-            if applied > 1:
-                after = evaluate([combined])[0]
-                if np.maximum(after, 0).sum() < np.maximum(viol[best], 0).sum():
-                    layers, current, moves = combined, after, moves + applied
-                    continue
-        layers, current = candidates[best][1], viol[best]
-        moves += 1
-    return layers, moves
-
-
-def _combine(
-    layers: list[DiscreteLayer],
-    candidates: list[tuple[str, list[DiscreteLayer], float]],
-    order: np.ndarray,
-    score: np.ndarray,
-    limit: int,
-) -> tuple[list[DiscreteLayer], int]:
-    """Apply the best-scoring finite moves, at most one per layer and ``limit`` in all."""
-    combined, touched = list(layers), set()
-    for j in order:
-        if len(touched) >= limit or not np.isfinite(score[j]):
-            break
-        i = int(candidates[j][0].rsplit("@", 1)[1])
-        if i not in touched:
-            touched.add(i)
-            combined[i] = candidates[j][1][i]
-    if not any(d.attention or d.ffn for d in combined):
-        return layers, 0  # never remove the last computing layer
-    return combined, len(touched)
-
-
-def _fill(
-    layers: list[DiscreteLayer], values: _Values, evaluate: _Evaluator, masks: ParentMasks
-) -> tuple[list[DiscreteLayer], int]:
-    """Greedy: add the unit with the most importance per unit of slack used while all constraints hold."""
-    current = evaluate([layers])[0]
-    moves, cap = 0, 8 * len(layers)
-    while moves < cap:
-        candidates = _grow_moves(layers, values, masks.parent, masks.sizes)
-        if not candidates:
-            break
-        viol = evaluate([c[1] for c in candidates])
-        ok = np.all(viol <= 0, axis=1)
-        if not ok.any():
-            break
-        gained = np.array([c[2] for c in candidates])
-        used = np.maximum(viol - current[None, :], 0).sum(1)
-        score = np.where(ok, gained / np.maximum(used, 1e-12), -np.inf)
-        best = int(np.argmax(score))
-        layers, current = candidates[best][1], viol[best]
-        moves += 1
-    return layers, moves

@@ -102,7 +102,7 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     if importance is None:
         quality, kind = quality_proxy(arch, parent), "retained_params"
     else:
-        from autocompress_opt.prune.materialize import plan_pruning
+        from autocompress_opt.prune.plan import plan_pruning
 
         quality, kind = retained_importance(plan_pruning(parent, importance, arch), importance), "retained_importance"
     return {"architecture": arch.to_dict(), "metrics": metrics, "quality": quality, "quality_kind": kind}

@@ -18,7 +18,7 @@ cache, ``.autocompress/importance/``), the parent's log-probs on the calibration
 ``.autocompress/teacher/``), the inner search (:func:`autocompress_opt.search.inner_search.search`,
 starting from the trial's uniform allocation — layers ranked by ``layer_order``, else by the
 importance ``skip_loss`` — and holding its global choices as budgets) → a
-heterogeneous :class:`Architecture` → :func:`~autocompress_opt.prune.materialize.materialize` → held-out
+heterogeneous :class:`Architecture` → :func:`~autocompress_opt.prune.slicing.materialize` → held-out
 quality → the exact cost metrics of the target.
 
 **Quality** is ``exp(−KL)``, where KL is the mean per-position ``KL(parent ‖ pruned)`` in nats on
@@ -50,7 +50,9 @@ from autocompress_opt.arch.search_space import CHOICES, Choice, SearchSpace
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.hf.adapters import architecture_mismatch
 from autocompress_opt.prune.importance import Importance, estimate_importance
-from autocompress_opt.search.inner_search import Budget, CostGoal, InnerConfig, search, teacher_log_probs
+from autocompress_opt.search.budget import Budget, CostGoal
+from autocompress_opt.search.inner_search import InnerConfig, search
+from autocompress_opt.search.teacher import teacher_log_probs
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
 
@@ -261,7 +263,7 @@ _CONTEXT_KEYS = (
 # ----------------------------------------------------------------------------- quality
 def _quality(parent: ParentContext, arch: Architecture, plan: Any, cache_dir: Path) -> tuple[dict[str, float], bool]:
     """Held-out KL and perplexities of ``arch`` cut from the parent; cached on disk by architecture."""
-    from autocompress_opt.prune.materialize import materialize
+    from autocompress_opt.prune.slicing import materialize
 
     imp = parent.importance.meta
     key = _digest(parent.parent_id, imp.data_id, imp.method, {**arch.to_dict(), "name": ""}, parent.eval_id)
@@ -364,7 +366,7 @@ def evaluate_architecture(
     """Held-out quality of any sub-architecture of ``parent_model`` (e.g. a baseline), measured exactly as a
     weights trial measures its result (same data, importance and quality cache): ``quality``,
     ``kl_to_parent``, ``kl_code``, ``kl_prose``, ``ppl_code``, ``ppl_prose``, ``quality_cached``."""
-    from autocompress_opt.prune.materialize import plan_pruning
+    from autocompress_opt.prune.plan import plan_pruning
 
     config = TrialConfig.from_dict(inner)
     cache = Path(cache_dir or DEFAULT_CACHE_DIR)

@@ -13,14 +13,14 @@ weights stay frozen (``requires_grad=False``) and only these are trained:
   FFN units, KV groups and query heads per group kept, as a *prefix of the importance order*.
   With ``c = keep · n`` units kept of ``n``, unit ``j`` (0 = most important) gets the soft step
   ``m_j = σ((c − j − ½) / τ)``; as ``τ → 0`` this is the hard prefix ``j < round(c)``, so every
-  discrete outcome is a set :func:`~autocompress_opt.prune.materialize.plan_pruning` picks (it keeps
+  discrete outcome is a set :func:`~autocompress_opt.prune.plan.plan_pruning` picks (it keeps
   the top-k by the same scores, ties to the lower index). An FFN unit is ``ffn_unit`` channels
   (64, or the largest power of two ≤ 64 that divides every layer's width); heads are pruned in
   whole KV groups and, inside every kept group, by the same number of query heads.
 
 The hidden size is not learned: it is the trial's global choice, applied as a fixed channel mask
 of the ``hidden_size`` most important residual channels, through
-:func:`~autocompress_opt.prune.materialize.apply_masks` (kept-channel RMSNorm, exactly as a sliced model).
+:func:`~autocompress_opt.prune.masking.apply_masks` (kept-channel RMSNorm, exactly as a sliced model).
 
 Float-mask forward (:meth:`ParentMasks.install`): an ``o_proj`` pre-hook multiplies each head's
 output by its mask, a ``down_proj`` pre-hook each FFN channel; forward hooks on the modules whose
@@ -50,7 +50,7 @@ from autocompress_opt.arch.architecture import Architecture, LayerSpec
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import FamilyAdapter, adapter_for, architecture_mismatch
 from autocompress_opt.prune.importance import Importance
-from autocompress_opt.prune.materialize import LayerMask, MaskHandle, Masks, apply_masks
+from autocompress_opt.prune.masking import LayerMask, MaskHandle, Masks, apply_masks
 
 __all__ = [
     "HC_BETA",

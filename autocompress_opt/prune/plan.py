@@ -1,0 +1,195 @@
+"""Pruning plans: which parent layer, query/KV heads, FFN channels and hidden channels each kept
+layer of a target architecture takes, chosen by importance (:func:`plan_pruning`).
+
+Every kept set is a prefix of the importance order (most important first), stored in ascending
+index order. Heads go in whole KV groups (the groups with the highest summed score) and, optionally,
+by the same number of query heads inside every kept group, so the result stays valid grouped-query
+attention; ``head_dim`` never changes. A target with as many layers as the parent maps layer ``i`` to
+parent layer ``i``; one with ``n`` fewer layers keeps the parent's ``n`` most important layers (by
+``layer_metric``), in their original order. A kept layer computes its parent layer's attention (full
+or sliding over the parent's window): the plan's architecture carries the parent layers' windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from autocompress_opt.arch.architecture import Architecture, LayerSpec
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.hf.adapters import architecture_mismatch
+from autocompress_opt.prune.importance import Importance
+from autocompress_opt.prune.masking import LayerMask, Masks
+
+if TYPE_CHECKING:
+    import torch
+
+
+__all__ = ["LayerPlan", "PrunePlan", "identity_plan", "plan_pruning"]
+
+
+# ------------------------------------------------------------------------------------ plans
+@dataclass(frozen=True)
+class LayerPlan:
+    """What one built layer keeps of parent layer ``parent_index`` (indices ascending).
+
+    ``heads`` are parent query heads, listed group by group so new head ``k`` reads new KV head
+    ``k // (len(heads) // len(kv_heads))``; empty ``heads`` = no attention, empty ``ffn_channels``
+    = no FFN.
+    """
+
+    parent_index: int
+    heads: tuple[int, ...] = ()
+    kv_heads: tuple[int, ...] = ()
+    ffn_channels: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    """Which parts of ``parent`` a pruned model keeps.
+
+    Attributes:
+        parent: the parent's architecture.
+        architecture: what :func:`materialize` builds (the target without fully dropped layers).
+        layers: one :class:`LayerPlan` per layer of ``architecture``.
+        hidden_channels: kept residual channels of the parent, ascending.
+    """
+
+    parent: Architecture
+    architecture: Architecture
+    layers: tuple[LayerPlan, ...]
+    hidden_channels: tuple[int, ...]
+
+    def masks(self) -> Masks:
+        """The equivalent :class:`Masks` over the parent (one :class:`LayerMask` per parent layer)."""
+        kept = {lp.parent_index: lp for lp in self.layers}
+        layers = []
+        for j, spec in enumerate(self.parent.layers):
+            lp = kept.get(j)
+            heads = _indicator(spec.num_heads, lp.heads) if lp is not None and lp.heads else None
+            ffn = _indicator(spec.ffn_width, lp.ffn_channels) if lp is not None and lp.ffn_channels else None
+            layers.append(LayerMask(heads=heads, ffn=ffn))
+        return Masks(layers=tuple(layers), hidden=_indicator(self.parent.hidden_size, self.hidden_channels))
+
+
+def _indicator(size: int, kept: Sequence[int]) -> torch.Tensor:
+    import torch
+
+    mask = torch.zeros(size, dtype=torch.bool)
+    mask[list(kept)] = True
+    return mask
+
+
+def _top(scores: torch.Tensor, k: int) -> tuple[int, ...]:
+    """Indices of the ``k`` highest scores (ties: lower index first), in ascending index order."""
+    import torch
+
+    order = torch.argsort(scores, descending=True, stable=True)[:k]
+    return tuple(int(i) for i in torch.sort(order).values)
+
+
+def plan_pruning(
+    parent: Architecture, importance: Importance, target: Architecture, *, layer_metric: str = "skip_loss"
+) -> PrunePlan:
+    """Keep, everywhere, the most important parts of ``parent`` that ``target`` has room for.
+
+    ``target`` must be a sub-architecture of ``parent``: same vocabulary, family, tying, biases and
+    QK-norm; ``hidden_size`` no larger; at most as many layers; each kept layer's heads in whole KV
+    groups of the parent layer's ``head_dim`` (no more KV heads, no more query heads per group) and
+    no wider FFN; no sub-block the parent layer lacks. ``target``'s windows are not checked: every
+    kept layer takes its parent layer's window (module doc). Raises :class:`ConfigError` naming the
+    layer and field otherwise, or when ``importance`` was computed for another architecture.
+    """
+    mismatch = architecture_mismatch(importance.architecture, parent)
+    if mismatch:
+        raise ConfigError(f"the importance scores were computed for another architecture ({mismatch})")
+    _check_globals(parent, target)
+    mapping = _layer_mapping(parent, importance, target, layer_metric)
+    plans, specs = [], []
+    for t, (spec, p) in enumerate(zip(target.layers, mapping)):
+        _check_layer(parent.layers[p], spec, f"target layers[{t}] (parent layer {p})")
+        if not spec.is_noop:
+            plans.append(_plan_layer(importance, p, parent.layers[p], spec))
+            specs.append(replace(spec, window=parent.layers[p].window))  # None without attention
+    return PrunePlan(
+        parent=parent,
+        architecture=replace(target, layers=tuple(specs)),
+        layers=tuple(plans),
+        hidden_channels=_top(importance.hidden, target.hidden_size),
+    )
+
+
+def identity_plan(arch: Architecture) -> PrunePlan:
+    """The plan that keeps everything of ``arch`` (fully dropped layers left out)."""
+    layers = tuple(
+        LayerPlan(j, tuple(range(s.num_heads)), tuple(range(s.num_kv_heads)), tuple(range(s.ffn_width)))
+        for j, s in enumerate(arch.layers)
+        if not s.is_noop
+    )
+    return PrunePlan(
+        parent=arch, architecture=arch.active(), layers=layers, hidden_channels=tuple(range(arch.hidden_size))
+    )
+
+
+_SAME_FIELDS = ("vocab_size", "family", "tie_embeddings", "qkv_bias", "o_bias", "mlp_bias", "qk_norm")
+
+
+def _check_globals(parent: Architecture, target: Architecture) -> None:
+    prefix = "target is not a sub-architecture of the parent:"
+    for name in _SAME_FIELDS:
+        if getattr(target, name) != getattr(parent, name):
+            raise ConfigError(f"{prefix} {name}={getattr(target, name)!r} but the parent has {getattr(parent, name)!r}")
+    if target.hidden_size > parent.hidden_size:
+        raise ConfigError(f"{prefix} hidden_size={target.hidden_size} exceeds the parent's {parent.hidden_size}")
+    if target.num_layers > parent.num_layers:
+        raise ConfigError(f"{prefix} {target.num_layers} layers but the parent has only {parent.num_layers}")
+
+
+def _check_layer(parent: LayerSpec, spec: LayerSpec, where: str) -> None:
+    problem = _attention_problem(parent, spec) if spec.attention else None
+    if spec.ffn and not parent.ffn:
+        problem = problem or "has ffn=True but the parent layer has no FFN"
+    elif spec.ffn and spec.ffn_width > parent.ffn_width:
+        problem = problem or f"ffn_width={spec.ffn_width} exceeds the parent's {parent.ffn_width}"
+    if problem:
+        raise ConfigError(f"target is not a sub-architecture of the parent: {where} {problem}")
+
+
+def _attention_problem(parent: LayerSpec, spec: LayerSpec) -> str | None:
+    """Why ``spec``'s attention cannot be cut from ``parent``'s, or None."""
+    if not parent.attention:
+        return "has attention=True but the parent layer has no attention"
+    if spec.head_dim != parent.head_dim:
+        return f"head_dim={spec.head_dim} differs from the parent's {parent.head_dim} (heads are pruned whole)"
+    if spec.num_kv_heads > parent.num_kv_heads:
+        return f"num_kv_heads={spec.num_kv_heads} exceeds the parent's {parent.num_kv_heads}"
+    group, parent_group = spec.num_heads // spec.num_kv_heads, parent.num_heads // parent.num_kv_heads
+    if group > parent_group:
+        return (
+            f"num_heads={spec.num_heads} is {group} query heads per KV head; the parent has {parent_group} "
+            f"(valid num_heads: multiples of num_kv_heads up to {spec.num_kv_heads * parent_group})"
+        )
+    return None
+
+
+def _layer_mapping(parent: Architecture, importance: Importance, target: Architecture, metric: str) -> list[int]:
+    """Parent layer index of each target layer: identity, or the most important layers in order."""
+    if target.num_layers == parent.num_layers:
+        return list(range(parent.num_layers))
+    scores = importance.layer_scores(metric)
+    # Most important first; present layers before fully dropped ones; ties by lower index.
+    ranked = sorted(range(parent.num_layers), key=lambda j: (parent.layers[j].is_noop, -float(scores[j]), j))
+    return sorted(ranked[: target.num_layers])
+
+
+def _plan_layer(importance: Importance, p: int, parent: LayerSpec, spec: LayerSpec) -> LayerPlan:
+    heads: tuple[int, ...] = ()
+    groups: tuple[int, ...] = ()
+    if spec.attention:
+        r, r_new = parent.num_heads // parent.num_kv_heads, spec.num_heads // spec.num_kv_heads
+        groups = _top(importance.kv_groups[p], spec.num_kv_heads)
+        by_group = importance.heads[p].view(parent.num_kv_heads, r)  # (G, r): query heads of each KV group
+        heads = tuple(g * r + j for g in groups for j in _top(by_group[g], r_new))
+    ffn = _top(importance.ffn[p], spec.ffn_width) if spec.ffn else ()
+    return LayerPlan(parent_index=p, heads=heads, kv_heads=groups, ffn_channels=ffn)
