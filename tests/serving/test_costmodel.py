@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from golden_cost import GOLD_ARCH, GOLD_ENGINE, GOLD_HW, GOLD_PROFILE, GOLD_SCENARIO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,38 +16,10 @@ from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.serving.costmodel import METRICS, ArchArrays, Scenario, estimate_batch, estimate_cost
 from autocompress_opt.serving.dtypes import WEIGHT_DTYPES
-from autocompress_opt.serving.engines import ENGINES, Engine, get_engine
-from autocompress_opt.serving.hardware import HARDWARE, Hardware
-from autocompress_opt.serving.profiles import CostProfile
+from autocompress_opt.serving.engines import ENGINES, get_engine
+from autocompress_opt.serving.hardware import HARDWARE
 
 GIB = 2**30
-
-# A device, engine and profile with round numbers, so golden values can be worked by hand.
-GOLD_HW = Hardware(name="gold", memory_gib=10, bandwidth_gb_s=100, peak_tflops={"bf16": 10})
-GOLD_ENGINE = Engine(
-    name="gold",
-    description="hand-checkable",
-    kernels_per_attention=1,
-    kernels_per_ffn=1,
-    kernels_per_step=0,
-    chunk_tokens=0,
-    kv_block_tokens=1,
-    memory_policy="dynamic",
-    max_seqs=1 << 20,
-    framework_gib=0.0,
-)
-GOLD_PROFILE = CostProfile("gold", mfu=0.5, mbu=0.5, kernel_launch_us=1.0, step_overhead_ms=0.01)
-GOLD_ARCH = Architecture.uniform(
-    num_layers=2,
-    hidden_size=64,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    ffn_width=128,
-    vocab_size=1000,
-    tie_embeddings=False,
-)
-GOLD_SCENARIO = Scenario(dtype="bf16", input_len=100, output_len=21, concurrency=1)
 
 
 def test_golden_values_match_hand_computation() -> None:

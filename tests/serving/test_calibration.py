@@ -61,7 +61,7 @@ def test_observation_rejects_bad_metric_and_value() -> None:
 
 def test_shipped_profiles_are_fitted_and_found() -> None:
     """Every engine with published rows has a fitted engine-wide profile; cpu has its own."""
-    shipped, hardware = load_profiles(Path(__file__).parents[1] / "autocompress_opt" / "data" / "profiles")
+    shipped, hardware = load_profiles(Path(__file__).parents[2] / "autocompress_opt" / "data" / "profiles")
     assert {("*", "vllm"), ("*", "trtllm"), ("*", "llamacpp"), ("cpu", "torch-eager")} <= set(shipped)
     assert get_profile("vllm", "rtx5070").fit["rows"]  # engine-wide profile applies to any GPU
     cpu = shipped[("cpu", "torch-eager")]

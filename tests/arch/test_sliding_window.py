@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from test_costmodel import GOLD_ARCH, GOLD_ENGINE, GOLD_HW, GOLD_PROFILE
+from golden_cost import GOLD_ARCH, GOLD_ENGINE, GOLD_HW, GOLD_PROFILE
 
 from autocompress_opt.arch.architecture import Architecture, LayerSpec
 from autocompress_opt.arch.catalog import load_architecture
@@ -184,7 +184,7 @@ def test_uniform_baseline_lists_the_windows_of_the_layers_it_most_likely_keeps()
 def test_plan_pruning_gives_kept_layers_their_parent_windows() -> None:
     """A tiny Gemma 3 (sliding, full, sliding over 4 tokens) cut to 2 layers: whatever windows the
     target lists, each kept layer computes and reports its parent layer's; the built model agrees."""
-    from test_adapters import tiny_model, tokens
+    from tiny_families import tiny_model, tokens
 
     from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
     from autocompress_opt.prune.importance import estimate_importance
@@ -208,7 +208,7 @@ def test_plan_pruning_gives_kept_layers_their_parent_windows() -> None:
 def test_hetero_config_maps_windows_both_ways() -> None:
     """AutocompressDeciLMConfig stores a layer's window as its block's window_length and reads it back;
     it refuses two window sizes, a conflicting sliding_window and a layer_types argument."""
-    from test_adapters import hetero_arch
+    from tiny_families import hetero_arch
 
     from autocompress_opt.hf.hetero_model import AutocompressDeciLMConfig
 
@@ -230,7 +230,7 @@ def test_hetero_config_maps_windows_both_ways() -> None:
 
 def test_parent_masks_architecture_keeps_windows() -> None:
     """The inner search's discrete architectures (ParentMasks.architecture) keep each kept attention's window."""
-    from test_adapters import tiny_model, tokens
+    from tiny_families import tiny_model, tokens
 
     from autocompress_opt.hf.adapters import adapter_for
     from autocompress_opt.prune.importance import estimate_importance

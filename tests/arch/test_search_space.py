@@ -13,7 +13,7 @@ from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.arch.search_space import CHOICES, SearchSpace, default_space, load_search_space
 from autocompress_opt.errors import ConfigError
 
-BUNDLED = sorted(p.stem for p in (Path(__file__).parents[1] / "search_spaces").glob("*.yaml"))
+BUNDLED = sorted(p.stem for p in (Path(__file__).parents[2] / "search_spaces").glob("*.yaml"))
 
 
 def test_bundled_spaces_load_and_fit_their_parents() -> None:
@@ -114,7 +114,7 @@ def test_plan_mode_scores_retained_importance_when_given_an_importance_record(tm
     """With the parent's importance record the plan proxy is the retained importance mass:
     1 for the whole parent, in (0, 1) for a smaller point, and it drops layers by importance."""
     import torch
-    from test_adapters import tiny_model
+    from tiny_families import tiny_model
 
     from autocompress_opt.hf.adapters import adapter_for
     from autocompress_opt.prune.importance import estimate_importance

@@ -10,8 +10,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_adapters import tiny_model, tokens
-from test_masks import randomise
+from mask_helpers import randomise
+from tiny_families import tiny_model, tokens
 
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch

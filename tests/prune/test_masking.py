@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-from test_adapters import tiny_model, tokens
-from test_materialize import TOLERANCE
+from mask_helpers import TOLERANCE, randomise
+from tiny_families import tiny_model, tokens
 
 from autocompress_opt.hf.adapters import adapter_for
 from autocompress_opt.prune.importance import estimate_importance
@@ -39,18 +39,6 @@ def parent(request: pytest.FixtureRequest) -> Parent:
 def logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(ids).logits
-
-
-def randomise(masks: ParentMasks, seed: int, gate_scale: float = 4.0) -> ParentMasks:
-    """Random widths anywhere in their range and confident gates (|log α| = gate_scale)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in (masks.kv_keep, masks.q_keep, masks.ffn_keep):
-            p.copy_(torch.rand(p.shape, generator=gen) * 1.2 - 0.1)
-        for p in (masks.attn_log_alpha, masks.ffn_log_alpha):
-            p.copy_(torch.where(torch.rand(p.shape, generator=gen) < 0.75, gate_scale, -gate_scale))
-    masks.clamp_()
-    return masks
 
 
 def logits_with_outputs_scaled(model: Any, modules: Any, factor: float, ids: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_adapters import FAMILIES, VOCAB, tiny_hetero_model, tiny_model, tokens
+from tiny_families import FAMILIES, VOCAB, tiny_hetero_model, tiny_model, tokens
 
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.hf.adapters import adapter_for

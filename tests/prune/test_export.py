@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_adapters import FAMILIES, hetero_arch, tiny_hetero_model, tiny_model, tokens
+from tiny_families import FAMILIES, hetero_arch, tiny_hetero_model, tiny_model, tokens
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
-from test_adapters import BUILDERS as ADAPTER_MODELS
+from tiny_families import BUILDERS as ADAPTER_MODELS
 from tiny_lm import byte_tokenizer, save_hf_dir, tiny_model
 
 import autocompress_opt.tasks as tasks_package
