@@ -301,46 +301,65 @@ def _rates(hw: Hardware, dt: WeightDtype, profile: CostProfile, floor: bool) -> 
     )
 
 
-def _phase_ms(
-    a: ArchArrays,
-    s: _Structure,
-    dt: WeightDtype,
-    kv_bytes: float,
-    eng: Engine,
-    r: _Rates,
-    ops: _Ops,
-    tp: int,
-    *,
-    tokens: Array,
-    pairs: Array,
-    kv_read_tokens: Array,
-    logits_tokens: Array,
-    steps: Array,
-) -> Array:
-    """Milliseconds to run ``steps`` engine steps that together process ``tokens`` new tokens.
+@dataclass(frozen=True)
+class _Setup:
+    """What stays fixed across the phases of one :func:`estimate_batch` call: the architectures (as
+    arrays and derived structure), the weight format and KV bytes per element, the engine, tensor
+    parallelism, and the array backend."""
+
+    arrays: ArchArrays
+    structure: _Structure
+    dtype: WeightDtype
+    kv_bytes: float
+    engine: Engine
+    tp: int
+    ops: _Ops
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """The work of one serving phase (prefill or decode) for a batch of ``N`` architectures.
 
     ``pairs`` counts (query, key) pairs attended and ``kv_read_tokens`` cached tokens read, per
-    layer ``(N, L)`` (a sliding layer attends and reads within its window); ``tokens``,
-    ``logits_tokens`` (rows sent through the LM head) and ``steps`` are ``(N,)``; weights are read
-    once per step. The result is ``(N,)``.
+    layer ``(N, L)`` (a sliding layer attends and reads within its window); ``tokens`` (new tokens
+    processed), ``logits_tokens`` (rows sent through the LM head) and ``steps`` (engine steps) are
+    ``(N,)``.
     """
-    tok, stp = tokens[:, None], steps[:, None]
+
+    tokens: Array
+    pairs: Array
+    kv_read_tokens: Array
+    logits_tokens: Array
+    steps: Array
+
+
+def _phase_ms(setup: _Setup, rates: _Rates, phase: _Phase) -> Array:
+    """Milliseconds, ``(N,)``, to run ``phase.steps`` engine steps that together process
+    ``phase.tokens`` new tokens at ``rates``; weights are read once per step."""
+    a, s, ops, tp = setup.arrays, setup.structure, setup.ops, setup.tp
+    tok, stp = phase.tokens[:, None], phase.steps[:, None]
     # GEMMs: 2 FLOPs per parameter per token; weights streamed once per step.
-    t_gemm = ops.max(2 * tok * s.lin / (tp * r.flops), stp * s.lin * dt.body_bits / 8 / (tp * r.bytes_s))
+    t_gemm = ops.max(
+        2 * tok * s.lin / (tp * rates.flops), stp * s.lin * setup.dtype.body_bits / 8 / (tp * rates.bytes_s)
+    )
     # Attention: QKᵀ and AV are 2·d FLOPs each per head per pair; K,V read for cached + new tokens
     # (every new token's K,V is written, window or not).
-    attn_flops = 4 * pairs * s.q_heads_dim
-    attn_bytes = kv_bytes * 2 * (kv_read_tokens + tok) * s.kv_heads_dim
-    t_attn = ops.max(attn_flops / (tp * r.attn_flops), attn_bytes / (tp * r.bytes_s))
-    vd = a.vocab * a.hidden
-    t_head = ops.max(2 * logits_tokens * vd / (tp * r.flops), steps * s.head_read_bytes / (tp * r.bytes_s))
+    attn_flops = 4 * phase.pairs * s.q_heads_dim
+    attn_bytes = setup.kv_bytes * 2 * (phase.kv_read_tokens + tok) * s.kv_heads_dim
+    t_attn = ops.max(attn_flops / (tp * rates.attn_flops), attn_bytes / (tp * rates.bytes_s))
+    vocab_x_hidden = a.vocab * a.hidden
+    t_head = ops.max(
+        2 * phase.logits_tokens * vocab_x_hidden / (tp * rates.flops),
+        phase.steps * s.head_read_bytes / (tp * rates.bytes_s),
+    )
+    eng = setup.engine
     kernels = (eng.kernels_per_attention * a.attn + eng.kernels_per_ffn * a.ffn).sum(-1) + eng.kernels_per_step
-    fixed = steps * (kernels * r.launch_s + r.step_s)
+    fixed = phase.steps * (kernels * rates.launch_s + rates.step_s)
     total = (t_gemm + t_attn).sum(-1) + t_head + fixed
     if tp > 1:
         blocks = (a.attn + a.ffn).sum(-1)  # one all-reduce after each attention and each FFN block
-        message = tokens * a.hidden * dt.activation_bytes * 2 * (tp - 1) / tp
-        total = total + blocks * (steps * r.allreduce_s + message / r.link_bytes_s)
+        message = phase.tokens * a.hidden * setup.dtype.activation_bytes * 2 * (tp - 1) / tp
+        total = total + blocks * (phase.steps * rates.allreduce_s + message / rates.link_bytes_s)
     return 1e3 * total
 
 
@@ -418,7 +437,7 @@ def estimate_batch(
     # Causal: token t attends to min(t, w) keys; Σ_{t=1..P} min(t, w) = m(m+1)/2 + (P − m)·w, m = min(P, w).
     seen = ops.min(window, float(p_len))  # (N, L)
     prompt_pairs = seen * (seen + 1) / 2 + (p_len - seen) * window
-    prefill = dict(
+    prefill = _Phase(
         tokens=prompt_tokens,
         pairs=batch_pos[:, None] * prompt_pairs,
         kv_read_tokens=batch_pos[:, None] * 0.0,
@@ -428,15 +447,16 @@ def estimate_batch(
     # Decode: one token per sequence per step at the mean context of the generation, which a
     # sliding layer caps at its window.
     context = batch_pos[:, None] * ops.min(window, p_len + o_len / 2)  # (N, L)
-    decode = dict(
+    decode = _Phase(
         tokens=batch_pos, pairs=context, kv_read_tokens=context, logits_tokens=batch_pos, steps=batch_pos * 0 + 1.0
     )
 
+    setup = _Setup(arrays, s, dt, kv_bytes, eng, tp, ops)
     out: dict[str, Array] = {}
     for floor in (False, True):
         rates = _rates(hw, dt, prof, floor)
-        ttft = _phase_ms(arrays, s, dt, kv_bytes, eng, rates, ops, tp, **prefill)
-        tpot = _phase_ms(arrays, s, dt, kv_bytes, eng, rates, ops, tp, **decode)
+        ttft = _phase_ms(setup, rates, prefill)
+        tpot = _phase_ms(setup, rates, decode)
         if floor:
             out["ttft_floor_ms"], out["tpot_floor_ms"] = ttft, tpot
         else:
