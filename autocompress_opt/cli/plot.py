@@ -37,13 +37,14 @@ def run(args: argparse.Namespace) -> int:
         written += plot_pareto(studies, args.out / f"{name}-pareto", title=f"Study '{name}': quality vs serving cost")
         for view in views:
             best, parent = view.best_feasible(), view.parent
-            if best is not None and parent is not None and best.arch() is not None:
+            arch = best.arch() if best is not None else None
+            if best is not None and parent is not None and arch is not None:
                 written += plot_structure(
-                    best.arch(),
+                    arch,
                     parent,
                     args.out / f"{view.name}-structure",
                     title=f"{view.label}: best feasible trial #{best.number} "
-                    f"(quality {best.quality:.3f})\n{best.arch().summary()}",
+                    f"(quality {best.quality:.3f})\n{arch.summary()}",
                 )
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

@@ -184,7 +184,8 @@ class AutocompressDeciLMConfig(PreTrainedConfig):
         """``layer_types`` holds one entry per layer; ``"mlp"`` marks a layer without attention
         (transformers' ``nemotron_h`` does the same), which the stock check does not allow."""
         allowed = (FULL_ATTENTION, SLIDING_ATTENTION, NO_ATTENTION)
-        if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= set(allowed):
+        kinds = self.layer_types or []
+        if len(kinds) != self.num_hidden_layers or not set(kinds) <= set(allowed):
             raise ValueError(f"layer_types must list one of {allowed} per layer, got {self.layer_types}")
 
     @property
@@ -299,7 +300,8 @@ class DeciLMAttention(nn.Module):
     def __init__(self, config: AutocompressDeciLMConfig, block: AttentionBlock, layer_idx: int) -> None:
         super().__init__()
         self.config, self.layer_idx = config, layer_idx
-        self.head_dim = config.head_dim
+        assert config.head_dim is not None  # __post_init__ fills it
+        self.head_dim: int = config.head_dim
         self.num_heads, self.num_key_value_heads = block.num_heads, block.num_key_value_heads
         self.num_key_value_groups = block.num_heads // block.num_key_value_heads
         # Gemma 3 scales by query_pre_attn_scalar**-0.5 (modeling_gemma3.Gemma3Attention), others by head_dim**-0.5.
@@ -326,7 +328,7 @@ class DeciLMAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         shape = (*hidden_states.shape[:-1], -1, self.head_dim)  # (batch, time, heads, head_dim)
         query, key = self.q_proj(hidden_states).view(shape), self.k_proj(hidden_states).view(shape)
-        if self.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm over head_dim, before RoPE
+        if self.q_norm is not None and self.k_norm is not None:  # Qwen3, Gemma 3: RMSNorm over head_dim, before RoPE
             query, key = self.q_norm(query), self.k_norm(key)
         query, key = query.transpose(1, 2), key.transpose(1, 2)  # (batch, heads, time, head_dim)
         value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
@@ -426,10 +428,10 @@ def _rotary(config: AutocompressDeciLMConfig, layer_type: str) -> LlamaRotaryEmb
     """The rotary table of ``layer_type`` layers (a config view whose ``rope_parameters`` are flat)."""
     rope = config.rope_for(layer_type)
     if rope is config.rope_parameters:
-        return LlamaRotaryEmbedding(config=config)
+        return LlamaRotaryEmbedding(config=config)  # type: ignore[arg-type]  # reads the Llama keys it has
     view = copy.copy(config)
     view.rope_parameters = rope
-    return LlamaRotaryEmbedding(config=view)
+    return LlamaRotaryEmbedding(config=view)  # type: ignore[arg-type]
 
 
 class AutocompressDeciLMModel(AutocompressDeciLMPreTrainedModel):
@@ -438,9 +440,13 @@ class AutocompressDeciLMModel(AutocompressDeciLMPreTrainedModel):
     def __init__(self, config: AutocompressDeciLMConfig) -> None:
         super().__init__(config)
         self.padding_idx = config.pad_token_id
+        self.embed_tokens: nn.Embedding
         if config.traits().embed_scale:  # Gemma: embedding × sqrt(hidden_size), as Gemma3TextModel
             self.embed_tokens = Gemma3TextScaledWordEmbedding(
-                config.vocab_size, config.hidden_size, self.padding_idx, embed_scale=config.hidden_size**0.5
+                config.vocab_size,
+                config.hidden_size,
+                self.padding_idx,  # type: ignore[arg-type]  # None (no padding row) works as in nn.Embedding
+                embed_scale=config.hidden_size**0.5,
             )
         else:
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
@@ -457,7 +463,7 @@ class AutocompressDeciLMModel(AutocompressDeciLMPreTrainedModel):
         self,
         input_ids: torch.LongTensor | None = None,  # (batch, time)
         attention_mask: torch.Tensor | dict[str, torch.Tensor] | None = None,
-        position_ids: torch.LongTensor | None = None,
+        position_ids: torch.Tensor | None = None,  # (batch, time) int64
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,

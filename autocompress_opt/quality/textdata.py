@@ -418,7 +418,9 @@ def _split(sources: Sequence[TextSource], split_seed: int, eval_fraction: float)
     if not isinstance(eval_fraction, (int, float)) or not 0.0 < eval_fraction < 1.0:
         raise ConfigError(f"eval_fraction must be in (0, 1), got {eval_fraction!r}")
     _check_seed("split_seed", split_seed)
-    calibration, evaluation, infos = [], [], []
+    calibration: list[str] = []
+    evaluation: list[str] = []
+    infos = []
     for source in sources:
         keys = source.keys()
         infos.append(SourceInfo(source.name, source.domain, source.licence, source.origin(), len(keys)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 import torch
@@ -39,15 +40,18 @@ def _unit_values(masks: ParentMasks, importance: Importance) -> _Values:
     ffn, heads = [], []
     for i, spec in enumerate(masks.parent.layers):
         f_vals: list[float] = []
+        ffn_scores, head_scores, group_scores = importance.ffn[i], importance.heads[i], importance.kv_groups[i]
         if spec.ffn:
-            scores = torch.sort(importance.ffn[i].double(), descending=True, stable=True).values
+            assert ffn_scores is not None  # Importance holds scores for every kept sub-block
+            scores = torch.sort(ffn_scores.double(), descending=True, stable=True).values
             f_vals = (scores.view(-1, masks.ffn_unit).sum(-1) / scores.sum() * weight[i] / 2).tolist()
         h_vals: list[list[float]] = []
         if spec.attention:
             r = spec.num_heads // spec.num_kv_heads
-            by_group = importance.heads[i].double().view(spec.num_kv_heads, r)
+            assert head_scores is not None and group_scores is not None
+            by_group = head_scores.double().view(spec.num_kv_heads, r)
             total = by_group.sum()
-            for g in torch.argsort(importance.kv_groups[i], descending=True, stable=True).tolist():
+            for g in torch.argsort(group_scores, descending=True, stable=True).tolist():
                 sorted_heads = torch.sort(by_group[g], descending=True, stable=True).values
                 h_vals.append((sorted_heads / total * weight[i] / 2).tolist())
         ffn.append(f_vals)
@@ -255,7 +259,7 @@ def _combine(
     limit: int,
 ) -> tuple[list[DiscreteLayer], int]:
     """Apply the best-scoring finite moves, at most one per layer and ``limit`` in all."""
-    combined, touched = list(layers), set()
+    combined, touched = list(layers), set[int]()
     for j in order:
         if len(touched) >= limit or not np.isfinite(score[j]):
             break
@@ -275,7 +279,7 @@ def _fill(
     current = evaluate([layers])[0]
     moves, cap = 0, 8 * len(layers)
     while moves < cap:
-        candidates = _grow_moves(layers, values, masks.parent, masks.sizes)
+        candidates = _grow_moves(layers, values, masks.parent, cast(torch.Tensor, masks.sizes))
         if not candidates:
             break
         viol = evaluate([c[1] for c in candidates])

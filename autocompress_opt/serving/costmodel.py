@@ -161,7 +161,7 @@ class ArchArrays:
         if backend == "torch":
             import torch
 
-            arrays = {k: torch.from_numpy(v) for k, v in arrays.items()}
+            arrays = {k: torch.from_numpy(v) for k, v in arrays.items()}  # type: ignore[misc]
         elif backend != "numpy":
             raise ConfigError(f"backend must be 'numpy' or 'torch', got {backend!r}")
         return cls(**arrays)
@@ -486,6 +486,6 @@ def estimate_cost(
 ) -> CostEstimate:
     """The cost of one architecture: :func:`estimate_batch` on a batch of one, as floats."""
     values = estimate_batch(ArchArrays.from_architectures([arch]), hardware, engine, scenario, profile)
-    row = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in values.items()}
+    row: dict[str, Any] = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in values.items()}
     row["max_concurrency"] = int(row["max_concurrency"])
     return CostEstimate(**row)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -131,7 +131,7 @@ def fit_profile(
 
     def profile_from(t: torch.Tensor) -> CostProfile:
         values: dict[str, Any] = {}
-        by_dtype = dict(start.mfu_by_dtype)
+        by_dtype: dict[str, Any] = dict(start.mfu_by_dtype)
         for name, raw in zip(names, t):
             is_eff = name in _EFFICIENCIES or name.startswith("mfu_by_dtype.")
             value = torch.sigmoid(raw) if is_eff else torch.exp(raw)
@@ -139,7 +139,7 @@ def fit_profile(
                 by_dtype[name.split(".")[1]] = value
             else:
                 values[name] = value
-        return replace(start, **values, mfu_by_dtype=by_dtype)
+        return start.with_parameters(**values, mfu_by_dtype=by_dtype)
 
     def loss_fn() -> torch.Tensor:
         preds = predict(observations, profile_from(theta), backend="torch")
@@ -157,7 +157,7 @@ def fit_profile(
     optimiser.step(closure)
     fitted = profile_from(theta.detach())
     plain = {k: float(v) for k, v in ((n, getattr(fitted, n)) for n in free)}
-    return replace(fitted, **plain, mfu_by_dtype={k: float(v) for k, v in fitted.mfu_by_dtype.items()})
+    return fitted.with_parameters(**plain, mfu_by_dtype={k: float(v) for k, v in fitted.mfu_by_dtype.items()})
 
 
 def relative_errors(observations: Sequence[Observation], profile: CostProfile | None = None) -> np.ndarray:

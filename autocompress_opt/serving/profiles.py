@@ -86,7 +86,8 @@ class CostProfile:
     def mfu_for(self, compute_dtype: str) -> float:
         return self.mfu_by_dtype.get(compute_dtype, self.mfu)
 
-    def with_parameters(self, **values: float) -> CostProfile:
+    def with_parameters(self, **values: Any) -> CostProfile:
+        """A copy with some fields replaced (the fitted parameters, usually)."""
         return replace(self, **values)
 
     def to_dict(self) -> dict[str, Any]:

@@ -192,8 +192,7 @@ def fit_published(rows: Sequence[tuple[Observation, str]]) -> list[CostProfile]:
 def _rounded(profile: CostProfile) -> CostProfile:
     """Four significant digits: the fit is not more precise than that."""
     sig = lambda v: float(f"{v:.4g}")
-    return replace(
-        profile,
+    return profile.with_parameters(
         **{
             k: sig(getattr(profile, k))
             for k in ("mfu", "mbu", "kernel_launch_us", "step_overhead_ms", "allreduce_latency_us")

@@ -89,7 +89,7 @@ def _task(name: str, source: str, metric: str) -> Callable[[TaskBuilder], TaskBu
 
 
 # --------------------------------------------------------------- public API
-def build_task(name: str, *, n_items: int = 200, seed: int = 0, data_dir: Path | None = None) -> TaskSpec:
+def build_task(name: str, *, n_items: int = 200, seed: int = 0, data_dir: str | Path | None = None) -> TaskSpec:
     """The task ``name`` with at most ``n_items`` items drawn with ``seed`` (see the module contract).
 
     Raises :class:`UnknownNameError` for an unknown name, :class:`ConfigError` for
@@ -107,16 +107,16 @@ def build_task(name: str, *, n_items: int = 200, seed: int = 0, data_dir: Path |
         raise ConfigError(f"n_items must be an int >= 1, got {n_items!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ConfigError(f"seed must be an int, got {seed!r}")
-    return TASK_BUILDERS[name](n_items=n_items, seed=seed, data_dir=data_dir)
+    return TASK_BUILDERS[name](n_items=n_items, seed=seed, data_dir=None if data_dir is None else Path(data_dir))
 
 
-def task_available(name: str, data_dir: Path | None = None) -> tuple[bool, str]:
+def task_available(name: str, data_dir: str | Path | None = None) -> tuple[bool, str]:
     """(whether the task's source is installed, the install hint when it is not)."""
     if name == PERPLEXITY_TASK:
         return True, ""  # the default text sources ship with every Python
     if name not in TASK_SOURCES:
         raise UnknownNameError("task", name, TASK_NAMES)
-    status = sources.source_status(TASK_SOURCES[name], data_dir)
+    status = sources.source_status(TASK_SOURCES[name], None if data_dir is None else Path(data_dir))
     return status.available, status.hint
 
 

@@ -150,7 +150,7 @@ def loglikelihoods(
     encoded = [encode_pair(tokenizer, ctx, cont) for ctx, cont in pairs]
     rows = [_row(ctx, cont, limit) for ctx, cont in encoded]
     groups: dict[tuple[int, ...], list[int]] = {}
-    if share_context and _cache_kwarg(type(model)) is not None:
+    if share_context and _cache_kwarg(model.__class__) is not None:
         for index, (ctx, cont) in enumerate(encoded):
             if len(ctx) + len(cont) <= limit + 1:  # not cut: the input is exactly ctx + cont[:-1]
                 groups.setdefault(tuple(ctx), []).append(index)
@@ -242,8 +242,11 @@ def _forward(
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask.to(device)
     if cache is not None:
-        kwargs[_cache_kwarg(type(model))] = cache
-    if _accepts(type(model), "logits_to_keep"):
+        name = _cache_kwarg(model.__class__)
+        if name is None:
+            raise ConfigError(f"{type(model).__name__}.forward takes no KV cache ('cache' or 'past_key_values')")
+        kwargs[name] = cache
+    if _accepts(model.__class__, "logits_to_keep"):
         kwargs["logits_to_keep"] = keep
     return model(**kwargs).logits[:, -keep:]
 
@@ -258,11 +261,12 @@ def _new_cache(model: Any) -> Any:
 
 
 @functools.cache
-def _accepts(model_type: type, name: str) -> bool:
+def _accepts(model_type: Any, name: str) -> bool:
+    """Whether ``model_type.forward`` (a model class, cached per class) takes the keyword ``name``."""
     return name in inspect.signature(model_type.forward).parameters
 
 
-def _cache_kwarg(model_type: type) -> str | None:
+def _cache_kwarg(model_type: Any) -> str | None:
     """The forward's KV-cache argument: ``cache`` (transformers >= 5.2x), ``past_key_values`` before."""
     return next((name for name in ("cache", "past_key_values") if _accepts(model_type, name)), None)
 

@@ -204,7 +204,7 @@ def definition_item(task: str, synset: Synset, word: str, pool: Sequence[str], r
 
 def sister_words(wordnet: WordNet, synset: Synset, hyponyms: Mapping[str, Sequence[Synset]]) -> list[str]:
     """Plain familiar lemmas of the synset's sister terms (other hyponyms of any of its hypernyms)."""
-    words = set()
+    words: set[str] = set()
     for parent in synset.hypernyms:
         for sister in hyponyms.get(f"{synset.pos}:{parent}", ()):
             if sister.key == synset.key:
