@@ -1,0 +1,114 @@
+"""The package as a whole: the lazily imported public API, the old import paths kept for users,
+the layering contract, and the generic registry's lazy and built-in entries."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import autocompress_opt as ac
+from autocompress_opt.errors import UnknownNameError
+from autocompress_opt.registry import Registry
+
+ROOT = Path(__file__).parents[1]
+
+
+def _run(code: str) -> str:
+    """Run ``code`` in a fresh interpreter (so nothing this test process imported leaks in)."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+@pytest.mark.parametrize("name", ac.__all__)
+def test_every_public_name_resolves_to_its_defining_module(name: str) -> None:
+    value = getattr(ac, name)
+    module = ac._API[name]
+    assert getattr(value, "__module__", module) == module, f"{name} comes from {value.__module__}, not {module}"
+
+
+def test_unknown_public_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'estimate_costs'"):
+        ac.estimate_costs  # noqa: B018
+
+
+def test_import_is_light_and_the_api_works_without_torch() -> None:
+    """``import autocompress_opt`` and the cost model load neither torch nor transformers."""
+    printed = _run("""
+        import sys
+        import autocompress_opt as ac
+        light = not {"torch", "transformers", "ray", "optuna"} & set(sys.modules)
+        arch = ac.load_architecture("smollm2-135m")
+        cost = ac.estimate_cost(arch, "h100-sxm", "vllm", ac.Scenario(concurrency=8))
+        print(light, "torch" in sys.modules, cost.tpot_ms > 0)
+    """)
+    assert printed == "True False True"
+
+
+def test_old_import_paths_still_work() -> None:
+    """Exported checkpoints say ``import autocompress_opt.hetero_model``; ``--plugin`` modules import
+    ``autocompress_opt.trials``."""
+    printed = _run("""
+        import autocompress_opt.hetero_model as old
+        from transformers import AutoConfig
+        from autocompress_opt.hf.hetero_model import AutocompressDeciLMForCausalLM
+        from autocompress_opt.trials import TRIAL_MODES, Target
+        from autocompress_opt.search.trials import TRIAL_MODES as new_modes
+        print(old.AutocompressDeciLMForCausalLM is AutocompressDeciLMForCausalLM,
+              AutoConfig.for_model("autocompress_decilm").model_type, TRIAL_MODES is new_modes,
+              sorted(TRIAL_MODES.names()))
+    """)
+    assert printed == "True autocompress_decilm True ['plan', 'weights']"
+
+
+def test_the_layering_contract_holds() -> None:
+    """Imports only run downwards and nothing imports in a cycle (pyproject [tool.importlinter])."""
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    if lint is None:
+        pytest.skip("import-linter is not installed: pip install import-linter==2.16")
+    result = subprocess.run([lint], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+# ------------------------------------------------------------------ registry
+def test_lazy_entry_is_imported_on_first_lookup_only() -> None:
+    registry: Registry[object] = Registry("thing")
+    registry.register_lazy("dumps", "json:dumps", aliases=("to-json",))
+    assert "dumps" in registry and "to-json" in registry and registry.names() == ["dumps"]
+    import json
+
+    assert registry.get("TO-JSON") is json.dumps
+
+
+def test_lazy_entry_with_a_bad_target_is_refused() -> None:
+    registry: Registry[object] = Registry("thing")
+    with pytest.raises(ValueError, match="expected 'package.module:attribute', got 'json.dumps'"):
+        registry.register_lazy("dumps", "json.dumps")
+
+
+def test_a_name_registered_twice_is_refused_lazy_or_not() -> None:
+    registry: Registry[object] = Registry("thing")
+    registry.register("a", 1)
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_lazy("a", "json:dumps")
+    registry.register_lazy("a", "json:dumps", replace=True)
+    assert callable(registry.get("a"))
+
+
+def test_builtins_are_registered_on_first_use_not_at_construction() -> None:
+    calls: list[int] = []
+
+    def builtins(registry: Registry[int]) -> None:
+        calls.append(1)
+        registry.register("one", 1)
+
+    registry: Registry[int] = Registry("number", builtins=builtins)
+    assert calls == []
+    assert registry.get("one") == 1 and registry.names() == ["one"] and "one" in registry
+    assert calls == [1]
+    with pytest.raises(UnknownNameError, match="unknown number 'onr' — did you mean 'one'"):
+        registry.get("onr")
