@@ -8,7 +8,17 @@ differently for another ``batch_size``: expect ~1e-6 relative differences, never
   token ``t+1``; the first token of a row is context only.
 - :func:`kl_divergence`: mean over all ``L`` positions of ``KL(teacher ‖ student)`` of the
   next-token distributions, in nats. Zero for a model against itself; never negative.
+- :func:`kl_and_perplexity`: both of a student against cached teacher logits, in one student pass.
 - :func:`evaluate`: both on the held-out code and prose of :mod:`autocompress_opt.quality.textdata`.
+
+The two tensor-level building blocks are the one definition of the KL in the package; the inner
+mask search (a differentiable mean over a batch), the weights trial and distillation (with a
+temperature) call them rather than writing their own:
+
+- :func:`log_probs`: ``log_softmax(logits / T)`` in float32, the one normalisation every path uses
+  (so cached teacher logits give exactly what a live teacher gives).
+- :func:`token_kl`: per-position ``KL(teacher ‖ student) = Σ_v p_t (log p_t − log p_s)`` of two
+  log-probability tensors; differentiable.
 
 Every function is deterministic given its inputs (eval mode, no sampling, no dropout) and leaves
 the model's training flag as it found it.
@@ -28,7 +38,16 @@ import torch
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.quality.textdata import DEFAULT_SPLIT_SEED, TextBatches, text_batches
 
-__all__ = ["QualityReport", "cache_teacher_logits", "evaluate", "kl_divergence", "perplexity"]
+__all__ = [
+    "QualityReport",
+    "cache_teacher_logits",
+    "evaluate",
+    "kl_and_perplexity",
+    "kl_divergence",
+    "log_probs",
+    "perplexity",
+    "token_kl",
+]
 
 DEFAULT_BATCH_SIZE = 4  # rows per forward pass; (4, 512, 49152) fp32 logits are 0.4 GB
 
@@ -56,6 +75,37 @@ class _Totals:
     @property
     def kl(self) -> float:
         return self.kl_nats / self.n_positions
+
+
+# ---------------------------------------------------------------- tensor level
+def log_probs(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Float32 log-probabilities ``log_softmax(logits / temperature)`` over the last dimension.
+
+    ``logits``: ``(..., V)`` in any float dtype; the result has the same shape, in float32, and is
+    differentiable. ``temperature`` (> 0) softens (> 1) or sharpens (< 1) the distribution; at 1 the
+    logits are not divided (bit-identical either way). The one normalisation of the package: every
+    KL and cross-entropy goes through it, so cached float32 teacher logits reproduce a live teacher.
+    """
+    if not temperature > 0:
+        raise ConfigError(f"temperature must be > 0, got {temperature!r}")
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
+    return torch.log_softmax(scaled, dim=-1)
+
+
+def token_kl(student_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor) -> torch.Tensor:
+    """Per-position ``KL(teacher ‖ student) = Σ_v p_t·(log p_t − log p_s)`` in nats.
+
+    Both arguments are log-probabilities of the same shape ``(..., V)`` (e.g. ``(B, L, V)``, from
+    :func:`log_probs`); the result has shape ``(...)`` (e.g. ``(B, L)``), in their dtype, and is
+    differentiable w.r.t. both. Never negative up to rounding; zero where the two agree. Reduce it
+    as the caller's contract needs (a mean over positions for a loss, float64 sums for a report).
+    """
+    if student_log_probs.shape != teacher_log_probs.shape:
+        raise ConfigError(
+            f"student and teacher disagree on the vocabulary: log-probabilities {tuple(student_log_probs.shape)} "
+            f"vs {tuple(teacher_log_probs.shape)}; they must share the tokenizer"
+        )
+    return (teacher_log_probs.exp() * (teacher_log_probs - student_log_probs)).sum(-1)
 
 
 # ------------------------------------------------------------------------- API
@@ -90,11 +140,8 @@ def kl_divergence(
     tokens = _tokens(batches)
     if teacher is None and teacher_logits is None:
         raise ConfigError("kl_divergence needs a teacher model or its cached teacher_logits")
-    if teacher_logits is not None and tuple(teacher_logits.shape[:2]) != tuple(tokens.shape):
-        raise ConfigError(
-            f"teacher_logits has shape {tuple(teacher_logits.shape)}; batches {tuple(tokens.shape)} "
-            "need (n_samples, seq_len, vocab)"
-        )
+    if teacher_logits is not None:
+        _check_teacher_logits(teacher_logits, tokens)
     return _score(
         student,
         tokens,
@@ -104,6 +151,29 @@ def kl_divergence(
         progress=progress,
         desc="KL to teacher",
     ).kl
+
+
+def kl_and_perplexity(
+    model: Any,
+    batches: torch.Tensor | TextBatches,
+    teacher_logits: torch.Tensor,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = True,
+) -> tuple[float, float]:
+    """``(kl_divergence, perplexity)`` of ``model`` on ``batches`` in one pass of the model.
+
+    ``teacher_logits``: the teacher's ``(n, L, V)`` logits (or log-probabilities) on ``batches``, as
+    from :func:`cache_teacher_logits`. Both numbers are exactly what :func:`kl_divergence` (with
+    these ``teacher_logits``) and :func:`perplexity` return at the same ``batch_size``; this costs
+    one forward pass per batch instead of two.
+    """
+    tokens = _tokens(batches)
+    _check_teacher_logits(teacher_logits, tokens)
+    totals = _score(
+        model, tokens, teacher_logits=teacher_logits, batch_size=batch_size, progress=progress, desc="KL and perplexity"
+    )
+    return totals.kl, totals.perplexity
 
 
 def cache_teacher_logits(
@@ -245,13 +315,13 @@ def _score(
     totals, offset = _Totals(), 0
     with _inference(model), _inference(teacher):
         for chunk in _chunks(tokens, batch_size, progress, desc):
-            student = _log_probs(model, chunk)  # (B, L, V) float32
+            student = log_probs(_logits(model, chunk))  # (B, L, V) float32
             totals += _cross_entropy(student, chunk.to(student.device))
             if teacher_logits is not None:
                 cached = teacher_logits[offset : offset + len(chunk)].to(student.device)
-                totals += _kl(student, _normalise(cached))
+                totals += _kl_totals(student, log_probs(cached))
             elif teacher is not None:
-                totals += _kl(student, _log_probs(teacher, chunk).to(student.device))
+                totals += _kl_totals(student, log_probs(_logits(teacher, chunk)).to(student.device))
             offset += len(chunk)
     return totals
 
@@ -262,30 +332,15 @@ def _logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
     return model(input_ids=tokens.to(device), use_cache=False).logits
 
 
-def _normalise(logits: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities in float32 (the one normalisation every path uses, so cached == live)."""
-    return torch.log_softmax(logits.float(), dim=-1)
-
-
-def _log_probs(model: Any, tokens: torch.Tensor) -> torch.Tensor:
-    """``(B, L, V)`` float32 next-token log-probabilities of ``model`` on ``tokens`` (B, L)."""
-    return _normalise(_logits(model, tokens))
-
-
 def _cross_entropy(log_probs: torch.Tensor, tokens: torch.Tensor) -> _Totals:
     """Summed CE of positions 0..L-2 predicting tokens 1..L-1."""
     picked = log_probs[:, :-1].gather(-1, tokens[:, 1:, None])  # (B, L-1, 1)
     return _Totals(ce_nats=-float(picked.sum(dtype=torch.float64)), n_targets=picked.numel())
 
 
-def _kl(student: torch.Tensor, teacher: torch.Tensor) -> _Totals:
+def _kl_totals(student: torch.Tensor, teacher: torch.Tensor) -> _Totals:
     """Summed ``KL(teacher ‖ student)`` over positions; both ``(B, L, V)`` log-probabilities."""
-    if student.shape != teacher.shape:
-        raise ConfigError(
-            f"student and teacher disagree on the vocabulary: logits {tuple(student.shape)} "
-            f"vs {tuple(teacher.shape)}; they must share the tokenizer"
-        )
-    per_position = (teacher.exp() * (teacher - student)).sum(-1)  # (B, L)
+    per_position = token_kl(student, teacher)  # (B, L)
     return _Totals(kl_nats=float(per_position.sum(dtype=torch.float64)), n_positions=per_position.numel())
 
 
@@ -324,6 +379,14 @@ def _tokens(batches: torch.Tensor | TextBatches) -> torch.Tensor:
     if tokens.shape[0] < 1 or tokens.shape[1] < 2:
         raise ConfigError(f"batches need at least 1 row of 2 tokens, got shape {tuple(tokens.shape)}")
     return tokens
+
+
+def _check_teacher_logits(teacher_logits: torch.Tensor, tokens: torch.Tensor) -> None:
+    if tuple(teacher_logits.shape[:2]) != tuple(tokens.shape):
+        raise ConfigError(
+            f"teacher_logits has shape {tuple(teacher_logits.shape)}; batches {tuple(tokens.shape)} "
+            "need (n_samples, seq_len, vocab)"
+        )
 
 
 def _check_batch_size(batch_size: int) -> None:

@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from autocompress_opt.errors import ConfigError
+from autocompress_opt.quality.metrics import kl_divergence, log_probs, token_kl
 
 __all__ = [
     "MIN_LR_RATIO",
@@ -167,16 +168,13 @@ def distillation_loss(
 ) -> torch.Tensor:
     """``T² · mean_positions KL(teacher ‖ student)`` of ``(B, L, V)`` logits, in nats, computed in float32.
 
-    At ``T = 1`` this is the ``kl_divergence`` of :mod:`autocompress_opt.quality.metrics`.
+    Both distributions are softened by ``temperature`` (:func:`~autocompress_opt.quality.metrics.log_probs`);
+    the ``T²`` keeps gradient magnitudes comparable across temperatures (Hinton et al. 2015). At
+    ``T = 1`` this is the ``kl_divergence`` of :mod:`autocompress_opt.quality.metrics` (same
+    :func:`~autocompress_opt.quality.metrics.token_kl`). Differentiable w.r.t. ``student_logits``;
+    shapes that differ raise ``ConfigError``.
     """
-    if student_logits.shape != teacher_logits.shape:
-        raise ConfigError(
-            f"student and teacher logits differ in shape: {tuple(student_logits.shape)} "
-            f"vs {tuple(teacher_logits.shape)}"
-        )
-    student = torch.log_softmax(student_logits.float() / temperature, dim=-1)
-    teacher = torch.log_softmax(teacher_logits.float() / temperature, dim=-1)
-    per_position = (teacher.exp() * (teacher - student)).sum(-1)  # (B, L)
+    per_position = token_kl(log_probs(student_logits, temperature), log_probs(teacher_logits, temperature))  # (B, L)
     return per_position.mean() * temperature**2
 
 
@@ -578,8 +576,6 @@ def _permutation(seed: int, pass_: int, size: int) -> torch.Tensor:
 
 
 def _held_out_kl(model: Any, teacher: Any, tokens: torch.Tensor, batch_size: int) -> float:
-    from autocompress_opt.quality.metrics import kl_divergence
-
     return kl_divergence(model, teacher, tokens, batch_size=batch_size, progress=False)
 
 

@@ -57,6 +57,7 @@ from autocompress_opt.hf.adapters import FamilyAdapter, adapter_for
 from autocompress_opt.prune.importance import Importance
 from autocompress_opt.prune.masking import Masks, apply_masks
 from autocompress_opt.prune.plan import PrunePlan, plan_pruning
+from autocompress_opt.quality.metrics import log_probs, token_kl
 from autocompress_opt.search.budget import Budget, CostGoal, cost_arrays, expected_totals
 from autocompress_opt.search.discretise import Discrete, discretise
 from autocompress_opt.search.relaxation import ExpectedStructure, ParentMasks
@@ -455,10 +456,11 @@ def objective(
 
 
 def _kl(logits: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """Mean per-position ``KL(teacher ‖ student)`` in nats; ``teacher`` holds log-probabilities."""
-    student = torch.log_softmax(logits.float(), dim=-1)
-    t = teacher.float()
-    return (t.exp() * (t - student)).sum(-1).mean()
+    """Mean per-position ``KL(teacher ‖ student)`` in nats, differentiable w.r.t. ``logits``.
+
+    ``logits`` ``(B, T, V)`` of the masked student; ``teacher`` ``(B, T, V)`` log-probabilities (any
+    float dtype, e.g. the float16 cache of :func:`teacher_log_probs`), compared in float32."""
+    return token_kl(log_probs(logits), teacher.float()).mean()
 
 
 def _violations(

@@ -40,6 +40,7 @@ def teacher_log_probs(
     ``dtype`` (float16 halves memory; its rounding moves a KL by ~1e-3 nats).
     """
     from autocompress_opt.quality.metrics import cache_teacher_logits
+    from autocompress_opt.quality.metrics import log_probs as normalise
 
     key = hashlib.sha256(json.dumps([parent_id, data_id, tokens_id(tokens), str(dtype)]).encode()).hexdigest()[:24]
     if key in _TEACHER_MEMORY:
@@ -52,7 +53,7 @@ def teacher_log_probs(
         log_probs = load_file(str(path))["log_probs"]
     else:
         logits = cache_teacher_logits(model, tokens, batch_size=batch_size, progress=False)
-        log_probs = torch.log_softmax(logits, dim=-1).to(dtype)
+        log_probs = normalise(logits).to(dtype)
         del logits
         if path is not None:
             from safetensors.torch import save_file

@@ -50,6 +50,7 @@ from autocompress_opt.arch.search_space import CHOICES, Choice, SearchSpace
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.hf.adapters import architecture_mismatch
 from autocompress_opt.prune.importance import Importance, estimate_importance
+from autocompress_opt.quality.metrics import kl_and_perplexity
 from autocompress_opt.search.budget import Budget, CostGoal
 from autocompress_opt.search.inner_search import InnerConfig, search
 from autocompress_opt.search.teacher import teacher_log_probs
@@ -273,7 +274,7 @@ def _quality(parent: ParentContext, arch: Architecture, plan: Any, cache_dir: Pa
     child = materialize(parent.model, plan)
     out: dict[str, float] = {}
     for dom, tokens in parent.eval_tokens.items():
-        out[f"kl_{dom}"], out[f"ppl_{dom}"] = _kl_and_perplexity(child, tokens, parent.eval_teacher[dom])
+        out[f"kl_{dom}"], out[f"ppl_{dom}"] = kl_and_perplexity(child, tokens, parent.eval_teacher[dom], progress=False)
     # Both domains have the same number of positions: the token-weighted mean is the plain mean.
     out["kl_to_parent"] = (out["kl_code"] + out["kl_prose"]) / 2
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -281,23 +282,6 @@ def _quality(parent: ParentContext, arch: Architecture, plan: Any, cache_dir: Pa
     tmp.write_text(json.dumps(out, indent=2), encoding="utf-8")
     tmp.replace(path)
     return out, False
-
-
-def _kl_and_perplexity(
-    model: Any, tokens: torch.Tensor, teacher_logits: torch.Tensor, batch_size: int = 4
-) -> tuple[float, float]:
-    """One pass for both numbers, with :mod:`autocompress_opt.quality.metrics`'s definitions: mean per-position
-    ``KL(teacher ‖ model)`` over all ``L`` positions, and ``exp`` of the mean CE of positions ``< L-1``."""
-    kl_sum = ce_sum = 0.0
-    with torch.inference_mode():
-        for start in range(0, tokens.shape[0], batch_size):
-            ids = tokens[start : start + batch_size]
-            student = torch.log_softmax(model(input_ids=ids, use_cache=False).logits.float(), dim=-1)  # (B, L, V)
-            teacher = torch.log_softmax(teacher_logits[start : start + batch_size].float(), dim=-1)
-            kl_sum += float((teacher.exp() * (teacher - student)).sum(-1).sum(dtype=torch.float64))
-            ce_sum -= float(student[:, :-1].gather(-1, ids[:, 1:, None]).sum(dtype=torch.float64))
-    n, length = tokens.shape
-    return kl_sum / (n * length), math.exp(ce_sum / (n * (length - 1)))
 
 
 # ------------------------------------------------------------------------------- trial

@@ -13,7 +13,15 @@ from tiny_lm import VOCAB, byte_tokenizer, save_hf_dir, tiny_model
 
 from autocompress_opt.cli import main
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.quality.metrics import cache_teacher_logits, evaluate, kl_divergence, perplexity
+from autocompress_opt.quality.metrics import (
+    cache_teacher_logits,
+    evaluate,
+    kl_and_perplexity,
+    kl_divergence,
+    log_probs,
+    perplexity,
+    token_kl,
+)
 
 # 5 rows of 12 tokens: batch_size 2 leaves a ragged last batch.
 BATCHES = torch.randint(0, VOCAB, (5, 12), generator=torch.Generator().manual_seed(0))
@@ -110,6 +118,48 @@ def test_kl_errors_name_the_problem(model):
     smaller_vocab = tiny_model("llama", vocab_size=VOCAB - 4)
     with pytest.raises(ConfigError, match=r"disagree on the vocabulary.*must share the tokenizer"):
         kl_divergence(smaller_vocab, model, BATCHES % (VOCAB - 4), progress=False)
+
+
+def test_one_pass_kl_and_perplexity_are_exactly_the_two_metrics(model, perturbed):
+    """kl_and_perplexity (the weights trial's one pass) returns, bit for bit, what kl_divergence with
+    the same cached teacher logits and perplexity return at the same batch_size."""
+    cached = cache_teacher_logits(model, BATCHES, batch_size=2, progress=False)
+    kl, ppl = kl_and_perplexity(perturbed, BATCHES, cached, batch_size=2, progress=False)
+    assert kl == kl_divergence(perturbed, None, BATCHES, batch_size=2, teacher_logits=cached, progress=False)
+    assert ppl == perplexity(perturbed, BATCHES, batch_size=2, progress=False)
+    assert kl > 0
+    with pytest.raises(ConfigError, match=r"teacher_logits has shape \(5, 11, 260\); batches \(5, 12\)"):
+        kl_and_perplexity(perturbed, BATCHES, cached[:, :11], progress=False)
+
+
+# ---------------------------------------------------------------- tensor level
+def test_log_probs_are_float32_and_temperature_divides_the_logits():
+    """log_probs = log_softmax(logits / T) in float32, whatever the input dtype; T = 1 is bit-identical to
+    no division; T must be positive."""
+    logits = torch.randn(2, 3, 7, generator=torch.Generator().manual_seed(0))
+    out = log_probs(logits.half())
+    assert out.dtype == torch.float32 and out.shape == (2, 3, 7)
+    assert torch.equal(log_probs(logits), torch.log_softmax(logits, -1))
+    assert torch.equal(log_probs(logits, 1.0), torch.log_softmax(logits / 1.0, -1))
+    torch.testing.assert_close(log_probs(logits, 2.0), torch.log_softmax(logits / 2, -1), rtol=0, atol=0)
+    torch.testing.assert_close(log_probs(logits).exp().sum(-1), torch.ones(2, 3))
+    with pytest.raises(ConfigError, match=r"temperature must be > 0, got 0"):
+        log_probs(logits, 0)
+
+
+def test_token_kl_by_hand_and_differentiable():
+    """Per position Σ p_t (log p_t − log p_s): (B, L, V) → (B, L); zero against itself; gradients flow."""
+    # One position, V = 2: p_t = (1/2, 1/2), p_s = (1/4, 3/4) → KL = ½ ln 2 + ½ ln(2/3) = ½ ln(4/3)
+    teacher = torch.tensor([[[0.5, 0.5]]]).log()
+    student = torch.tensor([[[0.25, 0.75]]]).log().requires_grad_()
+    kl = token_kl(student, teacher)
+    assert kl.shape == (1, 1)
+    assert float(kl.detach()) == pytest.approx(0.5 * math.log(4 / 3), rel=1e-6)
+    kl.sum().backward()
+    torch.testing.assert_close(student.grad, -teacher.exp())  # ∂KL/∂(log p_s) = −p_t
+    assert torch.equal(token_kl(teacher, teacher), torch.zeros(1, 1))
+    with pytest.raises(ConfigError, match=r"disagree on the vocabulary: log-probabilities \(1, 1, 2\) vs \(1, 1, 3\)"):
+        token_kl(teacher, torch.zeros(1, 1, 3))
 
 
 @pytest.mark.parametrize(

@@ -106,13 +106,16 @@ def test_learning_rate_warms_up_linearly_then_decays_by_cosine() -> None:
 
 
 def test_distillation_loss_is_the_quality_kl_and_scales_with_t_squared() -> None:
-    """At T=1 it equals quality.kl_divergence's per-position KL; it is 0 for equal logits and >= 0."""
-    from autocompress_opt.quality.metrics import _kl
+    """At T=1 it is exactly the mean of quality's per-position KL; it is 0 for equal logits and >= 0."""
+    from autocompress_opt.quality.metrics import log_probs, token_kl
 
     gen = torch.Generator().manual_seed(0)
     student, teacher = torch.randn(2, 5, 11, generator=gen), torch.randn(2, 5, 11, generator=gen)
-    expected = _kl(torch.log_softmax(student, -1), torch.log_softmax(teacher, -1)).kl
-    assert float(distillation_loss(student, teacher)) == pytest.approx(expected, rel=1e-6)
+    expected = token_kl(log_probs(student), log_probs(teacher)).mean()
+    assert torch.equal(distillation_loss(student, teacher), expected)
+    # By hand, independent of quality.metrics: Σ_v p_t (log p_t − log p_s), mean over the 2·5 positions
+    by_hand = (teacher.softmax(-1) * (teacher.log_softmax(-1) - student.log_softmax(-1))).sum(-1).mean()
+    assert float(distillation_loss(student, teacher)) == pytest.approx(float(by_hand), rel=1e-6)
     assert float(distillation_loss(teacher, teacher)) == pytest.approx(0.0, abs=1e-7)
     hot = float(distillation_loss(student, teacher, temperature=2.0))
     assert hot == pytest.approx(4 * float(distillation_loss(student / 2, teacher / 2)), rel=1e-6)

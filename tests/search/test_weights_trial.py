@@ -102,19 +102,3 @@ def test_a_parent_that_is_not_the_loaded_model_is_refused(parent_dir: Path, tmp_
     wrong = {**other.to_dict(), "hidden_size": 64}
     with pytest.raises(ConfigError, match="hidden_size"):
         run_weights_trial(request(parent_dir, tmp_path, parent=wrong))
-
-
-def test_one_pass_quality_matches_the_quality_module() -> None:
-    """The trial scores KL and perplexity in one pass with quality.py's definitions."""
-    import torch
-
-    from autocompress_opt.quality.metrics import kl_divergence, perplexity
-    from autocompress_opt.search.weights_trial import _kl_and_perplexity
-
-    student, teacher = tiny_model("llama", seed=1), tiny_model("llama", seed=2)
-    ids = torch.randint(0, 260, (5, 16), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        teacher_logits = teacher(ids).logits
-    kl, ppl = _kl_and_perplexity(student, ids, teacher_logits, batch_size=2)
-    assert kl == pytest.approx(kl_divergence(student, teacher, ids, progress=False), rel=1e-5)
-    assert ppl == pytest.approx(perplexity(student, ids, progress=False), rel=1e-5)
