@@ -14,8 +14,8 @@ import torch
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.search.relaxation import ExpectedStructure
-from autocompress_opt.serving.costmodel import FULL_WINDOW, ArchArrays, estimate_batch, estimate_cost
-from autocompress_opt.serving.targets import FITS_DEVICE, Target, device_fit_violation, parent_metrics
+from autocompress_opt.serving.costmodel import FULL_WINDOW, ArchArrays, estimate_batch
+from autocompress_opt.serving.targets import Target, parent_metrics
 
 __all__ = ["Budget", "CostGoal", "cost_arrays", "exact_violations", "expected_of", "expected_totals", "totals_of"]
 
@@ -104,7 +104,8 @@ def expected_totals(e: ExpectedStructure) -> dict[str, torch.Tensor]:
 # ------------------------------------------------------------------------------ cost
 @dataclass(frozen=True)
 class CostGoal:
-    """A target's hardware constraints: the workload's (relative to ``parent_metrics``) plus device fit."""
+    """A target's hardware constraints (:meth:`Target.violations`: the workload's, relative to
+    ``parent_metrics``, plus device fit) with the parent's metrics bound, for the inner search."""
 
     target: Target
     parent_metrics: Mapping[str, float]
@@ -119,10 +120,9 @@ class CostGoal:
         return estimate_batch(arrays, t.hardware, t.engine_obj(), t.scenario())
 
     def violations(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
-        """Normalised violations (``<= 0`` feasible) of one architecture's metrics (floats or 1-element tensors)."""
-        out = dict(self.target.resolved_workload().violations(metrics, self.parent_metrics))
-        out[FITS_DEVICE] = device_fit_violation(metrics, self.target)
-        return out
+        """:meth:`Target.violations` of ``metrics`` (floats, numpy or torch arrays) against this parent;
+        ``<= 0`` feasible."""
+        return self.target.violations(metrics, self.parent_metrics)
 
 
 def cost_arrays(parent: Architecture, hidden_size: int, e: ExpectedStructure) -> ArchArrays:
@@ -168,11 +168,11 @@ def expected_of(arch: Architecture) -> ExpectedStructure:
 def exact_violations(
     arch: Architecture, budget: Budget, goal: CostGoal | None
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """``(violations, metrics)`` of ``arch`` by the exact scalar cost model (:func:`estimate_cost`) and the budgets."""
+    """``(violations, metrics)`` of ``arch``: the budgets, then the target's constraints by the exact
+    scalar cost model (:meth:`Target.check`; no metrics without a goal)."""
     out = {k: float(v) for k, v in budget.violations(totals_of(arch)).items()}
     metrics: dict[str, float] = {}
     if goal is not None:
-        t = goal.target
-        metrics = estimate_cost(arch, t.hardware, t.engine_obj(), t.scenario()).to_dict()
-        out.update({k: float(v) for k, v in goal.violations(metrics).items()})
+        hardware, metrics = goal.target.check(arch, goal.parent_metrics)
+        out.update(hardware)
     return out, metrics

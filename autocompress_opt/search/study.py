@@ -32,15 +32,7 @@ from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import SearchSpace
 from autocompress_opt.errors import ConfigError, suggest
-from autocompress_opt.search.trials import (
-    FITS_DEVICE,
-    TRIAL_MODES,
-    Target,
-    device_fit_violation,
-    load_plugins,
-    parent_metrics,
-    run_trial,
-)
+from autocompress_opt.search.trials import TRIAL_MODES, Target, load_plugins, parent_metrics, run_trial
 
 __all__ = ["Objective", "StudyConfig", "TrialRecord", "default_storage", "load_records", "pareto_front", "run_study"]
 
@@ -236,7 +228,6 @@ def _make_searcher(
     import optuna
 
     Searcher = _tune_searcher_base()
-    workload = target.resolved_workload()
     distributions = config.space.distributions()
     TrialState = optuna.trial.TrialState
     driver = {"host": socket.gethostname(), "pid": os.getpid()}
@@ -293,10 +284,7 @@ def _make_searcher(
             trial.set_user_attr("quality_kind", payload["quality_kind"])
             trial.set_user_attr("architecture", payload["architecture"])
             trial.set_user_attr("node", payload.get("node"))
-            violations = {
-                FITS_DEVICE: device_fit_violation(metrics, target),
-                **workload.violations(metrics, parent_cost),
-            }
+            violations = target.violations(metrics, parent_cost)
             for key, value in violations.items():
                 trial.set_constraint(key, float(value))
             # Also as user attributes: optuna-dashboard 0.21 shows only old-style list constraints.

@@ -1,8 +1,11 @@
 """Targets: where and how a pruned model will be served (hardware x workload x engine x
-constraints), the parent's cost there, and the device-memory fit check.
+constraints), the parent's cost there, and *the* feasibility check.
 
 One Optuna study per target; the target's constraints come from its workload, overridden or extended
-by the target's own (``{"tpot_ms": "0.6x"}``, relative to the parent).
+by the target's own (``{"tpot_ms": "0.6x"}``, relative to the parent). :meth:`Target.violations` is
+the one implementation of "is this architecture feasible here": the workload's constraints (relative
+ones scaled by the parent's metrics) plus :data:`FITS_DEVICE`. The study driver, the inner search's
+:class:`~autocompress_opt.search.budget.CostGoal` and the benchmarks all call it.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import reject_unknown_keys
@@ -64,6 +69,34 @@ class Target:
     def engine_obj(self) -> Any:
         return get_engine(self.engine_name).with_options(**dict(self.engine_options))
 
+    def cost_metrics(self, arch: Architecture) -> dict[str, float]:
+        """Every cost metric of ``arch`` served here, by the exact scalar cost model (:func:`estimate_cost`)."""
+        return estimate_cost(arch, self.hardware, self.engine_obj(), self.scenario()).to_dict()
+
+    def violations(self, metrics: Mapping[str, Any], parent_metrics: Mapping[str, float]) -> dict[str, Any]:
+        """Normalised violation of every constraint of this target; ``<= 0`` means satisfied.
+
+        ``metrics``: cost metrics of one or many architectures — floats, or numpy / torch arrays of
+        one shape (e.g. ``estimate_batch`` output; torch stays differentiable). ``parent_metrics``:
+        the parent's metrics here (:func:`parent_metrics`), the reference of relative constraints.
+        Returns, in this order, one entry per workload constraint, keyed by its text
+        (``"tpot_ms <= 0.6x"``: ``(value - limit) / limit``, or ``(limit - value) / limit`` for a
+        lower bound), then :data:`FITS_DEVICE` (:func:`device_fit_violation`). Values have the type
+        and shape of ``metrics``' values. An architecture is feasible when every value is ``<= 0``.
+        Pure.
+        """
+        out = dict(self.resolved_workload().violations(metrics, parent_metrics))
+        out[FITS_DEVICE] = device_fit_violation(metrics, self)
+        return out
+
+    def check(
+        self, arch: Architecture, parent_metrics: Mapping[str, float]
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """``(violations, metrics)`` of one architecture by the exact cost model: :meth:`violations`
+        (as floats) of :meth:`cost_metrics`. Feasible when ``all(v <= 0 for v in violations.values())``."""
+        metrics = self.cost_metrics(arch)
+        return {k: float(v) for k, v in self.violations(metrics, parent_metrics).items()}, metrics
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["constraints"] = dict(self.constraints)
@@ -79,18 +112,26 @@ class Target:
 FITS_DEVICE = "fits device memory"
 
 
-def device_fit_violation(metrics: Mapping[str, float], target: Target) -> float:
+def device_fit_violation(metrics: Mapping[str, Any], target: Target) -> Any:
     """Normalised violation of "the model, its KV cache and activations fit the device":
-    ``peak_memory_gib / (device memory · engine memory fraction) - 1`` (<= 0 fits); also
-    violated (+1) when not one sequence fits."""
+    ``peak_memory_gib / (device memory · engine memory fraction) - 1`` (<= 0 fits); at least +1
+    when not one sequence fits (``max_concurrency < 1``).
+
+    Elementwise on floats and on numpy / torch arrays (the result has their type and shape; torch
+    keeps gradients where the memory term is returned)."""
     engine = target.engine_obj()
     budget = get_hardware(target.hardware).memory_gib * (
         engine.memory_fraction if engine.memory_policy != "dynamic" else 1.0
     )
     over = metrics["peak_memory_gib"] / budget - 1
-    return max(over, 1.0) if metrics["max_concurrency"] < 1 else over
+    none_fits = metrics["max_concurrency"] < 1
+    if hasattr(none_fits, "logical_not"):  # torch tensors (this module does not import torch)
+        return over.clamp(min=1.0).where(none_fits, over)
+    if np.ndim(over) or np.ndim(none_fits):
+        return np.where(none_fits, np.maximum(over, 1.0), over)
+    return max(over, 1.0) if none_fits else over
 
 
 def parent_metrics(parent: Architecture, target: Target) -> dict[str, float]:
     """The parent's cost in the target scenario: the reference of relative constraints."""
-    return estimate_cost(parent, target.hardware, target.engine_obj(), target.scenario()).to_dict()
+    return target.cost_metrics(parent)
