@@ -12,9 +12,13 @@ A layer may attend to a sliding window of the last ``LayerSpec.window`` tokens i
 context (Gemma 3: five of every six layers; Mistral: every layer; Qwen2/3 with
 ``use_sliding_window``). The window changes what the layer caches and computes, not its parameters.
 
-Builders: :meth:`Architecture.from_hf_config` (a transformers config object or dict),
+Builders: :meth:`Architecture.uniform` (every layer alike, from sizes),
+:meth:`Architecture.from_hf_config` (a transformers config object or dict),
 :meth:`Architecture.from_dict` / :meth:`Architecture.from_yaml`; resolving a name or a file is
-:func:`autocompress_opt.arch.catalog.load_architecture`.
+:func:`autocompress_opt.arch.catalog.load_architecture`. :func:`uniform_child` is the one builder of
+a uniform child of a parent (the search space's points, the uniform baseline); which layers it keeps
+comes from a layer order: importance scores rank them
+(:meth:`autocompress_opt.prune.importance.Importance.layer_order`), else :func:`default_layer_order`.
 """
 
 from __future__ import annotations
@@ -27,7 +31,15 @@ from typing import Any
 
 from autocompress_opt.errors import ConfigError, reject_unknown_keys, suggest
 
-__all__ = ["SUPPORTED_FAMILIES", "Architecture", "LayerSpec", "hf_layer_windows"]
+__all__ = [
+    "SUPPORTED_FAMILIES",
+    "Architecture",
+    "LayerSpec",
+    "default_layer_order",
+    "hf_layer_windows",
+    "reference_layer",
+    "uniform_child",
+]
 
 
 @dataclass(frozen=True)
@@ -519,6 +531,80 @@ class Architecture:
             f"{self.name or self.family}: {len(active)}/{self.num_layers} layers, hidden {self.hidden_size}, "
             f"heads {span(heads)}, ffn {span(ffn)}, {self.num_params / 1e6:.1f}M params"
         )
+
+
+# ----------------------------------------------------------------- uniform children
+def reference_layer(parent: Architecture) -> LayerSpec:
+    """The first layer with attention and an FFN: the sizes a uniform child starts from and the
+    limits of a search space (its window is irrelevant: each kept layer keeps its own).
+
+    Raises :class:`ConfigError` when no layer has both.
+    """
+    for layer in parent.layers:
+        if layer.attention and layer.ffn:
+            return layer
+    raise ConfigError(
+        f"parent {parent.name or parent.family!r} has no layer with both attention and an FFN to take sizes from"
+    )
+
+
+def default_layer_order(parent: Architecture) -> list[int]:
+    """The parent's layers from most to least worth keeping when no importance scores are known.
+
+    Deeper layers are the most redundant, but the last one is not (Gromov et al. 2024, "The
+    Unreasonable Ineffectiveness of the Deeper Layers"): the first present layer, the last, then the
+    rest front to back, so the ``n`` first entries are the first ``n - 1`` present layers and the last
+    one (``n >= 2``). Fully dropped layers come last, in index order. A permutation of
+    ``range(parent.num_layers)``.
+    """
+    present = [i for i, layer in enumerate(parent.layers) if not layer.is_noop]
+    dropped = [i for i, layer in enumerate(parent.layers) if layer.is_noop]
+    return present[:1] + present[-1:] + present[1:-1] + dropped if len(present) > 1 else present + dropped
+
+
+def uniform_child(
+    parent: Architecture,
+    *,
+    kept_layers: Sequence[int],
+    hidden_size: int,
+    num_kv_heads: int,
+    q_per_kv: int,
+    ffn_width: int,
+    name: str | None = None,
+) -> Architecture:
+    """A uniform child of ``parent``: every kept layer alike in size, the others dropped.
+
+    Each parent layer ``i`` in ``kept_layers`` becomes a layer with attention (``num_kv_heads`` KV
+    heads, ``num_kv_heads · q_per_kv`` query heads of :func:`reference_layer`'s ``head_dim``) and an
+    FFN of ``ffn_width`` channels, keeping parent layer ``i``'s attention window; every other layer
+    is :meth:`LayerSpec.dropped`. The child lists all ``parent.num_layers`` layers (``.active()``
+    leaves out the dropped ones) and keeps the parent's vocabulary, family, biases and tying; its
+    name defaults to ``"<parent>-pruned"``. Sizes are not checked against the parent's
+    (:func:`~autocompress_opt.prune.plan.plan_pruning` does that).
+
+    Raises :class:`ConfigError` when ``kept_layers`` is empty, repeats a layer, or names one the
+    parent lacks or drops entirely.
+    """
+    kept = set(kept_layers)
+    if not kept or len(kept) != len(kept_layers):
+        raise ConfigError(f"kept_layers must name at least one layer, each once; got {list(kept_layers)}")
+    bad = sorted(i for i in kept if not (0 <= i < parent.num_layers) or parent.layers[i].is_noop)
+    if bad:
+        raise ConfigError(
+            f"kept_layers {bad} are not present layers of the parent (layers 0..{parent.num_layers - 1}, "
+            "fully dropped ones excluded)"
+        )
+    ref = reference_layer(parent)
+    layer = LayerSpec(True, num_kv_heads * q_per_kv, num_kv_heads, ref.head_dim, True, ffn_width)
+    # One LayerSpec per distinct window, shared by the layers that have it (baselines build thousands).
+    by_window = {w: replace(layer, window=w) for w in {parent.layers[i].window for i in kept}}
+    dropped = LayerSpec.dropped()
+    return replace(
+        parent,
+        hidden_size=hidden_size,
+        layers=tuple(by_window[spec.window] if i in kept else dropped for i, spec in enumerate(parent.layers)),
+        name=f"{parent.name or parent.family}-pruned" if name is None else name,
+    )
 
 
 # ------------------------------------------------------------------------ windows

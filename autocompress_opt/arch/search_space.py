@@ -24,15 +24,23 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autocompress_opt._data import REPO_SEARCH_SPACES
-from autocompress_opt.arch.architecture import Architecture, LayerSpec
+from autocompress_opt.arch.architecture import Architecture, default_layer_order, reference_layer, uniform_child
 from autocompress_opt.errors import ConfigError, suggest
 
-__all__ = ["CHOICES", "SAMPLERS", "Choice", "SearchSpace", "default_space", "load_search_space"]
+__all__ = [
+    "CHOICES",
+    "SAMPLERS",
+    "Choice",
+    "SearchSpace",
+    "default_space",
+    "load_search_space",
+    "uniform_allocation",
+]
 
 CHOICES: tuple[str, ...] = ("num_layers", "hidden_size", "ffn_width", "num_kv_heads", "q_per_kv")
 SAMPLERS: tuple[str, ...] = ("tpe", "nsga2", "gp", "random")
@@ -112,7 +120,7 @@ class SearchSpace:
     # ---------------------------------------------------------------- validation
     def check_parent(self, parent: Architecture) -> None:
         """Raise when a choice exceeds what the parent has (nothing can be grown by pruning)."""
-        ref = _reference_layer(parent)
+        ref = reference_layer(parent)
         limits = {
             "num_layers": parent.num_active_layers,
             "hidden_size": parent.hidden_size,
@@ -160,28 +168,8 @@ class SearchSpace:
     def architecture(
         self, params: Mapping[str, int], parent: Architecture, layer_order: Sequence[int] | None = None
     ) -> Architecture:
-        """The architecture a sampled point stands for (plan mode: every kept layer alike in size;
-        each keeps its parent layer's attention window).
-
-        ``layer_order`` ranks the parent's layers from most to least important (e.g. by block
-        influence); without it, layers are dropped from the deep end, keeping the last one, since
-        deeper layers are the most redundant (Gromov et al. 2024, "The Unreasonable
-        Ineffectiveness of the Deeper Layers").
-        """
-        missing = [c for c in CHOICES if c not in params]
-        if missing:
-            raise ConfigError(f"point lacks {', '.join(missing)}")
-        keep = set(_kept_layers(parent, int(params["num_layers"]), layer_order))
-        ref = _reference_layer(parent)
-        kv = int(params["num_kv_heads"])
-        layer = LayerSpec(True, kv * int(params["q_per_kv"]), kv, ref.head_dim, True, int(params["ffn_width"]))
-        layers = tuple(
-            replace(layer, window=parent.layers[i].window) if i in keep else LayerSpec.dropped()
-            for i in range(parent.num_layers)
-        )
-        return replace(
-            parent, hidden_size=int(params["hidden_size"]), layers=layers, name=f"{parent.name or parent.family}-pruned"
-        )
+        """The architecture a sampled point stands for: :func:`uniform_allocation`."""
+        return uniform_allocation(params, parent, layer_order)
 
     # ------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -203,29 +191,47 @@ class SearchSpace:
         return cls(tuple(Choice.parse(c, data[c]) for c in CHOICES), sampler=str(data.get("sampler", "tpe")))
 
 
-def _reference_layer(parent: Architecture) -> LayerSpec:
-    """The first layer with attention and an FFN: the sizes every kept layer starts from (its window
-    is irrelevant; each kept layer keeps its own)."""
-    for layer in parent.layers:
-        if layer.attention and layer.ffn:
-            return layer
-    raise ConfigError(f"parent {parent.name!r} has no layer with both attention and an FFN to take sizes from")
+def uniform_allocation(
+    params: Mapping[str, int], parent: Architecture, layer_order: Sequence[int] | None = None
+) -> Architecture:
+    """The plan-mode architecture of a point (its five global choices): the ``num_layers`` first
+    present layers of ``layer_order`` kept, every one alike in size and keeping its parent layer's
+    attention window (:func:`~autocompress_opt.arch.architecture.uniform_child`); the child lists all
+    of the parent's layers.
 
-
-def _kept_layers(parent: Architecture, n: int, order: Sequence[int] | None) -> list[int]:
-    active = [i for i, layer in enumerate(parent.layers) if not layer.is_noop]
-    if not 1 <= n <= len(active):
-        raise ConfigError(f"num_layers={n} is outside 1..{len(active)} (the parent's active layers)")
-    if order is not None:
-        ranked = [i for i in order if i in active]
-        return sorted(ranked[:n])
-    # keep the first n-1 layers and the last one
-    return sorted(active[: n - 1] + [active[-1]]) if n > 1 else [active[0]]
+    ``layer_order`` ranks the parent's layers from most to least important (e.g.
+    :meth:`~autocompress_opt.prune.importance.Importance.layer_order`); without it,
+    :func:`~autocompress_opt.arch.architecture.default_layer_order` (layers go from the deep end,
+    the last one kept). Raises :class:`ConfigError` when a choice is missing or ``num_layers`` is
+    outside ``1..`` the parent's present layers.
+    """
+    missing = [c for c in CHOICES if c not in params]
+    if missing:
+        raise ConfigError(f"point lacks {', '.join(missing)}")
+    n = int(params["num_layers"])
+    present = [
+        i
+        for i in (default_layer_order(parent) if layer_order is None else layer_order)
+        if 0 <= i < parent.num_layers and not parent.layers[i].is_noop
+    ]
+    active = parent.num_active_layers
+    if not 1 <= n <= active:
+        raise ConfigError(f"num_layers={n} is outside 1..{active} (the parent's active layers)")
+    if len(present) < n:
+        raise ConfigError(f"layer_order ranks {len(present)} present layers of the parent; num_layers={n} needs {n}")
+    return uniform_child(
+        parent,
+        kept_layers=sorted(present[:n]),
+        hidden_size=int(params["hidden_size"]),
+        num_kv_heads=int(params["num_kv_heads"]),
+        q_per_kv=int(params["q_per_kv"]),
+        ffn_width=int(params["ffn_width"]),
+    )
 
 
 def default_space(parent: Architecture, sampler: str = "tpe") -> SearchSpace:
     """A space derived from the parent: depth from ~1/3 up, widths in hardware-friendly steps."""
-    ref = _reference_layer(parent)
+    ref = reference_layer(parent)
     depth = parent.num_active_layers
     hidden_step = 64 if parent.hidden_size % 64 == 0 else ref.head_dim
     group = ref.num_heads // ref.num_kv_heads

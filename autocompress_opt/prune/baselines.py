@@ -1,16 +1,31 @@
 """Uniform baselines: the practitioner's Minitron-style recipe (:func:`uniform_baseline`), which
 fixes the sizes of a uniform model from a parameter target; which heads, channels and layers go is
 then decided by :func:`~autocompress_opt.prune.plan.plan_pruning`.
+
+Against a hardware constraint the practitioner picks the largest parameter target that fits:
+:func:`minitron_picks` (one pick per width recipe, ranked by :func:`rank_picks`) and
+:func:`minitron_pick` (the best of them), given a feasibility predicate built from the target's
+constraint check.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.architecture import Architecture, default_layer_order, uniform_child
 from autocompress_opt.errors import ConfigError
 
-__all__ = ["BASELINE_WIDTHS", "resolve_param_target", "uniform_baseline"]
+__all__ = [
+    "BASELINE_WIDTHS",
+    "PARAM_FRACTIONS",
+    "MinitronPick",
+    "minitron_pick",
+    "minitron_picks",
+    "rank_picks",
+    "resolve_param_target",
+    "uniform_baseline",
+]
 
 
 # --------------------------------------------------------------------------- baseline recipe
@@ -58,29 +73,30 @@ def uniform_baseline(
     already meets the budget. ``parent`` must be uniform (windows may differ: Gemma 3).
 
     Windows (they change the cost, not the parameter count): an ``n``-layer result lists the windows
-    of the parent layers it most likely keeps without knowing the importance scores: the first
-    ``n - 1`` and the last, the search space's default (deep layers are the most redundant, Gromov
-    et al. 2024). :func:`plan_pruning` then gives every kept layer its actual parent layer's window.
+    of the parent layers it most likely keeps without knowing the importance scores, the ``n`` first
+    of :func:`~autocompress_opt.arch.architecture.default_layer_order` (the first ``n - 1`` and the
+    last; the first alone when ``n = 1``). :func:`plan_pruning` then gives every kept layer its
+    actual parent layer's window.
     """
-    if not parent.is_uniform:
-        raise ConfigError(f"the uniform baseline needs a uniform parent; {parent.summary()} is heterogeneous")
-    if not 0.0 <= max_layer_drop < 1.0:
-        raise ConfigError(f"max_layer_drop must be a fraction in [0, 1), got {max_layer_drop!r}")
-    if not isinstance(width_multiple, int) or width_multiple < 1:
-        raise ConfigError(f"width_multiple must be a positive int, got {width_multiple!r}")
-    if width not in BASELINE_WIDTHS:
-        raise ConfigError(f"width must be one of {', '.join(BASELINE_WIDTHS)}, got {width!r}")
+    _check_recipe(parent, max_layer_drop, width_multiple, width)
     budget = resolve_param_target(params, parent.num_params)
     if parent.num_params <= budget:
         return parent
     layer, depth = parent.layers[0], parent.num_layers
     name = f"{parent.name.rstrip('/').rsplit('/', 1)[-1] or parent.family}-uniform-{budget}"
+    order = default_layer_order(parent)  # the windows' source layers (docstring)
 
     def build(n: int, shape: tuple[int, int]) -> Architecture:
         hidden, ffn = shape
-        kept = [*range(n - 1), parent.num_layers - 1]  # the windows' source layers (docstring)
-        layers = tuple(replace(layer, ffn_width=ffn, window=parent.layers[j].window) for j in kept)
-        return replace(parent, hidden_size=hidden, layers=layers, name=name)
+        return uniform_child(
+            parent,
+            kept_layers=order[:n],
+            hidden_size=hidden,
+            num_kv_heads=layer.num_kv_heads,
+            q_per_kv=layer.num_heads // layer.num_kv_heads,
+            ffn_width=ffn,
+            name=name,
+        ).active()
 
     def down(value: int, ratio: float) -> int:
         return max(width_multiple, int(value * ratio) // width_multiple * width_multiple) if ratio < 1 else value
@@ -111,3 +127,94 @@ def uniform_baseline(
         f"({parent.embedding_params:,} in embeddings)"
         + ("; width='hidden+ffn' also shrinks the embeddings" if width == "ffn" else "")
     )
+
+
+def _check_recipe(parent: Architecture, max_layer_drop: float, width_multiple: int, width: str) -> None:
+    """Raise :class:`ConfigError` naming the first recipe setting :func:`uniform_baseline` cannot use."""
+    if not parent.is_uniform:
+        raise ConfigError(f"the uniform baseline needs a uniform parent; {parent.summary()} is heterogeneous")
+    if not 0.0 <= max_layer_drop < 1.0:
+        raise ConfigError(f"max_layer_drop must be a fraction in [0, 1), got {max_layer_drop!r}")
+    if not isinstance(width_multiple, int) or width_multiple < 1:
+        raise ConfigError(f"width_multiple must be a positive int, got {width_multiple!r}")
+    if width not in BASELINE_WIDTHS:
+        raise ConfigError(f"width must be one of {', '.join(BASELINE_WIDTHS)}, got {width!r}")
+
+
+# ------------------------------------------------------------- the pick under a constraint
+# Parameter targets a practitioner tries, largest first: 100 % down to 5.25 % in 0.25 % steps.
+PARAM_FRACTIONS: tuple[float, ...] = tuple(k / 400 for k in range(400, 20, -1))
+
+
+@dataclass(frozen=True)
+class MinitronPick:
+    """The Minitron-style baseline of one width recipe that meets a constraint.
+
+    Attributes:
+        width: the width recipe (one of :data:`BASELINE_WIDTHS`).
+        param_fraction: the parameter target, a fraction of the parent's parameters.
+        architecture: ``uniform_baseline(parent, param_fraction, width=width)``.
+    """
+
+    width: str
+    param_fraction: float
+    architecture: Architecture
+
+
+def rank_picks(picks: Iterable[MinitronPick]) -> list[MinitronPick]:
+    """Best first: more parameters (the practitioner's "largest that fits"); on a tie, the recipe
+    listed first in :data:`BASELINE_WIDTHS` (FFN alone)."""
+    return sorted(picks, key=lambda p: (-p.architecture.num_params, BASELINE_WIDTHS.index(p.width)))
+
+
+def minitron_picks(
+    parent: Architecture,
+    feasible: Callable[[Architecture], bool],
+    *,
+    max_layer_drop: float = 0.25,
+    width_multiple: int = 64,
+) -> list[MinitronPick]:
+    """Per width recipe of :func:`uniform_baseline`: the largest parameter fraction of
+    :data:`PARAM_FRACTIONS` whose architecture ``feasible`` accepts, ranked by :func:`rank_picks`.
+
+    ``feasible`` is the target's constraint check (e.g. every constraint of the workload met by the
+    cost model); it is called on each candidate, largest first, until one passes.
+    ``max_layer_drop`` and ``width_multiple`` go to :func:`uniform_baseline`. A recipe none of whose
+    fractions is feasible (or reachable by a uniform model) is left out, so the list may be empty.
+    Raises :class:`ConfigError` for a heterogeneous parent or a bad recipe setting.
+    """
+    picks = []
+    for width in BASELINE_WIDTHS:
+        _check_recipe(parent, max_layer_drop, width_multiple, width)  # so the loop's ConfigError means "too small"
+        for fraction in PARAM_FRACTIONS:
+            try:
+                arch = uniform_baseline(
+                    parent, fraction, max_layer_drop=max_layer_drop, width_multiple=width_multiple, width=width
+                )
+            except ConfigError:  # below what any uniform model of this recipe can reach
+                break
+            if feasible(arch):
+                picks.append(MinitronPick(width, fraction, arch))
+                break
+    return rank_picks(picks)
+
+
+def minitron_pick(
+    parent: Architecture,
+    feasible: Callable[[Architecture], bool],
+    *,
+    max_layer_drop: float = 0.25,
+    width_multiple: int = 64,
+) -> MinitronPick:
+    """The Minitron-style baseline under a constraint: the first of :func:`minitron_picks`.
+
+    Raises :class:`ConfigError` when no parameter fraction of either width recipe is feasible.
+    """
+    picks = minitron_picks(parent, feasible, max_layer_drop=max_layer_drop, width_multiple=width_multiple)
+    if not picks:
+        raise ConfigError(
+            f"no Minitron-style baseline of {parent.name or parent.family} meets the constraints "
+            f"(widths {', '.join(BASELINE_WIDTHS)}, parameter fractions {PARAM_FRACTIONS[0]:.2%} down to "
+            f"{PARAM_FRACTIONS[-1]:.2%})"
+        )
+    return picks[0]

@@ -54,6 +54,7 @@ __all__ = [
     "ImportanceMeta",
     "cache_path",
     "estimate_importance",
+    "ranked",
     "tokens_id",
 ]
 
@@ -112,6 +113,13 @@ class Importance:
         if metric not in LAYER_METRICS:
             raise UnknownNameError("layer importance metric", metric, LAYER_METRICS)
         return getattr(self, metric)
+
+    def layer_order(self, metric: str = "skip_loss") -> list[int]:
+        """The layers from most to least important by ``metric`` (:meth:`layer_scores`), ties to the
+        lower index (:func:`ranked`); layers the architecture drops entirely come last, in index
+        order. A permutation of ``range(L)``: every keep-the-top-``n``-layers decision reads it."""
+        dropped = [i for i, layer in enumerate(self.architecture.layers) if layer.is_noop]
+        return [int(i) for i in ranked(self.layer_scores(metric)) if int(i) not in dropped] + dropped
 
     # ------------------------------------------------------------------- persistence
     def save(self, directory: str | Path) -> Path:
@@ -188,6 +196,17 @@ def _check_shapes(imp: Importance) -> None:
         got = None if tensor is None else tuple(tensor.shape)
         if got != shape:
             raise ConfigError(f"Importance.{name} has shape {got}, expected {shape} for the architecture")
+
+
+def ranked(scores: torch.Tensor) -> torch.Tensor:
+    """Indices of ``scores`` ``(n,)`` from the highest score to the lowest, ties to the lower index.
+
+    The one tie rule of every keep decision: layers (:meth:`Importance.layer_order`), KV groups,
+    query heads, FFN and hidden channels (the top ``k`` of this order are what is kept).
+    """
+    import torch
+
+    return torch.argsort(scores, descending=True, stable=True)
 
 
 # ------------------------------------------------------------------------------ estimation

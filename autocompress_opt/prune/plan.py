@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from autocompress_opt.arch.architecture import Architecture, LayerSpec
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import architecture_mismatch
-from autocompress_opt.prune.importance import Importance
+from autocompress_opt.prune.importance import Importance, ranked
 from autocompress_opt.prune.masking import LayerMask, Masks
 
 if TYPE_CHECKING:
@@ -82,11 +82,8 @@ def _indicator(size: int, kept: Sequence[int]) -> torch.Tensor:
 
 
 def _top(scores: torch.Tensor, k: int) -> tuple[int, ...]:
-    """Indices of the ``k`` highest scores (ties: lower index first), in ascending index order."""
-    import torch
-
-    order = torch.argsort(scores, descending=True, stable=True)[:k]
-    return tuple(int(i) for i in torch.sort(order).values)
+    """Indices of the ``k`` highest scores (:func:`ranked`: ties to the lower index), ascending."""
+    return tuple(sorted(int(i) for i in ranked(scores)[:k]))
 
 
 def plan_pruning(
@@ -177,10 +174,7 @@ def _layer_mapping(parent: Architecture, importance: Importance, target: Archite
     """Parent layer index of each target layer: identity, or the most important layers in order."""
     if target.num_layers == parent.num_layers:
         return list(range(parent.num_layers))
-    scores = importance.layer_scores(metric)
-    # Most important first; present layers before fully dropped ones; ties by lower index.
-    ranked = sorted(range(parent.num_layers), key=lambda j: (parent.layers[j].is_noop, -float(scores[j]), j))
-    return sorted(ranked[: target.num_layers])
+    return sorted(importance.layer_order(metric)[: target.num_layers])
 
 
 def _plan_layer(importance: Importance, p: int, parent: LayerSpec, spec: LayerSpec) -> LayerPlan:

@@ -49,7 +49,7 @@ import torch
 from autocompress_opt.arch.architecture import Architecture, LayerSpec
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import FamilyAdapter, adapter_for, architecture_mismatch
-from autocompress_opt.prune.importance import Importance
+from autocompress_opt.prune.importance import Importance, ranked
 from autocompress_opt.prune.masking import LayerMask, MaskHandle, Masks, apply_masks
 
 __all__ = [
@@ -84,7 +84,7 @@ def hidden_mask(importance: Importance, hidden_size: int) -> torch.Tensor:
     d_model = importance.hidden.numel()
     if not 1 <= hidden_size <= d_model:
         raise ConfigError(f"hidden_size={hidden_size} must lie in 1..{d_model} (the parent's hidden size)")
-    order = torch.argsort(importance.hidden, descending=True, stable=True)[:hidden_size]
+    order = ranked(importance.hidden)[:hidden_size]
     mask = torch.zeros(d_model, dtype=torch.bool)
     mask[order] = True
     return mask
@@ -440,8 +440,9 @@ class _Frozen:
 
 
 def _ranks(scores: torch.Tensor) -> torch.Tensor:
-    """Rank of every entry (0 = highest score; ties to the lower index, as materialize's ``_top``)."""
-    order = torch.argsort(scores, descending=True, stable=True)
+    """Rank of every entry (0 = highest score): its position in :func:`ranked`, the order
+    :func:`~autocompress_opt.prune.plan.plan_pruning` keeps the top of."""
+    order = ranked(scores)
     ranks = torch.empty_like(order)
     ranks[order] = torch.arange(order.numel())
     return ranks

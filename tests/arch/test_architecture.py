@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autocompress_opt.arch import catalog as catalog_module
-from autocompress_opt.arch.architecture import SUPPORTED_FAMILIES, Architecture, LayerSpec
+from autocompress_opt.arch.architecture import (
+    SUPPORTED_FAMILIES,
+    Architecture,
+    LayerSpec,
+    default_layer_order,
+    reference_layer,
+    uniform_child,
+)
 from autocompress_opt.arch.catalog import known_architectures, load_architecture
 from autocompress_opt.arch.gguf import architecture_from_gguf
 from autocompress_opt.errors import ConfigError, UnknownNameError
@@ -541,6 +548,54 @@ def test_param_count_never_rises_when_one_layer_loses_heads(arch, data):
     groups = data.draw(st.integers(1, layer.num_heads // layer.num_kv_heads))
     shrunk = replace(layer, num_heads=layer.num_kv_heads * groups)
     assert replace(arch, layers=arch.layers[:i] + (shrunk,) + arch.layers[i + 1 :]).num_params <= arch.num_params
+
+
+# ------------------------------------------------------------------------ uniform children
+def test_uniform_child_keeps_the_kept_layers_windows_and_drops_the_rest():
+    """Gemma 3 270M (layers 5, 11, 17 attend fully, the rest slide over 512) keeping layers 0, 5, 17:
+    all 18 layers listed, the kept ones alike (2 KV heads x 2 queries of head_dim 256, FFN 1024)
+    with their parent layer's window, the parent's globals, a "-pruned" name."""
+    parent = load_architecture("gemma3-270m")
+    child = uniform_child(parent, kept_layers=[17, 0, 5], hidden_size=512, num_kv_heads=2, q_per_kv=2, ffn_width=1024)
+    assert child.num_layers == 18 and child.num_active_layers == 3 and child.hidden_size == 512
+    assert [i for i, s in enumerate(child.layers) if not s.is_noop] == [0, 5, 17]
+    assert [child.layers[i].window for i in (0, 5, 17)] == [512, None, None]
+    assert {replace(child.layers[i], window=None) for i in (0, 5, 17)} == {LayerSpec(True, 4, 2, 256, True, 1024)}
+    assert (child.vocab_size, child.family, child.tie_embeddings) == (parent.vocab_size, "gemma3_text", True)
+    assert child.name == f"{parent.name}-pruned"
+    named = uniform_child(parent, kept_layers=[0], hidden_size=64, num_kv_heads=1, q_per_kv=1, ffn_width=8, name="x")
+    assert named.name == "x"
+
+
+def test_uniform_child_rejects_layers_it_cannot_keep():
+    parent = heterogeneous_architecture()  # layer 1 is dropped entirely
+    sizes = dict(hidden_size=parent.hidden_size, num_kv_heads=1, q_per_kv=1, ffn_width=8)
+    for kept, pattern in (
+        ([], "at least one layer"),
+        ([0, 0], "each once"),
+        ([1], r"\[1\] are not present"),
+        ([9], r"\[9\]"),
+    ):
+        with pytest.raises(ConfigError, match=pattern):
+            uniform_child(parent, kept_layers=kept, **sizes)
+
+
+def test_default_layer_order_is_first_last_then_front_to_back_dropped_last():
+    """The first n entries are the first n-1 present layers and the last (Gromov et al. 2024)."""
+    assert default_layer_order(load_architecture("smollm2-135m")) == [0, 29, *range(1, 29)]
+    hetero = heterogeneous_architecture()
+    assert [s.is_noop for s in hetero.layers] == [False, True, False, False, False]
+    assert default_layer_order(hetero) == [0, 4, 2, 3, 1]
+    assert default_layer_order(replace(hetero, layers=hetero.layers[:1])) == [0]
+
+
+def test_reference_layer_is_the_first_with_attention_and_an_ffn():
+    hetero = heterogeneous_architecture()
+    assert reference_layer(hetero) is hetero.layers[0]
+    assert reference_layer(replace(hetero, layers=hetero.layers[1:])) is hetero.layers[4]
+    attention_only = replace(hetero, layers=(LayerSpec(True, 2, 1, 8, False, 0),), name="no-ffn")
+    with pytest.raises(ConfigError, match="parent 'no-ffn' has no layer with both attention and an FFN"):
+        reference_layer(attention_only)
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -139,7 +139,7 @@ def test_plan_mode_scores_retained_importance_when_given_an_importance_record(tm
     assert whole["quality_kind"] == "retained_importance" and whole["quality"] == pytest.approx(1.0)
     assert 0 < part["quality"] < 1
     kept = [i for i, layer in enumerate(part["architecture"]["layers"]) if layer["attention"] or layer["ffn"]]
-    ranked = [int(i) for i in (-importance.layer_scores()).argsort()]
+    ranked = importance.layer_order()
     assert kept == sorted(ranked[: small["num_layers"]])
     plain = plan_trial({**request, "importance": None, "params": small})
     assert plain["quality_kind"] == "retained_params"

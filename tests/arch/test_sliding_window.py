@@ -154,8 +154,7 @@ def test_inner_search_cost_arrays_carry_the_parents_windows() -> None:
 
 def test_search_space_and_uniform_allocation_keep_each_layers_window() -> None:
     """A plan-mode point keeps parent layer i's window for every kept layer i."""
-    from autocompress_opt.arch.search_space import default_space
-    from autocompress_opt.search.weights_trial import uniform_allocation
+    from autocompress_opt.arch.search_space import default_space, uniform_allocation
 
     parent = load_architecture("gemma3-270m")
     params = {"num_layers": 12, "hidden_size": 512, "ffn_width": 1024, "num_kv_heads": 1, "q_per_kv": 2}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from tiny_families import FAMILIES, VOCAB, tiny_hetero_model, tiny_model, tokens
 
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.hf.adapters import adapter_for
-from autocompress_opt.prune.importance import Importance, cache_path, estimate_importance, tokens_id
+from autocompress_opt.prune.importance import Importance, cache_path, estimate_importance, ranked, tokens_id
 
 
 def score(model: torch.nn.Module, ids: torch.Tensor | None = None, **kwargs: object) -> Importance:
@@ -82,6 +83,22 @@ def test_heterogeneous_model_has_no_scores_for_missing_blocks() -> None:
     assert imp.heads[2] is None and imp.ffn[2] is None and imp.skip_loss[2] == 0
     assert abs(float(imp.block_influence[2])) < 1e-6  # cos(x, x) = 1 up to float32 rounding
     assert imp.ffn[3] is None and imp.heads[3].shape == (3,)
+
+
+def test_ranked_goes_from_the_highest_score_ties_to_the_lower_index() -> None:
+    assert ranked(torch.tensor([1.0, 3.0, 3.0, 0.0, 1.0])).tolist() == [1, 2, 0, 4, 3]
+
+
+def test_layer_order_ranks_present_layers_by_the_metric_and_dropped_ones_last() -> None:
+    """Layers 0, 1, 3 of the heterogeneous model by score (ties to the lower index), then layer 2, which
+    it drops entirely, whatever its score."""
+    imp = score(tiny_hetero_model("qwen3"))
+    f64 = lambda values: torch.tensor(values, dtype=torch.float64)
+    scored = replace(imp, skip_loss=f64([0.5, 0.7, 0.9, 0.5]), block_influence=f64([0.1, 0.3, 0.9, 0.2]))
+    assert scored.layer_order() == scored.layer_order("skip_loss") == [1, 0, 3, 2]
+    assert scored.layer_order("block_influence") == [1, 3, 0, 2]
+    with pytest.raises(UnknownNameError, match="layer importance metric 'loss'"):
+        scored.layer_order("loss")
 
 
 def test_deterministic_and_leaves_no_hooks() -> None:

@@ -14,11 +14,9 @@ from mask_helpers import TOLERANCE
 from tiny_families import FAMILIES, tiny_hetero_model, tiny_model, tokens
 
 from autocompress_opt.arch.architecture import Architecture, LayerSpec
-from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
 from autocompress_opt.hf.hetero_model import AutocompressDeciLMForCausalLM
-from autocompress_opt.prune.baselines import resolve_param_target, uniform_baseline
 from autocompress_opt.prune.importance import estimate_importance
 from autocompress_opt.prune.masking import LayerMask, Masks, apply_masks
 from autocompress_opt.prune.plan import identity_plan, plan_pruning
@@ -351,74 +349,3 @@ def test_masks_that_do_not_fit_are_rejected() -> None:
     with pytest.raises(ConfigError, match="masks have 2 layers, the model has 3"):
         apply_masks(parent.model, Masks(layers=ones.layers[:2], hidden=ones.hidden))
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in parent.model.modules())
-
-
-# ------------------------------------------------------------------------- baseline recipe
-SMOLLM2 = known_architectures()["smollm2-135m"]
-
-
-def test_baseline_drops_capped_depth_then_shrinks_ffn() -> None:
-    """SmolLM2-135M at 0.6: 7 of 30 layers go (the 25% cap), then FFN 1536 → 768, the widest
-    multiple of 64 that fits (hand check: 23 layers × (884,736 attention + 3·576·768 FFN + 1,152
-    norms) + 576 final norm + 49152·576 tied embedding = 79,210,944 ≤ int(0.6 · 134,515,008) =
-    80,709,004; FFN 832 would add 23·3·576·64 = 2,543,616 and overshoot)."""
-    target = uniform_baseline(SMOLLM2, 0.6)
-    assert target.is_uniform and target.num_layers == 23
-    assert target.layers[0].ffn_width == 768 and target.layers[0].num_heads == 9
-    assert target.num_params == 79_210_944 <= int(0.6 * SMOLLM2.num_params)
-    wider = replace(target, layers=(replace(target.layers[0], ffn_width=832),) * 23)
-    assert wider.num_params > int(0.6 * SMOLLM2.num_params)
-
-
-def test_baseline_uses_depth_alone_when_it_suffices() -> None:
-    target = uniform_baseline(SMOLLM2, 0.95)
-    assert target.layers[0].ffn_width == 1536 and 23 <= target.num_layers < 30
-    assert uniform_baseline(SMOLLM2, 1.0) is SMOLLM2
-    assert uniform_baseline(SMOLLM2, 100_000_000).num_params <= 100_000_000  # an absolute count
-
-
-def test_baseline_hidden_and_ffn_shrink_by_one_ratio() -> None:
-    """Minitron's width recipe: hidden and FFN keep the same fraction (each rounded down to a multiple
-    of 64), the largest that fits; heads are kept. SmolLM2 at 0.6: 23 layers (the depth cap), then
-    hidden 576 → 448 and FFN 1536 → 1344 (ratio ≥ 7/9 for hidden 448, so FFN ≥ 1194.7 → 1344 at the
-    largest ratio that fits: hand check 23 × (2·576·448 + 2·192·448 + 3·448·1344 + 2·448) + 448 +
-    49152·448 = 79,413,824 ≤ 80,709,004)."""
-    target = uniform_baseline(SMOLLM2, 0.6, width="hidden+ffn")
-    assert target.is_uniform and target.num_layers == 23 and target.layers[0].num_heads == 9
-    assert (target.hidden_size, target.layers[0].ffn_width) == (448, 1344)
-    assert target.num_params == 79_413_824 <= int(0.6 * SMOLLM2.num_params)
-    hidden_ratio, ffn_ratio = target.hidden_size / 576, target.layers[0].ffn_width / 1536
-    assert ffn_ratio >= hidden_ratio and ffn_ratio - hidden_ratio < 64 / 576 + 64 / 1536
-    assert uniform_baseline(SMOLLM2, 0.95, width="hidden+ffn") == uniform_baseline(SMOLLM2, 0.95)  # depth alone
-
-
-def test_baseline_hidden_width_reaches_budgets_below_the_embeddings() -> None:
-    """A big vocabulary (embeddings 2/3 of the parent): FFN-only pruning cannot reach 40%, hidden+ffn can."""
-    wide_vocab = Architecture.uniform(
-        num_layers=8,
-        hidden_size=256,
-        num_heads=4,
-        num_kv_heads=1,
-        ffn_width=512,
-        vocab_size=8 * 4096,
-        name="wide-vocab",
-    )
-    assert wide_vocab.embedding_params > 0.6 * wide_vocab.num_params
-    with pytest.raises(ConfigError, match=r"hidden\+ffn.*embeddings"):
-        uniform_baseline(wide_vocab, 0.4)
-    target = uniform_baseline(wide_vocab, 0.4, width="hidden+ffn")
-    assert target.num_params <= int(0.4 * wide_vocab.num_params) and target.hidden_size < 256
-    assert target.hidden_size % 64 == 0 and target.layers[0].ffn_width % 64 == 0
-
-
-def test_baseline_errors() -> None:
-    with pytest.raises(ConfigError, match="cannot reach 1,000,000 parameters.*embeddings"):
-        uniform_baseline(SMOLLM2, 1_000_000)
-    with pytest.raises(ConfigError, match="needs a uniform parent"):
-        uniform_baseline(replace(SMOLLM2, layers=(LayerSpec.dropped(),) + SMOLLM2.layers[1:]), 0.5)
-    with pytest.raises(ConfigError, match="fraction in \\(0, 1\\] or a parameter count"):
-        resolve_param_target(0, 100)
-    with pytest.raises(ConfigError, match="max_layer_drop"):
-        uniform_baseline(SMOLLM2, 0.5, max_layer_drop=1.5)
-    with pytest.raises(ConfigError, match="width must be one of ffn, hidden\\+ffn, got 'heads'"):
-        uniform_baseline(SMOLLM2, 0.5, width="heads")
