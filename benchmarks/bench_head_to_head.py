@@ -8,7 +8,8 @@ bind for SmolLM2-135M):
 * (b) **minitron** — the uniform, parameter-targeted architecture a practitioner would pick
   (:func:`~autocompress_opt.prune.baselines.uniform_baseline`): the largest parameter fraction, in
   0.25 % steps, whose architecture meets the same constraints by the same cost model; of its two
-  width recipes (FFN alone, or hidden size and FFN by one ratio) the one with more parameters;
+  width recipes (FFN alone, or hidden size and FFN by one ratio) the one with more parameters
+  (:func:`~autocompress_opt.prune.baselines.minitron_picks`);
 * (c) **minitron_other** — the other recipe's pick, where it has one (``--no-other-recipe`` skips
   it): the search should beat the Minitron-style baseline whichever recipe a practitioner chose.
 
@@ -38,9 +39,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import write
-from bench_inner_search import feasible, minitron_picks
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.prune.baselines import minitron_picks
 from autocompress_opt.search.budget import CostGoal
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
@@ -97,6 +98,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.work is None:
         args.work = ROOT if args.model == MODEL else ROOT.with_name(f"{ROOT.name}-{args.model}")
     return args
+
+
+def meets(arch: Architecture, goal: CostGoal) -> bool:
+    """The target's constraints by the exact cost model (:meth:`Target.check`)."""
+    violations, _ = goal.target.check(arch, goal.parent_metrics)
+    return all(v <= 0 for v in violations.values())
 
 
 def result_name(model: str) -> str:
@@ -252,16 +259,11 @@ def same_global_choices(args: argparse.Namespace, pick: dict[str, Any], searched
     choices (what the inner search is for), measured as every weights trial measures quality."""
     import math
 
-    from autocompress_opt.search.weights_trial import (
-        TrialConfig,
-        evaluate_architecture,
-        importance_order,
-        parent_context,
-        uniform_allocation,
-    )
+    from autocompress_opt.arch.search_space import uniform_allocation
+    from autocompress_opt.search.weights_trial import TrialConfig, evaluate_architecture, parent_context
 
     context, _ = parent_context(args.model, TrialConfig(), CACHE)
-    uniform = uniform_allocation(pick["params"], context.architecture, importance_order(context.importance))
+    uniform = uniform_allocation(pick["params"], context.architecture, context.importance.layer_order())
     searched_q = evaluate_architecture(searched, args.model, cache_dir=CACHE)
     uniform_q = evaluate_architecture(uniform, args.model, cache_dir=CACHE)
     return {
@@ -351,15 +353,14 @@ def main(argv: list[str] | None = None) -> None:
     for target in targets:
         goal = CostGoal.for_target(target, parent)
         pick = best_feasible(storage, target)
-        picks = minitron_picks(parent, goal)
+        picks = minitron_picks(parent, lambda arch, goal=goal: meets(arch, goal))  # largest first
         if not picks:
             raise RuntimeError(f"no parameter target meets the constraints of {target}")
-        width, *others = sorted(picks, key=lambda w: (-picks[w][1].num_params, w != "ffn"))  # largest first
-        fraction, minitron = picks[width]
-        archs = {"searched": Architecture.from_dict(pick["architecture"]), "minitron": minitron}
+        best, *others = picks
+        archs = {"searched": Architecture.from_dict(pick["architecture"]), "minitron": best.architecture}
         wanted = args.other_recipe_targets is None or target.hardware in args.other_recipe_targets.split(",")
         if others and wanted and not args.no_other_recipe:
-            archs["minitron_other"] = picks[others[0]][1]
+            archs["minitron_other"] = others[0].architecture
         same = same_global_choices(args, pick, archs["searched"])
         row: dict[str, Any] = {
             "hardware": target.hardware,
@@ -367,9 +368,9 @@ def main(argv: list[str] | None = None) -> None:
             "constraints": [str(c) for c in target.resolved_workload().constraints],
             "parent_costs": costs(parent, target),
             "study_pick": {k: v for k, v in pick.items() if k != "architecture"},
-            "minitron_param_fraction": fraction,
-            "minitron_width_recipe": width,
-            "minitron_other_recipe": {"width_recipe": others[0], "param_fraction": picks[others[0]][0]}
+            "minitron_param_fraction": best.param_fraction,
+            "minitron_width_recipe": best.width,
+            "minitron_other_recipe": {"width_recipe": others[0].width, "param_fraction": others[0].param_fraction}
             if others
             else None,
             "same_global_choices": same,
@@ -389,7 +390,7 @@ def main(argv: list[str] | None = None) -> None:
                 "summary": arch.summary(),
                 "params": arch.num_params,
                 "costs": costs(built, target),
-                "feasible_as_built": feasible(built, parent, goal)[0],
+                "feasible_as_built": meets(built, goal),
                 "attention_layers": sum(s.attention for s in arch.layers),
                 "ffn_layers": sum(s.ffn for s in arch.layers),
                 "average_accuracy": reports[arm]["average_accuracy"],

@@ -7,10 +7,10 @@ For each target (hardware × workload, the workload's own constraints, which Smo
 * (i) **searched** — a weights trial (:func:`run_weights_trial`): the inner mask search holding those
   choices as budgets; (i-b) **searched-free** — the same with only the hidden size fixed and the
   other budgets at the parent's (the hardware constraint alone decides the allocation);
-* (ii) **uniform** — the uniform allocation of the same choices (``SearchSpace.architecture``);
+* (ii) **uniform** — the uniform allocation of the same choices (``uniform_allocation``);
 * (iii) **minitron** — the Minitron-style parameter-target baseline (``uniform_baseline``, FFN-only or
   hidden+FFN width, whichever is larger) with the largest parameter count whose architecture meets
-  the same constraints (scanned in 0.25 % steps).
+  the same constraints (scanned in 0.25 % steps: ``autocompress_opt.prune.baselines.minitron_pick``).
 
 Every architecture is materialised from the same importance scores and scored on the same held-out
 code and prose rows (KL to the parent, perplexities). Writes ``results/inner_search.json``.
@@ -31,18 +31,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _util import write
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.arch.search_space import CHOICES, load_search_space
-from autocompress_opt.errors import ConfigError
-from autocompress_opt.prune.baselines import BASELINE_WIDTHS, uniform_baseline
-from autocompress_opt.search.budget import Budget, CostGoal, exact_violations
-from autocompress_opt.search.weights_trial import (
-    TrialConfig,
-    evaluate_architecture,
-    importance_order,
-    parent_context,
-    run_weights_trial,
-    uniform_allocation,
-)
+from autocompress_opt.arch.search_space import CHOICES, load_search_space, uniform_allocation
+from autocompress_opt.prune.baselines import minitron_pick
+from autocompress_opt.search.budget import CostGoal
+from autocompress_opt.search.weights_trial import TrialConfig, evaluate_architecture, parent_context, run_weights_trial
 from autocompress_opt.serving.costmodel import ArchArrays, estimate_batch, estimate_cost
 from autocompress_opt.serving.targets import Target
 
@@ -52,8 +44,9 @@ CACHE = Path(".autocompress")
 
 
 def feasible(arch: Architecture, parent: Architecture, goal: CostGoal) -> tuple[bool, dict[str, float]]:
-    """The target's constraints by the exact cost model (the parent's budgets never bind)."""
-    violations, _ = exact_violations(arch, Budget.of(parent), goal)
+    """The target's constraints by the exact cost model (:meth:`Target.check`; a sub-architecture of
+    ``parent`` never exceeds the parent's budgets, so they are not checked)."""
+    violations, _ = goal.target.check(arch, goal.parent_metrics)
     return all(v <= 0 for v in violations.values()), violations
 
 
@@ -75,33 +68,6 @@ def plan_pick(parent: Architecture, target: Target, order: list[int]) -> dict[st
     if not ok[best]:
         raise RuntimeError(f"no uniform point of the space meets {target}")
     return points[best]
-
-
-def minitron_picks(parent: Architecture, goal: CostGoal) -> dict[str, tuple[float, Architecture]]:
-    """Per width recipe of ``uniform_baseline`` (FFN alone; hidden and FFN by one ratio): the largest
-    parameter fraction, in 0.25 % steps, whose architecture meets the constraints, and that
-    architecture. A recipe with no feasible fraction is left out."""
-    picks = {}
-    for width in BASELINE_WIDTHS:
-        for fraction in np.arange(1.0, 0.05, -0.0025):
-            try:
-                arch = uniform_baseline(parent, float(fraction), width=width)
-            except ConfigError:  # below what any uniform model of this recipe can reach
-                break
-            if feasible(arch, parent, goal)[0]:
-                picks[width] = (float(fraction), arch)
-                break
-    return picks
-
-
-def minitron_pick(parent: Architecture, goal: CostGoal) -> tuple[float, Architecture, str]:
-    """The Minitron-style pick: of :func:`minitron_picks`, the one with more parameters (the
-    practitioner's "largest that fits"; FFN-only on a tie). Returns ``(fraction, architecture, recipe)``."""
-    picks = minitron_picks(parent, goal)
-    if not picks:
-        raise RuntimeError("no parameter target meets the constraints")
-    width = max(picks, key=lambda w: (picks[w][1].num_params, w == "ffn"))
-    return (*picks[width], width)
 
 
 def describe(arch: Architecture, target: Target) -> dict[str, Any]:
@@ -128,7 +94,7 @@ def main() -> None:
     context, _ = parent_context(MODEL, config, CACHE)  # parent, importance, teacher and eval data, timed
     parent = context.architecture
     setup_s = time.perf_counter() - began
-    order = importance_order(context.importance)
+    order = context.importance.layer_order()
     reference = evaluate_architecture(parent, MODEL, cache_dir=CACHE)  # the parent itself: KL 0
     rows = []
     for hardware, workload in TARGETS:
@@ -179,7 +145,8 @@ def main() -> None:
                 flush=True,
             )
         uniform = uniform_allocation(params, parent, order)
-        fraction, minitron, width = minitron_pick(parent, goal)
+        pick = minitron_pick(parent, lambda arch, goal=goal: feasible(arch, parent, goal)[0])
+        fraction, minitron, width = pick.param_fraction, pick.architecture, pick.width
         for name, arch, extra in (
             ("uniform", uniform, {}),
             ("minitron", minitron, {"param_fraction": fraction, "width_recipe": width}),

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.arch.search_space import CHOICES, Choice, SearchSpace
+from autocompress_opt.arch.search_space import uniform_allocation
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.hf.adapters import architecture_mismatch
 from autocompress_opt.prune.importance import Importance, estimate_importance
@@ -63,10 +63,8 @@ __all__ = [
     "TrialConfig",
     "clear_trial_cache",
     "evaluate_architecture",
-    "importance_order",
     "parent_context",
     "run_weights_trial",
-    "uniform_allocation",
 ]
 
 DEFAULT_CACHE_DIR = Path(".autocompress")
@@ -303,7 +301,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     ready = time.perf_counter()
 
     params = dict(request["params"])
-    order = request.get("layer_order") or importance_order(parent.importance)
+    order = request.get("layer_order") or parent.importance.layer_order()
     start_point = uniform_allocation(params, parent.architecture, order)
     result = search(
         parent.model,
@@ -363,15 +361,3 @@ def evaluate_architecture(
         **quality,
         "quality_cached": cached,
     }
-
-
-def uniform_allocation(params: Mapping[str, Any], parent: Architecture, layer_order: Any = None) -> Architecture:
-    """The plan-mode architecture of a point (:meth:`SearchSpace.architecture`): every kept layer alike."""
-    space = SearchSpace(tuple(Choice(name, (int(params[name]),)) for name in CHOICES if name in params))
-    return space.architecture(params, parent, layer_order)
-
-
-def importance_order(importance: Importance) -> list[int]:
-    """Layers from most to least important by ``skip_loss`` (ties: lower index first)."""
-    scores = importance.skip_loss.tolist()
-    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))
