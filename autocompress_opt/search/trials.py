@@ -96,7 +96,7 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     importance = _importance(request["importance"]) if request.get("importance") else None
     order = request.get("layer_order")
     if importance is not None and order is None:
-        order = [int(i) for i in (-importance.layer_scores()).argsort()]
+        order = importance.layer_order()
     arch = space.architecture(request["params"], parent, order)
     metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
     if importance is None:
