@@ -56,13 +56,13 @@ def test_old_import_paths_still_work() -> None:
         import autocompress_opt.hetero_model as old
         from transformers import AutoConfig
         from autocompress_opt.hf.hetero_model import AutocompressDeciLMForCausalLM
-        from autocompress_opt.trials import TRIAL_MODES, Target
-        from autocompress_opt.search.trials import TRIAL_MODES as new_modes
+        from autocompress_opt.trials import TRIAL_MODES, Target, quality_proxy
+        from autocompress_opt.search.trials import TRIAL_MODES as new_modes, retained_fraction
         print(old.AutocompressDeciLMForCausalLM is AutocompressDeciLMForCausalLM,
               AutoConfig.for_model("autocompress_decilm").model_type, TRIAL_MODES is new_modes,
-              sorted(TRIAL_MODES.names()))
+              sorted(TRIAL_MODES.names()), quality_proxy is retained_fraction)
     """)
-    assert printed == "True autocompress_decilm True ['plan', 'weights']"
+    assert printed == "True autocompress_decilm True ['plan', 'weights'] True"
 
 
 def test_the_layering_contract_holds() -> None:

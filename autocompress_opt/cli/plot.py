@@ -28,13 +28,15 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autocompress_opt.search.plots import plot_pareto, plot_structure
-    from autocompress_opt.search.studyio import load_group
+    from autocompress_opt.search.studyio import load_group, quality_label_of
+    from autocompress_opt.search.trials import quality_label
 
     written = []
     for name in args.names:
         views = load_group(name, args.storage)
         studies = [{"label": v.label, "records": v.records, "parent": v.attrs.get("parent_metrics")} for v in views]
-        written += plot_pareto(studies, args.out / f"{name}-pareto", title=f"Study '{name}': quality vs serving cost")
+        quality = quality_label_of(r for v in views for r in v.records)
+        written += plot_pareto(studies, args.out / f"{name}-pareto", title=f"Study '{name}': {quality} vs serving cost")
         for view in views:
             best, parent = view.best_feasible(), view.parent
             arch = best.arch() if best is not None else None
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
                     parent,
                     args.out / f"{view.name}-structure",
                     title=f"{view.label}: best feasible trial #{best.number} "
-                    f"(quality {best.quality:.3f})\n{arch.summary()}",
+                    f"({quality_label(best.quality_kind)} {best.quality:.3f})\n{arch.summary()}",
                 )
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

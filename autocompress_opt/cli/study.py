@@ -59,7 +59,11 @@ def add_parser(sub: Any) -> None:
             flag, metavar="V|Rx", help=f"constraint on {metric}: absolute, or relative to the parent as 0.6x"
         )
     run.add_argument("--engine-option", action="append", default=None, metavar="KEY=VALUE", help="engine setting")
-    run.add_argument("--mode", help="trial mode (default plan: cost model + retained-parameter quality proxy)")
+    run.add_argument(
+        "--mode",
+        help="trial mode (default plan: cost model, quality = retained-parameter fraction; "
+        "weights: inner mask search, quality = exp(-KL to parent))",
+    )
     run.add_argument("--trials", type=int, help="COMPLETE trials wanted per target (default 40)")
     run.add_argument("--name", help="study group name (default: the model name)")
     run.add_argument("--storage", help="Optuna storage: RDB URL or journal file (default sqlite:///studies/NAME.db)")
@@ -307,6 +311,7 @@ def _show(args: argparse.Namespace) -> int:
                     "study": v.name,
                     "target": v.target,
                     "objectives": v.attrs.get("objectives"),
+                    "quality": v.quality_label,
                     "pareto": [r.__dict__ for r in v.pareto()],
                 }
                 for v in views
@@ -322,6 +327,7 @@ def _show(args: argparse.Namespace) -> int:
         print("   trials: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) + f"; {feasible} feasible")
         constraints = sorted({k for r in view.records for k in r.constraints})
         print("   constraints: " + ("; ".join(constraints) or "none"))
+        print(f"   quality: {view.quality_label} (higher is better; 1.0 = the parent)")
         shown = sorted(view.records, key=lambda r: r.number) if args.all else view.pareto()
         if not shown:
             print("   no feasible trial yet")

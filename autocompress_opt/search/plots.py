@@ -2,7 +2,9 @@
 
 * :func:`plot_pareto` — quality against each cost metric (TTFT, TPOT, throughput, memory), one
   colour per hardware target; feasible trials as dots with the 2-D Pareto staircase drawn through
-  them, infeasible trials apart as grey crosses; the parent's cost marked per target.
+  them, infeasible trials apart as grey crosses; the parent's cost marked per target. The quality
+  axis is labelled by what the trials' quality measures (their ``quality_kind``: retained params,
+  retained importance or exp(-KL to parent); :func:`~autocompress_opt.search.studyio.quality_label_of`).
 * :func:`plot_structure` — per-layer structure of a chosen architecture beside its parent: which
   layers are kept, each layer's FFN width and query/KV heads.
 """
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.search.studyio import quality_label_of
 
 __all__ = ["plot_pareto", "plot_structure"]
 
@@ -55,8 +58,12 @@ def _staircase(points: list[tuple[float, float]], higher_better: bool) -> list[t
 
 
 def plot_pareto(studies: Sequence[dict[str, Any]], stem: Path, title: str = "") -> list[Path]:
-    """``studies``: dicts with ``label``, ``records`` (TrialRecords) and ``parent`` (parent metrics)."""
+    """``studies``: dicts with ``label``, ``records`` (TrialRecords) and ``parent`` (parent metrics).
+
+    The y axis is named after the trials' quality kind(s), e.g. "exp(-KL to parent)"; the parent
+    sits at 1.0 on every kind."""
     plt = _plt()
+    quality = quality_label_of(r for study in studies for r in study["records"])
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.4 * len(PANELS), 4.2))
     colours = plt.get_cmap("tab10")
     for ax, (metric, label, higher_better) in zip(axes, PANELS):
@@ -100,7 +107,7 @@ def plot_pareto(studies: Sequence[dict[str, Any]], stem: Path, title: str = "") 
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(plt.NullFormatter())  # minor labels collide on short log spans
         ax.set_xlabel(label + ("  → better" if higher_better else "  ← better"))
-        ax.set_ylabel("quality (higher is better)")
+        ax.set_ylabel(f"{quality} (higher is better)")
         ax.grid(True, which="both", alpha=0.25)
     handles, labels = [], []
     for ax in axes:
@@ -111,9 +118,9 @@ def plot_pareto(studies: Sequence[dict[str, Any]], stem: Path, title: str = "") 
     handles.append(
         plt.Line2D([], [], marker="*", color="w", markerfacecolor="0.5", markeredgecolor="black", markersize=11)
     )
-    labels.append("parent model (quality 1.0)")
+    labels.append(f"parent model: {quality} = 1.0")
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8, frameon=False)
-    fig.suptitle(title or "Pareto fronts: quality vs serving cost per hardware target", fontsize=11)
+    fig.suptitle(title or f"Pareto fronts: {quality} vs serving cost per hardware target", fontsize=11)
     fig.tight_layout(rect=(0, 0.1, 1, 0.95))
     return _save(fig, stem)
 

@@ -43,7 +43,13 @@ PRIMARY_METRIC = {"local-coding": "ttft_ms", "datacenter": "output_throughput_to
 
 @dataclass(frozen=True)
 class Objective:
-    """One optimisation direction: ``quality`` or a cost metric, maximised or minimised."""
+    """One optimisation direction: ``quality`` or a cost metric, maximised or minimised.
+
+    ``quality`` is one stored objective name for every trial mode (existing studies keep loading);
+    its meaning is the trial's ``quality_kind``: the retained-parameter fraction or retained
+    importance in plan mode, ``exp(-KL to parent)`` in weights mode (see
+    :data:`~autocompress_opt.search.trials.QUALITY_LABELS`).
+    """
 
     metric: str
     direction: str
@@ -145,7 +151,12 @@ def make_storage(url: str) -> Any:
 # --------------------------------------------------------------------- records
 @dataclass(frozen=True)
 class TrialRecord:
-    """A finished or failed trial as stored, in plain values."""
+    """A finished or failed trial as stored, in plain values.
+
+    ``quality`` is the objective stored as ``quality``; what it measures is ``quality_kind``
+    (``retained_params``, ``retained_importance``, ``exp_neg_kl``, or a plugin's; see
+    :data:`~autocompress_opt.search.trials.QUALITY_LABELS`). None for trials that did not complete.
+    """
 
     study: str
     number: int
@@ -158,6 +169,7 @@ class TrialRecord:
     constraints: dict[str, float]
     architecture: dict[str, Any] | None
     error: str | None = None
+    quality_kind: str | None = None
 
     def arch(self) -> Architecture | None:
         return Architecture.from_dict(self.architecture) if self.architecture else None
@@ -178,6 +190,7 @@ def _record(study_name: str, trial: Any) -> TrialRecord:
         constraints=constraints,
         architecture=attrs.get("architecture"),
         error=attrs.get("error"),
+        quality_kind=attrs.get("quality_kind"),
     )
 
 

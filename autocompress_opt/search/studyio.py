@@ -1,10 +1,15 @@
-"""Reading finished studies back: groups of per-target studies, Pareto tables, export rows."""
+"""Reading finished studies back: groups of per-target studies, Pareto tables, export rows.
+
+A trial's ``quality`` means what its ``quality_kind`` says (:data:`~autocompress_opt.search.trials.QUALITY_LABELS`);
+:func:`quality_label_of` names the quality of a set of trials for tables and plots.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,8 +17,20 @@ from typing import Any
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.search.study import TrialRecord, default_storage, load_records, make_storage, pareto_front
+from autocompress_opt.search.trials import quality_label
 
-__all__ = ["StudyView", "export_rows", "list_studies", "load_group", "rows_to_csv"]
+__all__ = ["StudyView", "export_rows", "list_studies", "load_group", "quality_label_of", "rows_to_csv"]
+
+
+def quality_label_of(records: Iterable[TrialRecord]) -> str:
+    """What the ``quality`` of these trials measures, e.g. ``"exp(-KL to parent)"``: the labels of
+    their kinds in first-seen order, joined by ``" / "`` when they differ (trials without a kind,
+    e.g. failed ones, are skipped); ``"quality"`` when no trial has a kind."""
+    labels: list[str] = []
+    for r in records:
+        if r.quality_kind and quality_label(r.quality_kind) not in labels:
+            labels.append(quality_label(r.quality_kind))
+    return " / ".join(labels) or "quality"
 
 
 @dataclass(frozen=True)
@@ -36,6 +53,11 @@ class StudyView:
     @property
     def directions(self) -> list[str]:
         return ["maximize" if o.endswith(":max") else "minimize" for o in self.attrs.get("objectives", [])]
+
+    @property
+    def quality_label(self) -> str:
+        """What this study's ``quality`` measures (:func:`quality_label_of` its trials)."""
+        return quality_label_of(self.records)
 
     @property
     def parent(self) -> Architecture | None:
@@ -86,7 +108,8 @@ def load_group(name: str, storage_url: str | None = None) -> list[StudyView]:
 
 
 def export_rows(view: StudyView) -> list[dict[str, Any]]:
-    """One flat row per trial: number, state, feasible, params, the global choices, metrics, quality."""
+    """One flat row per trial: number, state, feasible, params, the global choices, metrics,
+    quality and its ``quality_kind``, constraint violations."""
     rows = []
     for r in view.records:
         row: dict[str, Any] = {
@@ -99,6 +122,7 @@ def export_rows(view: StudyView) -> list[dict[str, Any]]:
         }
         row.update(r.metrics)
         row["quality"] = r.quality
+        row["quality_kind"] = r.quality_kind
         row.update({f"constraint[{k}]": v for k, v in r.constraints.items()})
         if r.error:
             row["error"] = r.error.splitlines()[0]

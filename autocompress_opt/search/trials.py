@@ -9,9 +9,14 @@ a plain result::
                "quality": float, "quality_kind": str}
 
 Trial functions live in :data:`TRIAL_MODES`. This module ships ``plan``: no weights; the
-architecture is scored by the target's cost model and a quality proxy (the fraction of the
-parent's parameters retained). The weights path (inner mask search, real pruning and quality)
-registers another mode; the driver does not change.
+architecture is scored by the target's cost model and a stand-in for quality (the fraction of the
+parent's parameters, or of its importance, retained). The weights path (inner mask search, real
+pruning and quality) registers another mode; the driver does not change.
+
+Every study stores a trial's ``quality`` under that one objective name (so studies stay loadable),
+but what it measures depends on the mode: ``quality_kind`` says which, and
+:data:`QUALITY_LABELS` / :func:`quality_label` name it for people. Every kind is 1.0 for the
+parent itself, higher is better, and kinds are not comparable with each other.
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ from autocompress_opt.serving.targets import FITS_DEVICE, Target, device_fit_vio
 
 __all__ = [
     "FITS_DEVICE",
+    "QUALITY_LABELS",
     "TRIAL_MODES",
     "Target",
     "device_fit_violation",
     "parent_metrics",
     "plan_trial",
-    "quality_proxy",
+    "quality_label",
+    "retained_fraction",
     "run_trial",
 ]
 
@@ -41,8 +48,24 @@ TrialFn = Callable[[Mapping[str, Any]], dict[str, Any]]
 TRIAL_MODES: Registry[TrialFn] = Registry("trial mode")
 
 
-def quality_proxy(arch: Architecture, parent: Architecture) -> float:
-    """Plan-mode quality: the fraction of the parent's parameters the architecture keeps."""
+# quality_kind -> what that trial's "quality" measures, as plots and `study show` label it.
+# "exp_neg_kl" is weights_trial.QUALITY_KIND (kept here so reading a study imports no torch).
+QUALITY_LABELS: dict[str, str] = {
+    "retained_params": "retained params (fraction)",  # plan mode: retained_fraction
+    "retained_importance": "retained importance",  # plan mode with an importance record
+    "exp_neg_kl": "exp(-KL to parent)",  # weights mode: exp(-mean per-position KL), held-out text
+}
+
+
+def quality_label(kind: str | None) -> str:
+    """The human name of a ``quality_kind`` (:data:`QUALITY_LABELS`); an unknown kind (a plugin's)
+    is shown as is, a missing one as ``"quality"``."""
+    return QUALITY_LABELS.get(kind, kind) if kind else "quality"
+
+
+def retained_fraction(arch: Architecture, parent: Architecture) -> float:
+    """Plan-mode quality (kind ``retained_params``): the fraction of the parent's parameters
+    ``arch`` keeps, in (0, 1]; 1.0 for the parent."""
     return arch.num_params / parent.num_params
 
 
@@ -59,8 +82,9 @@ def _importance(path: str) -> Any:
 
 
 def retained_importance(plan: Any, importance: Any) -> float:
-    """Mean over FFN channels, query heads and hidden channels of the fraction of the parent's
-    importance mass (Minitron activation scores, >= 0) that the pruning plan keeps."""
+    """Plan-mode quality with importance (kind ``retained_importance``): mean over FFN channels,
+    query heads and hidden channels of the fraction of the parent's importance mass (Minitron
+    activation scores, >= 0) that the pruning plan keeps; in [0, 1], 1.0 for the parent."""
 
     def fraction(kept: float, total: float) -> float:
         return kept / total if total > 0 else 1.0
@@ -84,11 +108,12 @@ def retained_importance(plan: Any, importance: Any) -> float:
 
 @TRIAL_MODES.decorator("plan")
 def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
-    """Score a point without weights: cost model for the target + a quality proxy.
+    """Score a point without weights: cost model for the target + a stand-in for quality.
 
-    The proxy is the retained parameter fraction, or — when ``request["importance"]`` names an
-    importance record of the parent — the retained importance (:func:`retained_importance`), with
-    layers dropped in order of least importance (skip-loss).
+    ``quality`` is the retained parameter fraction (:func:`retained_fraction`, kind
+    ``retained_params``), or — when ``request["importance"]`` names an importance record of the
+    parent — the retained importance (:func:`retained_importance`, kind ``retained_importance``),
+    with layers dropped in order of least importance (skip-loss).
     """
     parent = Architecture.from_dict(request["parent"])
     space = SearchSpace.from_dict(request["space"])
@@ -100,7 +125,7 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     arch = space.architecture(request["params"], parent, order)
     metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
     if importance is None:
-        quality, kind = quality_proxy(arch, parent), "retained_params"
+        quality, kind = retained_fraction(arch, parent), "retained_params"
     else:
         from autocompress_opt.prune.plan import plan_pruning
 

@@ -95,6 +95,21 @@ def test_pareto_front_is_non_dominated_and_complete(points: list) -> None:
         assert r in front or any(dominated(o, r) for o in front)
 
 
+def test_quality_is_labelled_by_its_kind() -> None:
+    """What a trial's "quality" measures is named from its quality_kind: one label, several joined,
+    a plugin's unknown kind as is, "quality" when no trial has a kind (failed or old trials)."""
+    from autocompress_opt.search.studyio import quality_label_of
+
+    def record(kind: str | None) -> TrialRecord:
+        return TrialRecord("s", 0, "COMPLETE", {}, [1.0], True, 1.0, {}, {}, None, quality_kind=kind)
+
+    assert quality_label_of([record("exp_neg_kl"), record(None)]) == "exp(-KL to parent)"
+    mixed = [record("retained_params"), record("retained_importance"), record("retained_params")]
+    assert quality_label_of(mixed) == "retained params (fraction) / retained importance"
+    assert quality_label_of([record("my_plugin_score")]) == "my_plugin_score"
+    assert quality_label_of([record(None)]) == quality_label_of([]) == "quality"
+
+
 def test_resume_continues_to_the_requested_count_and_repairs_orphans(tmp_path: Path) -> None:
     """A RUNNING trial left by a dead driver becomes FAIL and its params are re-run."""
     cfg = config(tmp_path, name="r", targets=(Target("rtx5080", "in-game"),), trials=4)
@@ -237,7 +252,8 @@ def test_cli_run_show_export_list_plot(tmp_path: Path, capsys: pytest.CaptureFix
     assert "demo.rtx5070: 7 COMPLETE trials" in capsys.readouterr().out
     assert main(["study", "show", "demo", "--storage", storage]) == 0
     out = capsys.readouterr().out
-    assert "== demo.rtx5070" in out and "== demo.b200" in out and "quality" in out
+    assert "== demo.rtx5070" in out and "== demo.b200" in out
+    assert out.count("quality: retained params (fraction) (higher is better; 1.0 = the parent)") == 2
     csv_path = tmp_path / "demo.csv"
     assert main(["study", "export", "demo", "--storage", storage, "--format", "csv", "--out", str(csv_path)]) == 0
     header = csv_path.read_text().splitlines()[0].split(",")
@@ -262,6 +278,7 @@ def test_cli_run_show_export_list_plot(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["study", "export", "demo", "--storage", storage, "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert len([r for r in rows if r["state"] == "COMPLETE"]) == 14
+    assert {r["quality_kind"] for r in rows if r["state"] == "COMPLETE"} == {"retained_params"}
     assert main(["study", "list", "--storage", storage, "--json"]) == 0
     assert {r["study"] for r in json.loads(capsys.readouterr().out)} == {"demo.rtx5070", "demo.b200"}
     assert main(["plot", "demo", "--storage", storage, "--out", str(tmp_path / "plots")]) == 0

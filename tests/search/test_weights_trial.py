@@ -14,7 +14,7 @@ from tiny_lm import save_hf_dir, tiny_model
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.loading import load_model
-from autocompress_opt.search.trials import Target, run_trial
+from autocompress_opt.search.trials import Target, quality_label, run_trial
 from autocompress_opt.search.weights_trial import QUALITY_KIND, TrialConfig, clear_trial_cache, run_weights_trial
 from autocompress_opt.serving.costmodel import estimate_cost
 
@@ -65,7 +65,7 @@ def test_weights_trial_runs_end_to_end_and_caches_quality(parent_dir: Path, tmp_
     assert arch.num_layers == parent.num_layers and arch.hidden_size == PARAMS["hidden_size"]
     assert arch.num_active_layers <= PARAMS["num_layers"]
     assert first["metrics"] == estimate_cost(arch, TARGET.hardware, TARGET.engine_obj(), TARGET.scenario()).to_dict()
-    assert first["quality_kind"] == QUALITY_KIND
+    assert first["quality_kind"] == QUALITY_KIND and quality_label(QUALITY_KIND) == "exp(-KL to parent)"
     assert 0 < first["quality"] <= 1 and first["quality"] == pytest.approx(math.exp(-first["kl_to_parent"]))
     assert first["kl_to_parent"] >= 0 and first["ppl_code"] > 1 and first["ppl_prose"] > 1
     assert not first["quality_cached"]
