@@ -10,7 +10,9 @@ Three steps, each usable alone:
    removed sub-blocks, skipped layers, masked hidden channels), no weights changed.
 3. :func:`materialize` — a new, smaller transformers model holding the sliced weights. A target
    whose kept layers are all identical becomes a plain model of the parent's family (``LlamaForCausalLM``
-   ...); any other becomes the package's ``AutocompressDeciLMForCausalLM``.
+   ...); any other becomes the package's ``AutocompressDeciLMForCausalLM``. The decision is
+   :func:`autocompress_opt.hf.build.model_config`, which the CPU timing shares (it times the model
+   export writes).
 
 Guarantee (tested per family): the materialised model's logits equal the masked parent's logits to
 float tolerance; all-ones masks reproduce the parent exactly.
@@ -59,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import FamilyAdapter, LayerParts, adapter_for, architecture_mismatch
+from autocompress_opt.hf.build import inherited_settings, model_config
 from autocompress_opt.prune.importance import Importance
 
 if TYPE_CHECKING:
@@ -91,7 +94,8 @@ def materialize(
     Returns a plain transformers model of the parent's family when ``plan.architecture`` is
     uniform and that family's config accepts it (``LlamaConfig`` and ``Gemma3TextConfig`` require
     ``hidden_size % num_attention_heads == 0``), else an ``AutocompressDeciLMForCausalLM``;
-    ``heterogeneous=True`` always builds the latter. Same dtype, device and attention
+    ``heterogeneous=True`` always builds the latter (:func:`~autocompress_opt.hf.build.model_config`
+    decides). Same dtype, device and attention
     implementation as the parent; eval mode. Raises :class:`ConfigError` when the model is not
     ``plan.parent``, or when the parent computes something the pruned model cannot (bidirectional
     attention).
@@ -114,110 +118,21 @@ def materialize(
 
 
 def _target_config(parent_model: Any, adapter: FamilyAdapter, plan: PrunePlan, heterogeneous: bool) -> Any:
-    from autocompress_opt.hf.hetero_model import AutocompressDeciLMConfig
-
-    arch = plan.architecture
-    if arch.is_uniform and not heterogeneous:
-        config = _plain_config(parent_model, adapter, plan)
-        if config is not None:
-            return config
-    return AutocompressDeciLMConfig.from_architecture(arch, **_inherited_settings(parent_model))
-
-
-# Config keys that carry the parent's numerics into a heterogeneous child (not its sizes), with the
-# names a family's config may use instead (Gemma 3 calls the MLP activation ``hidden_activation``).
-_INHERITED_KEYS = (
-    "hidden_act",
-    "rms_norm_eps",
-    "rope_parameters",
-    "max_position_embeddings",
-    "initializer_range",
-    "attention_dropout",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "sliding_window",
-    "query_pre_attn_scalar",
-    "final_logit_softcapping",
-)
-_KEY_NAMES = {"hidden_act": ("hidden_act", "hidden_activation")}
-
-
-def _inherited_settings(parent_model: Any) -> dict[str, Any]:
-    """The parent's numerics under this package's config keys; refuses what the child cannot compute."""
-    config = parent_model.config
-    if getattr(config, "use_bidirectional_attention", False):
-        raise ConfigError(
-            "the parent uses bidirectional attention (use_bidirectional_attention=True); "
-            "only causal decoders can be pruned"
-        )
-    settings = {}
-    for key in _INHERITED_KEYS:
-        value = next(
-            (getattr(config, n) for n in _KEY_NAMES.get(key, (key,)) if getattr(config, n, None) is not None), None
-        )
-        if value is not None:
-            settings[key] = copy.deepcopy(value)
-    return settings
-
-
-_SIZE_KEYS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-)
-
-
-def _plain_config(parent_model: Any, adapter: FamilyAdapter, plan: PrunePlan) -> Any | None:
-    """A config of the parent's family that builds ``plan.architecture``, or None if the family cannot."""
-    arch, layer = plan.architecture, plan.architecture.layers[0]
-    if adapter.heterogeneous:
-        config = _family_config(parent_model, plan)
-        if config is None:
-            return None
-    else:
-        config = copy.deepcopy(parent_model.config)
-        types = getattr(config, "layer_types", None)
+    """The config of the child: :func:`~autocompress_opt.hf.build.model_config` of the plan's
+    architecture, starting from a homogeneous parent's own config (layer types re-indexed to the
+    kept layers) so that a plain child keeps every key the parent had."""
+    base = None
+    if not adapter.heterogeneous:
+        base = copy.deepcopy(parent_model.config)
+        types = getattr(base, "layer_types", None)
         if types:
-            config.layer_types = [types[lp.parent_index] for lp in plan.layers]
-    sizes = (arch.hidden_size, arch.num_layers, layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.ffn_width)
-    for key, value in zip(_SIZE_KEYS, sizes):
-        setattr(config, key, value)
-    return config if _reloadable(config) else None
-
-
-def _family_config(parent_model: Any, plan: PrunePlan) -> Any | None:
-    """A heterogeneous parent's base-family config for a uniform plan, or None if it cannot say it
-    (including windows it cannot express: :meth:`Architecture.to_hf_config` sets the layers' windows)."""
-    settings = _inherited_settings(parent_model)
-    settings.pop("sliding_window", None)  # the plan's windows are in the architecture
-    try:
-        config = plan.architecture.to_hf_config()
-    except (ConfigError, *_validation_errors()):
-        return None
-    for key, value in settings.items():
-        names = _KEY_NAMES.get(key, (key,))
-        setattr(config, next((n for n in names if hasattr(config, n)), key), value)
-    return config
-
-
-def _validation_errors() -> tuple[type[Exception], ...]:
-    """What transformers raises for a config it rejects (strict dataclass validation)."""
-    from huggingface_hub.errors import StrictDataclassClassValidationError
-
-    return (ValueError, TypeError, StrictDataclassClassValidationError)
-
-
-def _reloadable(config: Any) -> bool:
-    """True when ``config`` survives a save/load round trip (transformers re-validates on load)."""
-    try:
-        type(config).from_dict(config.to_dict())
-    except _validation_errors():
-        return False
-    return True
+            base.layer_types = [types[lp.parent_index] for lp in plan.layers]
+    return model_config(
+        plan.architecture,
+        base_config=base,
+        heterogeneous=heterogeneous,
+        **inherited_settings(parent_model.config),
+    )
 
 
 def _copy_weights(src: Any, src_adapter: FamilyAdapter, dst: Any, dst_adapter: FamilyAdapter, plan: PrunePlan) -> None:

@@ -4,8 +4,9 @@
    buffer far larger than the caches) — for ``cpu`` these become the catalog's figures; a catalog
    GPU keeps its datasheet figures.
 2. Time transformers' eager forward over a deterministic sweep of synthetic heterogeneous
-   architectures (random depths, per-layer FFN widths and head counts): prefill (TTFT) and decode
-   (time per output token with a KV cache), medians over repeats.
+   architectures (random depths, per-layer FFN widths and head counts), each built as the model
+   export writes for it (:func:`~autocompress_opt.serving.timing.build_torch_model`): prefill
+   (TTFT) and decode (time per output token with a KV cache), medians over repeats.
 3. Fit the profile's efficiency factors and fixed costs (:func:`~autocompress_opt.serving.fitting.fit_profile`)
    on a training part of the sweep and report the median absolute percentage error (MdAPE) on the
    held-out part, for prefill and for decode separately.

@@ -2,8 +2,11 @@
 
 The calibration step fits a cost model to what this module measures, so the contract is precise:
 
-* :func:`build_torch_model` turns an :class:`Architecture` into a real ``LlamaForCausalLM`` with
-  random weights and exactly the architecture's shapes, heterogeneous layers included.
+* :func:`build_torch_model` turns an :class:`Architecture` into the model export writes for it
+  (:mod:`autocompress_opt.hf.build`, the decision :func:`~autocompress_opt.prune.slicing.materialize`
+  uses): a plain model of the family when every layer is the same and the family's config can say
+  it, else the package's heterogeneous ``AutocompressDeciLMForCausalLM``; random weights, eager
+  attention, exactly the architecture's shapes and parameter count.
 * :func:`time_prefill` and :func:`time_decode` time forward passes in **milliseconds**, under
   ``torch.inference_mode()``, after warm-up runs, and report the **median** over repeats (wall
   clocks on shared machines are noisy; the median ignores the odd descheduled run, and
@@ -13,11 +16,6 @@ The calibration step fits a cost model to what this module measures, so the cont
 * :func:`random_architectures` is the deterministic sweep of synthetic heterogeneous architectures
   that calibration times.
 
-Every family (llama, mistral, qwen2, qwen3) is timed as a Llama-shaped model: the engine's cost
-depends on the shapes of the matrix products and the KV cache, not on which family's code runs
-them. Biases are modelled exactly; Qwen3's per-head QK-norm (``2·head_dim`` weights a layer) is
-not, so for ``qk_norm`` architectures the built model has that many fewer parameters.
-
 ``torch`` and ``transformers`` are imported inside the functions that need them, so importing
 this module stays cheap.
 """
@@ -25,7 +23,6 @@ this module stays cheap.
 from __future__ import annotations
 
 import copy
-import functools
 import random
 import statistics
 import time
@@ -53,226 +50,37 @@ __all__ = [
 
 ENGINE = "torch-eager"
 
-# Weight init: normal(0, 0.02), transformers' default ``initializer_range`` for Llama (and GPT-2).
-# Values do not change the timing; they only need to keep activations finite.
-_INIT_STD = 0.02
-
 # Token ids are drawn from a fixed generator so that every timing sees the same inputs.
 _TOKEN_SEED = 0
 
 
 # ----------------------------------------------------------------------------------- building
 def build_torch_model(arch: Architecture, *, dtype: Any = None, device: Any = "cpu", seed: int = 0) -> Any:
-    """Build a random-weight ``LlamaForCausalLM`` (eager attention) with exactly ``arch``'s shapes.
+    """The model export writes for ``arch``, with random weights and eager attention (module doc).
 
-    Each layer gets its own heads, KV heads, head size and FFN width. A layer without attention
-    (``LayerSpec.attention=False``) has neither attention nor ``input_layernorm``; one without an
-    FFN has neither MLP nor ``post_attention_layernorm``; a fully dropped layer (``is_noop``) is
-    removed from the stack. KV-cache slots are numbered over the layers that have attention, so
-    ``DynamicCache`` and the positions it implies stay correct when layer 0 has no attention.
-
-    For llama, mistral and qwen2 architectures ``sum(p.numel() for p in model.parameters()) ==
-    arch.num_params``; qwen3's QK-norm weights are not built (see the module docstring). Every
-    layer attends to the whole context: ``LayerSpec.window`` is not built (the calibration sweep,
-    :func:`random_architectures`, has no windows).
+    :func:`autocompress_opt.hf.build.build_model` of ``arch.active()``: fully dropped layers are
+    left out of the stack, as a pruning plan leaves them out of the exported model (an
+    architecture whose every layer is dropped is built as it is: embedding, final norm, LM head).
+    A uniform result is a plain model of ``arch.family`` when its config can express it, anything
+    else the package's ``AutocompressDeciLMForCausalLM``; ``sum(p.numel() for p in
+    model.parameters()) == arch.num_params``, and each layer's ``LayerSpec.window`` is built.
 
     Args:
         arch: the architecture to build.
-        dtype: parameter dtype (a ``torch.dtype``); ``None`` means ``torch.float32``.
+        dtype: parameter dtype (a floating ``torch.dtype``); ``None`` means ``torch.float32``.
         device: where the parameters live (``"cpu"``, ``"cuda"``, a ``torch.device``).
-        seed: weights are ``normal(0, 0.02)`` drawn from a generator seeded with ``seed``; norms
-            are ones and biases zeros. Same seed and device type → same weights.
+        seed: the weights' seed (transformers' own initialisation: ``normal(0, 0.02)`` matrices,
+            norms at their identity, zero biases). Same seed and device type → same weights.
 
     Returns:
-        The model in ``eval()`` mode with gradients disabled.
+        The model in ``eval()`` mode with gradients disabled. Raises :class:`ConfigError` for a
+        non-floating ``dtype`` or an architecture export cannot write (attention layers with
+        different ``head_dim``; two sliding-window sizes).
     """
-    import torch
-    from transformers import LlamaForCausalLM
+    from autocompress_opt.hf.build import build_model
 
-    dtype = torch.float32 if dtype is None else dtype
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ConfigError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    device = torch.device(device)
-    kept = [layer for layer in arch.layers if not layer.is_noop]
-    config = _llama_config(arch, num_layers=len(kept), layer=_reference_layer(arch))
-
-    # Build on the meta device (no memory, no init), then allocate once and fill deterministically.
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-        model.model.layers = torch.nn.ModuleList(_decoder_layers(arch, config, kept))
-    model.to(dtype).to_empty(device=device)
-    _reset_rotary_embeddings(model, device)
-    if arch.tie_embeddings:  # to_empty() allocates each module's tensors separately: re-tie
-        model.lm_head.weight = model.model.embed_tokens.weight
-    _init_weights(model, seed=seed, device=device)
-    return model.eval().requires_grad_(False)
-
-
-def _reference_layer(arch: Architecture) -> LayerSpec:
-    """Shapes for the model-level config: the first layer with attention and the first with an FFN."""
-    attn = next((layer for layer in arch.layers if layer.attention), None)
-    ffn = next((layer for layer in arch.layers if layer.ffn), None)
-    return LayerSpec(
-        attention=True,
-        num_heads=attn.num_heads if attn else 1,
-        num_kv_heads=attn.num_kv_heads if attn else 1,
-        head_dim=attn.head_dim if attn else arch.hidden_size,
-        ffn=True,
-        ffn_width=ffn.ffn_width if ffn else 1,
-    )
-
-
-def _llama_config(arch: Architecture, *, num_layers: int, layer: LayerSpec) -> Any:
-    """A ``LlamaConfig`` with the global shapes of ``arch`` and the per-layer shapes of ``layer``."""
-    from transformers import LlamaConfig
-
-    kwargs: dict[str, Any] = {}
-    if arch.max_context:
-        kwargs["max_position_embeddings"] = arch.max_context
-    config = LlamaConfig(
-        vocab_size=arch.vocab_size,
-        hidden_size=arch.hidden_size,
-        num_hidden_layers=max(num_layers, 1),
-        # LlamaConfig insists that hidden_size % num_attention_heads == 0, which pruned heads
-        # break (head_dim is explicit, so the check is moot): validate with 1 head, then set.
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        head_dim=layer.head_dim,
-        intermediate_size=layer.ffn_width,
-        tie_word_embeddings=arch.tie_embeddings,
-        attention_bias=arch.qkv_bias or arch.o_bias,
-        mlp_bias=arch.mlp_bias,
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="eager",
-        **kwargs,
-    )
-    config.num_attention_heads = layer.num_heads
-    config.num_key_value_heads = layer.num_kv_heads
-    config.num_hidden_layers = num_layers
-    return config
-
-
-def _layer_config(config: Any, layer: LayerSpec) -> Any:
-    layer_config = copy.deepcopy(config)
-    if layer.attention:
-        layer_config.num_attention_heads = layer.num_heads
-        layer_config.num_key_value_heads = layer.num_kv_heads
-        layer_config.head_dim = layer.head_dim
-    if layer.ffn:
-        layer_config.intermediate_size = layer.ffn_width
-    return layer_config
-
-
-def _decoder_layers(arch: Architecture, config: Any, kept: Sequence[LayerSpec]) -> list[Any]:
-    """One decoder layer per kept spec; attention layers number their KV-cache slots 0, 1, ..."""
-    layers, cache_idx = [], 0
-    for layer in kept:
-        layers.append(_make_decoder_layer(arch, config, layer, cache_idx))
-        cache_idx += layer.attention
-    return layers
-
-
-def _make_decoder_layer(arch: Architecture, config: Any, layer: LayerSpec, cache_idx: int) -> Any:
-    layer_config = _layer_config(config, layer)
-    module = _pruned_decoder_layer_class()(layer_config, layer_idx=cache_idx)
-    if not layer.attention:
-        module.self_attn = module.input_layernorm = None
-    else:
-        _drop_biases(module.self_attn, qkv=not arch.qkv_bias, o=not arch.o_bias)
-        if layer.head_dim != config.head_dim:
-            from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-            module.rotary_emb = LlamaRotaryEmbedding(layer_config)
-    if not layer.ffn:
-        module.mlp = module.post_attention_layernorm = None
-    return module
-
-
-@functools.cache
-def _pruned_decoder_layer_class() -> type:
-    """Defined on first use so that importing this module does not import transformers."""
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    class PrunedLlamaDecoderLayer(LlamaDecoderLayer):
-        """``LlamaDecoderLayer`` whose attention or MLP may be ``None`` (DeciLM ``no_op`` sub-blocks).
-
-        An absent sub-block adds nothing to the residual stream and has no norm. A layer whose
-        head size differs from the model's has its own ``rotary_emb`` for its cos/sin.
-        """
-
-        def __init__(self, config: Any, layer_idx: int) -> None:
-            super().__init__(config, layer_idx)
-            self.rotary_emb: torch.nn.Module | None = None
-
-        def forward(  # type: ignore[override]
-            self,
-            hidden_states: torch.Tensor,  # (batch, time, hidden)
-            attention_mask: torch.Tensor | None = None,
-            position_ids: torch.Tensor | None = None,
-            cache: Any = None,
-            use_cache: bool | None = False,
-            position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-            **kwargs: Any,
-        ) -> torch.Tensor:
-            if self.self_attn is not None:
-                if self.rotary_emb is not None:
-                    position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
-                attn_out, _ = self.self_attn(
-                    hidden_states=self.input_layernorm(hidden_states),
-                    attention_mask=attention_mask,
-                    position_ids=position_ids,
-                    cache=cache,
-                    use_cache=use_cache,
-                    position_embeddings=position_embeddings,
-                    **kwargs,
-                )
-                hidden_states = hidden_states + attn_out
-            if self.mlp is not None:
-                hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
-            return hidden_states
-
-    return PrunedLlamaDecoderLayer
-
-
-def _drop_biases(attn: Any, *, qkv: bool, o: bool) -> None:
-    """Remove the biases the family does not have (qwen2: q, k, v biased, o not)."""
-    names = (["q_proj", "k_proj", "v_proj"] if qkv else []) + (["o_proj"] if o else [])
-    for name in names:
-        getattr(attn, name).bias = None
-
-
-def _reset_rotary_embeddings(model: Any, device: Any) -> None:
-    """Rebuild every rotary embedding: ``to_empty`` left their ``inv_freq`` buffers uninitialised."""
-    import torch
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    for name, module in list(model.named_modules()):
-        if isinstance(module, LlamaRotaryEmbedding):
-            parent_name, _, child = name.rpartition(".")
-            with torch.device(device):
-                setattr(model.get_submodule(parent_name), child, LlamaRotaryEmbedding(module.config))
-
-
-def _init_weights(model: Any, *, seed: int, device: Any) -> None:
-    """normal(0, 0.02) matrices, unit norms, zero biases; a tied matrix is drawn once."""
-    import torch
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    generator = torch.Generator(device=device).manual_seed(seed)
-    seen: set[int] = set()
-    with torch.no_grad():
-        for module in model.modules():
-            for name, param in module.named_parameters(recurse=False):
-                if id(param) in seen:
-                    continue
-                seen.add(id(param))
-                if isinstance(module, LlamaRMSNorm):
-                    param.fill_(1.0)
-                elif name == "bias":
-                    param.zero_()
-                else:
-                    param.normal_(0.0, _INIT_STD, generator=generator)
+    exported = arch.active() if arch.num_active_layers else arch
+    return build_model(exported, dtype=dtype, device=device, seed=seed, attn_implementation="eager")
 
 
 # ------------------------------------------------------------------------------------ timing

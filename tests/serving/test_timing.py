@@ -1,4 +1,4 @@
-"""Tests for autocompress_opt.serving.timing: random-weight models built from an Architecture, and timings.
+"""Tests for autocompress_opt.serving.timing: the model export writes, with random weights, and timings.
 
 Models are tiny (hidden 32, 2-4 layers, vocabulary 97) so the whole file runs in seconds. Timing
 values are only checked for being positive and finite: speed is for benchmarks, not tests.
@@ -13,9 +13,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_families import tiny_model, tokens
 
 from autocompress_opt.arch.architecture import Architecture, LayerSpec
 from autocompress_opt.errors import ConfigError
+from autocompress_opt.hf.adapters import adapter_for
+from autocompress_opt.hf.hetero_model import AutocompressDeciLMForCausalLM
+from autocompress_opt.prune.importance import estimate_importance
+from autocompress_opt.prune.plan import plan_pruning
+from autocompress_opt.prune.slicing import materialize
 from autocompress_opt.serving.timing import (
     ENGINE,
     Timing,
@@ -37,11 +43,11 @@ def uniform_arch(**kwargs: object) -> Architecture:
 
 
 def hetero_arch(**kwargs: object) -> Architecture:
-    """Layer 0 has no attention (so KV-cache slot 0 belongs to layer 1), layer 1 has its own head
-    size (16 vs 8: needs its own rotary cos/sin), layer 2 is dropped, layer 3 has no FFN."""
+    """Layer 0 has no attention (its KV-cache slot is a placeholder), layer 1 has 3 query heads in
+    one KV group, layer 2 is dropped, layer 3 has no FFN. One head_dim (8), as export requires."""
     layers = (
         LayerSpec(attention=False, ffn=True, ffn_width=48),
-        LayerSpec(attention=True, num_heads=3, num_kv_heads=1, head_dim=16, ffn=True, ffn_width=80),
+        LayerSpec(attention=True, num_heads=3, num_kv_heads=1, head_dim=8, ffn=True, ffn_width=80),
         LayerSpec.dropped(),
         LayerSpec(attention=True, num_heads=2, num_kv_heads=2, head_dim=8, ffn=False),
     )
@@ -62,21 +68,83 @@ def num_params(model: torch.nn.Module) -> int:
         uniform_arch(qkv_bias=True, o_bias=True, mlp_bias=True),  # llama attention_bias + mlp_bias
         uniform_arch(family="qwen2", qkv_bias=True),  # q, k, v biased, o not
         uniform_arch(family="mistral"),
+        uniform_arch(family="qwen3", qk_norm=True),
         hetero_arch(),
         hetero_arch(tie_embeddings=True),
+        hetero_arch(family="qwen3", qk_norm=True),
     ],
-    ids=["uniform", "tied", "odd-heads", "llama-biases", "qwen2", "mistral", "hetero", "hetero-tied"],
+    ids=[
+        "uniform",
+        "tied",
+        "odd-heads",
+        "llama-biases",
+        "qwen2",
+        "mistral",
+        "qwen3",
+        "hetero",
+        "hetero-tied",
+        "hetero-qwen3",
+    ],
 )
 def test_parameter_count_equals_architecture(arch: Architecture) -> None:
-    """The built model has exactly arch.num_params parameters, dropped sub-blocks included."""
+    """The built model has exactly arch.num_params parameters, dropped sub-blocks and QK-norms included."""
     assert num_params(build_torch_model(arch)) == arch.num_params
 
 
-def test_qwen3_qk_norm_is_the_only_parameter_gap() -> None:
-    """QK-norm is not modelled: the model lacks exactly 2·head_dim weights per attention layer."""
-    arch = uniform_arch(family="qwen3", qk_norm=True)
-    missing = 2 * arch.layers[0].head_dim * arch.num_layers
-    assert num_params(build_torch_model(arch)) == arch.num_params - missing
+@pytest.mark.parametrize(
+    ("arch", "cls"),
+    [
+        (uniform_arch(), "LlamaForCausalLM"),
+        (uniform_arch(family="qwen2", qkv_bias=True), "Qwen2ForCausalLM"),
+        (uniform_arch(family="qwen3", qk_norm=True), "Qwen3ForCausalLM"),
+        (uniform_arch(num_heads=3, num_kv_heads=3, head_dim=16), "AutocompressDeciLMForCausalLM"),  # 32 % 3 != 0
+        (hetero_arch(), "AutocompressDeciLMForCausalLM"),
+        # the dropped layer leaves the stack, as a plan leaves it out of the export: what remains is uniform
+        (replace(uniform_arch(), layers=(*uniform_arch().layers, LayerSpec.dropped())), "LlamaForCausalLM"),
+    ],
+    ids=["llama", "qwen2", "qwen3", "odd-heads", "hetero", "dropped-layer"],
+)
+def test_model_class_is_the_exported_one(arch: Architecture, cls: str) -> None:
+    """A uniform architecture is timed as a plain model of its family when the family's config can
+    say it, anything else as the package's heterogeneous decoder, always with eager attention."""
+    model = build_torch_model(arch)
+    assert type(model).__name__ == cls
+    assert model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_timed_model_is_the_model_export_writes(family: str) -> None:
+    """For plans of a real (tiny) parent, the timed model has the class and the parameter shapes of
+    the model materialize writes: uniform (plain family model), uniform with heads that do not
+    divide the pruned hidden size (llama's config refuses it: heterogeneous decoder; qwen2's does
+    not), heterogeneous with a dropped layer."""
+    parent = tiny_model(family)
+    arch = adapter_for(parent).architecture(parent)
+    importance = estimate_importance(parent, tokens(2, 8, seed=1), model_id="parent", progress=False)
+    base = arch.layers[0]  # 6 query heads of 8 channels in 2 KV groups, FFN 48, hidden 48
+    narrow = replace(base, num_heads=4, num_kv_heads=2, ffn_width=16)
+    targets = [
+        (False, replace(arch, layers=(narrow,) * arch.num_layers)),
+        (family == "llama", replace(arch, hidden_size=40, layers=(base,) * arch.num_layers)),  # 40 % 6 != 0
+        (True, replace(arch, layers=(narrow, LayerSpec.dropped(), replace(base, ffn=False, ffn_width=0)))),
+    ]
+    for heterogeneous, target in targets:
+        plan = plan_pruning(arch, importance, target)
+        exported, timed = materialize(parent, plan), build_torch_model(target)
+        assert type(timed) is type(exported)
+        assert isinstance(timed, AutocompressDeciLMForCausalLM) == heterogeneous
+        assert {k: v.shape for k, v in timed.state_dict().items()} == {
+            k: v.shape for k, v in exported.state_dict().items()
+        }
+
+
+def test_mixed_head_dims_are_refused() -> None:
+    """Export keeps head_dim (one rotary table per model), so an architecture mixing head sizes has no
+    exported model to time."""
+    layers = hetero_arch().layers
+    arch = replace(hetero_arch(), layers=(replace(layers[1], head_dim=16), layers[3]))
+    with pytest.raises(ConfigError, match="head_dim"):
+        build_torch_model(arch)
 
 
 def test_layers_have_each_specs_shapes() -> None:
@@ -96,14 +164,17 @@ def test_layers_have_each_specs_shapes() -> None:
             assert layer.mlp.gate_proj.out_features == spec.ffn_width
         else:
             assert layer.mlp is None and layer.post_attention_layernorm is None
-    # KV-cache slots are numbered over the layers with attention only.
-    assert [layer.self_attn.layer_idx for layer in model.model.layers if layer.self_attn is not None] == [0, 1]
+    # Every layer owns the KV-cache slot of its index (a layer without attention: a placeholder).
+    assert [layer.self_attn.layer_idx for layer in model.model.layers if layer.self_attn is not None] == [1, 2]
 
 
 def test_weights_are_deterministic_given_seed() -> None:
-    """Same seed → identical weights; another seed → different weights; norms are ones."""
+    """Same seed → identical weights; another seed → different weights; norms are ones; the
+    caller's RNG is left alone."""
     arch = hetero_arch()
+    state = torch.get_rng_state()
     a, b, c = (build_torch_model(arch, seed=s).state_dict() for s in (0, 0, 1))
+    assert torch.equal(torch.get_rng_state(), state)
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
