@@ -222,99 +222,7 @@ def pareto_front(records: Sequence[TrialRecord], directions: Sequence[str]) -> l
     return [r for r in pool if not any(dominates(o, r) for o in pool if o is not r)]
 
 
-# ----------------------------------------------------------------- the searcher
-def _tune_searcher_base() -> type:
-    from ray.tune.search import Searcher
-
-    return Searcher
-
-
-def _make_searcher(
-    study: Any,
-    config: StudyConfig,
-    target: Target,
-    request: dict[str, Any],
-    objectives: Sequence[Objective],
-    parent_cost: Mapping[str, float],
-    progress: Any,
-) -> Any:
-    import optuna
-
-    Searcher = _tune_searcher_base()
-    distributions = config.space.distributions()
-    TrialState = optuna.trial.TrialState
-    driver = {"host": socket.gethostname(), "pid": os.getpid()}
-    max_failures = config.max_failures if config.max_failures is not None else config.trials
-
-    class StudySearcher(Searcher):  # type: ignore[misc, valid-type]
-        """Ask/tell a persistent Optuna study from Ray Tune; see the module doc."""
-
-        def __init__(self) -> None:
-            super().__init__(metric=None, mode=None)
-            self.live: dict[str, Any] = {}
-            done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            self.complete = len(done)
-            self.seen = {_key(t.params) for t in done}
-            self.failures = 0
-
-        def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
-            if self.complete >= config.trials or self.failures >= max_failures:
-                return Searcher.FINISHED if not self.live else None
-            if self.complete + len(self.live) >= config.trials:
-                return None  # enough in flight; wait for them
-            trial = self._ask_unique()
-            if trial is None:
-                return Searcher.FINISHED if not self.live else None
-            self.live[trial_id] = trial
-            return {"request": {**request, "params": dict(trial.params)}, "number": trial.number}
-
-        def _ask_unique(self) -> Any:
-            for _ in range(100):
-                trial = study.ask(distributions)
-                trial.set_user_attr("driver", driver)
-                key = _key(trial.params)
-                if key not in self.seen:
-                    self.seen.add(key)
-                    return trial
-                trial.set_user_attr("duplicate", True)  # the sampler repeated an evaluated point
-                study.tell(trial, state=TrialState.PRUNED)
-            return None  # the space looks exhausted
-
-        def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-            trial = self.live.pop(trial_id, None)
-            if trial is None:
-                return
-            payload = json.loads(result["payload"]) if result and "payload" in result else None
-            if error or payload is None or "error" in payload:
-                self.failures += 1
-                trial.set_user_attr("error", (payload or {}).get("error", "trial process died (see Ray logs)"))
-                study.tell(trial, state=TrialState.FAIL)
-                progress.update_fail()
-                return
-            metrics = payload["metrics"]
-            trial.set_user_attr("metrics", metrics)
-            trial.set_user_attr("quality", payload["quality"])
-            trial.set_user_attr("quality_kind", payload["quality_kind"])
-            trial.set_user_attr("architecture", payload["architecture"])
-            trial.set_user_attr("node", payload.get("node"))
-            violations = target.violations(metrics, parent_cost)
-            for key, value in violations.items():
-                trial.set_constraint(key, float(value))
-            # Also as user attributes: optuna-dashboard 0.21 shows only old-style list constraints.
-            trial.set_user_attr("constraints", {k: float(v) for k, v in violations.items()})
-            trial.set_user_attr("feasible", all(v <= 0 for v in violations.values()))
-            values = [payload["quality"] if o.metric == "quality" else metrics[o.metric] for o in objectives]
-            study.tell(trial, values)
-            self.complete += 1
-            progress.update_complete(all(v <= 0 for v in violations.values()), payload["quality"])
-
-    return StudySearcher()
-
-
-def _key(params: Mapping[str, Any]) -> tuple:
-    return tuple(sorted((k, float(v)) for k, v in params.items()))
-
-
+# ----------------------------------------------------------------- the trainable
 def _trainable(config: dict[str, Any]) -> dict[str, Any]:
     """The Ray Tune function trainable: runs one trial, never raises (errors become payload)."""
     try:
@@ -394,13 +302,18 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
                 f"{directions} ({', '.join(map(str, objectives))}). Use another --name or the same objectives."
             )
         old = study.user_attrs.get("identity", {})
-        added_later = {"inner": {}, "importance": None}  # keys newer than some stored studies
+        added_later: dict[str, Any] = {"inner": {}, "importance": None}  # keys newer than some stored studies
         diffs = [k for k in identity if old.get(k, added_later.get(k)) != identity[k]]
         if diffs:
             detail = "; ".join(f"{k}: stored {old.get(k)!r}, now {identity[k]!r}" for k in diffs)
             raise ConfigError(f"study {name!r} exists with different settings ({detail}). Use another --name.")
         return study, dict(study.user_attrs["parent_metrics"])
-    study = optuna.create_study(study_name=name, storage=storage, directions=directions, sampler=sampler)
+    study = optuna.create_study(
+        study_name=name,
+        storage=storage,
+        directions=directions,  # type: ignore[arg-type]  # "minimize" / "maximize", checked by Objective
+        sampler=sampler,
+    )
     cost = parent_metrics(parent, target)
     study.set_user_attr("identity", identity)
     study.set_user_attr("parent_metrics", cost)
@@ -417,7 +330,8 @@ class _Progress:
         from tqdm.auto import tqdm
 
         self.bar = tqdm(total=total, initial=initial, desc=desc, disable=not enabled, unit="trial", leave=True)
-        self.feasible, self.failed, self.best = 0, 0, None
+        self.feasible, self.failed = 0, 0
+        self.best: float | None = None
 
     def _post(self) -> None:
         best = "-" if self.best is None else f"{self.best:.3f}"
@@ -518,7 +432,19 @@ def run_study(
         done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
         bar = _Progress(config.study_name(target), config.trials, min(done, config.trials), progress)
         if done < config.trials:
-            searcher = _make_searcher(study, config, target, request, objectives, parent_cost, bar)
+            from autocompress_opt.search.searcher import StudySearcher  # needs Ray Tune and Optuna
+
+            searcher = StudySearcher(
+                study,
+                distributions=config.space.distributions(),
+                request=request,
+                target=target,
+                parent_cost=parent_cost,
+                objectives=[o.metric for o in objectives],
+                trials=config.trials,
+                max_failures=config.max_failures if config.max_failures is not None else config.trials,
+                progress=bar,
+            )
             scratch = tempfile.mkdtemp(prefix="autocompress-tune-")
             try:
                 tuner = tune.Tuner(
