@@ -509,7 +509,7 @@ class Architecture:
 
     def _hf_flag_kwargs(self) -> dict[str, bool]:
         """Config keys that reproduce this architecture's bias flags; raises if none can."""
-        family, kwargs = _FAMILIES[self.family], {}
+        family, kwargs = _FAMILIES[self.family], dict[str, bool]()
         for flag, src in family.biases.items():
             value = getattr(self, flag)
             expressible = kwargs.setdefault(src, value) == value if isinstance(src, str) else src == value

@@ -6,10 +6,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autocompress_opt._data import REPO_SEARCH_SPACES
 from autocompress_opt.cli._common import add_verb, concurrency, engine_options, print_json, table
+
+if TYPE_CHECKING:
+    from autocompress_opt.arch.architecture import Architecture
 
 RUN_EXAMPLES = """
   autocompress study run --model smollm2-135m --targets rtx5070,b200 --workload datacenter \\
@@ -335,7 +338,7 @@ def _show(args: argparse.Namespace) -> int:
         rows = [
             [
                 str(r.number),
-                r.arch().summary().split(": ", 1)[-1] if r.arch() else "-",
+                _summary(r.arch()),
                 f"{r.quality:.3f}" if r.quality is not None else "-",
                 *(
                     f"{r.metrics.get(k, float('nan')):,.2f}"
@@ -360,3 +363,8 @@ def _export(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _summary(arch: Architecture | None) -> str:
+    """An architecture's one-line summary without its name, or "-" when the trial recorded none."""
+    return arch.summary().split(": ", 1)[-1] if arch is not None else "-"

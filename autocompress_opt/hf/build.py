@@ -136,7 +136,7 @@ def _family_config(arch: Architecture, settings: dict[str, Any]) -> Any | None:
     settings = {k: v for k, v in settings.items() if k != "sliding_window"}  # the windows are in arch
     try:
         config = arch.to_hf_config()
-    except (ConfigError, *_validation_errors()):
+    except (ConfigError, *_validation_errors()):  # type: ignore[misc]  # a tuple of exception classes
         return None
     for key, value in settings.items():
         names = _KEY_NAMES.get(key, (key,))

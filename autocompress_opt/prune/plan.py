@@ -182,8 +182,11 @@ def _plan_layer(importance: Importance, p: int, parent: LayerSpec, spec: LayerSp
     groups: tuple[int, ...] = ()
     if spec.attention:
         r, r_new = parent.num_heads // parent.num_kv_heads, spec.num_heads // spec.num_kv_heads
-        groups = _top(importance.kv_groups[p], spec.num_kv_heads)
-        by_group = importance.heads[p].view(parent.num_kv_heads, r)  # (G, r): query heads of each KV group
+        kv_scores, head_scores = importance.kv_groups[p], importance.heads[p]
+        assert kv_scores is not None and head_scores is not None  # _check_layer: the parent layer attends
+        groups = _top(kv_scores, spec.num_kv_heads)
+        by_group = head_scores.view(parent.num_kv_heads, r)  # (G, r): query heads of each KV group
         heads = tuple(g * r + j for g in groups for j in _top(by_group[g], r_new))
-    ffn = _top(importance.ffn[p], spec.ffn_width) if spec.ffn else ()
+    ffn_scores = importance.ffn[p]
+    ffn = _top(ffn_scores, spec.ffn_width) if spec.ffn and ffn_scores is not None else ()
     return LayerPlan(parent_index=p, heads=heads, kv_heads=groups, ffn_channels=ffn)

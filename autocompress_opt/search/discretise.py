@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import cast
 
 import numpy as np
 import torch
@@ -279,7 +278,7 @@ def _fill(
     current = evaluate([layers])[0]
     moves, cap = 0, 8 * len(layers)
     while moves < cap:
-        candidates = _grow_moves(layers, values, masks.parent, cast(torch.Tensor, masks.sizes))
+        candidates = _grow_moves(layers, values, masks.parent, masks.sizes)
         if not candidates:
             break
         viol = evaluate([c[1] for c in candidates])

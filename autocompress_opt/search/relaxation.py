@@ -163,6 +163,15 @@ class ParentMasks(torch.nn.Module):
     (call it after each optimiser step).
     """
 
+    # Buffers (registered in __init__, not parameters; declared here for type checkers).
+    hidden: torch.Tensor  # (D,) bool: kept residual channels
+    head_group: torch.Tensor  # (L, H_max) long: importance rank of each query head's KV group
+    head_rank: torch.Tensor  # (L, H_max) long: rank of each query head inside its group
+    ffn_unit_index: torch.Tensor  # (L, F_max) long: importance-ordered FFN unit of each channel
+    sizes: torch.Tensor  # (L, 3) long: KV groups, query heads per group, FFN units
+    has_attn: torch.Tensor  # (L,) float 0/1
+    has_ffn: torch.Tensor  # (L,) float 0/1
+
     def __init__(
         self,
         parent: Architecture,
@@ -203,13 +212,17 @@ class ParentMasks(torch.nn.Module):
         for i, spec in enumerate(layers):
             if spec.attention:
                 r = spec.num_heads // spec.num_kv_heads
-                group_rank = _ranks(imp.kv_groups[i])  # (G,)
-                within = torch.stack([_ranks(h) for h in imp.heads[i].view(spec.num_kv_heads, r)])  # (G, r)
+                kv_scores, head_scores = imp.kv_groups[i], imp.heads[i]
+                assert kv_scores is not None and head_scores is not None  # scored for every kept block
+                group_rank = _ranks(kv_scores)  # (G,)
+                within = torch.stack([_ranks(h) for h in head_scores.view(spec.num_kv_heads, r)])  # (G, r)
                 head_group[i, : spec.num_heads] = group_rank.repeat_interleave(r)
                 head_rank[i, : spec.num_heads] = within.flatten()
                 sizes[i, 0], sizes[i, 1] = spec.num_kv_heads, r
             if spec.ffn:
-                ffn_unit[i, : spec.ffn_width] = _ranks(imp.ffn[i]) // self.ffn_unit
+                ffn_scores = imp.ffn[i]
+                assert ffn_scores is not None
+                ffn_unit[i, : spec.ffn_width] = _ranks(ffn_scores) // self.ffn_unit
                 sizes[i, 2] = spec.ffn_width // self.ffn_unit
         self.register_buffer("head_group", head_group, persistent=False)
         self.register_buffer("head_rank", head_rank, persistent=False)

@@ -61,7 +61,8 @@ def measure_device(device: str = "cpu", dtype: Any = None, seconds: float = 1.0)
     def best_time(fn: Callable[[], Any]) -> float:
         fn()
         sync()
-        times, start = [], time.perf_counter()
+        times: list[float] = []
+        start = time.perf_counter()
         while time.perf_counter() - start < seconds or len(times) < 5:
             t0 = time.perf_counter()
             fn()
