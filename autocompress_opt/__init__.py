@@ -14,7 +14,7 @@ The package is layered, lowest first (``.importlinter`` checks that imports only
 
 * :mod:`autocompress_opt.arch`: architectures as pure data, search spaces, the model catalog;
 * :mod:`autocompress_opt.hf`: transformers interop (family adapters, the heterogeneous decoder,
-  loading);
+  building the model of an architecture, loading);
 * :mod:`autocompress_opt.serving`: hardware, engines, formats, workloads, targets, the cost model,
   its fitting, validation and calibration; :mod:`autocompress_opt.quality`: KL, perplexity,
   held-out text;
