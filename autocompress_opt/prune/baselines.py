@@ -1,30 +1,75 @@
-"""Uniform baselines: the practitioner's Minitron-style recipe (:func:`uniform_baseline`), which
-fixes the sizes of a uniform model from a parameter target; which heads, channels and layers go is
-then decided by :func:`~autocompress_opt.prune.plan.plan_pruning`.
+"""Uniform baselines, all judged by the same constraint check and importance scores as the search.
 
-Against a hardware constraint the practitioner picks the largest parameter target that fits:
-:func:`minitron_picks` (one pick per width recipe, ranked by :func:`rank_picks`) and
-:func:`minitron_pick` (the best of them), given a feasibility predicate built from the target's
-constraint check.
+**Uniform candidates** (:func:`uniform_grid`): every uniform child of the parent on hardware-friendly
+sizes (num_layers, hidden size, FFN width, KV groups, query heads per group), each knowing its
+global point in the search space's keys (:attr:`UniformCandidate.point`, so a study can enqueue it).
+Three baselines choose among them under a constraint (a predicate, e.g. :func:`target_feasibility`):
+
+* :func:`minitron_search` (``minitron``): ModelOpt's Minitron candidate search as shipped — the grid
+  within Minitron's limits (:data:`MINITRON_LIMITS`: at most 40 % of each width, 20 % of the depth
+  cut), the top K feasible by parameters, each scored (e.g. :func:`masked_kl_scorer`, held-out KL
+  after pruning by importance), the best kept. Nothing feasible inside the limits is a finding
+  (:data:`INFEASIBLE_WITHIN_LIMITS`), and ``limits=None`` lifts them.
+* :func:`depth_baseline` (``depth``): static depth pruning at full width (ShortGPT block-influence
+  order), the deepest feasible model.
+* :func:`best_uniform` (``best-uniform``): the best-scoring uniform model on the whole grid.
+
+:func:`make_baseline` runs one by name; each returns a :class:`BaselineResult` saying what it chose
+and why. Which heads, channels and layers a chosen model keeps is decided by
+:func:`~autocompress_opt.prune.plan.plan_pruning` from the importance scores.
+
+**The parameter-target recipe** (:func:`uniform_baseline`): the practitioner's older Minitron-style
+recipe, which fixes the sizes of a uniform model from a parameter target. Against a hardware
+constraint the practitioner picks the largest parameter target that fits: :func:`minitron_picks`
+(one pick per width recipe, ranked by :func:`rank_picks`) and :func:`minitron_pick` (the best of them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+import functools
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
-from autocompress_opt.arch.architecture import Architecture, default_layer_order, uniform_child
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.arch.architecture import Architecture, default_layer_order, reference_layer, uniform_child
+from autocompress_opt.arch.search_space import CHOICES, uniform_allocation
+from autocompress_opt.errors import ConfigError, UnknownNameError
+
+if TYPE_CHECKING:
+    import torch
+
+    from autocompress_opt.hf.adapters import FamilyAdapter
+    from autocompress_opt.prune.importance import Importance
+    from autocompress_opt.serving.targets import Target
 
 __all__ = [
+    "BASELINES",
     "BASELINE_WIDTHS",
+    "INFEASIBLE_WITHIN_LIMITS",
+    "MAX_WIDTH_VALUES",
+    "MINITRON_LIMITS",
     "PARAM_FRACTIONS",
+    "BaselineResult",
+    "MinitronLimits",
     "MinitronPick",
+    "ScoredCandidate",
+    "UniformCandidate",
+    "best_uniform",
+    "depth_baseline",
+    "grid_values",
+    "make_baseline",
+    "masked_kl_scorer",
     "minitron_pick",
     "minitron_picks",
+    "minitron_search",
+    "point_cuts",
     "rank_picks",
     "resolve_param_target",
+    "target_feasibility",
     "uniform_baseline",
+    "uniform_grid",
 ]
 
 
@@ -218,3 +263,591 @@ def minitron_pick(
             f"{PARAM_FRACTIONS[-1]:.2%})"
         )
     return picks[0]
+
+
+# ------------------------------------------------------------------- the uniform candidate grid
+# At most this many values per width dimension: a wider parent's step grows in whole multiples of
+# its base step (Llama-3-8B's FFN of 14,336 goes in steps of 448, not 64), so the grid stays small
+# enough to check every candidate with the exact cost model.
+MAX_WIDTH_VALUES = 32
+
+
+@dataclass(frozen=True)
+class UniformCandidate:
+    """One point of the uniform grid: every kept layer alike (:func:`uniform_grid`).
+
+    Attributes:
+        num_layers / hidden_size / ffn_width / num_kv_heads / q_per_kv: the five global choices of
+            :data:`~autocompress_opt.arch.search_space.CHOICES` (query heads = ``num_kv_heads · q_per_kv``).
+        num_params: parameters of :attr:`architecture`.
+        parent / layer_order: what :attr:`architecture` is cut from, and the parent's layers most worth
+            keeping first (None: :func:`~autocompress_opt.arch.architecture.default_layer_order`).
+
+    Equality and hashing use the five choices and ``num_params`` only. Build one with :meth:`build`.
+    """
+
+    num_layers: int
+    hidden_size: int
+    ffn_width: int
+    num_kv_heads: int
+    q_per_kv: int
+    num_params: int
+    parent: Architecture = field(compare=False, repr=False)
+    layer_order: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def build(
+        cls, point: Mapping[str, int], parent: Architecture, layer_order: Sequence[int] | None = None
+    ) -> UniformCandidate:
+        """The candidate of a point (keys :data:`CHOICES`), its parameters counted on its architecture."""
+        order = None if layer_order is None else tuple(layer_order)
+        arch = uniform_allocation(point, parent, order)
+        candidate = cls(
+            **{c: int(point[c]) for c in CHOICES}, num_params=arch.num_params, parent=parent, layer_order=order
+        )
+        candidate.__dict__["architecture"] = arch  # the cached_property's slot: built once
+        return candidate
+
+    @functools.cached_property
+    def architecture(self) -> Architecture:
+        """``uniform_allocation(point, parent, layer_order)``: the first ``num_layers`` of the layer order
+        kept; it lists all the parent's layers (dropped ones as no-ops), so
+        :func:`~autocompress_opt.prune.plan.plan_pruning` keeps exactly those layers. Built on first use."""
+        return uniform_allocation(self.point, self.parent, self.layer_order)
+
+    @property
+    def point(self) -> dict[str, int]:
+        """The global choices keyed as :data:`~autocompress_opt.arch.search_space.CHOICES` (what a study enqueues)."""
+        return {name: getattr(self, name) for name in CHOICES}
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_kv_heads * self.q_per_kv
+
+    def cuts(self, parent: Architecture) -> dict[str, float]:
+        """:func:`point_cuts` of this candidate's point."""
+        return point_cuts(self.point, parent)
+
+    def label(self) -> str:
+        """Short form: ``"24L h512 ffn1280 kv3x2"`` (KV groups x query heads per group)."""
+        return f"{self.num_layers}L h{self.hidden_size} ffn{self.ffn_width} kv{self.num_kv_heads}x{self.q_per_kv}"
+
+
+def uniform_grid(
+    parent: Architecture,
+    *,
+    layer_order: Sequence[int] | None = None,
+    width_multiple: int | None = None,
+    limits: MinitronLimits | None = None,
+) -> list[UniformCandidate]:
+    """Every uniform child of ``parent`` on the sizes of :func:`grid_values` (only those ``limits``
+    allows, when given), most parameters first.
+
+    A candidate keeps the first ``num_layers`` of ``layer_order`` (e.g.
+    :meth:`~autocompress_opt.prune.importance.Importance.layer_order`; default
+    :func:`~autocompress_opt.arch.architecture.default_layer_order`). Ordered by parameters, most
+    first; ties by the choices in :data:`CHOICES` order, larger first. Pure. Raises
+    :class:`ConfigError` as :func:`grid_values` does.
+    """
+    values = grid_values(parent, width_multiple)
+    order = None if layer_order is None else tuple(layer_order)
+    grid = []
+    for widths in itertools.product(*(values[c] for c in CHOICES[1:])):
+        # Every kept layer has the same parameters (windows do not count), so the total is affine in
+        # the depth: count it on 1 and 2 layers, not on every depth.
+        one, two = (
+            uniform_allocation(dict(zip(CHOICES, (n, *widths))), parent, order).num_params
+            for n in (1, min(2, len(values["num_layers"])))
+        )
+        for n in values["num_layers"]:
+            point = dict(zip(CHOICES, (n, *widths)))
+            if limits is None or limits.allows(point, parent):
+                grid.append(
+                    UniformCandidate(**point, num_params=one + (n - 1) * (two - one), parent=parent, layer_order=order)
+                )
+    return sorted(grid, key=lambda c: (-c.num_params, *(-v for v in c.point.values())))
+
+
+def grid_values(parent: Architecture, width_multiple: int | None = None) -> dict[str, tuple[int, ...]]:
+    """The values of each choice of :data:`CHOICES` in the uniform grid of ``parent``, ascending:
+
+    * ``num_layers``: 1 .. the parent's layers;
+    * ``hidden_size`` and ``ffn_width``: the parent's size and the multiples of a step below it. The
+      step is ``width_multiple``, by default 64 when the size is a multiple of 64, else the largest
+      power of two dividing it (the parent's own step); grown in whole steps when a dimension would
+      have more than :data:`MAX_WIDTH_VALUES` values;
+    * ``num_kv_heads``: every whole number of KV groups, 1 .. the parent's; ``q_per_kv``: every whole
+      number of query heads per group, 1 .. the parent's.
+
+    Raises :class:`ConfigError` for a heterogeneous parent (windows may differ: Gemma 3) or a
+    ``width_multiple`` that is not a positive int.
+    """
+    if not parent.is_uniform:
+        raise ConfigError(f"the uniform grid needs a uniform parent; {parent.summary()} is heterogeneous")
+    if width_multiple is not None and (
+        not isinstance(width_multiple, int) or isinstance(width_multiple, bool) or width_multiple < 1
+    ):
+        raise ConfigError(f"width_multiple must be a positive int or None, got {width_multiple!r}")
+    ref = reference_layer(parent)
+    return {
+        "num_layers": tuple(range(1, parent.num_active_layers + 1)),
+        "hidden_size": _width_values(parent.hidden_size, width_multiple),
+        "ffn_width": _width_values(ref.ffn_width, width_multiple),
+        "num_kv_heads": tuple(range(1, ref.num_kv_heads + 1)),
+        "q_per_kv": tuple(range(1, ref.num_heads // ref.num_kv_heads + 1)),
+    }
+
+
+def point_cuts(point: Mapping[str, int], parent: Architecture) -> dict[str, float]:
+    """Fraction of each dimension of ``parent`` a uniform point (keys :data:`CHOICES`) removes
+    (0 = kept whole): depth (``num_layers``) and the widths ``hidden_size``, ``ffn_width``,
+    ``num_kv_heads`` and ``num_heads`` (query heads, ``num_kv_heads · q_per_kv``)."""
+    ref = reference_layer(parent)
+    kept = {**point, "num_heads": point["num_kv_heads"] * point["q_per_kv"]}
+    whole = {
+        "num_layers": parent.num_active_layers,
+        "hidden_size": parent.hidden_size,
+        "ffn_width": ref.ffn_width,
+        "num_kv_heads": ref.num_kv_heads,
+        "num_heads": ref.num_heads,
+    }
+    return {name: 1 - kept[name] / size for name, size in whole.items()}
+
+
+def _width_values(size: int, multiple: int | None) -> tuple[int, ...]:
+    """``size`` and the multiples of the step below it, ascending (see :func:`uniform_grid`)."""
+    base = multiple or (64 if size % 64 == 0 else math.gcd(size, 64))
+    step = base * max(1, math.ceil(size / base / MAX_WIDTH_VALUES))
+    return tuple(sorted({size, *range(step, size, step)}))
+
+
+# ----------------------------------------------------------------------- Minitron's limits
+@dataclass(frozen=True)
+class MinitronLimits:
+    """How far ModelOpt's Minitron searcher may cut (``max_width_pruning`` / ``max_depth_pruning``).
+
+    Attributes:
+        width: largest fraction removed from each width dimension (hidden size, FFN, KV groups,
+            query heads); ModelOpt's default 0.4.
+        depth: largest fraction of the layers removed; ModelOpt's default 0.2.
+
+    ModelOpt applies the fractions to its list of choices (``sorted(choices)[int((1 - f) · n):]``);
+    here they bound the cut itself (:meth:`UniformCandidate.cuts`), the same on an evenly spaced grid
+    and exact on the uneven KV-group counts of small models.
+    """
+
+    width: float = 0.4
+    depth: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("width", "depth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ConfigError(f"MinitronLimits.{name} must be a fraction in [0, 1), got {value!r}")
+
+    def allows(self, point: Mapping[str, int], parent: Architecture) -> bool:
+        """Whether a uniform point (e.g. :attr:`UniformCandidate.point`) cuts no width of ``parent`` by
+        more than :attr:`width` and the depth by no more than :attr:`depth` (:func:`point_cuts`)."""
+        eps = 1e-9  # 1 - 24/30 is 0.2 on paper, 0.19999... in floats
+        return all(
+            cut <= (self.depth if name == "num_layers" else self.width) + eps
+            for name, cut in point_cuts(point, parent).items()
+        )
+
+    def describe(self) -> str:
+        return f"width cut <= {self.width:.0%} per dimension, depth cut <= {self.depth:.0%}"
+
+
+MINITRON_LIMITS = MinitronLimits()
+
+
+# ------------------------------------------------------------------------------- the results
+BASELINES: tuple[str, ...] = ("minitron", "depth", "best-uniform")
+INFEASIBLE_WITHIN_LIMITS = "infeasible within Minitron's limits"
+
+
+@dataclass(frozen=True)
+class ScoredCandidate:
+    """A candidate the search looked at closely, with its score (lower is better; None when not scored)."""
+
+    candidate: UniformCandidate
+    score: float | None
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    """What a baseline chose and why.
+
+    Attributes:
+        baseline: one of :data:`BASELINES`.
+        choice: the chosen candidate, or None when no candidate meets the constraints (then
+            ``finding`` says so, e.g. :data:`INFEASIBLE_WITHIN_LIMITS`: a finding, not an error).
+        finding: one sentence: what was chosen and by what, or why nothing was.
+        ranked_by: ``"score"`` (lowest score wins) or ``"parameters"`` (most parameters wins: no
+            score was given, or the baseline does not use one).
+        grid_size: candidates of the grid; ``considered``: those inside the limits (all without);
+            ``checked``: constraint checks run (largest first, stopped once enough passed);
+            ``feasible``: checked candidates that passed.
+        candidates: the candidates ranked (the top K by parameters; ``depth``: its one pick),
+            most parameters first, with their scores.
+        limits: Minitron's limits searched within, or None (lifted, or not a Minitron search).
+        layer_order: ``"<metric> importance"`` or ``"default"`` (no importance): where kept layers came from.
+        lifted_from: for a Minitron search rerun with its limits lifted, the finding of the search
+            within them; else None.
+    """
+
+    baseline: str
+    choice: UniformCandidate | None
+    finding: str
+    ranked_by: str
+    grid_size: int
+    considered: int
+    checked: int
+    feasible: int
+    candidates: tuple[ScoredCandidate, ...]
+    limits: MinitronLimits | None = None
+    layer_order: str = "default"
+    lifted_from: str | None = None
+
+    @property
+    def architecture(self) -> Architecture:
+        """The chosen architecture; :class:`ConfigError` carrying :attr:`finding` when there is none."""
+        if self.choice is None:
+            raise ConfigError(f"{self.baseline}: {self.finding}")
+        return self.choice.architecture
+
+    @property
+    def score(self) -> float | None:
+        """The chosen candidate's score (None when not scored or nothing was chosen)."""
+        return next((s.score for s in self.candidates if s.candidate is self.choice), None)
+
+    def report(self) -> str:
+        """Several lines for a person: the finding, the counts, and each ranked candidate."""
+        lines = [f"{self.baseline}: {self.finding}"]
+        if self.lifted_from:
+            lines.insert(0, f"{self.baseline}: {self.lifted_from}; searched again with the limits lifted")
+        scope = f" ({self.limits.describe()})" if self.limits else ""
+        lines.append(
+            f"  grid {self.grid_size:,} uniform candidates, {self.considered:,} considered{scope}, "
+            f"{self.checked:,} checked against the constraints (largest first), {self.feasible:,} feasible; "
+            f"kept layers by {self.layer_order} order"
+        )
+        for rank, s in enumerate(self.candidates, 1):
+            mark = "*" if s.candidate is self.choice else " "
+            score = "not scored" if s.score is None else f"score {s.score:.4f}"
+            lines.append(
+                f"  {mark}{rank:>2}. {s.candidate.label():<26} {s.candidate.num_params / 1e6:8.2f}M params  {score}"
+            )
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready record (for a model card or a benchmark table)."""
+        row = lambda s: {"point": s.candidate.point, "num_params": s.candidate.num_params, "score": s.score}
+        return {
+            "baseline": self.baseline,
+            "choice": None if self.choice is None else self.choice.point,
+            "num_params": None if self.choice is None else self.choice.num_params,
+            "score": self.score,
+            "finding": self.finding,
+            "ranked_by": self.ranked_by,
+            "grid_size": self.grid_size,
+            "considered": self.considered,
+            "checked": self.checked,
+            "feasible": self.feasible,
+            "candidates": [row(s) for s in self.candidates],
+            "limits": None if self.limits is None else {"width": self.limits.width, "depth": self.limits.depth},
+            "layer_order": self.layer_order,
+            "lifted_from": self.lifted_from,
+        }
+
+
+# ------------------------------------------------------------------------------ the searches
+def minitron_search(
+    parent: Architecture,
+    feasible: Callable[[Architecture], bool],
+    *,
+    importance: Importance | None = None,
+    score: Callable[[Architecture], float] | None = None,
+    top_k: int = 10,
+    limits: MinitronLimits | None = MINITRON_LIMITS,
+    layer_metric: str = "skip_loss",
+    width_multiple: int | None = None,
+) -> BaselineResult:
+    """ModelOpt's Minitron candidate search (``mcore_minitron`` with a metric constraint), as shipped.
+
+    1. Enumerate :func:`uniform_grid` (kept layers by ``importance.layer_order(layer_metric)``, or the
+       default order without importance) and keep the candidates inside ``limits``
+       (:meth:`MinitronLimits.allows`; ``None`` lifts them).
+    2. Keep those ``feasible`` accepts (the target's constraint check), and of them the ``top_k``
+       with the most parameters (checked largest first, stopping after ``top_k`` passes: the same
+       top K as checking all).
+    3. Score each with ``score`` (lower is better; e.g. :func:`masked_kl_scorer`, held-out KL to the
+       parent after pruning by the importance scores) and choose the lowest; a non-finite score ranks
+       last, ties go to more parameters. Without ``score`` the most parameters wins (``ranked_by``
+       says so).
+
+    When no candidate inside the limits is feasible the result has no choice and its finding starts
+    with :data:`INFEASIBLE_WITHIN_LIMITS`: a finding, not an error; search again with
+    ``limits=None`` (:func:`make_baseline` does). Raises :class:`ConfigError` for a heterogeneous
+    parent or a bad ``top_k`` / ``width_multiple``.
+    """
+    _check_top_k(top_k)
+    order, order_label = _layer_order(parent, importance, layer_metric)
+    grid_size = math.prod(len(v) for v in grid_values(parent, width_multiple).values())
+    considered = uniform_grid(parent, layer_order=order, width_multiple=width_multiple, limits=limits)
+    top, checked = _largest_feasible(considered, feasible, top_k)
+    counts: dict[str, Any] = dict(grid_size=grid_size, considered=len(considered), checked=checked, feasible=len(top))
+    ranked_by = "score" if score else "parameters"
+    if not top:
+        finding = (
+            f"{INFEASIBLE_WITHIN_LIMITS} ({limits.describe()}): none of the {len(considered):,} candidates "
+            "inside them meets the constraints"
+            if limits is not None
+            else f"no uniform candidate of the {grid_size:,} meets the constraints"
+        )
+        return BaselineResult(
+            "minitron", None, finding, ranked_by, **counts, candidates=(), limits=limits, layer_order=order_label
+        )
+    ranked, choice, finding = _choose(top, score)
+    return BaselineResult(
+        "minitron",
+        choice,
+        finding,
+        ranked_by,
+        **counts,
+        candidates=ranked,
+        limits=limits,
+        layer_order=order_label,
+    )
+
+
+def best_uniform(
+    parent: Architecture,
+    feasible: Callable[[Architecture], bool],
+    *,
+    importance: Importance | None = None,
+    score: Callable[[Architecture], float] | None = None,
+    top_k: int = 20,
+    layer_metric: str = "skip_loss",
+    width_multiple: int | None = None,
+) -> BaselineResult:
+    """The best uniform model on the whole grid (no limits) by ``score``.
+
+    Scores the ``top_k`` largest *maximal* feasible candidates of :func:`uniform_grid`: a feasible
+    candidate that another feasible one matches or exceeds in every choice is left out (pruning
+    keeps a superset of its heads, channels and layers there), so the K scored are K different
+    shapes rather than one shape's FFN steps. Checked largest first; a candidate dominated by a
+    feasible one already found is not checked. Then as :func:`minitron_search`: lowest score wins,
+    or the most parameters without ``score``; no feasible candidate gives a result without a choice.
+    """
+    _check_top_k(top_k)
+    order, order_label = _layer_order(parent, importance, layer_metric)
+    grid = uniform_grid(parent, layer_order=order, width_multiple=width_multiple)
+    top, checked = _largest_feasible(grid, feasible, top_k, maximal=True)
+    counts: dict[str, Any] = dict(grid_size=len(grid), considered=len(grid), checked=checked, feasible=len(top))
+    ranked_by = "score" if score else "parameters"
+    if not top:
+        finding = f"no uniform candidate of the {len(grid):,} meets the constraints"
+        return BaselineResult(
+            "best-uniform", None, finding, ranked_by, **counts, candidates=(), layer_order=order_label
+        )
+    ranked, choice, finding = _choose(top, score)
+    return BaselineResult(
+        "best-uniform", choice, finding, ranked_by, **counts, candidates=ranked, layer_order=order_label
+    )
+
+
+def depth_baseline(
+    parent: Architecture,
+    feasible: Callable[[Architecture], bool],
+    *,
+    importance: Importance | None = None,
+    layer_metric: str = "block_influence",
+    score: Callable[[Architecture], float] | None = None,
+) -> BaselineResult:
+    """Static depth pruning at full width: the deepest feasible model that keeps every head, KV group,
+    FFN channel and hidden channel of the parent.
+
+    Layers go in ``importance.layer_order(layer_metric)`` (default ``block_influence``: ShortGPT's
+    block influence, Men et al. arXiv 2403.03853; ``skip_loss`` is Minitron's LM-loss metric), or
+    :func:`~autocompress_opt.arch.architecture.default_layer_order` without importance. Checks
+    ``L, L - 1, ..., 1`` layers and stops at the first ``feasible`` accepts. ``score``, when given,
+    is recorded for the pick (it does not change it). No feasible depth gives a result without a choice.
+    """
+    order, order_label = _layer_order(parent, importance, layer_metric)
+    ref, depth = reference_layer(parent), parent.num_active_layers
+    if not parent.is_uniform:
+        raise ConfigError(f"the depth baseline needs a uniform parent; {parent.summary()} is heterogeneous")
+    full = dict(
+        hidden_size=parent.hidden_size,
+        ffn_width=ref.ffn_width,
+        num_kv_heads=ref.num_kv_heads,
+        q_per_kv=ref.num_heads // ref.num_kv_heads,
+    )
+    checked = 0
+    for n in range(depth, 0, -1):
+        point = {"num_layers": n, **full}
+        candidate = UniformCandidate.build(point, parent, order)
+        checked += 1
+        if feasible(candidate.architecture):
+            s = None if score is None else float(score(candidate.architecture))
+            finding = f"chose {candidate.label()}: the deepest feasible model at full width ({n} of {depth} layers)"
+            counts: dict[str, Any] = dict(grid_size=depth, considered=depth, checked=checked, feasible=1)
+            scored = (ScoredCandidate(candidate, s),)
+            return BaselineResult(
+                "depth", candidate, finding, "depth", **counts, candidates=scored, layer_order=order_label
+            )
+    finding = f"no depth-only model at full width meets the constraints, not even 1 of {depth} layers"
+    return BaselineResult("depth", None, finding, "depth", depth, depth, checked, 0, (), layer_order=order_label)
+
+
+def make_baseline(
+    name: str,
+    parent: Architecture,
+    feasible: Callable[[Architecture], bool],
+    *,
+    importance: Importance | None = None,
+    score: Callable[[Architecture], float] | None = None,
+    top_k: int | None = None,
+    layer_metric: str | None = None,
+) -> BaselineResult:
+    """The baseline ``name`` (one of :data:`BASELINES`) with each one's defaults for ``top_k`` (10,
+    20) and ``layer_metric`` (``skip_loss``; ``block_influence`` for ``depth``).
+
+    ``minitron`` runs within :data:`MINITRON_LIMITS`; when nothing there is feasible it searches again
+    with the limits lifted and returns that result, its ``lifted_from`` holding the first finding.
+    Raises :class:`UnknownNameError` for another name.
+    """
+    if name not in BASELINES:
+        raise UnknownNameError("baseline", name, BASELINES)
+    if name == "depth":
+        metric = layer_metric or "block_influence"
+        return depth_baseline(parent, feasible, importance=importance, layer_metric=metric, score=score)
+    metric = layer_metric or "skip_loss"
+    if name == "best-uniform":
+        k = 20 if top_k is None else top_k
+        return best_uniform(parent, feasible, importance=importance, score=score, top_k=k, layer_metric=metric)
+    k = 10 if top_k is None else top_k
+    result = minitron_search(parent, feasible, importance=importance, score=score, top_k=k, layer_metric=metric)
+    if result.choice is not None:
+        return result
+    lifted = minitron_search(
+        parent, feasible, importance=importance, score=score, top_k=k, limits=None, layer_metric=metric
+    )
+    return replace(lifted, lifted_from=result.finding)
+
+
+def masked_kl_scorer(
+    model: Any,
+    importance: Importance,
+    tokens: torch.Tensor,
+    *,
+    layer_metric: str = "skip_loss",
+    batch_size: int = 4,
+    adapter: FamilyAdapter | None = None,
+) -> Callable[[Architecture], float]:
+    """``score(arch)``: mean per-position KL(parent ‖ ``arch``) on ``tokens``, in nats (lower is better).
+
+    ``arch`` is computed as the parent ``model`` masked to ``plan_pruning(parent, importance, arch)``
+    (:func:`~autocompress_opt.prune.masking.apply_masks`: equal to the sliced model up to float
+    rounding, without building it); the KL is :func:`~autocompress_opt.quality.metrics.kl_divergence`
+    against the parent's logits on ``tokens``, computed once here and kept on the CPU (``n·L·V``
+    float32: 8 rows of 256 tokens of a 49,152-token vocabulary take 0.4 GB). ``tokens``
+    ``(n, L)`` should be held-out rows, not the ones ``importance`` was estimated on.
+
+    The scorer is deterministic, remembers each architecture's score, and leaves ``model`` unchanged
+    (its hooks are removed after each call, also on an error). Raises :class:`ConfigError` for bad
+    tokens or an ``importance`` computed for another architecture (when called on an ``arch`` that is
+    not a sub-architecture of the parent).
+    """
+    from autocompress_opt.hf.adapters import adapter_for
+    from autocompress_opt.prune.masking import apply_masks
+    from autocompress_opt.prune.plan import plan_pruning
+    from autocompress_opt.quality.metrics import cache_teacher_logits, kl_divergence
+
+    adapter = adapter or adapter_for(model)
+    parent = adapter.architecture(model)
+    teacher = cache_teacher_logits(model, tokens, batch_size=batch_size, progress=False)
+    memo: dict[Architecture, float] = {}
+
+    def score(arch: Architecture) -> float:
+        if arch not in memo:
+            plan = plan_pruning(parent, importance, arch, layer_metric=layer_metric)
+            with apply_masks(model, plan.masks(), adapter=adapter):
+                memo[arch] = kl_divergence(
+                    model, None, tokens, teacher_logits=teacher, batch_size=batch_size, progress=False
+                )
+        return memo[arch]
+
+    return score
+
+
+def target_feasibility(target: Target, parent: Architecture) -> Callable[[Architecture], bool]:
+    """The constraint check of ``target`` as a predicate: ``arch`` meets every constraint by the exact
+    cost model (:meth:`~autocompress_opt.serving.targets.Target.check`, relative constraints against
+    ``parent``'s cost there, computed once)."""
+    from autocompress_opt.serving.targets import parent_metrics
+
+    reference = parent_metrics(parent, target)
+    return lambda arch: all(v <= 0 for v in target.check(arch, reference)[0].values())
+
+
+# --------------------------------------------------------------------------------- internals
+def _check_top_k(top_k: int) -> None:
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+        raise ConfigError(f"top_k must be a positive int, got {top_k!r}")
+
+
+def _layer_order(parent: Architecture, importance: Importance | None, metric: str) -> tuple[list[int], str]:
+    """The parent's layers, most worth keeping first, and where that order came from."""
+    if importance is None:
+        return default_layer_order(parent), "default"
+    return importance.layer_order(metric), f"{metric} importance"
+
+
+def _largest_feasible(
+    candidates: Sequence[UniformCandidate], feasible: Callable[[Architecture], bool], k: int, *, maximal: bool = False
+) -> tuple[list[UniformCandidate], int]:
+    """The first ``k`` of ``candidates`` (most parameters first) that ``feasible`` accepts, and the
+    number of checks run. ``maximal``: skip, unchecked, a candidate that a feasible one already found
+    matches or exceeds in every choice (more of any choice means more parameters, so such a
+    candidate always comes later in the order)."""
+    found: list[UniformCandidate] = []
+    checked = 0
+    for candidate in candidates:
+        if len(found) == k:
+            break
+        if maximal and any(_covers(f, candidate) for f in found):
+            continue
+        checked += 1
+        if feasible(candidate.architecture):
+            found.append(candidate)
+    return found, checked
+
+
+def _covers(big: UniformCandidate, small: UniformCandidate) -> bool:
+    return all(getattr(big, name) >= getattr(small, name) for name in CHOICES)
+
+
+def _choose(
+    top: list[UniformCandidate], score: Callable[[Architecture], float] | None
+) -> tuple[tuple[ScoredCandidate, ...], UniformCandidate, str]:
+    """Score ``top`` (most parameters first) and choose: the lowest finite score, ties to more
+    parameters; without ``score``, the first."""
+    if score is None:
+        choice = top[0]
+        finding = (
+            f"chose {choice.label()}: the most parameters of the feasible candidates "
+            "(ranked by parameters only: no score given)"
+        )
+        return tuple(ScoredCandidate(c, None) for c in top), choice, finding
+    scores = [float(score(c.architecture)) for c in top]
+    best = min(
+        range(len(top)), key=lambda i: (not math.isfinite(scores[i]), scores[i] if math.isfinite(scores[i]) else 0, i)
+    )
+    choice = top[best]
+    finding = (
+        f"chose {choice.label()}: the lowest score ({scores[best]:.4f}) of the {len(top)} feasible candidates "
+        "with the most parameters"
+    )
+    return tuple(ScoredCandidate(c, s) for c, s in zip(top, scores)), choice, finding
