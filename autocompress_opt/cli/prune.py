@@ -1,25 +1,39 @@
 """``autocompress prune``: prune a real model by importance and export it.
 
-Two modes: ``--params`` is the practitioner's Minitron-style baseline (a uniform architecture chosen
-by parameter count, :func:`~autocompress_opt.prune.baselines.uniform_baseline`); ``--arch`` exports a
-given (e.g. searched, heterogeneous) architecture. Both score the parent on calibration text
-(cached), keep the most important layers/heads/channels, and write a checkpoint with a model card.
+Three modes: ``--params`` is the practitioner's parameter-target recipe (a uniform architecture
+chosen by parameter count, :func:`~autocompress_opt.prune.baselines.uniform_baseline`); ``--arch``
+exports a given (e.g. searched, heterogeneous) architecture; ``--baseline`` chooses a uniform model
+under a serving target's constraints (:func:`~autocompress_opt.prune.baselines.make_baseline`:
+``minitron``, ``depth`` or ``best-uniform``), scoring candidates by held-out KL to the parent. All
+score the parent on calibration text (cached), keep the most important layers/heads/channels, and
+write a checkpoint with a model card.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from autocompress_opt.cli._common import add_verb
-from autocompress_opt.prune.baselines import BASELINE_WIDTHS
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.prune.baselines import BASELINE_WIDTHS, BASELINES
 from autocompress_opt.prune.importance import LAYER_METRICS
 
 _DEFAULT_CACHE = Path(".autocompress") / "importance"
 _SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9}
+# --baseline's target flags: (flag, Target field or constrained metric)
+_TARGET_FLAGS = (("--hardware", "hardware"), ("--workload", "workload"), ("--engine", "engine"), ("--dtype", "dtype"))
+_CONSTRAINT_FLAGS = (
+    ("--max-ttft-ms", "ttft_ms"),
+    ("--max-tpot-ms", "tpot_ms"),
+    ("--min-throughput", "output_throughput_tok_s"),
+    ("--max-memory-gib", "peak_memory_gib"),
+)
 
 
 def param_budget(text: str) -> float:
@@ -44,17 +58,36 @@ def add_parser(sub: Any) -> None:
   autocompress prune --model smollm2-135m --params 0.6 --out pruned/smollm2-0.6
   autocompress prune --model ./my-llama --params 80M --max-layer-drop 0.1 --out pruned/llama-80m --force
   autocompress prune --model smollm2-135m --arch searched.json --out pruned/smollm2-rtx5070
+  autocompress prune --model smollm2-135m --baseline depth --hardware rtx5080 --workload local-coding \\
+      --out pruned/smollm2-depth-rtx5080
+  autocompress prune --model smollm2-135m --baseline minitron --hardware b200 --workload datacenter \\
+      --top-k 10 --score-samples 8 --out pruned/smollm2-minitron-b200
 
 --params picks a UNIFORM architecture by parameter count, as a practitioner without a hardware model
 would: drop the least important layers (at most --max-layer-drop of them), then shrink every FFN to
 the widest multiple of --width-multiple that meets the budget (--width hidden+ffn: shrink hidden size
 and FFN by one ratio, Minitron's width recipe, which also cuts the embeddings). --arch exports the given architecture
-(a file written by Architecture.save, possibly heterogeneous).""",
+(a file written by Architecture.save, possibly heterogeneous).
+
+--baseline chooses a uniform model that meets the target's constraints (--hardware, --workload, the
+workload's constraints, overridden by --max-ttft-ms etc.) by the same cost model as the search:
+  minitron      ModelOpt's Minitron search: uniform candidates cutting at most 40 % of each width
+                (hidden, FFN, KV groups, query heads) and 20 % of the layers; the --top-k feasible
+                ones with the most parameters are scored by KL to the parent on held-out calibration
+                rows and the lowest wins. When nothing inside the limits is feasible it says so and
+                searches again with the limits lifted.
+  depth         the deepest feasible model at full width (layers dropped in ShortGPT's
+                block-influence order unless --layer-metric says otherwise).
+  best-uniform  the lowest-KL of the --top-k largest feasible uniform models on the whole grid
+                (each not contained in another feasible one).
+It prints what it considered and chose, and the model card records it. --score-samples 0 ranks by
+parameters alone.""",
     )
     p.add_argument("--model", required=True, help="parent: a known name (smollm2-135m), an HF directory or a .gguf")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--params", type=param_budget, help="parameter budget: a fraction (0.6) or a count (80M)")
     target.add_argument("--arch", help="architecture .json/.yaml to materialise (a sub-architecture of the parent)")
+    target.add_argument("--baseline", choices=BASELINES, help="a uniform baseline under --hardware/--workload")
     p.add_argument("--out", required=True, help="output checkpoint directory")
     p.add_argument("--force", action="store_true", help="replace --out if it exists and is not empty")
     p.add_argument("--samples", type=int, default=32, help="calibration sequences (default 32)")
@@ -64,8 +97,8 @@ and FFN by one ratio, Minitron's width recipe, which also cuts the embeddings). 
     p.add_argument(
         "--layer-metric",
         choices=LAYER_METRICS,
-        default="skip_loss",
-        help="layer importance used to choose dropped layers (default skip_loss)",
+        default=None,
+        help="layer importance used to choose dropped layers (default skip_loss; block_influence for --baseline depth)",
     )
     p.add_argument(
         "--max-layer-drop",
@@ -83,6 +116,25 @@ and FFN by one ratio, Minitron's width recipe, which also cuts the embeddings). 
         help="--params only: what the width step shrinks: the FFN alone (default), or hidden size and "
         "FFN by one ratio (hidden+ffn; needed when the embeddings exceed the budget)",
     )
+    base = p.add_argument_group("--baseline only: the serving target and the candidates' score")
+    base.add_argument("--hardware", help="GPU of the target (see 'autocompress hardware')")
+    base.add_argument("--workload", help="workload of the target: its scenario and constraints (e.g. local-coding)")
+    base.add_argument("--engine", help="serving engine (default: the workload's)")
+    base.add_argument("--dtype", help="weight format (default: the workload's)")
+    for flag, metric in _CONSTRAINT_FLAGS:
+        base.add_argument(
+            flag, metavar="V|Rx", help=f"constraint on {metric}: absolute, or relative to the parent (0.6x)"
+        )
+    base.add_argument(
+        "--top-k", type=int, default=None, help="candidates scored (default 10 for minitron, 20 for best-uniform)"
+    )
+    base.add_argument(
+        "--score-samples",
+        type=int,
+        default=None,
+        help="held-out calibration rows of --seq-len tokens (drawn with --seed + 1) for the KL score "
+        "(default 8; 0: rank by parameters)",
+    )
     p.add_argument(
         "--cache-dir",
         default=str(_DEFAULT_CACHE),
@@ -93,6 +145,7 @@ and FFN by one ratio, Minitron's width recipe, which also cuts the embeddings). 
 
 
 def run(args: argparse.Namespace) -> int:
+    serving_target = _serving_target(args)  # argument checks before the model loads
     from autocompress_opt.hf.adapters import adapter_for
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.prune.export import export_model
@@ -103,11 +156,15 @@ def run(args: argparse.Namespace) -> int:
     adapter = adapter_for(loaded.model)
     parent = adapter.architecture(loaded.model)
     importance = _importance(args, loaded, adapter)
-    target, recipe = _target(args, parent)
-    plan = plan_pruning(parent, importance, target, layer_metric=args.layer_metric)
+    metric = args.layer_metric or ("block_influence" if args.baseline == "depth" else "skip_loss")
+    if serving_target is not None:
+        target, recipe = _baseline(args, loaded, importance, serving_target, parent, metric)
+    else:
+        target, recipe = _target(args, parent)
+    plan = plan_pruning(parent, importance, target, layer_metric=metric)
     pruned = materialize(loaded.model, plan, adapter=adapter)
     card = {
-        "recipe": {**recipe, "layer_metric": args.layer_metric},
+        "recipe": {**recipe, "layer_metric": metric},
         "kept_parent_layers": [lp.parent_index for lp in plan.layers],
         "importance": {
             "method": importance.meta.method,
@@ -130,6 +187,107 @@ def run(args: argparse.Namespace) -> int:
         f"({plan.architecture.num_params / parent.num_params:.1%} of the parent)\nwrote {out}"
     )
     return 0
+
+
+def _flag_dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def _serving_target(args: argparse.Namespace) -> Any:
+    """The :class:`~autocompress_opt.serving.targets.Target` of ``--baseline`` (None without it), or a
+    :class:`ConfigError` for target flags without ``--baseline``, a missing ``--hardware`` /
+    ``--workload``, an unknown name or a bad count. Cheap: nothing is loaded."""
+    flags = [*_TARGET_FLAGS, *_CONSTRAINT_FLAGS, ("--top-k", ""), ("--score-samples", "")]
+    given = [flag for flag, _ in flags if getattr(args, _flag_dest(flag)) is not None]
+    if args.baseline is None:
+        if given:
+            raise ConfigError(f"{', '.join(given)} only apply with --baseline {{{','.join(BASELINES)}}}")
+        return None
+    missing = [flag for flag in ("--hardware", "--workload") if getattr(args, _flag_dest(flag)) is None]
+    if missing:
+        raise ConfigError(f"--baseline {args.baseline} needs {' and '.join(missing)} (the serving target)")
+    if args.top_k is not None and args.top_k < 1:
+        raise ConfigError(f"--top-k must be a positive count, got {args.top_k}")
+    if args.score_samples is not None and args.score_samples < 0:
+        raise ConfigError(f"--score-samples must be 0 or more, got {args.score_samples}")
+    from autocompress_opt.serving.targets import Target
+
+    target = Target(
+        hardware=args.hardware,
+        workload=args.workload,
+        engine=args.engine,
+        dtype=args.dtype,
+        constraints={
+            metric: str(getattr(args, _flag_dest(flag)))
+            for flag, metric in _CONSTRAINT_FLAGS
+            if getattr(args, _flag_dest(flag)) is not None
+        },
+    )
+    target.engine_obj()  # an unknown --engine fails here, not after the model loads
+    return target
+
+
+def _baseline(
+    args: argparse.Namespace, loaded: Any, importance: Any, serving_target: Any, parent: Any, metric: str
+) -> tuple[Any, dict[str, Any]]:
+    """The architecture ``--baseline`` chooses (named after --out) and the recipe record; prints why."""
+    from autocompress_opt.prune.baselines import make_baseline, masked_kl_scorer, target_feasibility
+    from autocompress_opt.quality.textdata import calibration_batches
+
+    samples = 8 if args.score_samples is None else args.score_samples
+    score, score_record = None, None
+    if samples:
+        rows = calibration_batches(loaded.tokenizer, n_samples=samples, seq_len=args.seq_len, seed=args.seed + 1)
+        kl = masked_kl_scorer(loaded.model, importance, rows, layer_metric=metric, batch_size=args.batch_size)
+        score = _announced(kl, quiet=args.no_progress)
+        score_record = {
+            "metric": "KL(parent || pruned), nats, mean per position",
+            "rows": samples,
+            "seq_len": args.seq_len,
+            "seed": args.seed + 1,
+        }
+    began = time.perf_counter()
+    result = make_baseline(
+        args.baseline,
+        parent,
+        target_feasibility(serving_target, parent),
+        importance=importance,
+        score=score,
+        top_k=args.top_k,
+        layer_metric=metric,
+    )
+    print(f"target: {serving_target.hardware} / {serving_target.workload} ({serving_target.engine_name})")
+    print(result.report())
+    print(f"chosen in {time.perf_counter() - began:.1f} s")
+    if result.choice is None:
+        raise ConfigError(f"--baseline {args.baseline}: {result.finding}; nothing exported")
+    recipe = {
+        "mode": "baseline",
+        "baseline": args.baseline,
+        "target": serving_target.to_dict(),
+        "score": score_record,
+        "search": result.to_dict(),
+    }
+    return replace(result.architecture, name=Path(args.out).name), recipe
+
+
+def _announced(score: Any, *, quiet: bool) -> Any:
+    """``score`` that also reports each call on stderr (scoring takes a forward pass per candidate)."""
+    calls = []
+
+    def announced(arch: Any) -> float:
+        began = time.perf_counter()
+        value = float(score(arch))
+        calls.append(value)
+        if not quiet:
+            print(
+                f"  scored candidate {len(calls)}: {arch.summary()}: KL {value:.4f} "
+                f"({time.perf_counter() - began:.1f} s)",
+                file=sys.stderr,
+            )
+        return value
+
+    return announced
 
 
 def _importance(args: argparse.Namespace, loaded: Any, adapter: Any) -> Any:
