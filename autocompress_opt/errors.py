@@ -10,7 +10,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["AutocompressError", "ConfigError", "UnknownNameError", "reject_unknown_keys", "suggest"]
+__all__ = ["AutocompressError", "ConfigError", "UnknownNameError", "check_int", "reject_unknown_keys", "suggest"]
 
 
 class AutocompressError(Exception):
@@ -55,3 +55,15 @@ def reject_unknown_keys(data: Mapping[str, Any], valid: Iterable[str], where: st
             raise ConfigError(
                 f"unknown key {key!r} in {where}{suggest(str(key), valid)}; valid keys: {', '.join(valid)}"
             )
+
+
+def check_int(value: Any, where: str, minimum: int = 1) -> int:
+    """Return ``value`` when it is an ``int`` (not a ``bool``) of at least ``minimum``.
+
+    Otherwise raise :class:`ConfigError` "<where> must be a positive int, got <value!r>" (a
+    "non-negative int" for ``minimum=0``, "an int >= <minimum>" for any other minimum).
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+        raise ConfigError(f"{where} must be {kind}, got {value!r}")
+    return value

@@ -100,12 +100,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def meets(arch: Architecture, goal: CostGoal) -> bool:
-    """The target's constraints by the exact cost model (:meth:`Target.check`)."""
-    violations, _ = goal.target.check(arch, goal.parent_metrics)
-    return all(v <= 0 for v in violations.values())
-
-
 def result_name(model: str) -> str:
     """``head_to_head`` for the default model, ``head_to_head_<model>`` for another (one summary each)."""
     return "head_to_head" if model == MODEL else f"head_to_head_{model}"
@@ -353,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
     for target in targets:
         goal = CostGoal.for_target(target, parent)
         pick = best_feasible(storage, target)
-        picks = minitron_picks(parent, lambda arch, goal=goal: meets(arch, goal))  # largest first
+        picks = minitron_picks(parent, lambda arch, goal=goal: goal.target.feasible(arch, goal.parent_metrics))
         if not picks:
             raise RuntimeError(f"no parameter target meets the constraints of {target}")
         best, *others = picks
@@ -390,7 +384,7 @@ def main(argv: list[str] | None = None) -> None:
                 "summary": arch.summary(),
                 "params": arch.num_params,
                 "costs": costs(built, target),
-                "feasible_as_built": meets(built, goal),
+                "feasible_as_built": goal.target.feasible(built, goal.parent_metrics),
                 "attention_layers": sum(s.attention for s in arch.layers),
                 "ffn_layers": sum(s.ffn for s in arch.layers),
                 "average_accuracy": reports[arm]["average_accuracy"],

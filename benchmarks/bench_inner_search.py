@@ -36,18 +36,11 @@ from autocompress_opt.prune.baselines import minitron_pick
 from autocompress_opt.search.budget import CostGoal
 from autocompress_opt.search.weights_trial import TrialConfig, evaluate_architecture, parent_context, run_weights_trial
 from autocompress_opt.serving.costmodel import ArchArrays, estimate_batch, estimate_cost
-from autocompress_opt.serving.targets import Target
+from autocompress_opt.serving.targets import Target, all_satisfied
 
 MODEL = "smollm2-135m"
 TARGETS = (("rtx5070", "in-game"), ("rtx5080", "local-coding"), ("h100-sxm", "datacenter"), ("b200", "datacenter"))
 CACHE = Path(".autocompress")
-
-
-def feasible(arch: Architecture, parent: Architecture, goal: CostGoal) -> tuple[bool, dict[str, float]]:
-    """The target's constraints by the exact cost model (:meth:`Target.check`; a sub-architecture of
-    ``parent`` never exceeds the parent's budgets, so they are not checked)."""
-    violations, _ = goal.target.check(arch, goal.parent_metrics)
-    return all(v <= 0 for v in violations.values()), violations
 
 
 def plan_pick(parent: Architecture, target: Target, order: list[int]) -> dict[str, int]:
@@ -62,7 +55,7 @@ def plan_pick(parent: Architecture, target: Target, order: list[int]) -> dict[st
     ok = np.ones(len(archs), dtype=bool)
     for n in range(len(archs)):
         row = {k: float(np.asarray(v)[n]) for k, v in metrics.items()}
-        ok[n] = all(v <= 0 for v in goal.violations(row).values())
+        ok[n] = all_satisfied(goal.violations(row))
     params = np.array([a.num_params for a in archs])
     best = int(np.argmax(np.where(ok, params, -1)))
     if not ok[best]:
@@ -145,14 +138,17 @@ def main() -> None:
                 flush=True,
             )
         uniform = uniform_allocation(params, parent, order)
-        pick = minitron_pick(parent, lambda arch, goal=goal: feasible(arch, parent, goal)[0])
+        # the target's constraints by the exact cost model; a sub-architecture of the parent never
+        # exceeds the parent's budgets, so they are not checked
+        pick = minitron_pick(parent, lambda arch, goal=goal: goal.target.feasible(arch, goal.parent_metrics))
         fraction, minitron, width = pick.param_fraction, pick.architecture, pick.width
         for name, arch, extra in (
             ("uniform", uniform, {}),
             ("minitron", minitron, {"param_fraction": fraction, "width_recipe": width}),
         ):
             quality = evaluate_architecture(arch, MODEL, cache_dir=CACHE)
-            ok, violations = feasible(arch, parent, goal)
+            violations, _ = goal.target.check(arch, goal.parent_metrics)
+            ok = all_satisfied(violations)
             row[name] = {
                 "kl_to_parent": quality["kl_to_parent"],
                 "ppl_code": quality["ppl_code"],

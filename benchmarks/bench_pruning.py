@@ -1,9 +1,10 @@
 """SmolLM2-135M: parent perplexities, importance time, and the Minitron-style baseline at 80/60/40 %.
 
-For each parameter target the practitioner's uniform baseline (materialize.uniform_baseline: drop
-the least important layers up to 25 %, then the widest FFN in multiples of 64 that fits) is pruned
-by importance and evaluated on held-out stdlib code and pydoc prose (never calibration documents):
-KL to the parent and perplexities. No distillation recovery (that is the head-to-head issue).
+For each parameter target the practitioner's uniform baseline
+(``autocompress_opt.prune.baselines.uniform_baseline``: drop the least important layers up to 25 %,
+then the widest FFN in multiples of 64 that fits) is pruned by importance and evaluated on
+held-out stdlib code and pydoc prose (never calibration documents): KL to the parent and
+perplexities. No distillation recovery (that is the head-to-head issue).
 
     .venv/bin/python benchmarks/bench_pruning.py [--samples 16] [--seq-len 256]
 """

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import autocompress_opt as ac
-from autocompress_opt.errors import UnknownNameError
+from autocompress_opt.errors import ConfigError, UnknownNameError, check_int
 from autocompress_opt.registry import Registry
 
 ROOT = Path(__file__).parents[1]
@@ -112,3 +112,20 @@ def test_builtins_are_registered_on_first_use_not_at_construction() -> None:
     assert calls == [1]
     with pytest.raises(UnknownNameError, match="unknown number 'onr' — did you mean 'one'"):
         registry.get("onr")
+
+
+@pytest.mark.parametrize(
+    ("value", "minimum", "message"),
+    [
+        (0, 1, "n must be a positive int, got 0"),
+        (True, 1, "n must be a positive int, got True"),
+        (-1, 0, "n must be a non-negative int, got -1"),
+        (1, 2, "n must be an int >= 2, got 1"),
+        (2.0, 2, "n must be an int >= 2, got 2.0"),
+    ],
+)
+def test_check_int_names_the_field_and_the_value(value: object, minimum: int, message: str) -> None:
+    """The one int check of the package: bools and floats are not ints; the minimum is inclusive."""
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        check_int(value, "n", minimum=minimum)
+    assert check_int(minimum, "n", minimum=minimum) == minimum

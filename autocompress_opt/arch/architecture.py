@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.errors import ConfigError, reject_unknown_keys, suggest
+from autocompress_opt.errors import ConfigError, check_int, reject_unknown_keys, suggest
 
 __all__ = [
     "SUPPORTED_FAMILIES",
@@ -88,12 +88,6 @@ _FAMILIES: dict[str, _Family] = {
 SUPPORTED_FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
 
 
-def _check_int(where: str, value: Any, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        kind = "non-negative" if minimum == 0 else "positive"
-        raise ConfigError(f"{where} must be a {kind} int, got {value!r}")
-
-
 def _check_bool(where: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise ConfigError(f"{where} must be true or false, got {value!r}")
@@ -132,9 +126,9 @@ class LayerSpec:
         for name in ("attention", "ffn"):
             _check_bool(f"LayerSpec.{name}", getattr(self, name))
         for name in ("num_heads", "num_kv_heads", "head_dim", "ffn_width"):
-            _check_int(f"LayerSpec.{name}", getattr(self, name), 0)
+            check_int(getattr(self, name), f"LayerSpec.{name}", minimum=0)
         if self.window is not None:
-            _check_int("LayerSpec.window", self.window, 1)
+            check_int(self.window, "LayerSpec.window")
         if self.attention:
             self._check_attention()
         else:
@@ -203,11 +197,11 @@ class Architecture:
         if not isinstance(self.layers, tuple):
             object.__setattr__(self, "layers", tuple(self.layers))
         for name in ("vocab_size", "hidden_size"):
-            _check_int(f"Architecture.{name}", getattr(self, name), 1)
+            check_int(getattr(self, name), f"Architecture.{name}")
         for name in ("tie_embeddings", "qkv_bias", "o_bias", "mlp_bias", "qk_norm"):
             _check_bool(f"Architecture.{name}", getattr(self, name))
         if self.max_context is not None:
-            _check_int("Architecture.max_context", self.max_context, 1)
+            check_int(self.max_context, "Architecture.max_context")
         if not isinstance(self.name, str):
             raise ConfigError(f"Architecture.name must be a string, got {self.name!r}")
         if not self.layers:
@@ -639,7 +633,7 @@ def _layer_windows(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> 
         window = None
     if model_type not in ("mistral", *_WINDOWED_BY_LAYER_TYPE) or window is None:
         return (None,) * num_layers
-    _check_int(f"{model_type} config sliding_window", window, 1)
+    check_int(window, f"{model_type} config sliding_window")
     if model_type == "mistral":
         return (int(window),) * num_layers
     kinds = cfg.get("layer_types")

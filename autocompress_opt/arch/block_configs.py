@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autocompress_opt.arch.architecture import SUPPORTED_FAMILIES, Architecture, LayerSpec
-from autocompress_opt.errors import ConfigError, suggest
+from autocompress_opt.errors import ConfigError, check_int, suggest
 
 __all__ = [
     "FULL_ATTENTION",
@@ -124,10 +124,10 @@ class BlockConfig:
         if not no_attn:
             heads, kv = _heads(attn, where, num_attention_heads)
         if not no_ffn:
-            width = _positive(ffn.get("intermediate_size"), f"{where}.ffn.intermediate_size")
+            width = check_int(ffn.get("intermediate_size"), f"{where}.ffn.intermediate_size")
         window = attn.get("window_length", sliding_window)
         if window is not None:
-            window = _positive(window, f"{where}.attention.window_length")
+            window = check_int(window, f"{where}.attention.window_length")
         try:
             spec = LayerSpec(
                 attention=not no_attn,
@@ -152,19 +152,13 @@ def _section(data: Any, name: str, where: str) -> Mapping[str, Any]:
     return section
 
 
-def _positive(value: Any, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{where} must be a positive int, got {value!r}")
-    return value
-
-
 def _heads(attn: Mapping[str, Any], where: str, num_attention_heads: int) -> tuple[int, int]:
     """(query heads, KV heads) from our explicit keys, else from DeciLM's ``n_heads_in_group``."""
     heads = attn.get("num_heads") or num_attention_heads
-    heads = _positive(heads, f"{where}.attention.num_heads")
+    heads = check_int(heads, f"{where}.attention.num_heads")
     if attn.get("num_key_value_heads"):
-        return heads, _positive(attn["num_key_value_heads"], f"{where}.attention.num_key_value_heads")
-    group = _positive(attn.get("n_heads_in_group"), f"{where}.attention.n_heads_in_group")
+        return heads, check_int(attn["num_key_value_heads"], f"{where}.attention.num_key_value_heads")
+    group = check_int(attn.get("n_heads_in_group"), f"{where}.attention.n_heads_in_group")
     if heads % group:
         raise ConfigError(f"{where}.attention.n_heads_in_group={group} does not divide num_heads={heads}")
     return heads, heads // group

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.errors import ConfigError, UnknownNameError
+from autocompress_opt.errors import ConfigError, UnknownNameError, check_int
 from autocompress_opt.hf.adapters import (
     FamilyAdapter,
     adapter_for,
@@ -262,11 +262,13 @@ def estimate_importance(
     Raises :class:`ConfigError` for bad tokens, a cache entry made for another architecture, or a
     cache without a model id; :class:`UnknownNameError` for an unknown method or model family.
     """
+    from autocompress_opt.quality.textdata import check_token_ids
+
     estimator = ESTIMATORS.get(method)
     adapter = adapter or adapter_for(model)
     arch = adapter.architecture(model)
-    _check_tokens(tokens, arch.vocab_size)
-    _check_positive(batch_size=batch_size)
+    check_token_ids(tokens, "tokens", arch.vocab_size)
+    check_int(batch_size, "batch_size")
     model_id = model_id or str(getattr(model.config, "_name_or_path", "") or "")
     data_id = data_id or tokens_id(tokens)
     if cache_dir is not None and not model_id:
@@ -301,29 +303,6 @@ def _load_cached(path: Path, arch: Architecture) -> Importance | None:
             f"architecture ({mismatch}); pass a different model_id or delete that folder"
         )
     return cached
-
-
-def _check_tokens(tokens: Any, vocab_size: int) -> None:
-    import torch
-
-    if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long or tokens.dim() != 2:
-        got = (
-            f"{tokens.dtype} tensor of shape {tuple(tokens.shape)}"
-            if isinstance(tokens, torch.Tensor)
-            else type(tokens).__name__
-        )
-        raise ConfigError(f"tokens must be a LongTensor (num_sequences, seq_len), got {got}")
-    if tokens.shape[0] < 1 or tokens.shape[1] < 2:
-        raise ConfigError(f"tokens needs >= 1 sequence of >= 2 tokens, got shape {tuple(tokens.shape)}")
-    low, high = int(tokens.min()), int(tokens.max())
-    if low < 0 or high >= vocab_size:
-        raise ConfigError(f"token ids must lie in [0, {vocab_size}), got values from {low} to {high}")
-
-
-def _check_positive(**values: int) -> None:
-    for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{name} must be a positive int, got {value!r}")
 
 
 # ---------------------------------------------------------------------------- minitron
@@ -421,14 +400,15 @@ def _minitron(
     import torch
     from tqdm.auto import tqdm
 
+    from autocompress_opt.quality.metrics import inference_mode
+
     arch = adapter.architecture(model)
-    batch_size, was_training = meta.batch_size, model.training
+    batch_size = meta.batch_size
     batches = list(_batches(tokens.to(adapter.embedding(model).weight.device), batch_size))
     n_tokens, n_predictions = tokens.numel(), tokens.shape[0] * (tokens.shape[1] - 1)
     bar = tqdm(total=len(batches) * (arch.num_layers + 1), desc="importance", unit="pass", disable=not progress)
-    model.eval()
     try:
-        with torch.inference_mode():
+        with inference_mode(model):
             with _Activations(model, adapter) as acts:
                 base = sum(_loss_sum(model, b) for b in _counted(batches, bar)) / n_predictions
             skip = torch.zeros(arch.num_layers, dtype=torch.float64)
@@ -440,7 +420,6 @@ def _minitron(
                     handle.remove()
     finally:
         bar.close()
-        model.train(was_training)
     heads = tuple(None if h is None else h.cpu() / n_tokens for h in acts.heads)
     return Importance(
         architecture=arch,

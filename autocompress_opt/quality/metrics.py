@@ -35,13 +35,14 @@ from typing import Any
 
 import torch
 
-from autocompress_opt.errors import ConfigError
-from autocompress_opt.quality.textdata import DEFAULT_SPLIT_SEED, TextBatches, text_batches
+from autocompress_opt.errors import ConfigError, check_int
+from autocompress_opt.quality.textdata import DEFAULT_SPLIT_SEED, TextBatches, check_token_ids, text_batches
 
 __all__ = [
     "QualityReport",
     "cache_teacher_logits",
     "evaluate",
+    "inference_mode",
     "kl_and_perplexity",
     "kl_divergence",
     "log_probs",
@@ -192,9 +193,9 @@ def cache_teacher_logits(
     live teacher exactly when ``batch_size`` matches.
     """
     tokens = _tokens(batches)
-    _check_batch_size(batch_size)
+    check_int(batch_size, "batch_size")
     parts = []
-    with _inference(teacher):
+    with inference_mode(teacher):
         for chunk in _chunks(tokens, batch_size, progress, "teacher logits"):
             parts.append(_logits(teacher, chunk).to("cpu", dtype))
     return torch.cat(parts)
@@ -299,6 +300,22 @@ def evaluate(
     )
 
 
+@contextlib.contextmanager
+def inference_mode(model: Any | None) -> Iterator[None]:
+    """Eval mode and ``torch.inference_mode`` for the block; ``model``'s training flag is restored
+    afterwards (also on an exception). ``model=None`` does nothing (an optional teacher)."""
+    if model is None:
+        yield
+        return
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
 # ------------------------------------------------------------------- internals
 def _score(
     model: Any,
@@ -311,9 +328,9 @@ def _score(
     desc: str,
 ) -> _Totals:
     """CE of ``model`` on ``tokens`` and, with a teacher (live or cached), the KL sums: one student pass."""
-    _check_batch_size(batch_size)
+    check_int(batch_size, "batch_size")
     totals, offset = _Totals(), 0
-    with _inference(model), _inference(teacher):
+    with inference_mode(model), inference_mode(teacher):
         for chunk in _chunks(tokens, batch_size, progress, desc):
             student = log_probs(_logits(model, chunk))  # (B, L, V) float32
             totals += _cross_entropy(student, chunk.to(student.device))
@@ -352,33 +369,8 @@ def _chunks(tokens: torch.Tensor, batch_size: int, progress: bool, desc: str) ->
         yield tokens[start : start + batch_size]
 
 
-@contextlib.contextmanager
-def _inference(model: Any | None) -> Iterator[None]:
-    """Eval mode and no autograd for the block; the training flag is restored afterwards."""
-    if model is None:
-        yield
-        return
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        model.train(was_training)
-
-
 def _tokens(batches: torch.Tensor | TextBatches) -> torch.Tensor:
-    tokens = batches.tokens if isinstance(batches, TextBatches) else batches
-    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
-        described = (
-            f"{tokens.dtype} tensor of shape {tuple(tokens.shape)}"
-            if isinstance(tokens, torch.Tensor)
-            else type(tokens).__name__
-        )
-        raise ConfigError(f"batches must be an (n_samples, seq_len) int64 tensor, got {described}")
-    if tokens.shape[0] < 1 or tokens.shape[1] < 2:
-        raise ConfigError(f"batches need at least 1 row of 2 tokens, got shape {tuple(tokens.shape)}")
-    return tokens
+    return check_token_ids(batches.tokens if isinstance(batches, TextBatches) else batches, "batches")
 
 
 def _check_teacher_logits(teacher_logits: torch.Tensor, tokens: torch.Tensor) -> None:
@@ -387,8 +379,3 @@ def _check_teacher_logits(teacher_logits: torch.Tensor, tokens: torch.Tensor) ->
             f"teacher_logits has shape {tuple(teacher_logits.shape)}; batches {tuple(tokens.shape)} "
             "need (n_samples, seq_len, vocab)"
         )
-
-
-def _check_batch_size(batch_size: int) -> None:
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")

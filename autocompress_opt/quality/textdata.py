@@ -72,6 +72,7 @@ __all__ = [
     "TextBatches",
     "TextSource",
     "calibration_batches",
+    "check_token_ids",
     "data_split",
     "evaluation_batches",
     "text_batches",
@@ -615,6 +616,29 @@ def _interleave(groups: Sequence[Sequence[list[int]]]) -> list[list[int]]:
 
 
 # ------------------------------------------------------------------ validation
+def check_token_ids(tokens: Any, name: str = "tokens", vocab_size: int | None = None) -> torch.Tensor:
+    """Return ``tokens`` when it is a batch of token ids, else raise :class:`ConfigError` naming ``name``.
+
+    A batch of token ids is an int64 tensor ``(n_samples, seq_len)`` with at least one row of at
+    least 2 tokens (a next-token prediction needs two) and, given ``vocab_size``, every id in
+    ``[0, vocab_size)``. The one check of token batches: quality metrics and importance both call it.
+    """
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
+        got = (
+            f"{tokens.dtype} tensor of shape {tuple(tokens.shape)}"
+            if isinstance(tokens, torch.Tensor)
+            else type(tokens).__name__
+        )
+        raise ConfigError(f"{name} must be a LongTensor: an (n_samples, seq_len) int64 tensor, got {got}")
+    if tokens.shape[0] < 1 or tokens.shape[1] < 2:
+        raise ConfigError(f"{name} need at least 1 row of 2 tokens, got shape {tuple(tokens.shape)}")
+    if vocab_size is not None:
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= vocab_size:
+            raise ConfigError(f"token ids must lie in [0, {vocab_size}), got values from {low} to {high}")
+    return tokens
+
+
 def _check_choice(name: str, value: object, valid: Iterable[str]) -> None:
     valid = tuple(valid)
     if value not in valid:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.errors import ConfigError, check_int
 from autocompress_opt.search.relaxation import ExpectedStructure
 from autocompress_opt.serving.costmodel import FULL_WINDOW, ArchArrays, estimate_batch
 from autocompress_opt.serving.targets import Target, parent_metrics
@@ -42,9 +42,7 @@ class Budget:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"Budget.{f.name} must be a positive int, got {value!r}")
+            check_int(getattr(self, f.name), f"Budget.{f.name}")
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Budget:

@@ -14,10 +14,11 @@ import numpy as np
 import torch
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.prune.importance import Importance
+from autocompress_opt.prune.importance import Importance, ranked
 from autocompress_opt.search.budget import Budget, CostGoal, exact_violations, totals_of
 from autocompress_opt.search.relaxation import DiscreteLayer, ParentMasks
 from autocompress_opt.serving.costmodel import ArchArrays
+from autocompress_opt.serving.targets import all_satisfied
 
 __all__ = ["Discrete", "discretise"]
 
@@ -50,7 +51,7 @@ def _unit_values(masks: ParentMasks, importance: Importance) -> _Values:
             assert head_scores is not None and group_scores is not None
             by_group = head_scores.double().view(spec.num_kv_heads, r)
             total = by_group.sum()
-            for g in torch.argsort(group_scores, descending=True, stable=True).tolist():
+            for g in ranked(group_scores).tolist():
                 sorted_heads = torch.sort(by_group[g], descending=True, stable=True).values
                 h_vals.append((sorted_heads / total * weight[i] / 2).tolist())
         ffn.append(f_vals)
@@ -179,7 +180,7 @@ def discretise(
         layers, filled = _fill(layers, values, evaluate, masks)
     arch = masks.architecture(layers)
     violations, metrics = exact_violations(arch, budget, goal)
-    feasible = all(v <= 0 for v in violations.values())
+    feasible = all_satisfied(violations)
     return Discrete(arch, feasible, violations, metrics, {"repair": repaired, "fill": filled})
 
 

@@ -23,7 +23,7 @@ from autocompress_opt.serving.engines import get_engine
 from autocompress_opt.serving.hardware import get_hardware
 from autocompress_opt.serving.workloads import Workload, get_workload
 
-__all__ = ["FITS_DEVICE", "Target", "device_fit_violation", "parent_metrics"]
+__all__ = ["FITS_DEVICE", "Target", "all_satisfied", "device_fit_violation", "parent_metrics"]
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,13 @@ class Target:
         self, arch: Architecture, parent_metrics: Mapping[str, float]
     ) -> tuple[dict[str, float], dict[str, float]]:
         """``(violations, metrics)`` of one architecture by the exact cost model: :meth:`violations`
-        (as floats) of :meth:`cost_metrics`. Feasible when ``all(v <= 0 for v in violations.values())``."""
+        (as floats) of :meth:`cost_metrics`. Feasible when :func:`all_satisfied` ``(violations)``."""
         metrics = self.cost_metrics(arch)
         return {k: float(v) for k, v in self.violations(metrics, parent_metrics).items()}, metrics
+
+    def feasible(self, arch: Architecture, parent_metrics: Mapping[str, float]) -> bool:
+        """Whether ``arch`` meets every constraint of this target: :func:`all_satisfied` of :meth:`check`."""
+        return all_satisfied(self.check(arch, parent_metrics)[0])
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -110,6 +114,12 @@ class Target:
 
 
 FITS_DEVICE = "fits device memory"
+
+
+def all_satisfied(violations: Mapping[str, float]) -> bool:
+    """The one feasibility rule: every normalised violation (:meth:`Target.violations`, budgets
+    alike) is ``<= 0``. An empty mapping is satisfied."""
+    return all(v <= 0 for v in violations.values())
 
 
 def device_fit_violation(metrics: Mapping[str, Any], target: Target) -> Any:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autocompress_opt.arch.architecture import Architecture, LayerSpec
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.errors import ConfigError, check_int
 
 if TYPE_CHECKING:
     import torch
@@ -178,14 +178,12 @@ def _token_ids(model: Any, batch: int, length: int) -> torch.Tensor:
 
 def _require_positive(**values: int) -> None:
     for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        check_int(value, name)
 
 
 def _require_non_negative(**values: int) -> None:
     for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"{name} must be a non-negative int, got {value!r}")
+        check_int(value, name, minimum=0)
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from autocompress_opt.errors import ConfigError, UnknownNameError
-from autocompress_opt.quality.metrics import QualityReport, _inference
+from autocompress_opt.errors import ConfigError, UnknownNameError, check_int
+from autocompress_opt.quality.metrics import QualityReport, inference_mode, log_probs
 from autocompress_opt.registry import Registry
 from autocompress_opt.tasks.items import PERPLEXITY_TASK, Item, TaskSpec
 
@@ -144,8 +144,7 @@ def loglikelihoods(
     not depend on ``batch_size`` or ``share_context`` beyond that. Deterministic; leaves the model's
     training flag unchanged.
     """
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+    check_int(batch_size, "batch_size")
     limit = max_length or model_max_length(model, tokenizer)
     encoded = [encode_pair(tokenizer, ctx, cont) for ctx, cont in pairs]
     rows = [_row(ctx, cont, limit) for ctx, cont in encoded]
@@ -169,7 +168,7 @@ def loglikelihoods(
     results: list[tuple[float, bool]] = [(math.nan, False)] * len(rows)
     from tqdm.auto import tqdm
 
-    with _inference(model), tqdm(total=len(rows), desc=desc, unit="req", disable=not progress, leave=False) as bar:
+    with inference_mode(model), tqdm(total=len(rows), desc=desc, unit="req", disable=not progress, leave=False) as bar:
         for members in shared:
             scores = _score_shared(model, list(encoded[members[0]][0]), [encoded[i][1] for i in members])
             for index, result in zip(members, scores):
@@ -224,10 +223,10 @@ def _score_shared(model: Any, ctx: list[int], conts: list[list[int]]) -> list[tu
 
 def _score(logits: torch.Tensor, cont: list[int]) -> tuple[float, bool]:
     """(summed log-probability, is_greedy) of ``cont`` under ``logits`` (len(cont), V), in float32."""
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    target = torch.tensor(cont, device=log_probs.device)
-    picked = log_probs.gather(-1, target[:, None])  # (len(cont), 1)
-    return float(picked.sum(dtype=torch.float64)), bool((log_probs.argmax(-1) == target).all())
+    normalised = log_probs(logits)  # (len(cont), V) float32
+    target = torch.tensor(cont, device=normalised.device)
+    picked = normalised.gather(-1, target[:, None])  # (len(cont), 1)
+    return float(picked.sum(dtype=torch.float64)), bool((normalised.argmax(-1) == target).all())
 
 
 def _forward(

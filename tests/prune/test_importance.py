@@ -159,7 +159,7 @@ def test_data_id_defaults_to_a_content_hash() -> None:
     [
         (torch.zeros(2, 8), "LongTensor"),
         (torch.zeros(8, dtype=torch.long), "LongTensor"),
-        (torch.zeros(2, 1, dtype=torch.long), ">= 2 tokens"),
+        (torch.zeros(2, 1, dtype=torch.long), "at least 1 row of 2 tokens"),
         (torch.full((2, 8), VOCAB, dtype=torch.long), rf"\[0, {VOCAB}\).*{VOCAB}"),
     ],
     ids=["float", "1-d", "too-short", "out-of-vocab"],

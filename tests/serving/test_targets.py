@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from autocompress_opt.arch.catalog import load_architecture
-from autocompress_opt.serving.targets import FITS_DEVICE, Target, parent_metrics
+from autocompress_opt.serving.targets import FITS_DEVICE, Target, all_satisfied, parent_metrics
 
 # in-game on an RTX 5070 (12 GiB): the workload's ttft_ms <= 0.7x (relative) and peak_memory_gib <= 4
 # (absolute), its tpot_ms <= 0.8x overridden by the target's 0.5x; vLLM with memory_fraction 0.5
@@ -71,3 +71,13 @@ def test_check_is_violations_of_the_exact_cost() -> None:
     loose = Target("rtx5070", "in-game", constraints={"ttft_ms": "1x", "tpot_ms": "1x"})
     relaxed, _ = loose.check(parent, parent_metrics(parent, loose))
     assert relaxed["ttft_ms <= 1x"] == 0.0 and relaxed["tpot_ms <= 1x"] == 0.0
+
+
+def test_feasible_is_every_violation_of_check_at_most_zero() -> None:
+    """all_satisfied: every value <= 0 (0 is on the boundary, still feasible); Target.feasible applies it to check."""
+    assert all_satisfied({}) and all_satisfied({"a": 0.0, "b": -1.0}) and not all_satisfied({"a": 0.0, "b": 1e-12})
+    parent = load_architecture("smollm2-135m")
+    assert not TARGET.feasible(parent, parent_metrics(parent, TARGET))  # the parent misses its own 0.7x TTFT
+    loose = Target("rtx5070", "in-game", constraints={"ttft_ms": "1x", "tpot_ms": "1x"})
+    violations, _ = loose.check(parent, parent_metrics(parent, loose))
+    assert loose.feasible(parent, parent_metrics(parent, loose)) == all_satisfied(violations)
