@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import optuna
 from ray.tune.search import Searcher
 
-from autocompress_opt.serving.targets import Target
+from autocompress_opt.serving.targets import Target, all_satisfied
 
 __all__ = ["StudySearcher", "point_key"]
 
@@ -127,7 +127,7 @@ class StudySearcher(Searcher):
             trial.set_constraint(key, float(value))
         # Also as user attributes: optuna-dashboard 0.21 shows only old-style list constraints.
         trial.set_user_attr("constraints", {k: float(v) for k, v in violations.items()})
-        feasible = all(v <= 0 for v in violations.values())
+        feasible = all_satisfied(violations)
         trial.set_user_attr("feasible", feasible)
         values = [payload["quality"] if metric == "quality" else metrics[metric] for metric in self.objectives]
         self.study.tell(trial, values)

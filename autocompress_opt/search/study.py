@@ -33,6 +33,7 @@ from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import SearchSpace
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.search.trials import TRIAL_MODES, Target, load_plugins, parent_metrics, run_trial
+from autocompress_opt.serving.targets import all_satisfied
 
 __all__ = ["Objective", "StudyConfig", "TrialRecord", "default_storage", "load_records", "pareto_front", "run_study"]
 
@@ -184,7 +185,7 @@ def _record(study_name: str, trial: Any) -> TrialRecord:
         state=trial.state.name,
         params=dict(trial.params),
         values=list(trial.values) if trial.values else None,
-        feasible=trial.state.name == "COMPLETE" and all(v <= 0 for v in constraints.values()),
+        feasible=trial.state.name == "COMPLETE" and all_satisfied(constraints),
         quality=attrs.get("quality"),
         metrics=dict(attrs.get("metrics", {})),
         constraints=constraints,
