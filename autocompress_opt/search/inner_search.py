@@ -29,9 +29,11 @@ Around the training (:func:`search`):
    importance per unit of violation removed) until every constraint and budget holds, and
    **fill** (greedily add back the unit with the most importance per unit of slack used while
    everything still holds).
-3. **Select** — the trained point unless the start point is feasible where it is not, or has a
-   lower KL to the parent on calibration rows held out of training (``val_samples``): with a
-   few dozen noisy steps the search must never return worse than where it started.
+3. **Select** among the candidates — the trained point, the start point, and the trial's
+   uniform allocation itself (``init``) when the exact cost model finds it feasible — feasible
+   first, then the lowest KL to the parent on calibration rows held out of training
+   (``val_samples``): with a few dozen noisy steps the search must never return worse than where
+   it started, nor worse than the uniform model of its own global choices.
 
 If no repair satisfies everything the result says infeasible and lists the violated amounts;
 feasibility is always judged by :func:`~autocompress_opt.serving.costmodel.estimate_cost` on the final
@@ -46,7 +48,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -58,11 +60,17 @@ from autocompress_opt.prune.importance import Importance
 from autocompress_opt.prune.masking import Masks, apply_masks
 from autocompress_opt.prune.plan import PrunePlan, plan_pruning
 from autocompress_opt.quality.metrics import log_probs, token_kl
-from autocompress_opt.search.budget import Budget, CostGoal, cost_arrays, expected_totals
+from autocompress_opt.search.budget import Budget, CostGoal, cost_arrays, exact_violations, expected_totals
 from autocompress_opt.search.discretise import Discrete, discretise
 from autocompress_opt.search.relaxation import ExpectedStructure, ParentMasks
+from autocompress_opt.serving.targets import all_satisfied
 
-__all__ = ["InnerConfig", "InnerResult", "objective", "search"]
+__all__ = ["CANDIDATES", "InnerConfig", "InnerResult", "objective", "search"]
+
+# What the selection chooses between, in tie-break order: the trained masks (discretised,
+# repaired, filled), the greedy start point (the uniform allocation repaired and filled), and the
+# uniform allocation of the trial's global choices as it is (only when feasible).
+CANDIDATES: tuple[str, ...] = ("trained", "start", "uniform")
 
 
 # ----------------------------------------------------------------------------- config
@@ -177,7 +185,9 @@ class InnerResult:
         history: per step: ``kl``, ``penalty``, ``tau`` and the largest violation.
         moves: how many units the repair removed and the fill added back.
         seconds: wall-clock seconds of the start point, training, discretising and selecting.
-        selection: the candidates (trained, start), their validation KL, and which was chosen.
+        selection: per candidate (:data:`CANDIDATES`: ``trained``, ``start``, ``uniform``) its
+            ``feasible``, held-out ``val_kl`` (NaN when not measured: infeasible, or no held-out
+            rows) and ``summary``; ``chosen``: the name of the candidate returned.
         learned: the trained :class:`~autocompress_opt.search.relaxation.ParentMasks` (frozen values).
     """
 
@@ -207,6 +217,17 @@ class InnerResult:
             "steps": len(self.history),
         }
 
+    def choice(self) -> dict[str, Any]:
+        """Which candidate was returned and how each did, JSON-safe: ``chosen`` (one of
+        :data:`CANDIDATES`), ``val_kl`` per candidate (nats on the held-out calibration rows; None
+        when not measured) and ``feasible`` per candidate."""
+        rows = {n: v for n, v in self.selection.items() if n != "chosen"}
+        return {
+            "chosen": self.selection.get("chosen"),
+            "val_kl": {n: v["val_kl"] if math.isfinite(v["val_kl"]) else None for n, v in rows.items()},
+            "feasible": {n: bool(v["feasible"]) for n, v in rows.items()},
+        }
+
 
 def search(
     model: Any,
@@ -223,13 +244,17 @@ def search(
 ) -> InnerResult:
     """Search per-layer structure under ``budget`` and ``goal``; see the module doc.
 
-    1. *Start*: ``init`` (``config.init == "budget"``, e.g. the trial's uniform allocation) or the
-       parent, discretised, repaired and filled by the exact cost model — a feasible, importance-
-       guided heterogeneous point (when one exists); the masks are reset to it.
+    1. *Start*: ``init`` (``config.init == "budget"``) or the parent, discretised, repaired and
+       filled by the exact cost model — a feasible, importance-guided heterogeneous point (when
+       one exists); the masks are reset to it.
     2. *Train* the masks (``config.steps`` Adam steps on KL + Lagrangian) and discretise, repair
        and fill the result.
-    3. *Select* between the trained and the start point: feasible first, then the lower KL to the
-       parent on ``config.val_samples`` calibration rows held out of training (never evaluation data).
+    3. *Select* among the trained point, the start point and ``init`` as it is (when it meets every
+       budget and constraint by the exact cost model, whatever ``config.init``): feasible first,
+       then the lowest KL to the parent on ``config.val_samples`` calibration rows held out of
+       training (never evaluation data); ties go to the earlier of :data:`CANDIDATES`.
+       So with ``init`` the trial's uniform allocation, the result is never worse on that KL than
+       the uniform model of the trial's global choices, when that model is feasible.
 
     Args:
         model: the parent (frozen while the masks train; hooks and flags are restored afterwards).
@@ -237,7 +262,10 @@ def search(
         tokens: calibration rows ``(n, T)``; ``teacher``: the parent's log-probs on them ``(n, T, V)``.
         budget: the trial's global choices; ``goal``: hardware constraints (None: budgets only).
         config: steps, batch, learning rates, schedule, seed.
-        init: the start point for ``config.init == "budget"``; None starts from the parent.
+        init: the trial's uniform allocation (:func:`~autocompress_opt.arch.search_space.uniform_allocation`
+            of its global choices, listing every parent layer): the start point for
+            ``config.init == "budget"`` and the ``uniform`` candidate of the selection. None: start
+            from the parent, no ``uniform`` candidate.
     """
     adapter = adapter or adapter_for(model)
     if tuple(teacher.shape[:2]) != tuple(tokens.shape):
@@ -268,8 +296,12 @@ def search(
         expected = masks.expected(config.tau_end).to_dict()
     trained = discretise(masks, importance, budget, goal, fill=config.fill)
     discretised = time.perf_counter()
+    candidates = {"trained": trained, "start": start}
+    uniform = _as_candidate(init, budget, goal) if init is not None else None
+    if uniform is not None and uniform.feasible:
+        candidates["uniform"] = uniform
     chosen, selection = _select(
-        {"trained": trained, "start": start},
+        candidates,
         model,
         parent,
         importance,
@@ -278,6 +310,8 @@ def search(
         config.batch_size,
         adapter,
     )
+    if uniform is not None and not uniform.feasible:  # recorded, never returned
+        selection["uniform"] = {"feasible": False, "val_kl": math.nan, "summary": uniform.architecture.summary()}
     plan = plan_pruning(parent, importance, chosen.architecture)
     seconds = {
         "start": started - began,
@@ -303,6 +337,12 @@ def search(
     )
 
 
+def _as_candidate(arch: Architecture, budget: Budget, goal: CostGoal | None) -> Discrete:
+    """``arch`` as it is (no repair, no fill), judged by the exact cost model."""
+    violations, metrics = exact_violations(arch, budget, goal)
+    return Discrete(arch, all_satisfied(violations), violations, metrics, {"repair": 0, "fill": 0})
+
+
 def _select(
     candidates: dict[str, Discrete],
     model: Any,
@@ -313,11 +353,14 @@ def _select(
     batch_size: int,
     adapter: FamilyAdapter,
 ) -> tuple[Discrete, dict[str, Any]]:
-    """Feasible before infeasible (then less violation), then the lower held-out calibration KL."""
+    """Feasible before infeasible (then less violation), then the lower held-out calibration KL;
+    ties to the earlier candidate. Returns the chosen one and the record
+    (:attr:`InnerResult.selection`). Equal architectures (names aside) are measured once."""
     record: dict[str, Any] = {}
     kls: dict[str, float] = {}
+    unnamed = {n: replace(c.architecture, name="") for n, c in candidates.items()}
     for name, cand in candidates.items():
-        same = next((n for n, c in candidates.items() if n in kls and c.architecture == cand.architecture), None)
+        same = next((n for n in candidates if n in kls and unnamed[n] == unnamed[name]), None)
         if same is not None:
             kls[name] = kls[same]
         elif tokens.shape[0] and cand.feasible:

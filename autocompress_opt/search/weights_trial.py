@@ -11,13 +11,22 @@
                "cache_dir": str}          # on-disk caches (default ".autocompress")
     result  = {"architecture": dict, "metrics": {...}, "quality": exp(-KL), "quality_kind": "exp_neg_kl",
                "kl_to_parent": nats, "kl_code", "kl_prose", "ppl_code", "ppl_prose",
-               "quality_cached": bool, "inner": {...search summary...}, "timings_s": {...}}
+               "quality_cached": bool, "inner": {...search summary...}, "timings_s": {...},
+               "selection": {"chosen": "trained" | "start" | "uniform",
+                             "val_kl": {candidate: nats | None}, "feasible": {candidate: bool}}}
+
+``selection`` says which candidate of the inner search the trial returned — the trained masks,
+the greedy start point, or the uniform allocation of the trial's global choices (considered
+whenever it is feasible, so a trial never returns worse, on the held-out calibration KL, than that
+uniform model) — and each one's KL to the parent on the calibration rows held out of the search
+(:meth:`~autocompress_opt.search.inner_search.InnerResult.choice`).
 
 Steps: load the parent (cached per process), its importance (``estimate_importance`` with its disk
 cache, ``.autocompress/importance/``), the parent's log-probs on the calibration rows (once,
 ``.autocompress/teacher/``), the inner search (:func:`autocompress_opt.search.inner_search.search`,
 starting from the trial's uniform allocation — layers ranked by ``layer_order``, else by the
-importance ``skip_loss`` — and holding its global choices as budgets) → a
+importance ``skip_loss`` — holding its global choices as budgets, and keeping that uniform
+allocation as a candidate) → a
 heterogeneous :class:`Architecture` → :func:`~autocompress_opt.prune.slicing.materialize` → held-out
 quality → the exact cost metrics of the target.
 
@@ -328,6 +337,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         **quality,
         "quality_cached": cached,
         "inner": {**result.summary(), "config": config.to_dict()},
+        "selection": result.choice(),
         "timings_s": {
             "parent": ready - began,
             "search": searched - ready,

@@ -3,6 +3,7 @@ model, and discretise → repair → fill judged by the exact cost model (tiny r
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -13,13 +14,15 @@ from hypothesis import strategies as st
 from mask_helpers import randomise
 from tiny_families import tiny_model, tokens
 
+from autocompress_opt.arch.search_space import CHOICES, uniform_allocation
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
 from autocompress_opt.prune.importance import estimate_importance
 from autocompress_opt.prune.slicing import materialize
+from autocompress_opt.search import inner_search
 from autocompress_opt.search.budget import Budget, CostGoal, cost_arrays, expected_of
 from autocompress_opt.search.discretise import discretise
-from autocompress_opt.search.inner_search import InnerConfig, objective, search
+from autocompress_opt.search.inner_search import CANDIDATES, InnerConfig, objective, search
 from autocompress_opt.search.relaxation import ParentMasks
 from autocompress_opt.search.teacher import teacher_log_probs
 from autocompress_opt.serving.costmodel import METRICS, ArchArrays, estimate_batch, estimate_cost
@@ -40,7 +43,11 @@ class Parent:
         self.tokens = tokens(6, 12, seed=2)
         self.teacher = teacher_log_probs(self.model, self.tokens, parent_id="tiny")
 
-    def search(self, budget: Budget | None = None, goal: CostGoal | None = None, **config: Any) -> Any:
+    def search(
+        self, budget: Budget | None = None, goal: CostGoal | None = None, *, start: Any = None, **config: Any
+    ) -> Any:
+        """The inner search with :data:`FAST` changed by ``config``; ``start`` is its ``init``
+        architecture (the trial's uniform allocation)."""
         cfg = InnerConfig(**{**FAST.to_dict(), **config})
         return search(
             self.model,
@@ -51,7 +58,13 @@ class Parent:
             budget=budget or Budget.of(self.arch),
             goal=goal,
             config=cfg,
+            init=start,
         )
+
+    def uniform(self, budget: Budget) -> Any:
+        """The uniform allocation of ``budget``'s global choices, as a weights trial builds it."""
+        point = {name: getattr(budget, name) for name in CHOICES}
+        return uniform_allocation(point, self.arch, self.importance.layer_order())
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +179,77 @@ def test_budgets_are_respected_and_the_plan_materialises(parent: Parent) -> None
     assert all(s.ffn_width % 16 == 0 for s in arch.layers)  # FFN 48 allows units of 16
     child = materialize(parent.model, result.plan)
     assert architecture_mismatch(arch.active(), adapter_for(child).architecture(child)) is None
+
+
+# ----------------------------------------------------------------------------- selection
+def unnamed(arch: Any) -> Any:
+    return replace(arch, name="")
+
+
+def test_the_uniform_allocation_is_returned_when_its_held_out_kl_is_the_lowest(
+    parent: Parent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Synthetic held-out KL (0.1 for the uniform allocation, 1.0 for anything else): the search
+    returns the uniform allocation as it is — budgets met, plan materialising — and records every
+    candidate's KL and which one won."""
+    budget = Budget(num_layers=2, hidden_size=48, ffn_width=32, num_kv_heads=1, q_per_kv=2)
+    uniform = parent.uniform(budget)
+
+    def fake_kl(model: Any, par: Any, imp: Any, arch: Any, *rest: Any) -> float:
+        return 0.1 if unnamed(arch) == unnamed(uniform) else 1.0
+
+    monkeypatch.setattr(inner_search, "_masked_kl", fake_kl)
+    # Start from the parent so the trained and start points differ from the uniform allocation.
+    result = parent.search(budget, start=uniform, init="parent", steps=2)
+    assert unnamed(result.architecture) == unnamed(uniform) and result.feasible
+    assert unnamed(result.architecture) != unnamed(parent.search(budget, init="parent", steps=2).architecture)
+    assert result.selection["chosen"] == "uniform"
+    assert result.choice() == {
+        "chosen": "uniform",
+        "val_kl": {"trained": 1.0, "start": 1.0, "uniform": 0.1},
+        "feasible": {"trained": True, "start": True, "uniform": True},
+    }
+    child = materialize(parent.model, result.plan)
+    assert architecture_mismatch(uniform.active(), adapter_for(child).architecture(child)) is None
+
+
+@pytest.mark.parametrize(
+    "budget, changes",
+    [
+        (TIGHT, {}),
+        (Budget(num_layers=2, hidden_size=48, ffn_width=32, num_kv_heads=1, q_per_kv=2), {"init": "parent"}),
+        (Budget(num_layers=1, hidden_size=48, ffn_width=48, num_kv_heads=2, q_per_kv=3), {"steps": 0, "fill": False}),
+    ],
+)
+def test_the_returned_candidate_has_the_lowest_held_out_kl_of_the_feasible_ones(
+    parent: Parent, budget: Budget, changes: dict[str, Any]
+) -> None:
+    """Real held-out KL: every candidate (trained, start, uniform) is measured and recorded, and the
+    returned one is feasible with a KL no higher than any feasible candidate's — in particular never
+    above the uniform allocation's."""
+    result = parent.search(budget, start=parent.uniform(budget), **changes)
+    choice = result.choice()
+    assert set(choice["val_kl"]) == set(CANDIDATES) and choice["chosen"] in CANDIDATES
+    assert all(choice["feasible"].values()) and result.feasible
+    assert choice["val_kl"][choice["chosen"]] == min(choice["val_kl"].values())
+    assert choice["val_kl"][choice["chosen"]] <= choice["val_kl"]["uniform"]
+
+
+def test_an_infeasible_uniform_allocation_is_recorded_but_never_returned(parent: Parent) -> None:
+    """The parent's own sizes under caps only a smaller model meets: the uniform allocation (the
+    parent) breaks them, so it is listed as infeasible with no KL, and a repaired point is returned."""
+    caps = {"tpot_ms": "0.99x", "output_throughput_tok_s": "1.01x"}
+    goal = CostGoal.for_target(Target("h100-sxm", "datacenter", constraints=caps), parent.arch)
+    budget = Budget.of(parent.arch)
+    result = parent.search(budget, goal, start=parent.uniform(budget))
+    assert result.selection["uniform"]["feasible"] is False
+    assert result.choice()["val_kl"]["uniform"] is None
+    assert result.selection["chosen"] != "uniform" and result.feasible
+
+
+def test_without_an_init_there_is_no_uniform_candidate(parent: Parent) -> None:
+    result = parent.search(TIGHT)
+    assert set(result.choice()["val_kl"]) == {"trained", "start"}
 
 
 TARGETS = [("rtx5070", "in-game"), ("rtx5080", "local-coding"), ("h100-sxm", "datacenter"), ("b200", "datacenter")]

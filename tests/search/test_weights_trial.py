@@ -14,6 +14,7 @@ from tiny_lm import save_hf_dir, tiny_model
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.loading import load_model
+from autocompress_opt.search.inner_search import CANDIDATES
 from autocompress_opt.search.trials import Target, quality_label, run_trial
 from autocompress_opt.search.weights_trial import QUALITY_KIND, TrialConfig, clear_trial_cache, run_weights_trial
 from autocompress_opt.serving.costmodel import estimate_cost
@@ -70,6 +71,12 @@ def test_weights_trial_runs_end_to_end_and_caches_quality(parent_dir: Path, tmp_
     assert first["kl_to_parent"] >= 0 and first["ppl_code"] > 1 and first["ppl_prose"] > 1
     assert not first["quality_cached"]
     assert first["inner"]["feasible"] == all(v <= 0 for v in first["inner"]["violations"].values())
+    # Which inner-search candidate came back, and each one's held-out calibration KL.
+    selection = first["selection"]
+    assert set(selection["val_kl"]) == set(selection["feasible"]) == set(CANDIDATES)
+    measured = {n: kl for n, kl in selection["val_kl"].items() if kl is not None}
+    assert selection["chosen"] in measured and measured[selection["chosen"]] == min(measured.values())
+    assert all(selection["feasible"][n] for n in measured)
     json.dumps(first)  # the study ships results as JSON
 
     assert len(list((tmp_path / "quality").glob("*.json"))) == 1
