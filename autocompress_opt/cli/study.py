@@ -103,6 +103,13 @@ def add_parser(sub: Any) -> None:
         metavar="MODULE",
         help="import MODULE first (in the driver and every trial): it may register trial modes",
     )
+    run.add_argument(
+        "--seed-baselines",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="enqueue the depth and minitron baselines' points before the study's own samples "
+        "(default: on in weights mode, off in plan mode)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(run=_run)
 
@@ -166,6 +173,7 @@ _RUN_KEYS = (
     "plugin",
     "inner",
     "importance",
+    "seed_baselines",
 )
 
 
@@ -257,6 +265,7 @@ def build_config(values: dict[str, Any]) -> Any:
         plugins=tuple(values.get("plugin") or ()),
         inner=_inner(values.get("inner")),
         importance=values.get("importance"),
+        seed_baselines=values.get("seed_baselines"),
     )
 
 
@@ -277,6 +286,8 @@ def _run(args: argparse.Namespace) -> int:
     for o in outcomes:
         note = f", re-queued orphaned trials {o.repaired}" if o.repaired else ""
         print(f"{o.study_name}: {o.complete} COMPLETE trials{note}")
+        for line in o.seeded:
+            print(f"  seeded {line}")
     print(
         f"storage: {config.storage_url}\nnext: autocompress study show {config.name} --storage {config.storage_url}\n"
         f"      autocompress plot {config.name} --storage {config.storage_url}"
@@ -331,13 +342,17 @@ def _show(args: argparse.Namespace) -> int:
         constraints = sorted({k for r in view.records for k in r.constraints})
         print("   constraints: " + ("; ".join(constraints) or "none"))
         print(f"   quality: {view.quality_label} (higher is better; 1.0 = the parent)")
+        counts = view.candidate_counts()
+        if counts:
+            picked = ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+            print(f"   inner search returned: {picked} (trained masks / greedy start point / uniform allocation)")
         shown = sorted(view.records, key=lambda r: r.number) if args.all else view.pareto()
         if not shown:
             print("   no feasible trial yet")
             continue
         rows = [
             [
-                str(r.number),
+                str(r.number) + (f" ({r.baseline})" if r.baseline else ""),
                 _summary(r.arch()),
                 f"{r.quality:.3f}" if r.quality is not None else "-",
                 *(
@@ -345,10 +360,12 @@ def _show(args: argparse.Namespace) -> int:
                     for k in ("ttft_ms", "tpot_ms", "output_throughput_tok_s", "peak_memory_gib")
                 ),
                 "yes" if r.feasible else ("no" if r.state == "COMPLETE" else r.state.lower()),
+                *([_candidate(r.selection)] if counts else []),
             ]
             for r in shown
         ]
-        print(table(rows, ["#", "architecture", "quality", "ttft_ms", "tpot_ms", "tok/s", "mem_gib", "feasible"]))
+        header = ["#", "architecture", "quality", "ttft_ms", "tpot_ms", "tok/s", "mem_gib", "feasible"]
+        print(table(rows, header + (["inner (val KL)"] if counts else [])))
     return 0
 
 
@@ -363,6 +380,18 @@ def _export(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _candidate(selection: dict[str, Any] | None) -> str:
+    """``"uniform 0.412 (trained 0.430, start 0.425)"``: the returned candidate's held-out calibration
+    KL, then the others' ("-" for one not measured); "-" without a record."""
+    if not selection or not selection.get("chosen"):
+        return "-"
+    kls = selection.get("val_kl", {})
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"
+    chosen = selection["chosen"]
+    others = ", ".join(f"{n} {fmt(v)}" for n, v in kls.items() if n != chosen)
+    return f"{chosen} {fmt(kls.get(chosen))}" + (f" ({others})" if others else "")
 
 
 def _summary(arch: Architecture | None) -> str:

@@ -122,6 +122,8 @@ class StudySearcher(Searcher):
         trial.set_user_attr("quality_kind", payload["quality_kind"])
         trial.set_user_attr("architecture", payload["architecture"])
         trial.set_user_attr("node", payload.get("node"))
+        if "selection" in payload:  # weights mode: the inner-search candidate returned, each one's KL
+            trial.set_user_attr("selection", payload["selection"])
         violations = self.target.violations(metrics, self.parent_cost)
         for key, value in violations.items():
             trial.set_constraint(key, float(value))

@@ -13,11 +13,20 @@ Flow per target (all storage access in this driver process; trials run wherever 
 
 Ray's stock ``OptunaSearch`` is not used: it neither passes constraints through nor repairs
 orphaned RUNNING trials after a killed driver.
+
+**Seeding with the baselines** (:attr:`StudyConfig.seed_baselines`, on by default in weights mode):
+before its own samples a study enqueues the global choices of the ``depth`` and ``minitron``
+baselines for its target (:func:`~autocompress_opt.prune.baselines.make_baseline`, feasibility by the
+target's exact constraint check), snapped down onto the search space's values. Together with the
+inner search's ``uniform`` candidate, a weights study's best is then never worse on its own objective
+than the uniform models it would be compared with. The points are stored in the study
+(``baseline_seeds``) and enqueued with ``skip_if_exists``, so resuming never adds them twice.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -30,16 +39,31 @@ from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.catalog import load_architecture
-from autocompress_opt.arch.search_space import SearchSpace
+from autocompress_opt.arch.search_space import CHOICES, SearchSpace, uniform_allocation
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.search.trials import TRIAL_MODES, Target, load_plugins, parent_metrics, run_trial
 from autocompress_opt.serving.targets import all_satisfied
 
-__all__ = ["Objective", "StudyConfig", "TrialRecord", "default_storage", "load_records", "pareto_front", "run_study"]
+__all__ = [
+    "SEEDED_BASELINES",
+    "Objective",
+    "StudyConfig",
+    "TrialRecord",
+    "baseline_seeds",
+    "default_storage",
+    "load_records",
+    "pareto_front",
+    "run_study",
+    "seed_study",
+]
+
+_log = logging.getLogger(__name__)
 
 DEFAULT_GROUP: tuple[str, ...] = ("rtx5070", "rtx5080", "h100-sxm", "b200")
 _MAXIMISE = {"quality", "output_throughput_tok_s", "max_concurrency"}
 PRIMARY_METRIC = {"local-coding": "ttft_ms", "datacenter": "output_throughput_tok_s", "in-game": "tpot_ms"}
+# The baselines a study enqueues before its own samples, in this order (prune/baselines.BASELINES).
+SEEDED_BASELINES: tuple[str, ...] = ("depth", "minitron")
 
 
 @dataclass(frozen=True)
@@ -83,7 +107,12 @@ class Objective:
 
 @dataclass(frozen=True)
 class StudyConfig:
-    """Everything that defines a study group; also its identity when resuming."""
+    """Everything that defines a study group; also its identity when resuming.
+
+    ``seed_baselines``: enqueue the ``depth`` and ``minitron`` baselines' global choices before the
+    study's own samples (module doc); None (default) means on in ``weights`` mode, off otherwise
+    (:attr:`seeds_baselines`). Not part of the identity: a study may be resumed with it changed.
+    """
 
     name: str
     model: str
@@ -100,8 +129,11 @@ class StudyConfig:
     plugins: tuple[str, ...] = ()
     inner: Mapping[str, Any] = field(default_factory=dict)  # per-trial budget of the weights mode
     importance: str | None = None  # plan mode: an Importance record of the parent → retained-importance proxy
+    seed_baselines: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.seed_baselines not in (None, True, False):
+            raise ConfigError(f"seed_baselines must be true, false or unset, got {self.seed_baselines!r}")
         if not self.name or any(c in self.name for c in "/\\ :"):
             raise ConfigError(f"study name {self.name!r} must be non-empty without '/', '\\\\', ':' or spaces")
         if not isinstance(self.trials, int) or self.trials < 1:
@@ -122,6 +154,11 @@ class StudyConfig:
 
     def study_name(self, target: Target) -> str:
         return f"{self.name}.{target.hardware}"
+
+    @property
+    def seeds_baselines(self) -> bool:
+        """Whether studies enqueue the baselines first: ``seed_baselines``, by default in weights mode."""
+        return self.mode == "weights" if self.seed_baselines is None else self.seed_baselines
 
     @property
     def storage_url(self) -> str:
@@ -157,6 +194,9 @@ class TrialRecord:
     ``quality`` is the objective stored as ``quality``; what it measures is ``quality_kind``
     (``retained_params``, ``retained_importance``, ``exp_neg_kl``, or a plugin's; see
     :data:`~autocompress_opt.search.trials.QUALITY_LABELS`). None for trials that did not complete.
+    ``selection`` (weights mode): which inner-search candidate the trial returned and each one's
+    held-out KL (:meth:`~autocompress_opt.search.inner_search.InnerResult.choice`); ``baseline``:
+    the baseline(s) a seeded trial's point comes from (e.g. ``"depth"``; :func:`seed_study`).
     """
 
     study: str
@@ -171,6 +211,8 @@ class TrialRecord:
     architecture: dict[str, Any] | None
     error: str | None = None
     quality_kind: str | None = None
+    selection: dict[str, Any] | None = None
+    baseline: str | None = None
 
     def arch(self) -> Architecture | None:
         return Architecture.from_dict(self.architecture) if self.architecture else None
@@ -192,6 +234,8 @@ def _record(study_name: str, trial: Any) -> TrialRecord:
         architecture=attrs.get("architecture"),
         error=attrs.get("error"),
         quality_kind=attrs.get("quality_kind"),
+        selection=attrs.get("selection"),
+        baseline=attrs.get("baseline"),
     )
 
 
@@ -323,6 +367,110 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
     return study, cost
 
 
+# ------------------------------------------------------------------- seeding
+def baseline_seeds(
+    config: StudyConfig,
+    target: Target,
+    parent: Architecture,
+    *,
+    importance: Any = None,
+    score: Any = None,
+    layer_order: Sequence[int] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """The study's seed point of each of :data:`SEEDED_BASELINES` for ``target``.
+
+    Each baseline is chosen by :func:`~autocompress_opt.prune.baselines.make_baseline` under the
+    target's exact constraint check (:func:`~autocompress_opt.prune.baselines.target_feasibility`),
+    with ``importance`` (its layer orders) and ``score`` (``minitron``'s candidate score, lower is
+    better; None ranks by parameters). Its point is snapped onto ``config.space``: each choice to the
+    largest allowed value not above it (never a larger, costlier model), and the snapped point's
+    architecture (:func:`uniform_allocation` in ``layer_order``) is checked again. Returns, per
+    baseline, ``{"point", "baseline_point", "finding"}`` or ``{"skipped": reason}``.
+    """
+    from autocompress_opt.prune.baselines import make_baseline, target_feasibility
+
+    feasible = target_feasibility(target, parent)
+    out: dict[str, dict[str, Any]] = {}
+    for name in SEEDED_BASELINES:
+        result = make_baseline(name, parent, feasible, importance=importance, score=score)
+        if result.choice is None:
+            out[name] = {"skipped": result.finding}
+            continue
+        wanted = result.choice.point
+        point, why = _snap(wanted, config.space)
+        if point is None:
+            out[name] = {"skipped": f"{result.choice.label()} is outside the search space: {why}"}
+        elif point != wanted and not feasible(uniform_allocation(point, parent, layer_order)):
+            out[name] = {"skipped": f"{result.choice.label()} snapped onto the search space as {point} is infeasible"}
+        else:
+            out[name] = {"point": point, "baseline_point": wanted, "finding": result.finding}
+    return out
+
+
+def _snap(point: Mapping[str, int], space: SearchSpace) -> tuple[dict[str, int] | None, str]:
+    """Each choice to the largest value of ``space`` not above it; None and why when there is none."""
+    snapped: dict[str, int] = {}
+    for name in CHOICES:
+        below = [v for v in space[name].values if v <= point[name]]
+        if not below:
+            return None, f"{name}={point[name]} is below the smallest allowed {min(space[name].values)}"
+        snapped[name] = int(max(below))
+    return snapped, ""
+
+
+def seed_study(
+    study: Any, config: StudyConfig, target: Target, parent: Architecture, layer_order: Sequence[int] | None = None
+) -> list[str]:
+    """Enqueue the baselines' points (:func:`baseline_seeds`) in ``study``; returns one line per baseline.
+
+    The points are computed once per study and stored as its ``baseline_seeds`` attribute; later
+    calls (a resumed study) read them from there. Each distinct point is enqueued with
+    ``skip_if_exists`` (a point the study already holds, in any state, is not added again) and the
+    user attribute ``baseline`` naming the baseline(s) it comes from.
+    """
+    seeds = study.user_attrs.get("baseline_seeds")
+    if seeds is None:
+        importance, score = _seed_scoring(config)
+        seeds = baseline_seeds(config, target, parent, importance=importance, score=score, layer_order=layer_order)
+        study.set_user_attr("baseline_seeds", seeds)
+    by_point: dict[str, list[str]] = {}
+    lines = []
+    for name, seed in seeds.items():
+        if "point" in seed:
+            by_point.setdefault(json.dumps(seed["point"], sort_keys=True), []).append(name)
+            snapped = "" if seed["point"] == seed["baseline_point"] else f" (snapped from {seed['baseline_point']})"
+            lines.append(f"{name}: {seed['point']}{snapped}")
+            if snapped:
+                _log.warning("%s: baseline %s seeded as %s%s", config.study_name(target), name, seed["point"], snapped)
+        else:
+            lines.append(f"{name}: not seeded: {seed['skipped']}")
+            _log.warning("%s: baseline %s not seeded: %s", config.study_name(target), name, seed["skipped"])
+    for key, names in by_point.items():
+        study.enqueue_trial(json.loads(key), user_attrs={"baseline": "+".join(names)}, skip_if_exists=True)
+    return lines
+
+
+def _seed_scoring(config: StudyConfig) -> tuple[Any, Any]:
+    """``(importance, score)`` for :func:`baseline_seeds`: in weights mode the trials' own importance
+    and the inner search's held-out KL on its held-out calibration rows (the parent is loaded here,
+    then released); in plan mode the ``importance`` record if any, unscored; else neither."""
+    if config.mode == "weights":
+        from autocompress_opt.prune.baselines import masked_kl_scorer
+        from autocompress_opt.search.weights_trial import TrialConfig, clear_trial_cache, parent_context
+
+        trial = TrialConfig.from_dict(config.inner, seed=config.seed)
+        context, _ = parent_context(config.model, trial, Path(".autocompress").resolve())
+        rows = context.tokens[: trial.inner.val_samples]
+        score = masked_kl_scorer(context.model, context.importance, rows) if rows.shape[0] else None
+        clear_trial_cache()  # the scorer holds what it needs
+        return context.importance, score
+    if config.importance:
+        from autocompress_opt.prune.importance import Importance
+
+        return Importance.load(config.importance), None
+    return None, None
+
+
 # --------------------------------------------------------------------- runner
 class _Progress:
     """One tqdm bar per target: trials done, feasible, best feasible quality so far."""
@@ -358,6 +506,7 @@ class TargetOutcome:
     study_name: str
     complete: int
     repaired: list[int] = field(default_factory=list)
+    seeded: list[str] = field(default_factory=list)  # seed_study's lines
 
 
 def _plugin_paths(plugins: Sequence[str]) -> list[str]:
@@ -431,6 +580,11 @@ def run_study(
             "cache_dir": str(Path(".autocompress").resolve()),
         }
         done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        seeded = (
+            seed_study(study, config, target, parent, layer_order)
+            if config.seeds_baselines and done < config.trials
+            else []
+        )
         bar = _Progress(config.study_name(target), config.trials, min(done, config.trials), progress)
         if done < config.trials:
             from autocompress_opt.search.searcher import StudySearcher  # needs Ray Tune and Optuna
@@ -465,5 +619,5 @@ def run_study(
                 shutil.rmtree(scratch, ignore_errors=True)
         bar.close()
         final = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-        outcomes.append(TargetOutcome(config.study_name(target), final, repaired))
+        outcomes.append(TargetOutcome(config.study_name(target), final, repaired, seeded))
     return outcomes

@@ -67,6 +67,15 @@ class StudyView:
     def pareto(self) -> list[TrialRecord]:
         return sorted(pareto_front(self.records, self.directions), key=lambda r: -(r.quality or 0))
 
+    def candidate_counts(self) -> dict[str, int]:
+        """How often each inner-search candidate was returned, over trials that recorded one."""
+        counts: dict[str, int] = {}
+        for r in self.records:
+            chosen = (r.selection or {}).get("chosen")
+            if chosen:
+                counts[chosen] = counts.get(chosen, 0) + 1
+        return counts
+
     def best_feasible(self) -> TrialRecord | None:
         feasible = [r for r in self.records if r.feasible]
         return max(feasible, key=lambda r: r.quality or 0) if feasible else None
@@ -109,7 +118,9 @@ def load_group(name: str, storage_url: str | None = None) -> list[StudyView]:
 
 def export_rows(view: StudyView) -> list[dict[str, Any]]:
     """One flat row per trial: number, state, feasible, params, the global choices, metrics,
-    quality and its ``quality_kind``, constraint violations."""
+    quality and its ``quality_kind``, constraint violations; ``baseline`` for a seeded trial; and in
+    weights mode ``candidate`` (the inner-search candidate returned) with ``val_kl[<candidate>]``,
+    each candidate's held-out calibration KL (None: not measured)."""
     rows = []
     for r in view.records:
         row: dict[str, Any] = {
@@ -124,6 +135,11 @@ def export_rows(view: StudyView) -> list[dict[str, Any]]:
         row["quality"] = r.quality
         row["quality_kind"] = r.quality_kind
         row.update({f"constraint[{k}]": v for k, v in r.constraints.items()})
+        if r.baseline:
+            row["baseline"] = r.baseline
+        if r.selection:
+            row["candidate"] = r.selection.get("chosen")
+            row.update({f"val_kl[{k}]": v for k, v in r.selection.get("val_kl", {}).items()})
         if r.error:
             row["error"] = r.error.splitlines()[0]
         rows.append(row)

@@ -16,13 +16,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import load_search_space
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.search.study import (
+    SEEDED_BASELINES,
     Objective,
     StudyConfig,
     TrialRecord,
     _init_ray,
+    baseline_seeds,
     load_records,
     pareto_front,
     run_study,
@@ -286,6 +289,131 @@ def test_cli_run_show_export_list_plot(tmp_path: Path, capsys: pytest.CaptureFix
     assert (tmp_path / "plots" / "demo-pareto.svg").exists()
     assert main(["study", "show", "nope", "--storage", storage]) == 2
     assert "no study named 'nope'" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------- seeding with the baselines
+def test_a_seeded_study_runs_the_baselines_first_and_resuming_does_not_add_them_again(tmp_path: Path) -> None:
+    """Plan mode with seed_baselines: the depth and minitron points (baseline_seeds, on the space)
+    are the study's first trials, labelled by baseline; a resumed run keeps the stored seeds and
+    runs each point once."""
+    target = Target("rtx5070", "in-game")
+    cfg = config(tmp_path, name="s", targets=(target,), trials=4, seed_baselines=True)
+    seeds = baseline_seeds(cfg, target, load_architecture(cfg.model))
+    points = [seeds[name]["point"] for name in SEEDED_BASELINES]
+    assert points[0] != points[1]  # depth and minitron differ on this target: two seeded trials
+    distributions = cfg.space.distributions()
+    assert all(distributions[k]._contains(distributions[k].to_internal_repr(v)) for p in points for k, v in p.items())
+
+    [outcome] = run_study(cfg, progress=False)
+    assert [line.split(":")[0] for line in outcome.seeded] == list(SEEDED_BASELINES)
+    records, attrs = load_records(cfg.storage_url, "s.rtx5070")
+    first = sorted(records, key=lambda r: r.number)[:2]
+    assert [r.params for r in first] == points and [r.baseline for r in first] == list(SEEDED_BASELINES)
+    assert all(r.state == "COMPLETE" for r in first)
+    assert attrs["baseline_seeds"] == seeds
+
+    run_study(replace(cfg, trials=6), progress=False)  # resume: seeds already in the study
+    records, attrs = load_records(cfg.storage_url, "s.rtx5070")
+    assert len(complete(records)) == 6 and attrs["baseline_seeds"] == seeds
+    assert [sum(r.params == p for r in records) for p in points] == [1, 1]
+    assert [r.baseline for r in records].count(None) == len(records) - 2
+
+
+def test_baseline_points_are_snapped_down_onto_the_space_or_skipped_with_a_reason() -> None:
+    """A space without 2 KV groups snaps minitron's kv2 down to 1 (never up: a costlier model); a
+    space whose depths start above the depth pick skips it and says why."""
+    target, parent = Target("h100-sxm", "datacenter"), load_architecture("smollm2-135m")
+    space = load_search_space("smollm2-135m")
+    cfg = StudyConfig(name="x", model="smollm2-135m", targets=(target,), space=space, trials=1)
+    seeds = baseline_seeds(cfg, target, parent)
+    minitron = seeds["minitron"]
+    assert minitron["baseline_point"]["num_kv_heads"] == 2 and minitron["point"]["num_kv_heads"] == 1
+    for name, value in minitron["point"].items():
+        assert value in space[name].values and value <= minitron["baseline_point"][name]
+    assert seeds["depth"]["point"] == seeds["depth"]["baseline_point"]  # full width, in the space
+
+    deep_only = type(space).from_dict({**space.to_dict(), "num_layers": {"min": 28, "max": 30}})
+    skipped = baseline_seeds(replace(cfg, space=deep_only), target, parent)["depth"]
+    assert "num_layers=17 is below the smallest allowed 28" in skipped["skipped"]
+
+
+def test_seed_baselines_defaults_on_in_weights_mode_only_and_is_validated(tmp_path: Path) -> None:
+    from autocompress_opt.cli.study import _DEFAULTS, build_config
+
+    assert not config(tmp_path).seeds_baselines
+    assert config(tmp_path, mode="weights").seeds_baselines
+    assert not config(tmp_path, mode="weights", seed_baselines=False).seeds_baselines
+    assert config(tmp_path, seed_baselines=True).seeds_baselines
+    with pytest.raises(ConfigError, match="seed_baselines must be true, false or unset, got 'yes'"):
+        config(tmp_path, seed_baselines="yes")
+    flags = {**_DEFAULTS, "mode": "weights", "targets": "rtx5070", "seed_baselines": False}
+    assert not build_config(flags).seeds_baselines  # --no-seed-baselines / YAML seed_baselines: false
+
+
+def test_cli_seeds_shows_and_exports_the_baseline_trials(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from autocompress_opt.cli import main
+
+    storage = f"sqlite:///{tmp_path}/seed.db"
+    run = ["study", "run", "--targets", "rtx5070:in-game", "--trials", "3", "--name", "sd", "--storage", storage]
+    assert main([*run, "--seed-baselines", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "seeded depth: {'num_layers': 17" in out and "seeded minitron:" in out
+    assert main(["study", "show", "sd", "--storage", storage, "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "0 (depth)" in out and "1 (minitron)" in out
+    assert main(["study", "export", "sd", "--storage", storage, "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r.get("baseline") for r in sorted(rows, key=lambda r: r["number"])][:2] == list(SEEDED_BASELINES)
+
+
+def test_a_weights_study_seeds_kl_scored_baselines_and_records_the_inner_candidate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Weights mode on a tiny saved Llama, seeding on by default: minitron is chosen by the inner
+    search's held-out KL, both baselines run first, and every trial stores which inner-search
+    candidate it returned with each one's KL — shown by `study show` and exported."""
+    import json
+
+    from tiny_lm import save_hf_dir, tiny_model
+
+    from autocompress_opt.arch.search_space import default_space
+    from autocompress_opt.cli import main
+    from autocompress_opt.search.inner_search import CANDIDATES
+
+    monkeypatch.chdir(tmp_path)  # the trials' caches (.autocompress/) go here
+    model_dir = save_hf_dir(tiny_model("llama", num_hidden_layers=4), tmp_path / "llama")
+    target = Target("h100-sxm", "datacenter", constraints={"tpot_ms": "0.95x", "output_throughput_tok_s": "1.05x"})
+    inner = {"steps": 2, "n_samples": 4, "val_samples": 1, "seq_len": 32, "eval_samples": 2, "eval_seq_len": 32}
+    cfg = config(
+        tmp_path,
+        name="w",
+        model=str(model_dir),
+        targets=(target,),
+        space=default_space(load_architecture(str(model_dir))),
+        mode="weights",
+        inner={**inner, "importance_samples": 2, "importance_seq_len": 32},
+        trials=3,
+    )
+    [outcome] = run_study(cfg, progress=False)
+    records, attrs = load_records(cfg.storage_url, "w.h100-sxm")
+    seeds = attrs["baseline_seeds"]
+    assert "lowest score" in seeds["minitron"]["finding"]  # scored by held-out KL, not by parameters
+    seeded = sorted(records, key=lambda r: r.number)[: len(outcome.seeded)]
+    assert [r.params for r in seeded] == [seeds[n]["point"] for n in SEEDED_BASELINES if "point" in seeds[n]]
+    done = complete(records)
+    assert len(done) == 3
+    for r in done:
+        assert r.selection is not None and r.selection["chosen"] in CANDIDATES
+        assert set(r.selection["val_kl"]) == set(CANDIDATES)
+        measured = [v for v in r.selection["val_kl"].values() if v is not None]
+        assert r.selection["val_kl"][r.selection["chosen"]] == min(measured)
+    assert main(["study", "show", "w", "--storage", cfg.storage_url, "--all"]) == 0
+    assert "inner search returned:" in capsys.readouterr().out
+    assert main(["study", "export", "w", "--storage", cfg.storage_url, "--format", "json"]) == 0
+    rows = [r for r in json.loads(capsys.readouterr().out) if r["state"] == "COMPLETE"]
+    assert all(r["candidate"] in CANDIDATES and "val_kl[uniform]" in r for r in rows)
 
 
 def test_the_120b_case_finds_architectures_that_fit_one_b200(tmp_path: Path) -> None:
