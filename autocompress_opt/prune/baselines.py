@@ -519,7 +519,7 @@ class BaselineResult:
     @property
     def score(self) -> float | None:
         """The chosen candidate's score (None when not scored or nothing was chosen)."""
-        return next((s.score for s in self.candidates if s.candidate is self.choice), None)
+        return next((s.score for s in self.candidates if s.candidate == self.choice), None)
 
     def report(self) -> str:
         """Several lines for a person: the finding, the counts, and each ranked candidate."""
@@ -533,7 +533,7 @@ class BaselineResult:
             f"kept layers by {self.layer_order} order"
         )
         for rank, s in enumerate(self.candidates, 1):
-            mark = "*" if s.candidate is self.choice else " "
+            mark = "*" if s.candidate == self.choice else " "
             score = "not scored" if s.score is None else f"score {s.score:.4f}"
             lines.append(
                 f"  {mark}{rank:>2}. {s.candidate.label():<26} {s.candidate.num_params / 1e6:8.2f}M params  {score}"
@@ -674,10 +674,10 @@ def depth_baseline(
     ``L, L - 1, ..., 1`` layers and stops at the first ``feasible`` accepts. ``score``, when given,
     is recorded for the pick (it does not change it). No feasible depth gives a result without a choice.
     """
-    order, order_label = _layer_order(parent, importance, layer_metric)
-    ref, depth = reference_layer(parent), parent.num_active_layers
     if not parent.is_uniform:
         raise ConfigError(f"the depth baseline needs a uniform parent; {parent.summary()} is heterogeneous")
+    order, order_label = _layer_order(parent, importance, layer_metric)
+    ref, depth = reference_layer(parent), parent.num_active_layers
     full = dict(
         hidden_size=parent.hidden_size,
         ffn_width=ref.ffn_width,
