@@ -784,12 +784,12 @@ def masked_kl_scorer(
 
 def target_feasibility(target: Target, parent: Architecture) -> Callable[[Architecture], bool]:
     """The constraint check of ``target`` as a predicate: ``arch`` meets every constraint by the exact
-    cost model (:meth:`~autocompress_opt.serving.targets.Target.check`, relative constraints against
+    cost model (:meth:`~autocompress_opt.serving.targets.Target.feasible`, relative constraints against
     ``parent``'s cost there, computed once)."""
     from autocompress_opt.serving.targets import parent_metrics
 
     reference = parent_metrics(parent, target)
-    return lambda arch: all(v <= 0 for v in target.check(arch, reference)[0].values())
+    return lambda arch: target.feasible(arch, reference)
 
 
 # --------------------------------------------------------------------------------- internals
