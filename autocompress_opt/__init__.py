@@ -70,7 +70,7 @@ _API: dict[str, str] = {
     "perplexity": "autocompress_opt.quality.metrics",
     "evaluate": "autocompress_opt.quality.metrics",
     "evaluate_tasks": "autocompress_opt.tasks.scoring",
-    "DistillRecipe": "autocompress_opt.recover.distill",
+    "DistillRecipe": "autocompress_opt.recover.recipe",
     "distill": "autocompress_opt.recover.distill",
     # errors
     "AutocompressError": "autocompress_opt.errors",
@@ -91,7 +91,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from autocompress_opt.prune.plan import plan_pruning
     from autocompress_opt.prune.slicing import prune
     from autocompress_opt.quality.metrics import evaluate, kl_divergence, perplexity
-    from autocompress_opt.recover.distill import DistillRecipe, distill
+    from autocompress_opt.recover.distill import distill
+    from autocompress_opt.recover.recipe import DistillRecipe
     from autocompress_opt.search.study import StudyConfig, load_records, pareto_front, run_study
     from autocompress_opt.serving.costmodel import CostEstimate, Scenario, estimate_cost
     from autocompress_opt.serving.engines import get_engine

@@ -129,3 +129,15 @@ def test_check_int_names_the_field_and_the_value(value: object, minimum: int, me
     with pytest.raises(ConfigError, match=f"^{message}$"):
         check_int(value, "n", minimum=minimum)
     assert check_int(minimum, "n", minimum=minimum) == minimum
+
+
+def test_cli_help_loads_no_torch() -> None:
+    """Every verb's parser is built for ``autocompress --help``; none may import torch or transformers
+    (the help would take seconds; benchmarks/bench_cli_help.py times it)."""
+    printed = _run("""
+        import sys
+        from autocompress_opt.cli import build_parser
+        build_parser()
+        print(sorted({"torch", "transformers", "ray", "optuna"} & set(sys.modules)))
+    """)
+    assert printed == "[]"

@@ -10,7 +10,7 @@ from autocompress_opt.cli._common import add_verb, print_json
 
 
 def add_parser(sub: Any) -> None:
-    from autocompress_opt.recover.distill import DistillRecipe
+    from autocompress_opt.recover.recipe import DistillRecipe
 
     d = DistillRecipe(steps=1)
     p = add_verb(
