@@ -32,7 +32,7 @@ import shutil
 import socket
 import tempfile
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -419,18 +419,25 @@ def _snap(point: Mapping[str, int], space: SearchSpace) -> tuple[dict[str, int] 
 
 
 def seed_study(
-    study: Any, config: StudyConfig, target: Target, parent: Architecture, layer_order: Sequence[int] | None = None
+    study: Any,
+    config: StudyConfig,
+    target: Target,
+    parent: Architecture,
+    layer_order: Sequence[int] | None = None,
+    scoring: Callable[[], tuple[Any, Any]] | None = None,
 ) -> list[str]:
     """Enqueue the baselines' points (:func:`baseline_seeds`) in ``study``; returns one line per baseline.
 
     The points are computed once per study and stored as its ``baseline_seeds`` attribute; later
     calls (a resumed study) read them from there. Each distinct point is enqueued with
     ``skip_if_exists`` (a point the study already holds, in any state, is not added again) and the
-    user attribute ``baseline`` naming the baseline(s) it comes from.
+    user attribute ``baseline`` naming the baseline(s) it comes from. ``scoring`` returns the
+    ``(importance, score)`` pair (default :func:`_seed_scoring`); a study group passes one shared
+    by all its targets, so the parent is loaded and each candidate scored once per run.
     """
     seeds = study.user_attrs.get("baseline_seeds")
     if seeds is None:
-        importance, score = _seed_scoring(config)
+        importance, score = (scoring or (lambda: _seed_scoring(config)))()
         seeds = baseline_seeds(config, target, parent, importance=importance, score=score, layer_order=layer_order)
         study.set_user_attr("baseline_seeds", seeds)
     by_point: dict[str, list[str]] = {}
@@ -561,6 +568,13 @@ def run_study(
     config.space.check_parent(parent)
     _init_ray(config.address, config.concurrency, config.plugins)
     outcomes = []
+    shared_scoring: list[tuple[Any, Any]] = []  # (importance, score) for the seeds: built once, for all targets
+
+    def scoring() -> tuple[Any, Any]:
+        if not shared_scoring:
+            shared_scoring.append(_seed_scoring(config))
+        return shared_scoring[0]
+
     for target in config.targets:
         study, parent_cost = open_study(config, target, parent)
         repaired = repair_orphans(study)
@@ -581,7 +595,7 @@ def run_study(
         }
         done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
         seeded = (
-            seed_study(study, config, target, parent, layer_order)
+            seed_study(study, config, target, parent, layer_order, scoring)
             if config.seeds_baselines and done < config.trials
             else []
         )

@@ -323,8 +323,13 @@ def test_baseline_points_are_snapped_down_onto_the_space_or_skipped_with_a_reaso
     """A space without 2 KV groups snaps minitron's kv2 down to 1 (never up: a costlier model); a
     space whose depths start above the depth pick skips it and says why."""
     target, parent = Target("h100-sxm", "datacenter"), load_architecture("smollm2-135m")
-    space = load_search_space("smollm2-135m")
-    cfg = StudyConfig(name="x", model="smollm2-135m", targets=(target,), space=space, trials=1)
+    bundled = load_search_space("smollm2-135m")  # holds 2 KV groups: minitron's point as it is
+    cfg = StudyConfig(name="x", model="smollm2-135m", targets=(target,), space=bundled, trials=1)
+    exact = baseline_seeds(cfg, target, parent)["minitron"]
+    assert exact["point"] == exact["baseline_point"] and exact["point"]["num_kv_heads"] == 2
+
+    space = type(bundled).from_dict({**bundled.to_dict(), "num_kv_heads": {"choices": [1, 3]}})
+    cfg = replace(cfg, space=space)
     seeds = baseline_seeds(cfg, target, parent)
     minitron = seeds["minitron"]
     assert minitron["baseline_point"]["num_kv_heads"] == 2 and minitron["point"]["num_kv_heads"] == 1
