@@ -46,6 +46,10 @@ def param_budget(text: str) -> float:
     value = float(match[1]) * _SUFFIXES[match[2].lower()]
     if value <= 0:
         raise argparse.ArgumentTypeError(f"--params must be positive, got {text!r}")
+    if value > 1 and value != int(value):
+        raise argparse.ArgumentTypeError(
+            f"--params must be a fraction in (0, 1] like 0.6 or a whole count like 80M, got {text!r}"
+        )
     return value
 
 
@@ -146,6 +150,9 @@ parameters alone.""",
 
 def run(args: argparse.Namespace) -> int:
     serving_target = _serving_target(args)  # argument checks before the model loads
+    _check_out(Path(args.out).expanduser(), force=args.force)
+    arch_file = _arch_file(args)
+    _check_budget(args)
     from autocompress_opt.hf.adapters import adapter_for
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.prune.export import export_model
@@ -160,7 +167,9 @@ def run(args: argparse.Namespace) -> int:
     if serving_target is not None:
         target, recipe = _baseline(args, loaded, importance, serving_target, parent, metric)
     else:
-        target, recipe = _target(args, parent)
+        if args.params is not None:
+            _check_params(args.params, parent)
+        target, recipe = _target(args, parent, arch_file)
     plan = plan_pruning(parent, importance, target, layer_metric=metric)
     pruned = materialize(loaded.model, plan, adapter=adapter)
     card = {
@@ -187,6 +196,74 @@ def run(args: argparse.Namespace) -> int:
         f"({plan.architecture.num_params / parent.num_params:.1%} of the parent)\nwrote {out}"
     )
     return 0
+
+
+def _check_out(out: Path, *, force: bool) -> None:
+    """:class:`ConfigError` unless ``out`` can receive the checkpoint: not a file, empty or ``force``,
+    and a writable nearest existing folder (probed by creating a folder there, so a read-only
+    filesystem is caught for root too). Cheap: nothing is loaded."""
+    import shutil
+    import tempfile
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ConfigError(f"--out {str(out)!r} is not empty; pass --force to replace it")
+    existing = out.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"--out {str(out)!r}: {str(existing)!r} is not a directory")
+    try:
+        shutil.rmtree(tempfile.mkdtemp(prefix=".autocompress-probe.", dir=existing))
+    except OSError as exc:
+        raise ConfigError(f"--out {str(out)!r}: cannot write in {str(existing)!r} ({exc.strerror})") from None
+
+
+def _arch_file(args: argparse.Namespace) -> Any:
+    """The architecture ``--arch`` names (None without it), read before the model loads."""
+    if args.arch is None:
+        return None
+    from autocompress_opt.arch.catalog import load_architecture
+
+    return load_architecture(args.arch)
+
+
+def _check_budget(args: argparse.Namespace) -> None:
+    """``--params``: a count above the parent's parameter count is a :class:`ConfigError`, and so
+    is a budget the uniform recipe cannot meet. The parent's architecture comes from its config or
+    GGUF metadata (no weights read); a parent known only to the loader is checked after loading."""
+    if args.params is None:
+        return
+    parent = _parent_architecture(args.model)
+    if parent is None:
+        return
+    _check_params(args.params, parent)
+    _target(args, parent)  # the recipe's own errors (e.g. the embeddings exceed the budget)
+
+
+def _check_params(params: float, parent: Any) -> None:
+    if params > 1 and params > parent.num_params:
+        raise ConfigError(
+            f"--params {params:,.0f} is more than the parent's {parent.num_params:,} parameters; "
+            "pass a smaller count or a fraction like 0.6"
+        )
+
+
+def _parent_architecture(model: str) -> Any:
+    """The parent's :class:`Architecture` without its weights, or None when only loading can tell."""
+    from autocompress_opt.arch.catalog import load_architecture, weights_locator
+    from autocompress_opt.errors import AutocompressError
+
+    try:
+        return load_architecture(model)
+    except AutocompressError:
+        pass
+    locate = weights_locator(model)
+    try:
+        return None if locate is None else load_architecture(locate())
+    except AutocompressError:
+        return None
 
 
 def _flag_dest(flag: str) -> str:
@@ -309,13 +386,13 @@ def _importance(args: argparse.Namespace, loaded: Any, adapter: Any) -> Any:
     )
 
 
-def _target(args: argparse.Namespace, parent: Any) -> tuple[Any, dict[str, Any]]:
-    """The architecture to build (named after --out unless the file names it) and the recipe record."""
-    from autocompress_opt.arch.catalog import load_architecture
+def _target(args: argparse.Namespace, parent: Any, arch_file: Any = None) -> tuple[Any, dict[str, Any]]:
+    """The architecture to build (named after --out unless the file names it) and the recipe record;
+    ``arch_file`` is what ``--arch`` names (:func:`_arch_file`)."""
     from autocompress_opt.prune.baselines import uniform_baseline
 
     if args.arch is not None:
-        target = load_architecture(args.arch)
+        target = arch_file
         return replace(target, name=target.name or Path(args.out).name), {"mode": "architecture", "file": args.arch}
     target = uniform_baseline(
         parent, args.params, max_layer_drop=args.max_layer_drop, width_multiple=args.width_multiple, width=args.width
