@@ -53,6 +53,7 @@ __all__ = [
     "default_storage",
     "load_records",
     "pareto_front",
+    "resolve_storage",
     "run_study",
     "seed_study",
 ]
@@ -170,10 +171,56 @@ def default_storage(name: str) -> str:
     return f"sqlite:///studies/{name}.db"
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
+def _is_journal(path: Path) -> bool:
+    """Whether ``path``'s first line is an Optuna journal record (a JSON object with an int ``op_code``)."""
+    with path.open("rb") as f:
+        first = f.readline(1 << 20)
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and isinstance(record.get("op_code"), int)
+
+
+def resolve_storage(url: str) -> str:
+    """The storage ``make_storage`` opens for ``url``: a URL with ``://`` as is; a bare path that
+    does not exist → a new SQLite file (``sqlite:///`` + path); an existing SQLite database (by its
+    16-byte header) → ``sqlite:///`` + path; an existing Optuna journal file (JSON lines with
+    ``op_code`` records) → the path. Anything else (an empty file, a user's text file, a directory)
+    is a ConfigError, and the file is not opened for writing."""
+    if "://" in url:
+        return url
+    path = Path(url).expanduser()
+    valid = (
+        "give an existing Optuna journal or SQLite file, a path that does not exist yet (a new SQLite file), "
+        "or a URL such as sqlite:///studies/x.db"
+    )
+    if not path.exists():
+        return f"sqlite:///{path}"
+    if not path.is_file():
+        raise ConfigError(f"study storage {url!r} is not a file; {valid}")
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(_SQLITE_HEADER))
+        if head == _SQLITE_HEADER:
+            return f"sqlite:///{path}"
+        if head and _is_journal(path):
+            return str(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot read study storage {url!r}: {exc.strerror or exc}") from None
+    kind = "an empty file" if not head else "neither an Optuna journal nor a SQLite database"
+    raise ConfigError(f"study storage {url!r} is {kind}; not touching it: {valid}")
+
+
 def make_storage(url: str) -> Any:
-    """An Optuna storage from a URL: an RDB URL (sqlite://, postgresql://...) or a journal file path."""
+    """An Optuna storage for ``url`` as :func:`resolve_storage` resolves it: an RDB URL
+    (``sqlite://``, ``postgresql://``...) or an existing Optuna journal file."""
     import optuna
 
+    url = resolve_storage(url)
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
     if "://" in url:

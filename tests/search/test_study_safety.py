@@ -1,0 +1,109 @@
+"""Nothing lost, nothing misleading (issue 13): storage safety, validate-before-create, study delete,
+honest exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.search.study import make_storage, resolve_storage
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the tests that run studies, with the test plugins importable in workers."""
+    import ray
+
+    from autocompress_opt.search.study import _init_ray
+
+    _init_ray(None, 2, ("study_plugins",))
+    yield
+    ray.shutdown()
+
+
+def _run_args(storage: str, *extra: str, name: str = "demo", trials: int = 2) -> list[str]:
+    return [
+        "study",
+        "run",
+        "--model",
+        "smollm2-135m",
+        "--targets",
+        "rtx5070",
+        "--workload",
+        "in-game",
+        "--trials",
+        str(trials),
+        "--name",
+        name,
+        "--storage",
+        storage,
+        "--plugin",
+        "study_plugins",
+        "--quiet",
+        *extra,
+    ]
+
+
+# ----------------------------------------------------------------------------- storage
+@pytest.mark.parametrize(
+    "content", [b"my notes, do not touch\n", b"", b'{"a": 1}\n', b"SQLite format 2\x00rest"], ids=repr
+)
+def test_a_bare_path_to_a_users_file_is_refused_and_left_untouched(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as err:
+        make_storage(str(path))
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message and "sqlite:///" in message
+    assert path.read_bytes() == content
+
+
+def test_the_cli_refuses_a_users_text_file_in_one_line_and_leaves_it_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autocompress_opt.cli import main
+
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"remember the milk\n")
+    assert main(_run_args(str(path))) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err and "Traceback" not in err
+    assert path.read_bytes() == b"remember the milk\n"
+
+
+def test_a_bare_path_resolves_to_sqlite_when_new_or_sqlite_and_to_the_journal_when_a_journal(tmp_path: Path) -> None:
+    new = tmp_path / "studies" / "x.db"
+    assert resolve_storage(str(new)) == f"sqlite:///{new}"
+    assert resolve_storage("sqlite:///a.db") == "sqlite:///a.db"
+    optuna.create_study(study_name="s", storage=make_storage(str(new)))  # created as SQLite
+    assert new.read_bytes()[:16] == b"SQLite format 3\x00"
+    assert resolve_storage(str(new)) == f"sqlite:///{new}"
+    assert [s.study_name for s in optuna.get_all_study_summaries(make_storage(str(new)))] == ["s"]
+
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    journal = tmp_path / "j.log"
+    optuna.create_study(study_name="j", storage=JournalStorage(JournalFileBackend(str(journal))))
+    assert json.loads(journal.read_text().splitlines()[0])["op_code"] == 0
+    assert resolve_storage(str(journal)) == str(journal)
+    assert [s.study_name for s in optuna.get_all_study_summaries(make_storage(str(journal)))] == ["j"]
+
+
+def test_cli_run_with_a_bare_sqlite_path_works(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, local_ray: None
+) -> None:
+    from autocompress_opt.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(_run_args("studies/x.db", "--mode", "plan")) == 0
+    assert "demo.rtx5070: 2 COMPLETE trials" in capsys.readouterr().out
+    assert (tmp_path / "studies" / "x.db").read_bytes()[:16] == b"SQLite format 3\x00"
+    assert main(_run_args("studies/x.db", "--mode", "plan", trials=3)) == 0  # resume on the same bare path
+    assert "demo.rtx5070: 3 COMPLETE trials" in capsys.readouterr().out
+    assert main(["study", "show", "demo", "--storage", "studies/x.db"]) == 0
