@@ -63,5 +63,17 @@ def engine_options(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep:
             raise ConfigError(f"--engine-option expects KEY=VALUE, got {pair!r}")
-        out[key.strip()] = float(value) if "." in value else int(value)
+        out[key.strip()] = _number(key.strip(), value)
     return out
+
+
+def _number(key: str, text: str) -> int | float:
+    """``"64"`` → 64, ``"0.5"`` / ``"1e-1"`` → a float; anything else a :class:`ConfigError`."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--engine-option {key} must be a number, got {text!r}") from None

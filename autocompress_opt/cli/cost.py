@@ -13,6 +13,7 @@ from autocompress_opt.cli._common import (
     load_hardware_files,
     print_json,
 )
+from autocompress_opt.errors import ConfigError
 
 
 def add_parser(sub: Any) -> None:
@@ -52,9 +53,11 @@ def run(args: argparse.Namespace) -> int:
     from autocompress_opt.arch.catalog import load_architecture
     from autocompress_opt.serving.costmodel import Scenario, estimate_cost
     from autocompress_opt.serving.engines import get_engine
+    from autocompress_opt.serving.hardware import get_hardware
 
     load_hardware_files(args)
     arch = load_architecture(args.model)
+    hardware = get_hardware(args.hardware)
     engine = get_engine(args.engine).with_options(**engine_options(args.engine_option))
     scenario = Scenario(
         dtype=args.dtype,
@@ -64,9 +67,12 @@ def run(args: argparse.Namespace) -> int:
         tp=args.tp,
         kv_dtype=args.kv_dtype,
     )
-    cost = estimate_cost(arch, args.hardware, engine, scenario)
+    _check_tp(arch, args.tp)
+    _check_context(arch, args.input_len, args.output_len)
+    cost = estimate_cost(arch, hardware.name, engine, scenario)
+    fits = cost.peak_memory_gib <= hardware.memory_gib
     if args.json:
-        print_json(cost.to_dict())
+        print_json({**cost.to_dict(), "fits": fits})
         return 0
     print(
         f"{arch.summary()}\non {args.hardware} with {engine.name}, {args.dtype}, tp={args.tp}, "
@@ -74,4 +80,34 @@ def run(args: argparse.Namespace) -> int:
     )
     for key, value in cost.to_dict().items():
         print(f"  {key:<26} {value:>14,.3f}" if isinstance(value, float) else f"  {key:<26} {value:>14,}")
+    if not fits:
+        print(
+            f"warning: does not fit: peak memory {cost.peak_memory_gib:,.1f} GiB per GPU exceeds "
+            f"{hardware.name}'s {hardware.memory_gib:g} GiB; the figures above are not reachable"
+        )
     return 0
+
+
+def _check_tp(arch: Any, tp: int) -> None:
+    """:class:`ConfigError` unless ``tp`` divides every layer's query and KV heads (vLLM and
+    TensorRT-LLM shard heads evenly across the tensor-parallel ranks)."""
+    if tp <= 1:
+        return
+    attention = [layer for layer in arch.layers if layer.attention]
+    heads = sorted({layer.num_heads for layer in attention})
+    kv_heads = sorted({layer.num_kv_heads for layer in attention})
+    bad = [n for n in (*heads, *kv_heads) if n % tp]
+    if bad:
+        raise ConfigError(
+            f"--tp {tp} must divide the query heads ({', '.join(map(str, heads))}) and the KV heads "
+            f"({', '.join(map(str, kv_heads))}) of {arch.name or 'the model'}, as vLLM and TensorRT-LLM require"
+        )
+
+
+def _check_context(arch: Any, input_len: int, output_len: int) -> None:
+    """:class:`ConfigError` when a request is longer than the model's context (when it is known)."""
+    if arch.max_context is not None and input_len + output_len > arch.max_context:
+        raise ConfigError(
+            f"--input-len {input_len:,} + --output-len {output_len:,} = {input_len + output_len:,} tokens "
+            f"exceeds the context of {arch.name or 'the model'} ({arch.max_context:,} tokens)"
+        )

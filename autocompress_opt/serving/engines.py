@@ -69,10 +69,15 @@ class Engine:
     options: tuple[str, ...] = field(default=("memory_fraction", "max_seqs", "chunk_tokens", "context_tokens"))
 
     def with_options(self, **values: Any) -> Engine:
-        """A copy with user overrides, e.g. ``memory_fraction=0.5`` (vLLM gpu_memory_utilization)."""
-        for key in values:
+        """A copy with user overrides, e.g. ``memory_fraction=0.5`` (vLLM gpu_memory_utilization).
+
+        Raises :class:`ConfigError` naming the option and value for an option the engine lacks or a
+        value out of range: ``memory_fraction`` a number in (0, 1], ``max_seqs`` a whole number
+        >= 1, ``chunk_tokens`` and ``context_tokens`` whole numbers >= 0 (0: the engine's default)."""
+        for key, value in values.items():
             if key not in self.options:
                 raise ConfigError(f"engine {self.name!r} has no option {key!r}; valid: {', '.join(self.options)}")
+            values[key] = _checked_option(key, value)
         return replace(self, **values)
 
     def default_kv_dtype(self, weight_dtype: str) -> str:
@@ -178,6 +183,25 @@ ENGINES.register(
     ),
     aliases=("torch", "eager", "transformers"),
 )
+
+
+# option -> (lowest whole value allowed); memory_fraction is the one fractional option.
+_WHOLE_OPTIONS = {"max_seqs": 1, "chunk_tokens": 0, "context_tokens": 0}
+
+
+def _checked_option(key: str, value: Any) -> Any:
+    """``value`` for engine option ``key`` (a whole number as ``int``), or :class:`ConfigError`."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if key == "memory_fraction":
+        if not number or not 0 < value <= 1:
+            raise ConfigError(f"engine option memory_fraction must be a number in (0, 1], got {value!r}")
+        return float(value)
+    if key in _WHOLE_OPTIONS:
+        lowest = _WHOLE_OPTIONS[key]
+        if not number or value != int(value) or value < lowest:
+            raise ConfigError(f"engine option {key} must be a whole number >= {lowest}, got {value!r}")
+        return int(value)
+    return value
 
 
 def get_engine(name: str) -> Engine:
