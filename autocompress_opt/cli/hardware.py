@@ -25,16 +25,17 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autocompress_opt.serving.hardware import HARDWARE
+    from autocompress_opt.serving.hardware import HARDWARE, hardware_aliases
 
     load_hardware_files(args)
     items = [HARDWARE.get(name) for name in HARDWARE.names()]
     if args.json:
-        print_json([h.to_dict() for h in items])
+        print_json([{**h.to_dict(), "aliases": list(hardware_aliases(h.name))} for h in items])
         return 0
     rows = [
         [
             h.name,
+            ", ".join(hardware_aliases(h.name)) or "-",
             f"{h.memory_gib:g}",
             f"{h.bandwidth_gb_s:g}",
             " ".join(f"{k}={v:g}" for k, v in h.peak_tflops.items()),
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         ]
         for h in items
     ]
-    print(table(rows, ["name", "GiB", "GB/s", "dense TFLOPS", "interconnect", "source"]))
+    print(table(rows, ["name", "aliases", "GiB", "GB/s", "dense TFLOPS", "interconnect", "source"]))
     if "cpu" not in HARDWARE:
         print("\n(cpu is not calibrated yet: run 'autocompress calibrate --hardware cpu')")
     return 0

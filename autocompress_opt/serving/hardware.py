@@ -24,8 +24,10 @@ __all__ = [
     "COMPUTE_DTYPES",
     "HARDWARE",
     "Hardware",
+    "builtin_hardware_names",
     "cpu_hardware",
     "get_hardware",
+    "hardware_aliases",
     "load_hardware_file",
 ]
 
@@ -156,7 +158,9 @@ def load_hardware_file(path: str | Path, *, register: bool = True) -> list[Hardw
     """Read user hardware profiles from YAML: a list of mappings (or ``{hardware: [...]}``).
 
     Each entry needs ``name``, ``memory_gib``, ``bandwidth_gb_s`` and ``peak_tflops``
-    (``{bf16: ..., fp8: ...}``). With ``register=True`` they join (and may replace) the catalog.
+    (``{bf16: ..., fp8: ...}``). With ``register=True`` they join the catalog, replacing earlier
+    user entries of the same name. A name that is a built-in name or alias (``h100``: an alias of
+    ``h100-sxm``), or that appears twice in the file, is a :class:`ConfigError` naming both.
     """
     import yaml
 
@@ -170,21 +174,53 @@ def load_hardware_file(path: str | Path, *, register: bool = True) -> list[Hardw
     if not isinstance(entries, list):
         raise ConfigError(f"{path}: expected a list of hardware entries, got {type(entries).__name__}")
     items = [Hardware.from_dict(entry) for entry in entries]
+    builtin = builtin_hardware_names()
+    seen: set[str] = set()
+    for item in items:
+        key = item.name.lower()
+        if key in builtin:
+            owner = builtin[key]
+            what = (
+                f"the built-in hardware {owner!r}" if owner == key else f"{key!r}, an alias of the built-in {owner!r}"
+            )
+            raise ConfigError(f"{path}: hardware entry {item.name!r} collides with {what}; choose another name")
+        if key in seen:
+            raise ConfigError(f"{path}: hardware entry {item.name!r} appears twice")
+        seen.add(key)
     if register:
         for item in items:
             HARDWARE.register(item.name, item, replace=True)
     return items
 
 
+# built-in entry name -> its aliases, filled when the catalog is first used
+_BUILTIN_ALIASES: dict[str, tuple[str, ...]] = {}
+
+
 def _register_builtin(registry: Registry[Hardware]) -> None:
     """The datasheet rows, then ``cpu`` when a calibration measured this host (first use only)."""
     for item in _load_catalog_csv(_DATA / "hardware.csv"):
-        registry.register(
-            item.name, item, aliases=(item.name.replace("-sxm", ""),) if item.name.endswith("-sxm") else ()
-        )
+        aliases = (item.name.replace("-sxm", ""),) if item.name.endswith("-sxm") else ()
+        registry.register(item.name, item, aliases=aliases)
+        _BUILTIN_ALIASES[item.name.lower()] = aliases
     cpu = cpu_hardware()
     if cpu is not None:
         registry.register("cpu", cpu)
+        _BUILTIN_ALIASES["cpu"] = ()
+
+
+def hardware_aliases(name: str) -> tuple[str, ...]:
+    """The aliases of built-in entry ``name`` (``h100-sxm`` → ``("h100",)``); ``()`` for others."""
+    HARDWARE.names()  # loads the built-in entries on first use
+    return _BUILTIN_ALIASES.get(name.lower(), ())
+
+
+def builtin_hardware_names() -> dict[str, str]:
+    """Every built-in entry name and alias (lower case) → the built-in entry name it denotes."""
+    HARDWARE.names()  # loads the built-in entries on first use
+    names = {name: name for name in _BUILTIN_ALIASES}
+    names.update({alias.lower(): name for name, aliases in _BUILTIN_ALIASES.items() for alias in aliases})
+    return names
 
 
 def cpu_hardware() -> Hardware | None:
