@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from autocompress_opt import __version__
 from autocompress_opt.errors import AutocompressError
 
 __all__ = ["main"]
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cost on a GPU catalog, calibrate and validate the cost models.",
         epilog="Run 'autocompress VERB --help' for examples of each verb.",
     )
+    parser.add_argument("--version", action="version", version=f"autocompress {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verb in _VERBS:
         import_module(f"autocompress_opt.cli.{verb}").add_parser(sub)
