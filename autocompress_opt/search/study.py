@@ -50,6 +50,7 @@ __all__ = [
     "StudyConfig",
     "TrialRecord",
     "baseline_seeds",
+    "check_config",
     "default_storage",
     "load_records",
     "pareto_front",
@@ -374,8 +375,35 @@ def _identity(config: StudyConfig, target: Target, objectives: Sequence[Objectiv
     }
 
 
+def check_config(config: StudyConfig, parent: Architecture) -> None:
+    """Every option of a study group checked against ``parent`` without touching any storage: the
+    search space fits the parent; each target's hardware, engine, engine options, workload and
+    constraints (by costing the parent on it); the ``inner`` keys for the mode (``weights``: the
+    :class:`~autocompress_opt.search.weights_trial.TrialConfig` keys and values; ``plan`` takes none;
+    a plugin's mode checks its own); the ``importance`` record exists. Raises ConfigError."""
+    config.space.check_parent(parent)
+    for target in config.targets:
+        config.objectives_for(target)
+        parent_metrics(parent, target)
+    if config.inner and config.mode == "plan":
+        raise ConfigError(
+            f"--inner {', '.join(f'{k}={v}' for k, v in config.inner.items())}: inner-search settings apply to "
+            "--mode weights only; drop them or use --mode weights"
+        )
+    if config.mode == "weights":
+        from autocompress_opt.search.weights_trial import TrialConfig  # torch: the weights mode needs it anyway
+
+        TrialConfig.from_dict(config.inner, seed=config.seed)
+    if config.importance and not Path(config.importance).exists():
+        raise ConfigError(f"importance record {config.importance!r} does not exist")
+
+
 def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tuple[Any, dict[str, float]]:
-    """Create the target's study, or load it and check it is the same study (directions included)."""
+    """Create the target's study, or load it and check it is the same study (directions included).
+
+    Creation is all or nothing: everything is computed before the study is created, and a study
+    whose creation did not finish (no stored identity, no trials; e.g. left by an interrupted
+    earlier version) is deleted and created again."""
     import optuna
 
     objectives = config.objectives_for(target)
@@ -385,6 +413,9 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
     existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
     identity = _identity(config, target, objectives)
     sampler = config.space.make_sampler(seed=config.seed)
+    if name in existing and "identity" not in existing[name].user_attrs and existing[name].n_trials == 0:
+        optuna.delete_study(study_name=name, storage=storage)  # a half-created study: nothing to keep
+        del existing[name]
     if name in existing:
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
         old_dirs = [d.name.lower() for d in study.directions]
@@ -400,17 +431,21 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
             detail = "; ".join(f"{k}: stored {old.get(k)!r}, now {identity[k]!r}" for k in diffs)
             raise ConfigError(f"study {name!r} exists with different settings ({detail}). Use another --name.")
         return study, dict(study.user_attrs["parent_metrics"])
+    cost = parent_metrics(parent, target)
     study = optuna.create_study(
         study_name=name,
         storage=storage,
         directions=directions,  # type: ignore[arg-type]  # "minimize" / "maximize", checked by Objective
         sampler=sampler,
     )
-    cost = parent_metrics(parent, target)
-    study.set_user_attr("identity", identity)
-    study.set_user_attr("parent_metrics", cost)
-    study.set_user_attr("parent_architecture", parent.to_dict())
-    study.set_user_attr("objectives", [str(o) for o in objectives])
+    try:
+        study.set_user_attr("parent_metrics", cost)
+        study.set_user_attr("parent_architecture", parent.to_dict())
+        study.set_user_attr("objectives", [str(o) for o in objectives])
+        study.set_user_attr("identity", identity)  # last: its presence marks a finished creation
+    except BaseException:
+        optuna.delete_study(study_name=name, storage=storage)
+        raise
     return study, cost
 
 
@@ -612,7 +647,7 @@ def run_study(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     parent = load_architecture(config.model)
-    config.space.check_parent(parent)
+    check_config(config, parent)  # before Ray starts and before any study is created
     _init_ray(config.address, config.concurrency, config.plugins)
     outcomes = []
     shared_scoring: list[tuple[Any, Any]] = []  # (importance, score) for the seeds: built once, for all targets

@@ -107,3 +107,57 @@ def test_cli_run_with_a_bare_sqlite_path_works(
     assert main(_run_args("studies/x.db", "--mode", "plan", trials=3)) == 0  # resume on the same bare path
     assert "demo.rtx5070: 3 COMPLETE trials" in capsys.readouterr().out
     assert main(["study", "show", "demo", "--storage", "studies/x.db"]) == 0
+
+
+# ------------------------------------------------------------------ validate before you create
+@pytest.mark.parametrize(
+    "typo",
+    [
+        ["--engine", "vlm"],
+        ["--engine-option", "no_such_option=1"],
+        ["--targets", "rtx5O70"],
+        ["--workload", "in-gmae"],
+        ["--max-tpot-ms", "fast"],
+        ["--inner", "steps=4"],  # plan mode takes no inner-search settings
+        ["--mode", "weights", "--inner", "stpes=4"],
+        ["--importance", "no/such/dir"],
+    ],
+    ids=lambda t: " ".join(t),
+)
+def test_a_typo_leaves_no_study_behind_and_the_corrected_command_works(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], typo: list[str], local_ray: None
+) -> None:
+    from autocompress_opt.cli import main
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(_run_args(storage, *typo)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    db = tmp_path / "s.db"
+    assert not db.exists() or optuna.get_all_study_summaries(storage) == []
+    assert main(_run_args(storage)) == 0
+    assert "demo.rtx5070: 2 COMPLETE trials" in capsys.readouterr().out
+
+
+def test_a_half_created_study_is_replaced_not_blocking_the_name(tmp_path: Path, local_ray: None) -> None:
+    """What an interrupted creation (or an older version failing after create_study) leaves: a study
+    with no identity and no trials. The next run recreates it instead of refusing the name."""
+    from dataclasses import replace
+
+    from autocompress_opt.arch.search_space import load_search_space
+    from autocompress_opt.search.study import StudyConfig, load_records, run_study
+    from autocompress_opt.serving.targets import Target
+
+    storage = f"sqlite:///{tmp_path}/h.db"
+    optuna.create_study(study_name="h.rtx5070", storage=storage, directions=["maximize", "minimize"])
+    cfg = StudyConfig(
+        name="h",
+        model="smollm2-135m",
+        targets=(Target("rtx5070", "in-game"),),
+        space=replace(load_search_space("smollm2-135m"), sampler="random"),
+        trials=2,
+        storage=storage,
+    )
+    run_study(cfg, progress=False)
+    records, attrs = load_records(storage, "h.rtx5070")
+    assert len([r for r in records if r.state == "COMPLETE"]) == 2 and attrs["identity"]["model"] == "smollm2-135m"
