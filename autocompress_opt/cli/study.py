@@ -1,4 +1,4 @@
-"""``autocompress study``: run, list, show and export Pareto studies."""
+"""``autocompress study``: run, list, show, export and delete Pareto studies."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ RUN_EXAMPLES = """
   autocompress study list
   autocompress study show demo
   autocompress study export demo --format csv --out demo.csv
+  autocompress study delete demo --yes
 Running the same 'study run' command again continues each study to --trials COMPLETE trials."""
 
 
@@ -124,6 +125,12 @@ def add_parser(sub: Any) -> None:
     show.add_argument("--all", action="store_true", help="every trial, not only the Pareto set")
     show.add_argument("--json", action="store_true")
     show.set_defaults(run=_show)
+
+    delete = actions.add_parser("delete", help="delete a study group (or one study) and its trials")
+    delete.add_argument("name", help="group name (or one study, NAME.hardware)")
+    delete.add_argument("--storage", help="storage URL (default sqlite:///studies/NAME.db)")
+    delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    delete.set_defaults(run=_delete)
 
     exp = actions.add_parser("export", help="one row per trial as CSV or JSON")
     exp.add_argument("name")
@@ -366,6 +373,24 @@ def _show(args: argparse.Namespace) -> int:
         ]
         header = ["#", "architecture", "quality", "ttft_ms", "tpot_ms", "tok/s", "mem_gib", "feasible"]
         print(table(rows, header + (["inner (val KL)"] if counts else [])))
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    from autocompress_opt.search.study import default_storage, delete_studies, group_members
+
+    url = args.storage or default_storage(args.name.split(".")[0])
+    names = group_members(args.name, url)
+    if not args.yes:
+        try:
+            answer = input(f"delete {', '.join(names)} (every trial) from {url}? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing deleted", file=sys.stderr)
+            return 1
+    delete_studies(url, names)
+    print(f"deleted {', '.join(names)} from {url}")
     return 0
 
 

@@ -52,6 +52,8 @@ __all__ = [
     "baseline_seeds",
     "check_config",
     "default_storage",
+    "delete_studies",
+    "group_members",
     "load_records",
     "pareto_front",
     "resolve_storage",
@@ -300,6 +302,33 @@ def load_records(storage_url: str, study_name: str) -> tuple[list[TrialRecord], 
             f"studies there: {', '.join(names) or '(none)'}"
         ) from None
     return [_record(study_name, t) for t in study.get_trials(deepcopy=False)], dict(study.user_attrs)
+
+
+def group_members(name: str, storage_url: str) -> list[str]:
+    """The studies of group ``name`` (``name.<hardware>``), or the study ``name``, in the storage;
+    a ConfigError naming the studies there when there is none (or no storage at all)."""
+    import optuna
+
+    url = resolve_storage(storage_url)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).expanduser().exists():
+        raise ConfigError(f"no study storage at {storage_url}; run 'autocompress study list' to see studies")
+    names = [s.study_name for s in optuna.get_all_study_summaries(make_storage(url))]
+    chosen = [n for n in names if n == name or n.startswith(name + ".")]
+    if not chosen:
+        raise ConfigError(
+            f"no study named {name!r} in {storage_url}{suggest(name, names)}; "
+            f"studies there: {', '.join(names) or '(none)'}"
+        )
+    return chosen
+
+
+def delete_studies(storage_url: str, names: Sequence[str]) -> None:
+    """Delete the named studies (their trials included) from the storage."""
+    import optuna
+
+    storage = make_storage(storage_url)
+    for name in names:
+        optuna.delete_study(study_name=name, storage=storage)
 
 
 def pareto_front(records: Sequence[TrialRecord], directions: Sequence[str]) -> list[TrialRecord]:

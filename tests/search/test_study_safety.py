@@ -161,3 +161,47 @@ def test_a_half_created_study_is_replaced_not_blocking_the_name(tmp_path: Path, 
     run_study(cfg, progress=False)
     records, attrs = load_records(storage, "h.rtx5070")
     assert len([r for r in records if r.state == "COMPLETE"]) == 2 and attrs["identity"]["model"] == "smollm2-135m"
+
+
+# ----------------------------------------------------------------------------- study delete
+def test_study_delete_asks_first_and_deletes_only_the_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autocompress_opt.cli import main
+
+    storage = f"sqlite:///{tmp_path}/d.db"
+    for name in ("demo.rtx5070", "demo.b200", "demo2.rtx5070", "other.rtx5070"):
+        optuna.create_study(study_name=name, storage=storage)
+
+    def stored() -> set[str]:
+        return {s.study_name for s in optuna.get_all_study_summaries(storage)}
+
+    monkeypatch.setattr("builtins.input", lambda prompt: "n")
+    assert main(["study", "delete", "demo", "--storage", storage]) == 1
+    assert stored() == {"demo.rtx5070", "demo.b200", "demo2.rtx5070", "other.rtx5070"}
+    prompts: list[str] = []
+    monkeypatch.setattr("builtins.input", lambda prompt: prompts.append(prompt) or "y")
+    assert main(["study", "delete", "demo", "--storage", storage]) == 0
+    assert "demo.rtx5070, demo.b200" in prompts[0]
+    assert stored() == {"demo2.rtx5070", "other.rtx5070"}
+    capsys.readouterr()
+    assert main(["study", "delete", "othr", "--storage", storage, "--yes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'othr'" in err and "demo2.rtx5070, other.rtx5070" in err
+    assert main(["study", "delete", "other.rtx5070", "--storage", storage, "--yes"]) == 0
+    assert stored() == {"demo2.rtx5070"}
+    assert main(["study", "delete", "x", "--storage", f"sqlite:///{tmp_path}/none.db", "--yes"]) == 2
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_after_delete_the_name_takes_new_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], local_ray: None
+) -> None:
+    from autocompress_opt.cli import main
+
+    storage = f"sqlite:///{tmp_path}/r.db"
+    assert main(_run_args(storage)) == 0
+    other = ["--objectives", "quality:max,peak_memory_gib:min"]
+    assert main(_run_args(storage, *other)) == 2  # same name, other objectives: refused
+    assert main(["study", "delete", "demo", "--storage", storage, "--yes"]) == 0
+    assert main(_run_args(storage, *other)) == 0
