@@ -295,11 +295,16 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{o.study_name}: {o.complete} COMPLETE trials{note}")
         for line in o.seeded:
             print(f"  seeded {line}")
+        if o.failed:
+            print(f"  {o.failed} trials FAILED; first error: {o.first_error}")
     print(
         f"storage: {config.storage_url}\nnext: autocompress study show {config.name} --storage {config.storage_url}\n"
         f"      autocompress plot {config.name} --storage {config.storage_url}"
     )
-    return 0
+    broken = [o for o in outcomes if o.completed_none]
+    for o in broken:
+        print(f"error: {o.study_name}: no trial completed; first error: {o.first_error}", file=sys.stderr)
+    return 1 if broken else 0
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -348,6 +353,8 @@ def _show(args: argparse.Namespace) -> int:
         print("   trials: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) + f"; {feasible} feasible")
         constraints = sorted({k for r in view.records for k in r.constraints})
         print("   constraints: " + ("; ".join(constraints) or "none"))
+        for reason, numbers in _failures(view.records).items():
+            print(f"   failed ({len(numbers)}): {reason} (trials {', '.join(f'#{n}' for n in numbers)})")
         print(f"   quality: {view.quality_label} (higher is better; 1.0 = the parent)")
         counts = view.candidate_counts()
         if counts:
@@ -405,6 +412,17 @@ def _export(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _failures(records: Any) -> dict[str, list[int]]:
+    """FAIL trials grouped by their error's first line, in trial order."""
+    from autocompress_opt.search.study import first_line
+
+    out: dict[str, list[int]] = {}
+    for r in sorted(records, key=lambda r: r.number):
+        if r.state == "FAIL":
+            out.setdefault(first_line(r.error) or "no error recorded", []).append(r.number)
+    return out
 
 
 def _candidate(selection: dict[str, Any] | None) -> str:

@@ -53,6 +53,7 @@ __all__ = [
     "check_config",
     "default_storage",
     "delete_studies",
+    "first_line",
     "group_members",
     "load_records",
     "pareto_front",
@@ -621,10 +622,26 @@ class _Progress:
 
 @dataclass
 class TargetOutcome:
+    """One target's run: COMPLETE trials ``before`` it and after it (``complete``), trials it ran
+    that FAILed (``failed``) and the first one's error (``first_error``, its first line)."""
+
     study_name: str
     complete: int
     repaired: list[int] = field(default_factory=list)
     seeded: list[str] = field(default_factory=list)  # seed_study's lines
+    before: int = 0
+    failed: int = 0
+    first_error: str | None = None
+
+    @property
+    def completed_none(self) -> bool:
+        """Trials were wanted and run, and none of them completed."""
+        return self.complete == self.before and self.failed > 0
+
+
+def first_line(error: str | None) -> str:
+    """The first non-empty line of a stored trial error ("" for none)."""
+    return next((line.strip() for line in (error or "").splitlines() if line.strip()), "")
 
 
 def _plugin_paths(plugins: Sequence[str]) -> list[str]:
@@ -689,6 +706,7 @@ def run_study(
     for target in config.targets:
         study, parent_cost = open_study(config, target, parent)
         repaired = repair_orphans(study)
+        first_new = len(study.get_trials(deepcopy=False))  # trials numbered from here on are this run's
         objectives = config.objectives_for(target)
         request = {
             "mode": config.mode,
@@ -744,5 +762,11 @@ def run_study(
                 shutil.rmtree(scratch, ignore_errors=True)
         bar.close()
         final = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-        outcomes.append(TargetOutcome(config.study_name(target), final, repaired, seeded))
+        failed = [
+            t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)) if t.number >= first_new
+        ]
+        first_error = first_line(failed[0].user_attrs.get("error")) if failed else None
+        outcomes.append(
+            TargetOutcome(config.study_name(target), final, repaired, seeded, done, len(failed), first_error)
+        )
     return outcomes

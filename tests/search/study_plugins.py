@@ -23,3 +23,11 @@ def _flaky(request: Mapping[str, Any]) -> dict[str, Any]:
 for _name, _fn in (("plan-slow", _slow), ("plan-flaky", _flaky)):
     if _name not in TRIAL_MODES:
         TRIAL_MODES.register(_name, _fn)
+
+
+def _broken(request: Mapping[str, Any]) -> dict[str, Any]:
+    raise ValueError("injected: this mode always fails")
+
+
+if "plan-broken" not in TRIAL_MODES:
+    TRIAL_MODES.register("plan-broken", _broken)

@@ -205,3 +205,49 @@ def test_after_delete_the_name_takes_new_settings(
     assert main(_run_args(storage, *other)) == 2  # same name, other objectives: refused
     assert main(["study", "delete", "demo", "--storage", storage, "--yes"]) == 0
     assert main(_run_args(storage, *other)) == 0
+
+
+# ------------------------------------------------------------------------------ exit codes
+def test_a_run_where_no_trial_completes_exits_1_with_the_first_error_and_show_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], local_ray: None
+) -> None:
+    from autocompress_opt.cli import main
+
+    storage = f"sqlite:///{tmp_path}/b.db"
+    assert main(_run_args(storage, "--mode", "plan-broken")) == 1
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert err == ["error: demo.rtx5070: no trial completed; first error: ValueError: injected: this mode always fails"]
+    assert "2 trials FAILED; first error: ValueError: injected" in captured.out
+    assert main(["study", "show", "demo", "--storage", storage]) == 0
+    out = capsys.readouterr().out
+    assert "failed (2): ValueError: injected: this mode always fails (trials #0, #1)" in out
+
+
+def test_a_finished_study_rerun_exits_0_and_partial_failures_are_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], local_ray: None
+) -> None:
+    from dataclasses import replace
+
+    from autocompress_opt.arch.search_space import load_search_space
+    from autocompress_opt.search.study import StudyConfig, run_study
+    from autocompress_opt.serving.targets import Target
+
+    space = replace(load_search_space("smollm2-135m"), sampler="random")
+    space = type(space).from_dict({**space.to_dict(), "hidden_size": {"choices": [384, 576]}})
+    cfg = StudyConfig(
+        name="f",
+        model="smollm2-135m",
+        targets=(Target("rtx5070", "in-game"),),
+        space=space,
+        trials=4,
+        storage=f"sqlite:///{tmp_path}/f.db",
+        mode="plan-flaky",
+        plugins=("study_plugins",),
+        max_failures=40,
+    )
+    (outcome,) = run_study(cfg, progress=False)
+    assert outcome.complete == 4 and outcome.before == 0 and not outcome.completed_none
+    assert outcome.failed == 0 or outcome.first_error == "RuntimeError: injected failure for hidden_size=384"
+    (again,) = run_study(cfg, progress=False)  # nothing left to run
+    assert again.before == again.complete == 4 and again.failed == 0 and not again.completed_none
