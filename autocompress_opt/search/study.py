@@ -30,6 +30,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -723,6 +724,16 @@ def run_study(
             "cache_dir": str(Path(".autocompress").resolve()),
         }
         done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        if progress and config.seeds_baselines and done < config.trials and "baseline_seeds" not in study.user_attrs:
+            # Say what the silent minutes are: in weights mode the first target loads the parent and
+            # scores the Minitron candidates (shared by the later targets).
+            cost = " (weights mode: the parent is loaded and up to 10 candidates scored once per run)"
+            print(
+                f"{config.study_name(target)}: choosing the depth and minitron baselines to seed the study"
+                + (cost if config.mode == "weights" and not shared_scoring else ""),
+                file=sys.stderr,
+                flush=True,
+            )
         seeded = (
             seed_study(study, config, target, parent, layer_order, scoring)
             if config.seeds_baselines and done < config.trials
