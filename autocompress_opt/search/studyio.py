@@ -11,12 +11,17 @@ import io
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.errors import ConfigError
-from autocompress_opt.search.study import TrialRecord, default_storage, load_records, make_storage, pareto_front
+from autocompress_opt.search.study import (
+    TrialRecord,
+    default_storage,
+    group_members,
+    load_records,
+    make_storage,
+    pareto_front,
+)
 from autocompress_opt.search.trials import quality_label
 
 __all__ = ["StudyView", "export_rows", "list_studies", "load_group", "quality_label_of", "rows_to_csv"]
@@ -100,17 +105,9 @@ def list_studies(storage_url: str) -> list[dict[str, Any]]:
 
 def load_group(name: str, storage_url: str | None = None) -> list[StudyView]:
     """Every study of group ``name`` (studies named ``name.<hardware>``), or the study ``name``."""
-    import optuna
-
     url = storage_url or default_storage(name.split(".")[0])
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
-        raise ConfigError(f"no study storage at {url}; run 'autocompress study list' to see studies")
-    names = [s.study_name for s in optuna.get_all_study_summaries(make_storage(url))]
-    chosen = [n for n in names if n == name or n.startswith(name + ".")]
-    if not chosen:
-        raise ConfigError(f"no study named {name!r} in {url}; studies there: {', '.join(names) or '(none)'}")
     views = []
-    for study_name in chosen:
+    for study_name in group_members(name, url):  # never creates a storage that is not there
         records, attrs = load_records(url, study_name)
         views.append(StudyView(study_name, records, attrs))
     return views

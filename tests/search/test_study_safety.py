@@ -251,3 +251,17 @@ def test_a_finished_study_rerun_exits_0_and_partial_failures_are_reported(
     assert outcome.failed == 0 or outcome.first_error == "RuntimeError: injected failure for hidden_size=384"
     (again,) = run_study(cfg, progress=False)  # nothing left to run
     assert again.before == again.complete == 4 and again.failed == 0 and not again.completed_none
+
+
+def test_study_show_on_a_storage_that_does_not_exist_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``study show`` resolves its storage like every other verb (search.study.group_members): a bare
+    path that is not there is a one-line error, and no empty database is left behind."""
+    from autocompress_opt.cli import main
+
+    for storage in (str(tmp_path / "new" / "x.db"), f"sqlite:///{tmp_path / 'other' / 'x.db'}"):
+        assert main(["study", "show", "x", "--storage", storage]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "no study storage at" in err
+    assert list(tmp_path.iterdir()) == []
