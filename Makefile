@@ -63,11 +63,12 @@ bench-h2h: $(STAMP) data
 calibrate: $(STAMP)
 	$(VENV)/bin/autocompress calibrate --hardware cpu
 
-# Data of the offline evaluation tasks (autocompress_opt/tasks/sources.py): the Debian packages when
+# Data of the offline evaluation tasks (autocompress_opt/tasks/sources.py) and PostgreSQL (for the
+# concurrent-driver tests): the Debian packages when
 # run as root with apt-get (otherwise it prints what to install), then BIG-bench goal_step_wikihow
 # into ~/.cache/autocompress_opt/data/bigbench (358 MB download once; BIGBENCH_TARBALL=path uses a
 # local bigbench-1.0.0.tar.gz instead). Nothing is copied into the repository.
-DATA_DEBS        ?= wordnet-base bible-kjv python3.11-doc
+DATA_DEBS        ?= wordnet-base bible-kjv python3.11-doc postgresql
 BIGBENCH_TARBALL ?=
 
 data: $(STAMP)
