@@ -26,6 +26,36 @@ def machine() -> dict[str, Any]:
     }
 
 
+def provenance(**seeds: Any) -> dict[str, Any]:
+    """What a result depends on besides its inputs: the code version (git commit, and whether the
+    tree had uncommitted changes), the versions of the packages that compute it, and the seeds."""
+    import subprocess
+    from importlib import metadata
+
+    root = Path(__file__).parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    versions = {}
+    for dist in ("autocompress-opt", "torch", "transformers", "optuna", "ray", "numpy"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    return {
+        "code": {
+            "commit": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--", "autocompress_opt", "benchmarks")),
+        },
+        "versions": versions,
+        "seeds": seeds,
+    }
+
+
 def write(name: str, data: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

@@ -189,6 +189,8 @@ class InnerResult:
             ``feasible``, held-out ``val_kl`` (NaN when not measured: infeasible, or no held-out
             rows) and ``summary``; ``chosen``: the name of the candidate returned.
         learned: the trained :class:`~autocompress_opt.search.relaxation.ParentMasks` (frozen values).
+        candidates: every candidate's architecture by name (the returned one included), for
+            ablations that evaluate each of them on held-out data; not part of :meth:`summary`.
     """
 
     architecture: Architecture
@@ -203,6 +205,7 @@ class InnerResult:
     seconds: dict[str, float] = field(default_factory=dict)
     selection: dict[str, Any] = field(default_factory=dict)
     learned: ParentMasks | None = field(default=None, repr=False)
+    candidates: dict[str, Architecture] = field(default_factory=dict, repr=False)
 
     def summary(self) -> dict[str, Any]:
         """JSON-safe record (no tensors)."""
@@ -334,6 +337,7 @@ def search(
         seconds,
         selection,
         masks,
+        {name: cand.architecture for name, cand in candidates.items()},
     )
 
 

@@ -61,7 +61,7 @@ from autocompress_opt.hf.adapters import architecture_mismatch
 from autocompress_opt.prune.importance import Importance, estimate_importance
 from autocompress_opt.quality.metrics import kl_and_perplexity
 from autocompress_opt.search.budget import Budget, CostGoal
-from autocompress_opt.search.inner_search import InnerConfig, search
+from autocompress_opt.search.inner_search import InnerConfig, InnerResult, search
 from autocompress_opt.search.teacher import teacher_log_probs
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
@@ -72,6 +72,7 @@ __all__ = [
     "TrialConfig",
     "clear_trial_cache",
     "evaluate_architecture",
+    "inner_search",
     "parent_context",
     "run_weights_trial",
 ]
@@ -292,6 +293,30 @@ def _quality(parent: ParentContext, arch: Architecture, plan: Any, cache_dir: Pa
 
 
 # ------------------------------------------------------------------------------- trial
+def inner_search(
+    parent: ParentContext,
+    params: Mapping[str, int],
+    target: Target,
+    config: TrialConfig,
+    layer_order: list[int] | None = None,
+) -> InnerResult:
+    """The trial's inner search: from the uniform allocation of ``params`` (layers ranked by
+    ``layer_order``, else by the importance ``skip_loss``), holding ``params`` as budgets, under
+    ``target``'s constraints, with that uniform allocation as a candidate."""
+    order = layer_order or parent.importance.layer_order()
+    return search(
+        parent.model,
+        parent.architecture,
+        parent.importance,
+        parent.tokens,
+        parent.teacher,
+        budget=Budget.from_params(params),
+        goal=CostGoal.for_target(target, parent.architecture),
+        config=config.inner,
+        init=uniform_allocation(dict(params), parent.architecture, order),
+    )
+
+
 def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     """One weights-mode trial (see the module doc for the request and result)."""
     began = time.perf_counter()
@@ -309,20 +334,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"request['parent'] does not describe the model loaded from {ref!r} ({mismatch})")
     ready = time.perf_counter()
 
-    params = dict(request["params"])
-    order = request.get("layer_order") or parent.importance.layer_order()
-    start_point = uniform_allocation(params, parent.architecture, order)
-    result = search(
-        parent.model,
-        parent.architecture,
-        parent.importance,
-        parent.tokens,
-        parent.teacher,
-        budget=Budget.from_params(params),
-        goal=CostGoal.for_target(target, parent.architecture),
-        config=config.inner,
-        init=start_point,
-    )
+    result = inner_search(parent, dict(request["params"]), target, config, request.get("layer_order"))
     searched = time.perf_counter()
 
     arch = result.architecture
