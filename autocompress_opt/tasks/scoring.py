@@ -60,6 +60,7 @@ __all__ = [
     "model_max_length",
     "paired_bootstrap",
     "score_task",
+    "seeded_bootstrap",
 ]
 
 DEFAULT_BATCH_SIZE = 16  # requests per forward pass; items are short (tens of tokens)
@@ -644,6 +645,52 @@ def paired_bootstrap(
         observed += diff.mean()
         replicates += diff[rng.integers(0, len(diff), size=(n_boot, len(diff)))].mean(axis=1)
     scale = 100.0 / len(a_correct)
+    tail = (1 - confidence) / 2
+    lo, hi = np.quantile(replicates * scale, [tail, 1 - tail])
+    return float(observed * scale), float(lo), float(hi)
+
+
+def seeded_bootstrap(
+    a_runs: Sequence[Mapping[str, Sequence[bool]]],
+    b_runs: Sequence[Mapping[str, Sequence[bool]]],
+    *,
+    n_boot: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> tuple[float, float, float]:
+    """:func:`paired_bootstrap` over items *and* seeds: ``(difference, lo, hi)`` in points (×100) of
+    the average accuracy, model A minus model B, each model's accuracy the mean over its runs.
+
+    ``a_runs`` / ``b_runs`` hold one per-task correctness mapping per run (e.g. per recovery seed;
+    the two may have different numbers of runs). Each replicate resamples the items of every task
+    (the same items for both models: paired) and, independently for each model, its runs with
+    replacement, so the interval carries the spread between seeds as well as between items. One run
+    each gives :func:`paired_bootstrap`'s interval. Deterministic given ``seed``.
+    """
+    if not a_runs or not b_runs:
+        raise ConfigError(f"seeded_bootstrap needs at least one run per model, got {len(a_runs)} and {len(b_runs)}")
+    tasks = set(a_runs[0])
+    if not tasks or any(set(r) != tasks for r in [*a_runs, *b_runs]):
+        raise ConfigError("seeded_bootstrap needs the same non-empty set of tasks in every run of both models")
+    if not 0 < confidence < 1 or n_boot < 1:
+        raise ConfigError(f"need 0 < confidence < 1 and n_boot >= 1, got confidence={confidence}, n_boot={n_boot}")
+    rng = np.random.default_rng(seed)
+    pick_a = rng.integers(0, len(a_runs), size=(n_boot, len(a_runs)))
+    pick_b = rng.integers(0, len(b_runs), size=(n_boot, len(b_runs)))
+    observed, replicates = 0.0, np.zeros(n_boot)
+    for task in sorted(tasks):
+        a = np.asarray([r[task] for r in a_runs], dtype=float)  # (runs, items)
+        b = np.asarray([r[task] for r in b_runs], dtype=float)
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or not a.shape[1]:
+            raise ConfigError(f"task {task!r}: the runs were scored on different items ({a.shape} vs {b.shape})")
+        observed += a.mean() - b.mean()
+        items = rng.integers(0, a.shape[1], size=(n_boot, a.shape[1]))
+        # per replicate and run: the mean over the resampled items, then over the resampled runs
+        a_item = np.take_along_axis(a[None, :, :], items[:, None, :], axis=2).mean(axis=2)  # (n_boot, runs)
+        b_item = np.take_along_axis(b[None, :, :], items[:, None, :], axis=2).mean(axis=2)
+        replicates += np.take_along_axis(a_item, pick_a, axis=1).mean(axis=1)
+        replicates -= np.take_along_axis(b_item, pick_b, axis=1).mean(axis=1)
+    scale = 100.0 / len(tasks)
     tail = (1 - confidence) / 2
     lo, hi = np.quantile(replicates * scale, [tail, 1 - tail])
     return float(observed * scale), float(lo), float(hi)

@@ -30,6 +30,7 @@ from autocompress_opt.tasks.scoring import (
     loglikelihoods,
     paired_bootstrap,
     score_task,
+    seeded_bootstrap,
 )
 
 PAIRS = [
@@ -380,6 +381,43 @@ def test_paired_bootstrap_refuses_unpaired_inputs() -> None:
         paired_bootstrap({"t": [True, False]}, {"t": [True]})
     with pytest.raises(ConfigError, match="same non-empty set of tasks"):
         paired_bootstrap({"t": [True]}, {"u": [True]})
+
+
+def test_seeded_bootstrap_with_one_run_each_is_the_paired_bootstrap() -> None:
+    rng = np.random.default_rng(3)
+    a = {"t1": list(rng.random(80) < 0.6), "t2": list(rng.random(50) < 0.5)}
+    b = {"t1": list(rng.random(80) < 0.5), "t2": list(rng.random(50) < 0.5)}
+    diff, lo, hi = seeded_bootstrap([a], [b], n_boot=4000, seed=0)
+    pdiff, plo, phi = paired_bootstrap(a, b, n_boot=4000, seed=0)
+    assert diff == pytest.approx(pdiff)
+    assert (lo, hi) == pytest.approx((plo, phi), abs=1.5)  # same estimator, different random draws
+
+
+def test_seeded_bootstrap_widens_with_the_spread_between_seeds() -> None:
+    """A's three recovery seeds disagree (60/80/70 % on different items); with the same mean, the
+    interval over items and seeds is wider than the one of A's pooled... single run."""
+    rng = np.random.default_rng(5)
+    n = 200
+    b = {"t": list(rng.random(n) < 0.5)}
+    a_runs = [{"t": list(rng.random(n) < p)} for p in (0.6, 0.8, 0.7)]
+    diff, lo, hi = seeded_bootstrap(a_runs, [b], n_boot=4000, seed=0)
+    expected = 100 * (np.mean([np.mean(r["t"]) for r in a_runs]) - np.mean(b["t"]))
+    assert diff == pytest.approx(expected)
+    assert lo < diff < hi
+    one = [{"t": a_runs[2]["t"]}]
+    _, lo1, hi1 = seeded_bootstrap(one, [b], n_boot=4000, seed=0)
+    assert hi - lo > hi1 - lo1  # seed spread adds to the item spread
+    same = seeded_bootstrap(a_runs, a_runs, n_boot=500, seed=0)
+    assert same[0] == 0.0 and same[1] < 0 < same[2]  # runs resampled independently: not zero width
+
+
+def test_seeded_bootstrap_refuses_mismatched_runs() -> None:
+    with pytest.raises(ConfigError, match="at least one run"):
+        seeded_bootstrap([], [{"t": [True]}])
+    with pytest.raises(ConfigError, match="same non-empty set of tasks"):
+        seeded_bootstrap([{"t": [True]}], [{"u": [True]}])
+    with pytest.raises(ConfigError, match="different items"):
+        seeded_bootstrap([{"t": [True, False]}], [{"t": [True]}])
 
 
 # ------------------------------------------------------------------- the CLI
