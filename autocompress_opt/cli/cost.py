@@ -31,8 +31,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--model", required=True, help="known name, HF directory, config.json, .gguf or architecture file")
     p.add_argument("--hardware", required=True, help="catalog name (see 'autocompress hardware list')")
     p.add_argument("--engine", required=True, help="vllm, trtllm, llamacpp or torch-eager")
-    p.add_argument("--dtype", required=True, help="weight format: fp32, bf16, fp16, fp8, fp4, q4_k_m")
-    p.add_argument("--kv-dtype", default=None, help="KV-cache format (default: the engine's for --dtype)")
+    p.add_argument(
+        "--dtype",
+        required=True,
+        help="weight format: fp32, bf16, fp16, fp8, fp4, or a GGUF file type q8_0, q6_k, q5_k_m, q4_k_m, iq4_xs, q4_0",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        default=None,
+        help="KV-cache format: bf16, fp16, fp8 (vLLM/TensorRT-LLM), q8_0, q4_0 (llama.cpp); default: the engine's",
+    )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
     p.add_argument("--concurrency", type=concurrency, default=1, help="concurrent sequences, or 'max' (default 1)")
     p.add_argument("--input-len", type=int, required=True, help="prompt tokens per request")

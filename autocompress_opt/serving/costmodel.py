@@ -255,8 +255,11 @@ def _structure(a: ArchArrays, dt: WeightDtype, kv_bytes: float, ops: _Ops) -> _S
     body = (lin_attn + lin_ffn + small).sum(-1) + a.hidden  # + final norm
     embed = a.vocab * a.hidden
     head = embed * (1 - a.tied)
-    weight_bytes = (body * dt.body_bits + embed * dt.embed_bits + head * dt.head_bits) / 8
-    head_bits = ops.where(a.tied > 0.5, dt.embed_bits, dt.head_bits)
+    # A tied matrix is stored once, in the format the recipe gives a tied embedding (llama.cpp: the
+    # output's); an untied head is read at the head's format.
+    embed_bits = ops.where(a.tied > 0.5, dt.tied_embedding_bits, dt.embed_bits)
+    weight_bytes = (body * dt.body_bits + embed * embed_bits + head * dt.head_bits) / 8
+    head_bits = ops.where(a.tied > 0.5, dt.tied_embedding_bits, dt.head_bits)
     kv_heads_dim = a.attn * a.kv_heads * hd
     q_heads_dim = a.attn * a.heads * hd
     act_width = ops.amax(2 * a.ffn * a.ffn_width + q_heads_dim + 2 * kv_heads_dim) + 4 * a.hidden

@@ -81,3 +81,20 @@ def test_engine_options_in_range_are_kept() -> None:
     assert engine.memory_fraction == 1.0 and engine.max_seqs == 64 and isinstance(engine.max_seqs, int)
     with pytest.raises(ConfigError, match="memory_fraction must be a number in"):
         get_engine("trtllm").with_options(memory_fraction=True)
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q6_k", "q5_k_m", "q4_k_m", "iq4_xs", "q4_0"])
+def test_gguf_formats_are_priced(capsys: Any, dtype: str) -> None:
+    args = ["cost", "--model", "llama-3.1-8b", "--hardware", "rtx5080", "--engine", "llamacpp"]
+    assert main([*args, "--dtype", dtype, "--input-len", "512", "--output-len", "128", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert 3.5 < out["weights_gib"] < 8.5 and out["tpot_ms"] > out["tpot_floor_ms"]
+
+
+def test_an_unknown_format_is_a_one_line_error_listing_the_valid_ones(capsys: Any) -> None:
+    assert main(cost("--model", "llama-3.1-8b", "--hardware", "h100", "--dtype", "q3_k_s")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "q3_k_s" in err and "q8_0" in err and "iq4_xs" in err, err
+    assert main(cost("--model", "llama-3.1-8b", "--hardware", "h100", "--kv-dtype", "int4")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fp8" in err and "q8_0" in err, err
