@@ -27,6 +27,16 @@ RUN_EXAMPLES = """
   autocompress study delete demo --yes
 Running the same 'study run' command again continues each study to --trials COMPLETE trials."""
 
+RUN_EXIT_CODES = """exit status:
+  0    every target holds --trials COMPLETE trials and at least one target has a feasible one
+  1    a target ran trials and none of them completed (the first error is printed)
+  2    bad input (one line on stderr naming the bad value); nothing was created
+  3    trials completed but none is feasible on any target (the violated constraints are printed)
+  130  interrupted (Ctrl-C): running trials were marked FAIL and re-queued; rerun the same
+       command to resume (a second Ctrl-C quits at once)"""
+
+EXIT_INFEASIBLE = 3
+
 
 def add_parser(sub: Any) -> None:
     p = add_verb(
@@ -41,6 +51,7 @@ def add_parser(sub: Any) -> None:
         "run",
         help="run or resume a study group",
         description="Run or resume a study group.\n\nexamples:" + RUN_EXAMPLES,
+        epilog=RUN_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("--config", type=Path, help="study YAML (keys = these flags with underscores); flags override it")
@@ -292,7 +303,7 @@ def _run(args: argparse.Namespace) -> int:
     outcomes = run_study(config, progress=not args.quiet)
     for o in outcomes:
         note = f", re-queued orphaned trials {o.repaired}" if o.repaired else ""
-        print(f"{o.study_name}: {o.complete} COMPLETE trials{note}")
+        print(f"{o.study_name}: {o.complete} COMPLETE trials, {o.feasible} feasible{note}")
         for line in o.seeded:
             print(f"  seeded {line}")
         if o.failed:
@@ -304,7 +315,21 @@ def _run(args: argparse.Namespace) -> int:
     broken = [o for o in outcomes if o.completed_none]
     for o in broken:
         print(f"error: {o.study_name}: no trial completed; first error: {o.first_error}", file=sys.stderr)
-    return 1 if broken else 0
+    if broken:
+        return 1
+    if any(o.complete for o in outcomes) and not any(o.feasible for o in outcomes):
+        print("error: no COMPLETE trial is feasible on any target; relax the binding constraints:", file=sys.stderr)
+        for o in outcomes:
+            print(
+                f"  {o.study_name}: {o.complete} COMPLETE, 0 feasible; {_misses(o.misses, o.complete)}", file=sys.stderr
+            )
+        return EXIT_INFEASIBLE
+    return 0
+
+
+def _misses(misses: dict[str, tuple[int, float]], complete: int) -> str:
+    """``"tpot_ms <= 0.5x missed by 12/12 (closest +31%)"`` for each violated constraint."""
+    return "; ".join(f"{name} missed by {n}/{complete} (closest +{least:.0%})" for name, (n, least) in misses.items())
 
 
 def _list(args: argparse.Namespace) -> int:

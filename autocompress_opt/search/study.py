@@ -52,6 +52,7 @@ __all__ = [
     "TrialRecord",
     "baseline_seeds",
     "check_config",
+    "constraint_misses",
     "default_storage",
     "delete_studies",
     "first_line",
@@ -633,11 +634,28 @@ class TargetOutcome:
     before: int = 0
     failed: int = 0
     first_error: str | None = None
+    feasible: int = 0  # feasible COMPLETE trials in the study (every run's, not only this one's)
+    misses: dict[str, tuple[int, float]] = field(default_factory=dict)  # constraint_misses of its COMPLETE trials
 
     @property
     def completed_none(self) -> bool:
         """Trials were wanted and run, and none of them completed."""
         return self.complete == self.before and self.failed > 0
+
+
+def constraint_misses(records: Sequence[TrialRecord]) -> dict[str, tuple[int, float]]:
+    """Per constraint (``"tpot_ms <= 0.5x"``, ``"fits device memory"``): how many COMPLETE trials
+    violate it and the smallest violation among them (normalised, ``> 0``), most violated first.
+    Constraints every trial meets are left out."""
+    out: dict[str, tuple[int, float]] = {}
+    for r in records:
+        if r.state != "COMPLETE":
+            continue
+        for name, value in r.constraints.items():
+            if value > 0:
+                n, least = out.get(name, (0, float("inf")))
+                out[name] = (n + 1, min(least, value))
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1][0], kv[1][1])))
 
 
 def first_line(error: str | None) -> str:
@@ -777,7 +795,21 @@ def run_study(
             t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)) if t.number >= first_new
         ]
         first_error = first_line(failed[0].user_attrs.get("error")) if failed else None
+        records = [
+            _record(study.study_name, t)
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        ]
         outcomes.append(
-            TargetOutcome(config.study_name(target), final, repaired, seeded, done, len(failed), first_error)
+            TargetOutcome(
+                config.study_name(target),
+                final,
+                repaired,
+                seeded,
+                done,
+                len(failed),
+                first_error,
+                feasible=sum(r.feasible for r in records),
+                misses=constraint_misses(records),
+            )
         )
     return outcomes

@@ -265,3 +265,28 @@ def test_study_show_on_a_storage_that_does_not_exist_creates_nothing(
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "no study storage at" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_study_where_nothing_is_feasible_says_so_and_exits_3(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], local_ray: None
+) -> None:
+    """Constraints no architecture meets: every trial completes, none is feasible; the run names the
+    binding constraint on stderr and exits 3 (documented in 'study run --help'); a looser run is 0."""
+    from autocompress_opt.cli import main
+
+    storage = f"sqlite:///{tmp_path}/i.db"
+    assert main(_run_args(storage, "--max-memory-gib", "0.001")) == 3
+    captured = capsys.readouterr()
+    assert "demo.rtx5070: 2 COMPLETE trials, 0 feasible" in captured.out
+    err = captured.err.splitlines()
+    assert err[0] == "error: no COMPLETE trial is feasible on any target; relax the binding constraints:"
+    assert err[1].startswith(
+        "  demo.rtx5070: 2 COMPLETE, 0 feasible; peak_memory_gib <= 0.001 missed by 2/2 (closest +"
+    )
+    assert main(_run_args(storage, "--max-memory-gib", "100", name="ok")) == 0
+    out = capsys.readouterr().out
+    assert "ok.rtx5070: 2 COMPLETE trials, " in out and ", 0 feasible" not in out
+    with pytest.raises(SystemExit):
+        main(["study", "run", "--help"])
+    out = capsys.readouterr().out
+    assert "exit status:" in out and "\n  3 " in out and "\n  130 " in out
