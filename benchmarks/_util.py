@@ -56,6 +56,23 @@ def provenance(**seeds: Any) -> dict[str, Any]:
     }
 
 
+def code_hash(*parts: str) -> str:
+    """A short hash of the package sources that compute a stage: the ``.py`` files of the named
+    subpackages or modules of ``autocompress_opt`` (e.g. ``"prune", "hf", "arch"``). A stage cached
+    under a key that includes it is recomputed whenever that code changes."""
+    import hashlib
+
+    root = Path(__file__).parent.parent / "autocompress_opt"
+    digest = hashlib.sha256()
+    for part in sorted(parts):
+        where = root / part
+        files = sorted(where.rglob("*.py")) if where.is_dir() else [where.with_suffix(".py")]
+        for f in files:
+            digest.update(str(f.relative_to(root)).encode())
+            digest.update(f.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def write(name: str, data: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

@@ -72,6 +72,7 @@ __all__ = [
     "TrialConfig",
     "clear_trial_cache",
     "evaluate_architecture",
+    "heldout_quality",
     "inner_search",
     "parent_context",
     "run_weights_trial",
@@ -270,6 +271,18 @@ _CONTEXT_KEYS = (
 
 
 # ----------------------------------------------------------------------------- quality
+def heldout_quality(parent: ParentContext, model: Any) -> dict[str, float]:
+    """Held-out KL to the parent and perplexity of any ``model`` with the parent's tokenizer (a child
+    cut from it, or one recovered by distillation): ``kl_code``, ``ppl_code``, ``kl_prose``,
+    ``ppl_prose`` and ``kl_to_parent`` (their mean), on the trial's evaluation rows."""
+    out: dict[str, float] = {}
+    for dom, tokens in parent.eval_tokens.items():
+        out[f"kl_{dom}"], out[f"ppl_{dom}"] = kl_and_perplexity(model, tokens, parent.eval_teacher[dom], progress=False)
+    # Both domains have the same number of positions: the token-weighted mean is the plain mean.
+    out["kl_to_parent"] = (out["kl_code"] + out["kl_prose"]) / 2
+    return out
+
+
 def _quality(parent: ParentContext, arch: Architecture, plan: Any, cache_dir: Path) -> tuple[dict[str, float], bool]:
     """Held-out KL and perplexities of ``arch`` cut from the parent; cached on disk by architecture."""
     from autocompress_opt.prune.slicing import materialize
@@ -279,12 +292,7 @@ def _quality(parent: ParentContext, arch: Architecture, plan: Any, cache_dir: Pa
     path = cache_dir / "quality" / f"{key}.json"
     if path.is_file():
         return json.loads(path.read_text(encoding="utf-8")), True
-    child = materialize(parent.model, plan)
-    out: dict[str, float] = {}
-    for dom, tokens in parent.eval_tokens.items():
-        out[f"kl_{dom}"], out[f"ppl_{dom}"] = kl_and_perplexity(child, tokens, parent.eval_teacher[dom], progress=False)
-    # Both domains have the same number of positions: the token-weighted mean is the plain mean.
-    out["kl_to_parent"] = (out["kl_code"] + out["kl_prose"]) / 2
+    out = heldout_quality(parent, materialize(parent.model, plan))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=2), encoding="utf-8")
