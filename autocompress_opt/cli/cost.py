@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from autocompress_opt.cli._common import (
@@ -15,6 +16,8 @@ from autocompress_opt.cli._common import (
 )
 from autocompress_opt.errors import ConfigError
 
+ARRIVAL_CHOICES = ("burst", "steady", "poisson")  # serving.costmodel.ARRIVALS, without importing numpy for --help
+
 
 def add_parser(sub: Any) -> None:
     p = add_verb(
@@ -26,7 +29,13 @@ def add_parser(sub: Any) -> None:
   autocompress cost --model llama-3.3-70b --hardware h100-sxm --engine trtllm --dtype fp8 --tp 2 \\
       --input-len 5000 --output-len 500 --json
   autocompress cost --model llama-3.1-8b --hardware b200 --engine vllm --dtype fp8 --concurrency max \\
-      --input-len 1000 --output-len 1000 --engine-option memory_fraction=0.8""",
+      --input-len 1000 --output-len 1000 --engine-option memory_fraction=0.8
+  autocompress cost --model llama-3.1-8b --hardware h100-sxm --engine vllm --dtype bf16 --concurrency max \
+      --arrival burst --requests 1000 --input-len 1000 --output-len 100      # 1000 prompts at once
+  autocompress cost --model llama-3.1-8b --hardware h100-sxm --engine vllm --dtype bf16 --concurrency 32 \
+      --arrival steady --input-len 1000 --output-len 100                     # 32 always in flight
+  autocompress cost --model qwen3-8b --hardware rtx5090 --engine llamacpp --dtype q8_0 --arrival poisson \
+      --rate 0.2 --input-len 512 --output-len 128""",
     )
     p.add_argument("--model", required=True, help="known name, HF directory, config.json, .gguf or architecture file")
     p.add_argument("--hardware", required=True, help="catalog name (see 'autocompress hardware list')")
@@ -46,6 +55,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--input-len", type=int, required=True, help="prompt tokens per request")
     p.add_argument("--output-len", type=int, required=True, help="generated tokens per request")
     p.add_argument(
+        "--arrival",
+        choices=ARRIVAL_CHOICES,
+        default="burst",
+        help="burst: --requests prompts arrive at once (default: --concurrency of them, one wave); steady: "
+        "--concurrency requests always in flight, chunked prefill interleaved with decode; poisson: --rate "
+        "requests/s at random times",
+    )
+    p.add_argument("--requests", type=int, default=None, help="with --arrival burst: how many arrive at once")
+    p.add_argument("--rate", type=float, default=None, help="with --arrival poisson: mean requests per second")
+    p.add_argument(
         "--engine-option",
         action="append",
         default=[],
@@ -59,7 +78,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autocompress_opt.arch.catalog import load_architecture
-    from autocompress_opt.serving.costmodel import Scenario, estimate_cost
+    from autocompress_opt.serving.costmodel import Scenario, describe_regime, estimate_cost
     from autocompress_opt.serving.engines import get_engine
     from autocompress_opt.serving.hardware import get_hardware
 
@@ -74,17 +93,23 @@ def run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         tp=args.tp,
         kv_dtype=args.kv_dtype,
+        arrival=args.arrival,
+        requests=args.requests,
+        rate=args.rate,
     )
     _check_tp(arch, args.tp)
     _check_context(arch, args.input_len, args.output_len)
     cost = estimate_cost(arch, hardware.name, engine, scenario)
     fits = cost.peak_memory_gib <= hardware.memory_gib
+    regime = describe_regime(scenario, cost)
     if args.json:
-        print_json({**cost.to_dict(), "fits": fits})
+        metrics = {k: (v if math.isfinite(v) else None) for k, v in cost.to_dict().items()}  # null: unbounded
+        print_json({**metrics, "fits": fits, "arrival": scenario.arrival, "regime": regime})
         return 0
+    load = f"rate={args.rate:g}/s" if args.arrival == "poisson" else f"concurrency={args.concurrency}"
     print(
         f"{arch.summary()}\non {args.hardware} with {engine.name}, {args.dtype}, tp={args.tp}, "
-        f"concurrency={args.concurrency}, {args.input_len} in / {args.output_len} out"
+        f"{load}, {args.input_len} in / {args.output_len} out\n{regime}"
     )
     for key, value in cost.to_dict().items():
         print(f"  {key:<26} {value:>14,.3f}" if isinstance(value, float) else f"  {key:<26} {value:>14,}")

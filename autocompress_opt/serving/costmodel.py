@@ -31,6 +31,28 @@ sliding layer (see :func:`estimate_batch`). The ``kv_bytes_per_token`` metric is
 sequence divided by ``S``: the mean bytes a reserved token costs at the scenario's length. Without
 windows that is the familiar ``2·b_kv·d·Σ_i g_i``; a sliding layer adds ``2·b_kv·g_i·d·min(1, ⌈w_i⌉/S)``.
 
+Arrival regimes (``Scenario.arrival``; DESIGN.md §3), with ``B`` sequences running at once
+(``concurrency``, or the memory limit for ``"max"``), ``T_w(b) = TTFT(b) + (O − 1)·TPOT(b)`` the
+time of a wave of ``b`` prompts prefilled together (in ``chunk_tokens`` steps) and then decoded::
+
+    burst    N requests (default B) arrive at once and run in waves of b = min(N, B):
+             n = ⌊N / b⌋ full waves, r = N − n·b left for a last one;
+             makespan = n·T_w(b) + T_w(r);  throughput = N·O / makespan (everyone's prefill inside);
+             mean TTFT = [b·(T_w(b)·n(n−1)/2 + n·TTFT(b)) + r·(n·T_w(b) + TTFT(r))] / N.
+             N = B is the plain batch (and N = B = 1 single-stream latency).
+    steady   B requests always in flight (one replaces each that finishes); a new prompt's prefill
+             runs in k = ⌈P / c⌉ chunks of c = min(P, chunk_tokens − (B − 1)) tokens, each step
+             shared with the others' decodes. A request lives L = k + O − 1 steps, so D = (B−1)(O−1)/L
+             other sequences decode beside it and F = (B−1)·P/L other prefill tokens ride on each of
+             its decode steps: a fraction q = min(1, F/c) of them carry a chunk.
+             TTFT = t(k steps: P + k·D tokens);  TPOT = q·t(1 + D + c tokens) + (1 − q)·t(1 + D);
+             throughput = B·O / (TTFT + (O − 1)·TPOT).  At B = 1 this is single-stream latency.
+    poisson  requests arrive at ``rate`` λ per second: the steady regime at the mean number in
+             flight B = λ·E2E(B) (Little's law; a fixed point, no queueing while B fits the memory).
+             Past the capacity (B beyond ``max_concurrency``) latencies are infinite. A one-user
+             engine (llama.cpp) is an M/D/1 queue: each request waits ρ·S / (2(1 − ρ)) before it
+             starts, S its single-stream E2E and ρ = λ·S.
+
 Contract: costs are pure functions of their inputs; at fixed concurrency no latency or memory
 metric rises, and throughput does not fall, when any width shrinks (property-tested).
 """
@@ -50,7 +72,17 @@ from autocompress_opt.serving.engines import GIB, Engine, get_engine
 from autocompress_opt.serving.hardware import Hardware, get_hardware
 from autocompress_opt.serving.profiles import CostProfile, get_profile
 
-__all__ = ["FULL_WINDOW", "METRICS", "ArchArrays", "CostEstimate", "Scenario", "estimate_batch", "estimate_cost"]
+__all__ = [
+    "ARRIVALS",
+    "FULL_WINDOW",
+    "METRICS",
+    "ArchArrays",
+    "CostEstimate",
+    "Scenario",
+    "describe_regime",
+    "estimate_batch",
+    "estimate_cost",
+]
 
 Array = Any  # numpy.ndarray or torch.Tensor
 
@@ -58,6 +90,10 @@ Array = Any  # numpy.ndarray or torch.Tensor
 # min(tokens, window) and the windowed pair count stay plain arithmetic (finite values and gradients)
 # in numpy and torch alike.
 FULL_WINDOW = float(2**40)
+
+# How requests reach the engine (module doc): all at once, a constant number in flight, or at random
+# times at a mean rate.
+ARRIVALS: tuple[str, ...] = ("burst", "steady", "poisson")
 
 METRICS: tuple[str, ...] = (
     "weights_gib",
@@ -88,6 +124,9 @@ class Scenario:
     concurrency: int | str = 1
     tp: int = 1
     kv_dtype: str | None = None
+    arrival: str = "burst"
+    requests: int | None = None
+    rate: float | None = None
 
     def __post_init__(self) -> None:
         get_weight_dtype(self.dtype)
@@ -100,6 +139,16 @@ class Scenario:
         c = self.concurrency
         if not (c == "max" or (isinstance(c, int) and not isinstance(c, bool) and c >= 1)):
             raise ConfigError(f"concurrency must be a positive integer or 'max', got {c!r}")
+        if self.arrival not in ARRIVALS:
+            raise ConfigError(f"arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
+        r = self.requests
+        if r is not None and (self.arrival != "burst" or not isinstance(r, int) or isinstance(r, bool) or r < 1):
+            raise ConfigError(f"requests (a burst's size) must be a positive integer with arrival 'burst', got {r!r}")
+        if self.arrival == "poisson":
+            if not isinstance(self.rate, (int, float)) or isinstance(self.rate, bool) or not self.rate > 0:
+                raise ConfigError(f"arrival 'poisson' needs a rate > 0 requests/s, got {self.rate!r}")
+        elif self.rate is not None:
+            raise ConfigError(f"a rate is for arrival 'poisson'; arrival {self.arrival!r} takes concurrency instead")
 
 
 @dataclass(frozen=True)
@@ -366,6 +415,203 @@ def _phase_ms(setup: _Setup, rates: _Rates, phase: _Phase) -> Array:
     return 1e3 * total
 
 
+# ------------------------------------------------------------------ arrival regimes
+@dataclass(frozen=True)
+class _Shape:
+    """The request shape: ``P`` prompt and ``O`` output tokens, each layer's window ``(N, L)`` (or
+    :data:`FULL_WINDOW` for every layer)."""
+
+    p_len: float
+    o_len: float
+    window: Array
+
+    def prompt_pairs(self, ops: _Ops) -> Array:
+        """(query, key) pairs of one causal prompt per layer: Σ_{t=1..P} min(t, w) = m(m+1)/2 + (P − m)·w,
+        m = min(P, w)."""
+        seen = ops.min(self.window, self.p_len)
+        return seen * (seen + 1) / 2 + (self.p_len - seen) * self.window
+
+    def context(self, ops: _Ops) -> Array:
+        """Cached tokens a decode step reads per layer: the generation's mean context ``P + O/2``,
+        capped by a sliding layer's window."""
+        return ops.min(self.window, self.p_len + self.o_len / 2)
+
+
+@dataclass(frozen=True)
+class _Timing:
+    """One regime's result for ``N`` architectures, ``(N,)`` each: mean TTFT, TPOT and E2E per
+    request (ms), output tokens/s over the run, sequences decoding at once, and the prompts
+    prefilled together in one wave with the time that took (the prefill-throughput numerator and
+    denominator)."""
+
+    ttft: Array
+    tpot: Array
+    e2e: Array
+    throughput: Array
+    running: Array
+    prefilled: Array
+    wave_ttft: Array
+
+
+def _wave(setup: _Setup, rates: _Rates, shape: _Shape, b: Array) -> tuple[Array, Array]:
+    """(TTFT, TPOT) of ``b`` prompts prefilled together in ``chunk_tokens`` steps, logits for the
+    last token (or all), then decoded together at the mean context."""
+    ops, eng = setup.ops, setup.engine
+    prompt_tokens = b * shape.p_len
+    steps = 1.0 + b * 0 if eng.chunk_tokens == 0 else ops.ceil(prompt_tokens / eng.chunk_tokens)
+    prefill = _Phase(
+        tokens=prompt_tokens,
+        pairs=b[:, None] * shape.prompt_pairs(ops),
+        kv_read_tokens=b[:, None] * 0.0,
+        logits_tokens=prompt_tokens if eng.logits_all_tokens else b,
+        steps=steps,
+    )
+    context = b[:, None] * shape.context(ops)  # (N, L)
+    decode = _Phase(tokens=b, pairs=context, kv_read_tokens=context, logits_tokens=b, steps=b * 0 + 1.0)
+    return _phase_ms(setup, rates, prefill), _phase_ms(setup, rates, decode)
+
+
+def _burst(setup: _Setup, rates: _Rates, shape: _Shape, batch: Array, requests: Array) -> _Timing:
+    """``requests`` arrive at once; waves of ``b = min(requests, batch)`` (module doc)."""
+    ops, o_len = setup.ops, shape.o_len
+    b = ops.min(requests, batch)
+    full = ops.floor(requests / b)
+    rest = requests - full * b
+    ttft_b, tpot_b = _wave(setup, rates, shape, b)
+    ttft_r, tpot_r = _wave(setup, rates, shape, ops.max(rest, 1.0))
+    wave_b = ttft_b + (o_len - 1) * tpot_b
+    wave_r = ops.where(rest > 0, ttft_r + (o_len - 1) * tpot_r, 0.0)
+    share_b, share_r = b * full / requests, rest / requests
+    # Requests of wave j (0-based) wait j·T_w(b) for the waves before theirs; the last wave n·T_w(b).
+    waiting = (b * wave_b * full * (full - 1) / 2 + rest * full * wave_b) / requests
+    ttft = share_b * ttft_b + share_r * ttft_r + waiting
+    tpot = share_b * tpot_b + share_r * tpot_r
+    makespan = full * wave_b + wave_r
+    return _Timing(
+        ttft=ttft,
+        tpot=tpot,
+        e2e=ttft + (o_len - 1) * tpot,
+        throughput=requests * o_len / (makespan / 1e3),
+        running=b,
+        prefilled=b,
+        wave_ttft=ttft_b,
+    )
+
+
+def _steady(setup: _Setup, rates: _Rates, shape: _Shape, batch: Array) -> _Timing:
+    """``batch`` requests always in flight, chunked prefill interleaved with decode (module doc)."""
+    ops, eng = setup.ops, setup.engine
+    p_len, o_len = shape.p_len, shape.o_len
+    others = batch - 1.0
+    # Each step's token budget goes to the running decodes first (vLLM's scheduler), the rest to a
+    # prompt chunk; no chunking (0) prefills a whole prompt in one step.
+    chunk = batch * 0 + p_len if eng.chunk_tokens == 0 else ops.min(ops.max(eng.chunk_tokens - others, 1.0), p_len)
+    k = ops.ceil(p_len / chunk)
+    life = k + o_len - 1  # engine steps of one request: its prefill chunks, then O − 1 decodes
+    beside = others * (o_len - 1) / life  # others decoding in any one step
+    share = ops.min(others * p_len / life / chunk, 1.0)  # of my decode steps, those carrying a chunk
+    pairs, ctx = shape.prompt_pairs(ops), shape.context(ops)
+    logits_per_prompt = p_len if eng.logits_all_tokens else 1.0
+    carried = (k * beside)[:, None] * ctx
+    prefill = _Phase(
+        tokens=p_len + k * beside,
+        pairs=pairs + carried,
+        kv_read_tokens=carried,
+        logits_tokens=logits_per_prompt + k * beside,
+        steps=k,
+    )
+    running = 1.0 + beside
+    one = batch * 0 + 1.0
+    read = running[:, None] * ctx
+    decode = _Phase(tokens=running, pairs=read, kv_read_tokens=read, logits_tokens=running, steps=one)
+    mixed = _Phase(
+        tokens=running + chunk,
+        pairs=read + pairs / k[:, None],
+        kv_read_tokens=read,
+        logits_tokens=running + (chunk if eng.logits_all_tokens else 1.0),
+        steps=one,
+    )
+    ttft = _phase_ms(setup, rates, prefill)
+    tpot = share * _phase_ms(setup, rates, mixed) + (1 - share) * _phase_ms(setup, rates, decode)
+    e2e = ttft + (o_len - 1) * tpot
+    return _Timing(ttft, tpot, e2e, batch * o_len / (e2e / 1e3), running=batch, prefilled=one, wave_ttft=ttft)
+
+
+# Fixed-point iterations of Little's law; B rises monotonically from 1 toward the smallest solution.
+_POISSON_ITERATIONS = 60
+
+
+def _poisson(setup: _Setup, rates: _Rates, shape: _Shape, rate: float, capacity: Array) -> _Timing:
+    """Arrivals at ``rate`` requests/s (module doc). An arriving request finds λ·E2E others in
+    flight on average (Poisson arrivals see time averages), so ``B = 1 + λ·E2E(B)``."""
+    ops, o_len = setup.ops, shape.o_len
+    one = capacity * 0 + 1.0
+    if setup.engine.single_user:  # M/D/1: service S = single-stream E2E, wait ρS / (2(1 − ρ))
+        alone = _steady(setup, rates, shape, one)
+        rho = rate * alone.e2e / 1e3
+        stable = rho < 1
+        wait = ops.where(stable, rho * alone.e2e / (2 * (1 - ops.where(stable, rho, 0.0))), float("inf"))
+        return _Timing(
+            ttft=alone.ttft + wait,
+            tpot=alone.tpot,
+            e2e=alone.e2e + wait,
+            throughput=ops.where(stable, one * rate * o_len, alone.throughput),
+            running=ops.min(rho, 1.0),
+            prefilled=one,
+            wave_ttft=alone.ttft,
+        )
+    batch = one
+    for _ in range(_POISSON_ITERATIONS):
+        batch = ops.min(1.0 + rate * _steady(setup, rates, shape, batch).e2e / 1e3, capacity)
+    timing = _steady(setup, rates, shape, batch)
+    overloaded = 1.0 + rate * timing.e2e / 1e3 > capacity * (1 + 1e-6)
+    inf = float("inf")
+    return _Timing(
+        ttft=ops.where(overloaded, inf, timing.ttft),
+        tpot=timing.tpot,
+        e2e=ops.where(overloaded, inf, timing.e2e),
+        throughput=ops.where(overloaded, timing.throughput, one * rate * o_len),
+        running=ops.where(overloaded, capacity, rate * timing.e2e / 1e3),
+        prefilled=one,
+        wave_ttft=timing.ttft,
+    )
+
+
+def describe_regime(scenario: Scenario, cost: CostEstimate) -> str:
+    """One line saying which arrival regime ``cost`` was computed for, with its numbers."""
+    fitting = max(cost.max_concurrency, 1)
+    batch = fitting if scenario.concurrency == "max" else int(scenario.concurrency)
+    if scenario.arrival == "poisson":
+        rate = float(scenario.rate or 0.0)
+        if not np.isfinite(cost.e2e_latency_ms):
+            capacity = cost.output_throughput_tok_s / scenario.output_len
+            return (
+                f"poisson arrivals at {rate:g} requests/s: beyond the capacity of about {capacity:.3g} requests/s "
+                f"({fitting:,} in flight at most); the queue grows without bound, latencies are infinite"
+            )
+        return (
+            f"poisson arrivals at {rate:g} requests/s: {rate * cost.e2e_latency_ms / 1e3:.2f} requests in flight on "
+            f"average (Little's law); prefill chunks interleave with decode at that concurrency"
+        )
+    if scenario.arrival == "steady":
+        if batch == 1:
+            return "single stream: one request in flight at a time (steady concurrency 1)"
+        return (
+            f"steady concurrency: {batch:,} requests always in flight; each new prompt's prefill is chunked into "
+            f"steps shared with the others' decode, which lengthens both TTFT and TPOT"
+        )
+    requests = scenario.requests or batch
+    wave = min(requests, batch)
+    if requests == 1:
+        return "single stream: one request (burst of 1)"
+    waves = -(-requests // wave)
+    return (
+        f"burst: {requests:,} requests arrive at once and run in {waves:,} wave(s) of up to {wave:,}, each "
+        f"prefilled together then decoded; throughput over the whole run, everyone's prefill included; "
+        f"TTFT/TPOT/E2E are means over the requests"
+    )
+
+
 # ------------------------------------------------------------------------ the model
 def estimate_batch(
     arrays: ArchArrays,
@@ -373,8 +619,14 @@ def estimate_batch(
     engine: Engine | str,
     scenario: Scenario,
     profile: CostProfile | None = None,
+    bounds: bool = False,
 ) -> dict[str, Array]:
     """Every metric of :data:`METRICS` for a batch of architectures, as ``(N,)`` arrays.
+
+    ``bounds=True`` adds what validation compares measurements with: ``e2e_floor_ms``,
+    ``decode_throughput_tok_s`` (sequences decoding x 1000 / TPOT), ``prefill_throughput_tok_s``
+    (prompt tokens of one wave x 1000 / its TTFT), the physical ceilings of the three throughputs
+    (``*_ceiling_tok_s``) and ``running`` (sequences in flight: the wave, B, or Little's B).
 
     Works on numpy arrays and on torch tensors (differentiable through widths and gates; the
     integer-valued ``max_concurrency`` carries no gradient). See the module doc for the equations.
@@ -431,46 +683,35 @@ def estimate_batch(
         max_conc = ops.min(ops.max(ops.floor(budget / ops.max(kv_seq + per_seq_act, 1.0)), 0.0), float(eng.max_seqs))
     batch = max_conc if scenario.concurrency == "max" else max_conc * 0 + float(scenario.concurrency)
     batch_pos = ops.max(batch, 1.0)  # time a sequence even where none fits; memory flags it
-
-    peak_memory = weights_dev + fixed_gib + activation_bytes(batch_pos) + batch_pos * kv_seq
-
-    # Prefill: the batch's prompts, chunked by the engine; logits for the last token (or all).
-    prompt_tokens = batch_pos * p_len
-    prefill_steps = 1.0 + batch_pos * 0 if eng.chunk_tokens == 0 else ops.ceil(prompt_tokens / eng.chunk_tokens)
-    # Causal: token t attends to min(t, w) keys; Σ_{t=1..P} min(t, w) = m(m+1)/2 + (P − m)·w, m = min(P, w).
-    seen = ops.min(window, float(p_len))  # (N, L)
-    prompt_pairs = seen * (seen + 1) / 2 + (p_len - seen) * window
-    prefill = _Phase(
-        tokens=prompt_tokens,
-        pairs=batch_pos[:, None] * prompt_pairs,
-        kv_read_tokens=batch_pos[:, None] * 0.0,
-        logits_tokens=prompt_tokens if eng.logits_all_tokens else batch_pos,
-        steps=prefill_steps,
-    )
-    # Decode: one token per sequence per step at the mean context of the generation, which a
-    # sliding layer caps at its window.
-    context = batch_pos[:, None] * ops.min(window, p_len + o_len / 2)  # (N, L)
-    decode = _Phase(
-        tokens=batch_pos, pairs=context, kv_read_tokens=context, logits_tokens=batch_pos, steps=batch_pos * 0 + 1.0
-    )
-
     setup = _Setup(arrays, s, dt, kv_bytes, eng, tp, ops)
+    shape = _Shape(float(p_len), float(o_len), window)
+
     out: dict[str, Array] = {}
     for floor in (False, True):
         rates = _rates(hw, dt, prof, floor)
-        ttft = _phase_ms(setup, rates, prefill)
-        tpot = _phase_ms(setup, rates, decode)
-        if floor:
-            out["ttft_floor_ms"], out["tpot_floor_ms"] = ttft, tpot
+        if scenario.arrival == "burst":
+            requests = batch_pos if scenario.requests is None else batch_pos * 0 + float(scenario.requests)
+            timing = _burst(setup, rates, shape, batch_pos, requests)
+        elif scenario.arrival == "steady":
+            timing = _steady(setup, rates, shape, batch_pos)
         else:
-            out["ttft_ms"], out["tpot_ms"] = ttft, tpot
-    out["e2e_latency_ms"] = out["ttft_ms"] + (o_len - 1) * out["tpot_ms"]
-    out["output_throughput_tok_s"] = batch_pos * o_len / (out["e2e_latency_ms"] / 1e3)
+            timing = _poisson(setup, rates, shape, float(scenario.rate or 0.0), ops.max(max_conc, 1.0))
+        suffix = "_floor" if floor else ""
+        out[f"ttft{suffix}_ms"], out[f"tpot{suffix}_ms"] = timing.ttft, timing.tpot
+        out["e2e_floor_ms" if floor else "e2e_latency_ms"] = timing.e2e
+        tput = "{}_throughput_ceiling_tok_s" if floor else "{}_throughput_tok_s"
+        out[tput.format("output")] = timing.throughput
+        out[tput.format("decode")] = timing.running * 1e3 / timing.tpot
+        out[tput.format("prefill")] = timing.prefilled * p_len * 1e3 / timing.wave_ttft
+        if not floor:
+            out["running"] = timing.running
+    in_flight = ops.max(out["running"], 1.0)  # a wave, B, or (poisson) the mean in flight, at most the capacity
+    peak_memory = weights_dev + fixed_gib + activation_bytes(in_flight) + in_flight * kv_seq
     out["weights_gib"] = s.weight_bytes / GIB
     out["kv_bytes_per_token"] = kv_seq_bytes / seq_tokens  # mean over the S reserved tokens (module doc)
     out["peak_memory_gib"] = peak_memory / GIB
     out["max_concurrency"] = max_conc
-    return {k: out[k] for k in METRICS}
+    return out if bounds else {k: out[k] for k in METRICS}
 
 
 def _check_scenario(hw: Hardware, eng: Engine, sc: Scenario) -> None:

@@ -26,14 +26,19 @@ from autocompress_opt.serving.profiles import FITTED_PARAMETERS, CostProfile
 
 __all__ = ["DERIVED_METRICS", "Observation", "fit_profile", "metric_with_bound", "predict"]
 
-# Metrics an observation may carry: the cost model's own plus ones derived from them.
-DERIVED_METRICS: tuple[str, ...] = (
-    "ttft_ms",
-    "tpot_ms",
-    "e2e_latency_ms",
-    "output_throughput_tok_s",
-    "decode_throughput_tok_s",
-)
+# Metrics an observation may carry: the cost model's own plus ones derived from them, each with the
+# key of its physical bound in ``estimate_batch(..., bounds=True)`` (a floor for a latency, a ceiling
+# for a throughput). ``prefill_throughput_tok_s`` is llama-bench's pp (prompt tokens / prefill time),
+# ``decode_throughput_tok_s`` its tg (sequences decoding / TPOT).
+_BOUNDS: dict[str, str] = {
+    "ttft_ms": "ttft_floor_ms",
+    "tpot_ms": "tpot_floor_ms",
+    "e2e_latency_ms": "e2e_floor_ms",
+    "output_throughput_tok_s": "output_throughput_ceiling_tok_s",
+    "decode_throughput_tok_s": "decode_throughput_ceiling_tok_s",
+    "prefill_throughput_tok_s": "prefill_throughput_ceiling_tok_s",
+}
+DERIVED_METRICS: tuple[str, ...] = tuple(_BOUNDS)
 _EFFICIENCIES = ("mfu", "mbu")
 
 
@@ -56,22 +61,13 @@ class Observation:
             raise ConfigError(f"observation {self.label or self.metric}: value must be > 0, got {self.value!r}")
 
 
-def metric_with_bound(values: dict[str, Any], scenario: Scenario, metric: str) -> tuple[Any, Any]:
-    """(prediction, physical bound) of ``metric``; the bound is a floor for latencies and a
-    ceiling for throughputs, computed from the 100 %-of-peak floors."""
-    batch = values["output_throughput_tok_s"] * values["e2e_latency_ms"] / 1e3 / scenario.output_len
-    e2e_floor = values["ttft_floor_ms"] + (scenario.output_len - 1) * values["tpot_floor_ms"]
-    if metric == "ttft_ms":
-        return values["ttft_ms"], values["ttft_floor_ms"]
-    if metric == "tpot_ms":
-        return values["tpot_ms"], values["tpot_floor_ms"]
-    if metric == "e2e_latency_ms":
-        return values["e2e_latency_ms"], e2e_floor
-    if metric == "output_throughput_tok_s":
-        return values["output_throughput_tok_s"], batch * scenario.output_len / (e2e_floor / 1e3)
-    if metric == "decode_throughput_tok_s":
-        return batch * 1e3 / values["tpot_ms"], batch * 1e3 / values["tpot_floor_ms"]
-    raise ConfigError(f"unsupported metric {metric!r}; valid: {', '.join(DERIVED_METRICS)}")
+def metric_with_bound(values: dict[str, Any], metric: str) -> tuple[Any, Any]:
+    """(prediction, physical bound) of ``metric`` from ``estimate_batch(..., bounds=True)``; the
+    bound is a floor for latencies and a ceiling for throughputs (100 % of peak, no fixed costs, in
+    the same arrival regime)."""
+    if metric not in _BOUNDS:
+        raise ConfigError(f"unsupported metric {metric!r}; valid: {', '.join(DERIVED_METRICS)}")
+    return values[metric], values[_BOUNDS[metric]]
 
 
 def _groups(observations: Sequence[Observation]) -> dict[tuple, list[int]]:
@@ -89,9 +85,9 @@ def predict(
     for indices in _groups(observations).values():
         first = observations[indices[0]]
         arrays = ArchArrays.from_architectures([observations[i].arch for i in indices], backend=backend)
-        values = estimate_batch(arrays, first.hardware, first.engine, first.scenario, profile)
+        values = estimate_batch(arrays, first.hardware, first.engine, first.scenario, profile, bounds=True)
         for row, i in enumerate(indices):
-            pred, bound = metric_with_bound(values, first.scenario, observations[i].metric)
+            pred, bound = metric_with_bound(values, observations[i].metric)
             out[i] = (pred[row], bound[row])
     return out
 
