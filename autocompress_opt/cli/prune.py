@@ -1,12 +1,14 @@
 """``autocompress prune``: prune a real model by importance and export it.
 
-Three modes: ``--params`` is the practitioner's parameter-target recipe (a uniform architecture
+Four modes: ``--params`` is the practitioner's parameter-target recipe (a uniform architecture
 chosen by parameter count, :func:`~autocompress_opt.prune.baselines.uniform_baseline`); ``--arch``
 exports a given (e.g. searched, heterogeneous) architecture; ``--baseline`` chooses a uniform model
 under a serving target's constraints (:func:`~autocompress_opt.prune.baselines.make_baseline`:
-``minitron``, ``depth`` or ``best-uniform``), scoring candidates by held-out KL to the parent. All
+``minitron``, ``depth`` or ``best-uniform``), scoring candidates by held-out KL to the parent. These
 score the parent on calibration text (cached), keep the most important layers/heads/channels, and
-write a checkpoint with a model card.
+write a checkpoint with a model card. ``--from-study`` exports a study trial's model exactly as the
+trial built it: its architecture cut with the trial's own importance scores (same data, same
+cache), so the kept layers, heads and channels are the ones the trial measured.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def add_parser(sub: Any) -> None:
       --out pruned/smollm2-depth-rtx5080
   autocompress prune --model smollm2-135m --baseline minitron --hardware b200 --workload datacenter \\
       --top-k 10 --score-samples 8 --out pruned/smollm2-minitron-b200
+  autocompress prune --from-study smollm2-weights.rtx5070 --out pruned/smollm2-rtx5070
+  autocompress prune --from-study demo.h100-sxm --trial 7 --storage sqlite:///studies/demo.db --out pruned/t7
 
 --params picks a UNIFORM architecture by parameter count, as a practitioner without a hardware model
 would: drop the least important layers (at most --max-layer-drop of them), then shrink every FFN to
@@ -85,13 +89,23 @@ workload's constraints, overridden by --max-ttft-ms etc.) by the same cost model
   best-uniform  the lowest-KL of the --top-k largest feasible uniform models on the whole grid
                 (each not contained in another feasible one).
 It prints what it considered and chose, and the model card records it. --score-samples 0 ranks by
-parameters alone.""",
+parameters alone.
+
+--from-study STUDY exports a trial of a study (NAME.HARDWARE, or a group NAME with one target):
+--trial best (default: the feasible trial with the highest quality) or a trial number. The parent
+is the study's model (--model, if given, must name the same). A weights-mode trial is cut with the
+importance scores the trial itself used (its inner settings, from the same .autocompress cache), so
+the export is the model the trial measured; a plan-mode trial is cut like --arch.""",
     )
-    p.add_argument("--model", required=True, help="parent: a known name (smollm2-135m), an HF directory or a .gguf")
+    p.add_argument(
+        "--model",
+        help="parent: a known name (smollm2-135m), an HF directory or a .gguf (required, except with --from-study)",
+    )
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--params", type=param_budget, help="parameter budget: a fraction (0.6) or a count (80M)")
     target.add_argument("--arch", help="architecture .json/.yaml to materialise (a sub-architecture of the parent)")
     target.add_argument("--baseline", choices=BASELINES, help="a uniform baseline under --hardware/--workload")
+    target.add_argument("--from-study", metavar="STUDY", help="export a study trial as it was built (NAME.HARDWARE)")
     p.add_argument("--out", required=True, help="output checkpoint directory")
     p.add_argument("--force", action="store_true", help="replace --out if it exists and is not empty")
     p.add_argument("--samples", type=int, default=32, help="calibration sequences (default 32)")
@@ -144,11 +158,20 @@ parameters alone.""",
         default=str(_DEFAULT_CACHE),
         help=f"importance cache folder (default {_DEFAULT_CACHE}); scores are reused across runs",
     )
+    study = p.add_argument_group("--from-study only")
+    study.add_argument("--trial", default=None, help="'best' (default) or a trial number")
+    study.add_argument("--storage", default=None, help="study storage (default sqlite:///studies/NAME.db)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_study is not None:
+        return _run_from_study(args)
+    if args.trial is not None or args.storage is not None:
+        raise ConfigError("--trial and --storage only apply with --from-study")
+    if args.model is None:
+        raise ConfigError("--model is required (the parent to prune), except with --from-study")
     serving_target = _serving_target(args)  # argument checks before the model loads
     _check_out(Path(args.out).expanduser(), force=args.force)
     arch_file = _arch_file(args)
@@ -195,6 +218,131 @@ def run(args: argparse.Namespace) -> int:
         f"parent: {parent.summary()}\npruned: {plan.architecture.summary()} "
         f"({plan.architecture.num_params / parent.num_params:.1%} of the parent)\nwrote {out}"
     )
+    return 0
+
+
+def _run_from_study(args: argparse.Namespace) -> int:
+    """``--from-study``: the chosen trial's architecture, cut with the importance the trial used."""
+    from autocompress_opt.arch.architecture import Architecture
+    from autocompress_opt.search.study import group_members, load_records, resolve_storage
+
+    trial = _trial_choice(args.trial)
+    _check_out(Path(args.out).expanduser(), force=args.force)
+    group = args.from_study.split(".", 1)[0]
+    storage = resolve_storage(args.storage or f"sqlite:///studies/{group}.db")
+    members = group_members(args.from_study, storage)
+    if len(members) != 1:
+        raise ConfigError(
+            f"--from-study {args.from_study!r} names {len(members)} studies ({', '.join(members)}); name one of them"
+        )
+    [name] = members
+    records, attrs = load_records(storage, name)
+    identity = attrs.get("identity") or {}
+    model = identity.get("model")
+    if not model:
+        raise ConfigError(f"study {name!r} in {storage} records no parent model; export its architecture with --arch")
+    if args.model is not None and args.model != model:
+        raise ConfigError(f"--model {args.model!r} is not the study's parent {model!r}; drop --model or pass that one")
+    record = _pick_trial(records, trial, name)
+    arch = Architecture.from_dict(record.architecture or {})
+    if identity.get("mode") != "weights":
+        args.model, args.arch = model, None
+        return _export_architecture(args, replace(arch, name=Path(args.out).name), name, record)
+    return _export_trial(args, model, dict(identity.get("inner") or {}), arch, name, record)
+
+
+def _trial_choice(text: str | None) -> int | None:
+    """``--trial``: None for best, else a trial number."""
+    if text is None or text == "best":
+        return None
+    try:
+        number = int(text)
+    except ValueError:
+        raise ConfigError(f"--trial must be 'best' or a trial number, got {text!r}") from None
+    if number < 0:
+        raise ConfigError(f"--trial must be 'best' or a trial number >= 0, got {text!r}")
+    return number
+
+
+def _pick_trial(records: Any, number: int | None, name: str) -> Any:
+    """The trial ``number`` (COMPLETE, with an architecture), or the best feasible one."""
+    done = [r for r in records if r.state == "COMPLETE" and r.architecture]
+    if number is not None:
+        match = [r for r in records if r.number == number]
+        if not match:
+            raise ConfigError(f"study {name!r} has no trial {number}; trials: 0..{len(records) - 1}")
+        if match[0] not in done:
+            raise ConfigError(f"trial {number} of {name!r} is {match[0].state}, not a COMPLETE trial with a model")
+        return match[0]
+    pool = [r for r in done if r.feasible and r.quality is not None]
+    if not pool:
+        raise ConfigError(f"study {name!r} has no feasible COMPLETE trial; pass --trial N to export another one")
+    return max(pool, key=lambda r: (r.quality, -r.number))
+
+
+def _export_trial(
+    args: argparse.Namespace, model: str, inner: dict[str, Any], arch: Any, name: str, record: Any
+) -> int:
+    """A weights-mode trial: its parent context (model, importance, data) as the trial had it."""
+    from autocompress_opt.prune.export import export_model
+    from autocompress_opt.prune.plan import plan_pruning
+    from autocompress_opt.prune.slicing import materialize
+    from autocompress_opt.search.weights_trial import DEFAULT_CACHE_DIR, TrialConfig, parent_context
+
+    config = TrialConfig.from_dict(inner or None)
+    context, _ = parent_context(model, config, DEFAULT_CACHE_DIR.resolve())
+    plan = plan_pruning(context.architecture, context.importance, arch)
+    card = {
+        "recipe": {"mode": "study-trial", "study": name, "trial": record.number, "inner": config.to_dict()},
+        "study_result": {"quality": record.quality, "metrics": record.metrics, "selection": record.selection},
+        "kept_parent_layers": [lp.parent_index for lp in plan.layers],
+        "importance": {"method": context.importance.meta.method, "data_id": context.importance.meta.data_id},
+    }
+    out = export_model(
+        materialize(context.model, plan),
+        plan.architecture,
+        args.out,
+        parent={"model": model, "num_params": context.architecture.num_params},
+        card=card,
+        tokenizer=context.tokenizer,
+        force=args.force,
+    )
+    print(
+        f"study {name}, trial {record.number}: {plan.architecture.summary()} "
+        f"({plan.architecture.num_params / context.architecture.num_params:.1%} of the parent)\nwrote {out}"
+    )
+    return 0
+
+
+def _export_architecture(args: argparse.Namespace, arch: Any, name: str, record: Any) -> int:
+    """A plan-mode trial: cut like ``--arch`` with this command's calibration settings."""
+    from autocompress_opt.hf.adapters import adapter_for
+    from autocompress_opt.hf.loading import load_model
+    from autocompress_opt.prune.export import export_model
+    from autocompress_opt.prune.plan import plan_pruning
+    from autocompress_opt.prune.slicing import materialize
+
+    loaded = load_model(args.model)
+    adapter = adapter_for(loaded.model)
+    parent = adapter.architecture(loaded.model)
+    importance = _importance(args, loaded, adapter)
+    metric = args.layer_metric or "skip_loss"
+    plan = plan_pruning(parent, importance, arch, layer_metric=metric)
+    card = {
+        "recipe": {"mode": "study-trial", "study": name, "trial": record.number, "layer_metric": metric},
+        "study_result": {"quality": record.quality, "metrics": record.metrics},
+        "kept_parent_layers": [lp.parent_index for lp in plan.layers],
+    }
+    out = export_model(
+        materialize(loaded.model, plan, adapter=adapter),
+        plan.architecture,
+        args.out,
+        parent={"model": str(args.model), "source": loaded.source, "num_params": parent.num_params},
+        card=card,
+        tokenizer=loaded.tokenizer,
+        force=args.force,
+    )
+    print(f"study {name}, trial {record.number}: {plan.architecture.summary()}\nwrote {out}")
     return 0
 
 

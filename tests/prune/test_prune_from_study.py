@@ -1,0 +1,97 @@
+"""``autocompress prune --from-study``: a study trial exported as the trial built it (its architecture
+cut with the trial's own importance), so the export is the model whose quality the study stored."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from autocompress_opt.arch.catalog import load_architecture
+from autocompress_opt.arch.search_space import default_space
+from autocompress_opt.cli import main
+from autocompress_opt.prune.export import load_exported
+from autocompress_opt.search.study import StudyConfig, load_records, run_study
+from autocompress_opt.search.weights_trial import DEFAULT_CACHE_DIR, TrialConfig, heldout_quality, parent_context
+from autocompress_opt.serving.targets import Target
+
+INNER = {
+    "steps": 2,
+    "n_samples": 4,
+    "val_samples": 1,
+    "seq_len": 32,
+    "eval_samples": 2,
+    "eval_seq_len": 32,
+    "importance_samples": 2,
+    "importance_seq_len": 32,
+}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "smollm2-135m", "--params", "0.5", "--trial", "3"], "--trial and --storage only apply"),
+        (["--from-study", "w", "--trial", "three"], "--trial must be 'best' or a trial number, got 'three'"),
+        (["--from-study", "w", "--trial", "-1"], "--trial must be 'best' or a trial number >= 0"),
+        (["--from-study", "nope"], "no study storage at"),
+        (["--params", "0.5"], "--model is required"),
+    ],
+)
+def test_bad_from_study_arguments_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    storage = tmp_path / "absent.db"
+    extra = ["--storage", f"sqlite:///{storage}"] if "--from-study" in argv and "--params" not in argv else []
+    assert main(["prune", *argv, *extra, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not storage.exists() and not (tmp_path / "out").exists()
+
+
+def test_from_study_exports_the_model_the_trial_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tiny_lm import save_hf_dir, tiny_model
+
+    monkeypatch.chdir(tmp_path)  # the trials' caches (.autocompress/) go here, as in a study run
+    model_dir = save_hf_dir(tiny_model("llama", num_hidden_layers=4), tmp_path / "llama")
+    target = Target("h100-sxm", "datacenter", constraints={"tpot_ms": "0.95x", "output_throughput_tok_s": "1.05x"})
+    config = StudyConfig(
+        name="w",
+        model=str(model_dir),
+        targets=(target,),
+        space=default_space(load_architecture(str(model_dir))),
+        trials=2,
+        storage=f"sqlite:///{tmp_path}/w.db",
+        mode="weights",
+        inner=INNER,
+        seed_baselines=False,
+        concurrency=1,
+    )
+    run_study(config, progress=False)
+    records, _ = load_records(config.storage_url, "w.h100-sxm")
+    best = max((r for r in records if r.state == "COMPLETE" and r.feasible), key=lambda r: (r.quality, -r.number))
+
+    out = tmp_path / "export"
+    assert main(["prune", "--from-study", "w", "--storage", config.storage_url, "--out", str(out)]) == 0
+    assert f"trial {best.number}" in capsys.readouterr().out
+    exported = load_exported(out)
+    built = load_architecture(str(out))
+    trial_arch = best.arch()
+    assert trial_arch is not None
+    assert [(s.num_heads, s.num_kv_heads, s.ffn_width, s.attention, s.ffn) for s in built.layers if not s.is_noop] == [
+        (s.num_heads, s.num_kv_heads, s.ffn_width, s.attention, s.ffn) for s in trial_arch.layers if not s.is_noop
+    ]
+    # the same model: its held-out KL is the one the study stored for the trial
+    context, _ = parent_context(str(model_dir), TrialConfig.from_dict(INNER), DEFAULT_CACHE_DIR.resolve())
+    kl = heldout_quality(context, exported)["kl_to_parent"]
+    assert kl == pytest.approx(-math.log(best.quality), rel=1e-4, abs=1e-6)
+
+    # an explicit trial number, and one that does not exist
+    other = min(r.number for r in records if r.state == "COMPLETE")
+    again = tmp_path / "again"
+    argv = ["prune", "--from-study", "w.h100-sxm", "--storage", config.storage_url, "--trial", str(other)]
+    assert main([*argv, "--out", str(again)]) == 0
+    assert main([*argv[:-1], "99", "--out", str(tmp_path / "none")]) == 2
+    assert "has no trial 99" in capsys.readouterr().err
