@@ -71,16 +71,28 @@ def add_parser(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="engine setting, e.g. memory_fraction=0.5 (vLLM gpu_memory_utilization), max_seqs=64",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object with exactly the metric keys")
+    p.add_argument(
+        "--confidence",
+        type=float,
+        default=0.9,
+        help="level of the intervals around TTFT, TPOT, E2E and throughput, from the engine profile's "
+        "held-out residuals (default 0.9: 5th to 95th percentile)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: the metric keys, fits, arrival, regime, then <metric>_low/_high and confidence",
+    )
     add_hardware_file(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from autocompress_opt.arch.catalog import load_architecture
-    from autocompress_opt.serving.costmodel import Scenario, describe_regime, estimate_cost
+    from autocompress_opt.serving.costmodel import Scenario, cost_intervals, describe_regime, estimate_cost
     from autocompress_opt.serving.engines import get_engine
     from autocompress_opt.serving.hardware import get_hardware
+    from autocompress_opt.serving.profiles import get_profile
 
     load_hardware_files(args)
     arch = load_architecture(args.model)
@@ -99,20 +111,44 @@ def run(args: argparse.Namespace) -> int:
     )
     _check_tp(arch, args.tp)
     _check_context(arch, args.input_len, args.output_len)
-    cost = estimate_cost(arch, hardware.name, engine, scenario)
+    if not 0 < args.confidence < 1:
+        raise ConfigError(f"--confidence must be in (0, 1), e.g. 0.9; got {args.confidence:g}")
+    profile = get_profile(engine.name, hardware.name)
+    cost = estimate_cost(arch, hardware.name, engine, scenario, profile)
     fits = cost.peak_memory_gib <= hardware.memory_gib
     regime = describe_regime(scenario, cost)
+    bounds = {
+        k: None if v is None else float(v)
+        for k, v in cost_intervals(cost.to_dict(), scenario, profile, args.confidence).items()
+    }
     if args.json:
-        metrics = {k: (v if math.isfinite(v) else None) for k, v in cost.to_dict().items()}  # null: unbounded
-        print_json({**metrics, "fits": fits, "arrival": scenario.arrival, "regime": regime})
+        values = {**cost.to_dict(), **bounds}
+        finite = {k: (v if v is None or math.isfinite(v) else None) for k, v in values.items()}  # null: unbounded
+        metrics = {k: finite[k] for k in cost.to_dict()}
+        intervals = {k: finite[k] for k in bounds}
+        print_json(
+            {
+                **metrics,
+                "fits": fits,
+                "arrival": scenario.arrival,
+                "regime": regime,
+                **intervals,
+                "confidence": args.confidence,
+            }
+        )
         return 0
     load = f"rate={args.rate:g}/s" if args.arrival == "poisson" else f"concurrency={args.concurrency}"
     print(
         f"{arch.summary()}\non {args.hardware} with {engine.name}, {args.dtype}, tp={args.tp}, "
         f"{load}, {args.input_len} in / {args.output_len} out\n{regime}"
     )
+    level = f"{args.confidence:.0%}"
     for key, value in cost.to_dict().items():
-        print(f"  {key:<26} {value:>14,.3f}" if isinstance(value, float) else f"  {key:<26} {value:>14,}")
+        low, high = bounds.get(f"{key}_low"), bounds.get(f"{key}_high")
+        band = f"   [{low:,.3f} .. {high:,.3f}] at {level}" if low is not None and high is not None else ""
+        print(f"  {key:<26} {value:>14,.3f}{band}" if isinstance(value, float) else f"  {key:<26} {value:>14,}")
+    if all(v is None for v in bounds.values()):
+        print(f"  (no interval: the {engine.name} profile for {hardware.name} holds no held-out residuals)")
     if not fits:
         print(
             f"warning: does not fit: peak memory {cost.peak_memory_gib:,.1f} GiB per GPU exceeds "

@@ -59,7 +59,7 @@ metric rises, and throughput does not fall, when any width shrinks (property-tes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -79,9 +79,11 @@ __all__ = [
     "ArchArrays",
     "CostEstimate",
     "Scenario",
+    "cost_intervals",
     "describe_regime",
     "estimate_batch",
     "estimate_cost",
+    "regime_of",
 ]
 
 Array = Any  # numpy.ndarray or torch.Tensor
@@ -575,6 +577,40 @@ def _poisson(setup: _Setup, rates: _Rates, shape: _Shape, rate: float, capacity:
         prefilled=one,
         wave_ttft=timing.ttft,
     )
+
+
+def regime_of(scenario: Scenario) -> str:
+    """The regime label residuals are pooled by: ``single`` (one request at a time, whatever the
+    arrival), else the arrival (``burst``, ``steady``, ``poisson``)."""
+    one_at_a_time = scenario.concurrency == 1 and (scenario.requests or 1) == 1
+    if scenario.arrival != "poisson" and one_at_a_time:
+        return "single"
+    return scenario.arrival
+
+
+def cost_intervals(
+    metrics: Mapping[str, Any], scenario: Scenario, profile: CostProfile, confidence: float
+) -> dict[str, Any]:
+    """``<metric>_low`` / ``<metric>_high`` for TTFT, TPOT, E2E and output throughput: the
+    prediction scaled by the held-out time ratios of ``profile`` in this scenario's regime
+    (:meth:`CostProfile.interval`); a latency's low end never below its roofline floor. Values have
+    the type of ``metrics``' (floats, numpy or torch arrays); None where the profile holds no
+    residuals (e.g. an unfitted or CPU-calibrated profile)."""
+    regime = regime_of(scenario)
+    out: dict[str, Any] = {}
+    for metric in ("ttft_ms", "tpot_ms", "e2e_latency_ms", "output_throughput_tok_s"):
+        bounds = profile.interval(metric, regime, confidence)
+        value = metrics[metric]
+        if bounds is None:
+            out[f"{metric}_low"] = out[f"{metric}_high"] = None
+        elif metric.endswith("_ms"):
+            floor = metrics.get(metric.replace("_ms", "_floor_ms").replace("e2e_latency", "e2e"))
+            low = value * bounds.low
+            out[f"{metric}_low"] = low if floor is None else _Ops(low).max(low, floor)
+            out[f"{metric}_high"] = value * bounds.high
+        else:  # a throughput: the time bounds inverted
+            out[f"{metric}_low"], out[f"{metric}_high"] = value / bounds.high, value / bounds.low
+    return out
 
 
 def describe_regime(scenario: Scenario, cost: CostEstimate) -> str:

@@ -21,17 +21,22 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from autocompress_opt._data import DATA_DIR
 from autocompress_opt.errors import ConfigError, reject_unknown_keys
 
 __all__ = [
     "FITTED_PARAMETERS",
+    "METRIC_PHASES",
     "PRIORS",
     "CostProfile",
+    "Interval",
     "calibrated_hardware_blocks",
     "get_profile",
     "load_profiles",
     "save_profile",
+    "time_ratio",
     "user_profile_dir",
 ]
 
@@ -39,6 +44,38 @@ _SHIPPED = DATA_DIR / "profiles"
 
 # Parameters a fit may change; everything else in a profile is structure or metadata.
 FITTED_PARAMETERS: tuple[str, ...] = ("mfu", "mbu", "kernel_launch_us", "step_overhead_ms", "allreduce_latency_us")
+
+
+# Which phase of a request a measured or predicted metric times: the held-out residuals of a phase
+# size the intervals of the metrics of that phase.
+METRIC_PHASES: dict[str, str] = {
+    "ttft_ms": "prefill",
+    "prefill_throughput_tok_s": "prefill",
+    "tpot_ms": "decode",
+    "decode_throughput_tok_s": "decode",
+    "e2e_latency_ms": "whole",
+    "output_throughput_tok_s": "whole",
+}
+# A residual pool narrower than the engine's (one regime, one phase) is used from this many rows.
+MIN_POOL = 5
+
+
+def time_ratio(metric: str, measured: float, predicted: float) -> float:
+    """measured / predicted *time*: a latency's ratio as is, a throughput's inverted (twice the
+    throughput is half the time), so that one pool of residuals serves both kinds of metric."""
+    return measured / predicted if metric.endswith("_ms") else predicted / measured
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Multiplicative bounds on a predicted *time* at a confidence level: the true time lies in
+    ``[low · t, high · t]`` as often as held-out rows did. ``pool`` names the residuals used
+    (``"steady/decode"``, ``"decode"``, ``"steady"`` or ``"all"``) and ``rows`` how many."""
+
+    low: float
+    high: float
+    pool: str
+    rows: int
 
 
 @dataclass(frozen=True)
@@ -54,7 +91,9 @@ class CostProfile:
         kernel_launch_us: fixed cost per kernel (launch + tail); ``engine.kernels_per_*`` count them.
         step_overhead_ms: fixed cost per engine step (scheduling, sampling, Python).
         allreduce_latency_us: fixed latency of one tensor-parallel all-reduce.
-        fit: provenance: rows or sweep fitted, error statistics, date.
+        fit: provenance: rows or sweep fitted, error statistics, date. ``fit["heldout"]`` lists the
+            held-out residuals (leave-one-source-out) that :meth:`interval` draws on: one mapping
+            per row with ``id``, ``regime``, ``phase`` and ``time_ratio`` (:func:`time_ratio`).
     """
 
     engine: str
@@ -85,6 +124,30 @@ class CostProfile:
 
     def mfu_for(self, compute_dtype: str) -> float:
         return self.mfu_by_dtype.get(compute_dtype, self.mfu)
+
+    def interval(self, metric: str, regime: str, confidence: float) -> Interval | None:
+        """Bounds of ``metric`` predicted in ``regime`` at ``confidence`` (e.g. 0.9: the 5th and 95th
+        percentiles of log time ratios, linearly interpolated), from the held-out residuals of this
+        profile's rows: of the same regime and phase when at least :data:`MIN_POOL` exist, else
+        the same phase, else the same regime, else all of them. None without two residuals."""
+        if not 0 < confidence < 1:
+            raise ConfigError(f"confidence must be in (0, 1), got {confidence!r}")
+        phase = METRIC_PHASES.get(metric)
+        if phase is None:
+            raise ConfigError(f"no interval for {metric!r}; metrics with intervals: {', '.join(METRIC_PHASES)}")
+        rows = [r for r in self.fit.get("heldout", []) if isinstance(r, Mapping)]
+        for pool, keep in (
+            (f"{regime}/{phase}", lambda r: r["regime"] == regime and r["phase"] == phase),
+            (phase, lambda r: r["phase"] == phase),
+            (regime, lambda r: r["regime"] == regime),
+            ("all", lambda r: True),
+        ):
+            ratios = [float(r["time_ratio"]) for r in rows if keep(r)]
+            if len(ratios) >= (MIN_POOL if pool != "all" else 2):
+                logs = np.log(np.array(ratios))
+                low, high = np.quantile(logs, [(1 - confidence) / 2, (1 + confidence) / 2])
+                return Interval(float(np.exp(low)), float(np.exp(high)), pool, len(ratios))
+        return None
 
     def with_parameters(self, **values: Any) -> CostProfile:
         """A copy with some fields replaced (the fitted parameters, usually)."""

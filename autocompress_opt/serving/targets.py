@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.errors import reject_unknown_keys
-from autocompress_opt.serving.costmodel import Scenario, estimate_cost
+from autocompress_opt.errors import ConfigError, reject_unknown_keys
+from autocompress_opt.serving.costmodel import Scenario, cost_intervals, estimate_cost
 from autocompress_opt.serving.engines import get_engine
 from autocompress_opt.serving.hardware import get_hardware
+from autocompress_opt.serving.profiles import get_profile
 from autocompress_opt.serving.workloads import Workload, get_workload
 
 __all__ = ["FITS_DEVICE", "Target", "all_satisfied", "device_fit_violation", "parent_metrics"]
@@ -32,6 +33,13 @@ class Target:
 
     ``constraints`` overrides or adds to the workload's (``{"tpot_ms": "0.6x"}``); ``None``
     fields take the workload's defaults.
+
+    ``confidence`` (e.g. 0.9; None = judge the median prediction) makes every latency and
+    throughput constraint bind at the pessimistic end of the prediction's interval at that
+    confidence (:func:`~autocompress_opt.serving.costmodel.cost_intervals`: the held-out residuals of
+    the engine's profile in this regime): a candidate's TTFT/TPOT/E2E are judged at their high
+    end, its throughput at its low end. The limits themselves stay fixed: a relative limit
+    (``0.6x``) scales the parent's *median* prediction. Memory has no interval.
     """
 
     hardware: str
@@ -44,9 +52,13 @@ class Target:
     concurrency: int | str | None = None
     constraints: Mapping[str, str] = field(default_factory=dict)
     engine_options: Mapping[str, Any] = field(default_factory=dict)
+    confidence: float | None = None
 
     def __post_init__(self) -> None:
         get_hardware(self.hardware)
+        c = self.confidence
+        if c is not None and (not isinstance(c, (int, float)) or isinstance(c, bool) or not 0 < c < 1):
+            raise ConfigError(f"target confidence must be a number in (0, 1) (e.g. 0.9), got {c!r}")
         self.resolved_workload()  # validates names and constraint strings
         self.scenario()
 
@@ -85,9 +97,25 @@ class Target:
         and shape of ``metrics``' values. An architecture is feasible when every value is ``<= 0``.
         Pure.
         """
-        out = dict(self.resolved_workload().violations(metrics, parent_metrics))
+        judged = self.pessimistic(metrics)
+        out = dict(self.resolved_workload().violations(judged, parent_metrics))
         out[FITS_DEVICE] = device_fit_violation(metrics, self)
         return out
+
+    def pessimistic(self, metrics: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``metrics`` with TTFT/TPOT/E2E at the high and output throughput at the low end of their
+        interval at :attr:`confidence` (unchanged when it is None, or the engine's profile holds
+        no residuals). Floats, numpy and torch arrays alike (a constant factor per metric)."""
+        if self.confidence is None:
+            return metrics
+        profile = get_profile(self.engine_name, get_hardware(self.hardware).name)
+        bounds = cost_intervals(metrics, self.scenario(), profile, self.confidence)
+        worse = dict(metrics)
+        for metric in ("ttft_ms", "tpot_ms", "e2e_latency_ms", "output_throughput_tok_s"):
+            end = f"{metric}_high" if metric.endswith("_ms") else f"{metric}_low"
+            if bounds.get(end) is not None:
+                worse[metric] = bounds[end]
+        return worse
 
     def check(
         self, arch: Architecture, parent_metrics: Mapping[str, float]
@@ -105,6 +133,8 @@ class Target:
         data = asdict(self)
         data["constraints"] = dict(self.constraints)
         data["engine_options"] = dict(self.engine_options)
+        if self.confidence is None:  # absent, so targets written before the field read back the same
+            del data["confidence"]
         return data
 
     @classmethod

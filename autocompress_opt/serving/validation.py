@@ -5,6 +5,12 @@ A measurements CSV has the columns of ``shared/reference/measurements.csv``::
     id,model,layers,hidden,ffn,heads,kv_heads,head_dim,vocab,tied_embeddings,hardware,tp,engine,
     engine_detail,weight_dtype,concurrency,input_len,output_len,metric,value,source
 
+and optionally ``arrival`` (burst, steady, poisson; default burst), ``requests`` (a burst's size),
+``rate`` (poisson requests/s), ``kv_dtype``, ``engine_version``, ``stated`` (which of ``input``,
+``output``, ``concurrency`` the source states; the others were inferred, e.g. llama-bench's
+defaults) and ``url``. Rows with the same ``source`` text come from one publication: they are held
+out together in leave-one-source-out validation.
+
 Each row becomes an :class:`~autocompress_opt.serving.fitting.Observation`; :func:`validate` returns the
 prediction, the measurement, the signed error and whether the physical bound (roofline floor for a
 latency, ceiling for a throughput) is respected.
@@ -20,13 +26,21 @@ from pathlib import Path
 from autocompress_opt._data import DATA_DIR
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.serving.costmodel import Scenario
+from autocompress_opt.serving.costmodel import Scenario, regime_of
 from autocompress_opt.serving.engines import get_engine
 from autocompress_opt.serving.fitting import Observation, fit_profile, predict, relative_errors
 from autocompress_opt.serving.hardware import get_hardware
-from autocompress_opt.serving.profiles import PRIORS, CostProfile
+from autocompress_opt.serving.profiles import METRIC_PHASES, PRIORS, CostProfile, time_ratio
 
-__all__ = ["SHIPPED_MEASUREMENTS", "ValidationRow", "fit_published", "load_measurements", "validate"]
+__all__ = [
+    "SHIPPED_MEASUREMENTS",
+    "ValidationRow",
+    "fit_published",
+    "free_parameters",
+    "leave_one_source_out",
+    "load_measurements",
+    "validate",
+]
 
 SHIPPED_MEASUREMENTS = DATA_DIR / "measurements.csv"
 REQUIRED_COLUMNS = (
@@ -58,6 +72,7 @@ class ValidationRow:
     model: str
     hardware: str
     engine: str
+    regime: str
     metric: str
     measured: float
     predicted: float
@@ -104,6 +119,10 @@ def _row_to_observation(row: dict[str, str], where: str) -> tuple[Observation, s
             output_len=int(row["output_len"]),
             concurrency="max" if concurrency == "max" else int(concurrency),
             tp=int(row["tp"]),
+            kv_dtype=(row.get("kv_dtype") or "").strip() or None,
+            arrival=(row.get("arrival") or "").strip() or "burst",
+            requests=int(row["requests"]) if (row.get("requests") or "").strip() else None,
+            rate=float(row["rate"]) if (row.get("rate") or "").strip() else None,
         )
         obs = Observation(
             arch,
@@ -145,6 +164,7 @@ def validate(rows: Sequence[tuple[Observation, str]], profile: CostProfile | Non
                 model=obs.arch.name,
                 hardware=obs.hardware.name,
                 engine=obs.engine.name,
+                regime=regime_of(obs.scenario),
                 metric=obs.metric,
                 measured=obs.value,
                 predicted=pred,
@@ -157,36 +177,82 @@ def validate(rows: Sequence[tuple[Observation, str]], profile: CostProfile | Non
     return results
 
 
-def fit_published(rows: Sequence[tuple[Observation, str]]) -> list[CostProfile]:
-    """One engine-wide profile per engine, fitted to that engine's rows.
+_METHOD = "log-space least squares (L-BFGS) with a weak prior toward typical published efficiencies"
 
-    Free parameters: ``mbu``, ``mfu`` (plus an FP4 MFU where FP4 rows exist), the per-kernel and
-    per-step overheads, and the all-reduce latency where a tensor-parallel row exists: at most six
-    numbers per engine, shared by every device and row of that engine.
+
+def free_parameters(observations: Sequence[Observation]) -> tuple[list[str], list[str]]:
+    """(plain parameters, per-dtype MFUs) an engine's rows can pin: always fewer than the rows.
+
+    ``mbu`` from 2 rows and ``step_overhead_ms`` from 3 (decode is bandwidth and overhead bound),
+    then ``mfu`` from 4, ``kernel_launch_us`` from 5, the all-reduce latency from 6 where a row is
+    tensor-parallel, and an FP4 MFU from 7 where a row is FP4. One row fits nothing: the prior."""
+    n = len(observations)
+    free = ["mbu", "step_overhead_ms", "mfu", "kernel_launch_us"][: max(min(n - 1, 4), 0)]
+    if n >= 6 and any(o.scenario.tp > 1 for o in observations):
+        free.append("allreduce_latency_us")
+    fp4 = ["fp4"] if n >= 7 and any(o.scenario.dtype == "fp4" for o in observations) else []
+    return free, fp4
+
+
+def _fit_engine(engine: str, observations: Sequence[Observation]) -> CostProfile:
+    start = PRIORS.get(engine, CostProfile(engine))
+    free, fp4 = free_parameters(observations)
+    if not free:
+        return start
+    return fit_profile(observations, start, free=free, free_mfu_dtypes=fp4)
+
+
+def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True) -> list[CostProfile]:
+    """One engine-wide profile per engine, fitted to that engine's rows (parameters:
+    :func:`free_parameters`, shared by every device and row of the engine).
+
+    With ``holdout`` each engine is also refitted without each source in turn (leave-one-source-
+    out: rows sharing a ``source`` text are held out together; an engine left with no rows falls
+    back to its prior), and the held-out rows' residuals are stored in ``fit["heldout"]``: what
+    :meth:`CostProfile.interval` turns into error bars.
     """
-    by_engine: dict[str, list[Observation]] = {}
-    for obs, _ in rows:
-        by_engine.setdefault(obs.engine.name, []).append(obs)
+    by_engine: dict[str, list[tuple[Observation, str]]] = {}
+    for obs, source in rows:
+        by_engine.setdefault(obs.engine.name, []).append((obs, source))
     fitted = []
-    for engine, observations in sorted(by_engine.items()):
-        start = PRIORS.get(engine, CostProfile(engine))
-        free = ["mfu", "mbu", "kernel_launch_us", "step_overhead_ms"]
-        if any(o.scenario.tp > 1 for o in observations):
-            free.append("allreduce_latency_us")
-        fp4 = ["fp4"] if any(o.scenario.dtype == "fp4" for o in observations) else []
-        profile = fit_profile(observations, start, free=free, free_mfu_dtypes=fp4)
-        profile = replace(
-            profile,
-            fit={
-                "method": "log-space least squares (L-BFGS) with a weak prior toward typical published efficiencies",
-                "free": free + [f"mfu_by_dtype.{d}" for d in fp4],
-                "rows": {
-                    o.label: round(float(e), 4) for o, e in zip(observations, relative_errors(observations, profile))
-                },
-            },
-        )
-        fitted.append(_rounded(profile))
+    for engine, items in sorted(by_engine.items()):
+        observations = [o for o, _ in items]
+        profile = _rounded(_fit_engine(engine, observations))
+        free, fp4 = free_parameters(observations)
+        fit: dict[str, object] = {
+            "method": _METHOD,
+            "free": free + [f"mfu_by_dtype.{d}" for d in fp4],
+            "rows": {o.label: round(float(e), 4) for o, e in zip(observations, relative_errors(observations, profile))},
+        }
+        if holdout:
+            held = [r for r in leave_one_source_out(items) if r.engine == engine]
+            fit["heldout"] = [
+                {
+                    "id": r.id,
+                    "regime": r.regime,
+                    "phase": METRIC_PHASES[r.metric],
+                    "time_ratio": round(time_ratio(r.metric, r.measured, r.predicted), 4),
+                }
+                for r in held
+            ]
+        fitted.append(replace(profile, fit=fit))
     return fitted
+
+
+def leave_one_source_out(rows: Sequence[tuple[Observation, str]]) -> list[ValidationRow]:
+    """Each row predicted by its engine's profile refitted without the row's whole source (the
+    publication it came from): out-of-sample errors. Sources are grouped per engine."""
+    out: dict[str, ValidationRow] = {}
+    engines = sorted({obs.engine.name for obs, _ in rows})
+    for engine in engines:
+        items = [(obs, src) for obs, src in rows if obs.engine.name == engine]
+        for source in sorted({src for _, src in items}):
+            held = [(obs, src) for obs, src in items if src == source]
+            rest = [obs for obs, src in items if src != source]
+            profile = _fit_engine(engine, rest) if rest else PRIORS.get(engine, CostProfile(engine))
+            for row in validate(held, profile):
+                out[row.id] = row
+    return [out[obs.label] for obs, _ in rows if obs.label in out]
 
 
 def _rounded(profile: CostProfile) -> CostProfile:

@@ -1,0 +1,118 @@
+"""Error bars: intervals from held-out residuals, pooled by regime and phase; a target's
+confidence makes its constraints bind at the pessimistic end; leave-one-source-out fitting."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from autocompress_opt.arch.catalog import known_architectures
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.serving import targets as targets_module
+from autocompress_opt.serving.costmodel import Scenario, cost_intervals, estimate_cost, regime_of
+from autocompress_opt.serving.profiles import CostProfile, time_ratio
+from autocompress_opt.serving.targets import Target, all_satisfied
+from autocompress_opt.serving.validation import free_parameters, load_measurements
+
+
+def residuals(regime: str, phase: str, ratios: list[float]) -> list[dict[str, Any]]:
+    return [{"id": f"{regime}{i}", "regime": regime, "phase": phase, "time_ratio": r} for i, r in enumerate(ratios)]
+
+
+# 5 steady decode rows (measured 0.9x..1.3x the predicted time), 2 single-stream prefill rows.
+PROFILE = CostProfile(
+    "vllm",
+    fit={
+        "heldout": residuals("steady", "decode", [0.9, 1.0, 1.1, 1.2, 1.3])
+        + residuals("single", "prefill", [0.8, 1.25])
+    },
+)
+
+
+def test_time_ratio_inverts_throughputs() -> None:
+    assert time_ratio("tpot_ms", 12.0, 10.0) == pytest.approx(1.2)
+    assert time_ratio("output_throughput_tok_s", 800.0, 1000.0) == pytest.approx(1.25)  # 25 % more time
+
+
+def test_interval_takes_quantiles_of_the_narrowest_pool_with_enough_rows() -> None:
+    band = PROFILE.interval("tpot_ms", "steady", 0.5)
+    assert band is not None and (band.pool, band.rows) == ("steady/decode", 5)
+    logs = np.log([0.9, 1.0, 1.1, 1.2, 1.3])
+    assert band.low == pytest.approx(math.exp(np.quantile(logs, 0.25)))
+    assert band.high == pytest.approx(math.exp(np.quantile(logs, 0.75)))
+    # burst TPOT: no burst rows, the decode pool (same 5) serves
+    assert PROFILE.interval("tpot_ms", "burst", 0.5).pool == "decode"  # type: ignore[union-attr]
+    # single-stream TTFT: 2 prefill rows are too few for a pool of their own; all 7 rows serve
+    wide = PROFILE.interval("ttft_ms", "single", 0.9)
+    assert wide is not None and (wide.pool, wide.rows) == ("all", 7)
+    assert wide.low < 0.9 and wide.high > 1.2
+    assert CostProfile("vllm").interval("tpot_ms", "single", 0.9) is None
+    with pytest.raises(ConfigError, match="confidence must be in"):
+        PROFILE.interval("tpot_ms", "steady", 1.0)
+
+
+def test_cost_intervals_bound_latencies_and_throughputs_the_right_way() -> None:
+    arch = known_architectures()["llama-3.1-8b"]
+    scenario = Scenario("bf16", 1000, 100, 32, arrival="steady")
+    cost = estimate_cost(arch, "h100-sxm", "vllm", scenario, PROFILE).to_dict()
+    bands = cost_intervals(cost, scenario, PROFILE, 0.9)
+    assert bands["tpot_ms_low"] < cost["tpot_ms"] < bands["tpot_ms_high"]
+    assert bands["tpot_ms_low"] >= cost["tpot_floor_ms"]
+    # a throughput's low end is the time's high end
+    band = PROFILE.interval("output_throughput_tok_s", "steady", 0.9)
+    assert band is not None
+    assert bands["output_throughput_tok_s_low"] == pytest.approx(cost["output_throughput_tok_s"] / band.high)
+    # a residual 100x below the prediction cannot push a latency under its roofline floor
+    silly = CostProfile("vllm", fit={"heldout": residuals("steady", "decode", [0.01] * 5)})
+    assert cost_intervals(cost, scenario, silly, 0.9)["tpot_ms_low"] == cost["tpot_floor_ms"]
+
+
+def test_regime_labels() -> None:
+    assert (
+        regime_of(Scenario("bf16", 10, 10, 1)) == regime_of(Scenario("bf16", 10, 10, 1, arrival="steady")) == "single"
+    )
+    assert regime_of(Scenario("bf16", 10, 10, 1, requests=50)) == "burst"
+    assert regime_of(Scenario("bf16", 10, 10, 8, arrival="steady")) == "steady"
+    assert regime_of(Scenario("bf16", 10, 10, arrival="poisson", rate=1.0)) == "poisson"
+
+
+def test_a_point_feasible_at_the_median_is_infeasible_at_confidence_0_9(monkeypatch: Any) -> None:
+    """TPOT limit 3 % above the median prediction; the 90 % interval reaches ~25 % above it."""
+    monkeypatch.setattr(targets_module, "get_profile", lambda engine, hardware: PROFILE)
+    arch = known_architectures()["llama-3.1-8b"]
+    kwargs = dict(
+        hardware="h100-sxm", workload="in-game", engine="vllm", concurrency=32, input_len=1000, output_len=100
+    )
+    median = Target(**kwargs).cost_metrics(arch)  # type: ignore[arg-type]
+    limit = {"tpot_ms": f"{1.03 * median['tpot_ms']:.6f}", "ttft_ms": "1e9", "peak_memory_gib": "1e9"}
+    plain = Target(**kwargs, constraints=limit)  # type: ignore[arg-type]
+    sure = Target(**kwargs, constraints=limit, confidence=0.9)  # type: ignore[arg-type]
+    parent = plain.cost_metrics(arch)
+    assert plain.feasible(arch, parent)
+    assert not sure.feasible(arch, parent)
+    violations, _ = sure.check(arch, parent)
+    high = PROFILE.interval("tpot_ms", "single", 0.9).high  # type: ignore[union-attr]
+    assert violations[next(k for k in violations if k.startswith("tpot_ms"))] == pytest.approx(
+        high / 1.03 - 1, rel=1e-4
+    )
+    # a looser limit (past the pessimistic end) is met at 0.9 too
+    loose = Target(**kwargs, constraints={**limit, "tpot_ms": f"{1.5 * median['tpot_ms']:.6f}"}, confidence=0.9)  # type: ignore[arg-type]
+    assert all_satisfied(loose.check(arch, parent)[0])
+
+
+def test_confidence_is_validated_and_omitted_from_dicts_when_unset() -> None:
+    with pytest.raises(ConfigError, match=r"confidence must be a number in \(0, 1\)"):
+        Target(hardware="h100-sxm", workload="datacenter", confidence=1.5)
+    assert "confidence" not in Target(hardware="h100-sxm", workload="datacenter").to_dict()
+    target = Target(hardware="h100-sxm", workload="datacenter", confidence=0.9)
+    assert Target.from_dict(target.to_dict()) == target
+
+
+def test_free_parameters_stay_below_the_rows() -> None:
+    rows = [obs for obs, _ in load_measurements()]
+    for n in range(1, len(rows) + 1):
+        free, fp4 = free_parameters(rows[:n])
+        assert len(free) + len(fp4) < n
