@@ -84,8 +84,9 @@ workload's constraints, overridden by --max-ttft-ms etc.) by the same cost model
                 ones with the most parameters are scored by KL to the parent on held-out calibration
                 rows and the lowest wins. When nothing inside the limits is feasible it says so and
                 searches again with the limits lifted.
-  depth         the deepest feasible model at full width (layers dropped in ShortGPT's
-                block-influence order unless --layer-metric says otherwise).
+  depth         the deepest feasible model at full width, layers dropped in ShortGPT's
+                block-influence order or in Minitron's LM-loss (skip_loss) order, whichever
+                scores lower (--layer-metric fixes one; without a score: block influence).
   best-uniform  the lowest-KL of the --top-k largest feasible uniform models on the whole grid
                 (each not contained in another feasible one).
 It prints what it considered and chose, and the model card records it. --score-samples 0 ranks by
@@ -116,7 +117,8 @@ the export is the model the trial measured; a plan-mode trial is cut like --arch
         "--layer-metric",
         choices=LAYER_METRICS,
         default=None,
-        help="layer importance used to choose dropped layers (default skip_loss; block_influence for --baseline depth)",
+        help="layer importance used to choose dropped layers (default skip_loss; --baseline depth: the "
+        "better-scoring of block_influence and skip_loss)",
     )
     p.add_argument(
         "--max-layer-drop",
@@ -479,7 +481,7 @@ def _baseline(
         importance=importance,
         score=score,
         top_k=args.top_k,
-        layer_metric=metric,
+        layer_metric=args.layer_metric,  # None: each baseline's default (depth: the better of two orders)
     )
     print(f"target: {serving_target.hardware} / {serving_target.workload} ({serving_target.engine_name})")
     print(result.report())

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BASELINES",
     "BASELINE_WIDTHS",
+    "DEPTH_ORDERS",
     "INFEASIBLE_WITHIN_LIMITS",
     "MAX_WIDTH_VALUES",
     "MINITRON_LIMITS",
@@ -712,7 +713,12 @@ def make_baseline(
     layer_metric: str | None = None,
 ) -> BaselineResult:
     """The baseline ``name`` (one of :data:`BASELINES`) with each one's defaults for ``top_k`` (10,
-    20) and ``layer_metric`` (``skip_loss``; ``block_influence`` for ``depth``).
+    20) and ``layer_metric`` (``skip_loss``; for ``depth`` see below).
+
+    ``depth`` without ``layer_metric`` but with ``importance`` and ``score`` drops layers in each of
+    :data:`DEPTH_ORDERS` (ShortGPT's block influence, Minitron's LM loss without the layer) and keeps
+    the order whose pick scores lower: both are published depth-pruning criteria, and the baseline is
+    the stronger of the two. Otherwise it uses ``layer_metric`` (default ``block_influence``).
 
     ``minitron`` runs within :data:`MINITRON_LIMITS`; when nothing there is feasible it searches again
     with the limits lifted and returns that result, its ``lifted_from`` holding the first finding.
@@ -721,8 +727,10 @@ def make_baseline(
     if name not in BASELINES:
         raise UnknownNameError("baseline", name, BASELINES)
     if name == "depth":
-        metric = layer_metric or "block_influence"
-        return depth_baseline(parent, feasible, importance=importance, layer_metric=metric, score=score)
+        if layer_metric is not None or importance is None or score is None:
+            metric = layer_metric or "block_influence"
+            return depth_baseline(parent, feasible, importance=importance, layer_metric=metric, score=score)
+        return _best_depth_order(parent, feasible, importance, score)
     metric = layer_metric or "skip_loss"
     if name == "best-uniform":
         k = 20 if top_k is None else top_k
@@ -735,6 +743,33 @@ def make_baseline(
         parent, feasible, importance=importance, score=score, top_k=k, limits=None, layer_metric=metric
     )
     return replace(lifted, lifted_from=result.finding)
+
+
+DEPTH_ORDERS = ("block_influence", "skip_loss")
+
+
+def _best_depth_order(
+    parent: Architecture,
+    feasible: Callable[[Architecture], bool],
+    importance: Importance,
+    score: Callable[[Architecture], float],
+) -> BaselineResult:
+    """:func:`depth_baseline` in each of :data:`DEPTH_ORDERS`; the lower-scoring pick (ties: the first)."""
+    results = [
+        depth_baseline(parent, feasible, importance=importance, layer_metric=m, score=score) for m in DEPTH_ORDERS
+    ]
+    if results[0].choice is None:  # the order does not change feasibility: same depth, same width
+        return results[0]
+
+    def value(r: BaselineResult) -> float:
+        v = r.candidates[0].score
+        return math.inf if v is None or not math.isfinite(v) else v
+
+    best = min(results, key=value)
+    scores = "; ".join(f"{r.layer_order}: KL {value(r):.4f}" for r in results)
+    finding = f"{best.finding}, layers dropped in the lower-scoring order ({scores})"
+    ranked = tuple(sorted((r.candidates[0] for r in results), key=lambda c: math.inf if c.score is None else c.score))
+    return replace(best, finding=finding, ranked_by="score", candidates=ranked, checked=sum(r.checked for r in results))
 
 
 def masked_kl_scorer(

@@ -399,6 +399,25 @@ def test_depth_baseline_drops_layers_in_the_importance_order() -> None:
     assert make_baseline("depth", parent, two_layers, importance=imp).layer_order == "block_influence importance"
 
 
+@pytest.mark.parametrize("preferred", ["block_influence", "skip_loss"])
+def test_depth_with_a_score_keeps_the_better_scoring_layer_order(preferred: str) -> None:
+    """Both published depth orders are tried; the one whose pick scores lower wins, and the finding
+    gives both scores. An explicit layer_metric keeps its order."""
+    model = tiny_model("llama", num_hidden_layers=6)
+    parent = adapter_for(model).architecture(model)
+    imp = estimate_importance(model, tokens(2, 8), model_id="llama6", progress=False)
+    three_layers = lambda arch: arch.num_active_layers <= 3
+    kept_of = lambda arch: [i for i, layer in enumerate(arch.layers) if not layer.is_noop]
+    wanted = sorted(imp.layer_order(preferred)[:3])
+    score = lambda arch: 0.0 if kept_of(arch) == wanted else 1.0
+    result = make_baseline("depth", parent, three_layers, importance=imp, score=score)
+    assert kept_of(result.architecture) == wanted
+    assert result.ranked_by == "score" and "block_influence importance: KL" in result.finding
+    assert "skip_loss importance: KL" in result.finding and len(result.candidates) == 2
+    fixed = make_baseline("depth", parent, three_layers, importance=imp, score=score, layer_metric="block_influence")
+    assert kept_of(fixed.architecture) == sorted(imp.layer_order("block_influence")[:3])
+
+
 def test_best_uniform_scores_the_largest_maximal_feasible_candidates() -> None:
     """A feasible candidate that another feasible one matches or exceeds in every choice is left out;
     of the rest, the K with the most parameters are scored and the lowest score wins."""
