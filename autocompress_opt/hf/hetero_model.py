@@ -51,6 +51,7 @@ right cache: a window for sliding layers, and a placeholder that stores nothing 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -211,6 +212,35 @@ class AutocompressDeciLMConfig(PreTrainedConfig):
     def architecture(self, name: str = "") -> Architecture:
         """The exact :class:`Architecture` this config builds."""
         return architecture_from_block_configs(self.to_dict(), name=name or str(self._name_or_path or ""))
+
+    @classmethod
+    def from_decilm(cls, config: Mapping[str, Any]) -> AutocompressDeciLMConfig:
+        """This class's config for a DeciLM (``nemotron-nas``) ``config.json`` dict, so a DeciLM
+        checkpoint loads here without its ``auto_map`` code.
+
+        Blocks are read as DeciLM readers read them: query heads ``num_attention_heads``, KV heads
+        ``num_attention_heads / n_heads_in_group``, FFN width ``ceil256(int(2·ffn_mult·hidden/3))``
+        unless the block records its exact ``intermediate_size`` (this package's exports do);
+        ``replace_with_linear`` is refused (:class:`ConfigError`). The base family is Llama.
+        """
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        blocks = []
+        for i, raw in enumerate(config.get("block_configs") or []):
+            attn, ffn = dict(raw.get("attention") or {}), dict(raw.get("ffn") or {})
+            if not attn.get("no_op") and not attn.get("num_heads"):
+                attn["num_heads"] = heads
+            if not ffn.get("no_op") and not ffn.get("intermediate_size"):
+                if ffn.get("ffn_mult") is None:
+                    raise ConfigError(f"block_configs[{i}].ffn has neither ffn_mult nor intermediate_size")
+                width = int(2 * float(ffn["ffn_mult"]) * hidden / 3)
+                ffn["intermediate_size"] = -(-width // 256) * 256  # DeciLM's _ffn_mult_to_intermediate_size
+            blocks.append({"attention": attn, "ffn": ffn})
+        skip = {"model_type", "architectures", "auto_map", "transformers_version", "rope_theta", "block_configs"}
+        settings = {key: value for key, value in config.items() if key not in skip}
+        if settings.get("rope_parameters") is None and config.get("rope_theta") is not None:
+            settings["rope_parameters"] = {"rope_type": "default", "rope_theta": config["rope_theta"]}
+        return cls(**{**settings, "base_family": "llama", "block_configs": blocks})
 
     @classmethod
     def from_architecture(cls, arch: Architecture, **settings: Any) -> AutocompressDeciLMConfig:
