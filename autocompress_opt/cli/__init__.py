@@ -12,7 +12,20 @@ from autocompress_opt.errors import AutocompressError
 
 __all__ = ["main"]
 
-_VERBS = ("arch", "cost", "hardware", "report", "validate", "calibrate", "study", "plot", "eval", "prune", "distill")
+_VERBS = (
+    "arch",
+    "cost",
+    "hardware",
+    "report",
+    "validate",
+    "calibrate",
+    "study",
+    "plot",
+    "eval",
+    "prune",
+    "distill",
+    "serve_check",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
