@@ -406,20 +406,20 @@ class ParentMasks(torch.nn.Module):
         def hook(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
             x = args[0]  # (batch, time, H·d)
             mask = self._current().heads[i, :n_heads].repeat_interleave(head_dim)  # (H·d,)
-            return (x * mask.to(x.dtype), *args[1:])
+            return (x * mask.to(device=x.device, dtype=x.dtype), *args[1:])
 
         return hook
 
     def _ffn_hook(self, i: int, width: int) -> Any:
         def hook(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
             x = args[0]  # (batch, time, F)
-            return (x * self._current().ffn[i, :width].to(x.dtype), *args[1:])
+            return (x * self._current().ffn[i, :width].to(device=x.device, dtype=x.dtype), *args[1:])
 
         return hook
 
     def _gate_hook(self, i: int, which: str) -> Any:
         def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
-            return output * getattr(self._current(), which)[i].to(output.dtype)  # (batch, time, D)
+            return output * getattr(self._current(), which)[i].to(device=output.device, dtype=output.dtype)  # (B, T, D)
 
         return hook
 

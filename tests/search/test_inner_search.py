@@ -112,6 +112,52 @@ def test_gradients_reach_every_mask_parameter(parent: Parent) -> None:
     assert all(p.grad is None for p in parent.model.parameters())
 
 
+def _call_hooks_on_meta(model: Any, hidden: int) -> int:
+    """Call every forward (pre-)hook installed on ``model`` with ``meta`` activations of the module's
+    shape (a module that is not a Linear is moved to ``meta`` first, as its weights would be on the
+    activations' device); returns how many hooks ran. Mixing in a CPU tensor raises, as on CUDA."""
+    n = 0
+    for module in model.modules():
+        pre, post = list(module._forward_pre_hooks.values()), list(module._forward_hooks.values())
+        if not pre and not post:
+            continue
+        if isinstance(module, torch.nn.Linear):
+            x = torch.empty(1, 2, module.in_features, device="meta")
+            y = torch.empty(1, 2, module.out_features, device="meta")
+        else:
+            module.to("meta")
+            x = y = torch.empty(1, 2, hidden, device="meta")
+        for hook in pre:
+            out = hook(module, (x,))
+            assert out is None or out[0].device.type == "meta"
+            n += 1
+        for hook in post:
+            out = hook(module, (x,), y)
+            assert out is None or out.device.type == "meta"
+            n += 1
+    return n
+
+
+def test_mask_hooks_follow_the_activations_device(parent: Parent) -> None:
+    """The masks live on the CPU (they are small; the cost model is there) while the parent may be on
+    a GPU: every hook moves its mask to the activations' device. Checked without a GPU by feeding the
+    hooks ``meta`` activations, which refuse a CPU operand as CUDA would."""
+    import copy
+
+    from autocompress_opt.prune.masking import apply_masks
+    from autocompress_opt.prune.plan import plan_pruning
+
+    masks = ParentMasks(parent.arch, parent.importance, hidden_size=TIGHT.hidden_size)
+    live = masks.live(0.5, sample=True, generator=torch.Generator().manual_seed(0))
+    model = copy.deepcopy(parent.model)
+    with masks.install(model), masks.use(live):  # float masks: heads, FFN channels, gates; hidden
+        assert _call_hooks_on_meta(model, parent.arch.hidden_size) >= 4 * parent.arch.num_layers
+    model = copy.deepcopy(parent.model)
+    arch = masks.architecture(masks.discrete())
+    with apply_masks(model, plan_pruning(parent.arch, parent.importance, arch).masks()):  # bool masks
+        assert _call_hooks_on_meta(model, parent.arch.hidden_size) > 0
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_torch_cost_model_agrees_with_estimate_cost_at_the_discrete_point(parent: Parent, seed: int) -> None:
     """The cost the loss uses (cost_arrays → estimate_batch on torch) equals the scalar estimate_cost of
