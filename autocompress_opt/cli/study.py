@@ -36,6 +36,7 @@ RUN_EXIT_CODES = """exit status:
        command to resume (a second Ctrl-C quits at once)"""
 
 EXIT_INFEASIBLE = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def add_parser(sub: Any) -> None:
@@ -297,10 +298,15 @@ def _inner(raw: Any) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from autocompress_opt.search.study import run_study
+    from autocompress_opt.search.study import StudyInterrupted, run_study
 
-    config = build_config(_merged(args))
-    outcomes = run_study(config, progress=not args.quiet)
+    try:
+        config = build_config(_merged(args))
+        outcomes = run_study(config, progress=not args.quiet)
+    except (StudyInterrupted, KeyboardInterrupt) as exc:
+        detail = str(exc) if isinstance(exc, StudyInterrupted) else ""
+        print((detail + "\n" if detail else "") + "interrupted; rerun the same command to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
     for o in outcomes:
         note = f", re-queued orphaned trials {o.repaired}" if o.repaired else ""
         print(f"{o.study_name}: {o.complete} COMPLETE trials, {o.feasible} feasible{note}")

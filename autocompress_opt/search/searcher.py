@@ -10,6 +10,11 @@ still needed; a point the sampler already evaluated is told PRUNED (``duplicate`
 constraint values (``<= 0`` feasible; the target's one check,
 :meth:`~autocompress_opt.serving.targets.Target.violations`) and tells the objective values, or
 tells FAIL with the error. All storage access happens in the driver process that owns the searcher.
+
+Ctrl-C (:meth:`StudySearcher.stop`): no new trials are asked for; a trial that Ray stops from then
+on without a result, and every trial still in flight when the run ends (:meth:`StudySearcher.release`),
+is told FAIL with the reason ``interrupted`` and its point enqueued again, so the storage holds no
+RUNNING trial and rerunning the same command evaluates that point first.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from ray.tune.search import Searcher
 
 from autocompress_opt.serving.targets import Target, all_satisfied
 
-__all__ = ["StudySearcher", "point_key"]
+__all__ = ["INTERRUPTED", "StudySearcher", "point_key"]
 
+INTERRUPTED = "interrupted (Ctrl-C) before it finished; parameters re-queued"
 _ASK_ATTEMPTS = 100  # sampler repeats in a row before the space counts as exhausted
 
 
@@ -81,8 +87,33 @@ class StudySearcher(Searcher):
         self.complete = len(done)
         self.seen = {point_key(t.params) for t in done}
         self.failures = 0
+        self.stopping = False
+
+    def stop(self) -> None:
+        """Ctrl-C: ask for no new trial; trials stopped without a result are re-queued, not failures."""
+        self.stopping = True
+
+    def release(self, reason: str) -> list[int]:
+        """Tell FAIL (``error`` = ``reason``) every trial still in flight and enqueue its point again
+        (keeping its ``baseline`` label); returns their numbers."""
+        numbers = []
+        for trial_id in list(self.live):
+            numbers.append(self._requeue(self.live.pop(trial_id), reason))
+        return numbers
+
+    def _requeue(self, trial: Any, reason: str) -> int:
+        attrs = {"requeued_from": trial.number}
+        baseline = trial.user_attrs.get("baseline")
+        if baseline:
+            attrs["baseline"] = baseline
+        trial.set_user_attr("error", reason)
+        self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        self.study.enqueue_trial(dict(trial.params), user_attrs=attrs)
+        return int(trial.number)
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]  # Ray returns FINISHED too
+        if self.stopping:
+            return Searcher.FINISHED if not self.live else None
         if self.complete >= self.trials or self.failures >= self.max_failures:
             return Searcher.FINISHED if not self.live else None
         if self.complete + len(self.live) >= self.trials:
@@ -110,6 +141,9 @@ class StudySearcher(Searcher):
         if trial is None:
             return
         payload = json.loads(result["payload"]) if result and "payload" in result else None
+        if self.stopping and payload is None:  # stopped by Ctrl-C before it finished: not its fault
+            self._requeue(trial, INTERRUPTED)
+            return
         if error or payload is None or "error" in payload:
             self.failures += 1
             trial.set_user_attr("error", (payload or {}).get("error", "trial process died (see Ray logs)"))

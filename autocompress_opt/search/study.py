@@ -29,11 +29,14 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,7 @@ __all__ = [
     "SEEDED_BASELINES",
     "Objective",
     "StudyConfig",
+    "StudyInterrupted",
     "TrialRecord",
     "baseline_seeds",
     "check_config",
@@ -703,10 +707,110 @@ def _trial_cpus(config: StudyConfig) -> int:
     return max(1, (os.cpu_count() or 1) // config.concurrency)
 
 
+class StudyInterrupted(Exception):
+    """Ctrl-C stopped :func:`run_study`: COMPLETE trials are kept, the trials it stopped were told
+    FAIL and their points re-queued (the message names them); running the same command resumes."""
+
+
+@dataclass
+class _Interrupt:
+    """What the SIGINT handler knows: whether Ctrl-C came, and how to stop the Ray Tune run in progress."""
+
+    interrupted: bool = False
+    stop: Callable[[], None] | None = None  # set while Ray Tune runs
+
+
+@contextmanager
+def _sigint(state: _Interrupt) -> Iterator[None]:
+    """Ctrl-C handling for :func:`run_study` (main thread only; elsewhere Ray Tune's own applies).
+
+    First SIGINT: a note on stderr, then, while Ray Tune runs, its own stop (no new trials; its loop
+    ends and its trials are stopped), else KeyboardInterrupt. Second SIGINT: exit 130 at once (a
+    RUNNING trial may be left; the next run repairs it). Ray Tune's SIGINT handler is disabled so the
+    whole run stops, not only the current target's Tune run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if state.interrupted:
+            os.write(2, b"\ninterrupted again: quitting now; rerun the same command to resume\n")
+            os._exit(130)
+        state.interrupted = True
+        os.write(2, b"\ninterrupting: stopping the running trials (Ctrl-C again to quit at once)\n")
+        if state.stop is None:
+            raise KeyboardInterrupt
+        state.stop()
+
+    previous = signal.getsignal(signal.SIGINT)
+    old_env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if old_env is None:
+            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+        else:
+            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = old_env
+
+
+def _fit(tuner: Any, searcher: Any, state: _Interrupt) -> None:
+    """``tuner.fit()`` that Ctrl-C stops: the searcher asks for nothing more and Ray Tune's own stop
+    (its SIGUSR1 handler, installed by ``fit``) ends its loop and stops the running trials; trials
+    still in flight afterwards are told FAIL and re-queued (:meth:`StudySearcher.release`)."""
+    from autocompress_opt.search.searcher import INTERRUPTED
+
+    usr1 = signal.getsignal(signal.SIGUSR1)
+    tune_logger = logging.getLogger("ray.tune")
+    level = tune_logger.level
+
+    def stop() -> None:
+        searcher.stop()
+        ray_stop = signal.getsignal(signal.SIGUSR1)
+        if callable(ray_stop) and ray_stop is not usr1:  # Ray Tune's, once fit() has installed it
+            tune_logger.setLevel(logging.CRITICAL)  # not its "resume with Tuner.restore(...)" advice
+            ray_stop(signal.SIGUSR1, None)
+
+    state.stop = stop
+    try:
+        tuner.fit()
+    finally:
+        state.stop = None
+        tune_logger.setLevel(level)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, usr1)
+        if state.interrupted:
+            searcher.release(INTERRUPTED)
+    if state.interrupted:
+        raise KeyboardInterrupt
+
+
 def run_study(
     config: StudyConfig, *, progress: bool = True, layer_order: Sequence[int] | None = None
 ) -> list[TargetOutcome]:
-    """Run (or continue) every target's study to ``config.trials`` COMPLETE trials."""
+    """Run (or continue) every target's study to ``config.trials`` COMPLETE trials.
+
+    Ctrl-C (in the main thread) stops the whole run: raises :class:`StudyInterrupted` with no
+    RUNNING trial left behind (:func:`_sigint`)."""
+    state = _Interrupt()
+    interrupted: list[str] = []
+    with _sigint(state):
+        try:
+            return _run_targets(config, progress, layer_order, state, interrupted)
+        except KeyboardInterrupt:
+            raise StudyInterrupted("; ".join(interrupted) or "no trial was running") from None
+
+
+def _run_targets(
+    config: StudyConfig,
+    progress: bool,
+    layer_order: Sequence[int] | None,
+    state: _Interrupt,
+    interrupted: list[str],
+) -> list[TargetOutcome]:
+    """The targets of :func:`run_study` in turn; ``interrupted`` collects what Ctrl-C stopped."""
     import optuna
     from ray import tune
 
@@ -759,7 +863,7 @@ def run_study(
         )
         bar = _Progress(config.study_name(target), config.trials, min(done, config.trials), progress)
         if done < config.trials:
-            from autocompress_opt.search.searcher import StudySearcher  # needs Ray Tune and Optuna
+            from autocompress_opt.search.searcher import INTERRUPTED, StudySearcher  # needs Ray Tune and Optuna
 
             searcher = StudySearcher(
                 study,
@@ -773,6 +877,7 @@ def run_study(
                 progress=bar,
             )
             scratch = tempfile.mkdtemp(prefix="autocompress-tune-")
+            first_live = len(study.get_trials(deepcopy=False))
             try:
                 tuner = tune.Tuner(
                     tune.with_resources(_trainable, {"cpu": _trial_cpus(config)}),
@@ -786,9 +891,20 @@ def run_study(
                         failure_config=tune.FailureConfig(max_failures=2),
                     ),
                 )
-                tuner.fit()
+                _fit(tuner, searcher, state)
+            except KeyboardInterrupt:
+                stopped = [
+                    t.number
+                    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+                    if t.number >= first_live and t.user_attrs.get("error") == INTERRUPTED
+                ]
+                if stopped:
+                    numbers = ", ".join(f"#{n}" for n in stopped)
+                    interrupted.append(f"{study.study_name}: trials {numbers} stopped, marked FAIL and re-queued")
+                raise
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
+                bar.close()
         bar.close()
         final = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
         failed = [

@@ -14,13 +14,18 @@ def _slow(request: Mapping[str, Any]) -> dict[str, Any]:
     return plan_trial(request)
 
 
+def _slower(request: Mapping[str, Any]) -> dict[str, Any]:
+    time.sleep(1.5)  # long enough that a Ctrl-C lands while trials run
+    return plan_trial(request)
+
+
 def _flaky(request: Mapping[str, Any]) -> dict[str, Any]:
     if request["params"]["hidden_size"] == 384:
         raise RuntimeError("injected failure for hidden_size=384")
     return plan_trial(request)
 
 
-for _name, _fn in (("plan-slow", _slow), ("plan-flaky", _flaky)):
+for _name, _fn in (("plan-slow", _slow), ("plan-slower", _slower), ("plan-flaky", _flaky)):
     if _name not in TRIAL_MODES:
         TRIAL_MODES.register(_name, _fn)
 

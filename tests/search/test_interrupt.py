@@ -1,0 +1,126 @@
+"""Ctrl-C on ``autocompress study run`` (issue 13): the first SIGINT stops the whole run, leaves no
+RUNNING trial, says how to resume and exits 130; a second one quits at once; the same command then
+finishes the study without losing a COMPLETE trial."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).parent
+CLI = str(Path(sys.executable).parent / "autocompress")
+
+
+def _command(storage: str, trials: int = 4) -> list[str]:
+    return [
+        CLI,
+        "study",
+        "run",
+        "--targets",
+        "rtx5070,b200",
+        "--workload",
+        "datacenter",
+        "--mode",
+        "plan-slower",  # 1.5 s a trial: the signal lands while trials run
+        "--plugin",
+        "study_plugins",
+        "--trials",
+        str(trials),
+        "--parallel",
+        "2",
+        "--name",
+        "c",
+        "--storage",
+        storage,
+        "--quiet",
+    ]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1"}
+
+
+def _states(storage: str, name: str) -> list[optuna.trial.FrozenTrial]:
+    try:
+        return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    except KeyError:
+        return []
+
+
+def _start_and_wait_for_a_complete_trial(tmp_path: Path, storage: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        _command(storage), cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.3)
+        if not (tmp_path / "c.db").exists():
+            continue
+        try:
+            trials = _states(storage, "c.rtx5070")
+        except Exception:  # the database is being created
+            continue
+        if any(t.state.name == "COMPLETE" for t in trials) and any(t.state.name == "RUNNING" for t in trials):
+            return proc
+    proc.kill()
+    pytest.fail(f"no COMPLETE trial with another running before the run ended: {proc.communicate()}")
+
+
+def _rerun_finishes(tmp_path: Path, storage: str, kept: set[int]) -> None:
+    done = subprocess.run(_command(storage), cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for name in ("c.rtx5070", "c.b200"):
+        trials = _states(storage, name)
+        complete = [t for t in trials if t.state.name == "COMPLETE"]
+        assert len(complete) == 4
+        assert len({tuple(sorted(t.params.items())) for t in complete}) == 4
+        assert not [t for t in trials if t.state.name == "RUNNING"]
+    assert kept <= {t.number for t in _states(storage, "c.rtx5070") if t.state.name == "COMPLETE"}
+
+
+def test_first_ctrl_c_stops_the_whole_run_consistently_and_the_same_command_resumes(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path}/c.db"
+    proc = _start_and_wait_for_a_complete_trial(tmp_path, storage)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert lines[-1] == "interrupted; rerun the same command to resume"
+    assert "Traceback" not in err and "Tuner.restore" not in err
+    trials = _states(storage, "c.rtx5070")
+    assert not [t for t in trials if t.state.name == "RUNNING"]  # storage consistent
+    stopped = [t for t in trials if t.state.name == "FAIL"]
+    assert stopped and all("interrupted (Ctrl-C)" in t.user_attrs["error"] for t in stopped)
+    assert f"c.rtx5070: trials {', '.join(f'#{t.number}' for t in stopped)} stopped, marked FAIL and re-queued" in err
+    waiting = [t.system_attrs["fixed_params"] for t in trials if t.state.name == "WAITING"]
+    assert all(t.params in waiting for t in stopped)  # re-queued: rerunning evaluates them first
+    assert not any(t.state.name == "COMPLETE" for t in _states(storage, "c.b200"))  # the next target never ran
+    assert "COMPLETE trials" not in out  # no end-of-run summary as if it had finished
+    kept = {t.number for t in trials if t.state.name == "COMPLETE"}
+    _rerun_finishes(tmp_path, storage, kept)
+    rerun = _states(storage, "c.rtx5070")
+    for t in stopped:  # each stopped point was run to completion by the rerun
+        assert any(r.params == t.params and r.state.name == "COMPLETE" for r in rerun)
+
+
+def test_a_second_ctrl_c_quits_at_once_and_the_next_run_repairs_what_it_left(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path}/c.db"
+    proc = _start_and_wait_for_a_complete_trial(tmp_path, storage)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    start = time.time()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert time.time() - start < 3, "the second Ctrl-C did not quit at once"
+    assert "interrupted again: quitting now; rerun the same command to resume" in err
+    kept = {t.number for t in _states(storage, "c.rtx5070") if t.state.name == "COMPLETE"}
+    _rerun_finishes(tmp_path, storage, kept)
