@@ -13,7 +13,8 @@
                "kl_to_parent": nats, "kl_code", "kl_prose", "ppl_code", "ppl_prose",
                "quality_cached": bool, "inner": {...search summary...}, "timings_s": {...},
                "selection": {"chosen": "trained" | "start" | "uniform",
-                             "val_kl": {candidate: nats | None}, "feasible": {candidate: bool}}}
+                             "val_kl": {candidate: nats | None}, "feasible": {candidate: bool}},
+               "compute": {"device": "cpu" | "cuda:0" | ..., "dtype": "fp32" | "bf16" | "fp16"}}
 
 ``selection`` says which candidate of the inner search the trial returned — the trained masks,
 the greedy start point, or the uniform allocation of the trial's global choices (considered
@@ -58,6 +59,7 @@ from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import uniform_allocation
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.hf.adapters import architecture_mismatch
+from autocompress_opt.hf.device import dtype_name, resolve_compute_dtype, resolve_device
 from autocompress_opt.prune.importance import Importance, estimate_importance
 from autocompress_opt.quality.metrics import kl_and_perplexity
 from autocompress_opt.search.budget import Budget, CostGoal
@@ -91,6 +93,10 @@ class TrialConfig:
         eval_samples / eval_seq_len / eval_seed: held-out rows per domain (code and prose).
         importance_samples / importance_seq_len: calibration rows that score importance.
         data_seed: seed of the calibration rows (search and importance).
+        device / compute_dtype: where the parent computes and in which dtype
+            (:mod:`autocompress_opt.hf.device`: ``auto`` is the first CUDA GPU in bf16 when torch sees
+            one, else the CPU in fp32); masks, KL and the Lagrangian stay fp32. Resolved where the
+            trial runs, so a driver without a GPU can check a GPU worker's setting.
     """
 
     inner: InnerConfig = field(default_factory=InnerConfig)
@@ -100,10 +106,16 @@ class TrialConfig:
     importance_samples: int = 8
     importance_seq_len: int = 128
     data_seed: int = 0
+    device: str = "auto"
+    compute_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        from autocompress_opt.hf.device import check_compute_dtype, check_device
+
+        object.__setattr__(self, "device", check_device(self.device))
+        object.__setattr__(self, "compute_dtype", check_compute_dtype(self.compute_dtype))
         for f in fields(self):
-            if f.name == "inner":
+            if f.name in ("inner", "device", "compute_dtype"):
                 continue
             value, minimum = getattr(self, f.name), (0 if f.name.endswith("seed") else 1 if "samples" in f.name else 2)
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -188,11 +200,14 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
         return _PARENTS[key], False
     seconds: dict[str, float] = {}
     began = time.perf_counter()
-    loaded = load_model(ref, cache=False)  # this cache holds it; no second pristine copy
+    device = resolve_device(config.device)
+    dtype = resolve_compute_dtype(config.compute_dtype, device)
+    loaded = load_model(ref, cache=False, dtype=dtype, device=device)  # this cache holds it: no second copy
     model, tokenizer, arch = loaded.model.eval(), loaded.tokenizer, loaded.architecture
     for p in model.parameters():
         p.requires_grad_(False)
-    parent_id = _parent_id(loaded.path, arch)
+    # importance, teacher and quality caches are keyed by it: a bf16 parent is another parent
+    parent_id = _parent_id(loaded.path, arch) + ("" if dtype == torch.float32 else f":{dtype_name(dtype)}")
     seconds["load"] = time.perf_counter() - began
 
     began = time.perf_counter()
@@ -267,6 +282,8 @@ _CONTEXT_KEYS = (
     "importance_samples",
     "importance_seq_len",
     "data_seed",
+    "device",
+    "compute_dtype",
 )
 
 
@@ -358,6 +375,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         "quality_cached": cached,
         "inner": {**result.summary(), "config": config.to_dict()},
         "selection": result.choice(),
+        "compute": _compute(parent),
         "timings_s": {
             "parent": ready - began,
             "search": searched - ready,
@@ -366,6 +384,12 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
             **({f"parent_{k}": v for k, v in parent.seconds.items()} if fresh else {}),
         },
     }
+
+
+def _compute(parent: ParentContext) -> dict[str, str]:
+    """Where the trial computed and in which dtype (recorded with every result)."""
+    weight = next(parent.model.parameters())
+    return {"device": str(weight.device), "dtype": dtype_name(weight.dtype)}
 
 
 def evaluate_architecture(

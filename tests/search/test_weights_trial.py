@@ -109,3 +109,18 @@ def test_a_parent_that_is_not_the_loaded_model_is_refused(parent_dir: Path, tmp_
     wrong = {**other.to_dict(), "hidden_size": 64}
     with pytest.raises(ConfigError, match="hidden_size"):
         run_weights_trial(request(parent_dir, tmp_path, parent=wrong))
+
+
+def test_a_trial_records_where_it_computed_and_runs_in_bf16(parent_dir: Path, tmp_path: Path) -> None:
+    """``inner: {device, compute_dtype}`` reach the trial; the result says where it ran. A bf16
+    parent is another parent for the caches (its importance and teacher differ), and its held-out
+    KL stays within 0.05 nats of the fp32 trial's."""
+    clear_trial_cache()
+    fp32 = run_weights_trial(request(parent_dir, tmp_path / "a", inner={**INNER, "compute_dtype": "fp32"}))
+    assert fp32["compute"] == {"device": "cpu", "dtype": "fp32"}
+    bf16 = run_weights_trial(request(parent_dir, tmp_path / "a", inner={**INNER, "compute_dtype": "bf16"}))
+    assert bf16["compute"] == {"device": "cpu", "dtype": "bf16"}
+    assert not bf16["quality_cached"]  # not the fp32 parent's cache entry
+    assert math.isfinite(bf16["kl_to_parent"]) and abs(bf16["kl_to_parent"] - fp32["kl_to_parent"]) < 0.05
+    with pytest.raises(ConfigError, match="is not one of auto, cpu, cuda, cuda:N"):
+        run_weights_trial(request(parent_dir, tmp_path / "a", inner={**INNER, "device": "gpu"}))
