@@ -7,10 +7,21 @@ known, lists it (with a "did you mean" suggestion for near misses).
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["AutocompressError", "ConfigError", "UnknownNameError", "check_int", "reject_unknown_keys", "suggest"]
+__all__ = [
+    "AutocompressError",
+    "ConfigError",
+    "UnknownNameError",
+    "check_int",
+    "check_number",
+    "one_line",
+    "reject_unknown_keys",
+    "suggest",
+    "yaml_problem",
+]
 
 
 class AutocompressError(Exception):
@@ -67,3 +78,32 @@ def check_int(value: Any, where: str, minimum: int = 1) -> int:
         kind = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
         raise ConfigError(f"{where} must be {kind}, got {value!r}")
     return value
+
+
+def check_number(value: Any, where: str, *, positive: bool = True) -> float:
+    """Return ``value`` as a float when it is a finite real number (not a ``bool``) that is
+    positive (``positive=True``) or non-negative.
+
+    Otherwise raise :class:`ConfigError` "<where> must be a finite number > 0, got <value!r>"
+    (">= 0" for ``positive=False``): NaN, infinities, strings, lists and booleans are all refused.
+    """
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):
+        raise ConfigError(f"{where} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+    return float(value)
+
+
+def one_line(text: str) -> str:
+    """``text`` with its lines joined by "; " (blank lines and surrounding space dropped), so an
+    error message prints as one line whatever a library put in it."""
+    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def yaml_problem(exc: Exception) -> str:
+    """One line for a PyYAML error: "line L, column C: <problem>" (the mark is 1-based), or the
+    error's text flattened by :func:`one_line` when it carries no mark."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None)
+    if mark is not None and problem:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return one_line(str(exc))

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.errors import ConfigError, check_int, reject_unknown_keys, suggest
+from autocompress_opt.errors import ConfigError, check_int, reject_unknown_keys, suggest, yaml_problem
 
 __all__ = [
     "SUPPORTED_FAMILIES",
@@ -86,6 +86,39 @@ _FAMILIES: dict[str, _Family] = {
     ),
 }
 SUPPORTED_FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
+
+
+# More layers than any decoder has: a config asking for more is a typo (1e12 would exhaust memory).
+MAX_LAYERS = 10_000
+
+
+def _config_int(
+    cfg: Mapping[str, Any],
+    key: str,
+    model_type: str,
+    null: int | None = None,
+    absent: int | None = None,
+    maximum: int | None = None,
+) -> int:
+    """``cfg[key]`` as a positive int of at most ``maximum``: ``null`` when the value is null,
+    ``absent`` when the key is missing (the transformers config class's defaults); anything else
+    (a string, a list, a float, a bool, zero) is a :class:`ConfigError` naming the key and value."""
+    value = cfg.get(key, absent)
+    if value is None:
+        value = null
+    where = f"{model_type} config {key}"
+    check_int(value, where)
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{where} must be at most {maximum:,}, got {value!r}")
+    return int(value)
+
+
+def _config_bool(cfg: Mapping[str, Any], key: str, default: bool, model_type: str) -> bool:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    _check_bool(f"{model_type} config {key}", value)
+    return bool(value)
 
 
 def _check_bool(where: str, value: Any) -> None:
@@ -369,7 +402,7 @@ class Architecture:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"an architecture is not valid YAML: {exc}") from None
+            raise ConfigError(f"an architecture is not valid YAML: {yaml_problem(exc)}") from None
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> Path:
@@ -415,6 +448,8 @@ class Architecture:
         """
         cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
         cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
+        if not isinstance(cfg, Mapping):
+            raise ConfigError(f"text_config must be a mapping, got {cfg!r}")
         model_type = str(cfg.get("model_type", "")).lower()
         if model_type not in _FAMILIES:
             raise ConfigError(
@@ -426,22 +461,28 @@ class Architecture:
         if missing:
             raise ConfigError(f"{model_type} config is missing {', '.join(missing)}")
         family = _FAMILIES[model_type]
-        heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+        size = lambda key, null=None, absent=None, maximum=None: _config_int(
+            cfg, key, model_type, null, absent, maximum
+        )
+        heads, hidden = size("num_attention_heads"), size("hidden_size")
         max_context = cfg.get("max_position_embeddings")
         arch = cls.uniform(
-            num_layers=int(cfg["num_hidden_layers"]),
+            num_layers=size("num_hidden_layers", maximum=MAX_LAYERS),
             hidden_size=hidden,
             num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads", family.default_kv_heads) or heads),
-            head_dim=int(cfg.get("head_dim", family.default_head_dim) or hidden // heads),
-            ffn_width=int(cfg["intermediate_size"]),
-            vocab_size=int(cfg["vocab_size"]),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", family.default_tied)),
+            num_kv_heads=size("num_key_value_heads", heads, family.default_kv_heads or heads),
+            head_dim=size("head_dim", hidden // heads or None, family.default_head_dim or hidden // heads or None),
+            ffn_width=size("intermediate_size"),
+            vocab_size=size("vocab_size"),
+            tie_embeddings=_config_bool(cfg, "tie_word_embeddings", family.default_tied, model_type),
             family=model_type,
             qk_norm=family.qk_norm,
-            max_context=None if max_context is None else int(max_context),
+            max_context=None if max_context is None else size("max_position_embeddings"),
             name=name or str(cfg.get("_name_or_path", "") or ""),
-            **{flag: bool(cfg.get(src, False)) if isinstance(src, str) else src for flag, src in family.biases.items()},
+            **{
+                flag: _config_bool(cfg, src, False, model_type) if isinstance(src, str) else src
+                for flag, src in family.biases.items()
+            },
         )
         windows = _layer_windows(cfg, model_type, arch.num_layers)
         return replace(arch, layers=tuple(replace(layer, window=w) for layer, w in zip(arch.layers, windows)))
@@ -638,11 +679,17 @@ def _layer_windows(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> 
         return (int(window),) * num_layers
     kinds = cfg.get("layer_types")
     if kinds is None and model_type == "gemma3_text":
-        pattern = int(cfg.get("sliding_window_pattern", _GEMMA3_PATTERN))
+        pattern = check_int(
+            cfg.get("sliding_window_pattern", _GEMMA3_PATTERN), f"{model_type} config sliding_window_pattern"
+        )
         kinds = [_SLIDING if (i + 1) % pattern else _FULL for i in range(num_layers)]
     elif kinds is None:
-        first = int(cfg.get("max_window_layers", _QWEN_MAX_WINDOW_LAYERS))
+        first = check_int(
+            cfg.get("max_window_layers", _QWEN_MAX_WINDOW_LAYERS), f"{model_type} config max_window_layers", minimum=0
+        )
         kinds = [_SLIDING if i >= first else _FULL for i in range(num_layers)]
+    if not isinstance(kinds, Sequence) or isinstance(kinds, str):
+        raise ConfigError(f"{model_type} config layer_types must be a list, got {kinds!r}")
     if len(kinds) != num_layers:
         raise ConfigError(f"{model_type} config has {len(kinds)} layer_types for {num_layers} layers")
     return tuple(int(window) if kind == _SLIDING else None for kind in kinds)

@@ -173,7 +173,14 @@ def parse_block_configs(
     base_family: str,
 ) -> tuple[BlockConfig, ...]:
     """Parse and check a config's ``block_configs``; raises :class:`ConfigError` naming the bad entry."""
-    raw = list(raw or [])
+    if raw is None:
+        raise ConfigError(
+            f"a {MODEL_TYPE} config needs block_configs (one entry per layer, num_hidden_layers={num_layers}); "
+            "without it the layers are unknown"
+        )
+    if not isinstance(raw, Sequence) or isinstance(raw, str):
+        raise ConfigError(f"block_configs must be a list with one entry per layer, got {raw!r}")
+    raw = list(raw)
     if len(raw) != num_layers:
         raise ConfigError(f"block_configs has {len(raw)} entries but num_hidden_layers={num_layers}")
     if base_family not in SUPPORTED_FAMILIES:
@@ -196,11 +203,12 @@ def _required(config: Mapping[str, Any], key: str) -> Any:
 def architecture_from_block_configs(config: Mapping[str, Any], *, name: str = "") -> Architecture:
     """The exact :class:`Architecture` a heterogeneous config (a ``config.json`` dict with
     ``block_configs``) builds: each layer's heads, FFN width and window from its block."""
-    hidden, heads = int(_required(config, "hidden_size")), int(_required(config, "num_attention_heads"))
-    head_dim = int(config.get("head_dim") or hidden // heads)
+    hidden = check_int(_required(config, "hidden_size"), f"{MODEL_TYPE} config hidden_size")
+    heads = check_int(_required(config, "num_attention_heads"), f"{MODEL_TYPE} config num_attention_heads")
+    head_dim = check_int(config.get("head_dim") or hidden // heads, f"{MODEL_TYPE} config head_dim")
     blocks = parse_block_configs(
         config.get("block_configs"),
-        num_layers=int(_required(config, "num_hidden_layers")),
+        num_layers=check_int(_required(config, "num_hidden_layers"), f"{MODEL_TYPE} config num_hidden_layers"),
         num_attention_heads=heads,
         sliding_window=config.get("sliding_window"),
         base_family=str(config.get("base_family", "llama")),
@@ -218,7 +226,7 @@ def architecture_from_block_configs(config: Mapping[str, Any], *, name: str = ""
         for b in blocks
     )
     return Architecture(
-        vocab_size=int(_required(config, "vocab_size")),
+        vocab_size=check_int(_required(config, "vocab_size"), f"{MODEL_TYPE} config vocab_size"),
         hidden_size=hidden,
         layers=layers,
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),

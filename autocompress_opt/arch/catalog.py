@@ -167,7 +167,12 @@ def _from_file(path: Path) -> Architecture:
     if suffix == ".gguf":
         return architecture_from_gguf(path)
     if suffix in (".yaml", ".yml"):
-        return Architecture.from_yaml(path.read_text(encoding="utf-8"))
+        try:
+            return Architecture.from_yaml(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path} is not UTF-8 text: {exc}") from None
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     return _from_json_file(path)
 
 

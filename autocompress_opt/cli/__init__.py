@@ -6,9 +6,10 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from autocompress_opt import __version__
-from autocompress_opt.errors import AutocompressError
+from autocompress_opt.errors import AutocompressError, one_line
 
 __all__ = ["main"]
 
@@ -28,10 +29,20 @@ _VERBS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, like every other error of the CLI:
+    "autocompress VERB: error: MESSAGE (see 'autocompress VERB --help')", exit code 2. (argparse
+    prints the whole usage block first, which buries the line that names the bad value.) Sub-parsers
+    are made of this class too, as ``add_subparsers`` uses the parent's class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from importlib import import_module
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="autocompress",
         description="Hardware-guided pruning of decoder LLMs: describe architectures, predict serving "
         "cost on a GPU catalog, calibrate and validate the cost models.",
@@ -50,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except AutocompressError as exc:
-        print(f"autocompress {args.verb}: error: {exc}", file=sys.stderr)
+        print(f"autocompress {args.verb}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's final flush

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt._data import DATA_DIR
-from autocompress_opt.errors import ConfigError, reject_unknown_keys
+from autocompress_opt.errors import ConfigError, check_int, check_number, reject_unknown_keys, yaml_problem
 from autocompress_opt.registry import Registry
 from autocompress_opt.serving.profiles import calibrated_hardware_blocks
 
@@ -67,10 +67,26 @@ class Hardware:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigError(f"a hardware entry's name must be a non-empty string, got {self.name!r}")
         for name in ("memory_gib", "bandwidth_gb_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError(f"hardware {self.name!r}: {name} must be a positive number, got {value!r}")
+            check_number(getattr(self, name), f"hardware {self.name!r}: {name}")
+        check_number(self.interconnect_gb_s, f"hardware {self.name!r}: interconnect_gb_s", positive=False)
+        for name in ("l2_mb", "tdp_w"):
+            if getattr(self, name) is not None:
+                check_number(getattr(self, name), f"hardware {self.name!r}: {name}")
+        if self.sms is not None:
+            check_int(self.sms, f"hardware {self.name!r}: sms")
+        for name in ("interconnect", "note", "source"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"hardware {self.name!r}: {name} must be a string, got {getattr(self, name)!r}")
+        if not isinstance(self.peak_tflops, Mapping):
+            raise ConfigError(
+                f"hardware {self.name!r}: peak_tflops must be a mapping like {{bf16: 989, fp8: 1979}}, "
+                f"got {self.peak_tflops!r}"
+            )
+        for dtype, rate in self.peak_tflops.items():
+            check_number(rate, f"hardware {self.name!r}: peak_tflops[{dtype!r}]")
         unknown = set(self.peak_tflops) - set(COMPUTE_DTYPES)
         if unknown:
             raise ConfigError(
@@ -107,11 +123,19 @@ class Hardware:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Hardware:
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                "a hardware entry must be a mapping with name, memory_gib, bandwidth_gb_s and peak_tflops, "
+                f"got {data!r}"
+            )
         reject_unknown_keys(data, cls.__dataclass_fields__, "a hardware entry")
         missing = [k for k in ("name", "memory_gib", "bandwidth_gb_s", "peak_tflops") if k not in data]
         if missing:
             raise ConfigError(f"hardware entry {data.get('name', '?')!r} is missing {', '.join(missing)}")
-        return cls(**{**data, "peak_tflops": {str(k): float(v) for k, v in dict(data["peak_tflops"]).items()}})
+        peaks = data["peak_tflops"]
+        if isinstance(peaks, Mapping):  # the numbers themselves are checked by __post_init__
+            peaks = {str(k): v for k, v in peaks.items()}
+        return cls(**{**data, "peak_tflops": peaks})
 
 
 def _interconnect_gb_s(text: str) -> float:
@@ -167,13 +191,21 @@ def load_hardware_file(path: str | Path, *, register: bool = True) -> list[Hardw
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"hardware file {str(path)!r} does not exist")
-    data = yaml.safe_load(path.read_text())
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"hardware file {str(path)!r} is not UTF-8 text: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"hardware file {str(path)!r} is not valid YAML: {yaml_problem(exc)}") from None
     entries = data.get("hardware", data) if isinstance(data, Mapping) else data
     if isinstance(entries, Mapping):
         entries = [entries]
     if not isinstance(entries, list):
         raise ConfigError(f"{path}: expected a list of hardware entries, got {type(entries).__name__}")
-    items = [Hardware.from_dict(entry) for entry in entries]
+    try:
+        items = [Hardware.from_dict(entry) for entry in entries]
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     builtin = builtin_hardware_names()
     seen: set[str] = set()
     for item in items:
