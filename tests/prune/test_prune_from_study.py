@@ -36,6 +36,8 @@ INNER = {
         (["--from-study", "w", "--trial", "-1"], "--trial must be 'best' or a trial number >= 0"),
         (["--from-study", "nope"], "no study storage at"),
         (["--params", "0.5"], "--model is required"),
+        (["--model", "smollm2-135m", "--params", "0.5", "--device", "gpu"], "device 'gpu' is not one of"),
+        (["--model", "smollm2-135m", "--params", "0.5", "--compute-dtype", "int8"], "compute dtype 'int8'"),
     ],
 )
 def test_bad_from_study_arguments_are_one_line_errors(
