@@ -32,13 +32,16 @@ sequence divided by ``S``: the mean bytes a reserved token costs at the scenario
 windows that is the familiar ``2·b_kv·d·Σ_i g_i``; a sliding layer adds ``2·b_kv·g_i·d·min(1, ⌈w_i⌉/S)``.
 
 Arrival regimes (``Scenario.arrival``; DESIGN.md §3), with ``B`` sequences running at once
-(``concurrency``, or the memory limit for ``"max"``), ``T_w(b) = TTFT(b) + (O − 1)·TPOT(b)`` the
-time of a wave of ``b`` prompts prefilled together (in ``chunk_tokens`` steps) and then decoded::
+(``concurrency``, or the memory limit for ``"max"``), ``Pf(b)`` the time to prefill a wave of ``b``
+prompts together (in ``chunk_tokens`` steps) and ``T_w(b) = Pf(b) + (O − 1)·TPOT(b)`` the wave's time
+until its last token::
 
     burst    N requests (default B) arrive at once and run in waves of b = min(N, B):
              n = ⌊N / b⌋ full waves, r = N − n·b left for a last one;
              makespan = n·T_w(b) + T_w(r);  throughput = N·O / makespan (everyone's prefill inside);
-             mean TTFT = [b·(T_w(b)·n(n−1)/2 + n·TTFT(b)) + r·(n·T_w(b) + TTFT(r))] / N.
+             mean TTFT = [b·(T_w(b)·n(n−1)/2 + n·TTFT(b)) + r·(n·T_w(b) + TTFT(r))] / N, where a
+             wave's mean TTFT(b) = (b + 1)/(2b)·Pf(b) when prefill is chunked (the prompts finish
+             first come first served) and Pf(b) when a whole batch is prefilled in one step.
              N = B is the plain batch (and N = B = 1 single-stream latency).
     steady   B requests always in flight (one replaces each that finishes); a new prompt's prefill
              runs in k = ⌈P / c⌉ chunks of c = min(P, chunk_tokens − (B − 1)) tokens, each step
@@ -455,9 +458,13 @@ class _Timing:
     wave_ttft: Array
 
 
-def _wave(setup: _Setup, rates: _Rates, shape: _Shape, b: Array) -> tuple[Array, Array]:
-    """(TTFT, TPOT) of ``b`` prompts prefilled together in ``chunk_tokens`` steps, logits for the
-    last token (or all), then decoded together at the mean context."""
+def _wave(setup: _Setup, rates: _Rates, shape: _Shape, b: Array) -> tuple[Array, Array, Array]:
+    """(prefill time, mean TTFT, TPOT) of ``b`` prompts prefilled together in ``chunk_tokens``
+    steps, logits for the last token (or all), then decoded together at the mean context.
+
+    With chunked prefill the scheduler takes the prompts first come first served, so prompt j
+    (0-based) has its first token after (j + 1)/b of the wave's prefill: the mean TTFT is
+    (b + 1)/(2b) of it (all of it at b = 1, or when an engine prefills the batch in one step)."""
     ops, eng = setup.ops, setup.engine
     prompt_tokens = b * shape.p_len
     steps = 1.0 + b * 0 if eng.chunk_tokens == 0 else ops.ceil(prompt_tokens / eng.chunk_tokens)
@@ -470,7 +477,9 @@ def _wave(setup: _Setup, rates: _Rates, shape: _Shape, b: Array) -> tuple[Array,
     )
     context = b[:, None] * shape.context(ops)  # (N, L)
     decode = _Phase(tokens=b, pairs=context, kv_read_tokens=context, logits_tokens=b, steps=b * 0 + 1.0)
-    return _phase_ms(setup, rates, prefill), _phase_ms(setup, rates, decode)
+    prefill_ms = _phase_ms(setup, rates, prefill)
+    staggered = 1.0 if eng.chunk_tokens == 0 else (b + 1) / (2 * b)
+    return prefill_ms, prefill_ms * staggered, _phase_ms(setup, rates, decode)
 
 
 def _burst(setup: _Setup, rates: _Rates, shape: _Shape, batch: Array, requests: Array) -> _Timing:
@@ -479,10 +488,10 @@ def _burst(setup: _Setup, rates: _Rates, shape: _Shape, batch: Array, requests: 
     b = ops.min(requests, batch)
     full = ops.floor(requests / b)
     rest = requests - full * b
-    ttft_b, tpot_b = _wave(setup, rates, shape, b)
-    ttft_r, tpot_r = _wave(setup, rates, shape, ops.max(rest, 1.0))
-    wave_b = ttft_b + (o_len - 1) * tpot_b
-    wave_r = ops.where(rest > 0, ttft_r + (o_len - 1) * tpot_r, 0.0)
+    prefill_b, ttft_b, tpot_b = _wave(setup, rates, shape, b)
+    prefill_r, ttft_r, tpot_r = _wave(setup, rates, shape, ops.max(rest, 1.0))
+    wave_b = prefill_b + (o_len - 1) * tpot_b
+    wave_r = ops.where(rest > 0, prefill_r + (o_len - 1) * tpot_r, 0.0)
     share_b, share_r = b * full / requests, rest / requests
     # Requests of wave j (0-based) wait j·T_w(b) for the waves before theirs; the last wave n·T_w(b).
     waiting = (b * wave_b * full * (full - 1) / 2 + rest * full * wave_b) / requests
@@ -496,7 +505,7 @@ def _burst(setup: _Setup, rates: _Rates, shape: _Shape, batch: Array, requests: 
         throughput=requests * o_len / (makespan / 1e3),
         running=b,
         prefilled=b,
-        wave_ttft=ttft_b,
+        wave_ttft=prefill_b,
     )
 
 
@@ -543,6 +552,24 @@ def _steady(setup: _Setup, rates: _Rates, shape: _Shape, batch: Array) -> _Timin
 _POISSON_ITERATIONS = 60
 
 
+def _littles_fixed_point(setup: _Setup, rates: _Rates, shape: _Shape, rate: float, capacity: Array) -> Array:
+    """B = min(1 + λ·E2E(B), capacity), iterated from 1. On torch it runs without a graph: the
+    gradient flows through the steady-state cost at the fixed point, not through the iterations
+    (60 unrolled steady-state evaluations would dominate a fit's time)."""
+    ops = setup.ops
+
+    def iterate() -> Array:
+        batch = capacity * 0 + 1.0
+        for _ in range(_POISSON_ITERATIONS):
+            batch = ops.min(1.0 + rate * _steady(setup, rates, shape, batch).e2e / 1e3, capacity)
+        return batch
+
+    if not ops.torch:
+        return iterate()
+    with ops._t.no_grad():
+        return iterate().detach()
+
+
 def _poisson(setup: _Setup, rates: _Rates, shape: _Shape, rate: float, capacity: Array) -> _Timing:
     """Arrivals at ``rate`` requests/s (module doc). An arriving request finds λ·E2E others in
     flight on average (Poisson arrivals see time averages), so ``B = 1 + λ·E2E(B)``."""
@@ -562,9 +589,7 @@ def _poisson(setup: _Setup, rates: _Rates, shape: _Shape, rate: float, capacity:
             prefilled=one,
             wave_ttft=alone.ttft,
         )
-    batch = one
-    for _ in range(_POISSON_ITERATIONS):
-        batch = ops.min(1.0 + rate * _steady(setup, rates, shape, batch).e2e / 1e3, capacity)
+    batch = _littles_fixed_point(setup, rates, shape, rate, capacity)
     timing = _steady(setup, rates, shape, batch)
     overloaded = 1.0 + rate * timing.e2e / 1e3 > capacity * (1 + 1e-6)
     inf = float("inf")
@@ -741,6 +766,10 @@ def estimate_batch(
         out[tput.format("prefill")] = timing.prefilled * p_len * 1e3 / timing.wave_ttft
         if not floor:
             out["running"] = timing.running
+    # The front end's fixed latency per request (CostProfile.request_overhead_ms): in TTFT and E2E,
+    # not in a run's throughput, and not in the physical floors.
+    out["ttft_ms"] = out["ttft_ms"] + prof.request_overhead_ms
+    out["e2e_latency_ms"] = out["e2e_latency_ms"] + prof.request_overhead_ms
     in_flight = ops.max(out["running"], 1.0)  # a wave, B, or (poisson) the mean in flight, at most the capacity
     peak_memory = weights_dev + fixed_gib + activation_bytes(in_flight) + in_flight * kv_seq
     out["weights_gib"] = s.weight_bytes / GIB

@@ -43,7 +43,14 @@ __all__ = [
 _SHIPPED = DATA_DIR / "profiles"
 
 # Parameters a fit may change; everything else in a profile is structure or metadata.
-FITTED_PARAMETERS: tuple[str, ...] = ("mfu", "mbu", "kernel_launch_us", "step_overhead_ms", "allreduce_latency_us")
+FITTED_PARAMETERS: tuple[str, ...] = (
+    "mfu",
+    "mbu",
+    "kernel_launch_us",
+    "step_overhead_ms",
+    "allreduce_latency_us",
+    "request_overhead_ms",
+)
 
 
 # Which phase of a request a measured or predicted metric times: the held-out residuals of a phase
@@ -91,6 +98,10 @@ class CostProfile:
         kernel_launch_us: fixed cost per kernel (launch + tail); ``engine.kernels_per_*`` count them.
         step_overhead_ms: fixed cost per engine step (scheduling, sampling, Python).
         allreduce_latency_us: fixed latency of one tensor-parallel all-reduce.
+        request_overhead_ms: fixed latency a request spends outside the GPU's steps (HTTP, chat
+            template and tokenisation, scheduling hand-off, streaming the first token back); added
+            to TTFT and E2E, not to a run's throughput (the front end overlaps the GPU's work).
+            0 for a bare benchmark loop such as llama-bench.
         fit: provenance: rows or sweep fitted, error statistics, date. ``fit["heldout"]`` lists the
             held-out residuals (leave-one-source-out) that :meth:`interval` draws on: one mapping
             per row with ``id``, ``regime``, ``phase`` and ``time_ratio`` (:func:`time_ratio`).
@@ -104,6 +115,7 @@ class CostProfile:
     kernel_launch_us: float = 2.0
     step_overhead_ms: float = 0.5
     allreduce_latency_us: float = 10.0
+    request_overhead_ms: float = 0.0
     fit: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -116,7 +128,7 @@ class CostProfile:
                 raise ConfigError(
                     f"profile {self.engine}@{self.hardware}: mfu_by_dtype[{dtype!r}] must be in (0, 1], got {value!r}"
                 )
-        for name in ("kernel_launch_us", "step_overhead_ms", "allreduce_latency_us"):
+        for name in ("kernel_launch_us", "step_overhead_ms", "allreduce_latency_us", "request_overhead_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(
                     f"profile {self.engine}@{self.hardware}: {name} must be >= 0, got {getattr(self, name)!r}"
@@ -170,7 +182,7 @@ class CostProfile:
 # Starting points (and the weak prior) of every fit — published rows and calibration: typical published
 # efficiencies, DESIGN.md §3 ("decode reaches about 45-75 % of peak bandwidth"), launch costs of CUDA-graph replays.
 PRIORS: dict[str, CostProfile] = {
-    "vllm": CostProfile("vllm", mfu=0.5, mbu=0.7, kernel_launch_us=2.0, step_overhead_ms=1.0),
+    "vllm": CostProfile("vllm", mfu=0.5, mbu=0.7, kernel_launch_us=2.0, step_overhead_ms=1.0, request_overhead_ms=10.0),
     "trtllm": CostProfile(
         "trtllm",
         mfu=0.55,
@@ -179,6 +191,7 @@ PRIORS: dict[str, CostProfile] = {
         step_overhead_ms=0.3,
         allreduce_latency_us=8.0,
         mfu_by_dtype={"fp4": 0.4},
+        request_overhead_ms=10.0,
     ),
     "llamacpp": CostProfile("llamacpp", mfu=0.4, mbu=0.7, kernel_launch_us=2.0, step_overhead_ms=0.3),
     "torch-eager": CostProfile("torch-eager", mfu=0.4, mbu=0.5, kernel_launch_us=10.0, step_overhead_ms=1.0),

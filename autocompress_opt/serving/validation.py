@@ -6,7 +6,8 @@ A measurements CSV has the columns of ``shared/reference/measurements.csv``::
     engine_detail,weight_dtype,concurrency,input_len,output_len,metric,value,source
 
 and optionally ``arrival`` (burst, steady, poisson; default burst), ``requests`` (a burst's size),
-``rate`` (poisson requests/s), ``kv_dtype``, ``engine_version``, ``stated`` (which of ``input``,
+``rate`` (poisson requests/s), ``kv_dtype``, ``engine_options`` (``memory_fraction=0.95;max_seqs=64``:
+the run's non-default engine settings), ``engine_version``, ``stated`` (which of ``input``,
 ``output``, ``concurrency`` the source states; the others were inferred, e.g. llama-bench's
 defaults) and ``url``. Rows with the same ``source`` text come from one publication: they are held
 out together in leave-one-source-out validation.
@@ -30,7 +31,7 @@ from autocompress_opt.serving.costmodel import Scenario, regime_of
 from autocompress_opt.serving.engines import get_engine
 from autocompress_opt.serving.fitting import Observation, fit_profile, predict, relative_errors
 from autocompress_opt.serving.hardware import get_hardware
-from autocompress_opt.serving.profiles import METRIC_PHASES, PRIORS, CostProfile, time_ratio
+from autocompress_opt.serving.profiles import FITTED_PARAMETERS, METRIC_PHASES, PRIORS, CostProfile, time_ratio
 
 __all__ = [
     "SHIPPED_MEASUREMENTS",
@@ -127,7 +128,7 @@ def _row_to_observation(row: dict[str, str], where: str) -> tuple[Observation, s
         obs = Observation(
             arch,
             get_hardware(row["hardware"].strip()),
-            get_engine(row["engine"].strip()),
+            get_engine(row["engine"].strip()).with_options(**_engine_options(row.get("engine_options") or "")),
             scenario,
             row["metric"].strip(),
             float(row["value"]),
@@ -136,6 +137,17 @@ def _row_to_observation(row: dict[str, str], where: str) -> tuple[Observation, s
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return obs, row.get("source", "")
+
+
+def _engine_options(text: str) -> dict[str, float]:
+    """``"memory_fraction=0.95;max_seqs=64"`` → ``{"memory_fraction": 0.95, "max_seqs": 64.0}``."""
+    options: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"engine option {item!r} is not KEY=VALUE")
+        options[key.strip()] = float(value)
+    return options
 
 
 def load_measurements(path: str | Path = SHIPPED_MEASUREMENTS) -> list[tuple[Observation, str]]:
@@ -184,13 +196,18 @@ def free_parameters(observations: Sequence[Observation]) -> tuple[list[str], lis
     """(plain parameters, per-dtype MFUs) an engine's rows can pin: always fewer than the rows.
 
     ``mbu`` from 2 rows and ``step_overhead_ms`` from 3 (decode is bandwidth and overhead bound),
-    then ``mfu`` from 4, ``kernel_launch_us`` from 5, the all-reduce latency from 6 where a row is
-    tensor-parallel, and an FP4 MFU from 7 where a row is FP4. One row fits nothing: the prior."""
+    then ``mfu`` from 4, the per-request front-end latency from 5 where a row times a first token
+    (TTFT or E2E), ``kernel_launch_us`` next, the all-reduce latency from 7 where a row is tensor-
+    parallel, and an FP4 MFU from 8 where a row is FP4. One row fits nothing: the prior."""
     n = len(observations)
-    free = ["mbu", "step_overhead_ms", "mfu", "kernel_launch_us"][: max(min(n - 1, 4), 0)]
-    if n >= 6 and any(o.scenario.tp > 1 for o in observations):
+    order = ["mbu", "step_overhead_ms", "mfu"]
+    if any(o.metric in ("ttft_ms", "e2e_latency_ms") for o in observations):
+        order.append("request_overhead_ms")
+    order.append("kernel_launch_us")
+    free = order[: max(min(n - 1, len(order)), 0)]
+    if n >= 7 and any(o.scenario.tp > 1 for o in observations):
         free.append("allreduce_latency_us")
-    fp4 = ["fp4"] if n >= 7 and any(o.scenario.dtype == "fp4" for o in observations) else []
+    fp4 = ["fp4"] if n >= 8 and any(o.scenario.dtype == "fp4" for o in observations) else []
     return free, fp4
 
 
@@ -259,9 +276,6 @@ def _rounded(profile: CostProfile) -> CostProfile:
     """Four significant digits: the fit is not more precise than that."""
     sig = lambda v: float(f"{v:.4g}")
     return profile.with_parameters(
-        **{
-            k: sig(getattr(profile, k))
-            for k in ("mfu", "mbu", "kernel_launch_us", "step_overhead_ms", "allreduce_latency_us")
-        },
+        **{k: sig(getattr(profile, k)) for k in FITTED_PARAMETERS},
         mfu_by_dtype={k: sig(v) for k, v in profile.mfu_by_dtype.items()},
     )

@@ -98,3 +98,24 @@ def test_an_unknown_format_is_a_one_line_error_listing_the_valid_ones(capsys: An
     assert main(cost("--model", "llama-3.1-8b", "--hardware", "h100", "--kv-dtype", "int4")) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "fp8" in err and "q8_0" in err, err
+
+
+def test_cost_reports_intervals_from_the_held_out_residuals(capsys: Any) -> None:
+    args = ["cost", "--model", "qwen3-8b", "--hardware", "h100", "--engine", "vllm", "--dtype", "bf16"]
+    args += ["--input-len", "1000", "--output-len", "200", "--concurrency", "16", "--arrival", "steady"]
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["confidence"] == 0.9
+    for metric in ("ttft_ms", "tpot_ms", "e2e_latency_ms", "output_throughput_tok_s"):
+        # the band need not hold the median: held-out residuals of a biased engine sit to one side
+        assert 0 < data[f"{metric}_low"] < data[f"{metric}_high"], metric
+        assert data[f"{metric}_low"] < 2 * data[metric] and data[f"{metric}_high"] > data[metric] / 2, metric
+    assert data["tpot_ms_low"] >= data["tpot_floor_ms"]
+    assert main([*args, "--json", "--confidence", "0.5"]) == 0
+    narrow = json.loads(capsys.readouterr().out)
+    assert data["tpot_ms_low"] <= narrow["tpot_ms_low"] <= narrow["tpot_ms_high"] <= data["tpot_ms_high"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "tpot_ms" in out and "at 90%" in out
+    assert main([*args, "--confidence", "1.5"]) == 2
+    assert "--confidence must be in (0, 1)" in capsys.readouterr().err

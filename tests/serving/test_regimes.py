@@ -15,6 +15,7 @@ from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.cli import main
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving.costmodel import ArchArrays, Scenario, describe_regime, estimate_batch, estimate_cost
+from autocompress_opt.serving.profiles import get_profile
 
 # The wave primitives of the golden model (tests/serving/test_costmodel.py works batch 1 by hand):
 #   batch 1: TTFT 0.02002624 ms, TPOT 0.02008 ms.
@@ -82,8 +83,10 @@ def test_steady_interleaving_moves_ttft_and_tpot() -> None:
     assert steady.ttft_ms > single.ttft_ms and steady.tpot_ms > single.tpot_ms
     assert steady.tpot_ms > burst.tpot_ms  # burst's decode steps carry no prefill
     assert burst.ttft_ms > 10 * steady.ttft_ms
-    # closed loop: each of the 64 slots completes a request per lifetime
-    assert steady.output_throughput_tok_s == pytest.approx(64 * 200 / (steady.e2e_latency_ms / 1e3))
+    # closed loop: each of the 64 slots completes a request per lifetime on the GPU (the front
+    # end's fixed latency per request, CostProfile.request_overhead_ms, overlaps the GPU's work)
+    overhead = get_profile("vllm", "h100-sxm").request_overhead_ms
+    assert steady.output_throughput_tok_s == pytest.approx(64 * 200 / ((steady.e2e_latency_ms - overhead) / 1e3))
     longer = estimate_cost(
         arch, "h100-sxm", "vllm", Scenario(**{**sc, "input_len": 8000}, concurrency=64, arrival="steady")
     )
@@ -99,8 +102,10 @@ def test_poisson_obeys_littles_law_and_saturates() -> None:
         2000
     )
     assert high.tpot_ms > low.tpot_ms and high.ttft_ms > low.ttft_ms
-    # the fixed point: an arrival finds rate·E2E others in flight; their steady cost is the answer
-    in_flight = 20.0 * high.e2e_latency_ms / 1e3
+    # the fixed point: an arrival finds rate·E2E others in flight (E2E on the GPU: without the
+    # front end's fixed latency); their steady cost is the answer
+    overhead = get_profile("vllm", "h100-sxm").request_overhead_ms
+    in_flight = 20.0 * (high.e2e_latency_ms - overhead) / 1e3
     values = estimate_batch(
         ArchArrays.from_architectures([arch]), "h100-sxm", "vllm", Scenario(**sc, rate=20.0), bounds=True
     )

@@ -1,0 +1,68 @@
+"""The shipped published measurements: enough rows, each sourced, each above its physical floor
+(the roofline at 100 % of peak in the row's own arrival regime), and the shipped profiles'
+in-sample error and intervals."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import Counter
+
+import pytest
+
+from autocompress_opt.serving.profiles import get_profile
+from autocompress_opt.serving.validation import SHIPPED_MEASUREMENTS, load_measurements, validate
+
+
+@pytest.fixture(scope="module")
+def raw_rows() -> list[dict[str, str]]:
+    with SHIPPED_MEASUREMENTS.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def results() -> list:
+    return validate(load_measurements())
+
+
+def test_at_least_40_sourced_rows_over_every_engine(raw_rows: list[dict[str, str]]) -> None:
+    assert len(raw_rows) >= 40
+    assert len({r["id"] for r in raw_rows}) == len(raw_rows)
+    for row in raw_rows:
+        for column in ("source", "engine_version", "stated", "url"):
+            assert row[column].strip(), (row["id"], column)
+    engines = Counter(r["engine"] for r in raw_rows)
+    assert {"llamacpp", "vllm", "trtllm"} <= set(engines) and min(engines.values()) >= 5
+    assert any("SGLang" in r["engine_detail"] for r in raw_rows)  # SGLang rows, costed as vLLM
+    consumer = [r for r in raw_rows if r["hardware"].startswith("rtx")]
+    assert len(consumer) >= 8
+    assert len({r["source"] for r in raw_rows}) >= 8  # leave-one-source-out has sources to leave out
+    assert {r.get("arrival") or "burst" for r in raw_rows} == {"burst", "steady", "poisson"}
+
+
+def test_every_measurement_is_above_its_physical_floor(results: list) -> None:
+    """No measured latency below the 100 %-of-peak floor and no measured throughput above the
+    ceiling, in the row's own regime: a row that breaks this would show the equations (or the
+    regime given for the row) cannot describe it."""
+    broken = [(r.id, r.metric, r.measured, round(r.bound, 3)) for r in results if not r.bound_ok]
+    assert not broken, broken
+
+
+def test_shipped_profiles_fit_the_rows(results: list) -> None:
+    errors = [abs(r.error) for r in results]
+    assert statistics.median(errors) <= 0.15
+    for engine in ("llamacpp", "vllm", "trtllm"):
+        mine = [abs(r.error) for r in results if r.engine == engine]
+        assert statistics.median(mine) <= 0.25, engine
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "vllm", "trtllm"])
+def test_shipped_profiles_carry_held_out_residuals(engine: str) -> None:
+    profile = get_profile(engine, "h100-sxm")
+    heldout = profile.fit.get("heldout", [])
+    assert len(heldout) >= 5 and all(r["time_ratio"] > 0 for r in heldout)
+    band = profile.interval("tpot_ms", "single", 0.9)
+    assert band is not None and 0 < band.low < band.high  # need not straddle 1: a biased engine shows it
+    free = profile.fit["free"]
+    rows = profile.fit["rows"]
+    assert len(free) < len(rows)
