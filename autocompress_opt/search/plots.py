@@ -5,12 +5,17 @@
   them, infeasible trials apart as grey crosses; the parent's cost marked per target. The quality
   axis is labelled by what the trials' quality measures (their ``quality_kind``: retained params,
   retained importance or exp(-KL to parent); :func:`~autocompress_opt.search.studyio.quality_label_of`).
+  Weights-mode trials (every quality an ``exp(-KL)``) are drawn as the held-out KL itself, in nats on
+  a log axis, lower is better: on exp(-KL) every pruned model sits at 0.00-0.05 against the parent's
+  1.0 and the fronts flatten at the bottom; on the KL axis they spread over decades. The parent
+  (KL 0) is then marked by a dotted line at its cost.
 * :func:`plot_structure` — per-layer structure of a chosen architecture beside its parent: which
   layers are kept, each layer's FFN width and query/KV heads.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -61,9 +66,15 @@ def plot_pareto(studies: Sequence[dict[str, Any]], stem: Path, title: str = "") 
     """``studies``: dicts with ``label``, ``records`` (TrialRecords) and ``parent`` (parent metrics).
 
     The y axis is named after the trials' quality kind(s), e.g. "exp(-KL to parent)"; the parent
-    sits at 1.0 on every kind."""
+    sits at 1.0 on every kind. When every completed trial's kind is ``exp_neg_kl`` the axis is the
+    held-out KL instead (log scale, lower is better) and the parent is a dotted line at its cost."""
     plt = _plt()
     quality = quality_label_of(r for study in studies for r in study["records"])
+    kinds = {r.quality_kind for study in studies for r in study["records"] if r.state == "COMPLETE"}
+    kl_axis = kinds == {"exp_neg_kl"}
+    # the front is found on quality (higher is better) either way; only the drawn value changes
+    y = (lambda q: max(-math.log(q), 1e-6)) if kl_axis else (lambda q: q)
+    drawn = lambda pts: [(c, y(q)) for c, q in pts]
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.4 * len(PANELS), 4.2))
     colours = plt.get_cmap("tab10")
     for ax, (metric, label, higher_better) in zip(axes, PANELS):
@@ -75,7 +86,7 @@ def plot_pareto(studies: Sequence[dict[str, Any]], stem: Path, title: str = "") 
             colour = colours(k % 10)
             if infeasible:
                 ax.scatter(
-                    *zip(*infeasible),
+                    *zip(*drawn(infeasible)),
                     marker="x",
                     s=14,
                     color="0.65",
@@ -84,16 +95,18 @@ def plot_pareto(studies: Sequence[dict[str, Any]], stem: Path, title: str = "") 
                 )
                 shown_infeasible = True
             if feasible:
-                ax.scatter(*zip(*feasible), s=16, color=colour, alpha=0.55)
+                ax.scatter(*zip(*drawn(feasible)), s=16, color=colour, alpha=0.55)
                 front = _staircase(feasible, higher_better)
                 ax.plot(
-                    *zip(*front),
+                    *zip(*drawn(front)),
                     drawstyle="steps-post" if not higher_better else "steps-pre",
                     color=colour,
                     linewidth=1.6,
                     label=f"{study['label']} ({len(feasible)} feasible)",
                 )
-            if study.get("parent") and metric in study["parent"]:
+            if study.get("parent") and metric in study["parent"] and kl_axis:
+                ax.axvline(study["parent"][metric], color=colour, linestyle=":", linewidth=1.0)
+            elif study.get("parent") and metric in study["parent"]:
                 ax.scatter(
                     [study["parent"][metric]],
                     [1.0],
@@ -107,7 +120,11 @@ def plot_pareto(studies: Sequence[dict[str, Any]], stem: Path, title: str = "") 
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(plt.NullFormatter())  # minor labels collide on short log spans
         ax.set_xlabel(label + ("  → better" if higher_better else "  ← better"))
-        ax.set_ylabel(f"{quality} (higher is better)")
+        if kl_axis:
+            ax.set_yscale("log")
+            ax.set_ylabel("held-out KL to parent (nats, log)  ↓ better")
+        else:
+            ax.set_ylabel(f"{quality} (higher is better)")
         ax.grid(True, which="both", alpha=0.25)
     handles, labels = [], []
     for ax in axes:
@@ -115,12 +132,17 @@ def plot_pareto(studies: Sequence[dict[str, Any]], stem: Path, title: str = "") 
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    handles.append(
-        plt.Line2D([], [], marker="*", color="w", markerfacecolor="0.5", markeredgecolor="black", markersize=11)
-    )
-    labels.append(f"parent model: {quality} = 1.0")
+    if kl_axis:
+        handles.append(plt.Line2D([], [], color="0.4", linestyle=":", linewidth=1.0))
+        labels.append("parent model's cost (KL 0)")
+    else:
+        handles.append(
+            plt.Line2D([], [], marker="*", color="w", markerfacecolor="0.5", markeredgecolor="black", markersize=11)
+        )
+        labels.append(f"parent model: {quality} = 1.0")
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8, frameon=False)
-    fig.suptitle(title or f"Pareto fronts: {quality} vs serving cost per hardware target", fontsize=11)
+    shown = "held-out KL to parent" if kl_axis else quality
+    fig.suptitle(title or f"Pareto fronts: {shown} vs serving cost per hardware target", fontsize=11)
     fig.tight_layout(rect=(0, 0.1, 1, 0.95))
     return _save(fig, stem)
 
