@@ -454,6 +454,11 @@ def main(argv: list[str] | None = None) -> None:
                 "feasible_as_built": feasible(built),
                 "same_model_as": [a for a in row["arms"] if _arch_key(archs[a]) == _arch_key(arch)],
             }
+        before = {arm: row["arms"][arm]["kl_before"] for arm in row["arms"]}
+        best_baseline = min((before[a] for a in BASELINES if a in before), default=math.inf)
+        # the study starts from the depth and minitron picks and its inner search keeps the uniform
+        # allocation as a candidate: before recovery its best should not be worse than the baselines
+        row["searched_no_worse_before_recovery"] = before["searched"] <= best_baseline + 1e-9
         row["differences_points"] = {}
         for name in BASELINES:
             if name not in runs:
