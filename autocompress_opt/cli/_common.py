@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from autocompress_opt.errors import ConfigError
@@ -77,3 +78,53 @@ def _number(key: str, text: str) -> int | float:
         return float(text)
     except ValueError:
         raise ConfigError(f"--engine-option {key} must be a number, got {text!r}") from None
+
+
+# ------------------------------------------------------------ cheap checks, before any real work
+def check_positive(args: argparse.Namespace, *flags: str, minimum: int = 1) -> None:
+    """:class:`ConfigError` for the first ``--flag`` whose int value is set and below ``minimum``
+    (an explicit ``--batch-size 0`` is an error, not "the default")."""
+    for flag in flags:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and value < minimum:
+            kind = {0: "0 or more", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
+            raise ConfigError(f"{flag} must be {kind}, got {value}")
+
+
+def _writable_folder(path: Path, flag: str, given: Path | None = None) -> None:
+    """:class:`ConfigError` unless the nearest existing folder at or above ``path`` is a folder this
+    process can create entries in (probed by creating and removing a folder there, so a read-only
+    filesystem is caught for root too); messages name ``given`` (default ``path``)."""
+    import shutil
+    import tempfile
+
+    given = given or path
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {str(given)!r}: {str(existing)!r} is not a directory")
+    try:
+        shutil.rmtree(tempfile.mkdtemp(prefix=".autocompress-probe.", dir=existing))
+    except OSError as exc:
+        raise ConfigError(f"{flag} {str(given)!r}: cannot write in {str(existing)!r} ({exc.strerror})") from None
+
+
+def check_output_dir(path: Path | str, flag: str = "--out") -> Path:
+    """``path`` as a Path when a folder can be written there: an existing folder, or a new one under
+    a writable folder; a file in the way is a :class:`ConfigError`. Nothing is created."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} exists and is not a directory")
+    _writable_folder(path, flag)
+    return path
+
+
+def check_output_file(path: Path | str, flag: str = "--out") -> Path:
+    """``path`` as a Path when a file can be written there: not a folder, and its folder exists or
+    can be created under a writable folder. Nothing is created."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} is a directory; expected a file path")
+    _writable_folder(path.parent, flag, given=path)
+    return path

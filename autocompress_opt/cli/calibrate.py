@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.cli._common import add_verb, print_json
+from autocompress_opt.cli._common import add_verb, check_output_file, check_positive, print_json
+from autocompress_opt.errors import ConfigError
 
 
 def add_parser(sub: Any) -> None:
@@ -38,6 +39,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from autocompress_opt.serving.calibration import calibrate
 
+    _check_arguments(args)
     result = calibrate(
         args.hardware,
         n_archs=args.archs,
@@ -70,3 +72,28 @@ def run(args: argparse.Namespace) -> int:
     print(f"MdAPE held-out: prefill {result.heldout_mdape['prefill']:.1%}, decode {result.heldout_mdape['decode']:.1%}")
     print(f"saved {result.path}")
     return 0
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Everything checked before the timing sweep (which takes minutes): counts, the hardware
+    name, the torch device and where the profile goes."""
+    from autocompress_opt.serving.profiles import user_profile_dir
+
+    check_positive(args, "--prompt-len", "--decode-context", "--batch", "--passes")
+    check_positive(args, "--archs", minimum=2)  # one architecture at least is held out
+    if args.hardware != "cpu":
+        from autocompress_opt.serving.hardware import get_hardware
+
+        get_hardware(args.hardware)
+    if args.device is not None:
+        import torch
+
+        try:
+            device = torch.device(args.device)
+        except (RuntimeError, TypeError):
+            raise ConfigError(
+                f"--device must be a torch device such as cpu, cuda or cuda:1, got {args.device!r}"
+            ) from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"--device {args.device!r} asked for but CUDA is not available here")
+    check_output_file(args.out if args.out is not None else user_profile_dir() / "profile.yaml")

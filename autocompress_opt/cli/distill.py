@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.cli._common import add_verb, print_json
+from autocompress_opt.cli._common import add_verb, check_output_dir, print_json
+from autocompress_opt.errors import ConfigError
 
 
 def add_parser(sub: Any) -> None:
@@ -101,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         n_eval_rows=args.eval_rows,
     )
     out = args.out if args.out is not None else f"{str(Path(args.student)).rstrip('/')}-distilled"
+    _check_before_loading(args, recipe, out)
     result = distill(
         args.student,
         args.teacher,
@@ -125,3 +127,29 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"{verb}: {result.summary()}")
     return 0
+
+
+def _check_before_loading(args: argparse.Namespace, recipe: Any, out: str) -> None:
+    """What can be checked without a model, before either loads: --out can receive a checkpoint,
+    both models' files are complete (config, safetensors headers, tokenizer), the vocabularies
+    match and --seq-len fits both contexts (from the configs or GGUF metadata)."""
+    from autocompress_opt.arch.catalog import load_architecture
+    from autocompress_opt.hf.loading import check_model_files
+
+    check_output_dir(out)
+    student = Path(args.student).expanduser()
+    if not student.is_dir():
+        raise ConfigError(
+            f"--student {args.student!r} is not a directory; pass a checkpoint directory "
+            "(e.g. the --out of `autocompress prune`)"
+        )
+    archs = {"student": load_architecture(check_model_files(student))}
+    archs["teacher"] = load_architecture(check_model_files(args.teacher))
+    if archs["student"].vocab_size != archs["teacher"].vocab_size:
+        raise ConfigError(
+            f"--teacher {args.teacher!r} has a vocabulary of {archs['teacher'].vocab_size:,} tokens but --student "
+            f"{args.student!r} has {archs['student'].vocab_size:,}; both must share one tokenizer"
+        )
+    for who, arch in archs.items():
+        if arch.max_context is not None and recipe.seq_len > arch.max_context:
+            raise ConfigError(f"--seq-len {recipe.seq_len} exceeds the {who}'s context of {arch.max_context} positions")

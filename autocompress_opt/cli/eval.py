@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.cli._common import add_verb, print_json, table
+from autocompress_opt.cli._common import add_verb, check_output_file, check_positive, print_json, table
 from autocompress_opt.errors import ConfigError
 
 _PPL_BATCH_SIZE = 4  # quality.DEFAULT_BATCH_SIZE: long rows, full-vocabulary logits
@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         return _list_tasks(args)
     if not args.model:
         raise ConfigError("--model is required (only --list-tasks runs without a model)")
+    _check_arguments(args)
     if args.tasks is not None:
         return _run_tasks(args)
     from autocompress_opt.hf.loading import load_model
@@ -119,6 +120,35 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _print_table(model.source, parent.source if parent else None, report)
     return 0
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Every check that needs no model, before one loads: counts, --out, task names, and the model
+    files themselves (config, complete safetensors, tokenizer; no weights read)."""
+    from autocompress_opt.hf.loading import check_model_files
+
+    check_positive(args, "--samples", "--batch-size", "--items")
+    check_positive(args, "--seq-len", minimum=2)
+    if args.out is not None:
+        check_output_file(args.out)
+    if args.tasks is not None:
+        if args.parent:
+            raise ConfigError("--parent applies to the perplexity/KL report, not to --tasks")
+        _check_task_names(_task_names(args.tasks))
+    if args.data_dir is not None and not args.data_dir.is_dir():
+        raise ConfigError(f"--data-dir {str(args.data_dir)!r} is not a directory")
+    check_model_files(args.model)
+    if args.parent:
+        check_model_files(args.parent)
+
+
+def _check_task_names(names: list[str]) -> None:
+    from autocompress_opt.errors import UnknownNameError
+    from autocompress_opt.tasks.builders import TASK_NAMES
+
+    for name in names:
+        if name not in TASK_NAMES:
+            raise UnknownNameError("task", name, TASK_NAMES)
 
 
 def _write(args: argparse.Namespace, result: dict[str, Any]) -> None:

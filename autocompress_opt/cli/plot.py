@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.cli._common import add_verb
+from autocompress_opt.cli._common import add_verb, check_output_dir
 
 
 def add_parser(sub: Any) -> None:
@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from autocompress_opt.search.studyio import load_group, quality_label_of
     from autocompress_opt.search.trials import quality_label
 
+    check_output_dir(args.out)
     written = []
     for name in args.names:
         views = load_group(name, args.storage)

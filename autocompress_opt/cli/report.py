@@ -6,7 +6,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.cli._common import add_hardware_file, add_verb, load_hardware_files, print_json, table
+from autocompress_opt.cli._common import (
+    add_hardware_file,
+    add_verb,
+    check_output_dir,
+    load_hardware_files,
+    print_json,
+    table,
+)
+from autocompress_opt.errors import ConfigError
 
 
 def add_parser(sub: Any) -> None:
@@ -30,13 +38,15 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autocompress_opt.arch.catalog import load_architecture
+    from autocompress_opt.serving.hardware import get_hardware
     from autocompress_opt.serving.report import cost_report, save_report
     from autocompress_opt.serving.workloads import get_workload
 
+    check_output_dir(args.out)
     load_hardware_files(args)
     arch = load_architecture(args.model)
-    workloads = [get_workload(w) for w in args.workload.split(",")] if args.workload else None
-    hardware = args.hardware.split(",") if args.hardware else None
+    workloads = [get_workload(w) for w in _names(args.workload, "--workload")] if args.workload else None
+    hardware = [get_hardware(h).name for h in _names(args.hardware, "--hardware")] if args.hardware else None
     rows = cost_report(arch, workloads, hardware)
     paths = save_report(rows, arch, args.out)
     if args.json:
@@ -63,3 +73,11 @@ def run(args: argparse.Namespace) -> int:
     )
     print("\nwrote " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _names(text: str, flag: str) -> list[str]:
+    """``"a, b"`` → ``["a", "b"]``; an empty item is a :class:`ConfigError`."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise ConfigError(f"{flag} expects comma-separated names, got {text!r}")
+    return names

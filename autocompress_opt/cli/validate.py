@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.cli._common import add_verb, print_json, table
+from autocompress_opt.cli._common import add_verb, check_output_file, print_json, table
+from autocompress_opt.errors import ConfigError
 
 
 def add_parser(sub: Any) -> None:
@@ -32,6 +33,15 @@ def run(args: argparse.Namespace) -> int:
     from autocompress_opt.serving.validation import SHIPPED_MEASUREMENTS, fit_published, load_measurements, validate
 
     source = args.measurements or SHIPPED_MEASUREMENTS
+    if args.out is not None:
+        if not args.fit:
+            raise ConfigError(f"--out {str(args.out)!r} is where --fit writes the fitted profiles; add --fit")
+        check_output_file(args.out)
+    if source.is_file():
+        try:
+            source.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"measurements file {str(source)!r} is not UTF-8 text: {exc}") from None
     rows = load_measurements(source)
     if args.fit:
         profiles = fit_published(rows)

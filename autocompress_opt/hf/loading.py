@@ -34,7 +34,7 @@ from autocompress_opt.arch.catalog import known_architectures, known_weights, re
 from autocompress_opt.arch.gguf import GGUF_ARCH_TO_FAMILY
 from autocompress_opt.errors import ConfigError, UnknownNameError
 
-__all__ = ["LoadedModel", "clear_model_cache", "known_weights", "load_model", "register_weights"]
+__all__ = ["LoadedModel", "check_model_files", "clear_model_cache", "known_weights", "load_model", "register_weights"]
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def load_model(
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ConfigError(f"dtype must be a floating torch.dtype such as torch.float32, got {dtype!r}")
-    path = _resolve(ref)
+    path = check_model_files(ref)
     key = _cache_key(path, dtype, torch.device(device))
     start = time.perf_counter()
     if not cache:
@@ -94,6 +94,33 @@ def load_model(
         return replace(loaded, load_time_s=time.perf_counter() - start)
     pristine = _load_cached(*key)
     return replace(pristine, model=copy.deepcopy(pristine.model), load_time_s=time.perf_counter() - start)
+
+
+def check_model_files(ref: str | Path) -> Path:
+    """The directory or ``.gguf`` file :func:`load_model` would load for ``ref``, after the checks
+    that need no weights (milliseconds, no torch work): the path or name resolves; a directory's
+    ``config.json`` is a JSON object of a supported family whose :class:`Architecture` can be built
+    (sizes, ``block_configs``); every ``*.safetensors`` file is complete (its header parses and its
+    tensors' byte ranges end exactly at the end of the file); tokenizer files are present; a GGUF
+    header names a supported architecture. Raises :class:`ConfigError` (or
+    :class:`UnknownNameError`) naming the bad file or value.
+    """
+    path = _resolve(ref)
+    if path.suffix.lower() == ".gguf":
+        gguf_arch = _gguf_architecture(path)
+        if gguf_arch not in GGUF_ARCH_TO_FAMILY:
+            raise ConfigError(
+                f"cannot load {str(path)!r}: GGUF architecture {gguf_arch!r} is not a supported decoder LLM family; "
+                f"supported: {', '.join(GGUF_ARCH_TO_FAMILY)}"
+            )
+        return path
+    _check_family(_directory_model_type(path), path)
+    from autocompress_opt.arch.catalog import load_architecture
+
+    load_architecture(path)  # every size of config.json (and its block_configs) checked
+    _check_safetensors(path)
+    _check_tokenizer_files(path)
+    return path
 
 
 def clear_model_cache() -> None:
@@ -184,17 +211,17 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 def _load_directory(path: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
     """A Hugging Face directory: safetensors weights only, tokenizer from the same folder."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _check_family(_directory_model_type(path), path)
+    _check_family(_directory_model_type(path), path)  # again: the files may have changed since the check
     _check_safetensors(path)
-    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
-        raise ConfigError(
-            f"directory {str(path)!r} has no tokenizer files (looked for {', '.join(_TOKENIZER_FILES)}); "
-            "save the tokenizer next to the weights (tokenizer.save_pretrained(dir))"
-        )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    _check_tokenizer_files(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (SafetensorError, OSError) as exc:
+        raise ConfigError(f"cannot load {str(path)!r}: {exc}") from None
     return model, tokenizer, f"Hugging Face directory {path} (safetensors, {_dtype_name(dtype)})"
 
 
@@ -210,8 +237,53 @@ def _directory_model_type(path: Path) -> str:
     return str(config.get("model_type", ""))
 
 
+def _check_tokenizer_files(path: Path) -> None:
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise ConfigError(
+            f"directory {str(path)!r} has no tokenizer files (looked for {', '.join(_TOKENIZER_FILES)}); "
+            "save the tokenizer next to the weights (tokenizer.save_pretrained(dir))"
+        )
+
+
+# A safetensors header is JSON of at most 100 MB (the limit the safetensors library enforces).
+_MAX_SAFETENSORS_HEADER = 100_000_000
+
+
+def _check_safetensors_file(file: Path) -> None:
+    """:class:`ConfigError` unless ``file`` is a complete safetensors file: an 8-byte little-endian
+    header length, that much JSON, then exactly the bytes its tensors' ``data_offsets`` cover (what
+    a truncated download or a file of other bytes fails)."""
+    import json
+    import struct
+
+    size = file.stat().st_size
+    bad = f"{str(file)!r} is not a complete safetensors file"
+    with file.open("rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise ConfigError(f"{bad}: {size} bytes, shorter than the 8-byte header length")
+        (length,) = struct.unpack("<Q", head)
+        if length > min(_MAX_SAFETENSORS_HEADER, size - 8):
+            raise ConfigError(f"{bad}: its header claims {length:,} bytes but the file has {size:,}")
+        try:
+            header = json.loads(handle.read(length).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{bad}: its header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise ConfigError(f"{bad}: its header is not a JSON object")
+    try:
+        end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+    except (TypeError, KeyError, IndexError, ValueError):
+        raise ConfigError(f"{bad}: a tensor entry of its header has no data_offsets") from None
+    if 8 + length + end != size:
+        raise ConfigError(f"{bad}: its tensors need {8 + length + end:,} bytes but the file has {size:,} (truncated?)")
+
+
 def _check_safetensors(path: Path) -> None:
-    if any(path.glob("*.safetensors")):
+    files = sorted(path.glob("*.safetensors"))
+    for file in files:
+        _check_safetensors_file(file)
+    if files:
         return
     pickles = sorted(p.name for p in path.iterdir() if p.suffix.lower() in _PICKLE_SUFFIXES)
     if pickles:
