@@ -62,6 +62,12 @@ def add_parser(sub: Any) -> None:
         "--concurrency requests always in flight, chunked prefill interleaved with decode; poisson: --rate "
         "requests/s at random times",
     )
+    p.add_argument(
+        "--online",
+        action="store_true",
+        help="requests come through the engine's HTTP front end (vllm serve, trtllm-serve, Triton, NIM): "
+        "TTFT and E2E include the profile's fitted per-request front-end latency",
+    )
     p.add_argument("--requests", type=int, default=None, help="with --arrival burst: how many arrive at once")
     p.add_argument("--rate", type=float, default=None, help="with --arrival poisson: mean requests per second")
     p.add_argument(
@@ -108,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         arrival=args.arrival,
         requests=args.requests,
         rate=args.rate,
+        online=args.online,
     )
     _check_tp(arch, args.tp)
     _check_context(arch, args.input_len, args.output_len)

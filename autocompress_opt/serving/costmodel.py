@@ -120,7 +120,10 @@ class Scenario:
     """What is served: weight/KV formats, tensor parallelism and the request shape.
 
     ``concurrency`` is a number of simultaneous sequences or ``"max"`` (as many as memory and the
-    engine allow). ``kv_dtype=None`` takes the engine's default for the weight format.
+    engine allow). ``kv_dtype=None`` takes the engine's default for the weight format. ``arrival``,
+    ``requests`` and ``rate`` choose the regime (module doc). ``online``: requests come through the
+    engine's HTTP front end (``vllm serve``, ``trtllm-serve``, Triton, NIM), which adds the profile's
+    ``request_overhead_ms`` to TTFT and E2E; False is an in-process engine or a bare benchmark loop.
     """
 
     dtype: str = "bf16"
@@ -132,6 +135,7 @@ class Scenario:
     arrival: str = "burst"
     requests: int | None = None
     rate: float | None = None
+    online: bool = False
 
     def __post_init__(self) -> None:
         get_weight_dtype(self.dtype)
@@ -144,6 +148,8 @@ class Scenario:
         c = self.concurrency
         if not (c == "max" or (isinstance(c, int) and not isinstance(c, bool) and c >= 1)):
             raise ConfigError(f"concurrency must be a positive integer or 'max', got {c!r}")
+        if not isinstance(self.online, bool):
+            raise ConfigError(f"online must be true or false, got {self.online!r}")
         if self.arrival not in ARRIVALS:
             raise ConfigError(f"arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
         r = self.requests
@@ -766,10 +772,11 @@ def estimate_batch(
         out[tput.format("prefill")] = timing.prefilled * p_len * 1e3 / timing.wave_ttft
         if not floor:
             out["running"] = timing.running
-    # The front end's fixed latency per request (CostProfile.request_overhead_ms): in TTFT and E2E,
-    # not in a run's throughput, and not in the physical floors.
-    out["ttft_ms"] = out["ttft_ms"] + prof.request_overhead_ms
-    out["e2e_latency_ms"] = out["e2e_latency_ms"] + prof.request_overhead_ms
+    # An online request's fixed latency in the HTTP front end (CostProfile.request_overhead_ms): in
+    # TTFT and E2E, not in a run's throughput (it overlaps the GPU's work), not in the floors.
+    if scenario.online:
+        out["ttft_ms"] = out["ttft_ms"] + prof.request_overhead_ms
+        out["e2e_latency_ms"] = out["e2e_latency_ms"] + prof.request_overhead_ms
     in_flight = ops.max(out["running"], 1.0)  # a wave, B, or (poisson) the mean in flight, at most the capacity
     peak_memory = weights_dev + fixed_gib + activation_bytes(in_flight) + in_flight * kv_seq
     out["weights_gib"] = s.weight_bytes / GIB

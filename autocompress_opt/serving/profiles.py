@@ -98,10 +98,10 @@ class CostProfile:
         kernel_launch_us: fixed cost per kernel (launch + tail); ``engine.kernels_per_*`` count them.
         step_overhead_ms: fixed cost per engine step (scheduling, sampling, Python).
         allreduce_latency_us: fixed latency of one tensor-parallel all-reduce.
-        request_overhead_ms: fixed latency a request spends outside the GPU's steps (HTTP, chat
-            template and tokenisation, scheduling hand-off, streaming the first token back); added
-            to TTFT and E2E, not to a run's throughput (the front end overlaps the GPU's work).
-            0 for a bare benchmark loop such as llama-bench.
+        request_overhead_ms: fixed latency an *online* request (``Scenario.online``: through the
+            engine's HTTP front end) spends outside the GPU's steps (HTTP, chat template and
+            tokenisation, hand-off to the scheduler, streaming the first token back); added to TTFT
+            and E2E, not to a run's throughput (the front end overlaps the GPU's work).
         fit: provenance: rows or sweep fitted, error statistics, date. ``fit["heldout"]`` lists the
             held-out residuals (leave-one-source-out) that :meth:`interval` draws on: one mapping
             per row with ``id``, ``regime``, ``phase`` and ``time_ratio`` (:func:`time_ratio`).

@@ -6,8 +6,9 @@ A measurements CSV has the columns of ``shared/reference/measurements.csv``::
     engine_detail,weight_dtype,concurrency,input_len,output_len,metric,value,source
 
 and optionally ``arrival`` (burst, steady, poisson; default burst), ``requests`` (a burst's size),
-``rate`` (poisson requests/s), ``kv_dtype``, ``engine_options`` (``memory_fraction=0.95;max_seqs=64``:
-the run's non-default engine settings), ``engine_version``, ``stated`` (which of ``input``,
+``rate`` (poisson requests/s), ``online`` (true: through the engine's HTTP front end), ``kv_dtype``,
+``engine_options`` (``memory_fraction=0.95;max_seqs=64``: the run's non-default engine settings),
+``engine_version``, ``stated`` (which of ``input``,
 ``output``, ``concurrency`` the source states; the others were inferred, e.g. llama-bench's
 defaults) and ``url``. Rows with the same ``source`` text come from one publication: they are held
 out together in leave-one-source-out validation.
@@ -124,6 +125,7 @@ def _row_to_observation(row: dict[str, str], where: str) -> tuple[Observation, s
             arrival=(row.get("arrival") or "").strip() or "burst",
             requests=int(row["requests"]) if (row.get("requests") or "").strip() else None,
             rate=float(row["rate"]) if (row.get("rate") or "").strip() else None,
+            online=(row.get("online") or "").strip().lower() in ("true", "1", "yes"),
         )
         obs = Observation(
             arch,
@@ -196,12 +198,12 @@ def free_parameters(observations: Sequence[Observation]) -> tuple[list[str], lis
     """(plain parameters, per-dtype MFUs) an engine's rows can pin: always fewer than the rows.
 
     ``mbu`` from 2 rows and ``step_overhead_ms`` from 3 (decode is bandwidth and overhead bound),
-    then ``mfu`` from 4, the per-request front-end latency from 5 where a row times a first token
-    (TTFT or E2E), ``kernel_launch_us`` next, the all-reduce latency from 7 where a row is tensor-
+    then ``mfu`` from 4, the per-request front-end latency from 5 where an online row times a first
+    token (TTFT or E2E), ``kernel_launch_us`` next, the all-reduce latency from 7 where a row is tensor-
     parallel, and an FP4 MFU from 8 where a row is FP4. One row fits nothing: the prior."""
     n = len(observations)
     order = ["mbu", "step_overhead_ms", "mfu"]
-    if any(o.metric in ("ttft_ms", "e2e_latency_ms") for o in observations):
+    if any(o.scenario.online and o.metric in ("ttft_ms", "e2e_latency_ms") for o in observations):
         order.append("request_overhead_ms")
     order.append("kernel_launch_us")
     free = order[: max(min(n - 1, len(order)), 0)]

@@ -83,10 +83,8 @@ def test_steady_interleaving_moves_ttft_and_tpot() -> None:
     assert steady.ttft_ms > single.ttft_ms and steady.tpot_ms > single.tpot_ms
     assert steady.tpot_ms > burst.tpot_ms  # burst's decode steps carry no prefill
     assert burst.ttft_ms > 10 * steady.ttft_ms
-    # closed loop: each of the 64 slots completes a request per lifetime on the GPU (the front
-    # end's fixed latency per request, CostProfile.request_overhead_ms, overlaps the GPU's work)
-    overhead = get_profile("vllm", "h100-sxm").request_overhead_ms
-    assert steady.output_throughput_tok_s == pytest.approx(64 * 200 / ((steady.e2e_latency_ms - overhead) / 1e3))
+    # closed loop: each of the 64 slots completes a request per lifetime
+    assert steady.output_throughput_tok_s == pytest.approx(64 * 200 / (steady.e2e_latency_ms / 1e3))
     longer = estimate_cost(
         arch, "h100-sxm", "vllm", Scenario(**{**sc, "input_len": 8000}, concurrency=64, arrival="steady")
     )
@@ -102,10 +100,8 @@ def test_poisson_obeys_littles_law_and_saturates() -> None:
         2000
     )
     assert high.tpot_ms > low.tpot_ms and high.ttft_ms > low.ttft_ms
-    # the fixed point: an arrival finds rate·E2E others in flight (E2E on the GPU: without the
-    # front end's fixed latency); their steady cost is the answer
-    overhead = get_profile("vllm", "h100-sxm").request_overhead_ms
-    in_flight = 20.0 * (high.e2e_latency_ms - overhead) / 1e3
+    # the fixed point: an arrival finds rate·E2E others in flight; their steady cost is the answer
+    in_flight = 20.0 * high.e2e_latency_ms / 1e3
     values = estimate_batch(
         ArchArrays.from_architectures([arch]), "h100-sxm", "vllm", Scenario(**sc, rate=20.0), bounds=True
     )
@@ -114,6 +110,19 @@ def test_poisson_obeys_littles_law_and_saturates() -> None:
     assert over.ttft_ms == over.e2e_latency_ms == float("inf")
     assert over.output_throughput_tok_s < 1e4 * 100  # capped at the capacity
     assert "beyond the capacity" in describe_regime(Scenario(**sc, rate=1e4), over)
+
+
+def test_online_requests_pay_the_front_end_latency_in_ttft_and_e2e_only() -> None:
+    arch = known_architectures()["qwen3-8b"]
+    overhead = get_profile("vllm", "h100-sxm").request_overhead_ms
+    assert overhead > 0  # fitted to the online rows of measurements.csv
+    for scenario in (Scenario("bf16", 1000, 100, 8, arrival="steady"), Scenario("bf16", 1000, 100, 64)):
+        offline = estimate_cost(arch, "h100-sxm", "vllm", scenario)
+        online = estimate_cost(arch, "h100-sxm", "vllm", dataclasses.replace(scenario, online=True))
+        assert online.ttft_ms == pytest.approx(offline.ttft_ms + overhead)
+        assert online.e2e_latency_ms == pytest.approx(offline.e2e_latency_ms + overhead)
+        assert online.tpot_ms == offline.tpot_ms and online.output_throughput_tok_s == offline.output_throughput_tok_s
+        assert online.ttft_floor_ms == offline.ttft_floor_ms
 
 
 def test_poisson_on_a_single_user_engine_is_an_md1_queue() -> None:
