@@ -9,5 +9,6 @@ __all__ = ["DATA_DIR", "PACKAGE_DIR", "REPO_SEARCH_SPACES"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DATA_DIR = PACKAGE_DIR / "data"
-# search_spaces/ beside the package in a source checkout (not installed with a wheel).
-REPO_SEARCH_SPACES = PACKAGE_DIR.parent / "search_spaces"
+# The bundled search spaces ship as package data (pyproject [tool.setuptools.package-data]), so an
+# installed wheel finds them; search_spaces/ at the top of a checkout is a link to this folder.
+REPO_SEARCH_SPACES = DATA_DIR / "search_spaces"
