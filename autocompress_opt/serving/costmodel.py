@@ -624,7 +624,7 @@ def cost_intervals(
 ) -> dict[str, Any]:
     """``<metric>_low`` / ``<metric>_high`` for TTFT, TPOT, E2E and output throughput: the
     prediction scaled by the held-out time ratios of ``profile`` in this scenario's regime
-    (:meth:`CostProfile.interval`); a latency's low end never below its roofline floor. Values have
+    (:meth:`CostProfile.interval`); neither end of a latency's interval below its roofline floor. Values have
     the type of ``metrics``' (floats, numpy or torch arrays); None where the profile holds no
     residuals (e.g. an unfitted or CPU-calibrated profile)."""
     regime = regime_of(scenario)
@@ -636,9 +636,10 @@ def cost_intervals(
             out[f"{metric}_low"] = out[f"{metric}_high"] = None
         elif metric.endswith("_ms"):
             floor = metrics.get(metric.replace("_ms", "_floor_ms").replace("e2e_latency", "e2e"))
-            low = value * bounds.low
-            out[f"{metric}_low"] = low if floor is None else _Ops(low).max(low, floor)
-            out[f"{metric}_high"] = value * bounds.high
+            low, high = value * bounds.low, value * bounds.high
+            if floor is not None:  # no end below the physical limit (so low <= high still)
+                low, high = _Ops(low).max(low, floor), _Ops(high).max(high, floor)
+            out[f"{metric}_low"], out[f"{metric}_high"] = low, high
         else:  # a throughput: the time bounds inverted
             out[f"{metric}_low"], out[f"{metric}_high"] = value / bounds.high, value / bounds.low
     return out
