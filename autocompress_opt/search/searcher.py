@@ -4,10 +4,15 @@ Imported only when a study runs: it needs Ray Tune and Optuna at import time (it
 Ray's ``Searcher``), which ``import autocompress_opt`` must not pay for.
 
 Contract: :meth:`StudySearcher.suggest` hands Ray one trial request per Optuna trial until the study
-holds ``trials`` COMPLETE trials (or ``max_failures`` trials failed), never more in flight than are
-still needed; a point the sampler already evaluated is told PRUNED (``duplicate``) and asked again.
-:meth:`StudySearcher.on_trial_complete` records the trial's metrics, quality, architecture and
-constraint values (``<= 0`` feasible; the target's one check,
+holds ``trials`` COMPLETE trials (or ``max_failures`` of this searcher's trials failed). Several
+drivers may work on one study at once (on one host or many, sharing an RDB): each suggestion is
+decided under the study's driver lock (:class:`~autocompress_opt.search.study.Coordination`), which
+counts the COMPLETE and RUNNING trials in the storage, every driver's, before asking, so together
+the drivers never run more trials than are still needed; a point that any driver already evaluated
+or is evaluating is told PRUNED (``duplicate``) and asked again. Each trial in flight gets a
+heartbeat in the storage (RDB storages), by which another driver tells a dead driver's trials from
+live ones. :meth:`StudySearcher.on_trial_complete` records the trial's metrics, quality,
+architecture and constraint values (``<= 0`` feasible; the target's one check,
 :meth:`~autocompress_opt.serving.targets.Target.violations`) and tells the objective values, or
 tells FAIL with the error. All storage access happens in the driver process that owns the searcher.
 
@@ -20,9 +25,11 @@ RUNNING trial and rerunning the same command evaluates that point first.
 from __future__ import annotations
 
 import json
-import os
-import socket
+import logging
+import time
+import warnings
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import optuna
@@ -34,6 +41,8 @@ __all__ = ["INTERRUPTED", "StudySearcher", "point_key"]
 
 INTERRUPTED = "interrupted (Ctrl-C) before it finished; parameters re-queued"
 _ASK_ATTEMPTS = 100  # sampler repeats in a row before the space counts as exhausted
+_POLL_S = 1.0  # while other drivers' trials fill the study: seconds between looks at the storage
+_log = logging.getLogger(__name__)
 
 
 class Progress(Protocol):
@@ -42,6 +51,21 @@ class Progress(Protocol):
     def update_complete(self, feasible: bool, quality: float) -> None: ...
 
     def update_fail(self) -> None: ...
+
+
+class Coordinator(Protocol):
+    """What the searcher needs from the drivers' coordination (:class:`~autocompress_opt.search.study.Coordination`)."""
+
+    driver: dict[str, Any]
+    interval: float
+
+    def lock(self) -> AbstractContextManager[None]: ...
+
+    def beat(self, trial: Any) -> None: ...
+
+    def done(self, trial: Any) -> None: ...
+
+    def repair(self, keep: set[int]) -> list[int]: ...
 
 
 def point_key(params: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
@@ -62,6 +86,7 @@ class StudySearcher(Searcher):
         trials: COMPLETE trials the study should hold.
         max_failures: failed trials after which the searcher stops.
         progress: receives one update per finished trial.
+        coordination: the study's driver lock, heartbeats and orphan repair.
     """
 
     def __init__(
@@ -76,18 +101,19 @@ class StudySearcher(Searcher):
         trials: int,
         max_failures: int,
         progress: Progress,
+        coordination: Coordinator,
     ) -> None:
         super().__init__(metric=None, mode=None)
         self.study, self.distributions, self.request = study, dict(distributions), dict(request)
         self.target, self.parent_cost, self.objectives = target, dict(parent_cost), list(objectives)
         self.trials, self.max_failures, self.progress = trials, max_failures, progress
-        self.driver = {"host": socket.gethostname(), "pid": os.getpid()}
+        self.coordination = coordination
+        self.driver = coordination.driver
         self.live: dict[str, Any] = {}
-        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        self.complete = len(done)
-        self.seen = {point_key(t.params) for t in done}
         self.failures = 0
         self.stopping = False
+        self._next_look = 0.0  # monotonic time before which suggest() does not query the storage
+        self._next_repair = 0.0
 
     def stop(self) -> None:
         """Ctrl-C: ask for no new trial; trials stopped without a result are re-queued, not failures."""
@@ -102,48 +128,94 @@ class StudySearcher(Searcher):
         return numbers
 
     def _requeue(self, trial: Any, reason: str) -> int:
+        self.coordination.done(trial)
         attrs = {"requeued_from": trial.number}
-        baseline = trial.user_attrs.get("baseline")
-        if baseline:
-            attrs["baseline"] = baseline
-        trial.set_user_attr("error", reason)
-        self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        try:
+            baseline = trial.user_attrs.get("baseline")
+            if baseline:
+                attrs["baseline"] = baseline
+            trial.set_user_attr("error", reason)
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return int(trial.number)  # another driver already failed and re-queued it
         self.study.enqueue_trial(dict(trial.params), user_attrs=attrs)
         return int(trial.number)
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]  # Ray returns FINISHED too
-        if self.stopping:
+        if self.stopping or self.failures >= self.max_failures:
             return Searcher.FINISHED if not self.live else None
-        if self.complete >= self.trials or self.failures >= self.max_failures:
-            return Searcher.FINISHED if not self.live else None
-        if self.complete + len(self.live) >= self.trials:
-            return None  # enough in flight; wait for them
-        trial = self._ask_unique()
-        if trial is None:
-            return Searcher.FINISHED if not self.live else None
+        if time.monotonic() < self._next_look:
+            return None  # waiting for trials in flight (ours or other drivers')
+        with self.coordination.lock():  # count and ask as one step among all drivers of the study
+            trials = self.study.get_trials(
+                deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
+            )
+            complete = sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+            if complete >= self.trials:
+                return Searcher.FINISHED if not self.live else None
+            if len(trials) >= self.trials:  # enough in flight, ours or other drivers'
+                self._wait()
+                return None
+            trial = self._ask_unique({point_key(t.params): t for t in trials})
+            if trial is None:
+                return Searcher.FINISHED if not self.live else None
+            self.coordination.beat(trial)
         self.live[trial_id] = trial
         return {"request": {**self.request, "params": dict(trial.params)}, "number": trial.number}
 
-    def _ask_unique(self) -> Any:
+    def _wait(self) -> None:
+        """Called under the lock when the trials in flight suffice: look again later; meanwhile
+        repair other drivers' trials whose heartbeat stopped (their points are re-queued)."""
+        now = time.monotonic()
+        self._next_look = now + _POLL_S
+        if now >= self._next_repair:
+            self._next_repair = now + self.coordination.interval
+            repaired = self.coordination.repair({t.number for t in self.live.values()})
+            if repaired:
+                _log.warning("%s: re-queued trials %s of a driver that stopped", self.study.study_name, repaired)
+                self._next_look = 0.0
+        if not self.live:
+            time.sleep(_POLL_S / 2)  # Ray asks again at once when nothing of ours runs
+
+    def _ask_unique(self, taken: dict[Any, Any]) -> Any:
+        """A new RUNNING trial whose point no COMPLETE or RUNNING trial of any driver has (``taken``)."""
         for _ in range(_ASK_ATTEMPTS):
-            trial = self.study.ask(self.distributions)
+            with warnings.catch_warnings():  # "heartbeat ... supposed to be used with Study.optimize":
+                warnings.simplefilter("ignore")  # this searcher records the heartbeats itself
+                trial = self.study.ask(self.distributions)
             trial.set_user_attr("driver", self.driver)
             key = point_key(trial.params)
-            if key not in self.seen:
-                self.seen.add(key)
+            if key not in taken:
+                taken[key] = trial
                 return trial
-            trial.set_user_attr("duplicate", True)  # the sampler repeated an evaluated point
+            trial.set_user_attr("duplicate", True)  # the sampler repeated a point already evaluated
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            other = getattr(taken[key], "user_attrs", {}).get("driver")
+            if other is not None and other != self.driver:
+                # Another driver with the same sampler seed: leave its sequence of points.
+                self.study.sampler.reseed_rng()
         return None  # the space looks exhausted
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         trial = self.live.pop(trial_id, None)
         if trial is None:
             return
+        self._next_look = 0.0  # a slot is free: look at the storage again at once
+        try:
+            self._record(trial, result, error)
+        except optuna.exceptions.UpdateFinishedTrialError:  # failed by another driver (no heartbeat seen)
+            _log.warning(
+                "%s: trial %d was re-queued by another driver; its result is dropped",
+                self.study.study_name,
+                trial.number,
+            )
+
+    def _record(self, trial: Any, result: dict | None, error: bool) -> None:
         payload = json.loads(result["payload"]) if result and "payload" in result else None
         if self.stopping and payload is None:  # stopped by Ctrl-C before it finished: not its fault
             self._requeue(trial, INTERRUPTED)
             return
+        self.coordination.done(trial)
         if error or payload is None or "error" in payload:
             self.failures += 1
             trial.set_user_attr("error", (payload or {}).get("error", "trial process died (see Ray logs)"))
@@ -167,5 +239,4 @@ class StudySearcher(Searcher):
         trial.set_user_attr("feasible", feasible)
         values = [payload["quality"] if metric == "quality" else metrics[metric] for metric in self.objectives]
         self.study.tell(trial, values)
-        self.complete += 1
         self.progress.update_complete(feasible, payload["quality"])

@@ -28,13 +28,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
 import sys
 import tempfile
 import threading
+import time
 import traceback
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -50,6 +53,7 @@ from autocompress_opt.serving.targets import all_satisfied
 
 __all__ = [
     "SEEDED_BASELINES",
+    "Coordination",
     "Objective",
     "StudyConfig",
     "StudyInterrupted",
@@ -59,6 +63,7 @@ __all__ = [
     "constraint_misses",
     "default_storage",
     "delete_studies",
+    "driver_identity",
     "first_line",
     "group_members",
     "load_records",
@@ -225,22 +230,202 @@ def resolve_storage(url: str) -> str:
     raise ConfigError(f"study storage {url!r} is {kind}; not touching it: {valid}")
 
 
-def make_storage(url: str) -> Any:
+def _heartbeat_settings() -> tuple[int, int]:
+    """``(interval, grace)`` in seconds of the trial heartbeats: ``$AUTOCOMPRESS_HEARTBEAT_S``
+    (default 10) and six times that; a RUNNING trial whose heartbeat is older than the grace period
+    belongs to a driver that stopped (:func:`repair_orphans`)."""
+    text = os.environ.get("AUTOCOMPRESS_HEARTBEAT_S", "10")
+    try:
+        interval = int(text)
+    except ValueError:
+        interval = 0
+    if interval < 1:
+        raise ConfigError(f"AUTOCOMPRESS_HEARTBEAT_S must be a positive integer (seconds), got {text!r}")
+    return interval, 6 * interval
+
+
+def _driver_url(url: str) -> str:
+    """``postgresql://`` names SQLAlchemy's default PostgreSQL driver (psycopg 3 in SQLAlchemy
+    2.1); with only psycopg2 installed (the ``dev`` extra) use it instead."""
+    import importlib.util
+
+    psycopg2_only = importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None
+    if url.startswith("postgresql://") and psycopg2_only:
+        return "postgresql+psycopg2://" + url.removeprefix("postgresql://")
+    return url
+
+
+def make_storage(url: str, *, heartbeat: bool = False) -> Any:
     """An Optuna storage for ``url`` as :func:`resolve_storage` resolves it: an RDB URL
-    (``sqlite://``, ``postgresql://``...) or an existing Optuna journal file."""
+    (``sqlite://``, ``postgresql://``...) or an existing Optuna journal file. ``heartbeat``: an RDB
+    storage records trial heartbeats (:func:`_heartbeat_settings`), as drivers running trials do.
+
+    Drivers started at once on a new database race to create its tables; the loser retries."""
+    import warnings
+
     import optuna
 
     url = resolve_storage(url)
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
     if "://" in url:
-        try:
-            return optuna.storages.RDBStorage(url)
-        except Exception as exc:
-            raise ConfigError(f"cannot open study storage {url!r}: {exc}") from None
+        kwargs: dict[str, Any] = {}
+        if heartbeat:
+            kwargs["heartbeat_interval"], kwargs["grace_period"] = _heartbeat_settings()
+        for attempt in range(5):
+            try:
+                with warnings.catch_warnings():  # heartbeat_interval is an "experimental" argument
+                    warnings.simplefilter("ignore")
+                    return optuna.storages.RDBStorage(_driver_url(url), **kwargs)
+            except Exception as exc:
+                if attempt < 4 and _creation_race(exc):
+                    time.sleep(0.2 + random.random() * 0.5)  # another driver is creating the tables
+                    continue
+                raise ConfigError(f"cannot open study storage {url!r}: {first_line(str(exc))}") from None
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     return JournalStorage(JournalFileBackend(url))
+
+
+def _creation_race(exc: Exception) -> bool:
+    """Whether opening an RDB failed because another driver was creating its tables at that moment."""
+    text = str(exc)
+    return any(s in text for s in ("already exists", "UNIQUE constraint failed", "duplicate key", "UniqueViolation"))
+
+
+# ---------------------------------------------------------------- coordination
+def driver_identity() -> dict[str, Any]:
+    """This driver process as trials record it (``driver`` user attribute)."""
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+class Coordination:
+    """How the drivers of one study share it (several ``study run`` at once, on one host or many).
+
+    * :meth:`lock`: a mutex over every driver of the study, held while a driver counts the COMPLETE
+      and RUNNING trials and asks for a new one, so together they run exactly the trials needed:
+      ``pg_advisory_lock`` on PostgreSQL, ``GET_LOCK`` on MySQL, an ``flock`` on a file beside a
+      SQLite database or journal file (``<file>.driver-lock``; those storages are one host's).
+      Released by the server or the kernel when a driver dies.
+    * :meth:`beat`: while a trial runs, its driver records a heartbeat in the storage every
+      ``interval`` seconds (Optuna's ``RDBStorage`` heartbeats; journal files have none).
+    * :meth:`repair`: RUNNING trials whose driver stopped become FAIL and their points are
+      re-queued (:func:`repair_orphans`).
+    """
+
+    def __init__(self, study: Any, url: str):
+        from optuna.storages._heartbeat import is_heartbeat_enabled
+
+        self.study = study
+        self.driver = {**driver_identity(), "run": uuid.uuid4().hex[:12]}  # this run of this driver
+        self.storage = study._storage
+        self.heartbeats = is_heartbeat_enabled(self.storage)
+        self.interval = float(self.storage.get_heartbeat_interval()) if self.heartbeats else 5.0
+        self._lock = _driver_lock(self.storage, resolve_storage(url), study.study_name)
+        self._beating: dict[int, int] = {}  # trial_id -> number, of this driver's trials in flight
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def lock(self) -> Any:
+        return self._lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Ray Tune pickles its searcher (this included) into its scratch experiment state; that copy
+        is never run, and goes without the lock, the beating trials and the heartbeat thread."""
+        return {**self.__dict__, "_lock": None, "_beating": {}, "_stop": None, "_thread": None}
+
+    def beat(self, trial: Any) -> None:
+        """Start ``trial``'s heartbeat (first one now, marked in its system attributes)."""
+        if not self.heartbeats:
+            return
+        self.storage.record_heartbeat(trial._trial_id)
+        self.storage.set_trial_system_attr(trial._trial_id, "heartbeat", True)
+        self._beating[trial._trial_id] = trial.number
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="autocompress-heartbeat", daemon=True)
+            self._thread.start()
+
+    def done(self, trial: Any) -> None:
+        self._beating.pop(trial._trial_id, None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for trial_id in list(self._beating):
+                try:
+                    self.storage.record_heartbeat(trial_id)
+                except Exception as exc:  # a lost connection: the next beat tries again
+                    _log.warning("heartbeat of trial %s not recorded: %s", self._beating.get(trial_id), exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._stop.clear()
+
+    def repair(self, keep: set[int] | frozenset[int] = frozenset()) -> list[int]:
+        """:func:`repair_orphans` sparing ``keep`` (this driver's trials in flight); call under :meth:`lock`."""
+        return repair_orphans(self.study, keep)
+
+
+def _driver_lock(storage: Any, url: str, study_name: str) -> Callable[[], Any]:
+    """The :meth:`Coordination.lock` of a study in ``storage`` (``url`` as resolved)."""
+    import hashlib
+
+    local = threading.Lock()  # the drivers in this process (tests run several)
+    from optuna.storages.journal import JournalStorage
+
+    backend = getattr(storage, "_backend", storage)  # a study's storage is Optuna's cache around the RDB
+    engine = getattr(backend, "engine", None)
+    dialect = engine.dialect.name if engine is not None else None
+    key = int.from_bytes(hashlib.sha256(f"autocompress:{study_name}".encode()).digest()[:8], "big", signed=True)
+
+    if engine is not None and dialect in ("postgresql", "mysql", "mariadb"):
+        from sqlalchemy import text
+
+        acquire, release = (
+            ("SELECT pg_advisory_lock(:k)", "SELECT pg_advisory_unlock(:k)")
+            if dialect == "postgresql"
+            else ("SELECT GET_LOCK(:k, -1)", "SELECT RELEASE_LOCK(:k)")
+        )
+        param = key if dialect == "postgresql" else f"autocompress:{key:x}"
+
+        @contextmanager
+        def server_lock() -> Iterator[None]:
+            with local, engine.connect() as conn:
+                conn.execute(text(acquire), {"k": param})
+                try:
+                    yield
+                finally:
+                    conn.execute(text(release), {"k": param})
+                    conn.commit()
+
+        return server_lock
+    if dialect == "sqlite":
+        path = url.removeprefix("sqlite:///")
+        file = None if path in ("", ":memory:") or url.startswith("sqlite:///:memory:") else Path(path).expanduser()
+    elif isinstance(backend, JournalStorage) and "://" not in url:  # a journal file
+        file = Path(url).expanduser()
+    else:
+        _log.warning("%s: no lock shared between drivers; run one driver per study", dialect or type(backend).__name__)
+        file = None
+
+    @contextmanager
+    def file_lock() -> Iterator[None]:
+        import fcntl
+
+        with local:
+            if file is None:
+                yield
+                return
+            with open(f"{file}.driver-lock", "a") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+
+    return file_lock
 
 
 # --------------------------------------------------------------------- records
@@ -365,21 +550,40 @@ def _trainable(config: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------- repair
-def repair_orphans(study: Any) -> list[int]:
-    """Mark RUNNING trials whose driver is gone as FAIL and re-queue their parameters.
+def repair_orphans(study: Any, keep: set[int] | frozenset[int] = frozenset()) -> list[int]:
+    """Mark RUNNING trials whose driver stopped as FAIL and re-queue their parameters.
 
-    A trial is left alone when its driver (host, pid) is this host and that process is alive
-    (another driver is working on the same study). Returns the repaired trial numbers.
-    """
+    A trial with a heartbeat (:class:`Coordination`) is orphaned when its heartbeat is older than
+    the grace period, or when its driver ran on this host and that process is gone (no need to wait
+    then); a live driver on another host sharing the RDB keeps its trials. A trial without a
+    heartbeat (a journal file; older versions) is orphaned unless its driver is another live
+    process on this host. Trials numbered in ``keep`` (the caller's own in flight) are left alone.
+    Safe against other drivers repairing at once: a trial is failed and re-queued by one of them.
+    Returns the repaired trial numbers."""
     import optuna
+    from optuna.storages._heartbeat import is_heartbeat_enabled
 
+    storage = study._storage
+    stale = set(storage._get_stale_trial_ids(study._study_id)) if is_heartbeat_enabled(storage) else set()
+    me = driver_identity()
     repaired = []
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        owner = trial.user_attrs.get("driver") or {}
-        if owner.get("host") == socket.gethostname() and owner.get("pid") != os.getpid() and _alive(owner.get("pid")):
+        if trial.number in keep:
             continue
-        study._storage.set_trial_user_attr(trial._trial_id, "error", "orphaned: its driver died; parameters re-queued")
-        study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+        owner = trial.user_attrs.get("driver") or {}
+        here = owner.get("host") == me["host"]
+        other_live_here = here and owner.get("pid") != me["pid"] and _alive(owner.get("pid"))
+        if trial.system_attrs.get("heartbeat"):
+            orphaned = trial._trial_id in stale or (here and not other_live_here)
+        else:
+            orphaned = not other_live_here
+        if not orphaned:
+            continue
+        try:
+            storage.set_trial_user_attr(trial._trial_id, "error", "orphaned: its driver stopped; parameters re-queued")
+            storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # finished meanwhile, or repaired by another driver
         if trial.params:
             study.enqueue_trial(dict(trial.params), user_attrs={"requeued_from": trial.number})
         repaired.append(trial.number)
@@ -439,50 +643,61 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
 
     Creation is all or nothing: everything is computed before the study is created, and a study
     whose creation did not finish (no stored identity, no trials; e.g. left by an interrupted
-    earlier version) is deleted and created again."""
+    earlier version) is deleted and created again. Drivers started at once do this one at a time
+    under the study's driver lock (:class:`Coordination`): one creates the study, the others load it."""
     import optuna
 
     objectives = config.objectives_for(target)
     directions = [o.direction for o in objectives]
-    storage = make_storage(config.storage_url)
+    storage = make_storage(config.storage_url, heartbeat=True)
     name = config.study_name(target)
-    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
     identity = _identity(config, target, objectives)
     sampler = config.space.make_sampler(seed=config.seed)
-    if name in existing and "identity" not in existing[name].user_attrs and existing[name].n_trials == 0:
-        optuna.delete_study(study_name=name, storage=storage)  # a half-created study: nothing to keep
-        del existing[name]
-    if name in existing:
-        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
-        old_dirs = [d.name.lower() for d in study.directions]
-        if old_dirs != directions:
-            raise ConfigError(
-                f"study {name!r} in {config.storage_url} has directions {old_dirs}; this run asks for "
-                f"{directions} ({', '.join(map(str, objectives))}). Use another --name or the same objectives."
-            )
-        old = study.user_attrs.get("identity", {})
-        added_later: dict[str, Any] = {"inner": {}, "importance": None}  # keys newer than some stored studies
-        diffs = [k for k in identity if old.get(k, added_later.get(k)) != identity[k]]
-        if diffs:
-            detail = "; ".join(f"{k}: stored {old.get(k)!r}, now {identity[k]!r}" for k in diffs)
-            raise ConfigError(f"study {name!r} exists with different settings ({detail}). Use another --name.")
-        return study, dict(study.user_attrs["parent_metrics"])
-    cost = parent_metrics(parent, target)
-    study = optuna.create_study(
-        study_name=name,
-        storage=storage,
-        directions=directions,  # type: ignore[arg-type]  # "minimize" / "maximize", checked by Objective
-        sampler=sampler,
-    )
+    cost = None if _study_exists(storage, name) else parent_metrics(parent, target)  # outside the lock
+    with _driver_lock(storage, resolve_storage(config.storage_url), name)():
+        existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
+        if name in existing and "identity" not in existing[name].user_attrs and existing[name].n_trials == 0:
+            optuna.delete_study(study_name=name, storage=storage)  # a half-created study: nothing to keep
+            del existing[name]
+        if name in existing:
+            study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+            old_dirs = [d.name.lower() for d in study.directions]
+            if old_dirs != directions:
+                raise ConfigError(
+                    f"study {name!r} in {config.storage_url} has directions {old_dirs}; this run asks for "
+                    f"{directions} ({', '.join(map(str, objectives))}). Use another --name or the same objectives."
+                )
+            old = study.user_attrs.get("identity", {})
+            added_later: dict[str, Any] = {"inner": {}, "importance": None}  # keys newer than some stored studies
+            diffs = [k for k in identity if old.get(k, added_later.get(k)) != identity[k]]
+            if diffs:
+                detail = "; ".join(f"{k}: stored {old.get(k)!r}, now {identity[k]!r}" for k in diffs)
+                raise ConfigError(f"study {name!r} exists with different settings ({detail}). Use another --name.")
+            return study, dict(study.user_attrs["parent_metrics"])
+        cost = cost if cost is not None else parent_metrics(parent, target)
+        study = optuna.create_study(
+            study_name=name,
+            storage=storage,
+            directions=directions,  # type: ignore[arg-type]  # "minimize" / "maximize", checked by Objective
+            sampler=sampler,
+        )
+        try:
+            study.set_user_attr("parent_metrics", cost)
+            study.set_user_attr("parent_architecture", parent.to_dict())
+            study.set_user_attr("objectives", [str(o) for o in objectives])
+            study.set_user_attr("identity", identity)  # last: its presence marks a finished creation
+        except BaseException:
+            optuna.delete_study(study_name=name, storage=storage)
+            raise
+        return study, cost
+
+
+def _study_exists(storage: Any, name: str) -> bool:
     try:
-        study.set_user_attr("parent_metrics", cost)
-        study.set_user_attr("parent_architecture", parent.to_dict())
-        study.set_user_attr("objectives", [str(o) for o in objectives])
-        study.set_user_attr("identity", identity)  # last: its presence marks a finished creation
-    except BaseException:
-        optuna.delete_study(study_name=name, storage=storage)
-        raise
-    return study, cost
+        storage.get_study_id_from_name(name)
+    except KeyError:
+        return False
+    return True
 
 
 # ------------------------------------------------------------------- seeding
@@ -606,6 +821,18 @@ class _Progress:
         self.bar = tqdm(total=total, initial=initial, desc=desc, disable=not enabled, unit="trial", leave=True)
         self.feasible, self.failed = 0, 0
         self.best: float | None = None
+
+    def count_existing(self, study: Any) -> None:
+        """Start from the study's COMPLETE trials (a resumed study): feasible count and best quality."""
+        import optuna
+
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            record = _record(study.study_name, trial)
+            self.feasible += record.feasible
+            if record.feasible and record.quality is not None and (self.best is None or record.quality > self.best):
+                self.best = record.quality
+        if self.feasible:
+            self._post()
 
     def _post(self) -> None:
         best = "-" if self.best is None else f"{self.best:.3f}"
@@ -828,8 +1055,9 @@ def _run_targets(
 
     for target in config.targets:
         study, parent_cost = open_study(config, target, parent)
-        repaired = repair_orphans(study)
-        first_new = len(study.get_trials(deepcopy=False))  # trials numbered from here on are this run's
+        coordination = Coordination(study, config.storage_url)
+        with coordination.lock():
+            repaired = coordination.repair()
         objectives = config.objectives_for(target)
         request = {
             "mode": config.mode,
@@ -862,6 +1090,7 @@ def _run_targets(
             else []
         )
         bar = _Progress(config.study_name(target), config.trials, min(done, config.trials), progress)
+        bar.count_existing(study)
         if done < config.trials:
             from autocompress_opt.search.searcher import INTERRUPTED, StudySearcher  # needs Ray Tune and Optuna
 
@@ -875,9 +1104,9 @@ def _run_targets(
                 trials=config.trials,
                 max_failures=config.max_failures if config.max_failures is not None else config.trials,
                 progress=bar,
+                coordination=coordination,
             )
             scratch = tempfile.mkdtemp(prefix="autocompress-tune-")
-            first_live = len(study.get_trials(deepcopy=False))
             try:
                 tuner = tune.Tuner(
                     tune.with_resources(_trainable, {"cpu": _trial_cpus(config)}),
@@ -896,19 +1125,22 @@ def _run_targets(
                 stopped = [
                     t.number
                     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
-                    if t.number >= first_live and t.user_attrs.get("error") == INTERRUPTED
+                    if t.user_attrs.get("driver") == coordination.driver and t.user_attrs.get("error") == INTERRUPTED
                 ]
                 if stopped:
                     numbers = ", ".join(f"#{n}" for n in stopped)
                     interrupted.append(f"{study.study_name}: trials {numbers} stopped, marked FAIL and re-queued")
                 raise
             finally:
+                coordination.close()
                 shutil.rmtree(scratch, ignore_errors=True)
                 bar.close()
         bar.close()
         final = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-        failed = [
-            t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)) if t.number >= first_new
+        failed = [  # this run's: trials of other runs or drivers are not its failures
+            t
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+            if t.user_attrs.get("driver") == coordination.driver
         ]
         first_error = first_line(failed[0].user_attrs.get("error")) if failed else None
         records = [
