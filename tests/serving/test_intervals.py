@@ -117,3 +117,19 @@ def test_free_parameters_stay_below_the_rows() -> None:
     for n in range(1, len(rows) + 1):
         free, fp4 = free_parameters(rows[:n])
         assert len(free) + len(fp4) < n
+
+
+def test_cost_report_rows_carry_the_intervals_they_plot(tmp_path: Any) -> None:
+    from autocompress_opt.serving.report import INTERVAL_CONFIDENCE, cost_report, save_report
+    from autocompress_opt.serving.workloads import get_workload
+
+    arch = known_architectures()["smollm2-135m"]
+    rows = cost_report(arch, [get_workload("datacenter")], ["h100-sxm"])
+    (row,) = rows
+    profile = targets_module.get_profile("vllm", "h100-sxm")
+    band = profile.interval("tpot_ms", "burst", INTERVAL_CONFIDENCE)
+    assert band is not None
+    assert row.bounds["tpot_ms_high"] == pytest.approx(max(row.cost.tpot_ms * band.high, row.cost.tpot_floor_ms))
+    assert row.to_dict()["tpot_ms_low"] == row.bounds["tpot_ms_low"]
+    paths = save_report(rows, arch, tmp_path)
+    assert all(p.exists() and p.stat().st_size > 0 for p in paths)
