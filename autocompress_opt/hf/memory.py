@@ -1,0 +1,532 @@
+"""Peak device memory of a weights trial and of distillation, predicted from the architecture alone.
+
+Pure arithmetic over an :class:`~autocompress_opt.arch.architecture.Architecture` (no weights, no
+torch import): :func:`predict_memory` returns the peak live tensor bytes of each stage of a run,
+and :func:`training_step_bytes` the peak of one forward + backward, the building block checked
+against measurement. :func:`measure_peak_bytes` measures the same quantity for a real call — every
+storage an aten op allocates, tracked until it is freed, by a ``TorchDispatchMode`` — on the CPU or
+on the ``meta`` device (no memory, no arithmetic), so the predictor is tested without a GPU.
+
+**What autograd keeps** (transformers' Llama-style decoder, SDPA flash attention: Q·Kᵀ is never
+materialised; ``c`` = bytes of the compute dtype, ``D`` hidden, ``Hq·d`` / ``Hkv·d`` the query and
+KV widths, ``F`` the FFN width), per token, for backward:
+
+* each RMSNorm: its normalised input and output, ``2·D·c`` (in bf16/fp16 the float32 upcast of the
+  input replaces the first: ``D·4 + 2·D·c``);
+* attention: rotated q and k, v, the SDPA output and its logsumexp (``Hq`` float32), the
+  ``o_proj`` input (a contiguous copy of the output), the residual sum;
+* the gated FFN: gate, act(gate), up and their product (``4·F·c``), the residual sum;
+* the LM head's output ``V·c`` and the loss's float32 log-probabilities (``V·4`` each).
+
+With activation checkpointing (transformers' ``activation_checkpointing_enable``, non-reentrant)
+only each layer's input (``D·c``) is kept, and one layer's activations are rebuilt during its
+backward. The figures are live-tensor bytes; a CUDA process adds its context and the caching
+allocator's slack (:data:`CUDA_OVERHEAD_BYTES`), which :func:`predict_memory` adds to every stage.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from autocompress_opt.arch.architecture import Architecture, LayerSpec
+from autocompress_opt.errors import ConfigError, check_int
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "CUDA_OVERHEAD_BYTES",
+    "DTYPE_BYTES",
+    "MODES",
+    "DistillShape",
+    "MeasuredPeak",
+    "MemoryPrediction",
+    "Stage",
+    "WeightsTrialShape",
+    "activation_bytes",
+    "measure_peak_bytes",
+    "predict_memory",
+    "training_step_bytes",
+]
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+MODES = ("weights", "distill")
+_F32 = 4
+# The CUDA context (~0.5 GiB with cuBLAS/cuDNN loaded) plus the caching allocator's fragmentation
+# and cuBLAS workspaces: 1 GiB is the slack a PyTorch training process on an H100 shows between
+# torch.cuda.max_memory_allocated() and nvidia-smi in our experience; stated as an assumption.
+CUDA_OVERHEAD_BYTES = 2**30
+
+
+def _dtype_bytes(name: str) -> int:
+    if name not in DTYPE_BYTES:
+        raise ConfigError(f"compute dtype {name!r} is not one of {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[name]
+
+
+# ------------------------------------------------------------------ activations
+def _norm_bytes(d_model: int, c: int, trainable: bool) -> int:
+    """Bytes per token an RMSNorm keeps: the (upcast) input times its rsqrt, and the output."""
+    if c == _F32:
+        return 2 * d_model * c if trainable else d_model * c
+    # bf16/fp16: float32 copy of the input (pow, mul), the normalised input cast back (kept for the
+    # weight's gradient), the output.
+    return d_model * _F32 + (2 if trainable else 1) * d_model * c
+
+
+def _layer_bytes(arch: Architecture, layer: LayerSpec, c: int, trainable: bool) -> int:
+    """Bytes per token one decoder layer keeps for backward (see the module docstring)."""
+    d_model, total = arch.hidden_size, 0
+    if layer.attention:
+        q, kv = layer.num_heads * layer.head_dim, layer.num_kv_heads * layer.head_dim
+        total += _norm_bytes(d_model, c, trainable)
+        total += (q + 2 * kv) * c  # rotated q, rotated k, v: SDPA's inputs
+        total += q * c + layer.num_heads * _F32  # SDPA output (already o_proj's layout), logsumexp
+        total += d_model * c  # residual sum
+    if layer.ffn:
+        total += _norm_bytes(d_model, c, trainable)
+        total += 4 * layer.ffn_width * c  # gate, act(gate), up, act(gate)·up
+        total += d_model * c  # residual sum
+    return total
+
+
+def activation_bytes(
+    arch: Architecture,
+    tokens: int,
+    compute_dtype: str = "fp32",
+    *,
+    checkpointing: bool = False,
+    trainable: bool = True,
+) -> int:
+    """Bytes autograd keeps through the decoder stack for ``tokens`` (= batch · seq_len) tokens.
+
+    Embedding output, every layer and the final norm; not the LM head's logits (see
+    :func:`training_step_bytes`). ``checkpointing``: only each layer's input is kept, plus the
+    largest layer's activations while it is rebuilt. ``trainable=False`` (a frozen model) drops the
+    norms' inputs kept only for their weights' gradients; other activations are kept as if trained,
+    an upper bound for the inner search's masked parent (its masks make every activation after
+    the first need a gradient).
+    """
+    c = _dtype_bytes(compute_dtype)
+    d_model = arch.hidden_size
+    per_layer = [_layer_bytes(arch, layer, c, trainable) for layer in arch.layers]
+    ends = d_model * c + _norm_bytes(d_model, c, trainable)  # embedding output, final norm
+    if checkpointing:
+        return tokens * (ends + arch.num_layers * d_model * c + max(per_layer))
+    return tokens * (ends + sum(per_layer))
+
+
+def _loss_bytes(vocab: int, c: int, *, teacher_on_device: bool) -> int:
+    """Bytes per token at the peak of ``T²·KL(teacher ‖ student)`` of ``(B, T, V)`` logits and its backward.
+
+    Student logits (``c``) and their float32 log-probabilities (kept by log_softmax); the teacher's
+    logits, its float32 log-probabilities, ``p_t = exp`` of them (kept by the product) and the two
+    float32 temporaries of ``p_t·(log p_t − log p_s)``, at whose product the peak comes. (The
+    float32 upcasts of bf16 logits are freed as soon as log_softmax has read them.)
+    """
+    student = c + _F32
+    teacher = (c if teacher_on_device else 0) + 4 * _F32
+    return vocab * (student + teacher)
+
+
+def training_step_bytes(
+    arch: Architecture,
+    batch_size: int,
+    seq_len: int,
+    compute_dtype: str = "fp32",
+    *,
+    checkpointing: bool = False,
+    kl_chunk: int | None = None,
+    param_grads: bool = True,
+) -> int:
+    """Peak live bytes of one forward + backward of ``T²·KL(teacher ‖ student)``, weights included.
+
+    The larger of three moments: the end of the forward (every kept activation and the KL's
+    vocabulary-sized temporaries), the LM head's backward (the head's gradient appears) and each
+    layer's backward, walked from the last layer to the first (gradients accumulate as activations
+    are freed; with ``checkpointing`` the layer's activations are rebuilt first), then the
+    embedding's gradient. The caller holds the student's and teacher's logits throughout. Weights
+    and gradients in ``compute_dtype``; ``param_grads=False`` for a
+    frozen model. Teacher logits are given, in ``compute_dtype``, on the device. ``kl_chunk``: the
+    KL's float32 tensors exist for ``kl_chunk`` positions at a time (the loss's gradient w.r.t.
+    the logits is accumulated chunk by chunk, in ``compute_dtype``).
+    """
+    check_int(batch_size, "batch_size")
+    check_int(seq_len, "seq_len")
+    c = _dtype_bytes(compute_dtype)
+    tokens, v, d_model = batch_size * seq_len, arch.vocab_size, arch.hidden_size
+    weights = arch.num_params * c
+    ends = d_model * c + _norm_bytes(d_model, c, param_grads)  # embedding output, final norm
+    per_layer = [_layer_bytes(arch, layer, c, param_grads) for layer in arch.layers]
+    kept = [d_model * c if checkpointing else b for b in per_layer]
+    acts = tokens * (ends + sum(kept))
+    logits = tokens * v * 2 * c  # student and teacher logits
+    if kl_chunk is None:
+        loss_fwd = tokens * v * 4 * _F32 + tokens * v * _F32  # p_t, log p_t, two temporaries; log p_s
+        loss_bwd = tokens * v * 3 * _F32  # log p_s, its gradient, log_softmax's input gradient
+    else:
+        check_int(kl_chunk, "kl_chunk")
+        rows = min(tokens, batch_size * kl_chunk)
+        loss_fwd = tokens * v * c + rows * v * 5 * _F32  # d loss / d logits, whole; one chunk's tensors
+        loss_bwd = tokens * v * c
+    grad = (lambda n: n * c) if param_grads else (lambda n: 0)
+    head = grad(v * d_model + d_model)  # LM head and final norm
+    moments = [weights + acts + logits + loss_fwd, weights + acts + logits + loss_bwd + head]
+    done, live_acts = head, acts
+    for i in reversed(range(arch.num_layers)):
+        rebuilt = tokens * per_layer[i] if checkpointing else 0
+        step = grad(arch.layer_params(i)) + live_acts + rebuilt + 3 * tokens * d_model * c
+        moments.append(weights + logits + done + step)
+        done += grad(arch.layer_params(i))
+        live_acts -= tokens * kept[i]
+    # The embedding's gradient; tied to the head, it is added to the head's (a third V x D tensor).
+    embed = grad(v * d_model) * (2 if arch.tie_embeddings else 1)
+    moments.append(weights + logits + done + embed + 2 * tokens * d_model * c)
+    return max(moments)
+
+
+# ------------------------------------------------------------------ stages
+@dataclass(frozen=True)
+class Stage:
+    """Peak device bytes of one stage of a run and what is live at that peak (bytes per part)."""
+
+    name: str
+    parts: dict[str, int]
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(self.parts.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "peak_bytes": self.peak_bytes, "parts": dict(self.parts)}
+
+
+@dataclass(frozen=True)
+class WeightsTrialShape:
+    """The sizes of a weights trial that decide its memory (defaults: :class:`TrialConfig`'s).
+
+    ``search_batch`` × ``search_seq_len``: rows and tokens per inner-search step;
+    ``n_samples``: calibration rows whose teacher log-probs exist (fp16); ``teacher_on_device``:
+    they are held on the device rather than sliced per step from host memory;
+    ``importance_batch`` × ``importance_seq_len`` and ``eval_batch`` × ``eval_seq_len``: the
+    no-grad passes of importance scoring and held-out quality.
+    """
+
+    search_batch: int = 2
+    search_seq_len: int = 128
+    n_samples: int = 20
+    teacher_on_device: bool = False
+    importance_batch: int = 4
+    importance_seq_len: int = 128
+    eval_batch: int = 4
+    eval_seq_len: int = 128
+
+
+@dataclass(frozen=True)
+class DistillShape:
+    """The sizes of a distillation run that decide its memory (defaults: ``DistillRecipe``'s).
+
+    ``master_dtype``: the student's trained weights, gradients and AdamW moments (``fp32``: mixed
+    precision, the forward casts to the compute dtype; ``bf16``: pure bf16 training).
+    ``checkpointing`` / ``kl_chunk``: activation checkpointing and the chunked KL
+    (None = the whole sequence at once). ``student``: the student's architecture (None: the same
+    as the teacher's, the upper bound for any pruned child).
+    """
+
+    batch_size: int = 8
+    seq_len: int = 256
+    master_dtype: str = "fp32"
+    checkpointing: bool = True
+    kl_chunk: int | None = 32
+    student: Architecture | None = None
+
+
+@dataclass(frozen=True)
+class MemoryPrediction:
+    """Predicted peak device memory per GPU of a run, stage by stage.
+
+    ``peak_bytes`` is the largest stage plus :data:`CUDA_OVERHEAD_BYTES` when ``cuda`` is set;
+    ``assumptions`` lists what the figures take for granted, in words.
+    """
+
+    mode: str
+    model: str
+    gpus: int
+    compute_dtype: str
+    stages: tuple[Stage, ...]
+    assumptions: tuple[str, ...] = field(default=())
+    overhead_bytes: int = 0
+
+    @property
+    def peak_stage(self) -> Stage:
+        return max(self.stages, key=lambda s: s.peak_bytes)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak_stage.peak_bytes + self.overhead_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "model": self.model,
+            "gpus": self.gpus,
+            "compute_dtype": self.compute_dtype,
+            "peak_bytes": self.peak_bytes,
+            "peak_gb": self.peak_bytes / 1e9,
+            "peak_stage": self.peak_stage.name,
+            "overhead_bytes": self.overhead_bytes,
+            "stages": [s.to_dict() for s in self.stages],
+            "assumptions": list(self.assumptions),
+        }
+
+
+def predict_memory(
+    arch: Architecture,
+    mode: str,
+    *,
+    gpus: int = 1,
+    compute_dtype: str = "bf16",
+    cuda: bool = True,
+    weights: WeightsTrialShape | None = None,
+    distill: DistillShape | None = None,
+) -> MemoryPrediction:
+    """Peak device bytes per GPU of a ``weights`` trial or a ``distill`` run on parent ``arch``.
+
+    ``gpus``: FSDP shards the student's weights, gradients and AdamW moments ``gpus`` ways
+    (distill; a weights trial runs on one GPU, so ``gpus`` must be 1). ``cuda`` adds
+    :data:`CUDA_OVERHEAD_BYTES`. Pure arithmetic: the same arguments give the same figures.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"memory mode {mode!r} is not one of {', '.join(MODES)}")
+    check_int(gpus, "gpus")
+    _dtype_bytes(compute_dtype)
+    if mode == "weights":
+        if gpus != 1:
+            raise ConfigError(f"a weights trial runs on one GPU; got gpus={gpus} (valid: 1, or use --mode distill)")
+        stages, assumptions = _weights_stages(arch, compute_dtype, weights or WeightsTrialShape())
+    else:
+        stages, assumptions = _distill_stages(arch, compute_dtype, gpus, distill or DistillShape())
+    overhead = CUDA_OVERHEAD_BYTES if cuda else 0
+    if cuda:
+        assumptions += (f"{overhead / 2**30:g} GiB added for the CUDA context and allocator slack",)
+    return MemoryPrediction(
+        mode=mode,
+        model=arch.name,
+        gpus=gpus,
+        compute_dtype=compute_dtype,
+        stages=tuple(stages),
+        assumptions=assumptions,
+        overhead_bytes=overhead,
+    )
+
+
+def _no_grad_pass(arch: Architecture, tokens: int, c: int) -> int:
+    """Largest transient of a no-grad forward of ``tokens`` tokens: the logits, their float32
+    log-probabilities and one layer's widest intermediates (gate and up, the residual)."""
+    widest = max((4 * layer.ffn_width + 2 * arch.hidden_size) * c for layer in arch.layers)
+    return tokens * (arch.vocab_size * (c + 2 * _F32) + widest)
+
+
+def _weights_stages(arch: Architecture, dtype: str, shape: WeightsTrialShape) -> tuple[list[Stage], tuple[str, ...]]:
+    c = _dtype_bytes(dtype)
+    parent = arch.num_params * c
+    v = arch.vocab_size
+    search_tokens = shape.search_batch * shape.search_seq_len
+    teacher_cache = shape.n_samples * shape.search_seq_len * v * 2 if shape.teacher_on_device else 0
+    # Masks and their Adam moments: one float32 per head and FFN channel, three copies.
+    masks = 3 * _F32 * sum(layer.num_heads + layer.ffn_width for layer in arch.layers)
+    # One step through the frozen parent: activations kept as if every one needed a gradient (the
+    # masks make all after the first do), the KL against the step's teacher slice.
+    step = training_step_bytes(arch, shape.search_batch, shape.search_seq_len, dtype, param_grads=False) - parent
+    # Mask hooks keep o_proj's and down_proj's unmasked inputs for the masks' gradients.
+    hooks = search_tokens * c * sum(layer.num_heads * layer.head_dim + layer.ffn_width for layer in arch.layers)
+    stages = [
+        Stage("load parent", {"parent weights": parent}),
+        Stage(
+            "importance",
+            {
+                "parent weights": parent,
+                "forward": _no_grad_pass(arch, shape.importance_batch * shape.importance_seq_len, c),
+            },
+        ),
+        Stage(
+            "teacher targets",
+            {"parent weights": parent, "forward": _no_grad_pass(arch, shape.importance_batch * shape.search_seq_len, c)}
+            | ({"teacher cache": teacher_cache} if teacher_cache else {}),
+        ),
+        Stage(
+            "inner search",
+            {
+                "parent weights": parent,
+                "masks + Adam": masks,
+                "forward + backward": step,
+                "mask hooks": hooks,
+            }
+            | ({"teacher cache": teacher_cache} if teacher_cache else {}),
+        ),
+        Stage("materialise child", {"parent weights": parent, "child weights": parent}),
+        Stage(
+            "held-out quality",
+            {
+                "parent weights": parent,
+                "child weights": parent,
+                "forward": _no_grad_pass(arch, shape.eval_batch * shape.eval_seq_len, c),
+            },
+        ),
+    ]
+    assumptions = (
+        f"parent weights in {dtype} on one GPU; SDPA flash attention (no T x T scores)",
+        f"inner search: {shape.search_batch} x {shape.search_seq_len} tokens per step, activations kept as if "
+        "every one needed a gradient (an upper bound for the masked frozen parent)",
+        "teacher log-probs (fp16) "
+        + ("held on the device" if shape.teacher_on_device else "on the host, one step's slice on the device"),
+        "the materialised child counted at the parent's size (the upper bound for any child)",
+    )
+    return stages, assumptions
+
+
+def _distill_stages(
+    arch: Architecture, dtype: str, gpus: int, shape: DistillShape
+) -> tuple[list[Stage], tuple[str, ...]]:
+    c, m = _dtype_bytes(dtype), _dtype_bytes(shape.master_dtype)
+    student = shape.student or arch
+    tokens = shape.batch_size * shape.seq_len
+    teacher = arch.num_params * c
+    master = math.ceil(student.num_params * m / gpus)
+    # The forward works on compute-dtype copies of the weights: under FSDP the all-gathered layer
+    # and the prefetched next one (plus embeddings and head, gathered at the ends); unsharded
+    # mixed precision: autocast's cache of every weight cast.
+    widest_layer = max(student.layer_params(i) for i in range(student.num_layers))
+    if gpus > 1:
+        working = (2 * widest_layer + student.embedding_params) * c
+    else:
+        working = student.num_params * c if m != c else 0
+    acts = activation_bytes(student, tokens, dtype, checkpointing=shape.checkpointing)
+    v = arch.vocab_size
+    loss_rows = tokens if shape.kl_chunk is None else min(tokens, shape.batch_size * shape.kl_chunk)
+    logits = tokens * v * 2 * c  # student and teacher logits, whole
+    loss = loss_rows * (_loss_bytes(v, c, teacher_on_device=True) - 2 * v * c)
+    head_grad = math.ceil(student.vocab_size * student.hidden_size * m / gpus)
+    base = {"teacher weights": teacher, "student weights (shard)": master}
+    stages = [
+        Stage("load", dict(base)),
+        Stage("held-out KL", base | {"forward": 2 * _no_grad_pass(arch, tokens, c)}),
+        Stage(
+            "train step",
+            base
+            | {
+                "gradients (shard)": head_grad,
+                "gathered weights": working,
+                "activations": acts,
+                "logits + KL": logits + loss,
+            },
+        ),
+        Stage(
+            "optimizer step",
+            base
+            | {
+                "gradients (shard)": master,
+                "AdamW moments (shard)": 2 * master,
+                "AdamW temporaries": master,
+            },
+        ),
+    ]
+    chunk = "whole sequence" if shape.kl_chunk is None else f"{shape.kl_chunk} positions at a time"
+    assumptions = (
+        f"teacher weights in {dtype}, replicated on every GPU",
+        f"student weights, gradients and AdamW moments in {shape.master_dtype}"
+        + (f", FSDP-sharded {gpus} ways" if gpus > 1 else ", on one GPU")
+        + f"; forward and backward in {dtype}",
+        f"{shape.batch_size} x {shape.seq_len} tokens per step per GPU; activation checkpointing "
+        + ("on" if shape.checkpointing else "off")
+        + f"; KL over the vocabulary {chunk}",
+        "student counted at the teacher's size unless given (the upper bound for any pruned child)",
+    )
+    return stages, assumptions
+
+
+# ------------------------------------------------------------------ measurement
+@dataclass(frozen=True)
+class MeasuredPeak:
+    """Live tensor bytes measured around a call: ``peak_bytes`` (the most at once, ``baseline``
+    included) and ``baseline_bytes`` (storages of the tensors handed in as already live)."""
+
+    peak_bytes: int
+    baseline_bytes: int
+
+
+def measure_peak_bytes(fn: Callable[[], Any], *, live: Iterable[torch.Tensor] = ()) -> MeasuredPeak:
+    """Run ``fn()`` and measure the peak of live tensor storage bytes on any device.
+
+    Every storage an aten op returns is counted from its creation until it is freed (a weak
+    reference to the storage expires); ``live`` (e.g. ``model.parameters()``) are counted from the
+    start. Works on the CPU and on the ``meta`` device, where nothing is computed. On ``meta``: a
+    scalar read of data (``Tensor.item()``, e.g. transformers' check that rows are not packed)
+    answers 1, the value unpadded, unpacked calibration rows give; and an unmasked causal
+    ``scaled_dot_product_attention`` runs the flash kernel's meta function (which keeps q, k, v,
+    the output and its logsumexp, as the CPU and CUDA flash kernels do) instead of the math
+    fallback, which would materialise the ``T × T`` scores. Allocations inside one kernel
+    (workspaces) and outside aten (a CUDA context) are not seen.
+    """
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class _Tracker(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.storages: dict[int, tuple[Any, int]] = {}
+            self.current = 0
+            self.peak = 0
+
+        def add(self, tensor: torch.Tensor) -> None:
+            storage = tensor.untyped_storage()
+            ref = StorageWeakRef(storage)
+            if ref.cdata not in self.storages:
+                self.storages[ref.cdata] = (ref, storage.nbytes())
+                self.current += storage.nbytes()
+
+        def sweep(self) -> None:
+            for key in [k for k, (ref, _) in self.storages.items() if ref.expired()]:
+                self.current -= self.storages.pop(key)[1]
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.sweep()
+            if func is torch.ops.aten._local_scalar_dense.default and args[0].device.type == "meta":
+                return True if args[0].dtype == torch.bool else 1
+            out = func(*args, **(kwargs or {}))
+            for item in tree_flatten(out)[0]:
+                if isinstance(item, torch.Tensor):
+                    self.add(item)
+            self.peak = max(self.peak, self.current)
+            return out
+
+    tracker = _Tracker()
+    for tensor in live:
+        tracker.add(tensor)
+    baseline = tracker.current
+    tracker.peak = baseline
+    functional = torch.nn.functional
+    sdpa = functional.scaled_dot_product_attention
+
+    def flash_on_meta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if q.device.type != "meta" or args or kwargs.get("attn_mask") is not None:
+            return sdpa(q, k, v, *args, **kwargs)
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        return flash(q, k, v, kwargs.get("dropout_p", 0.0), kwargs.get("is_causal", False), scale=kwargs.get("scale"))[
+            0
+        ]
+
+    # Patched for the call only (transformers looks the function up at each call, checkpointed
+    # recomputation included); the math fallback is what meta tensors would otherwise get.
+    functional.scaled_dot_product_attention = flash_on_meta  # type: ignore[assignment]
+    try:
+        with tracker:
+            fn()
+    finally:
+        functional.scaled_dot_product_attention = sdpa
+    return MeasuredPeak(peak_bytes=tracker.peak, baseline_bytes=baseline)
