@@ -26,6 +26,7 @@ _VERBS = (
     "prune",
     "distill",
     "serve_check",
+    "memory",
 )
 
 

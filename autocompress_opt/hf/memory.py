@@ -61,9 +61,9 @@ _F32 = 4
 CUDA_OVERHEAD_BYTES = 2**30
 
 
-def _dtype_bytes(name: str) -> int:
+def _dtype_bytes(name: str, what: str = "compute dtype") -> int:
     if name not in DTYPE_BYTES:
-        raise ConfigError(f"compute dtype {name!r} is not one of {', '.join(DTYPE_BYTES)}")
+        raise ConfigError(f"{what} {name!r} is not one of {', '.join(DTYPE_BYTES)}")
     return DTYPE_BYTES[name]
 
 
@@ -391,7 +391,7 @@ def _weights_stages(arch: Architecture, dtype: str, shape: WeightsTrialShape) ->
 def _distill_stages(
     arch: Architecture, dtype: str, gpus: int, shape: DistillShape
 ) -> tuple[list[Stage], tuple[str, ...]]:
-    c, m = _dtype_bytes(dtype), _dtype_bytes(shape.master_dtype)
+    c, m = _dtype_bytes(dtype), _dtype_bytes(shape.master_dtype, "master dtype")
     student = shape.student or arch
     tokens = shape.batch_size * shape.seq_len
     teacher = arch.num_params * c
