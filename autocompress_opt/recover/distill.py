@@ -10,6 +10,14 @@ magnitudes comparable across temperatures). AdamW, linear warmup then cosine dec
 :data:`MIN_LR_RATIO` of the peak rate, gradient-norm clipping, float32 weights (bf16 autocast only
 on CUDA, on request).
 
+**Memory** (for 8B-class models; :mod:`autocompress_opt.hf.memory` predicts the peak): on request,
+student and teacher in bf16 (``compute_dtype="bf16"``: weights, gradients and AdamW moments in
+bf16, the loss in float32), activation checkpointing (``gradient_checkpointing``: each decoder
+layer's activations are recomputed in backward instead of kept) and a chunked KL (``kl_chunk``:
+the loss and its gradient w.r.t. the logits are computed ``kl_chunk`` positions at a time, so the
+``(B, L, V)`` float32 log-probabilities never exist at once; same loss up to float rounding). The
+defaults keep all three off.
+
 **Budget.** A run is ``steps × batch_size × seq_len`` tokens, all of them calibration text
 (:mod:`autocompress_opt.quality.textdata`; never a held-out document). The :class:`DistillRecipe` and the
 data record are written into every checkpoint and the result, so two arms of a comparison can be
@@ -64,6 +72,7 @@ __all__ = [
     "DistillResult",
     "RecipeMismatchError",
     "distill",
+    "distillation_backward",
     "distillation_loss",
     "learning_rate",
 ]
@@ -97,6 +106,43 @@ def distillation_loss(
     return per_position.mean() * temperature**2
 
 
+def distillation_backward(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0, *, chunk: int | None = None
+) -> torch.Tensor:
+    """Backpropagate :func:`distillation_loss` of ``(B, L, V)`` logits; returns the loss (detached).
+
+    ``chunk``: positions per piece. The loss of each piece of ``chunk`` positions (weighted by its
+    share of ``L``) is differentiated w.r.t. that piece of the logits alone, the pieces' gradients
+    are written into one ``(B, L, V)`` gradient in the logits' dtype, and one backward through the
+    model follows; so the float32 log-probabilities and KL temporaries exist for ``B · chunk``
+    positions at a time instead of ``B · L``. Loss and gradients equal the unchunked ones up to
+    float rounding (the mean is summed in pieces). ``None`` (or ``chunk >= L``): one piece.
+    """
+    length = student_logits.shape[1]
+    if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
+        raise ConfigError(f"kl_chunk must be a positive number of positions or None, got {chunk!r}")
+    if chunk is None or chunk >= length:
+        loss = distillation_loss(student_logits, teacher_logits, temperature)
+        loss.backward()
+        return loss.detach()
+    if student_logits.shape != teacher_logits.shape:
+        raise ConfigError(
+            f"student logits {tuple(student_logits.shape)} and teacher logits {tuple(teacher_logits.shape)} differ"
+        )
+    grad = torch.empty_like(student_logits)  # (B, L, V), filled piece by piece
+    total = torch.zeros((), dtype=torch.float32, device=student_logits.device)
+    for start in range(0, length, chunk):
+        end = min(start + chunk, length)
+        piece = student_logits[:, start:end].detach().requires_grad_()  # (B, chunk, V), a leaf
+        loss = distillation_loss(piece, teacher_logits[:, start:end], temperature) * ((end - start) / length)
+        loss.backward()
+        assert piece.grad is not None
+        grad[:, start:end] = piece.grad
+        total += loss.detach()
+    student_logits.backward(grad)
+    return total
+
+
 # ------------------------------------------------------------------------------ the result
 @dataclass(frozen=True)
 class DistillResult:
@@ -114,7 +160,8 @@ class DistillResult:
         train_s: seconds this call spent in updates; ``seconds_per_step`` and ``tokens_per_s`` are
             over this call's updates (None when it made none).
         data / eval_data: records of the calibration pool and the held-out rows.
-        device / precision: where and how it trained (``fp32`` or ``bf16-autocast``).
+        device / precision: where and how it trained (``fp32``, ``bf16-autocast`` or ``bf16``).
+        gradient_checkpointing / kl_chunk: the memory options it trained with.
     """
 
     out_dir: Path
@@ -134,6 +181,8 @@ class DistillResult:
     eval_data: dict[str, Any] = field(repr=False)
     device: str
     precision: str
+    gradient_checkpointing: bool = False
+    kl_chunk: int | None = None
 
     @property
     def complete(self) -> bool:
@@ -176,6 +225,9 @@ def distill(
     force: bool = False,
     device: str = "cpu",
     bf16: bool = False,
+    compute_dtype: str = "fp32",
+    gradient_checkpointing: bool = False,
+    kl_chunk: int | None = None,
 ) -> DistillResult:
     """Distil ``teacher_ref`` into the student in directory ``student_ref``; write the result to ``out_dir``.
 
@@ -191,6 +243,14 @@ def distill(
         force: replace a non-empty ``out_dir`` that holds no distillation checkpoint.
         device: ``cpu``, ``cuda`` (or ``cuda:N``) or ``auto`` (CUDA when available).
         bf16: bf16 autocast for the forward passes (CUDA only); weights and the loss stay float32.
+        compute_dtype: ``fp32`` (default), ``bf16`` (student and teacher weights, gradients and
+            AdamW moments in bf16; the loss in float32; CPU or CUDA) or ``auto`` (bf16 on CUDA,
+            fp32 on the CPU; :mod:`autocompress_opt.hf.device`). ``fp16`` is refused (it would
+            need loss scaling).
+        gradient_checkpointing: recompute each decoder layer's activations in backward instead
+            of keeping them (transformers' ``activation_checkpointing_enable``, or the same
+            non-reentrant ``torch.utils.checkpoint`` per layer for a heterogeneous student).
+        kl_chunk: compute the loss ``kl_chunk`` positions at a time (:func:`distillation_backward`).
 
     Deterministic given its arguments on a given device; the caller's torch RNG state is restored
     on return. Raises :class:`ConfigError` for a missing student, ``out_dir`` equal to it, a
@@ -207,6 +267,10 @@ def distill(
     if out == student_dir:
         raise ConfigError(f"the output directory must differ from the student's ({str(out)!r})")
     torch_device, precision = _device(device, bf16)
+    dtype, precision = _compute_dtype(compute_dtype, torch_device, precision)
+    if kl_chunk is not None and (not isinstance(kl_chunk, int) or isinstance(kl_chunk, bool) or kl_chunk < 1):
+        raise ConfigError(f"kl_chunk must be a positive number of positions or None, got {kl_chunk!r}")
+    options = _Options(dtype=dtype, gradient_checkpointing=bool(gradient_checkpointing), kl_chunk=kl_chunk)
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"output path {str(out)!r} exists and is not a directory")
     ours = (out / STATE_DIR / _STATE_JSON).is_file()
@@ -219,11 +283,20 @@ def distill(
     if state is not None:
         _check_same(state["identity"], {"recipe": recipe.to_dict(), "student": str(student_dir)}, out)
     with torch.random.fork_rng(devices=[torch_device] if torch_device.type == "cuda" else []):
-        run = _Run.start(student_dir, teacher_ref, out, recipe, state, torch_device, precision)
+        run = _Run.start(student_dir, teacher_ref, out, recipe, state, torch_device, precision, options)
         return run.train(progress)
 
 
 # ------------------------------------------------------------------------------ internals
+@dataclass(frozen=True)
+class _Options:
+    """How a run uses memory: the weights' dtype, activation checkpointing, the KL's chunk."""
+
+    dtype: torch.dtype = torch.float32
+    gradient_checkpointing: bool = False
+    kl_chunk: int | None = None
+
+
 @dataclass
 class _Run:
     """One call's training session: models, data, optimizer, and where the checkpoint left off."""
@@ -241,6 +314,7 @@ class _Run:
     out: Path
     device: torch.device
     precision: str
+    options: _Options
     initial_kl: float
     final_kl: float | None
     start_step: int
@@ -257,15 +331,16 @@ class _Run:
         state: dict[str, Any] | None,
         device: torch.device,
         precision: str,
+        options: _Options,
     ) -> _Run:
         from transformers import AutoTokenizer
 
         from autocompress_opt.hf.loading import load_model
         from autocompress_opt.quality.textdata import text_batches
 
-        teacher = load_model(teacher_ref, cache=False, device=device)
+        teacher = load_model(teacher_ref, cache=False, device=device, dtype=options.dtype)
         teacher.model.requires_grad_(False).eval()
-        student = load_model(out if state is not None else student_dir, cache=False, device=device)
+        student = load_model(out if state is not None else student_dir, cache=False, device=device, dtype=options.dtype)
         _check_compatible(student, teacher, student_dir, teacher_ref, recipe.seq_len)
         # Text is always tokenised by the starting student's tokenizer, so a resume draws the same rows.
         tokenizer = AutoTokenizer.from_pretrained(student_dir, local_files_only=True)
@@ -285,6 +360,8 @@ class _Run:
         if state is not None:
             _check_same(state["identity"], identity, out)
         model = student.model.train()
+        if options.gradient_checkpointing:
+            _checkpoint_layers(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
         if state is None:
             torch.manual_seed(recipe.seed)
@@ -307,6 +384,7 @@ class _Run:
             out=out,
             device=device,
             precision=precision,
+            options=options,
             initial_kl=initial_kl,
             final_kl=state["final_kl"],
             start_step=state["step"],
@@ -332,6 +410,7 @@ class _Run:
                     learning_rate(recipe, step),
                     recipe,
                     self.precision,
+                    self.options.kl_chunk,
                 )
                 session_s += time.perf_counter() - began
                 self.losses.append(loss)
@@ -365,6 +444,8 @@ class _Run:
             "train_s": train_s,
             "device": str(self.device),
             "precision": self.precision,
+            "gradient_checkpointing": self.options.gradient_checkpointing,
+            "kl_chunk": self.options.kl_chunk,
             "data": self.identity["data"],
             "eval_data": self.identity["eval_data"],
         } | self._previous()
@@ -444,6 +525,8 @@ class _Run:
             eval_data=self.identity["eval_data"],
             device=str(self.device),
             precision=self.precision,
+            gradient_checkpointing=self.options.gradient_checkpointing,
+            kl_chunk=self.options.kl_chunk,
         )
 
 
@@ -455,6 +538,7 @@ def _train_step(
     lr: float,
     recipe: DistillRecipe,
     precision: str,
+    kl_chunk: int | None = None,
 ) -> float:
     """One AdamW update on ``tokens`` (B, L); returns the loss (nats, before the update)."""
     autocast = torch.autocast(tokens.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast")
@@ -464,9 +548,8 @@ def _train_step(
         teacher_logits = teacher(input_ids=tokens, use_cache=False).logits  # (B, L, V)
     with autocast:
         student_logits = model(input_ids=tokens, use_cache=False).logits
-    loss = distillation_loss(student_logits, teacher_logits, recipe.temperature)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    loss = distillation_backward(student_logits, teacher_logits, recipe.temperature, chunk=kl_chunk)
     if recipe.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
     optimizer.step()
@@ -523,6 +606,41 @@ def _device(device: str, bf16: bool) -> tuple[torch.device, str]:
     if bf16 and resolved.type != "cuda":
         raise ConfigError(f"bf16 autocast is for CUDA only; on {device!r} training runs in float32")
     return resolved, "bf16-autocast" if bf16 else "fp32"
+
+
+def _compute_dtype(spec: str, device: torch.device, precision: str) -> tuple[torch.dtype, str]:
+    """The weights' dtype of ``compute_dtype`` on ``device`` and the run's precision label."""
+    from autocompress_opt.hf.device import resolve_compute_dtype
+
+    dtype = resolve_compute_dtype(spec, device)
+    if dtype == torch.float16:
+        raise ConfigError(
+            f"compute dtype {spec!r} (fp16) is not supported for training (it needs loss scaling); use bf16 or fp32"
+        )
+    if dtype == torch.float32:
+        return dtype, precision
+    if precision == "bf16-autocast":
+        raise ConfigError(
+            "pass either bf16=True (--bf16: autocast, float32 weights) or compute_dtype='bf16' (bf16 weights), not both"
+        )
+    return dtype, "bf16"
+
+
+def _checkpoint_layers(model: Any) -> None:
+    """Activation checkpointing of every decoder layer (non-reentrant ``torch.utils.checkpoint``):
+    transformers' own switch where the model has it, else each layer's forward wrapped alike."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    if getattr(model, "supports_gradient_checkpointing", False):
+        model.activation_checkpointing_enable()
+        return
+    from autocompress_opt.hf.adapters import adapter_for
+
+    for part in adapter_for(model).all_layer_parts(model):
+        layer = part.layer
+        layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
 
 
 def _check_compatible(student: Any, teacher: Any, student_dir: Path, teacher_ref: str | Path, seq_len: int) -> None:
