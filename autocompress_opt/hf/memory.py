@@ -167,11 +167,15 @@ def training_step_bytes(
     if kl_chunk is None:
         loss_fwd = tokens * v * 4 * _F32 + tokens * v * _F32  # p_t, log p_t, two temporaries; log p_s
         loss_bwd = tokens * v * 3 * _F32  # log p_s, its gradient, log_softmax's input gradient
+        held = logits
     else:
         check_int(kl_chunk, "kl_chunk")
         rows = min(tokens, batch_size * kl_chunk)
         loss_fwd = tokens * v * c + rows * v * 5 * _F32  # d loss / d logits, whole; one chunk's tensors
-        loss_bwd = tokens * v * c
+        # The gradient of the logits, whole; the head's peak comes with its weight gradient, which
+        # is computed transposed and copied into place (two V x D tensors at once, measured).
+        loss_bwd = tokens * v * c + (v * d_model * c if param_grads else 0)
+        held = logits + tokens * v * c  # the logits' gradient lives until the model's backward ends
     grad = (lambda n: n * c) if param_grads else (lambda n: 0)
     head = grad(v * d_model + d_model)  # LM head and final norm
     moments = [weights + acts + logits + loss_fwd, weights + acts + logits + loss_bwd + head]
@@ -179,12 +183,12 @@ def training_step_bytes(
     for i in reversed(range(arch.num_layers)):
         rebuilt = tokens * per_layer[i] if checkpointing else 0
         step = grad(arch.layer_params(i)) + live_acts + rebuilt + 3 * tokens * d_model * c
-        moments.append(weights + logits + done + step)
+        moments.append(weights + held + done + step)
         done += grad(arch.layer_params(i))
         live_acts -= tokens * kept[i]
     # The embedding's gradient; tied to the head, it is added to the head's (a third V x D tensor).
     embed = grad(v * d_model) * (2 if arch.tie_embeddings else 1)
-    moments.append(weights + logits + done + embed + 2 * tokens * d_model * c)
+    moments.append(weights + held + done + embed + 2 * tokens * d_model * c)
     return max(moments)
 
 

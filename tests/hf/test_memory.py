@@ -23,7 +23,7 @@ from autocompress_opt.hf.memory import (
     predict_memory,
     training_step_bytes,
 )
-from autocompress_opt.recover.distill import distillation_loss
+from autocompress_opt.recover.distill import distillation_backward, distillation_loss
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -52,7 +52,7 @@ def _llama(device: str, dtype: str, **sizes: Any) -> tuple[Any, Architecture]:
 
 
 def _measure_step(
-    device: str, dtype: str, batch: int, seq: int, checkpointing: bool = False, **sizes: Any
+    device: str, dtype: str, batch: int, seq: int, checkpointing: bool = False, chunk: int | None = None, **sizes: Any
 ) -> tuple[int, int]:
     """(measured, predicted) peak bytes of one forward + backward of the KL to given teacher logits."""
     model, arch = _llama(device, dtype, **sizes)
@@ -63,32 +63,35 @@ def _measure_step(
 
     def step() -> None:
         logits = model(input_ids=tokens, use_cache=False).logits
-        distillation_loss(logits, teacher).backward()
+        distillation_backward(logits, teacher, chunk=chunk)
 
     measured = measure_peak_bytes(step, live=[*model.parameters(), teacher])
     assert (
         measured.baseline_bytes == arch.num_params * teacher.element_size() + teacher.numel() * teacher.element_size()
     )
-    predicted = training_step_bytes(arch, batch, seq, dtype, checkpointing=checkpointing)
+    predicted = training_step_bytes(arch, batch, seq, dtype, checkpointing=checkpointing, kl_chunk=chunk)
     return measured.peak_bytes, predicted
 
 
 @pytest.mark.parametrize(
-    ("dtype", "checkpointing", "sizes", "batch", "seq"),
+    ("dtype", "checkpointing", "chunk", "sizes", "batch", "seq"),
     [
-        ("fp32", False, {}, 2, 64),
-        ("bf16", False, {}, 2, 64),
-        ("fp32", True, {}, 2, 64),
-        ("bf16", True, {}, 2, 64),
-        ("fp32", False, {"vocab_size": 2048}, 1, 32),
-        ("fp32", False, {"hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 4}, 2, 48),
-        ("bf16", True, {"num_attention_heads": 8, "num_key_value_heads": 8, "tie_word_embeddings": True}, 3, 40),
+        ("fp32", False, None, {}, 2, 64),
+        ("bf16", False, None, {}, 2, 64),
+        ("fp32", True, None, {}, 2, 64),
+        ("bf16", True, None, {}, 2, 64),
+        ("fp32", False, None, {"vocab_size": 2048}, 1, 32),
+        ("fp32", False, None, {"hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 4}, 2, 48),
+        ("bf16", True, None, {"num_attention_heads": 8, "num_key_value_heads": 8, "tie_word_embeddings": True}, 3, 40),
+        ("fp32", False, 8, {"vocab_size": 2048}, 1, 32),
+        ("bf16", True, 8, {}, 2, 64),
+        ("fp32", True, 16, {"tie_word_embeddings": True}, 2, 64),
     ],
 )
 def test_prediction_within_10_percent_of_a_measured_cpu_step(
-    dtype: str, checkpointing: bool, sizes: dict[str, Any], batch: int, seq: int
+    dtype: str, checkpointing: bool, chunk: int | None, sizes: dict[str, Any], batch: int, seq: int
 ) -> None:
-    measured, predicted = _measure_step("cpu", dtype, batch, seq, checkpointing, **sizes)
+    measured, predicted = _measure_step("cpu", dtype, batch, seq, checkpointing, chunk, **sizes)
     assert abs(predicted - measured) <= 0.10 * measured, (predicted, measured)
 
 
@@ -115,6 +118,7 @@ def test_smollm2_sized_step_on_meta_within_10_percent() -> None:
         1,
         64,
         True,
+        None,
         vocab_size=49152,
         hidden_size=576,
         intermediate_size=1536,
