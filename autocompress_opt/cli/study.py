@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autocompress_opt._data import REPO_SEARCH_SPACES
-from autocompress_opt.cli._common import add_verb, concurrency, engine_options, print_json, table
+from autocompress_opt.cli._common import add_hardware_file, add_verb, concurrency, engine_options, print_json, table
 
 if TYPE_CHECKING:
     from autocompress_opt.arch.architecture import Architecture
@@ -21,6 +21,7 @@ RUN_EXAMPLES = """
   autocompress study run --model smollm2-135m --targets rtx5080 --workload in-game --max-tpot-ms 0.5x \\
       --max-memory-gib 2 --trials 30 --name tight
   autocompress study run --config studies/demo.yaml          # the same flags, as YAML keys
+  autocompress study run --targets my-gpu --hardware-file my_gpus.yaml --trials 20 --name mine
   autocompress study list
   autocompress study show demo
   autocompress study export demo --format csv --out demo.csv
@@ -59,6 +60,7 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--model", help="parent model reference (default smollm2-135m)")
     run.add_argument("--targets", help="comma-separated hardware[:workload] (default rtx5070,rtx5080,h100-sxm,b200)")
     run.add_argument("--workload", help="workload for targets without one (default datacenter)")
+    add_hardware_file(run)
     run.add_argument("--engine", help="serving engine (default: the workload's)")
     run.add_argument("--dtype", help="weight format (default: the workload's)")
     run.add_argument("--tp", type=int, help="tensor-parallel degree (default 1)")
@@ -193,6 +195,7 @@ _RUN_KEYS = (
     "inner",
     "importance",
     "seed_baselines",
+    "hardware_file",
 )
 
 
@@ -215,7 +218,11 @@ def _merged(args: argparse.Namespace) -> dict[str, Any]:
                 )
             values[key] = value
     values.update(
-        {k: v for k, v in vars(args).items() if v is not None and k not in ("run", "verb", "action", "config")}
+        {
+            k: v
+            for k, v in vars(args).items()
+            if v is not None and v != [] and k not in ("run", "verb", "action", "config")
+        }
     )
     return values
 
@@ -227,6 +234,9 @@ def build_config(values: dict[str, Any]) -> Any:
     from autocompress_opt.search.study import Objective, StudyConfig
     from autocompress_opt.serving.targets import Target
 
+    profiles = _hardware_profiles(values.get("hardware_file"))  # registered before the targets name them
+    for key in ("tp", "input_len", "output_len", "concurrency"):  # 0 is an error, as in 'cost', not "the default"
+        _check_positive(key, values.get(key))
     constraints = {
         metric: str(values[key])
         for key, metric in (
@@ -285,7 +295,31 @@ def build_config(values: dict[str, Any]) -> Any:
         inner=_inner(values.get("inner")),
         importance=values.get("importance"),
         seed_baselines=values.get("seed_baselines"),
+        hardware=profiles,
     )
+
+
+def _check_positive(key: str, value: Any) -> None:
+    from autocompress_opt.errors import ConfigError
+
+    if value is None or (key == "concurrency" and value == "max"):
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        hint = " or 'max'" if key == "concurrency" else ""
+        raise ConfigError(f"{key} must be a positive integer{hint}, got {value!r}")
+
+
+def _hardware_profiles(raw: Any) -> tuple[dict[str, Any], ...]:
+    """``--hardware-file`` paths (flags: a list; YAML: a path or a list) → the profiles they define,
+    registered in the catalog (``serving.hardware.load_hardware_file``: collisions with built-in
+    names or aliases are errors)."""
+    from autocompress_opt.errors import ConfigError
+    from autocompress_opt.serving.hardware import load_hardware_file
+
+    paths = [raw] if isinstance(raw, (str, Path)) else raw or []
+    if not isinstance(paths, list) or not all(isinstance(p, (str, Path)) for p in paths):
+        raise ConfigError(f"hardware_file must be a path or a list of paths, got {raw!r}")
+    return tuple(item.to_dict() for path in paths for item in load_hardware_file(path))
 
 
 def _inner(raw: Any) -> dict[str, Any]:

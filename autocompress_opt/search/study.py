@@ -6,10 +6,16 @@ running the same command again continues every study to its requested number of 
 
 Flow per target (all storage access in this driver process; trials run wherever Ray puts them)::
 
-    open/create study ──► repair: RUNNING trials of a dead driver → FAIL, their params re-queued
-        └─► Tuner(search_alg=StudySearcher) ── suggest(): study.ask() (duplicates of earlier points
-             are told PRUNED and asked again) ── trial runs on Ray ── on_trial_complete():
-             set_constraint(...) (≤ 0 feasible), tell(objective values) or FAIL with the error
+    open/create study ──► repair: RUNNING trials of a stopped driver → FAIL, their params re-queued
+        └─► Tuner(search_alg=StudySearcher) ── suggest(), under the study's driver lock: count every
+             driver's COMPLETE + RUNNING trials, study.ask() (points any driver already holds are
+             told PRUNED and asked again), start the trial's heartbeat ── trial runs on Ray ──
+             on_trial_complete(): set_constraint(...) (≤ 0 feasible), tell(values) or FAIL with the error
+
+Several drivers may run one study at once, on one host or on many sharing an RDB
+(:class:`Coordination`): together they reach exactly the requested COMPLETE count with no repeated
+point, and a driver repairs another's trials only when their heartbeat stopped. Ctrl-C stops the
+whole run with no RUNNING trial left (:func:`run_study`).
 
 Ray's stock ``OptunaSearch`` is not used: it neither passes constraints through nor repairs
 orphaned RUNNING trials after a killed driver.
@@ -48,7 +54,14 @@ from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import CHOICES, SearchSpace, uniform_allocation
 from autocompress_opt.errors import ConfigError, suggest
-from autocompress_opt.search.trials import TRIAL_MODES, Target, load_plugins, parent_metrics, run_trial
+from autocompress_opt.search.trials import (
+    TRIAL_MODES,
+    Target,
+    load_plugins,
+    parent_metrics,
+    register_hardware,
+    run_trial,
+)
 from autocompress_opt.serving.targets import all_satisfied
 
 __all__ = [
@@ -128,6 +141,9 @@ class StudyConfig:
     ``seed_baselines``: enqueue the ``depth`` and ``minitron`` baselines' global choices before the
     study's own samples (module doc); None (default) means on in ``weights`` mode, off otherwise
     (:attr:`seeds_baselines`). Not part of the identity: a study may be resumed with it changed.
+    ``hardware``: user GPU profiles (``Hardware.to_dict()`` of what
+    :func:`~autocompress_opt.serving.hardware.load_hardware_file` read) the targets may name; they are
+    registered here and in every trial's worker, and a target's profile is part of its identity.
     """
 
     name: str
@@ -146,6 +162,7 @@ class StudyConfig:
     inner: Mapping[str, Any] = field(default_factory=dict)  # per-trial budget of the weights mode
     importance: str | None = None  # plan mode: an Importance record of the parent → retained-importance proxy
     seed_baselines: bool | None = None
+    hardware: tuple[Mapping[str, Any], ...] = ()  # user hardware profiles (Hardware.to_dict) the targets may name
 
     def __post_init__(self) -> None:
         if self.seed_baselines not in (None, True, False):
@@ -157,6 +174,7 @@ class StudyConfig:
         if self.concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, got {self.concurrency!r}")
         load_plugins(self.plugins)
+        register_hardware(self.hardware)
         TRIAL_MODES.get(self.mode)
         names = [t.hardware for t in self.targets]
         if not names or len(set(names)) != len(names):
@@ -612,6 +630,8 @@ def _identity(config: StudyConfig, target: Target, objectives: Sequence[Objectiv
         "objectives": [str(o) for o in objectives],
         "inner": dict(config.inner),
         "importance": config.importance,
+        # a user GPU's numbers (None for a built-in one): the same name with other numbers is another study
+        "hardware_profile": next((dict(h) for h in config.hardware if h["name"] == target.hardware), None),
     }
 
 
@@ -668,7 +688,7 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
                     f"{directions} ({', '.join(map(str, objectives))}). Use another --name or the same objectives."
                 )
             old = study.user_attrs.get("identity", {})
-            added_later: dict[str, Any] = {"inner": {}, "importance": None}  # keys newer than some stored studies
+            added_later: dict[str, Any] = {"inner": {}, "importance": None, "hardware_profile": None}  # newer keys
             diffs = [k for k in identity if old.get(k, added_later.get(k)) != identity[k]]
             if diffs:
                 detail = "; ".join(f"{k}: stored {old.get(k)!r}, now {identity[k]!r}" for k in diffs)
@@ -1044,6 +1064,12 @@ def _run_targets(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     parent = load_architecture(config.model)
     check_config(config, parent)  # before Ray starts and before any study is created
+    if progress:
+        import ray
+
+        if not ray.is_initialized():  # several seconds of silence otherwise
+            where = f"connecting to the Ray cluster at {config.address}" if config.address else "starting a local Ray"
+            print(f"{where}…", file=sys.stderr, flush=True)
     _init_ray(config.address, config.concurrency, config.plugins)
     outcomes = []
     shared_scoring: list[tuple[Any, Any]] = []  # (importance, score) for the seeds: built once, for all targets
@@ -1070,6 +1096,7 @@ def _run_targets(
             "inner": dict(config.inner),
             "parent_model": config.model,
             "importance": str(Path(config.importance).resolve()) if config.importance else None,
+            "hardware": [dict(h) for h in config.hardware],  # user GPUs, registered in each trial's worker
             # absolute: Ray Tune runs each trial in its own (scratch) working directory
             "cache_dir": str(Path(".autocompress").resolve()),
         }

@@ -40,6 +40,7 @@ __all__ = [
     "parent_metrics",
     "plan_trial",
     "quality_label",
+    "register_hardware",
     "retained_fraction",
     "run_trial",
 ]
@@ -149,7 +150,21 @@ def load_plugins(modules: Sequence[str]) -> None:
             raise ConfigError(f"plugin module {name!r} cannot be imported: {exc}") from None
 
 
+def register_hardware(profiles: Sequence[Mapping[str, Any]]) -> None:
+    """Register user hardware profiles (``Hardware.to_dict()`` of entries that
+    :func:`~autocompress_opt.serving.hardware.load_hardware_file` read and checked in the driver)
+    in this process's catalog, replacing earlier user entries of the same name: a trial on another
+    Ray node knows the study's custom GPUs without their file."""
+    from autocompress_opt.serving.hardware import HARDWARE, Hardware
+
+    for profile in profiles:
+        item = Hardware.from_dict(profile)
+        HARDWARE.register(item.name, item, replace=True)
+
+
 def run_trial(request: Mapping[str, Any]) -> dict[str, Any]:
-    """Dispatch to the trial mode named in ``request["mode"]`` (after importing its plugins)."""
+    """Dispatch to the trial mode named in ``request["mode"]`` (after importing its plugins and
+    registering the study's user hardware, ``request["hardware"]``)."""
     load_plugins(request.get("plugins") or ())
+    register_hardware(request.get("hardware") or ())
     return TRIAL_MODES.get(str(request.get("mode", "plan")))(request)

@@ -19,7 +19,7 @@ TESTS = Path(__file__).parent
 CLI = str(Path(sys.executable).parent / "autocompress")
 
 
-def _command(storage: str, trials: int = 4) -> list[str]:
+def _command(storage: str, trials: int = 4, quiet: bool = True) -> list[str]:
     return [
         CLI,
         "study",
@@ -40,7 +40,7 @@ def _command(storage: str, trials: int = 4) -> list[str]:
         "c",
         "--storage",
         storage,
-        "--quiet",
+        *(["--quiet"] if quiet else []),
     ]
 
 
@@ -55,9 +55,14 @@ def _states(storage: str, name: str) -> list[optuna.trial.FrozenTrial]:
         return []
 
 
-def _start_and_wait_for_a_complete_trial(tmp_path: Path, storage: str) -> subprocess.Popen[str]:
+def _start_and_wait_for_a_complete_trial(tmp_path: Path, storage: str, quiet: bool = True) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        _command(storage), cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        _command(storage, quiet=quiet),
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
@@ -88,10 +93,11 @@ def _rerun_finishes(tmp_path: Path, storage: str, kept: set[int]) -> None:
 
 def test_first_ctrl_c_stops_the_whole_run_consistently_and_the_same_command_resumes(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path}/c.db"
-    proc = _start_and_wait_for_a_complete_trial(tmp_path, storage)
+    proc = _start_and_wait_for_a_complete_trial(tmp_path, storage, quiet=False)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
+    assert err.startswith("starting a local Ray…\n")  # said before the seconds Ray takes to start
     lines = err.strip().splitlines()
     assert lines[-1] == "interrupted; rerun the same command to resume"
     assert "Traceback" not in err and "Tuner.restore" not in err
@@ -118,9 +124,10 @@ def test_a_second_ctrl_c_quits_at_once_and_the_next_run_repairs_what_it_left(tmp
     time.sleep(0.05)
     start = time.time()
     proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)  # the driver itself (Ray's processes may hold the pipes a little longer)
+    assert time.time() - start < 3, "the second Ctrl-C did not quit at once"
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
-    assert time.time() - start < 3, "the second Ctrl-C did not quit at once"
     assert "interrupted again: quitting now; rerun the same command to resume" in err
     kept = {t.number for t in _states(storage, "c.rtx5070") if t.state.name == "COMPLETE"}
     _rerun_finishes(tmp_path, storage, kept)

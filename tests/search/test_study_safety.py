@@ -290,3 +290,40 @@ def test_a_study_where_nothing_is_feasible_says_so_and_exits_3(
         main(["study", "run", "--help"])
     out = capsys.readouterr().out
     assert "exit status:" in out and "\n  3 " in out and "\n  130 " in out
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--concurrency", "0", "concurrency must be a positive integer or 'max', got 0"),
+        ("--input-len", "0", "input_len must be a positive integer, got 0"),
+        ("--output-len", "-5", "output_len must be a positive integer, got -5"),
+        ("--tp", "0", "tp must be a positive integer, got 0"),
+    ],
+)
+def test_zero_lengths_and_concurrency_are_errors_as_in_cost_not_the_workload_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
+) -> None:
+    """``cost`` rejects these; ``study run`` used to replace them silently by the workload's values."""
+    from autocompress_opt.cli import main
+
+    assert main(_run_args(f"sqlite:///{tmp_path}/z.db", flag, value)) == 2
+    err = capsys.readouterr().err
+    assert err == f"autocompress study: error: {message}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_resumed_progress_bar_counts_the_feasible_trials_and_best_quality_already_stored(tmp_path: Path) -> None:
+    from autocompress_opt.search.study import _Progress
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/p.db", directions=["maximize"])
+    for quality, violation in ((0.9, 0.5), (0.7, -0.1), (0.8, 0.0), (0.95, 0.2)):
+        trial = study.ask()
+        trial.set_user_attr("quality", quality)
+        trial.set_constraint("tpot_ms <= 1x", violation)
+        study.tell(trial, [quality])
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)
+    bar = _Progress("p", total=10, initial=4, enabled=False)
+    bar.count_existing(study)
+    assert (bar.feasible, bar.best, bar.failed) == (2, 0.8, 0)  # 0.7 and 0.8 feasible; infeasible 0.95 not best
+    bar.close()
