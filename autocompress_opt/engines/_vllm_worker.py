@@ -15,6 +15,7 @@ import time
 
 
 def main() -> None:
+    # run with python -P: this folder holds a module named vllm
     with open(sys.argv[1], encoding="utf-8") as f:
         request = json.load(f)
     from vllm import LLM, SamplingParams

@@ -98,22 +98,29 @@ def llamacpp_ready_copy(model_dir: Path, out_dir: Path) -> Path:
 
 
 def convert_to_gguf(
-    model_dir: str | Path, out_path: str | Path, outtype: str = "f16", engine: LlamaCpp | None = None
+    model_dir: str | Path,
+    out_path: str | Path,
+    outtype: str = "f16",
+    engine: LlamaCpp | None = None,
+    *,
+    pad_attention_only: bool = True,
 ) -> Path:
     """Convert a Hugging Face checkpoint (plain Llama or DeciLM) to a GGUF with llama.cpp's converter.
 
     ``outtype`` is one of :data:`CONVERTER_TYPES`. Attention-only DeciLM layers are padded first
-    (:func:`llamacpp_ready_copy`). Raises :class:`EngineMissing` / :class:`EngineError`.
+    (:func:`llamacpp_ready_copy`; ``pad_attention_only=False`` converts as it is, to show the
+    engine's defect). Raises :class:`EngineMissing` / :class:`EngineError`.
     """
     if outtype not in CONVERTER_TYPES:
         raise ConfigError(f"GGUF outtype {outtype!r} is not one of {', '.join(CONVERTER_TYPES)}")
     engine = engine or llamacpp()
     out = Path(out_path)
     with tempfile.TemporaryDirectory(prefix="llamacpp-ready-") as tmp:
-        ready = llamacpp_ready_copy(Path(model_dir), Path(tmp) / "model")
+        ready = llamacpp_ready_copy(Path(model_dir), Path(tmp) / "model") if pad_attention_only else Path(model_dir)
         _run(
             [
                 engine.python,
+                "-P",
                 Path(__file__).with_name("_gguf_convert.py"),
                 engine.src,
                 ready,

@@ -22,6 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.block_configs import architecture_from_block_configs
+from autocompress_opt.engines.rules import loadable_problems
 from autocompress_opt.errors import ConfigError
 
 __all__ = ["GGUF_TYPES", "PROMPTS", "ServeCheck", "check_sequences", "compare", "serve_check"]
@@ -129,6 +132,13 @@ def _reference(model_dir: Path, sequences: Sequence[Sequence[int]]) -> list[np.n
     return out
 
 
+def _architecture(config: dict[str, Any]) -> Architecture:
+    """The architecture of an export's ``config.json`` (plain, package heterogeneous or DeciLM)."""
+    if config.get("block_configs") is not None:
+        return architecture_from_block_configs(config)
+    return Architecture.from_hf_config(config)
+
+
 def _engine_dir(model_dir: Path, tmp: Path, decilm_out: Path | None) -> Path:
     """The directory the engines read: a plain checkpoint as it is, a package heterogeneous export
     in DeciLM form (written to ``decilm_out`` when given)."""
@@ -170,9 +180,12 @@ def serve_check(
         raise ConfigError(f"unknown engine {engine!r}; one of {', '.join(install.ENGINES)}")
     if gguf not in GGUF_TYPES:
         raise ConfigError(f"unknown GGUF type {gguf!r}; one of {', '.join(GGUF_TYPES)}")
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    problems = loadable_problems(_architecture(config), engine)
+    if problems:
+        raise ConfigError(f"{engine} cannot load {str(model_dir)!r}: " + "; ".join(problems))
     probe = install.llamacpp if engine == "llamacpp" else install.vllm
     probe()  # EngineMissing before any work
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     has_tokenizer = (model_dir / "tokenizer.json").is_file() or (model_dir / "tokenizer.model").is_file()
     tokenizer = AutoTokenizer.from_pretrained(model_dir) if has_tokenizer else None
     sequences = check_sequences(tokenizer, int(config["vocab_size"]), positions, length)

@@ -43,7 +43,7 @@ def vllm_logprobs(
         req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
         req.write_text(json.dumps(request), encoding="utf-8")
         proc = subprocess.run(
-            [str(engine.python), str(Path(__file__).with_name("_vllm_worker.py")), str(req), str(res)],
+            [str(engine.python), "-P", str(Path(__file__).with_name("_vllm_worker.py")), str(req), str(res)],
             capture_output=True,
             text=True,
             timeout=timeout_s,

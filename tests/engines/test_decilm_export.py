@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import HIDDEN, export, hetero_arch, random_model, uniform_arch
+from engine_models import HIDDEN, export, hetero_arch, random_model, uniform_arch
 
 from autocompress_opt.arch.architecture import LayerSpec
 from autocompress_opt.engines import install
@@ -66,9 +66,9 @@ def test_ffn_mult_round_trip_and_refusals() -> None:
 
 def test_what_decilm_cannot_express_is_named(tmp_path: Path) -> None:
     base = hetero_arch()
-    per_layer_heads = replace(base, layers=(*base.layers[:4], LayerSpec(True, 2, 1, 16, True, 768)))
+    per_layer_heads = replace(base, layers=(*base.layers[:4], LayerSpec(True, 2, 1, 32, True, 768)))
     assert any("query heads differ" in p for p in decilm_problems(per_layer_heads))
-    odd_width = replace(base, layers=(*base.layers[:4], LayerSpec(True, 4, 4, 16, True, 700)))
+    odd_width = replace(base, layers=(*base.layers[:4], LayerSpec(True, 4, 4, 32, True, 700)))
     # layers are numbered as exported (the dropped layer 1 is not written)
     assert decilm_problems(odd_width) == ["layer 3: FFN width 700 is not a multiple of 256"]
     assert any("not Llama-like" in p for p in decilm_problems(replace(base, family="qwen3", qk_norm=True)))
@@ -141,3 +141,20 @@ def test_missing_engine_names_the_install_command(tmp_path: Path) -> None:
         install.llamacpp(tmp_path / "nowhere")
     with pytest.raises(install.EngineMissing, match="make engines"):
         install.vllm(tmp_path / "no-venv")
+
+
+def test_engine_rules_name_what_is_not_loadable() -> None:
+    from autocompress_opt.engines.rules import ENGINE_RULES, loadable_problems
+
+    assert set(ENGINE_RULES) == {"vllm", "sglang", "trtllm", "llamacpp", "transformers"}
+    hetero = hetero_arch()
+    assert all(loadable_problems(hetero, engine) == [] for engine in ENGINE_RULES)
+    narrow = replace(hetero, layers=tuple(replace(l, head_dim=16) if l.attention else l for l in hetero.layers))
+    assert any("head size 16" in p for p in loadable_problems(narrow, "vllm"))
+    assert any("head_dim = hidden / query heads = 128/4" in p for p in loadable_problems(narrow, "llamacpp"))
+    assert loadable_problems(narrow, "transformers") == []
+    qwen = replace(hetero, family="qwen3", qk_norm=True)
+    assert any("QK-norm" in p for p in loadable_problems(qwen, "vllm"))
+    assert loadable_problems(replace(uniform_arch(), family="qwen3", qk_norm=True), "vllm") == []
+    with pytest.raises(ConfigError, match="unknown engine 'vlm'"):
+        loadable_problems(hetero, "vlm")
