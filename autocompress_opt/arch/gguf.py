@@ -53,7 +53,7 @@ def _read_gguf(path: Path, size: int, mtime_ns: int) -> Architecture:
 
     try:
         reader = GGUFReader(str(path), "r")
-    except ValueError as exc:
+    except (ValueError, IndexError, KeyError, OSError) as exc:  # numpy/mmap errors of a cut or garbled file
         raise ConfigError(f"{path} is not a readable GGUF file: {exc}") from None
     meta = {key: f.contents() for key, f in reader.fields.items() if not key.startswith("tokenizer.ggml.")}
     arch = str(meta.get("general.architecture"))

@@ -81,6 +81,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
     check_positive(args, "--prompt-len", "--decode-context", "--batch", "--passes")
     check_positive(args, "--archs", minimum=2)  # one architecture at least is held out
+    check_positive(args, "--seed", minimum=0)
     if args.hardware != "cpu":
         from autocompress_opt.serving.hardware import get_hardware
 

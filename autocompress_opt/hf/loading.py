@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import struct
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -113,6 +114,7 @@ def check_model_files(ref: str | Path) -> Path:
                 f"cannot load {str(path)!r}: GGUF architecture {gguf_arch!r} is not a supported decoder LLM family; "
                 f"supported: {', '.join(GGUF_ARCH_TO_FAMILY)}"
             )
+        _check_gguf_complete(path)
         return path
     _check_family(_directory_model_type(path), path)
     from autocompress_opt.arch.catalog import load_architecture
@@ -254,7 +256,6 @@ def _check_safetensors_file(file: Path) -> None:
     header length, that much JSON, then exactly the bytes its tensors' ``data_offsets`` cover (what
     a truncated download or a file of other bytes fails)."""
     import json
-    import struct
 
     size = file.stat().st_size
     bad = f"{str(file)!r} is not a complete safetensors file"
@@ -325,14 +326,17 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
         )
     # dequantize=True: a plain dense model, without the GGUF quantizer that would make
     # save_pretrained refuse it ("quantized with gguf and is not serializable").
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent,
-        gguf_file=path.name,
-        dtype=dtype,
-        local_files_only=True,
-        quantization_config=GgufConfig(dequantize=True),
-    )
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent,
+            gguf_file=path.name,
+            dtype=dtype,
+            local_files_only=True,
+            quantization_config=GgufConfig(dequantize=True),
+        )
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    except (ValueError, OSError, struct.error) as exc:  # a GGUF the header check passed but that cannot load
+        raise ConfigError(f"cannot load {str(path)!r}: {exc}") from None
     return model, tokenizer, f"GGUF {path} ({gguf_arch}, dequantised to {_dtype_name(dtype)})"
 
 
@@ -347,9 +351,30 @@ def _gguf_architecture(path: Path) -> str:
         return str(field.contents()) if field is not None else ""
     try:
         metadata, _ = read_gguf_metadata(str(path))
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, struct.error) as exc:
         raise ConfigError(f"{str(path)!r} is not a readable GGUF file: {exc}") from None
     return str(metadata.get("general.architecture", ""))
+
+
+def _check_gguf_complete(path: Path) -> None:
+    """:class:`ConfigError` when the tensor table of a GGUF points past the end of the file (a
+    truncated download). Needs transformers' header reader (and tensor types it can size); where it
+    cannot tell, the load itself reports a broken file in one line."""
+    try:
+        from transformers.integrations.gguf.reader import GgufHeader
+    except ImportError:
+        return
+    try:
+        header = GgufHeader.from_file(str(path))
+        end = max((header.data_start + t.offset + t.nbytes for t in header.tensors), default=0)
+    except (ValueError, OSError, struct.error, AttributeError):
+        return  # e.g. a block type this reader cannot size (Q5_0): the loader may still read it
+    size = path.stat().st_size
+    if end > size:
+        raise ConfigError(
+            f"{str(path)!r} is not a complete GGUF file: its tensors need {end:,} bytes but the file has {size:,} "
+            "(truncated?)"
+        )
 
 
 # ---------------------------------------------------------------------- checks

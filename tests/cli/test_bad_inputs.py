@@ -26,7 +26,7 @@ from autocompress_opt.cli import main
 # ------------------------------------------------------------------ the inputs
 def _write_inputs(root: Path) -> None:
     """Every bad (and the few good) input files the table refers to, under ``root``."""
-    from tiny_lm import save_hf_dir, tiny_model
+    from tiny_lm import save_hf_dir, tiny_model, write_qwen2_gguf
 
     good = {
         "model_type": "llama",
@@ -75,6 +75,12 @@ def _write_inputs(root: Path) -> None:
         for item in model.iterdir():
             data = item.read_bytes()
             (broken / item.name).write_bytes(damage(data) if item.suffix == ".safetensors" else data)
+
+    # a tiny Qwen2 GGUF cut short (tensor data missing) and cut inside its header
+    gguf = write_qwen2_gguf(tiny_model("qwen2", seed=1), root / "models" / "tiny.gguf").read_bytes()
+    (root / "models" / "truncated.gguf").write_bytes(gguf[: len(gguf) * 2 // 3])
+    (root / "models" / "header-only.gguf").write_bytes(gguf[:200])
+    (root / "models" / "tiny.gguf").unlink()
 
     hw = root / "hw"
     hw.mkdir()
@@ -134,7 +140,7 @@ DISTILL = (
     "distill --student {in}/models/good --teacher {in}/models/good --steps 1 --seq-len 16 --out {in}/distilled"
     " --no-progress"
 )
-EVAL = "eval --model {in}/models/good --no-progress"
+EVAL = "eval --model {in}/models/good --seq-len 16 --no-progress"
 STUDY = "study run --model smollm2-135m --mode plan --trials 2 --name bad --storage {in}/studies.db --quiet"
 CALIBRATE = "calibrate --hardware cpu --out {in}/profile.yaml --json"
 
@@ -156,6 +162,7 @@ CASES = [
     case("arch-yaml-invalid", "arch --model {in}/arch.yaml", "arch.yaml"),
     case("arch-json-negative-hidden", "arch --model {in}/arch-bad.json", "hidden_size", "-1"),
     case("arch-gguf-garbage", "arch --model {in}/garbage.gguf", "garbage.gguf"),
+    case("arch-gguf-header-only", "arch --model {in}/models/header-only.gguf", "header-only.gguf"),
     case("arch-unknown-name", "arch --model smollm3-135m", "smollm3-135m"),
     case("arch-missing-path", "arch --model {in}/nope/config.json", "nope"),
     case("arch-kv-dtype", "arch --model smollm2-135m --kv-dtype fp7", "fp7"),
@@ -199,6 +206,7 @@ CASES = [
     case("calibrate-negative-prompt", CALIBRATE + " --prompt-len -1", "--prompt-len", "-1"),
     case("calibrate-zero-passes", CALIBRATE + " --passes 0", "--passes", "0"),
     case("calibrate-zero-batch", CALIBRATE + " --batch 0", "--batch", "0"),
+    case("calibrate-negative-seed", CALIBRATE + " --seed -1", "--seed", "-1"),
     case("calibrate-unknown-hardware", CALIBRATE.replace("cpu", "rtx9090", 1), "rtx9090"),
     case("calibrate-out-under-file", "calibrate --out {in}/file.txt/p.yaml --json", "file.txt"),
     case("calibrate-bad-device", CALIBRATE + " --device tpu", "tpu"),
@@ -209,8 +217,11 @@ CASES = [
     # ---- eval (every check before the model loads)
     case("eval-truncated-safetensors", EVAL.replace("good", "truncated"), "truncated"),
     case("eval-garbage-safetensors", EVAL.replace("good", "garbage"), "garbage"),
+    case("eval-truncated-gguf", "eval --model {in}/models/truncated.gguf", "truncated.gguf"),
+    case("eval-header-only-gguf", "eval --model {in}/models/header-only.gguf", "header-only.gguf"),
     case("eval-zero-samples", EVAL + " --samples 0", "--samples", "0"),
     case("eval-negative-seq-len", EVAL + " --seq-len -1", "--seq-len", "-1"),
+    case("eval-seq-len-beyond-context", EVAL + " --seq-len 1000", "--seq-len 1000", "128"),
     case("eval-zero-batch", EVAL + " --batch-size 0", "--batch-size", "0"),
     case("eval-out-under-file", EVAL + " --out {in}/file.txt/eval.json", "file.txt"),
     case("eval-out-is-a-folder", EVAL + " --out {in}/models", "models"),
@@ -222,6 +233,7 @@ CASES = [
     # ---- prune
     case("prune-truncated-safetensors", PRUNE.replace("smollm2-135m", "{in}/models/truncated"), "truncated"),
     case("prune-garbage-safetensors", PRUNE.replace("smollm2-135m", "{in}/models/garbage"), "garbage"),
+    case("prune-truncated-gguf", PRUNE.replace("smollm2-135m", "{in}/models/truncated.gguf"), "truncated.gguf"),
     case("prune-params-nan", PRUNE.replace("--params 1", "--params nan"), "nan"),
     case("prune-params-negative", PRUNE.replace("--params 1", "--params -0.5"), "-0.5"),
     case("prune-params-zero", PRUNE.replace("--params 1", "--params 0"), "0"),
@@ -233,6 +245,11 @@ CASES = [
         DISTILL.replace("--teacher {in}/models/good", "--teacher {in}/models/garbage"),
         "garbage",
     ),
+    case(
+        "distill-truncated-gguf-teacher",
+        DISTILL.replace("-teacher {in}/models/good", "-teacher {in}/models/truncated.gguf"),
+        "truncated.gguf",
+    ),
     case("distill-zero-steps", DISTILL.replace("--steps 1", "--steps 0"), "steps", "0"),
     case("distill-nan-lr", DISTILL + " --lr nan", "lr", "nan"),
     case("distill-inf-lr", DISTILL + " --lr inf", "lr", "inf"),
@@ -243,6 +260,10 @@ CASES = [
     # ---- serve-check
     case("serve-check-missing-dir", "serve-check {in}/models/nope --engine vllm", "nope"),
     case("serve-check-unknown-engine", "serve-check {in}/models/good --engine sglang", "sglang"),
+    # ---- memory
+    case("memory-config-zero-heads", "memory --model {in}/configs/zero-heads --mode weights", "num_attention_heads"),
+    case("memory-zero-gpus", "memory --model smollm2-135m --mode distill --gpus 0", "gpus", "0"),
+    case("memory-unknown-dtype", "memory --model smollm2-135m --mode weights --compute-dtype fp7", "fp7"),
     # ---- study (only inputs study.py already refuses in one line; the rest are listed in the issue notes)
     case("study-missing-config", STUDY + " --config {in}/nope.yaml", "nope.yaml"),
     case("study-zero-trials", STUDY.replace("--trials 2", "--trials 0"), "trials", "0"),
