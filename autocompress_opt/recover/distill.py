@@ -18,6 +18,15 @@ the loss and its gradient w.r.t. the logits are computed ``kl_chunk`` positions 
 ``(B, L, V)`` float32 log-probabilities never exist at once; same loss up to float rounding). The
 defaults keep all three off.
 
+**Sharding** (``fsdp=True``, under ``torchrun`` with an initialised process group of ``W``
+processes): every decoder layer and then the whole student are wrapped with FSDP2's
+``fully_shard``, so its weights, gradients and AdamW moments are split ``W`` ways; each process
+trains on rows ``rank, rank + W, ...`` of the step's batch (``batch_size`` must divide by ``W``)
+against its own replica of the teacher; FSDP averages the gradients, so an update is that of the
+whole batch on one process (up to float rounding), and the reported loss is the mean over the
+processes. Rank 0 gathers the full weights and moments to write each checkpoint, in the same
+format as an unsharded run (so a sharded run's checkpoint resumes without sharding).
+
 **Budget.** A run is ``steps × batch_size × seq_len`` tokens, all of them calibration text
 (:mod:`autocompress_opt.quality.textdata`; never a held-out document). The :class:`DistillRecipe` and the
 data record are written into every checkpoint and the result, so two arms of a comparison can be
@@ -47,6 +56,7 @@ result without training.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -228,6 +238,7 @@ def distill(
     compute_dtype: str = "fp32",
     gradient_checkpointing: bool = False,
     kl_chunk: int | None = None,
+    fsdp: bool = False,
 ) -> DistillResult:
     """Distil ``teacher_ref`` into the student in directory ``student_ref``; write the result to ``out_dir``.
 
@@ -251,6 +262,8 @@ def distill(
             of keeping them (transformers' ``activation_checkpointing_enable``, or the same
             non-reentrant ``torch.utils.checkpoint`` per layer for a heterogeneous student).
         kl_chunk: compute the loss ``kl_chunk`` positions at a time (:func:`distillation_backward`).
+        fsdp: shard the student with FSDP2 over the initialised ``torch.distributed`` process
+            group (see the module docstring); every process calls :func:`distill` alike.
 
     Deterministic given its arguments on a given device; the caller's torch RNG state is restored
     on return. Raises :class:`ConfigError` for a missing student, ``out_dir`` equal to it, a
@@ -270,7 +283,10 @@ def distill(
     dtype, precision = _compute_dtype(compute_dtype, torch_device, precision)
     if kl_chunk is not None and (not isinstance(kl_chunk, int) or isinstance(kl_chunk, bool) or kl_chunk < 1):
         raise ConfigError(f"kl_chunk must be a positive number of positions or None, got {kl_chunk!r}")
-    options = _Options(dtype=dtype, gradient_checkpointing=bool(gradient_checkpointing), kl_chunk=kl_chunk)
+    world = _world_size(fsdp, recipe)
+    options = _Options(
+        dtype=dtype, gradient_checkpointing=bool(gradient_checkpointing), kl_chunk=kl_chunk, world_size=world
+    )
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"output path {str(out)!r} exists and is not a directory")
     ours = (out / STATE_DIR / _STATE_JSON).is_file()
@@ -280,6 +296,11 @@ def distill(
             "checkpoint; pass force=True (--force) to replace it"
         )
     state = _read_state(out) if ours and not restart else None
+    if state is not None and world > 1 and state["step"] < recipe.steps:
+        raise ConfigError(
+            f"a sharded run does not resume a checkpoint yet ({str(out)!r} is at step {state['step']}); "
+            "resume it without fsdp, or pass restart=True (--restart)"
+        )
     if state is not None:
         _check_same(state["identity"], {"recipe": recipe.to_dict(), "student": str(student_dir)}, out)
     with torch.random.fork_rng(devices=[torch_device] if torch_device.type == "cuda" else []):
@@ -295,6 +316,11 @@ class _Options:
     dtype: torch.dtype = torch.float32
     gradient_checkpointing: bool = False
     kl_chunk: int | None = None
+    world_size: int = 1  # > 1: the student is FSDP-sharded over that many processes
+
+    @property
+    def rank(self) -> int:
+        return torch.distributed.get_rank() if self.world_size > 1 else 0
 
 
 @dataclass
@@ -315,6 +341,7 @@ class _Run:
     device: torch.device
     precision: str
     options: _Options
+    shadow: Any  # rank 0 of a sharded run: an unsharded host copy the gathered weights are exported from
     initial_kl: float
     final_kl: float | None
     start_step: int
@@ -362,6 +389,10 @@ class _Run:
         model = student.model.train()
         if options.gradient_checkpointing:
             _checkpoint_layers(model)
+        shadow = None
+        if options.world_size > 1:
+            shadow = copy.deepcopy(model).to("cpu") if options.rank == 0 else None
+            _shard(model, device, options.world_size)
         optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
         if state is None:
             torch.manual_seed(recipe.seed)
@@ -385,6 +416,7 @@ class _Run:
             device=device,
             precision=precision,
             options=options,
+            shadow=shadow,
             initial_kl=initial_kl,
             final_kl=state["final_kl"],
             start_step=state["step"],
@@ -397,11 +429,13 @@ class _Run:
 
         recipe, tokens_per_step = self.recipe, self.recipe.batch_size * self.recipe.seq_len
         final_kl, session_s = self.final_kl, 0.0
+        progress = progress and self.options.rank == 0
         bar = tqdm(total=recipe.steps, initial=self.start_step, desc="distill", unit="step", disable=not progress)
         with bar:
             for step in range(self.start_step, recipe.steps):
                 began = time.perf_counter()
                 rows = _step_rows(recipe.seed, step, recipe.batch_size, len(self.pool))
+                rows = rows[self.options.rank :: self.options.world_size]  # this process's share
                 loss = _train_step(
                     self.model,
                     self.teacher.model,
@@ -412,6 +446,7 @@ class _Run:
                     self.precision,
                     self.options.kl_chunk,
                 )
+                loss = _mean_over_processes(loss, self.options.world_size)
                 session_s += time.perf_counter() - began
                 self.losses.append(loss)
                 bar.update(1)
@@ -446,6 +481,7 @@ class _Run:
             "precision": self.precision,
             "gradient_checkpointing": self.options.gradient_checkpointing,
             "kl_chunk": self.options.kl_chunk,
+            "fsdp_processes": self.options.world_size,
             "data": self.identity["data"],
             "eval_data": self.identity["eval_data"],
         } | self._previous()
@@ -456,9 +492,43 @@ class _Run:
         return {"previous": earlier} if earlier is not None else {}
 
     def _save(self, steps_done: int, final_kl: float | None, train_s: float) -> None:
+        if self.options.world_size > 1:
+            model, moments = self._gathered()
+            if model is not None:
+                self._write(model, moments, steps_done, final_kl, train_s)
+            torch.distributed.barrier()
+            return
+        self._write(self.model, _optimizer_tensors(self.model, self.optimizer), steps_done, final_kl, train_s)
+
+    def _gathered(self) -> tuple[Any, dict[str, torch.Tensor]]:
+        """All processes gather the sharded student's full weights and AdamW state; rank 0 gets its
+        host copy holding those weights and the moments by name (the others: ``None, {}``)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(self.model, options=full)
+        optim = get_optimizer_state_dict(self.model, self.optimizer, options=full)
+        if self.shadow is None:
+            return None, {}
+        self.shadow.load_state_dict(weights)
+        state: dict[str, dict[str, torch.Tensor]] = optim["state"]  # type: ignore[assignment]
+        moments = {
+            f"optimizer/{name}/{key}": value.detach().to("cpu").contiguous()
+            for name, per_param in state.items()
+            for key, value in per_param.items()
+        }
+        return self.shadow, moments
+
+    def _write(
+        self, model: Any, moments: dict[str, torch.Tensor], steps_done: int, final_kl: float | None, train_s: float
+    ) -> None:
         from autocompress_opt.prune.export import export_model
 
-        tensors = _optimizer_tensors(self.model, self.optimizer) | _rng_tensors()
+        tensors = moments | _rng_tensors()
         state = {
             "format": _STATE_FORMAT,
             "identity": self.identity,
@@ -468,7 +538,7 @@ class _Run:
             "final_kl": final_kl,
             "losses": self.losses,
             "train_s_total": train_s,
-            "param_names": [name for name, _ in self.model.named_parameters()],
+            "param_names": [name for name, _ in model.named_parameters()],
             "scheduler": {
                 "kind": "linear-warmup-cosine",
                 "min_lr_ratio": MIN_LR_RATIO,
@@ -488,7 +558,7 @@ class _Run:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         try:
             export_model(
-                self.model,
+                model,
                 arch,
                 staging,
                 parent=card.get("parent") or {"model": str(self.student_dir)},
@@ -578,7 +648,40 @@ def _permutation(seed: int, pass_: int, size: int) -> torch.Tensor:
 
 
 def _held_out_kl(model: Any, teacher: Any, tokens: torch.Tensor, batch_size: int) -> float:
+    if hasattr(model, "reshard"):  # FSDP2-sharded: see _OutsideInferenceMode
+        model = _OutsideInferenceMode(model)
     return kl_divergence(model, teacher, tokens, batch_size=batch_size, progress=False)
+
+
+class _OutsideInferenceMode:
+    """An FSDP2-sharded model whose forward runs under ``no_grad`` with inference mode switched off.
+
+    ``kl_divergence`` scores under ``torch.inference_mode``, in which FSDP2's all-gather would
+    leave inference tensors behind as the module's parameters, and training would then update
+    tensors the model no longer uses; the logits it returns are ordinary tensors either way.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    @property
+    def training(self) -> bool:
+        return bool(self.model.training)
+
+    def eval(self) -> _OutsideInferenceMode:
+        self.model.eval()
+        return self
+
+    def train(self, mode: bool = True) -> _OutsideInferenceMode:
+        self.model.train(mode)
+        return self
+
+    def parameters(self) -> Any:
+        return self.model.parameters()
+
+    def __call__(self, **kwargs: Any) -> Any:
+        with torch.inference_mode(False), torch.no_grad():
+            return self.model(**kwargs)
 
 
 # ------------------------------------------------------------------------------- checks
@@ -624,6 +727,44 @@ def _compute_dtype(spec: str, device: torch.device, precision: str) -> tuple[tor
             "pass either bf16=True (--bf16: autocast, float32 weights) or compute_dtype='bf16' (bf16 weights), not both"
         )
     return dtype, "bf16"
+
+
+def _world_size(fsdp: bool, recipe: DistillRecipe) -> int:
+    """Processes the student is sharded over: 1 without ``fsdp``, else the process group's size."""
+    if not fsdp:
+        return 1
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError(
+            "fsdp=True needs an initialised torch.distributed process group: launch under torchrun and call "
+            "torch.distributed.init_process_group() first (backend nccl on GPUs, gloo on the CPU)"
+        )
+    world = dist.get_world_size()
+    if recipe.batch_size % world:
+        raise ConfigError(f"batch_size {recipe.batch_size} must be a multiple of the {world} FSDP processes")
+    return world
+
+
+def _shard(model: Any, device: torch.device, world: int) -> None:
+    """FSDP2: each decoder layer is its own unit (all-gathered for its forward and backward), then the rest."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from autocompress_opt.hf.adapters import adapter_for
+
+    mesh = init_device_mesh(device.type, (world,))
+    for part in adapter_for(model).all_layer_parts(model):
+        fully_shard(part.layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def _mean_over_processes(value: float, world: int) -> float:
+    if world == 1:
+        return value
+    total = torch.tensor(value, dtype=torch.float64)
+    torch.distributed.all_reduce(total)
+    return float(total) / world
 
 
 def _checkpoint_layers(model: Any) -> None:
