@@ -233,6 +233,8 @@ class WeightsTrialShape:
 class DistillShape:
     """The sizes of a distillation run that decide its memory (defaults: ``DistillRecipe``'s).
 
+    ``batch_size`` rows per step in all; under FSDP each GPU trains on its share of them.
+
     ``master_dtype``: the student's trained weights, gradients and AdamW moments (``fp32``: mixed
     precision, the forward casts to the compute dtype; ``bf16``: pure bf16 training).
     ``checkpointing`` / ``kl_chunk``: activation checkpointing and the chunked KL
@@ -397,20 +399,22 @@ def _distill_stages(
 ) -> tuple[list[Stage], tuple[str, ...]]:
     c, m = _dtype_bytes(dtype), _dtype_bytes(shape.master_dtype, "master dtype")
     student = shape.student or arch
-    tokens = shape.batch_size * shape.seq_len
+    rows = -(-shape.batch_size // gpus)  # each process trains on its share of the step's rows
+    tokens = rows * shape.seq_len
     teacher = arch.num_params * c
     master = math.ceil(student.num_params * m / gpus)
-    # The forward works on compute-dtype copies of the weights: under FSDP the all-gathered layer
-    # and the prefetched next one (plus embeddings and head, gathered at the ends); unsharded
-    # mixed precision: autocast's cache of every weight cast.
+    # The forward works on full weights: under FSDP (``distill(fsdp=True)``, no mixed-precision
+    # policy) the all-gathered layer and the prefetched next one, plus embeddings and head, in the
+    # master dtype, and autocast's compute-dtype copies of them; unsharded mixed precision:
+    # autocast's cache of every weight cast.
     widest_layer = max(student.layer_params(i) for i in range(student.num_layers))
     if gpus > 1:
-        working = (2 * widest_layer + student.embedding_params) * c
+        working = (2 * widest_layer + student.embedding_params) * (m + (c if m != c else 0))
     else:
         working = student.num_params * c if m != c else 0
     acts = activation_bytes(student, tokens, dtype, checkpointing=shape.checkpointing)
     v = arch.vocab_size
-    loss_rows = tokens if shape.kl_chunk is None else min(tokens, shape.batch_size * shape.kl_chunk)
+    loss_rows = tokens if shape.kl_chunk is None else min(tokens, rows * shape.kl_chunk)
     logits = tokens * v * 2 * c  # student and teacher logits, whole
     loss = loss_rows * (_loss_bytes(v, c, teacher_on_device=True) - 2 * v * c)
     head_grad = math.ceil(student.vocab_size * student.hidden_size * m / gpus)
@@ -444,7 +448,7 @@ def _distill_stages(
         f"student weights, gradients and AdamW moments in {shape.master_dtype}"
         + (f", FSDP-sharded {gpus} ways" if gpus > 1 else ", on one GPU")
         + f"; forward and backward in {dtype}",
-        f"{shape.batch_size} x {shape.seq_len} tokens per step per GPU; activation checkpointing "
+        f"{shape.batch_size} x {shape.seq_len} tokens per step, {rows} row(s) per GPU; activation checkpointing "
         + ("on" if shape.checkpointing else "off")
         + f"; KL over the vocabulary {chunk}",
         "student counted at the teacher's size unless given (the upper bound for any pruned child)",
