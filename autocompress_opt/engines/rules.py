@@ -9,6 +9,9 @@ layer, FFN widths that are multiples of 256). On top of that, per engine (from t
   ``num_attention_heads / n_heads_in_group``, ``head_dim`` from the config; on CPU its attention
   kernel takes head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512 only
   (``CPUAttentionBackend.get_supported_head_sizes``), for uniform and heterogeneous models alike.
+  A heterogeneous model's first layer must keep its attention: ``DeciLMDecoderLayer.forward`` calls
+  ``post_attention_layernorm(hidden_states, residual)`` with ``residual = None`` in an attention-free
+  first layer, which returns one tensor where two are unpacked (read in the source, not run).
 * ``sglang``: the same DeciLM reader as vLLM.
 * ``trtllm``: the PyTorch backend reads DeciLM (and ``replace_with_linear``, which pruning never writes).
 * ``llamacpp``: ``deci`` in ``convert_hf_to_gguf.py`` takes ``head_dim = hidden / num_attention_heads``,
@@ -40,7 +43,8 @@ class EngineRules:
     ``families``: plain (uniform) checkpoints it serves; ``heterogeneous``: whether per-layer shapes
     load at all (through DeciLM); ``ffn_multiple``: the FFN width multiple of a heterogeneous model;
     ``head_sizes``: the head sizes its attention kernels take (None: any);
-    ``head_dim_from_hidden``: it derives ``head_dim = hidden / num_attention_heads``.
+    ``head_dim_from_hidden``: it derives ``head_dim = hidden / num_attention_heads``;
+    ``first_layer_attention``: a heterogeneous model's first layer must keep its attention.
     """
 
     name: str
@@ -49,6 +53,7 @@ class EngineRules:
     ffn_multiple: int = 1
     head_sizes: tuple[int, ...] | None = None
     head_dim_from_hidden: bool = False
+    first_layer_attention: bool = False
     note: str = ""
 
 
@@ -61,9 +66,10 @@ ENGINE_RULES: dict[str, EngineRules] = {
             True,
             DECILM_FFN_MULTIPLE,
             _VLLM_CPU_HEAD_SIZES,
+            first_layer_attention=True,
             note="head sizes are the CPU backend's",
         ),
-        EngineRules("sglang", SUPPORTED_FAMILIES, True, DECILM_FFN_MULTIPLE),
+        EngineRules("sglang", SUPPORTED_FAMILIES, True, DECILM_FFN_MULTIPLE, first_layer_attention=True),
         EngineRules("trtllm", SUPPORTED_FAMILIES, True, DECILM_FFN_MULTIPLE),
         EngineRules("llamacpp", SUPPORTED_FAMILIES, True, DECILM_FFN_MULTIPLE, head_dim_from_hidden=True),
         EngineRules("transformers", SUPPORTED_FAMILIES, True),
@@ -96,6 +102,8 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
     if not rules.heterogeneous:
         return [*problems, f"{engine} loads no per-layer shapes"]
     problems += decilm_problems(arch)
+    if rules.first_layer_attention and arch.layers and not arch.layers[0].attention:
+        problems.append(f"{engine}'s DeciLM reader needs attention in the first layer")
     if rules.head_dim_from_hidden and attn:
         heads = attn[0].num_heads
         if heads * attn[0].head_dim != arch.hidden_size:

@@ -156,5 +156,8 @@ def test_engine_rules_name_what_is_not_loadable() -> None:
     qwen = replace(hetero, family="qwen3", qk_norm=True)
     assert any("QK-norm" in p for p in loadable_problems(qwen, "vllm"))
     assert loadable_problems(replace(uniform_arch(), family="qwen3", qk_norm=True), "vllm") == []
+    first_free = replace(hetero, layers=hetero.layers[2:])  # starts with the attention-free layer
+    assert loadable_problems(first_free, "vllm") == ["vllm's DeciLM reader needs attention in the first layer"]
+    assert loadable_problems(first_free, "llamacpp") == []
     with pytest.raises(ConfigError, match="unknown engine 'vlm'"):
         loadable_problems(hetero, "vlm")
