@@ -412,12 +412,24 @@ def _distill_stages(
         working = (2 * widest_layer + student.embedding_params) * (m + (c if m != c else 0))
     else:
         working = student.num_params * c if m != c else 0
-    acts = activation_bytes(student, tokens, dtype, checkpointing=shape.checkpointing)
-    v = arch.vocab_size
-    loss_rows = tokens if shape.kl_chunk is None else min(tokens, rows * shape.kl_chunk)
-    logits = tokens * v * 2 * c  # student and teacher logits, whole
-    loss = loss_rows * (_loss_bytes(v, c, teacher_on_device=True) - 2 * v * c)
-    head_grad = math.ceil(student.vocab_size * student.hidden_size * m / gpus)
+    # One forward + backward of the student (training_step_bytes, checked against measurement):
+    # its activations, logits, the KL and, on one GPU, the gradients present at the step's peak.
+    # Under FSDP the gradients are reduce-scattered layer by layer: the sharded gradients of the
+    # whole model plus the unsharded ones of the two layers in flight, in the master dtype.
+    one_gpu = gpus == 1
+    step = (
+        training_step_bytes(
+            student,
+            rows,
+            shape.seq_len,
+            dtype,
+            checkpointing=shape.checkpointing,
+            kl_chunk=shape.kl_chunk,
+            param_grads=one_gpu,
+        )
+        - student.num_params * c
+    )
+    grads = 0 if one_gpu else master + 2 * widest_layer * m
     base = {"teacher weights": teacher, "student weights (shard)": master}
     stages = [
         Stage("load", dict(base)),
@@ -426,11 +438,11 @@ def _distill_stages(
             "train step",
             base
             | {
-                "gradients (shard)": head_grad,
+                "AdamW moments (shard)": 2 * master,  # kept from the previous step
                 "gathered weights": working,
-                "activations": acts,
-                "logits + KL": logits + loss,
-            },
+                "activations, logits, KL" + (", gradients" if one_gpu else ""): step,
+            }
+            | ({} if one_gpu else {"gradients (shard + 2 layers)": grads}),
         ),
         Stage(
             "optimizer step",
