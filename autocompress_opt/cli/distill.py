@@ -133,8 +133,7 @@ def _check_before_loading(args: argparse.Namespace, recipe: Any, out: str) -> No
     """What can be checked without a model, before either loads: --out can receive a checkpoint,
     both models' files are complete (config, safetensors headers, tokenizer), the vocabularies
     match and --seq-len fits both contexts (from the configs or GGUF metadata)."""
-    from autocompress_opt.arch.catalog import load_architecture
-    from autocompress_opt.hf.loading import check_model_files
+    from autocompress_opt.hf.loading import check_model_files, model_limits
 
     check_output_dir(out)
     student = Path(args.student).expanduser()
@@ -143,13 +142,14 @@ def _check_before_loading(args: argparse.Namespace, recipe: Any, out: str) -> No
             f"--student {args.student!r} is not a directory; pass a checkpoint directory "
             "(e.g. the --out of `autocompress prune`)"
         )
-    archs = {"student": load_architecture(check_model_files(student))}
-    archs["teacher"] = load_architecture(check_model_files(args.teacher))
-    if archs["student"].vocab_size != archs["teacher"].vocab_size:
+    limits = {"student": model_limits(check_model_files(student))}
+    limits["teacher"] = model_limits(check_model_files(args.teacher))
+    (vocab_s, _), (vocab_t, _) = limits["student"], limits["teacher"]
+    if vocab_s is not None and vocab_t is not None and vocab_s != vocab_t:
         raise ConfigError(
-            f"--teacher {args.teacher!r} has a vocabulary of {archs['teacher'].vocab_size:,} tokens but --student "
-            f"{args.student!r} has {archs['student'].vocab_size:,}; both must share one tokenizer"
+            f"--teacher {args.teacher!r} has a vocabulary of {vocab_t:,} tokens but --student "
+            f"{args.student!r} has {vocab_s:,}; both must share one tokenizer"
         )
-    for who, arch in archs.items():
-        if arch.max_context is not None and recipe.seq_len > arch.max_context:
-            raise ConfigError(f"--seq-len {recipe.seq_len} exceeds the {who}'s context of {arch.max_context} positions")
+    for who, (_, context) in limits.items():
+        if context is not None and recipe.seq_len > context:
+            raise ConfigError(f"--seq-len {recipe.seq_len} exceeds the {who}'s context of {context} positions")

@@ -137,7 +137,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         _check_task_names(_task_names(args.tasks))
     if args.data_dir is not None and not args.data_dir.is_dir():
         raise ConfigError(f"--data-dir {str(args.data_dir)!r} is not a directory")
-    from autocompress_opt.arch.catalog import load_architecture
+    from autocompress_opt.hf.loading import model_limits
     from autocompress_opt.tasks.items import PERPLEXITY_TASK
 
     # --seq-len is the row length of the perplexity report, and of the heldout-perplexity task
@@ -145,7 +145,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     for flag in ("--model", "--parent"):
         ref = getattr(args, flag[2:])
         if ref:
-            context = load_architecture(check_model_files(ref)).max_context
+            _, context = model_limits(check_model_files(ref))
             if uses_seq_len and context is not None and args.seq_len > context:
                 raise ConfigError(
                     f"--seq-len {args.seq_len} exceeds the context of {flag} {ref!r} ({context} positions)"

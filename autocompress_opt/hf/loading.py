@@ -35,7 +35,15 @@ from autocompress_opt.arch.catalog import known_architectures, known_weights, re
 from autocompress_opt.arch.gguf import GGUF_ARCH_TO_FAMILY
 from autocompress_opt.errors import ConfigError, UnknownNameError
 
-__all__ = ["LoadedModel", "check_model_files", "clear_model_cache", "known_weights", "load_model", "register_weights"]
+__all__ = [
+    "LoadedModel",
+    "check_model_files",
+    "clear_model_cache",
+    "known_weights",
+    "load_model",
+    "model_limits",
+    "register_weights",
+]
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,29 @@ def check_model_files(ref: str | Path) -> Path:
     _check_safetensors(path)
     _check_tokenizer_files(path)
     return path
+
+
+def model_limits(path: Path) -> tuple[int | None, int | None]:
+    """``(vocabulary size, context length)`` of the model at ``path`` (a :func:`check_model_files`
+    result), from ``config.json`` or the GGUF header alone (milliseconds: no weights, no tokenizer
+    strings decoded); None where the file does not say."""
+    if path.suffix.lower() != ".gguf":
+        from autocompress_opt.arch.catalog import load_architecture
+
+        arch = load_architecture(path)
+        return arch.vocab_size, arch.max_context
+    try:
+        metadata = _gguf_metadata(path)
+    except ImportError:  # older transformers: the whole header through gguf-py (seconds)
+        from autocompress_opt.arch.catalog import load_architecture
+
+        arch = load_architecture(path)
+        return arch.vocab_size, arch.max_context
+    prefix = str(metadata.get("general.architecture", ""))
+    vocab = metadata.get(f"{prefix}.vocab_size", metadata.get("tokenizer.ggml.tokens"))
+    context = metadata.get(f"{prefix}.context_length")
+    as_int = lambda value: value if isinstance(value, int) and not isinstance(value, bool) else None
+    return as_int(vocab), as_int(context)
 
 
 def clear_model_cache() -> None:
@@ -343,17 +374,24 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
 def _gguf_architecture(path: Path) -> str:
     """``general.architecture`` of a GGUF, read from its header only (milliseconds)."""
     try:
-        from transformers.integrations.gguf.reader import read_gguf_metadata
+        metadata = _gguf_metadata(path)
     except ImportError:  # older transformers: gguf-py decodes the whole header (seconds)
         from gguf import GGUFReader
 
         field = GGUFReader(str(path), "r").fields.get("general.architecture")
         return str(field.contents()) if field is not None else ""
+    return str(metadata.get("general.architecture", ""))
+
+
+def _gguf_metadata(path: Path) -> dict[str, Any]:
+    """The header keys of a GGUF (string arrays as their lengths); needs transformers' header reader."""
+    from transformers.integrations.gguf.reader import read_gguf_metadata
+
     try:
         metadata, _ = read_gguf_metadata(str(path))
     except (ValueError, OSError, struct.error) as exc:
         raise ConfigError(f"{str(path)!r} is not a readable GGUF file: {exc}") from None
-    return str(metadata.get("general.architecture", ""))
+    return dict(metadata)
 
 
 def _check_gguf_complete(path: Path) -> None:
