@@ -15,6 +15,8 @@ from autocompress_opt.recover.distill import distill
 
 # The recipe of test_distill_fsdp.RECIPE (kept here so the worker needs no test imports).
 RECIPE = {"steps": 4, "batch_size": 4, "seq_len": 16, "lr": 3e-3, "save_every": 2, "n_eval_rows": 2}
+# The memory options of an 8B run, on top of the sharding.
+OPTIONS = {"gradient_checkpointing": True, "kl_chunk": 5}
 
 
 def main(student: str, teacher: str, out: str, result_json: str) -> None:
@@ -22,7 +24,7 @@ def main(student: str, teacher: str, out: str, result_json: str) -> None:
 
     dist.init_process_group("gloo")
     try:
-        result = distill(student, teacher, out, DistillRecipe(**RECIPE), progress=False, fsdp=True)
+        result = distill(student, teacher, out, DistillRecipe(**RECIPE), progress=False, fsdp=True, **OPTIONS)
         if dist.get_rank() == 0:
             with open(result_json, "w", encoding="utf-8") as handle:
                 json.dump(result.to_dict(), handle, default=str)

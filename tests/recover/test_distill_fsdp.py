@@ -1,6 +1,7 @@
-"""FSDP2-sharded distillation: 2 processes under torchrun with the gloo backend on the CPU train a
-tiny student as one process does (same loss curve, same weights within float rounding) and write
-a checkpoint in the unsharded format."""
+"""FSDP2-sharded distillation: 2 processes under torchrun with the gloo backend on the CPU, with
+activation checkpointing and the chunked KL on, train a tiny student as one plain process does
+(same loss curve, same weights within float rounding) and write a checkpoint in the unsharded
+format."""
 
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def test_two_sharded_processes_train_as_one(models: tuple[Path, Path], tmp_path:
         if key.startswith("optimizer/"):
             assert moments[key].shape == value.shape, key
     card = json.loads((tmp_path / "sharded" / CARD_FILE).read_text())
-    assert card["extra"]["distillation"]["fsdp_processes"] == 2
+    record = card["extra"]["distillation"]
+    assert record["fsdp_processes"] == 2 and record["gradient_checkpointing"] and record["kl_chunk"] == 5
 
 
 def test_fsdp_without_a_process_group_is_refused(models: tuple[Path, Path], tmp_path: Path) -> None:
