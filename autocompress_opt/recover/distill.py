@@ -25,7 +25,8 @@ trains on rows ``rank, rank + W, ...`` of the step's batch (``batch_size`` must 
 against its own replica of the teacher; FSDP averages the gradients, so an update is that of the
 whole batch on one process (up to float rounding), and the reported loss is the mean over the
 processes. Rank 0 gathers the full weights and moments to write each checkpoint, in the same
-format as an unsharded run (so a sharded run's checkpoint resumes without sharding).
+format as an unsharded run, so a checkpoint resumes with or without sharding (each process reads
+it whole and keeps its shard).
 
 **Budget.** A run is ``steps × batch_size × seq_len`` tokens, all of them calibration text
 (:mod:`autocompress_opt.quality.textdata`; never a held-out document). The :class:`DistillRecipe` and the
@@ -296,11 +297,6 @@ def distill(
             "checkpoint; pass force=True (--force) to replace it"
         )
     state = _read_state(out) if ours and not restart else None
-    if state is not None and world > 1 and state["step"] < recipe.steps:
-        raise ConfigError(
-            f"a sharded run does not resume a checkpoint yet ({str(out)!r} is at step {state['step']}); "
-            "resume it without fsdp, or pass restart=True (--restart)"
-        )
     if state is not None:
         _check_same(state["identity"], {"recipe": recipe.to_dict(), "student": str(student_dir)}, out)
     with torch.random.fork_rng(devices=[torch_device] if torch_device.type == "cuda" else []):
@@ -884,12 +880,27 @@ def _restore(model: Any, optimizer: torch.optim.Optimizer, out: Path, state: Map
         for i, name in enumerate(names)
         if f"optimizer/{name}/step" in tensors
     }
-    optimizer.load_state_dict({"state": per_param, "param_groups": optimizer.state_dict()["param_groups"]})
+    if hasattr(model, "reshard"):  # FSDP2: every process hands in the full moments and keeps its shard
+        _restore_sharded(model, optimizer, {names[i]: moments for i, moments in per_param.items()})
+    else:
+        optimizer.load_state_dict({"state": per_param, "param_groups": optimizer.state_dict()["param_groups"]})
     torch.set_rng_state(tensors["rng/cpu"])
     if torch.cuda.is_available():
         cuda = [tensors[f"rng/cuda/{i}"] for i in range(torch.cuda.device_count()) if f"rng/cuda/{i}" in tensors]
         if len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
+
+
+def _restore_sharded(model: Any, optimizer: torch.optim.Optimizer, by_name: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    full = StateDictOptions(full_state_dict=True)
+    groups = get_optimizer_state_dict(model, optimizer, options=full)["param_groups"]
+    set_optimizer_state_dict(model, optimizer, {"state": by_name, "param_groups": groups}, options=full)
 
 
 def _replace_dir(staging: Path, out: Path) -> None:

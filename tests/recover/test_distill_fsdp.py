@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -41,44 +42,41 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return student_dir, save_hf_dir(teacher, root / "teacher")
 
 
-def test_two_sharded_processes_train_as_one(models: tuple[Path, Path], tmp_path: Path) -> None:
+def _sharded(models: tuple[Path, Path], out: Path, *mode: str) -> dict[str, Any]:
+    """The result record of the 2-process worker (``crash``: interrupted in step 3, then resumed)."""
     student_dir, teacher_dir = models
-    single = distill(student_dir, teacher_dir, tmp_path / "single", RECIPE, progress=False)
-
     worker = Path(__file__).with_name("fsdp_worker.py")
-    record = tmp_path / "sharded.json"
+    record = out.with_suffix(".json")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    args = [str(student_dir), str(teacher_dir), str(out), str(record), *mode]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(worker),
-            str(student_dir),
-            str(teacher_dir),
-            str(tmp_path / "sharded"),
-            str(record),
-        ],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker), *args],
         capture_output=True,
         text=True,
         timeout=600,
         env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    sharded = json.loads(record.read_text())
+    return json.loads(record.read_text())
 
+
+def _assert_trains_as(sharded: dict[str, Any], single: Any, sharded_dir: Path, single_dir: Path) -> None:
     assert sharded["complete"] and len(sharded["losses"]) == RECIPE.steps
     for a, b in zip(sharded["losses"], single.losses):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(b))
     assert sharded["final_kl"] == pytest.approx(single.final_kl, rel=1e-4)
-    want = load_model(tmp_path / "single", cache=False).model.state_dict()
-    got = load_model(tmp_path / "sharded", cache=False).model.state_dict()
+    want = load_model(single_dir, cache=False).model.state_dict()
+    got = load_model(sharded_dir, cache=False).model.state_dict()
     # Adam divides by sqrt(v): float rounding of the averaged gradients moves a few weights by ~1e-6.
     worst = max(float((got[name] - want[name]).abs().max()) for name in want)
     assert worst <= 2e-5, worst
+
+
+def test_two_sharded_processes_train_as_one(models: tuple[Path, Path], tmp_path: Path) -> None:
+    student_dir, teacher_dir = models
+    single = distill(student_dir, teacher_dir, tmp_path / "single", RECIPE, progress=False)
+    sharded = _sharded(models, tmp_path / "sharded")
+    _assert_trains_as(sharded, single, tmp_path / "sharded", tmp_path / "single")
     # The checkpoint holds full (unsharded) AdamW moments under the same names as a one-process run.
     moments = load_file(str(tmp_path / "sharded" / STATE_DIR / "state.safetensors"))
     reference = load_file(str(tmp_path / "single" / STATE_DIR / "state.safetensors"))
@@ -89,6 +87,14 @@ def test_two_sharded_processes_train_as_one(models: tuple[Path, Path], tmp_path:
     card = json.loads((tmp_path / "sharded" / CARD_FILE).read_text())
     record = card["extra"]["distillation"]
     assert record["fsdp_processes"] == 2 and record["gradient_checkpointing"] and record["kl_chunk"] == 5
+
+
+def test_an_interrupted_sharded_run_resumes_sharded(models: tuple[Path, Path], tmp_path: Path) -> None:
+    student_dir, teacher_dir = models
+    single = distill(student_dir, teacher_dir, tmp_path / "single", RECIPE, progress=False)
+    resumed = _sharded(models, tmp_path / "resumed", "crash")
+    assert resumed["resumed_from_step"] == 2
+    _assert_trains_as(resumed, single, tmp_path / "resumed", tmp_path / "single")
 
 
 def test_fsdp_without_a_process_group_is_refused(models: tuple[Path, Path], tmp_path: Path) -> None:
