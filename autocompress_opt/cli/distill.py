@@ -23,6 +23,12 @@ def add_parser(sub: Any) -> None:
   autocompress distill --student pruned/smollm2-0.6 --teacher smollm2-135m --steps 2000 --batch-size 8 \\
       --seq-len 256 --lr 2e-4 --warmup-steps 100 --save-every 200 --out distilled/smollm2-0.6 --json
   autocompress distill --student pruned/hetero --teacher smollm2-135m --steps 1000 --device cuda --bf16
+  torchrun --nproc_per_node 8 $(which autocompress) distill --student pruned/llama-6b --teacher llama-3.1-8b \
+      --steps 2000 --device cuda --bf16 --fsdp --gradient-checkpointing --kl-chunk 32
+
+Memory (see 'autocompress memory --mode distill'): --compute-dtype bf16 keeps student and teacher
+in bf16; --gradient-checkpointing recomputes each layer's activations in backward; --kl-chunk N
+computes the KL N positions at a time; --fsdp shards the student over the processes torchrun starts.
 
 The loss is T^2 * KL(teacher || student) of next-token distributions on calibration text (never the
 held-out split); the run is exactly steps x batch-size x seq-len tokens, and that recipe is written
@@ -76,6 +82,20 @@ checkpoint made with other settings is refused naming the setting, unless --rest
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA only); weights stay float32")
+    p.add_argument(
+        "--compute-dtype",
+        default="fp32",
+        help="weights of student and teacher: fp32 (default), bf16, or auto (bf16 on CUDA, else fp32)",
+    )
+    p.add_argument(
+        "--gradient-checkpointing", action="store_true", help="recompute activations in backward (less memory)"
+    )
+    p.add_argument(
+        "--kl-chunk", type=int, metavar="N", help="compute the KL N positions at a time (default: all at once)"
+    )
+    p.add_argument(
+        "--fsdp", action="store_true", help="shard the student with FSDP2 over the processes torchrun starts"
+    )
     p.add_argument("--restart", action="store_true", help="discard a checkpoint in --out and start over")
     p.add_argument(
         "--force", action="store_true", help="replace a non-empty --out that is not a distillation checkpoint"
@@ -103,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
     )
     out = args.out if args.out is not None else f"{str(Path(args.student)).rstrip('/')}-distilled"
     _check_before_loading(args, recipe, out)
+    if args.kl_chunk is not None and args.kl_chunk < 1:
+        raise ConfigError(f"--kl-chunk must be a positive number of positions, got {args.kl_chunk}")
+    rank = _start_processes(args) if args.fsdp else 0
     result = distill(
         args.student,
         args.teacher,
@@ -113,7 +136,17 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         device=args.device,
         bf16=args.bf16,
+        compute_dtype=args.compute_dtype,
+        gradient_checkpointing=args.gradient_checkpointing,
+        kl_chunk=args.kl_chunk,
+        fsdp=args.fsdp,
     )
+    if args.fsdp:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    if rank:
+        return 0  # rank 0 reports
     if args.json:
         print_json(result.to_dict())
     else:
@@ -127,6 +160,23 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"{verb}: {result.summary()}")
     return 0
+
+
+def _start_processes(args: argparse.Namespace) -> int:
+    """Join the process group torchrun set up (nccl on CUDA, gloo on the CPU); returns this rank."""
+    import os
+
+    import torch.distributed as dist
+
+    if "WORLD_SIZE" not in os.environ:
+        raise ConfigError(
+            "--fsdp runs one process per GPU under torchrun: "
+            "torchrun --nproc_per_node N $(which autocompress) distill ... --fsdp"
+        )
+    import torch
+
+    dist.init_process_group("nccl" if args.device != "cpu" and torch.cuda.is_available() else "gloo")
+    return dist.get_rank()
 
 
 def _check_before_loading(args: argparse.Namespace, recipe: Any, out: str) -> None:

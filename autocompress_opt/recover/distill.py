@@ -264,7 +264,8 @@ def distill(
             non-reentrant ``torch.utils.checkpoint`` per layer for a heterogeneous student).
         kl_chunk: compute the loss ``kl_chunk`` positions at a time (:func:`distillation_backward`).
         fsdp: shard the student with FSDP2 over the initialised ``torch.distributed`` process
-            group (see the module docstring); every process calls :func:`distill` alike.
+            group (see the module docstring); every process calls :func:`distill` alike. On CUDA
+            each process uses GPU ``LOCAL_RANK`` (torchrun sets it).
 
     Deterministic given its arguments on a given device; the caller's torch RNG state is restored
     on return. Raises :class:`ConfigError` for a missing student, ``out_dir`` equal to it, a
@@ -285,6 +286,11 @@ def distill(
     if kl_chunk is not None and (not isinstance(kl_chunk, int) or isinstance(kl_chunk, bool) or kl_chunk < 1):
         raise ConfigError(f"kl_chunk must be a positive number of positions or None, got {kl_chunk!r}")
     world = _world_size(fsdp, recipe)
+    if world > 1 and torch_device.type == "cuda":  # one GPU per process: torchrun's LOCAL_RANK
+        import os
+
+        torch_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(torch_device)
     options = _Options(
         dtype=dtype, gradient_checkpointing=bool(gradient_checkpointing), kl_chunk=kl_chunk, world_size=world
     )

@@ -178,3 +178,40 @@ def test_bad_memory_options_are_named(
     with pytest.raises(ConfigError, match=needle):
         distill(student_dir, teacher_dir, tmp_path / "out", RECIPE, progress=False, **options)
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------- the CLI
+def test_cli_memory_flags_reach_the_run(
+    student_dir: Path, teacher_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autocompress_opt.cli import main
+
+    argv = [
+        "distill",
+        "--student",
+        str(student_dir),
+        "--teacher",
+        str(teacher_dir),
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--eval-rows",
+        "2",
+        "--steps",
+        "2",
+        "--no-progress",
+    ]
+    out = str(tmp_path / "out")
+    lean = ["--gradient-checkpointing", "--kl-chunk", "4", "--compute-dtype", "bf16"]
+    assert main([*argv, "--out", out, *lean, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["gradient_checkpointing"] and record["kl_chunk"] == 4 and record["precision"] == "bf16"
+    for bad, needle in (
+        (["--kl-chunk", "0"], "--kl-chunk"),
+        (["--compute-dtype", "fp64"], "'fp64'"),
+        (["--fsdp"], "torchrun"),
+    ):
+        assert main([*argv, "--out", str(tmp_path / "bad"), *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err, err
