@@ -192,7 +192,8 @@ class StudySearcher(Searcher):
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             other = getattr(taken[key], "user_attrs", {}).get("driver")
             if other is not None and other != self.driver:
-                # Another driver with the same sampler seed: leave its sequence of points.
+                # A point of another driver or an earlier run: with the same seed the sampler replays
+                # their sequence, one duplicate after another; leave it.
                 self.study.sampler.reseed_rng()
         return None  # the space looks exhausted
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,7 +100,9 @@ def test_two_drivers_on_a_new_sqlite_study_reach_exactly_the_count_then_resume_t
 
 # ----------------------------------------------------------------------- heartbeat repair
 def _running_trial(study: optuna.Study, driver: dict, heartbeat: bool) -> optuna.trial.Trial:
-    trial = study.ask({"x": optuna.distributions.IntDistribution(0, 1000)})
+    with warnings.catch_warnings():  # "heartbeat ... supposed to be used with Study.optimize"
+        warnings.simplefilter("ignore")
+        trial = study.ask({"x": optuna.distributions.IntDistribution(0, 1000)})
     trial.set_user_attr("driver", driver)
     if heartbeat:
         study._storage.record_heartbeat(trial._trial_id)
