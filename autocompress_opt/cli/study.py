@@ -125,6 +125,22 @@ def add_parser(sub: Any) -> None:
         help="enqueue the depth and minitron baselines' points before the study's own samples "
         "(default: on in weights mode, off in plan mode)",
     )
+    run.add_argument(
+        "--confidence",
+        type=float,
+        help="judge every latency/throughput constraint at the pessimistic end of the cost model's interval "
+        "at this level, e.g. 0.9 (from its held-out errors; default: the median prediction)",
+    )
+    run.add_argument(
+        "--device",
+        help="weights mode: where trials compute: auto (default: the first CUDA GPU, else the CPU), cpu, cuda, "
+        "cuda:N (same as --inner device=...)",
+    )
+    run.add_argument(
+        "--compute-dtype",
+        help="weights mode: dtype of the trials' forward passes: auto (default: bf16 on CUDA, fp32 on the CPU), "
+        "fp32, bf16, fp16; not the serving format --dtype",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(run=_run)
 
@@ -196,6 +212,9 @@ _RUN_KEYS = (
     "importance",
     "seed_baselines",
     "hardware_file",
+    "confidence",
+    "device",
+    "compute_dtype",
 )
 
 
@@ -263,6 +282,7 @@ def build_config(values: dict[str, Any]) -> Any:
                 concurrency=values.get("concurrency"),
                 constraints=constraints,
                 engine_options=engine_options(values.get("engine_option") or []),
+                confidence=values.get("confidence"),
             )
         )
     model = str(values["model"])
@@ -292,7 +312,7 @@ def build_config(values: dict[str, Any]) -> Any:
         concurrency=int(values["parallel"]),
         address=values.get("address"),
         plugins=tuple(values.get("plugin") or ()),
-        inner=_inner(values.get("inner")),
+        inner=_inner(values.get("inner"), values),
         importance=values.get("importance"),
         seed_baselines=values.get("seed_baselines"),
         hardware=profiles,
@@ -322,13 +342,20 @@ def _hardware_profiles(raw: Any) -> tuple[dict[str, Any], ...]:
     return tuple(item.to_dict() for path in paths for item in load_hardware_file(path))
 
 
-def _inner(raw: Any) -> dict[str, Any]:
-    """``{steps: 24}`` from YAML, or ``["steps=24"]`` from flags."""
-    if not raw:
-        return {}
-    if isinstance(raw, dict):
-        return dict(raw)
-    return engine_options(list(raw))
+def _inner(raw: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """``{steps: 24}`` from YAML, or ``["steps=24"]`` from flags; ``--device`` / ``--compute-dtype``
+    (weights mode only) join them as the trials' ``device`` / ``compute_dtype``."""
+    from autocompress_opt.errors import ConfigError
+
+    inner = {} if not raw else dict(raw) if isinstance(raw, dict) else engine_options(list(raw))
+    for key, flag in (("device", "--device"), ("compute_dtype", "--compute-dtype")):
+        if values.get(key) is not None:
+            if str(values.get("mode")) != "weights":
+                raise ConfigError(
+                    f"{flag} applies to weights mode (trials on the real model); this is {values['mode']} mode"
+                )
+            inner[key] = str(values[key])
+    return inner
 
 
 def _run(args: argparse.Namespace) -> int:
