@@ -87,6 +87,24 @@ def check_sequences(tokenizer: Any, vocab_size: int, positions: int = 256, lengt
     return [rng.integers(0, vocab_size, size).tolist() for size in sizes]
 
 
+def _tokenizer(model_dir: Path) -> Any:
+    """The export's tokenizer as ``text -> {"input_ids": [...]}``, or None. A ``tokenizer.json`` is
+    read with ``tokenizers`` directly: a DeciLM export's ``auto_map`` would make transformers' Auto
+    classes ask whether to run its configuration code."""
+    if (model_dir / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        return lambda text, add_special_tokens=False: {
+            "input_ids": backend.encode(text, add_special_tokens=add_special_tokens).ids
+        }
+    if (model_dir / "tokenizer.model").is_file():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+    return None
+
+
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
     x = logits.astype(np.float64)
     x = x - x.max(axis=-1, keepdims=True)
@@ -169,8 +187,6 @@ def serve_check(
     Raises :class:`~autocompress_opt.engines.install.EngineMissing` when the engine is not installed,
     :class:`ConfigError` for an export no engine can read.
     """
-    from transformers import AutoTokenizer
-
     from autocompress_opt.engines import install
 
     model_dir = Path(model_dir)
@@ -186,8 +202,7 @@ def serve_check(
         raise ConfigError(f"{engine} cannot load {str(model_dir)!r}: " + "; ".join(problems))
     probe = install.llamacpp if engine == "llamacpp" else install.vllm
     probe()  # EngineMissing before any work
-    has_tokenizer = (model_dir / "tokenizer.json").is_file() or (model_dir / "tokenizer.model").is_file()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir) if has_tokenizer else None
+    tokenizer = _tokenizer(model_dir)
     sequences = check_sequences(tokenizer, int(config["vocab_size"]), positions, length)
     reference = _reference(model_dir, sequences)
     details: dict[str, Any] = {"sequences": len(sequences)}
