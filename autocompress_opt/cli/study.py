@@ -221,13 +221,20 @@ _RUN_KEYS = (
 def _merged(args: argparse.Namespace) -> dict[str, Any]:
     import yaml
 
-    from autocompress_opt.errors import ConfigError, suggest
+    from autocompress_opt.errors import ConfigError, suggest, yaml_problem
 
     values: dict[str, Any] = dict(_DEFAULTS)
     if args.config:
         if not args.config.is_file():
             raise ConfigError(f"study config {str(args.config)!r} does not exist")
-        data = yaml.safe_load(args.config.read_text()) or {}
+        try:
+            data = yaml.safe_load(args.config.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError:
+            raise ConfigError(f"study config {str(args.config)!r} is not UTF-8 text") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"study config {str(args.config)!r} is not valid YAML ({yaml_problem(exc)})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"study config {str(args.config)!r} must be a mapping of keys, got {type(data).__name__}")
         valid = set(_RUN_KEYS)
         for key, value in data.items():
             key = key.replace("-", "_")
@@ -250,6 +257,7 @@ def build_config(values: dict[str, Any]) -> Any:
     """Flags/YAML values → StudyConfig (the CLI's only logic)."""
     from autocompress_opt.arch.catalog import load_architecture
     from autocompress_opt.arch.search_space import default_space, load_search_space
+    from autocompress_opt.errors import check_int
     from autocompress_opt.search.study import Objective, StudyConfig
     from autocompress_opt.serving.targets import Target
 
@@ -304,12 +312,12 @@ def build_config(values: dict[str, Any]) -> Any:
         model=model,
         targets=tuple(targets),
         space=space,
-        trials=int(values["trials"]),
+        trials=check_int(values["trials"], "trials"),
         objectives=objectives,
         mode=str(values["mode"]),
         storage=values.get("storage"),
-        seed=int(values["seed"]),
-        concurrency=int(values["parallel"]),
+        seed=check_int(values["seed"], "seed", minimum=0),
+        concurrency=check_int(values["parallel"], "parallel"),
         address=values.get("address"),
         plugins=tuple(values.get("plugin") or ()),
         inner=_inner(values.get("inner"), values),

@@ -224,14 +224,22 @@ def resolve_storage(url: str) -> str:
     16-byte header) → ``sqlite:///`` + path; an existing Optuna journal file (JSON lines with
     ``op_code`` records) → the path. Anything else (an empty file, a user's text file, a directory)
     is a ConfigError, and the file is not opened for writing."""
-    if "://" in url:
-        return url
-    path = Path(url).expanduser()
     valid = (
         "give an existing Optuna journal or SQLite file, a path that does not exist yet (a new SQLite file), "
         "or a URL such as sqlite:///studies/x.db"
     )
+    if url.startswith("sqlite:///") and url.removeprefix("sqlite:///") not in ("", ":memory:"):
+        path = Path(url.removeprefix("sqlite:///")).expanduser()
+        # a user's file named in an sqlite URL: never write to it (an empty file is an empty database)
+        if path.exists() and not (_is_sqlite(path) or (path.is_file() and path.stat().st_size == 0)):
+            raise ConfigError(f"study storage {url!r}: {str(path)!r} is not a SQLite database; {valid}")
+        _check_creatable(path, url)
+        return url
+    if "://" in url:
+        return url
+    path = Path(url).expanduser()
     if not path.exists():
+        _check_creatable(path, url)
         return f"sqlite:///{path}"
     if not path.is_file():
         raise ConfigError(f"study storage {url!r} is not a file; {valid}")
@@ -246,6 +254,29 @@ def resolve_storage(url: str) -> str:
         raise ConfigError(f"cannot read study storage {url!r}: {exc.strerror or exc}") from None
     kind = "an empty file" if not head else "neither an Optuna journal nor a SQLite database"
     raise ConfigError(f"study storage {url!r} is {kind}; not touching it: {valid}")
+
+
+def _is_sqlite(path: Path) -> bool:
+    """``path`` is an existing file that starts with SQLite's 16-byte header."""
+    if not path.is_file():
+        return False
+    try:
+        with path.open("rb") as f:
+            return f.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
+    except OSError:
+        return False
+
+
+def _check_creatable(path: Path, url: str) -> None:
+    """A ConfigError when ``path`` (not there yet) cannot be created: its nearest existing ancestor
+    is a file, not a folder (e.g. ``notes.txt/x.db``)."""
+    if path.exists():
+        return
+    existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"study storage {url!r} cannot be created: {str(existing)!r} is a file, not a folder")
 
 
 def _heartbeat_settings() -> tuple[int, int]:
@@ -640,7 +671,9 @@ def check_config(config: StudyConfig, parent: Architecture) -> None:
     search space fits the parent; each target's hardware, engine, engine options, workload and
     constraints (by costing the parent on it); the ``inner`` keys for the mode (``weights``: the
     :class:`~autocompress_opt.search.weights_trial.TrialConfig` keys and values; ``plan`` takes none;
-    a plugin's mode checks its own); the ``importance`` record exists. Raises ConfigError."""
+    a plugin's mode checks its own); the ``importance`` record exists; the storage is one that
+    :func:`resolve_storage` accepts (nothing is opened). Raises ConfigError."""
+    resolve_storage(config.storage_url)
     config.space.check_parent(parent)
     for target in config.targets:
         config.objectives_for(target)

@@ -103,6 +103,14 @@ def _write_inputs(root: Path) -> None:
     (root / "file.txt").write_text("a regular file; paths under it cannot be created\n")
     (root / "not-a-db.db").write_text("plain text, not SQLite\n")
 
+    studies = root / "study-yaml"
+    studies.mkdir()
+    (studies / "invalid.yaml").write_text("targets: [rtx5070\n")
+    (studies / "latin1.yaml").write_bytes(b"name: caf\xe9\n")
+    (studies / "trials-word.yaml").write_text("trials: lots\n")
+    (studies / "trials-nan.yaml").write_text("trials: .nan\n")
+    (studies / "list.yaml").write_text("- trials\n- 3\n")
+
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -287,6 +295,29 @@ CASES = [
     case("study-show-sqlite-not-a-database", "study show demo --storage sqlite:///{in}/not-a-db.db", "not-a-db.db"),
     case("study-list-not-a-database", "study list --storage {in}/not-a-db.db", "not-a-db.db"),
     case("study-delete-missing-storage", "study delete demo --yes --storage {in}/nope.db", "nope.db"),
+    case("study-yaml-invalid", STUDY + " --config {in}/study-yaml/invalid.yaml", "invalid.yaml", "line"),
+    case("study-yaml-non-utf8", STUDY + " --config {in}/study-yaml/latin1.yaml", "latin1.yaml", "UTF-8"),
+    case(
+        "study-yaml-trials-word",
+        STUDY.replace(" --trials 2", "") + " --config {in}/study-yaml/trials-word.yaml",
+        "trials",
+        "lots",
+    ),
+    case(
+        "study-yaml-trials-nan",
+        STUDY.replace(" --trials 2", "") + " --config {in}/study-yaml/trials-nan.yaml",
+        "trials",
+        "nan",
+    ),
+    case("study-yaml-not-a-mapping", STUDY + " --config {in}/study-yaml/list.yaml", "list.yaml", "mapping"),
+    case("study-storage-under-file", STUDY.replace("{in}/studies.db", "{in}/file.txt/studies.db"), "file.txt"),
+    case(
+        "study-storage-sqlite-under-file", STUDY.replace("{in}/studies.db", "sqlite:///{in}/file.txt/s.db"), "file.txt"
+    ),
+    case("study-storage-text-file", STUDY.replace("{in}/studies.db", "{in}/file.txt"), "file.txt"),
+    case(
+        "study-storage-sqlite-text-file", STUDY.replace("{in}/studies.db", "sqlite:///{in}/not-a-db.db"), "not-a-db.db"
+    ),
     # ---- the command line itself
     case("unknown-verb", "prnue --model x", "prnue"),
     case("unknown-flag", "arch --model smollm2-135m --jsn", "--jsn"),
