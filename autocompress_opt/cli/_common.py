@@ -28,6 +28,30 @@ def add_hardware_file(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_compute_args(parser: argparse.ArgumentParser, *, note: str = "") -> None:
+    """``--device`` and ``--compute-dtype`` (resolved by :func:`compute_of`)."""
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="where the model computes: auto (default: the first CUDA GPU, else the CPU), cpu, cuda, cuda:N",
+    )
+    parser.add_argument(
+        "--compute-dtype",
+        default=None,
+        help="dtype of the forward passes: auto (default: bf16 on CUDA, fp32 on the CPU), fp32, bf16, fp16 "
+        f"(not the serving format --dtype){note}",
+    )
+
+
+def compute_of(args: argparse.Namespace) -> dict[str, Any]:
+    """``load_model``'s ``device`` and ``dtype`` from ``--device`` / ``--compute-dtype``, resolved
+    before anything loads (CUDA asked for but absent is a :class:`ConfigError`, never a fallback)."""
+    from autocompress_opt.hf.device import resolve_compute_dtype, resolve_device
+
+    device = resolve_device(args.device or "auto")
+    return {"device": device, "dtype": resolve_compute_dtype(args.compute_dtype or "auto", device)}
+
+
 def load_hardware_files(args: argparse.Namespace) -> None:
     from autocompress_opt.serving.hardware import load_hardware_file
 

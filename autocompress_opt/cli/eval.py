@@ -7,7 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.cli._common import add_verb, check_output_file, check_positive, print_json, table
+from autocompress_opt.cli._common import (
+    add_compute_args,
+    add_verb,
+    check_output_file,
+    check_positive,
+    compute_of,
+    print_json,
+    table,
+)
 from autocompress_opt.errors import ConfigError
 
 _PPL_BATCH_SIZE = 4  # quality.DEFAULT_BATCH_SIZE: long rows, full-vocabulary logits
@@ -78,6 +86,7 @@ def add_parser(sub: Any) -> None:
         default=None,
         help=f"rows per forward pass (default {_PPL_BATCH_SIZE}; {_TASK_BATCH_SIZE} with --tasks)",
     )
+    add_compute_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.add_argument("--json", action="store_true", help="print the full report as one JSON object")
     p.add_argument("--out", type=Path, default=None, metavar="FILE", help="also write the JSON report to FILE")
@@ -90,13 +99,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.model:
         raise ConfigError("--model is required (only --list-tasks runs without a model)")
     _check_arguments(args)
+    compute = compute_of(args)  # before anything loads
     if args.tasks is not None:
         return _run_tasks(args)
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.quality.metrics import evaluate
 
-    model = load_model(args.model)
-    parent = load_model(args.parent) if args.parent else None
+    model = load_model(args.model, **compute)
+    parent = load_model(args.parent, **compute) if args.parent else None
     report = evaluate(
         model.model,
         model.tokenizer,
@@ -200,7 +210,7 @@ def _run_tasks(args: argparse.Namespace) -> int:
     if args.parent:
         raise ConfigError("--parent applies to the perplexity/KL report, not to --tasks")
     names = _task_names(args.tasks)
-    model = load_model(args.model)
+    model = load_model(args.model, **compute_of(args))
     report = evaluate_tasks(
         model.model,
         model.tokenizer,

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.cli._common import add_verb
+from autocompress_opt.cli._common import add_compute_args, add_verb, compute_of
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.baselines import BASELINE_WIDTHS, BASELINES
 from autocompress_opt.prune.importance import LAYER_METRICS
@@ -169,32 +169,13 @@ the export is the model the trial measured; a plan-mode trial is cut like --arch
     study = p.add_argument_group("--from-study only")
     study.add_argument("--trial", default=None, help="'best' (default) or a trial number")
     study.add_argument("--storage", default=None, help="study storage (default sqlite:///studies/NAME.db)")
-    p.add_argument(
-        "--device",
-        default=None,
-        help="where the parent computes: auto (default: the first CUDA GPU, else the CPU), cpu, cuda, cuda:N",
-    )
-    p.add_argument(
-        "--compute-dtype",
-        default=None,
-        help="dtype of the forward passes: auto (default: bf16 on CUDA, fp32 on the CPU), fp32, bf16, fp16 "
-        "(not the serving format --dtype); --from-study: the study's unless given",
-    )
+    add_compute_args(p, note="; --from-study: the study's unless given")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(run=run)
 
 
-def _compute(args: argparse.Namespace) -> dict[str, Any]:
-    """``load_model``'s ``device`` and ``dtype`` from --device / --compute-dtype (resolved here: CUDA
-    asked for but absent is a ConfigError before anything loads)."""
-    from autocompress_opt.hf.device import resolve_compute_dtype, resolve_device
-
-    device = resolve_device(args.device or "auto")
-    return {"device": device, "dtype": resolve_compute_dtype(args.compute_dtype or "auto", device)}
-
-
 def run(args: argparse.Namespace) -> int:
-    _compute(args)  # a bad or absent device fails before anything else
+    compute_of(args)  # a bad or absent device fails before anything else
     if args.from_study is not None:
         return _run_from_study(args)
     if args.trial is not None or args.storage is not None:
@@ -211,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     from autocompress_opt.prune.plan import plan_pruning
     from autocompress_opt.prune.slicing import materialize
 
-    loaded = load_model(args.model, **_compute(args))
+    loaded = load_model(args.model, **compute_of(args))
     adapter = adapter_for(loaded.model)
     parent = adapter.architecture(loaded.model)
     importance = _importance(args, loaded, adapter)
@@ -352,7 +333,7 @@ def _export_architecture(args: argparse.Namespace, arch: Any, name: str, record:
     from autocompress_opt.prune.plan import plan_pruning
     from autocompress_opt.prune.slicing import materialize
 
-    loaded = load_model(args.model, **_compute(args))
+    loaded = load_model(args.model, **compute_of(args))
     adapter = adapter_for(loaded.model)
     parent = adapter.architecture(loaded.model)
     importance = _importance(args, loaded, adapter)

@@ -233,6 +233,9 @@ CASES = [
     case("plot-storage-not-sqlite", "plot demo --storage sqlite:///{in}/not-a-db.db --out {in}/plots", "not-a-db.db"),
     # ---- eval (every check before the model loads)
     case("eval-truncated-safetensors", EVAL.replace("good", "truncated"), "truncated"),
+    case("eval-device-gpu", EVAL + " --device gpu", "gpu"),
+    case("eval-compute-dtype-int8", EVAL + " --compute-dtype int8", "int8"),
+    case("prune-device-gpu", PRUNE + " --device gpu", "gpu"),
     case("eval-garbage-safetensors", EVAL.replace("good", "garbage"), "garbage"),
     case("eval-truncated-gguf", "eval --model {in}/models/truncated.gguf", "truncated.gguf"),
     case("eval-header-only-gguf", "eval --model {in}/models/header-only.gguf", "header-only.gguf"),
