@@ -10,6 +10,7 @@ sequence and position the top-``k`` next-token log-probabilities (``{token id: l
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -50,8 +51,10 @@ def main() -> None:
         result.append(rows)
     import vllm
 
-    with open(sys.argv[2], "w", encoding="utf-8") as f:
+    partial = sys.argv[2] + ".part"
+    with open(partial, "w", encoding="utf-8") as f:
         json.dump({"vllm": vllm.__version__, "load_s": load_s, "logprobs": result}, f)
+    os.replace(partial, sys.argv[2])  # complete or absent
 
 
 if __name__ == "__main__":

@@ -50,10 +50,14 @@ def vllm_logprobs(
             env=env,
             cwd=tmp,
         )
-        if proc.returncode != 0 or not res.is_file():
+        # The worker writes its result only after every prompt has run; vLLM 0.32's CPU engine sometimes
+        # aborts in its teardown afterwards ("terminate called without an active exception", exit -6),
+        # so a complete result counts and the exit code is reported with it.
+        if not res.is_file():
             raise EngineError(
                 f"vLLM failed on {model_dir} (exit {proc.returncode}):\n{(proc.stderr or proc.stdout)[-3000:]}"
             )
         data = json.loads(res.read_text(encoding="utf-8"))
+        data["worker_exit"] = proc.returncode
     rows = [[{int(tok): float(lp) for tok, lp in pos.items()} for pos in seq] for seq in data.pop("logprobs")]
     return rows, data
