@@ -13,7 +13,10 @@ shape vLLM's ``DeciLMForCausalLM`` reads::
     {"attention": {"no_op": false, "n_heads_in_group": 3, "num_heads": 6, "num_key_value_heads": 2},
      "ffn": {"no_op": false, "intermediate_size": 768, "ffn_mult": 2.0}}
 
-Compatibility limits with vLLM's ``nemotron_nas`` reader (which we cannot run here):
+This package's form is not what the serving engines read: ``export_model(..., decilm=True)`` /
+``to_decilm`` (:mod:`autocompress_opt.prune.export`) write the DeciLM form vLLM and llama.cpp load
+(run for real in ``tests/engines``), and :meth:`AutocompressDeciLMConfig.from_decilm` reads it back.
+Where the two differ (vLLM's ``nemotron_nas`` reader):
 
 * vLLM keeps ``num_attention_heads`` query heads in every layer and derives KV heads as
   ``num_attention_heads // n_heads_in_group``. Pruning whole KV groups changes the query heads per
