@@ -210,8 +210,6 @@ def recover_and_score(args: argparse.Namespace, context: Any, where: Path, seed:
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.recover.distill import DistillRecipe, distill
     from autocompress_opt.search.weights_trial import heldout_quality
-    from autocompress_opt.tasks.builders import TASK_NAMES
-    from autocompress_opt.tasks.scoring import evaluate_tasks
 
     recipe = DistillRecipe(
         steps=args.distill_steps,
@@ -238,17 +236,7 @@ def recover_and_score(args: argparse.Namespace, context: Any, where: Path, seed:
     result = distill(str(where / "export"), args.model, out, recipe, progress=False, restart=True)
     t1 = time.perf_counter()
     loaded = load_model(str(out))
-    report = evaluate_tasks(
-        loaded.model,
-        loaded.tokenizer,
-        list(TASK_NAMES),
-        n_items=args.items,
-        seed=args.task_seed,
-        batch_size=8,
-        progress=False,
-        ppl_samples=8,
-        ppl_seq_len=256,
-    ).to_dict()
+    report = suite(args, loaded, progress=False)
     after = heldout_quality(context, loaded.model)
     del loaded
     gc.collect()
@@ -270,18 +258,11 @@ def recover_and_score(args: argparse.Namespace, context: Any, where: Path, seed:
     )
 
 
-def parent_scores(args: argparse.Namespace) -> dict[str, Any]:
-    """The eight-task suite on the parent (cached by the evaluation code and budget)."""
-    from autocompress_opt.hf.loading import load_model
+def suite(args: argparse.Namespace, loaded: Any, *, progress: bool) -> dict[str, Any]:
+    """The eight-task suite (seven accuracy tasks + held-out perplexity) on a loaded model."""
     from autocompress_opt.tasks.builders import TASK_NAMES
     from autocompress_opt.tasks.scoring import evaluate_tasks
 
-    key = _key("parent", code_hash("tasks", "hf", "quality"), args.model, args.items, args.task_seed)
-    stage = args.work / "parent.json"
-    done = _cached(stage, key)
-    if done:
-        return done
-    loaded = load_model(args.model)
     report = evaluate_tasks(
         loaded.model,
         loaded.tokenizer,
@@ -289,10 +270,23 @@ def parent_scores(args: argparse.Namespace) -> dict[str, Any]:
         n_items=args.items,
         seed=args.task_seed,
         batch_size=8,
-        progress=True,
+        progress=progress,
         ppl_samples=8,
         ppl_seq_len=256,
-    ).to_dict()
+    )
+    return report.to_dict()
+
+
+def parent_scores(args: argparse.Namespace) -> dict[str, Any]:
+    """The eight-task suite on the parent (cached by the evaluation code and budget)."""
+    from autocompress_opt.hf.loading import load_model
+
+    key = _key("parent", code_hash("tasks", "hf", "quality"), args.model, args.items, args.task_seed)
+    stage = args.work / "parent.json"
+    done = _cached(stage, key)
+    if done:
+        return done
+    report = suite(args, load_model(args.model), progress=True)
     return _save(stage, key, {"report": report})
 
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.cli._common import add_compute_args, add_verb, compute_of
+from autocompress_opt.cli._common import add_compute_args, add_verb, check_output_dir, compute_of
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.baselines import BASELINE_WIDTHS, BASELINES
 from autocompress_opt.prune.importance import LAYER_METRICS
@@ -358,25 +358,11 @@ def _export_architecture(args: argparse.Namespace, arch: Any, name: str, record:
 
 
 def _check_out(out: Path, *, force: bool) -> None:
-    """:class:`ConfigError` unless ``out`` can receive the checkpoint: not a file, empty or ``force``,
-    and a writable nearest existing folder (probed by creating a folder there, so a read-only
-    filesystem is caught for root too). Cheap: nothing is loaded."""
-    import shutil
-    import tempfile
-
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {str(out)!r} exists and is not a directory")
+    """:class:`ConfigError` unless ``out`` can receive the checkpoint: a writable folder (or one that
+    can be created; :func:`check_output_dir`), empty unless ``force``. Cheap: nothing is loaded."""
+    check_output_dir(out)
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ConfigError(f"--out {str(out)!r} is not empty; pass --force to replace it")
-    existing = out.parent
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"--out {str(out)!r}: {str(existing)!r} is not a directory")
-    try:
-        shutil.rmtree(tempfile.mkdtemp(prefix=".autocompress-probe.", dir=existing))
-    except OSError as exc:
-        raise ConfigError(f"--out {str(out)!r}: cannot write in {str(existing)!r} ({exc.strerror})") from None
 
 
 def _arch_file(args: argparse.Namespace) -> Any:
