@@ -11,13 +11,16 @@ and each of two global points a study actually runs —
 the weights trial's inner search (:func:`autocompress_opt.search.weights_trial.inner_search`) runs
 with ``--seeds`` inner seeds (batch sampling and gate noise; the start point and the uniform
 allocation do not depend on it). Each of its candidates — the **uniform** allocation of the global
-choices, the **start** point (greedy repair and fill from it by importance per unit of cost) and the
-**trained** masks (discretised, repaired, filled) — is then measured on the held-out evaluation
-rows exactly as a weights trial measures its result (:func:`evaluate_architecture`: KL to the
-parent, nats, lower is better). Recorded per (target, point, seed): every candidate's held-out
-calibration KL (what the selection sees), its evaluation KL, feasibility, and which one the
-selection returned. Summary: mean ± sample standard deviation over seeds, and the fraction of runs
-in which the trained masks won the selection.
+choices, the **start** point (greedy repair and fill from it by importance per unit of cost; equal
+to the uniform allocation whenever that is feasible and on budget) and the **trained** masks
+(discretised, repaired, filled) — is then measured on the held-out evaluation rows exactly as a
+weights trial measures its result (:func:`evaluate_architecture`: KL to the parent, nats, lower is
+better). A fourth, deterministic arm, **greedy** (``--greedy``, added to an existing result), is
+the greedy heuristic alone from the parent: every unit kept, then the least important per unit of
+cost removed until every budget and constraint holds, then filled (``init=parent``, no training).
+Recorded per (target, point, seed): every candidate's held-out calibration KL (what the selection
+sees), its evaluation KL, feasibility, and which one the selection returned. Summary: mean ± sample
+standard deviation over seeds, and the fraction of runs in which the trained masks won the selection.
 
 Writes ``results/ablation.json`` (with the git commit and seeds). Run:
 ``.venv/bin/python benchmarks/bench_ablation.py`` (``--help``; about 2 minutes per run on 2 cores).
@@ -56,6 +59,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1,2", help="inner-search seeds")
     p.add_argument("--inner", default="", help="inner-search overrides, key=value,... (e.g. steps=80)")
     p.add_argument("--name", default="ablation", help="results/<name>.json")
+    p.add_argument(
+        "--greedy",
+        action="store_true",
+        help="only add the greedy-from-the-parent arm to every row of an existing results/<name>.json",
+    )
     return p.parse_args(argv)
 
 
@@ -144,8 +152,42 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def greedy_from_parent(context: Any, target: Target, params: dict[str, int], inner: dict[str, Any]) -> dict[str, Any]:
+    """The greedy arm: the parent repaired down to the budgets and constraints and filled, untrained."""
+    config = TrialConfig.from_dict({**inner, "init": "parent", "steps": 0})
+    arch = inner_search(context, params, target, config).candidates["start"]
+    quality = evaluate_architecture(arch, MODEL, inner=inner or None, cache_dir=CACHE)
+    return {"eval_kl": quality["kl_to_parent"], "params": arch.num_params, "summary": arch.summary()}
+
+
+def add_greedy(args: argparse.Namespace) -> None:
+    """``--greedy``: the greedy arm for every row of an existing result, which is rewritten."""
+    import json
+
+    from _util import RESULTS
+
+    path = RESULTS / f"{args.name}.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    inner = _overrides(args.inner)
+    context, _ = parent_context(MODEL, TrialConfig.from_dict(inner or None), CACHE)
+    for row in data["rows"]:
+        greedy = greedy_from_parent(context, Target(row["hardware"], row["workload"]), row["global_choices"], inner)
+        row["greedy_from_parent"] = greedy
+        trained = row["summary"]["trained_eval_kl"]
+        print(
+            f"{row['hardware']:9s} {row['point']:8s} greedy eval KL {greedy['eval_kl']:.3f} (trained mean "
+            f"{trained['mean']:.3f})",
+            flush=True,
+        )
+    rest = {k: v for k, v in data.items() if k not in ("benchmark", "date", "machine")}
+    write(args.name, {**rest, "greedy": provenance()})
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.greedy:
+        add_greedy(args)
+        return
     began = time.perf_counter()
     inner = _overrides(args.inner)
     seeds = [int(s) for s in args.seeds.split(",")]
