@@ -11,7 +11,8 @@ layer, FFN widths that are multiples of 256). On top of that, per engine (from t
   (``CPUAttentionBackend.get_supported_head_sizes``), for uniform and heterogeneous models alike.
   A heterogeneous model's first layer must keep its attention: ``DeciLMDecoderLayer.forward`` calls
   ``post_attention_layernorm(hidden_states, residual)`` with ``residual = None`` in an attention-free
-  first layer, which returns one tensor where two are unpacked (read in the source, not run).
+  first layer, which returns one tensor where two are unpacked (run: vLLM 0.32.0 fails at start-up
+  with "too many values to unpack (expected 2)").
 * ``sglang``: the same DeciLM reader as vLLM.
 * ``trtllm``: the PyTorch backend reads DeciLM (and ``replace_with_linear``, which pruning never writes).
 * ``llamacpp``: ``deci`` in ``convert_hf_to_gguf.py`` takes ``head_dim = hidden / num_attention_heads``,
