@@ -169,6 +169,14 @@ the export is the model the trial measured; a plan-mode trial is cut like --arch
     study = p.add_argument_group("--from-study only")
     study.add_argument("--trial", default=None, help="'best' (default) or a trial number")
     study.add_argument("--storage", default=None, help="study storage (default sqlite:///studies/NAME.db)")
+    p.add_argument(
+        "--serve-as",
+        metavar="ENGINE",
+        default=None,
+        help="check the result against what ENGINE loads (vllm, sglang, trtllm, llamacpp, transformers) before "
+        "anything is written, and export a heterogeneous model in DeciLM form (nemotron-nas) that vLLM and "
+        "llama.cpp read; without it a heterogeneous export uses the package's own class",
+    )
     add_compute_args(p, note="; --from-study: the study's unless given")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(run=run)
@@ -185,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
     serving_target = _serving_target(args)  # argument checks before the model loads
     _check_out(Path(args.out).expanduser(), force=args.force)
     arch_file = _arch_file(args)
+    if arch_file is not None:
+        _decilm_for(args, arch_file)
     _check_budget(args)
     from autocompress_opt.hf.adapters import adapter_for
     from autocompress_opt.hf.loading import load_model
@@ -204,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
             _check_params(args.params, parent)
         target, recipe = _target(args, parent, arch_file)
     plan = plan_pruning(parent, importance, target, layer_metric=metric)
+    decilm = _decilm_for(args, plan.architecture)  # before anything is written
     pruned = materialize(loaded.model, plan, adapter=adapter)
     card = {
         "recipe": {**recipe, "layer_metric": metric},
@@ -223,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
         card=card,
         tokenizer=loaded.tokenizer,
         force=args.force,
+        decilm=decilm,
     )
     print(
         f"parent: {parent.summary()}\npruned: {plan.architecture.summary()} "
@@ -302,6 +314,7 @@ def _export_trial(
     overrides = {k: v for k, v in (("device", args.device), ("compute_dtype", args.compute_dtype)) if v is not None}
     config = TrialConfig.from_dict({**inner, **overrides} or None)
     context, _ = parent_context(model, config, DEFAULT_CACHE_DIR.resolve())
+    decilm = _decilm_for(args, arch)
     plan = plan_pruning(context.architecture, context.importance, arch)
     card = {
         "recipe": {"mode": "study-trial", "study": name, "trial": record.number, "inner": config.to_dict()},
@@ -317,6 +330,7 @@ def _export_trial(
         card=card,
         tokenizer=context.tokenizer,
         force=args.force,
+        decilm=decilm,
     )
     print(
         f"study {name}, trial {record.number}: {plan.architecture.summary()} "
@@ -339,6 +353,7 @@ def _export_architecture(args: argparse.Namespace, arch: Any, name: str, record:
     importance = _importance(args, loaded, adapter)
     metric = args.layer_metric or "skip_loss"
     plan = plan_pruning(parent, importance, arch, layer_metric=metric)
+    decilm = _decilm_for(args, plan.architecture)
     card = {
         "recipe": {"mode": "study-trial", "study": name, "trial": record.number, "layer_metric": metric},
         "study_result": {"quality": record.quality, "metrics": record.metrics},
@@ -352,9 +367,24 @@ def _export_architecture(args: argparse.Namespace, arch: Any, name: str, record:
         card=card,
         tokenizer=loaded.tokenizer,
         force=args.force,
+        decilm=decilm,
     )
     print(f"study {name}, trial {record.number}: {plan.architecture.summary()}\nwrote {out}")
     return 0
+
+
+def _decilm_for(args: argparse.Namespace, arch: Any) -> bool:
+    """``--serve-as ENGINE``: a :class:`ConfigError` naming every reason ENGINE cannot load ``arch``
+    (``engines.rules.loadable_problems``); True when the export must be DeciLM (a heterogeneous model
+    for an engine other than transformers). Without the flag: False, nothing checked."""
+    if args.serve_as is None:
+        return False
+    from autocompress_opt.engines.rules import loadable_problems
+
+    problems = loadable_problems(arch, args.serve_as)
+    if problems:
+        raise ConfigError(f"--serve-as {args.serve_as}: {arch.summary()} cannot be served: {'; '.join(problems)}")
+    return args.serve_as != "transformers" and not arch.active().is_uniform
 
 
 def _check_out(out: Path, *, force: bool) -> None:
