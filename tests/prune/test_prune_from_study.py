@@ -71,7 +71,12 @@ def test_from_study_exports_the_model_the_trial_measured(
         seed_baselines=False,
         concurrency=1,
     )
-    run_study(config, progress=False)
+    try:
+        run_study(config, progress=False)
+    finally:
+        import ray
+
+        ray.shutdown()  # a Ray started here without the later tests' plugin paths must not be reused
     records, _ = load_records(config.storage_url, "w.h100-sxm")
     best = max((r for r in records if r.state == "COMPLETE" and r.feasible), key=lambda r: (r.quality, -r.number))
 
