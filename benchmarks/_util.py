@@ -49,7 +49,7 @@ def provenance(**seeds: Any) -> dict[str, Any]:
     return {
         "code": {
             "commit": git("rev-parse", "HEAD") or None,
-            "dirty": bool(git("status", "--porcelain", "--", "autocompress_opt", "benchmarks")),
+            "dirty": bool(git("status", "--porcelain", "--", "autocompress_opt", "benchmarks", ":!benchmarks/results")),
         },
         "versions": versions,
         "seeds": seeds,

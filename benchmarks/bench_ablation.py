@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     inner = _overrides(args.inner)
     seeds = [int(s) for s in args.seeds.split(",")]
     wanted = args.points.split(",")
+    started = provenance(seeds=seeds)  # the code the run imports now (modules load once)
     context, _ = parent_context(MODEL, TrialConfig.from_dict(inner or None), CACHE)
     rows: list[dict[str, Any]] = []
     for spec in args.targets.split(","):
@@ -223,7 +224,8 @@ def main(argv: list[str] | None = None) -> None:
             write(
                 args.name,
                 {
-                    **provenance(seeds=seeds),
+                    **started,
+                    "code_at_write": provenance()["code"],
                     "model": MODEL,
                     "inner": TrialConfig.from_dict(inner or None).to_dict(),
                     "quality": "KL(parent || candidate), nats, held-out evaluation rows (code, prose); lower is better",

@@ -393,6 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     began = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
+    args.started_code = provenance()["code"]  # the code this run imports (modules load once)
     from autocompress_opt.prune.baselines import make_baseline, masked_kl_scorer, target_feasibility
     from autocompress_opt.search.weights_trial import TrialConfig, parent_context
     from autocompress_opt.tasks.scoring import seeded_bootstrap
@@ -518,6 +519,7 @@ def summarise(
         name,
         {
             **provenance(recovery=args.seeds, tasks=args.task_seed, study=0, bootstrap=0),
+            "code_at_start": args.started_code,
             "model": args.model,
             "complete": complete,
             "budgets": budgets,
