@@ -196,6 +196,12 @@ def run(args: argparse.Namespace) -> int:
     if arch_file is not None:
         _decilm_for(args, arch_file)
     _check_budget(args)
+    return _prune(args, serving_target, arch_file)
+
+
+def _prune(args: argparse.Namespace, serving_target: Any, arch_file: Any, study: dict[str, Any] | None = None) -> int:
+    """Load the parent, score it, choose or take the architecture, cut and export (``study``: the
+    recipe and card record of a plan-mode study trial exported as ``arch_file``)."""
     from autocompress_opt.hf.adapters import adapter_for
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.prune.export import export_model
@@ -207,7 +213,9 @@ def run(args: argparse.Namespace) -> int:
     parent = adapter.architecture(loaded.model)
     importance = _importance(args, loaded, adapter)
     metric = args.layer_metric or ("block_influence" if args.baseline == "depth" else "skip_loss")
-    if serving_target is not None:
+    if study is not None:
+        target, recipe = arch_file, study["recipe"]
+    elif serving_target is not None:
         target, recipe = _baseline(args, loaded, importance, serving_target, parent, metric)
     else:
         if args.params is not None:
@@ -224,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
             "data_id": importance.meta.data_id,
             "base_loss": importance.meta.base_loss,
         },
+        **({"study_result": study["result"]} if study is not None else {}),
     }
     parent_record = {"model": str(args.model), "source": loaded.source, "num_params": parent.num_params}
     out = export_model(
@@ -341,36 +350,12 @@ def _export_trial(
 
 def _export_architecture(args: argparse.Namespace, arch: Any, name: str, record: Any) -> int:
     """A plan-mode trial: cut like ``--arch`` with this command's calibration settings."""
-    from autocompress_opt.hf.adapters import adapter_for
-    from autocompress_opt.hf.loading import load_model
-    from autocompress_opt.prune.export import export_model
-    from autocompress_opt.prune.plan import plan_pruning
-    from autocompress_opt.prune.slicing import materialize
-
-    loaded = load_model(args.model, **compute_of(args))
-    adapter = adapter_for(loaded.model)
-    parent = adapter.architecture(loaded.model)
-    importance = _importance(args, loaded, adapter)
-    metric = args.layer_metric or "skip_loss"
-    plan = plan_pruning(parent, importance, arch, layer_metric=metric)
-    decilm = _decilm_for(args, plan.architecture)
-    card = {
-        "recipe": {"mode": "study-trial", "study": name, "trial": record.number, "layer_metric": metric},
-        "study_result": {"quality": record.quality, "metrics": record.metrics},
-        "kept_parent_layers": [lp.parent_index for lp in plan.layers],
+    print(f"study {name}, trial {record.number}")
+    study = {
+        "recipe": {"mode": "study-trial", "study": name, "trial": record.number},
+        "result": {"quality": record.quality, "metrics": record.metrics},
     }
-    out = export_model(
-        materialize(loaded.model, plan, adapter=adapter),
-        plan.architecture,
-        args.out,
-        parent={"model": str(args.model), "source": loaded.source, "num_params": parent.num_params},
-        card=card,
-        tokenizer=loaded.tokenizer,
-        force=args.force,
-        decilm=decilm,
-    )
-    print(f"study {name}, trial {record.number}: {plan.architecture.summary()}\nwrote {out}")
-    return 0
+    return _prune(args, None, arch, study)
 
 
 def _decilm_for(args: argparse.Namespace, arch: Any) -> bool:

@@ -102,3 +102,41 @@ def test_from_study_exports_the_model_the_trial_measured(
     assert main([*argv, "--out", str(again)]) == 0
     assert main([*argv[:-1], "99", "--out", str(tmp_path / "none")]) == 2
     assert "has no trial 99" in capsys.readouterr().err
+
+
+def test_from_study_exports_a_plan_mode_trial_like_arch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plan-mode trial has no importance of its own: it is cut like --arch with this command's
+    calibration settings, and the card records the study and trial."""
+    import json
+
+    from tiny_lm import save_hf_dir, tiny_model
+
+    from autocompress_opt.prune.export import CARD_FILE
+
+    monkeypatch.chdir(tmp_path)
+    model_dir = save_hf_dir(tiny_model("llama", num_hidden_layers=4), tmp_path / "llama")
+    config = StudyConfig(
+        name="p",
+        model=str(model_dir),
+        targets=(Target("h100-sxm", "datacenter", constraints={"tpot_ms": "1.5x", "output_throughput_tok_s": "0.5x"}),),
+        space=default_space(load_architecture(str(model_dir))),
+        trials=2,
+        storage=f"sqlite:///{tmp_path}/p.db",
+        concurrency=1,
+    )
+    try:
+        run_study(config, progress=False)
+    finally:
+        import ray
+
+        ray.shutdown()
+    out = tmp_path / "export"
+    argv = ["prune", "--from-study", "p", "--storage", config.storage_url, "--out", str(out)]
+    assert main([*argv, "--samples", "2", "--seq-len", "16", "--no-progress"]) == 0
+    assert "study p.h100-sxm, trial" in capsys.readouterr().out
+    card = json.loads((out / CARD_FILE).read_text())
+    recipe = card["extra"]["recipe"]
+    assert recipe["mode"] == "study-trial" and recipe["study"] == "p.h100-sxm" and "study_result" in card["extra"]
+    assert load_exported(out) is not None
