@@ -6,7 +6,7 @@ errors, refitted without each publication in turn (rows sharing a ``source`` are
 and scored on the rows it did not see. Free parameters stay below each profile's row count
 (``serving.validation.free_parameters``).
 
-.venv/bin/python benchmarks/bench_validation.py [--measurements CSV]   # ~4 min on 2 CPU threads
+.venv/bin/python benchmarks/bench_validation.py [--measurements CSV]   # ~1.5 min on 2 CPU threads
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ attention are separate kernels, each timed by its own roofline::
 plus ``kernel_launch_us`` per kernel, ``step_overhead_ms`` per engine step and, with tensor
 parallelism, two all-reduces per layer (latency + 2(tp-1)/tp · message / one-way link bandwidth).
 The *floors* use the same equations at 100 % of peak with no fixed costs: the physical limit.
+``peak`` for a GEMM is the rate of the weight format's compute dtype (``Hardware.compute_dtype``),
+except that llama.cpp (``Engine.fp16_accumulate``) multiplies FP16 and GGUF block-quantised weights
+at the device's FP16-with-FP16-accumulate rate (``Hardware.half_accumulate_flops``: twice the BF16
+rate on GeForce cards), and with ``mmq=0`` (its cuBLAS path) first dequantises every matrix to FP16
+in each prefill step of more than 32 tokens: one more memory pass of ``lin·(bits/8 + 2)`` bytes.
 
 Attention, per layer ``i`` with ``g_i`` KV heads, ``h_i`` query heads of ``d`` channels and a window
 of ``w_i`` tokens (``LayerSpec.window``; a full-attention layer has ``w_i = ∞``), batch ``B``, prompt
@@ -70,7 +75,7 @@ import numpy as np
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.serving.dtypes import WeightDtype, get_weight_dtype, kv_dtype_bytes
+from autocompress_opt.serving.dtypes import GGUF_BLOCK_BITS, WeightDtype, get_weight_dtype, kv_dtype_bytes
 from autocompress_opt.serving.engines import GIB, Engine, get_engine
 from autocompress_opt.serving.hardware import Hardware, get_hardware
 from autocompress_opt.serving.profiles import CostProfile, get_profile
@@ -347,14 +352,27 @@ class _Rates:
     link_bytes_s: float  # one-way interconnect bytes/s
 
 
-def _rates(hw: Hardware, dt: WeightDtype, profile: CostProfile, floor: bool) -> _Rates:
+def _is_block_quantised(dt: WeightDtype) -> bool:
+    """A llama.cpp block format (q4_k_m, q8_0...): its decoder matrices are stored in GGUF blocks."""
+    return dt.embed_format in GGUF_BLOCK_BITS
+
+
+def _gemm_peak(hw: Hardware, eng: Engine, dt: WeightDtype, compute: str) -> float:
+    """Peak FLOP/s of the GEMMs: the compute dtype's rate, except that an engine multiplying FP16
+    and block-quantised weights with FP16 accumulation (llama.cpp, ``Engine.fp16_accumulate``) runs
+    them at the device's FP16-accumulate rate (twice the BF16 rate on GeForce cards)."""
+    half = eng.fp16_accumulate and compute == "bf16" and (dt.name == "fp16" or _is_block_quantised(dt))
+    return hw.half_accumulate_flops() if half else hw.peak_flops(compute)
+
+
+def _rates(hw: Hardware, eng: Engine, dt: WeightDtype, profile: CostProfile, floor: bool) -> _Rates:
     compute = hw.compute_dtype(dt.compute)
     attn_compute = hw.compute_dtype("bf16" if compute != "fp32" else "fp32")
     mfu = 1.0 if floor else profile.mfu_for(compute)
     mfu_attn = 1.0 if floor else profile.mfu_for(attn_compute)
     mbu = 1.0 if floor else profile.mbu
     return _Rates(
-        flops=hw.peak_flops(compute) * mfu,
+        flops=_gemm_peak(hw, eng, dt, compute) * mfu,
         attn_flops=hw.peak_flops(attn_compute) * mfu_attn,
         bytes_s=hw.bandwidth_gb_s * 1e9 * mbu,
         launch_s=0.0 if floor else profile.kernel_launch_us * 1e-6,
@@ -405,6 +423,12 @@ def _phase_ms(setup: _Setup, rates: _Rates, phase: _Phase) -> Array:
     t_gemm = ops.max(
         2 * tok * s.lin / (tp * rates.flops), stp * s.lin * setup.dtype.body_bits / 8 / (tp * rates.bytes_s)
     )
+    eng = setup.engine
+    if not eng.mmq and eng.fp16_accumulate and _is_block_quantised(setup.dtype):
+        # llama.cpp without MMQ: a step of more than 32 tokens (its MMQ_MAX_BATCH_SIZE) dequantises
+        # each matrix to FP16 for cuBLAS first: read the blocks, write the FP16 copy (Engine.mmq).
+        dequant = stp * s.lin * (setup.dtype.body_bits / 8 + 2) / (tp * rates.bytes_s)
+        t_gemm = t_gemm + ops.where(tok > 32 * stp, dequant, 0.0)
     # Attention: QKᵀ and AV are 2·d FLOPs each per head per pair; K,V read for cached + new tokens
     # (every new token's K,V is written, window or not).
     attn_flops = 4 * phase.pairs * s.q_heads_dim
@@ -415,7 +439,6 @@ def _phase_ms(setup: _Setup, rates: _Rates, phase: _Phase) -> Array:
         2 * phase.logits_tokens * vocab_x_hidden / (tp * rates.flops),
         phase.steps * s.head_read_bytes / (tp * rates.bytes_s),
     )
-    eng = setup.engine
     kernels = (eng.kernels_per_attention * a.attn + eng.kernels_per_ffn * a.ffn).sum(-1) + eng.kernels_per_step
     fixed = phase.steps * (kernels * rates.launch_s + rates.step_s)
     total = (t_gemm + t_attn).sum(-1) + t_head + fixed
@@ -756,7 +779,7 @@ def estimate_batch(
 
     out: dict[str, Array] = {}
     for floor in (False, True):
-        rates = _rates(hw, dt, prof, floor)
+        rates = _rates(hw, eng, dt, prof, floor)
         if scenario.arrival == "burst":
             requests = batch_pos if scenario.requests is None else batch_pos * 0 + float(scenario.requests)
             timing = _burst(setup, rates, shape, batch_pos, requests)

@@ -47,6 +47,17 @@ class Engine:
             last one only (serving engines and transformers' ``generate`` keep only the last).
         attention_scores_materialised: eager attention holds (batch, heads, P, P) scores.
         single_user: the engine serves one sequence at a time.
+        fp16_accumulate: the GEMMs of FP16 and block-quantised (GGUF) weights run at the device's
+            FP16-with-FP16-accumulate tensor rate (``Hardware.half_accumulate_flops``): llama.cpp's
+            cuBLAS path multiplies in FP16 with ``CUBLAS_COMPUTE_16F`` (PR #3816 to switch it to
+            32F was closed unmerged), and its MMQ kernels use INT8 tensor cores whose peak is twice
+            that rate but which also dequantise every block; both are timed at this one peak with the
+            profile's MFU. BF16 weights still take the ``bf16`` (FP32-accumulate) rate.
+        mmq: llama.cpp's matrix multiplication for quantised weights in prefill: 1 = its MMQ kernels
+            (the default on Turing and newer since builds of June 2024, PRs #7676/#7860); 0 = each
+            weight matrix dequantised to FP16 and multiplied by cuBLAS (earlier builds for batches
+            over 32 tokens, or ``GGML_CUDA_FORCE_CUBLAS``): an extra pass reading the quantised
+            matrix and writing an FP16 copy, once per prefill step.
         options: engine options a user may override (``--engine-option k=v``).
     """
 
@@ -66,6 +77,8 @@ class Engine:
     attention_scores_materialised: bool = False
     single_user: bool = False
     context_tokens: int = 0  # llama.cpp n_ctx; 0 = input + output rounded up to kv_block_tokens
+    fp16_accumulate: bool = False
+    mmq: int = 1
     options: tuple[str, ...] = field(default=("memory_fraction", "max_seqs", "chunk_tokens", "context_tokens"))
 
     def with_options(self, **values: Any) -> Engine:
@@ -73,7 +86,8 @@ class Engine:
 
         Raises :class:`ConfigError` naming the option and value for an option the engine lacks or a
         value out of range: ``memory_fraction`` a number in (0, 1], ``max_seqs`` a whole number
-        >= 1, ``chunk_tokens`` and ``context_tokens`` whole numbers >= 0 (0: the engine's default)."""
+        >= 1, ``chunk_tokens`` and ``context_tokens`` whole numbers >= 0 (0: the engine's default),
+        ``mmq`` 0 or 1."""
         for key, value in values.items():
             if key not in self.options:
                 raise ConfigError(f"engine {self.name!r} has no option {key!r}; valid: {', '.join(self.options)}")
@@ -160,6 +174,8 @@ ENGINES.register(
         max_seqs=1,
         framework_gib=0.3,
         single_user=True,
+        fp16_accumulate=True,
+        options=("memory_fraction", "max_seqs", "chunk_tokens", "context_tokens", "mmq"),
     ),
     aliases=("llama.cpp", "llama-cpp"),
 )
@@ -186,7 +202,8 @@ ENGINES.register(
 
 
 # option -> (lowest whole value allowed); memory_fraction is the one fractional option.
-_WHOLE_OPTIONS = {"max_seqs": 1, "chunk_tokens": 0, "context_tokens": 0}
+_WHOLE_OPTIONS = {"max_seqs": 1, "chunk_tokens": 0, "context_tokens": 0, "mmq": 0}
+_HIGHEST = {"mmq": 1}
 
 
 def _checked_option(key: str, value: Any) -> Any:
@@ -198,8 +215,10 @@ def _checked_option(key: str, value: Any) -> Any:
         return float(value)
     if key in _WHOLE_OPTIONS:
         lowest = _WHOLE_OPTIONS[key]
-        if not number or value != int(value) or value < lowest:
-            raise ConfigError(f"engine option {key} must be a whole number >= {lowest}, got {value!r}")
+        highest = _HIGHEST.get(key)
+        if not number or value != int(value) or value < lowest or (highest is not None and value > highest):
+            allowed = f"{lowest} or {highest}" if highest == lowest + 1 else f"a whole number >= {lowest}"
+            raise ConfigError(f"engine option {key} must be {allowed}, got {value!r}")
         return int(value)
     return value
 

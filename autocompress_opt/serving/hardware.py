@@ -48,6 +48,10 @@ class Hardware:
         bandwidth_gb_s: peak memory bandwidth, 1e9 bytes/s.
         peak_tflops: dense tensor throughput per compute dtype (``bf16`` is the FP32-accumulate
             rate on GeForce cards, which is what BF16 inference runs at; DESIGN.md §3).
+        fp16_acc_tflops: dense FP16 tensor throughput with FP16 *accumulation* (cuBLAS
+            ``CUBLAS_COMPUTE_16F``), the math llama.cpp's GEMMs run at (:meth:`half_accumulate_flops`).
+            GeForce cards run it at twice their FP32-accumulate rate; None where it equals the
+            ``bf16`` rate (datacenter parts, which run FP16 at full rate with either accumulator).
         interconnect_gb_s: GPU-to-GPU bandwidth as quoted (both directions together), 0 if none.
         interconnect: the link as quoted in the source.
         source: where the figures come from.
@@ -65,6 +69,7 @@ class Hardware:
     note: str = ""
     source: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    fp16_acc_tflops: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -72,7 +77,7 @@ class Hardware:
         for name in ("memory_gib", "bandwidth_gb_s"):
             check_number(getattr(self, name), f"hardware {self.name!r}: {name}")
         check_number(self.interconnect_gb_s, f"hardware {self.name!r}: interconnect_gb_s", positive=False)
-        for name in ("l2_mb", "tdp_w"):
+        for name in ("l2_mb", "tdp_w", "fp16_acc_tflops"):
             if getattr(self, name) is not None:
                 check_number(getattr(self, name), f"hardware {self.name!r}: {name}")
         if self.sms is not None:
@@ -111,6 +116,13 @@ class Hardware:
     def peak_flops(self, requested: str) -> float:
         """Peak FLOP/s for a compute dtype, after the fallback of :meth:`compute_dtype`."""
         return self.peak_tflops[self.compute_dtype(requested)] * 1e12
+
+    def half_accumulate_flops(self) -> float:
+        """Peak FLOP/s of FP16 tensor math with FP16 accumulation: ``fp16_acc_tflops``, else the
+        ``bf16`` rate (after :meth:`compute_dtype`'s fallback)."""
+        if self.fp16_acc_tflops is not None:
+            return self.fp16_acc_tflops * 1e12
+        return self.peak_flops("bf16")
 
     @property
     def memory_bytes(self) -> float:
@@ -168,6 +180,7 @@ def _load_catalog_csv(path: Path) -> list[Hardware]:
                     peak_tflops=peaks,
                     interconnect_gb_s=_interconnect_gb_s(row.get("interconnect", "")),
                     interconnect=row.get("interconnect", ""),
+                    fp16_acc_tflops=optional("fp16acc_dense_tflops", float),
                     sms=optional("sms", int),
                     l2_mb=optional("l2_mb", float),
                     tdp_w=optional("tdp_w", float),
