@@ -22,6 +22,8 @@ RUN_EXAMPLES = """
       --max-memory-gib 2 --trials 30 --name tight
   autocompress study run --config studies/demo.yaml          # the same flags, as YAML keys
   autocompress study run --targets my-gpu --hardware-file my_gpus.yaml --trials 20 --name mine
+  autocompress study run --model ./my-model --mode weights --gpus-per-trial 1 --address auto \\
+      --cache-dir /shared/autocompress --trials 40 --name gpu    # one trial per GPU of a Ray cluster
   autocompress study list
   autocompress study show demo
   autocompress study export demo --format csv --out demo.csv
@@ -96,8 +98,28 @@ def add_parser(sub: Any) -> None:
         help="comma-separated, e.g. quality:max,tpot_ms:min (default quality + the workload's primary metric)",
     )
     run.add_argument("--seed", type=int, help="sampler seed (default 0)")
-    run.add_argument("--parallel", type=int, help="trials running at once (default 1)")
+    run.add_argument(
+        "--parallel",
+        type=int,
+        help="trials running at once (default: as many as the cluster's GPUs hold when trials use GPUs, "
+        "the GPUs / --gpus-per-trial; else 1)",
+    )
     run.add_argument("--address", help="existing Ray cluster address (default: start a local Ray)")
+    run.add_argument(
+        "--gpus-per-trial",
+        type=_gpus_per_trial,
+        metavar="G",
+        help="GPUs each trial holds under Ray: a fraction shares a GPU between small parents (0.5: two per GPU), "
+        "a whole number k > 1 reserves k GPUs of one node for a parent that does not fit one (default: 1 in "
+        "weights mode on a cluster with GPUs, else 0); each trial computes on the GPUs Ray assigned it",
+    )
+    run.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="where trials keep the parent's importance, teacher log-probs and quality results (default "
+        ".autocompress); on a multi-node cluster, storage mounted at the same path on every node, so the "
+        "nodes share them",
+    )
     run.add_argument(
         "--importance",
         metavar="DIR",
@@ -178,7 +200,6 @@ _DEFAULTS = {
     "mode": "plan",
     "trials": 40,
     "seed": 0,
-    "parallel": 1,
 }
 
 
@@ -215,6 +236,8 @@ _RUN_KEYS = (
     "confidence",
     "device",
     "compute_dtype",
+    "gpus_per_trial",
+    "cache_dir",
 )
 
 
@@ -317,14 +340,24 @@ def build_config(values: dict[str, Any]) -> Any:
         mode=str(values["mode"]),
         storage=values.get("storage"),
         seed=check_int(values["seed"], "seed", minimum=0),
-        concurrency=check_int(values["parallel"], "parallel"),
+        concurrency=check_int(values["parallel"], "parallel") if values.get("parallel") is not None else None,
         address=values.get("address"),
         plugins=tuple(values.get("plugin") or ()),
         inner=_inner(values.get("inner"), values),
         importance=values.get("importance"),
         seed_baselines=values.get("seed_baselines"),
         hardware=profiles,
+        gpus_per_trial=values.get("gpus_per_trial"),
+        cache_dir=values.get("cache_dir"),
     )
+
+
+def _gpus_per_trial(text: str) -> float:
+    """``--gpus-per-trial`` as a number (the range is :class:`StudyConfig`'s check)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"gpus per trial must be a number, e.g. 0.5, 1 or 2, got {text!r}") from None
 
 
 def _check_positive(key: str, value: Any) -> None:

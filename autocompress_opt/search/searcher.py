@@ -229,6 +229,7 @@ class StudySearcher(Searcher):
         trial.set_user_attr("quality_kind", payload["quality_kind"])
         trial.set_user_attr("architecture", payload["architecture"])
         trial.set_user_attr("node", payload.get("node"))
+        trial.set_user_attr("gpu_ids", payload.get("gpu_ids", []))  # the GPUs Ray assigned the trial
         if "selection" in payload:  # weights mode: the inner-search candidate returned, each one's KL
             trial.set_user_attr("selection", payload["selection"])
         violations = self.target.violations(metrics, self.parent_cost)

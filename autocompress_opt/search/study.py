@@ -54,6 +54,17 @@ from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import CHOICES, SearchSpace, uniform_allocation
 from autocompress_opt.errors import ConfigError, suggest
+from autocompress_opt.search.placement import (
+    Placement,
+    check_cache_dir,
+    check_trial_gpus,
+    check_visible_paths,
+    cluster_nodes,
+    driver_cache_dir,
+    driver_path,
+    plan_placement,
+    trial_provenance,
+)
 from autocompress_opt.search.trials import (
     TRIAL_MODES,
     Target,
@@ -144,6 +155,9 @@ class StudyConfig:
     ``hardware``: user GPU profiles (``Hardware.to_dict()`` of what
     :func:`~autocompress_opt.serving.hardware.load_hardware_file` read) the targets may name; they are
     registered here and in every trial's worker, and a target's profile is part of its identity.
+    ``gpus_per_trial``, ``concurrency`` (None: defaults from the cluster) and ``cache_dir``: where
+    trials run and keep their caches (:mod:`~autocompress_opt.search.placement`); not part of the
+    identity either.
     """
 
     name: str
@@ -155,7 +169,7 @@ class StudyConfig:
     mode: str = "plan"
     storage: str | None = None
     seed: int = 0
-    concurrency: int = 1
+    concurrency: int | None = None  # trials at once; None: the cluster's GPUs / gpus_per_trial, else 1 (placement)
     address: str | None = None
     max_failures: int | None = None
     plugins: tuple[str, ...] = ()
@@ -163,6 +177,8 @@ class StudyConfig:
     importance: str | None = None  # plan mode: an Importance record of the parent → retained-importance proxy
     seed_baselines: bool | None = None
     hardware: tuple[Mapping[str, Any], ...] = ()  # user hardware profiles (Hardware.to_dict) the targets may name
+    gpus_per_trial: float | None = None  # None: 1 in weights mode on a cluster with GPUs, else 0 (placement)
+    cache_dir: str | None = None  # importance/teacher/quality caches; shared storage on a cluster (placement)
 
     def __post_init__(self) -> None:
         if self.seed_baselines not in (None, True, False):
@@ -171,8 +187,10 @@ class StudyConfig:
             raise ConfigError(f"study name {self.name!r} must be non-empty without '/', '\\\\', ':' or spaces")
         if not isinstance(self.trials, int) or self.trials < 1:
             raise ConfigError(f"trials must be a positive integer, got {self.trials!r}")
-        if self.concurrency < 1:
+        if self.concurrency is not None and self.concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, got {self.concurrency!r}")
+        object.__setattr__(self, "gpus_per_trial", check_trial_gpus(self.mode, self.inner, self.gpus_per_trial))
+        object.__setattr__(self, "cache_dir", check_cache_dir(self.cache_dir))
         load_plugins(self.plugins)
         register_hardware(self.hardware)
         TRIAL_MODES.get(self.mode)
@@ -589,10 +607,9 @@ def pareto_front(records: Sequence[TrialRecord], directions: Sequence[str]) -> l
 def _trainable(config: dict[str, Any]) -> dict[str, Any]:
     """The Ray Tune function trainable: runs one trial, never raises (errors become payload)."""
     try:
-        import ray
-
+        check_visible_paths(config["request"])  # a clear error when this node cannot see the model
         result = run_trial(config["request"])
-        result["node"] = ray.get_runtime_context().get_node_id()  # provenance: which Ray node ran it
+        result.update(trial_provenance())  # which Ray node ran it, on which GPUs
         return {"payload": json.dumps(result)}
     except Exception as exc:
         return {"payload": json.dumps({"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"})}
@@ -852,7 +869,7 @@ def _seed_scoring(config: StudyConfig) -> tuple[Any, Any]:
         from autocompress_opt.search.weights_trial import TrialConfig, clear_trial_cache, parent_context
 
         trial = TrialConfig.from_dict(config.inner, seed=config.seed)
-        context, _ = parent_context(config.model, trial, Path(".autocompress").resolve())
+        context, _ = parent_context(config.model, trial, Path(driver_cache_dir(config.cache_dir)))
         rows = context.tokens[: trial.inner.val_samples]
         score = masked_kl_scorer(context.model, context.importance, rows) if rows.shape[0] else None
         clear_trial_cache()  # the scorer holds what it needs
@@ -959,7 +976,9 @@ def _plugin_paths(plugins: Sequence[str]) -> list[str]:
     return paths
 
 
-def _init_ray(address: str | None, concurrency: int, plugins: Sequence[str] = ()) -> None:
+def _init_ray(address: str | None, concurrency: int | None, plugins: Sequence[str] = ()) -> None:
+    """Connect to the Ray cluster at ``address``, or start a local Ray with this machine's CPUs and
+    GPUs (at least ``concurrency`` CPUs); nothing when Ray is already up."""
     import logging
 
     import ray
@@ -976,15 +995,24 @@ def _init_ray(address: str | None, concurrency: int, plugins: Sequence[str] = ()
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=max(concurrency, os.cpu_count() or 1), **kwargs)
+        ray.init(num_cpus=max(concurrency or 1, os.cpu_count() or 1), **kwargs)
 
 
-def _trial_cpus(config: StudyConfig) -> int:
-    """Plan trials are arithmetic (1 CPU); weights trials share the machine's cores between the
-    trials running at once (Ray sets OMP_NUM_THREADS, hence torch's threads, from this)."""
-    if config.mode == "plan":
-        return 1
-    return max(1, (os.cpu_count() or 1) // config.concurrency)
+def _placement(config: StudyConfig, progress: bool = False) -> Placement:
+    """GPUs and CPUs per trial and trials at once, from the connected cluster's nodes (not the
+    driver's cores; :func:`~autocompress_opt.search.placement.plan_placement`). Plan trials take 1
+    CPU; weights trials share each node's cores between the trials it holds (Ray sets
+    OMP_NUM_THREADS, hence torch's threads, from this)."""
+    placement = plan_placement(
+        cluster_nodes(),
+        mode=config.mode,
+        device=str(config.inner.get("device", "auto")),
+        gpus_per_trial=config.gpus_per_trial,
+        concurrency=config.concurrency,
+    )
+    if progress and (placement.gpus_per_trial or config.address):
+        print(f"placement: {placement.describe()}", file=sys.stderr, flush=True)
+    return placement
 
 
 class StudyInterrupted(Exception):
@@ -1104,6 +1132,7 @@ def _run_targets(
             where = f"connecting to the Ray cluster at {config.address}" if config.address else "starting a local Ray"
             print(f"{where}…", file=sys.stderr, flush=True)
     _init_ray(config.address, config.concurrency, config.plugins)
+    placement = _placement(config, progress)  # checked against the cluster before any study is created
     outcomes = []
     shared_scoring: list[tuple[Any, Any]] = []  # (importance, score) for the seeds: built once, for all targets
 
@@ -1127,11 +1156,11 @@ def _run_targets(
             "layer_order": list(layer_order) if layer_order else None,
             "seed": config.seed,
             "inner": dict(config.inner),
-            "parent_model": config.model,
+            "parent_model": driver_path(config.model),  # absolute when a local path: trials run elsewhere
             "importance": str(Path(config.importance).resolve()) if config.importance else None,
             "hardware": [dict(h) for h in config.hardware],  # user GPUs, registered in each trial's worker
             # absolute: Ray Tune runs each trial in its own (scratch) working directory
-            "cache_dir": str(Path(".autocompress").resolve()),
+            "cache_dir": driver_cache_dir(config.cache_dir),
         }
         done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
         if progress and config.seeds_baselines and done < config.trials and "baseline_seeds" not in study.user_attrs:
@@ -1169,9 +1198,12 @@ def _run_targets(
             scratch = tempfile.mkdtemp(prefix="autocompress-tune-")
             try:
                 tuner = tune.Tuner(
-                    tune.with_resources(_trainable, {"cpu": _trial_cpus(config)}),
+                    tune.with_resources(_trainable, placement.resources()),
                     tune_config=tune.TuneConfig(
-                        search_alg=searcher, num_samples=-1, max_concurrent_trials=config.concurrency, reuse_actors=True
+                        search_alg=searcher,
+                        num_samples=-1,
+                        max_concurrent_trials=placement.concurrency,
+                        reuse_actors=True,
                     ),
                     run_config=tune.RunConfig(
                         storage_path=scratch,

@@ -64,6 +64,7 @@ from autocompress_opt.prune.importance import Importance, estimate_importance
 from autocompress_opt.quality.metrics import kl_and_perplexity
 from autocompress_opt.search.budget import Budget, CostGoal
 from autocompress_opt.search.inner_search import InnerConfig, InnerResult, search
+from autocompress_opt.search.placement import trial_device
 from autocompress_opt.search.teacher import teacher_log_probs
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
@@ -200,7 +201,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
         return _PARENTS[key], False
     seconds: dict[str, float] = {}
     began = time.perf_counter()
-    device = resolve_device(config.device)
+    device = resolve_device(trial_device(config.device))  # under Ray: the first GPU it assigned (placement)
     dtype = resolve_compute_dtype(config.compute_dtype, device)
     loaded = load_model(ref, cache=False, dtype=dtype, device=device)  # this cache holds it: no second copy
     model, tokenizer, arch = loaded.model.eval(), loaded.tokenizer, loaded.architecture
