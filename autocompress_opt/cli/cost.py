@@ -75,7 +75,8 @@ def add_parser(sub: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="engine setting, e.g. memory_fraction=0.5 (vLLM gpu_memory_utilization), max_seqs=64",
+        help="engine setting, e.g. memory_fraction=0.5 (vLLM gpu_memory_utilization), max_seqs=64, "
+        "mmq=0 (llama.cpp builds before June 2024: quantised weights dequantised once per prefill step)",
     )
     p.add_argument(
         "--confidence",
