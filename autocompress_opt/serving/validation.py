@@ -155,6 +155,10 @@ def _engine_options(text: str) -> dict[str, float]:
 def load_measurements(path: str | Path = SHIPPED_MEASUREMENTS) -> list[tuple[Observation, str]]:
     """Parse a measurements CSV into (observation, source) pairs; errors name the row."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(
+            f"measurements file {str(path)!r} is a folder; give the CSV file itself (columns as in {SHIPPED_MEASUREMENTS.name})"
+        )
     if not path.is_file():
         raise ConfigError(f"measurements file {str(path)!r} does not exist")
     with path.open(newline="") as handle:

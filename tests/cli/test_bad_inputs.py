@@ -214,6 +214,7 @@ CASES = [
     case("report-unknown-model", "report --model smollm9 --out {in}/plots", "smollm9"),
     # ---- validate
     case("validate-missing-csv", "validate --measurements {in}/nope.csv", "nope.csv"),
+    case("validate-folder-not-csv", "validate --measurements {in}", "is a folder", "measurements.csv"),
     case("validate-non-utf8-csv", "validate --measurements {in}/measurements-latin1.csv", "measurements-latin1.csv"),
     case("validate-wrong-columns", "validate --measurements {in}/measurements-garbage.csv", "measurements-garbage"),
     case("validate-fit-out-under-file", "validate --fit --out {in}/file.txt/p.yaml", "file.txt"),
