@@ -28,10 +28,11 @@ RUN_EXAMPLES = """
   autocompress study show demo
   autocompress study export demo --format csv --out demo.csv
   autocompress study delete demo --yes
-Running the same 'study run' command again continues each study to --trials COMPLETE trials."""
+Running the same 'study run' command again continues each study to --trials trials."""
 
 RUN_EXIT_CODES = """exit status:
-  0    every target holds --trials COMPLETE trials and at least one target has a feasible one
+  0    every target holds --trials trials (COMPLETE or stopped early) and at least one target has a
+       feasible one
   1    a target ran trials and none of them completed (the first error is printed)
   2    bad input (one line on stderr naming the bad value); nothing was created
   3    trials completed but none is feasible on any target (the violated constraints are printed)
@@ -84,7 +85,19 @@ def add_parser(sub: Any) -> None:
         help="trial mode (default plan: cost model, quality = retained-parameter fraction; "
         "weights: inner mask search, quality = exp(-KL to parent))",
     )
-    run.add_argument("--trials", type=int, help="COMPLETE trials wanted per target (default 40)")
+    run.add_argument(
+        "--trials",
+        type=int,
+        help="trials wanted per target, COMPLETE or stopped early by --scheduler (default 40)",
+    )
+    run.add_argument(
+        "--scheduler",
+        metavar="asha|none",
+        help="early stopping of weights-mode trials by Ray Tune's ASHA on their intermediate results (held-out "
+        "KL plus a penalty for violated constraints, over inner-search steps): a trial worse than the median "
+        "at a quarter or half of its inner search is stopped and stored PRUNED, never on the Pareto front; "
+        "'none' runs every trial to the end (default: asha in weights mode with more than 4 trials, else none)",
+    )
     run.add_argument("--name", help="study group name (default: the model name)")
     run.add_argument("--storage", help="Optuna storage: RDB URL or journal file (default sqlite:///studies/NAME.db)")
     run.add_argument(
@@ -232,6 +245,7 @@ _RUN_KEYS = (
     "inner",
     "importance",
     "seed_baselines",
+    "scheduler",
     "hardware_file",
     "confidence",
     "device",
@@ -346,6 +360,7 @@ def build_config(values: dict[str, Any]) -> Any:
         inner=_inner(values.get("inner"), values),
         importance=values.get("importance"),
         seed_baselines=values.get("seed_baselines"),
+        scheduler=values.get("scheduler"),
         hardware=profiles,
         gpus_per_trial=values.get("gpus_per_trial"),
         cache_dir=values.get("cache_dir"),
@@ -411,7 +426,8 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     for o in outcomes:
         note = f", re-queued orphaned trials {o.repaired}" if o.repaired else ""
-        print(f"{o.study_name}: {o.complete} COMPLETE trials, {o.feasible} feasible{note}")
+        stopped = f", {o.stopped} stopped early (PRUNED)" if o.stopped else ""
+        print(f"{o.study_name}: {o.complete} COMPLETE trials, {o.feasible} feasible{stopped}{note}")
         for line in o.seeded:
             print(f"  seeded {line}")
         if o.failed:
@@ -479,8 +495,10 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     for view in views:
         states: dict[str, int] = {}
-        for r in view.records:
-            states[r.state] = states.get(r.state, 0) + 1
+        for r in view.records:  # PRUNED: stopped early by the scheduler, or a duplicate point never run
+            state = r.state if r.state != "PRUNED" else "stopped early" if r.stopped_early else "duplicate"
+            state += " (PRUNED)" if r.state == "PRUNED" else ""
+            states[state] = states.get(state, 0) + 1
         feasible = sum(r.feasible for r in view.records)
         print(f"\n== {view.name}: {view.label}, objectives {', '.join(view.attrs.get('objectives', []))}")
         print("   trials: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())) + f"; {feasible} feasible")

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -65,7 +65,10 @@ from autocompress_opt.search.discretise import Discrete, discretise
 from autocompress_opt.search.relaxation import ExpectedStructure, ParentMasks
 from autocompress_opt.serving.targets import all_satisfied
 
-__all__ = ["CANDIDATES", "InnerConfig", "InnerResult", "objective", "search"]
+__all__ = ["CANDIDATES", "InnerConfig", "InnerResult", "StepListener", "objective", "search"]
+
+# on_step(steps done, held-out KL in nats, largest normalised violation >= 0) of :func:`search`
+StepListener = Callable[[int, float, float], None]
 
 # What the selection chooses between, in tie-break order: the trained masks (discretised,
 # repaired, filled), the greedy start point (the uniform allocation repaired and filled), and the
@@ -100,6 +103,10 @@ class InnerConfig:
         straight_through: penalise the cost of the rounded masks (gradients of the relaxation).
         fill: after repair, add back units while every constraint still holds.
         seed: batch sampling and gate noise.
+        report_every: with an ``on_step`` listener (:func:`search`), measure the held-out
+            calibration KL and the constraint violation of the current masks every this many steps
+            (and after the last one): one forward pass over the ``val_samples`` rows, no gradients,
+            no random draws, so the search's result does not depend on it.
     """
 
     steps: int = 24
@@ -120,9 +127,17 @@ class InnerConfig:
     straight_through: bool = True
     fill: bool = True
     seed: int = 0
+    report_every: int = 4
 
     def __post_init__(self) -> None:
-        for name, minimum in (("steps", 0), ("batch_size", 1), ("seq_len", 2), ("n_samples", 1), ("val_samples", 0)):
+        for name, minimum in (
+            ("steps", 0),
+            ("batch_size", 1),
+            ("seq_len", 2),
+            ("n_samples", 1),
+            ("val_samples", 0),
+            ("report_every", 1),
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise ConfigError(f"InnerConfig.{name} must be an int >= {minimum}, got {value!r}")
@@ -244,6 +259,7 @@ def search(
     config: InnerConfig = InnerConfig(),
     init: Architecture | None = None,
     adapter: FamilyAdapter | None = None,
+    on_step: StepListener | None = None,
 ) -> InnerResult:
     """Search per-layer structure under ``budget`` and ``goal``; see the module doc.
 
@@ -269,6 +285,15 @@ def search(
             of its global choices, listing every parent layer): the start point for
             ``config.init == "budget"`` and the ``uniform`` candidate of the selection. None: start
             from the parent, no ``uniform`` candidate.
+        on_step: called as ``on_step(step, val_kl, violation)`` every ``config.report_every``
+            training steps and after the last (``step`` = steps done, 1-based): the mean
+            KL(parent ‖ current masks, deterministic gates) in nats on the held-out calibration rows
+            (the step's training batch when none are held out) and how far the search is from a
+            feasible result: 0 when the start point is feasible (the selection would return it, or
+            better, if the search ended now), else the smaller of the start point's and the rounded
+            masks' largest normalised violation (``> 0``).
+            It may raise to abandon the search (the model's hooks are removed first). Measuring
+            draws no random numbers: the result is the same with or without a listener.
     """
     adapter = adapter or adapter_for(model)
     if tuple(teacher.shape[:2]) != tuple(tokens.shape):
@@ -292,7 +317,22 @@ def search(
     started = time.perf_counter()
     val, train = slice(0, config.val_samples), slice(config.val_samples, None)
     history = (
-        _train(model, masks, tokens[train], teacher[train], budget, goal, config, gen, adapter) if config.steps else []
+        _train(
+            model,
+            masks,
+            tokens[train],
+            teacher[train],
+            budget,
+            goal,
+            config,
+            gen,
+            adapter,
+            on_step=on_step,
+            held_out=(tokens[val], teacher[val]),
+            floor=0.0 if start.feasible else max(max(start.violations.values(), default=0.0), 0.0),
+        )
+        if config.steps
+        else []
     )
     trained_at = time.perf_counter()
     with torch.no_grad():
@@ -418,8 +458,15 @@ def _train(
     config: InnerConfig,
     gen: torch.Generator,
     adapter: FamilyAdapter,
+    *,
+    on_step: StepListener | None = None,
+    held_out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    floor: float = math.inf,
 ) -> list[dict[str, float]]:
-    """Adam on the mask parameters with dual ascent on the multipliers; returns the per-step history."""
+    """Adam on the mask parameters with dual ascent on the multipliers; returns the per-step history.
+    With ``on_step``, every ``config.report_every`` steps and after the last: the KL on ``held_out``
+    (rows, teacher log-probs) and the violation of the rounded masks, at most ``floor`` (the start
+    point's; :func:`search`)."""
     if tuple(teacher.shape[:2]) != tuple(tokens.shape):
         raise ConfigError(f"teacher log-probs {tuple(teacher.shape)} do not fit tokens {tuple(tokens.shape)}")
     was_training = model.training
@@ -464,9 +511,39 @@ def _train(
                         "max_violation": max(violations.values(), default=0.0),
                     }
                 )
+                done = step + 1
+                if on_step is not None and (done % config.report_every == 0 or done == config.steps):
+                    val_kl, violation = _current_state(model, masks, tau, budget, goal, config, held_out)
+                    on_step(done, kl if val_kl is None else val_kl, min(violation, floor))
     finally:
         model.train(was_training)
     return history
+
+
+@torch.no_grad()
+def _current_state(
+    model: Any,
+    masks: ParentMasks,
+    tau: float,
+    budget: Budget,
+    goal: CostGoal | None,
+    config: InnerConfig,
+    held_out: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[float | None, float]:
+    """``(val_kl, violation)`` of the masks now (hooks installed): the mean KL with deterministic
+    gates on the ``held_out`` rows (None without rows) and the largest normalised violation of the
+    rounded masks, without the training margin, clipped at 0."""
+    violation = max((float(v) for v in _violations(masks, tau, budget, goal, 0.0).values()), default=0.0)
+    if held_out is None or not held_out[0].shape[0]:
+        return None, max(violation, 0.0)
+    tokens, teacher = held_out
+    device = next(model.parameters()).device
+    total = 0.0
+    with masks.use(masks.live(tau, sample=False)):
+        for start in range(0, tokens.shape[0], config.batch_size):
+            logits = model(input_ids=tokens[start : start + config.batch_size].to(device), use_cache=False).logits
+            total += float(_kl(logits, teacher[start : start + config.batch_size].to(logits.device))) * logits.shape[0]
+    return total / tokens.shape[0], max(violation, 0.0)
 
 
 def objective(

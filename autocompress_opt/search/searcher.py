@@ -16,6 +16,19 @@ architecture and constraint values (``<= 0`` feasible; the target's one check,
 :meth:`~autocompress_opt.serving.targets.Target.violations`) and tells the objective values, or
 tells FAIL with the error. All storage access happens in the driver process that owns the searcher.
 
+Intermediate results (:meth:`StudySearcher.on_trial_result`; weights trials report their phase
+and, every few inner steps, the held-out KL and constraint violation,
+:mod:`~autocompress_opt.search.progress`) go to the progress display and are kept in memory. A
+trial that Ray Tune's scheduler stopped (``early_stopping``; it ends with no payload after
+reporting progress) is told PRUNED with its last values as the user attribute ``stopped_early``
+and all of them as ``intermediate`` (COMPLETE trials keep ``intermediate`` too); in a
+single-objective study whose objective is ``quality`` they are also its Optuna intermediate
+values (``trial.report(exp(-score), step)``). Multi-objective studies get no Optuna
+intermediate values: ``Trial.report`` refuses them there, and Optuna 5's TPE sampler fails
+(``study.direction``) on a multi-objective PRUNED trial that has any. A trial stopped early
+counts toward ``trials`` like a COMPLETE one (Optuna's and Ray Tune's trial counts do the same)
+and never enters the Pareto front (it is not COMPLETE).
+
 Ctrl-C (:meth:`StudySearcher.stop`): no new trials are asked for; a trial that Ray stops from then
 on without a result, and every trial still in flight when the run ends (:meth:`StudySearcher.release`),
 is told FAIL with the reason ``interrupted`` and its point enqueued again, so the storage holds no
@@ -26,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -35,6 +49,7 @@ from typing import Any, Protocol
 import optuna
 from ray.tune.search import Searcher
 
+from autocompress_opt.search.progress import STOPPED_EARLY, TrialProgress, is_stopped_early
 from autocompress_opt.serving.targets import Target, all_satisfied
 
 __all__ = ["INTERRUPTED", "StudySearcher", "point_key"]
@@ -48,9 +63,13 @@ _log = logging.getLogger(__name__)
 class Progress(Protocol):
     """What the searcher reports to (a progress bar)."""
 
-    def update_complete(self, feasible: bool, quality: float) -> None: ...
+    def update_running(self, number: int, what: str) -> None: ...
 
-    def update_fail(self) -> None: ...
+    def update_complete(self, feasible: bool, quality: float, number: int | None = None) -> None: ...
+
+    def update_pruned(self, number: int) -> None: ...
+
+    def update_fail(self, number: int | None = None) -> None: ...
 
 
 class Coordinator(Protocol):
@@ -85,8 +104,10 @@ class StudySearcher(Searcher):
         objectives: the metric of each study direction, in order (``"quality"`` or a cost metric).
         trials: COMPLETE trials the study should hold.
         max_failures: failed trials after which the searcher stops.
-        progress: receives one update per finished trial.
+        progress: receives what running trials report and one update per finished trial.
         coordination: the study's driver lock, heartbeats and orphan repair.
+        early_stopping: a scheduler may stop trials; one that ends without a result after
+            reporting progress is told PRUNED (else such a trial is a FAIL).
     """
 
     def __init__(
@@ -102,14 +123,17 @@ class StudySearcher(Searcher):
         max_failures: int,
         progress: Progress,
         coordination: Coordinator,
+        early_stopping: bool = False,
     ) -> None:
         super().__init__(metric=None, mode=None)
         self.study, self.distributions, self.request = study, dict(distributions), dict(request)
         self.target, self.parent_cost, self.objectives = target, dict(parent_cost), list(objectives)
         self.trials, self.max_failures, self.progress = trials, max_failures, progress
         self.coordination = coordination
+        self.early_stopping = early_stopping
         self.driver = coordination.driver
         self.live: dict[str, Any] = {}
+        self.reports: dict[str, list[TrialProgress]] = {}  # trial_id -> its intermediate reports
         self.failures = 0
         self.stopping = False
         self._next_look = 0.0  # monotonic time before which suggest() does not query the storage
@@ -147,10 +171,19 @@ class StudySearcher(Searcher):
         if time.monotonic() < self._next_look:
             return None  # waiting for trials in flight (ours or other drivers')
         with self.coordination.lock():  # count and ask as one step among all drivers of the study
-            trials = self.study.get_trials(
-                deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING)
-            )
-            complete = sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+            trials = [  # finished (COMPLETE or stopped early) and running; not duplicates, not failures
+                t
+                for t in self.study.get_trials(
+                    deepcopy=False,
+                    states=(
+                        optuna.trial.TrialState.COMPLETE,
+                        optuna.trial.TrialState.RUNNING,
+                        optuna.trial.TrialState.PRUNED,
+                    ),
+                )
+                if t.state != optuna.trial.TrialState.PRUNED or is_stopped_early(t)
+            ]
+            complete = sum(t.state != optuna.trial.TrialState.RUNNING for t in trials)
             if complete >= self.trials:
                 return Searcher.FINISHED if not self.live else None
             if len(trials) >= self.trials:  # enough in flight, ours or other drivers'
@@ -197,13 +230,30 @@ class StudySearcher(Searcher):
                 self.study.sampler.reseed_rng()
         return None  # the space looks exhausted
 
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        """An intermediate result: shown on the progress display; the inner search's are kept."""
+        trial, progress = self.live.get(trial_id), TrialProgress.from_result(result)
+        if trial is None or progress is None or "payload" in result:
+            return
+        self._keep(trial_id, progress)
+        self.progress.update_running(trial.number, progress.describe())
+
+    def _keep(self, trial_id: str, progress: TrialProgress) -> None:
+        kept = self.reports.setdefault(trial_id, [])
+        if progress.val_kl is not None and (not kept or progress.inner_step > kept[-1].inner_step):
+            kept.append(progress)
+
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         trial = self.live.pop(trial_id, None)
         if trial is None:
+            self.reports.pop(trial_id, None)
             return
         self._next_look = 0.0  # a slot is free: look at the storage again at once
         try:
-            self._record(trial, result, error)
+            progress = TrialProgress.from_result(result or {})
+            if progress is not None:
+                self._keep(trial_id, progress)  # the result that made the scheduler stop it, if so
+            self._record(trial, result, error, self.reports.pop(trial_id, []))
         except optuna.exceptions.UpdateFinishedTrialError:  # failed by another driver (no heartbeat seen)
             _log.warning(
                 "%s: trial %d was re-queued by another driver; its result is dropped",
@@ -211,18 +261,24 @@ class StudySearcher(Searcher):
                 trial.number,
             )
 
-    def _record(self, trial: Any, result: dict | None, error: bool) -> None:
+    def _record(self, trial: Any, result: dict | None, error: bool, reports: list[TrialProgress]) -> None:
         payload = json.loads(result["payload"]) if result and "payload" in result else None
         if self.stopping and payload is None:  # stopped by Ctrl-C before it finished: not its fault
             self._requeue(trial, INTERRUPTED)
             return
         self.coordination.done(trial)
+        last = TrialProgress.from_result(result or {})
+        if self.early_stopping and not error and payload is None and last is not None:
+            self._prune(trial, last, reports)
+            return
         if error or payload is None or "error" in payload:
             self.failures += 1
             trial.set_user_attr("error", (payload or {}).get("error", "trial process died (see Ray logs)"))
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            self.progress.update_fail()
+            self.progress.update_fail(trial.number)
             return
+        if reports:
+            trial.set_user_attr("intermediate", _rows(reports))
         metrics = payload["metrics"]
         trial.set_user_attr("metrics", metrics)
         trial.set_user_attr("quality", payload["quality"])
@@ -241,4 +297,19 @@ class StudySearcher(Searcher):
         trial.set_user_attr("feasible", feasible)
         values = [payload["quality"] if metric == "quality" else metrics[metric] for metric in self.objectives]
         self.study.tell(trial, values)
-        self.progress.update_complete(feasible, payload["quality"])
+        self.progress.update_complete(feasible, payload["quality"], trial.number)
+
+    def _prune(self, trial: Any, last: TrialProgress, reports: list[TrialProgress]) -> None:
+        """Tell PRUNED a trial the scheduler stopped, with its last values (module doc)."""
+        trial.set_user_attr(STOPPED_EARLY, last.to_result())
+        trial.set_user_attr("intermediate", _rows(reports))
+        if self.objectives == ["quality"]:  # Optuna keeps intermediate values of single-objective studies only
+            for progress in reports:
+                trial.report(math.exp(-progress.score), progress.inner_step)
+        self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        self.progress.update_pruned(trial.number)
+
+
+def _rows(reports: Sequence[TrialProgress]) -> list[list[float | None]]:
+    """``[inner_step, val_kl, violation]`` per report of the inner search (JSON-safe)."""
+    return [[p.inner_step, p.val_kl, p.violation] for p in reports]

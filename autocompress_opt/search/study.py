@@ -76,6 +76,7 @@ from autocompress_opt.search.trials import (
 from autocompress_opt.serving.targets import all_satisfied
 
 __all__ = [
+    "SCHEDULERS",
     "SEEDED_BASELINES",
     "Coordination",
     "Objective",
@@ -88,9 +89,11 @@ __all__ = [
     "default_storage",
     "delete_studies",
     "driver_identity",
+    "finished_trials",
     "first_line",
     "group_members",
     "load_records",
+    "make_scheduler",
     "pareto_front",
     "resolve_storage",
     "run_study",
@@ -104,6 +107,9 @@ _MAXIMISE = {"quality", "output_throughput_tok_s", "max_concurrency"}
 PRIMARY_METRIC = {"local-coding": "ttft_ms", "datacenter": "output_throughput_tok_s", "in-game": "tpot_ms"}
 # The baselines a study enqueues before its own samples, in this order (prune/baselines.BASELINES).
 SEEDED_BASELINES: tuple[str, ...] = ("depth", "minitron")
+# Early stopping of trials by Ray Tune's scheduler (StudyConfig.scheduler, asha_scheduler).
+SCHEDULERS: tuple[str, ...] = ("asha", "none")
+ASHA_MIN_TRIALS = 4  # with this many trials or fewer ASHA has too few to compare: off by default
 
 
 @dataclass(frozen=True)
@@ -179,10 +185,18 @@ class StudyConfig:
     hardware: tuple[Mapping[str, Any], ...] = ()  # user hardware profiles (Hardware.to_dict) the targets may name
     gpus_per_trial: float | None = None  # None: 1 in weights mode on a cluster with GPUs, else 0 (placement)
     cache_dir: str | None = None  # importance/teacher/quality caches; shared storage on a cluster (placement)
+    scheduler: str | None = None  # "asha" | "none"; None: asha in weights mode with > 4 trials (scheduler_name)
 
     def __post_init__(self) -> None:
         if self.seed_baselines not in (None, True, False):
             raise ConfigError(f"seed_baselines must be true, false or unset, got {self.seed_baselines!r}")
+        if self.scheduler is not None and self.scheduler not in SCHEDULERS:
+            raise ConfigError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}")
+        if self.scheduler == "asha" and self.mode == "plan":
+            raise ConfigError(
+                "scheduler 'asha' stops trials on their intermediate inner-search results, which plan-mode "
+                "trials do not report; use --scheduler none or --mode weights"
+            )
         if not self.name or any(c in self.name for c in "/\\ :"):
             raise ConfigError(f"study name {self.name!r} must be non-empty without '/', '\\\\', ':' or spaces")
         if not isinstance(self.trials, int) or self.trials < 1:
@@ -211,6 +225,14 @@ class StudyConfig:
     def seeds_baselines(self) -> bool:
         """Whether studies enqueue the baselines first: ``seed_baselines``, by default in weights mode."""
         return self.mode == "weights" if self.seed_baselines is None else self.seed_baselines
+
+    @property
+    def scheduler_name(self) -> str:
+        """The early-stopping scheduler: ``scheduler``, by default ``asha`` in weights mode with more
+        than :data:`ASHA_MIN_TRIALS` trials, else ``none``."""
+        if self.scheduler is not None:
+            return self.scheduler
+        return "asha" if self.mode == "weights" and self.trials > ASHA_MIN_TRIALS else "none"
 
     @property
     def storage_url(self) -> str:
@@ -506,6 +528,10 @@ class TrialRecord:
     ``selection`` (weights mode): which inner-search candidate the trial returned and each one's
     held-out KL (:meth:`~autocompress_opt.search.inner_search.InnerResult.choice`); ``baseline``:
     the baseline(s) a seeded trial's point comes from (e.g. ``"depth"``; :func:`seed_study`).
+    ``stopped_early``: for a trial the scheduler stopped (state PRUNED), its last report
+    (``phase``, ``inner_step``, ``inner_steps``, ``val_kl``, ``violation``, ``progress_score``);
+    ``intermediate``: the held-out KL and violation it reported during its inner search, as
+    ``[inner_step, val_kl, violation]`` rows (weights mode).
     """
 
     study: str
@@ -522,6 +548,8 @@ class TrialRecord:
     quality_kind: str | None = None
     selection: dict[str, Any] | None = None
     baseline: str | None = None
+    stopped_early: dict[str, Any] | None = None
+    intermediate: list[list[float]] | None = None
 
     def arch(self) -> Architecture | None:
         return Architecture.from_dict(self.architecture) if self.architecture else None
@@ -545,6 +573,8 @@ def _record(study_name: str, trial: Any) -> TrialRecord:
         quality_kind=attrs.get("quality_kind"),
         selection=attrs.get("selection"),
         baseline=attrs.get("baseline"),
+        stopped_early=attrs.get("stopped_early"),
+        intermediate=attrs.get("intermediate"),
     )
 
 
@@ -605,14 +635,34 @@ def pareto_front(records: Sequence[TrialRecord], directions: Sequence[str]) -> l
 
 # ----------------------------------------------------------------- the trainable
 def _trainable(config: dict[str, Any]) -> dict[str, Any]:
-    """The Ray Tune function trainable: runs one trial, never raises (errors become payload)."""
+    """The Ray Tune function trainable: runs one trial, never raises (errors become payload).
+
+    While the trial runs, what it reports (:func:`~autocompress_opt.search.progress.report`: its
+    phase, inner step, held-out KL, violation) goes to ``ray.tune.report``; a scheduler that stops
+    the trial ends it inside that call (Ray's ``SystemExit``, deliberately not caught). The final
+    result carries the last step and score too: Ray Tune wants the scheduler's metric in every result."""
+    from ray import tune
+
+    from autocompress_opt.search.progress import SCORE, STEP, TrialProgress, reporting
+
+    last: list[TrialProgress] = []
+
+    def forward(progress: TrialProgress) -> None:
+        last[:] = [progress]
+        tune.report(progress.to_result())
+
+    def final(payload: dict[str, Any]) -> dict[str, Any]:
+        step, score = (last[0].inner_step, last[0].score) if last else (0, float("inf"))
+        return {STEP: step, SCORE: score, "payload": json.dumps(payload)}
+
     try:
         check_visible_paths(config["request"])  # a clear error when this node cannot see the model
-        result = run_trial(config["request"])
+        with reporting(forward):
+            result = run_trial(config["request"])
         result.update(trial_provenance())  # which Ray node ran it, on which GPUs
-        return {"payload": json.dumps(result)}
+        return final(result)
     except Exception as exc:
-        return {"payload": json.dumps({"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"})}
+        return final({"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"})
 
 
 # ------------------------------------------------------------------- repair
@@ -883,39 +933,69 @@ def _seed_scoring(config: StudyConfig) -> tuple[Any, Any]:
 
 # --------------------------------------------------------------------- runner
 class _Progress:
-    """One tqdm bar per target: trials done, feasible, best feasible quality so far."""
+    """One tqdm bar per target, one line: trials evaluated (COMPLETE or stopped early), feasible,
+    failed, stopped early, best feasible quality so far, and what each running trial is doing
+    (``trial 5: inner step 12/24, val KL 2.31``)."""
 
     def __init__(self, desc: str, total: int, initial: int, enabled: bool):
         from tqdm.auto import tqdm
 
         self.bar = tqdm(total=total, initial=initial, desc=desc, disable=not enabled, unit="trial", leave=True)
-        self.feasible, self.failed = 0, 0
+        self.feasible, self.failed, self.stopped = 0, 0, 0
         self.best: float | None = None
+        self.running: dict[int, str] = {}  # trial number -> what it last reported
 
     def count_existing(self, study: Any) -> None:
-        """Start from the study's COMPLETE trials (a resumed study): feasible count and best quality."""
+        """Start from the study's finished trials (a resumed study): feasible count, best quality,
+        trials stopped early."""
         import optuna
+
+        from autocompress_opt.search.progress import is_stopped_early
 
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             record = _record(study.study_name, trial)
             self.feasible += record.feasible
             if record.feasible and record.quality is not None and (self.best is None or record.quality > self.best):
                 self.best = record.quality
-        if self.feasible:
+        self.stopped = sum(
+            is_stopped_early(t) for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
+        )
+        if self.feasible or self.stopped:
             self._post()
 
-    def _post(self) -> None:
+    def text(self) -> str:
+        """The bar's postfix."""
         best = "-" if self.best is None else f"{self.best:.3f}"
-        self.bar.set_postfix_str(f"feasible {self.feasible}, failed {self.failed}, best quality {best}")
+        stopped = f", stopped early {self.stopped}" if self.stopped else ""
+        text = f"feasible {self.feasible}, failed {self.failed}{stopped}, best quality {best}"
+        running = "; ".join(f"trial {n}: {what}" for n, what in sorted(self.running.items()))
+        return text + (f" | {running}" if running else "")
 
-    def update_complete(self, feasible: bool, quality: float) -> None:
+    def _post(self) -> None:
+        self.bar.set_postfix_str(self.text())
+
+    def update_running(self, number: int, what: str) -> None:
+        self.running[number] = what
+        self._post()
+
+    def update_complete(self, feasible: bool, quality: float, number: int | None = None) -> None:
+        if number is not None:
+            self.running.pop(number, None)
         self.feasible += feasible
         if feasible and (self.best is None or quality > self.best):
             self.best = quality
         self.bar.update(1)
         self._post()
 
-    def update_fail(self) -> None:
+    def update_pruned(self, number: int) -> None:
+        self.running.pop(number, None)
+        self.stopped += 1
+        self.bar.update(1)
+        self._post()
+
+    def update_fail(self, number: int | None = None) -> None:
+        if number is not None:
+            self.running.pop(number, None)
         self.failed += 1
         self._post()
 
@@ -937,6 +1017,7 @@ class TargetOutcome:
     first_error: str | None = None
     feasible: int = 0  # feasible COMPLETE trials in the study (every run's, not only this one's)
     misses: dict[str, tuple[int, float]] = field(default_factory=dict)  # constraint_misses of its COMPLETE trials
+    stopped: int = 0  # trials in the study stopped early by the scheduler (PRUNED; every run's)
 
     @property
     def completed_none(self) -> bool:
@@ -1013,6 +1094,48 @@ def _placement(config: StudyConfig, progress: bool = False) -> Placement:
     if progress and (placement.gpus_per_trial or config.address):
         print(f"placement: {placement.describe()}", file=sys.stderr, flush=True)
     return placement
+
+
+def finished_trials(study: Any) -> tuple[int, int]:
+    """``(complete, stopped)``: the study's COMPLETE trials and those the scheduler stopped early
+    (:func:`~autocompress_opt.search.progress.is_stopped_early`); together, the trials evaluated,
+    which ``StudyConfig.trials`` counts."""
+    import optuna
+
+    from autocompress_opt.search.progress import is_stopped_early
+
+    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
+    complete = sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    return complete, sum(is_stopped_early(t) for t in trials)
+
+
+def make_scheduler(config: StudyConfig) -> Any:
+    """Ray Tune's trial scheduler for ``config.scheduler_name``: None for ``none``; for ``asha``
+    an ASHAScheduler over inner-search steps (:data:`~autocompress_opt.search.progress.STEP`) on the
+    constraint-aware score (:data:`~autocompress_opt.search.progress.SCORE`, lower is better).
+
+    Rungs at a quarter and at half of the inner search's steps (reduction factor 2: at each rung a
+    trial whose score is worse than the median of the trials that reached it is stopped). No rung
+    later than half way and ``stop_last_trials=False``: a trial that got past half way is never
+    stopped, so the cost of its search is not thrown away just before its quality is measured."""
+    if config.scheduler_name == "none":
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    from autocompress_opt.search.progress import SCORE, STEP
+    from autocompress_opt.search.weights_trial import TrialConfig
+
+    steps = TrialConfig.from_dict(config.inner, seed=config.seed).inner.steps
+    grace = max(1, steps // 4)
+    return ASHAScheduler(
+        time_attr=STEP,
+        metric=SCORE,
+        mode="min",
+        grace_period=grace,
+        max_t=max(grace, steps // 2),
+        reduction_factor=2,
+        stop_last_trials=False,
+    )
 
 
 class StudyInterrupted(Exception):
@@ -1162,7 +1285,8 @@ def _run_targets(
             # absolute: Ray Tune runs each trial in its own (scratch) working directory
             "cache_dir": driver_cache_dir(config.cache_dir),
         }
-        done = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        complete_before, stopped_before = finished_trials(study)
+        done = complete_before + stopped_before  # trials evaluated: COMPLETE or stopped early
         if progress and config.seeds_baselines and done < config.trials and "baseline_seeds" not in study.user_attrs:
             # Say what the silent minutes are: in weights mode the first target loads the parent and
             # scores the Minitron candidates (shared by the later targets).
@@ -1194,6 +1318,7 @@ def _run_targets(
                 max_failures=config.max_failures if config.max_failures is not None else config.trials,
                 progress=bar,
                 coordination=coordination,
+                early_stopping=config.scheduler_name != "none",
             )
             scratch = tempfile.mkdtemp(prefix="autocompress-tune-")
             try:
@@ -1204,6 +1329,7 @@ def _run_targets(
                         num_samples=-1,
                         max_concurrent_trials=placement.concurrency,
                         reuse_actors=True,
+                        scheduler=make_scheduler(config),
                     ),
                     run_config=tune.RunConfig(
                         storage_path=scratch,
@@ -1228,7 +1354,7 @@ def _run_targets(
                 shutil.rmtree(scratch, ignore_errors=True)
                 bar.close()
         bar.close()
-        final = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        final, n_stopped = finished_trials(study)
         failed = [  # this run's: trials of other runs or drivers are not its failures
             t
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
@@ -1245,11 +1371,12 @@ def _run_targets(
                 final,
                 repaired,
                 seeded,
-                done,
+                complete_before,
                 len(failed),
                 first_error,
                 feasible=sum(r.feasible for r in records),
                 misses=constraint_misses(records),
+                stopped=n_stopped,
             )
         )
     return outcomes

@@ -48,8 +48,8 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +63,9 @@ from autocompress_opt.hf.device import dtype_name, resolve_compute_dtype, resolv
 from autocompress_opt.prune.importance import Importance, estimate_importance
 from autocompress_opt.quality.metrics import kl_and_perplexity
 from autocompress_opt.search.budget import Budget, CostGoal
-from autocompress_opt.search.inner_search import InnerConfig, InnerResult, search
+from autocompress_opt.search.inner_search import InnerConfig, InnerResult, StepListener, search
 from autocompress_opt.search.placement import trial_device
+from autocompress_opt.search.progress import TrialProgress, report
 from autocompress_opt.search.teacher import teacher_log_probs
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
@@ -201,6 +202,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
         return _PARENTS[key], False
     seconds: dict[str, float] = {}
     began = time.perf_counter()
+    report(TrialProgress("load parent", 0, config.inner.steps))
     device = resolve_device(trial_device(config.device))  # under Ray: the first GPU it assigned (placement)
     dtype = resolve_compute_dtype(config.compute_dtype, device)
     loaded = load_model(ref, cache=False, dtype=dtype, device=device)  # this cache holds it: no second copy
@@ -212,6 +214,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
     seconds["load"] = time.perf_counter() - began
 
     began = time.perf_counter()
+    report(TrialProgress("importance", 0, config.inner.steps))
     imp_rows = text_batches(
         tokenizer,
         role="calibration",
@@ -231,6 +234,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
     seconds["importance"] = time.perf_counter() - began
 
     began = time.perf_counter()
+    report(TrialProgress("teacher", 0, config.inner.steps))
     inner = config.inner
     rows = text_batches(
         tokenizer, role="calibration", n_samples=inner.n_samples, seq_len=inner.seq_len, seed=config.data_seed
@@ -301,8 +305,15 @@ def heldout_quality(parent: ParentContext, model: Any) -> dict[str, float]:
     return out
 
 
-def _quality(parent: ParentContext, arch: Architecture, plan: Any, cache_dir: Path) -> tuple[dict[str, float], bool]:
-    """Held-out KL and perplexities of ``arch`` cut from the parent; cached on disk by architecture."""
+def _quality(
+    parent: ParentContext,
+    arch: Architecture,
+    plan: Any,
+    cache_dir: Path,
+    on_phase: Callable[[str], None] | None = None,
+) -> tuple[dict[str, float], bool]:
+    """Held-out KL and perplexities of ``arch`` cut from the parent; cached on disk by architecture.
+    ``on_phase`` hears ``"materialise"`` and ``"quality"`` as each begins (not for a cached one)."""
     from autocompress_opt.prune.slicing import materialize
 
     imp = parent.importance.meta
@@ -310,7 +321,12 @@ def _quality(parent: ParentContext, arch: Architecture, plan: Any, cache_dir: Pa
     path = cache_dir / "quality" / f"{key}.json"
     if path.is_file():
         return json.loads(path.read_text(encoding="utf-8")), True
-    out = heldout_quality(parent, materialize(parent.model, plan))
+    if on_phase is not None:
+        on_phase("materialise")
+    child = materialize(parent.model, plan)
+    if on_phase is not None:
+        on_phase("quality")
+    out = heldout_quality(parent, child)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=2), encoding="utf-8")
@@ -325,10 +341,12 @@ def inner_search(
     target: Target,
     config: TrialConfig,
     layer_order: list[int] | None = None,
+    on_step: StepListener | None = None,
 ) -> InnerResult:
     """The trial's inner search: from the uniform allocation of ``params`` (layers ranked by
     ``layer_order``, else by the importance ``skip_loss``), holding ``params`` as budgets, under
-    ``target``'s constraints, with that uniform allocation as a candidate."""
+    ``target``'s constraints, with that uniform allocation as a candidate; ``on_step`` hears the
+    held-out KL and violation every ``report_every`` steps (:func:`~autocompress_opt.search.inner_search.search`)."""
     order = layer_order or parent.importance.layer_order()
     return search(
         parent.model,
@@ -340,6 +358,7 @@ def inner_search(
         goal=CostGoal.for_target(target, parent.architecture),
         config=config.inner,
         init=uniform_allocation(dict(params), parent.architecture, order),
+        on_step=on_step,
     )
 
 
@@ -360,11 +379,32 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"request['parent'] does not describe the model loaded from {ref!r} ({mismatch})")
     ready = time.perf_counter()
 
-    result = inner_search(parent, dict(request["params"]), target, config, request.get("layer_order"))
+    steps = config.inner.steps
+    last = [TrialProgress("inner search", 0, steps)]  # what the trial last said (phases after the search repeat it)
+
+    def say(progress: TrialProgress) -> None:
+        last[0] = progress
+        report(progress)
+
+    say(last[0])
+    result = inner_search(
+        parent,
+        dict(request["params"]),
+        target,
+        config,
+        request.get("layer_order"),
+        on_step=lambda step, kl, violation: say(TrialProgress("inner search", step, steps, kl, violation)),
+    )
     searched = time.perf_counter()
 
     arch = result.architecture
-    quality, cached = _quality(parent, arch, result.plan, cache_dir)
+    quality, cached = _quality(
+        parent,
+        arch,
+        result.plan,
+        cache_dir,
+        on_phase=lambda phase: say(replace(last[0], phase=phase, inner_step=steps)),
+    )
     metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
     done = time.perf_counter()
     return {
