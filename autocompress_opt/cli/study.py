@@ -524,7 +524,7 @@ def _show(args: argparse.Namespace) -> int:
                     f"{r.metrics.get(k, float('nan')):,.2f}"
                     for k in ("ttft_ms", "tpot_ms", "output_throughput_tok_s", "peak_memory_gib")
                 ),
-                "yes" if r.feasible else ("no" if r.state == "COMPLETE" else r.state.lower()),
+                "yes" if r.feasible else ("no" if r.state == "COMPLETE" else _state(r)),
                 *([_candidate(r.selection)] if counts else []),
             ]
             for r in shown
@@ -563,6 +563,15 @@ def _export(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _state(record: Any) -> str:
+    """The feasible column of a trial that did not complete: ``stopped 6/24`` for one the scheduler
+    stopped early, else its state (``pruned``: a duplicate point, ``fail``, ``running``)."""
+    early = record.stopped_early
+    if early:
+        return f"stopped {early.get('inner_step')}/{early.get('inner_steps')}"
+    return str(record.state).lower()
 
 
 def _failures(records: Any) -> dict[str, list[int]]:

@@ -194,7 +194,14 @@ class StudySearcher(Searcher):
                 return Searcher.FINISHED if not self.live else None
             self.coordination.beat(trial)
         self.live[trial_id] = trial
-        return {"request": {**self.request, "params": dict(trial.params)}, "number": trial.number}
+        # A baseline's point is never stopped early: the study keeps its guarantee of holding the
+        # baselines' full results (study.seed_study).
+        stoppable = not trial.user_attrs.get("baseline")
+        return {
+            "request": {**self.request, "params": dict(trial.params)},
+            "number": trial.number,
+            "stoppable": stoppable,
+        }
 
     def _wait(self) -> None:
         """Called under the lock when the trials in flight suffice: look again later; meanwhile

@@ -20,6 +20,14 @@ whole run with no RUNNING trial left (:func:`run_study`).
 Ray's stock ``OptunaSearch`` is not used: it neither passes constraints through nor repairs
 orphaned RUNNING trials after a killed driver.
 
+**Early stopping** (:attr:`StudyConfig.scheduler`, ``asha`` by default for weights studies of
+more than 4 trials): weights trials report their held-out KL and constraint violation every few
+inner steps (:mod:`~autocompress_opt.search.progress`); Ray Tune's ASHA (:func:`make_scheduler`)
+stops a trial that scores worse than the median at a quarter or half of its inner search. It is
+stored PRUNED with its last values (``stopped_early``), counts toward ``trials`` (the study then
+evaluates more points in the same time) and never enters the Pareto front. The seeded baselines'
+trials are never stopped.
+
 **Seeding with the baselines** (:attr:`StudyConfig.seed_baselines`, on by default in weights mode):
 before its own samples a study enqueues the global choices of the ``depth`` and ``minitron``
 baselines for its target (:func:`~autocompress_opt.prune.baselines.make_baseline`, feasibility by the
@@ -640,19 +648,22 @@ def _trainable(config: dict[str, Any]) -> dict[str, Any]:
     While the trial runs, what it reports (:func:`~autocompress_opt.search.progress.report`: its
     phase, inner step, held-out KL, violation) goes to ``ray.tune.report``; a scheduler that stops
     the trial ends it inside that call (Ray's ``SystemExit``, deliberately not caught). The final
-    result carries the last step and score too: Ray Tune wants the scheduler's metric in every result."""
+    result carries the last step and score too: Ray Tune wants the scheduler's metric in every result.
+    ``config["stoppable"]`` False (a seeded baseline's point): the scheduler's step stays 0, so no
+    rung ever judges the trial."""
     from ray import tune
 
     from autocompress_opt.search.progress import SCORE, STEP, TrialProgress, reporting
 
     last: list[TrialProgress] = []
+    stoppable = bool(config.get("stoppable", True))
 
     def forward(progress: TrialProgress) -> None:
         last[:] = [progress]
-        tune.report(progress.to_result())
+        tune.report(progress.to_result(stoppable=stoppable))
 
     def final(payload: dict[str, Any]) -> dict[str, Any]:
-        step, score = (last[0].inner_step, last[0].score) if last else (0, float("inf"))
+        step, score = (last[0].inner_step, last[0].score) if last and stoppable else (0, float("inf"))
         return {STEP: step, SCORE: score, "payload": json.dumps(payload)}
 
     try:

@@ -117,7 +117,9 @@ def export_rows(view: StudyView) -> list[dict[str, Any]]:
     """One flat row per trial: number, state, feasible, params, the global choices, metrics,
     quality and its ``quality_kind``, constraint violations; ``baseline`` for a seeded trial; and in
     weights mode ``candidate`` (the inner-search candidate returned) with ``val_kl[<candidate>]``,
-    each candidate's held-out calibration KL (None: not measured)."""
+    each candidate's held-out calibration KL (None: not measured); for a trial the scheduler
+    stopped early (state PRUNED), ``stopped_at_step``, ``stopped_val_kl`` and ``stopped_violation``:
+    its last report."""
     rows = []
     for r in view.records:
         row: dict[str, Any] = {
@@ -137,6 +139,10 @@ def export_rows(view: StudyView) -> list[dict[str, Any]]:
         if r.selection:
             row["candidate"] = r.selection.get("chosen")
             row.update({f"val_kl[{k}]": v for k, v in r.selection.get("val_kl", {}).items()})
+        if r.stopped_early:
+            row["stopped_at_step"] = r.stopped_early.get("inner_step")
+            row["stopped_val_kl"] = r.stopped_early.get("val_kl")
+            row["stopped_violation"] = r.stopped_early.get("violation")
         if r.error:
             row["error"] = r.error.splitlines()[0]
         rows.append(row)

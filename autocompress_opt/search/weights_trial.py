@@ -37,6 +37,11 @@ exact next-token distribution. It is cached on disk (``.autocompress/quality/``)
 parent's id, the importance data (which decides the kept channels), the architecture and the
 evaluation data, so an architecture is evaluated once across targets and trials.
 
+While it runs, the trial reports its phase (load parent, importance, teacher, inner search,
+materialise, quality) and, every ``report_every`` inner steps, the held-out calibration KL and how
+far it is from a feasible result (:mod:`autocompress_opt.search.progress`): in a study they reach
+the progress bar and the early-stopping scheduler; elsewhere the reports go nowhere.
+
 Deterministic given ``request["seed"]`` (and the thread count). Calibration and evaluation data
 use ``data_seed`` / ``eval_seed``, not the trial seed, so every trial shares the caches.
 """

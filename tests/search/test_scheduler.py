@@ -34,7 +34,7 @@ from autocompress_opt.search.study import (
     make_scheduler,
     run_study,
 )
-from autocompress_opt.search.studyio import load_group
+from autocompress_opt.search.studyio import export_rows, load_group
 from autocompress_opt.serving.targets import Target
 
 TESTS = Path(__file__).parent
@@ -150,10 +150,28 @@ def test_asha_stops_the_worse_trials_which_are_stored_pruned_with_their_last_val
 
     assert main(["study", "show", "a", "--storage", cfg.storage_url]) == 0
     assert f"{len(early)} stopped early (PRUNED)" in capsys.readouterr().out
+    assert main(["study", "show", "a", "--storage", cfg.storage_url, "--all"]) == 0
+    shown = capsys.readouterr().out
+    assert all(f"stopped {r.stopped_early['inner_step']}/8" in shown for r in early)  # type: ignore[index]
+    rows = {row["number"]: row for view in load_group("a", cfg.storage_url) for row in export_rows(view)}
+    for r in early:
+        assert rows[r.number]["stopped_at_step"] == r.stopped_early["inner_step"]  # type: ignore[index]
+        assert rows[r.number]["stopped_val_kl"] == r.stopped_early["val_kl"]  # type: ignore[index]
     # The same command again: the study already holds its trials; nothing runs, nothing changes.
     [again] = run_study(cfg, progress=False)
     assert (again.complete, again.stopped) == (outcome.complete, outcome.stopped)
     assert len(load_records(cfg.storage_url, "a.h100-sxm")[0]) == len(records)
+
+
+@pytest.mark.slow
+def test_the_seeded_baselines_are_never_stopped_early(tmp_path: Path, local_ray: None) -> None:
+    """The study promises the baselines' full results (seed_study): their trials run to the end."""
+    cfg = config(tmp_path, seed_baselines=True, trials=7)
+    [outcome] = run_study(cfg, progress=False)
+    records, _ = load_records(cfg.storage_url, "a.h100-sxm")
+    seeded = [r for r in records if r.baseline]
+    assert len(seeded) == len(outcome.seeded) == 2 and stopped(records)
+    assert all(r.state == "COMPLETE" and [row[0] for row in r.intermediate or []] == list(range(1, 9)) for r in seeded)
 
 
 @pytest.mark.slow

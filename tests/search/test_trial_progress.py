@@ -64,6 +64,8 @@ def test_a_report_round_trips_through_a_ray_result_and_describes_itself_in_one_l
     assert result[STEP] == 12 and result[SCORE] == progress.score
     assert TrialProgress.from_result({**result, "training_iteration": 3}) == progress
     assert TrialProgress.from_result({"payload": "{}"}) is None  # a plan-mode result carries none
+    held = progress.to_result(stoppable=False)  # a seeded baseline: below every scheduler rung
+    assert held[STEP] == 0 and TrialProgress.from_result(held) == progress
     assert progress.describe() == "inner step 12/24, val KL 2.31, violation 0.04"
     assert TrialProgress("inner search", 12, 24, 2.3125, 0.0).describe() == "inner step 12/24, val KL 2.31"
     assert TrialProgress("importance").describe() == "importance"
