@@ -176,6 +176,13 @@ def add_parser(sub: Any) -> None:
         help="weights mode: dtype of the trials' forward passes: auto (default: bf16 on CUDA, fp32 on the CPU), "
         "fp32, bf16, fp16; not the serving format --dtype",
     )
+    run.add_argument(
+        "--serve-as",
+        metavar="ENGINE",
+        help="every trial is a shape ENGINE loads (vllm, sglang, trtllm, llamacpp, transformers; FFN widths in its "
+        "multiple, the same query heads in every layer, ...; see engines.rules), or any: no engine's rules "
+        "(the package's own class serves every shape). Default: each target's engine (torch-eager: transformers)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(run=_run)
 
@@ -246,6 +253,7 @@ _RUN_KEYS = (
     "importance",
     "seed_baselines",
     "scheduler",
+    "serve_as",
     "hardware_file",
     "confidence",
     "device",
@@ -361,6 +369,7 @@ def build_config(values: dict[str, Any]) -> Any:
         importance=values.get("importance"),
         seed_baselines=values.get("seed_baselines"),
         scheduler=values.get("scheduler"),
+        serve_as=values.get("serve_as"),
         hardware=profiles,
         gpus_per_trial=values.get("gpus_per_trial"),
         cache_dir=values.get("cache_dir"),

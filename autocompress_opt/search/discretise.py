@@ -3,6 +3,13 @@
 **repair** with the exact cost model (greedily remove the unit with the least importance per unit of
 violation removed) until every constraint and budget holds, then **fill** (greedily add back the
 unit with the most importance per unit of slack used while everything still holds).
+
+Under a serving engine's rules (``rules``, :class:`~autocompress_opt.prune.engine_rules.ShapeRules`)
+every step stays a shape that engine loads: FFN widths move in the engine's multiple (256 for the
+DeciLM readers), every attention layer keeps the trial's query heads (only the KV grouping varies,
+``kv_groups · q_per_group`` fixed), the first kept layer keeps its attention where the engine needs
+it, and where it loads no per-layer shapes for this parent (:attr:`ShapeRules.heterogeneous`) the
+result is the uniform model of the trial's global choices on the layers the gates rank highest.
 """
 
 from __future__ import annotations
@@ -13,14 +20,17 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.architecture import Architecture, uniform_child
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.prune.engine_rules import ShapeRules
+from autocompress_opt.prune.export import decilm_problems
 from autocompress_opt.prune.importance import Importance, ranked
 from autocompress_opt.search.budget import Budget, CostGoal, exact_violations, totals_of
 from autocompress_opt.search.relaxation import DiscreteLayer, ParentMasks
 from autocompress_opt.serving.costmodel import ArchArrays
 from autocompress_opt.serving.targets import all_satisfied
 
-__all__ = ["Discrete", "discretise"]
+__all__ = ["Discrete", "discretise", "shape_problems"]
 
 
 # -------------------------------------------------------------------- discretisation
@@ -168,20 +178,197 @@ class Discrete:
 
 
 def discretise(
-    masks: ParentMasks, importance: Importance, budget: Budget, goal: CostGoal | None, *, fill: bool = True
+    masks: ParentMasks,
+    importance: Importance,
+    budget: Budget,
+    goal: CostGoal | None,
+    *,
+    fill: bool = True,
+    rules: ShapeRules | None = None,
 ) -> Discrete:
-    """Round the masks, cap the kept layers by gate value, repair, fill; judged by :func:`exact_violations`."""
+    """Round the masks, cap the kept layers by gate value, repair, fill; judged by :func:`exact_violations`.
+
+    ``rules``: a serving engine's shape rules (module doc); None: any shape."""
+    if rules is not None and not rules.heterogeneous:
+        return _judged(_uniform(masks, budget), budget, goal, {"repair": 0, "fill": 0})
     values = _unit_values(masks, importance)
+    legal = _Legal(rules, masks) if rules is not None else None
     layers = _ensure_active(_cap_layers(masks.discrete(), budget.num_layers, values), masks)
+    if legal is not None:
+        layers = legal.snap(layers)
     evaluate = _Evaluator(masks, budget, goal)
-    layers, repaired = _repair(layers, values, evaluate)
+    layers, repaired = _repair(layers, values, evaluate, legal)
     filled = 0
     if fill and np.all(evaluate([layers])[0] <= 0):
-        layers, filled = _fill(layers, values, evaluate, masks)
+        layers, filled = _fill(layers, values, evaluate, masks, legal)
     arch = masks.architecture(layers)
+    if rules is not None and shape_problems(arch, rules):  # never expected: the moves keep the rules
+        arch = _uniform(masks, budget)
+    return _judged(arch, budget, goal, {"repair": repaired, "fill": filled})
+
+
+def _judged(arch: Architecture, budget: Budget, goal: CostGoal | None, moves: dict[str, int]) -> Discrete:
     violations, metrics = exact_violations(arch, budget, goal)
-    feasible = all_satisfied(violations)
-    return Discrete(arch, feasible, violations, metrics, {"repair": repaired, "fill": filled})
+    return Discrete(arch, all_satisfied(violations), violations, metrics, moves)
+
+
+def shape_problems(arch: Architecture, rules: ShapeRules) -> list[str]:
+    """Why ``arch`` breaks ``rules`` (empty when it keeps them): a uniform model keeps every rule;
+    a heterogeneous one must be allowed, a DeciLM shape in the engine's FFN multiple with
+    ``rules.query_heads`` in every attention layer, and keep attention in its first layer where
+    the rules ask."""
+    active = arch.active()
+    if active.is_uniform:
+        return []
+    if not rules.heterogeneous:
+        return [f"{rules.engine} loads no per-layer shapes of this parent ({rules.why_uniform})"]
+    problems = decilm_problems(active)
+    problems += [
+        f"layer {i}: FFN width {layer.ffn_width} is not a multiple of {rules.ffn_multiple}"
+        for i, layer in enumerate(active.layers)
+        if layer.ffn and layer.ffn_width % rules.ffn_multiple
+    ]
+    heads = {layer.num_heads for layer in active.layers if layer.attention}
+    if rules.query_heads is not None and heads - {rules.query_heads}:
+        problems.append(f"query heads {sorted(heads)} where the rules keep {rules.query_heads} in every layer")
+    if rules.first_layer_attention and not active.layers[0].attention:
+        problems.append(f"{rules.engine} needs attention in the first layer")
+    return problems
+
+
+def _uniform(masks: ParentMasks, budget: Budget) -> Architecture:
+    """The uniform model of ``budget`` on the ``budget.num_layers`` present layers with the highest
+    gate scores (ties to the lower index)."""
+    parent = masks.parent
+    scores = [d.gate_score for d in masks.discrete()]
+    present = [i for i, layer in enumerate(parent.layers) if not layer.is_noop]
+    kept = sorted(sorted(present, key=lambda i: (-scores[i], i))[: budget.num_layers])
+    return uniform_child(
+        parent,
+        kept_layers=kept,
+        hidden_size=masks.hidden_size,
+        num_kv_heads=budget.num_kv_heads,
+        q_per_kv=budget.q_per_kv,
+        ffn_width=budget.ffn_width,
+        name=f"{parent.name or parent.family}-searched",
+    )
+
+
+class _Legal:
+    """The steps a serving engine's :class:`ShapeRules` allow, in the masks' units: FFN units move
+    ``ffn_step`` at a time (the engine's multiple), attention layers take one of ``heads[i]``
+    ``(kv_groups, q_per_group)`` with the rules' query heads (or any, when they fix none)."""
+
+    def __init__(self, rules: ShapeRules, masks: ParentMasks) -> None:
+        self.rules = rules
+        unit = masks.ffn_unit
+        step = max(1, rules.ffn_multiple // unit)
+        if (step * unit) % rules.ffn_multiple:
+            raise ConfigError(
+                f"the FFN unit {unit} does not build {rules.engine}'s FFN multiple {rules.ffn_multiple}; "
+                "use an ffn_unit that divides it"
+            )
+        self.ffn_step = step
+        self.ffn_max: list[int] = []  # most legal FFN units per layer
+        self.heads: list[list[tuple[int, int]]] = []  # legal (kv groups, q per group), by kv groups
+        h = rules.query_heads
+        for g_n, r_n, u_n in (tuple(int(x) for x in row) for row in masks.sizes):
+            self.ffn_max.append(u_n // step * step)
+            self.heads.append([(g, r) for g in range(1, g_n + 1) for r in range(1, r_n + 1) if h is None or g * r == h])
+        self.parent = masks.parent
+
+    def ok(self, layers: Sequence[DiscreteLayer]) -> bool:
+        """Whether the first computing layer keeps its attention (where the rules ask)."""
+        if not self.rules.first_layer_attention:
+            return True
+        first = next((d for d in layers if d.attention or d.ffn), None)
+        return first is None or first.attention
+
+    def _heads_near(self, i: int, groups: int) -> tuple[int, int] | None:
+        options = self.heads[i]
+        return min(options, key=lambda o: (abs(o[0] - groups), -o[0])) if options else None
+
+    def snap(self, layers: list[DiscreteLayer]) -> list[DiscreteLayer]:
+        """Rounded layers moved onto legal shapes: FFN units to the nearest multiple of the step
+        (at least one), attention to the legal grouping nearest its KV groups, and attention given
+        to the first computing layer (the smallest grouping) where the rules need it."""
+        out = []
+        for i, d in enumerate(layers):
+            if d.ffn:
+                units = min(
+                    self.ffn_max[i],
+                    max(self.ffn_step, (d.ffn_units + self.ffn_step // 2) // self.ffn_step * self.ffn_step),
+                )
+                d = replace(d, ffn=units > 0, ffn_units=units)
+            if d.attention:
+                near = self._heads_near(i, d.kv_groups)
+                d = replace(d, kv_groups=near[0], q_per_group=near[1]) if near else replace(d, attention=False)
+            out.append(d)
+        for i, d in enumerate(out):
+            if self.ok(out) or not (d.attention or d.ffn):
+                continue
+            if self.parent.layers[i].attention and self.heads[i]:  # the first computing layer gets attention
+                g, r = self.heads[i][0]
+                out[i] = replace(d, attention=True, kv_groups=g, q_per_group=r)
+            else:  # or is dropped, and the next one is looked at
+                out[i] = replace(d, ffn=False)
+        return out
+
+    def shrink_moves(self, layers: list[DiscreteLayer], v: _Values) -> list[tuple[str, list[DiscreteLayer], float]]:
+        """Every legal one-step removal (:func:`_shrink_moves` in legal steps)."""
+        active = sum(d.attention or d.ffn for d in layers)
+        moves = []
+
+        def add(name: str, i: int, new: DiscreteLayer, lost: float) -> None:
+            if not (new.attention or new.ffn) and active <= 1:
+                return
+            changed = layers[:i] + [new] + layers[i + 1 :]
+            if self.ok(changed):
+                moves.append((f"{name}@{i}", changed, lost))
+
+        for i, d in enumerate(layers):
+            if d.ffn:
+                if d.ffn_units > self.ffn_step:
+                    lost = sum(v.ffn[i][d.ffn_units - self.ffn_step : d.ffn_units])
+                    add("ffn-unit", i, replace(d, ffn_units=d.ffn_units - self.ffn_step), lost)
+                add("drop-ffn", i, replace(d, ffn=False), _ffn_value(v, i, d))
+            if d.attention:
+                fewer = [o for o in self.heads[i] if o[0] < d.kv_groups]
+                if fewer:
+                    new = replace(d, kv_groups=fewer[-1][0], q_per_group=fewer[-1][1])
+                    add("kv-group", i, new, _attn_value(v, i, d) - _attn_value(v, i, new))
+                add("drop-attn", i, replace(d, attention=False), _attn_value(v, i, d))
+            if d.attention and d.ffn:
+                add("drop-layer", i, replace(d, attention=False, ffn=False), _attn_value(v, i, d) + _ffn_value(v, i, d))
+        return moves
+
+    def grow_moves(self, layers: list[DiscreteLayer], v: _Values) -> list[tuple[str, list[DiscreteLayer], float]]:
+        """Every legal one-step addition the parent allows (:func:`_grow_moves` in legal steps)."""
+        moves = []
+        for i, (d, p) in enumerate(zip(layers, self.parent.layers)):
+
+            def add(name: str, new: DiscreteLayer, gained: float, i: int = i) -> None:
+                changed = layers[:i] + [new] + layers[i + 1 :]
+                if self.ok(changed):
+                    moves.append((f"{name}@{i}", changed, gained))
+
+            if p.ffn and self.ffn_max[i] >= self.ffn_step:
+                if not d.ffn:
+                    add("add-ffn", replace(d, ffn=True, ffn_units=self.ffn_step), sum(v.ffn[i][: self.ffn_step]))
+                elif d.ffn_units + self.ffn_step <= self.ffn_max[i]:
+                    gained = sum(v.ffn[i][d.ffn_units : d.ffn_units + self.ffn_step])
+                    add("ffn-unit", replace(d, ffn_units=d.ffn_units + self.ffn_step), gained)
+            if p.attention and self.heads[i]:
+                if not d.attention:
+                    g, r = self.heads[i][0]
+                    new = replace(d, attention=True, kv_groups=g, q_per_group=r)
+                    add("add-attn", new, _attn_value(v, i, new))
+                else:
+                    more = [o for o in self.heads[i] if o[0] > d.kv_groups]
+                    if more:
+                        new = replace(d, kv_groups=more[0][0], q_per_group=more[0][1])
+                        add("kv-group", new, _attn_value(v, i, new) - _attn_value(v, i, d))
+        return moves
 
 
 def _ensure_active(layers: list[DiscreteLayer], masks: ParentMasks) -> list[DiscreteLayer]:
@@ -213,7 +400,9 @@ def _cap_layers(layers: list[DiscreteLayer], limit: int, values: _Values) -> lis
 _BATCH_MOVES = 8  # most one-unit removals applied at once while far from feasible (on distinct layers)
 
 
-def _repair(layers: list[DiscreteLayer], values: _Values, evaluate: _Evaluator) -> tuple[list[DiscreteLayer], int]:
+def _repair(
+    layers: list[DiscreteLayer], values: _Values, evaluate: _Evaluator, legal: _Legal | None = None
+) -> tuple[list[DiscreteLayer], int]:
     """Greedy: remove the unit with the least importance per unit of total violation removed.
 
     While the total excess is large, the best few removals on distinct layers are applied together
@@ -223,7 +412,7 @@ def _repair(layers: list[DiscreteLayer], values: _Values, evaluate: _Evaluator) 
     current = evaluate([layers])[0]
     moves = 0
     while np.any(current > 0):
-        candidates = _shrink_moves(layers, values)
+        candidates = _shrink_moves(layers, values) if legal is None else legal.shrink_moves(layers, values)
         if not candidates:
             break  # nothing left to remove: infeasible
         viol = evaluate([c[1] for c in candidates])  # (N, K)
@@ -241,7 +430,7 @@ def _repair(layers: list[DiscreteLayer], values: _Values, evaluate: _Evaluator) 
         batch = min(_BATCH_MOVES, 1 + int(8 * np.maximum(current, 0).sum()))
         if batch > 1:
             combined, applied = _combine(layers, candidates, np.argsort(score, kind="stable"), score, batch)
-            if applied > 1:
+            if applied > 1 and (legal is None or legal.ok(combined)):
                 after = evaluate([combined])[0]
                 if np.maximum(after, 0).sum() < np.maximum(viol[best], 0).sum():
                     layers, current, moves = combined, after, moves + applied
@@ -273,13 +462,17 @@ def _combine(
 
 
 def _fill(
-    layers: list[DiscreteLayer], values: _Values, evaluate: _Evaluator, masks: ParentMasks
+    layers: list[DiscreteLayer], values: _Values, evaluate: _Evaluator, masks: ParentMasks, legal: _Legal | None = None
 ) -> tuple[list[DiscreteLayer], int]:
     """Greedy: add the unit with the most importance per unit of slack used while all constraints hold."""
     current = evaluate([layers])[0]
     moves, cap = 0, 8 * len(layers)
     while moves < cap:
-        candidates = _grow_moves(layers, values, masks.parent, masks.sizes)
+        candidates = (
+            _grow_moves(layers, values, masks.parent, masks.sizes)
+            if legal is None
+            else legal.grow_moves(layers, values)
+        )
         if not candidates:
             break
         viol = evaluate([c[1] for c in candidates])

@@ -56,6 +56,7 @@ import torch
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.hf.adapters import FamilyAdapter, adapter_for
+from autocompress_opt.prune.engine_rules import ShapeRules
 from autocompress_opt.prune.importance import Importance
 from autocompress_opt.prune.masking import Masks, apply_masks
 from autocompress_opt.prune.plan import PrunePlan, plan_pruning
@@ -260,6 +261,7 @@ def search(
     init: Architecture | None = None,
     adapter: FamilyAdapter | None = None,
     on_step: StepListener | None = None,
+    rules: ShapeRules | None = None,
 ) -> InnerResult:
     """Search per-layer structure under ``budget`` and ``goal``; see the module doc.
 
@@ -294,6 +296,8 @@ def search(
             masks' largest normalised violation (``> 0``).
             It may raise to abandon the search (the model's hooks are removed first). Measuring
             draws no random numbers: the result is the same with or without a listener.
+        rules: a serving engine's shape rules (:func:`~autocompress_opt.prune.engine_rules.shape_rules`):
+            the start and trained points are discretised onto shapes that engine loads; None: any shape.
     """
     adapter = adapter or adapter_for(model)
     if tuple(teacher.shape[:2]) != tuple(tokens.shape):
@@ -311,7 +315,7 @@ def search(
         init_log_alpha=config.init_log_alpha,
         ffn_unit=config.ffn_unit,
     )
-    start = discretise(masks, importance, budget, goal, fill=config.fill)
+    start = discretise(masks, importance, budget, goal, fill=config.fill, rules=rules)
     if start.feasible:
         masks.reset(start.architecture, config.init_log_alpha)
     started = time.perf_counter()
@@ -337,7 +341,7 @@ def search(
     trained_at = time.perf_counter()
     with torch.no_grad():
         expected = masks.expected(config.tau_end).to_dict()
-    trained = discretise(masks, importance, budget, goal, fill=config.fill)
+    trained = discretise(masks, importance, budget, goal, fill=config.fill, rules=rules)
     discretised = time.perf_counter()
     candidates = {"trained": trained, "start": start}
     uniform = _as_candidate(init, budget, goal) if init is not None else None

@@ -62,6 +62,7 @@ from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import CHOICES, SearchSpace, uniform_allocation
 from autocompress_opt.errors import ConfigError, suggest
+from autocompress_opt.prune.engine_rules import SERVE_AS_ANY, check_serve_as, parent_problems, rules_engine_for
 from autocompress_opt.search.placement import (
     Placement,
     check_cache_dir,
@@ -191,6 +192,7 @@ class StudyConfig:
     importance: str | None = None  # plan mode: an Importance record of the parent → retained-importance proxy
     seed_baselines: bool | None = None
     hardware: tuple[Mapping[str, Any], ...] = ()  # user hardware profiles (Hardware.to_dict) the targets may name
+    serve_as: str | None = None  # engine whose loadable shapes trials keep; None: each target's engine (serve_as_for)
     gpus_per_trial: float | None = None  # None: 1 in weights mode on a cluster with GPUs, else 0 (placement)
     cache_dir: str | None = None  # importance/teacher/quality caches; shared storage on a cluster (placement)
     scheduler: str | None = None  # "asha" | "none"; None: asha in weights mode with > 4 trials (scheduler_name)
@@ -216,6 +218,8 @@ class StudyConfig:
         load_plugins(self.plugins)
         register_hardware(self.hardware)
         TRIAL_MODES.get(self.mode)
+        if self.serve_as is not None:
+            check_serve_as(self.serve_as, "serve_as")
         names = [t.hardware for t in self.targets]
         if not names or len(set(names)) != len(names):
             raise ConfigError(f"targets must be distinct hardware names, got {names}")
@@ -241,6 +245,12 @@ class StudyConfig:
         if self.scheduler is not None:
             return self.scheduler
         return "asha" if self.mode == "weights" and self.trials > ASHA_MIN_TRIALS else "none"
+
+    def serve_as_for(self, target: Target) -> str:
+        """The engine whose rules ``target``'s trials keep (:mod:`~autocompress_opt.prune.engine_rules`):
+        ``serve_as`` when given, else the target's own engine (``torch-eager``: ``transformers``; an
+        engine without rules: ``any``)."""
+        return self.serve_as or rules_engine_for(target.engine_name)
 
     @property
     def storage_url(self) -> str:
@@ -741,6 +751,7 @@ def _identity(config: StudyConfig, target: Target, objectives: Sequence[Objectiv
         "importance": config.importance,
         # a user GPU's numbers (None for a built-in one): the same name with other numbers is another study
         "hardware_profile": next((dict(h) for h in config.hardware if h["name"] == target.hardware), None),
+        "serve_as": config.serve_as_for(target),  # the engine whose loadable shapes the trials keep
     }
 
 
@@ -753,6 +764,13 @@ def check_config(config: StudyConfig, parent: Architecture) -> None:
     :func:`resolve_storage` accepts (nothing is opened). Raises ConfigError."""
     resolve_storage(config.storage_url)
     config.space.check_parent(parent)
+    if config.serve_as not in (None, SERVE_AS_ANY):
+        problems = parent_problems(parent, config.serve_as)
+        if problems:
+            raise ConfigError(
+                f"serve_as {config.serve_as}: no pruned model of {parent.name or parent.family} loads in "
+                f"{config.serve_as} ({'; '.join(problems)}); use another engine or serve_as any"
+            )
     for target in config.targets:
         config.objectives_for(target)
         parent_metrics(parent, target)
@@ -800,6 +818,7 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
                 )
             old = study.user_attrs.get("identity", {})
             added_later: dict[str, Any] = {"inner": {}, "importance": None, "hardware_profile": None}  # newer keys
+            added_later["serve_as"] = identity["serve_as"]  # a study from before the rules resumes under them
             diffs = [k for k in identity if old.get(k, added_later.get(k)) != identity[k]]
             if diffs:
                 detail = "; ".join(f"{k}: stored {old.get(k)!r}, now {identity[k]!r}" for k in diffs)
@@ -816,11 +835,24 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
             study.set_user_attr("parent_metrics", cost)
             study.set_user_attr("parent_architecture", parent.to_dict())
             study.set_user_attr("objectives", [str(o) for o in objectives])
+            study.set_user_attr("serve_as", _serve_as_record(config, target, parent))
             study.set_user_attr("identity", identity)  # last: its presence marks a finished creation
         except BaseException:
             optuna.delete_study(study_name=name, storage=storage)
             raise
         return study, cost
+
+
+def _serve_as_record(config: StudyConfig, target: Target, parent: Architecture) -> dict[str, Any]:
+    """The study's ``serve_as`` user attribute: the engine whose rules its trials keep, whether it
+    was asked for (``--serve-as``) or is the target's, and what no pruned model of the parent can
+    change for it (:func:`~autocompress_opt.prune.engine_rules.parent_problems`)."""
+    engine = config.serve_as_for(target)
+    return {
+        "engine": engine,
+        "explicit": config.serve_as is not None,
+        "parent_problems": parent_problems(parent, engine),
+    }
 
 
 def _study_exists(storage: Any, name: str) -> bool:
@@ -1293,6 +1325,7 @@ def _run_targets(
             "parent_model": driver_path(config.model),  # absolute when a local path: trials run elsewhere
             "importance": str(Path(config.importance).resolve()) if config.importance else None,
             "hardware": [dict(h) for h in config.hardware],  # user GPUs, registered in each trial's worker
+            "serve_as": config.serve_as_for(target),  # trials keep shapes this engine loads
             # absolute: Ray Tune runs each trial in its own (scratch) working directory
             "cache_dir": driver_cache_dir(config.cache_dir),
         }

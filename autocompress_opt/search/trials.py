@@ -4,9 +4,12 @@ A trial function takes a plain, serialisable request (it may run on another Ray 
 a plain result::
 
     request = {"params": {...global choices...}, "parent": Architecture dict, "target": Target dict,
-               "layer_order": [...] | None, "seed": int}
+               "layer_order": [...] | None, "seed": int, "serve_as": engine | "any" (absent: "any")}
     result  = {"architecture": Architecture dict, "metrics": {cost metric: value},
-               "quality": float, "quality_kind": str}
+               "quality": float, "quality_kind": str, "serve_as": engine | "any"}
+
+``serve_as`` names the serving engine whose rules the trial's architecture keeps
+(:mod:`~autocompress_opt.prune.engine_rules`; the study passes its target's engine or ``--serve-as``).
 
 Trial functions live in :data:`TRIAL_MODES`. This module ships ``plan``: no weights; the
 architecture is scored by the target's cost model and a stand-in for quality (the fraction of the
@@ -27,6 +30,7 @@ from typing import Any
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import SearchSpace
 from autocompress_opt.errors import ConfigError
+from autocompress_opt.prune.engine_rules import SERVE_AS_ANY, check_serve_as, loadable_problems, parent_problems
 from autocompress_opt.registry import Registry
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import FITS_DEVICE, Target, device_fit_violation, parent_metrics
@@ -36,7 +40,9 @@ __all__ = [
     "QUALITY_LABELS",
     "TRIAL_MODES",
     "Target",
+    "check_loadable",
     "device_fit_violation",
+    "legal_point",
     "parent_metrics",
     "plan_trial",
     "quality_label",
@@ -115,6 +121,11 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     ``retained_params``), or — when ``request["importance"]`` names an importance record of the
     parent — the retained importance (:func:`retained_importance`, kind ``retained_importance``),
     with layers dropped in order of least importance (skip-loss).
+
+    The architecture is uniform, a plain family checkpoint; under ``request["serve_as"]``'s rules
+    it is that of :func:`legal_point` (the point itself, or the largest legal one below it) and
+    must load in that engine (beyond what the parent itself cannot change, its family and head
+    size: :func:`~autocompress_opt.prune.engine_rules.parent_problems`), else a :class:`ConfigError`.
     """
     parent = Architecture.from_dict(request["parent"])
     space = SearchSpace.from_dict(request["space"])
@@ -123,7 +134,9 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     order = request.get("layer_order")
     if importance is not None and order is None:
         order = importance.layer_order()
-    arch = space.architecture(request["params"], parent, order)
+    serve_as = check_serve_as(str(request.get("serve_as") or SERVE_AS_ANY))
+    arch = space.architecture(legal_point(request["params"], space, parent, serve_as), parent, order)
+    check_loadable(arch, parent, serve_as)
     metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
     if importance is None:
         quality, kind = retained_fraction(arch, parent), "retained_params"
@@ -131,7 +144,63 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         from autocompress_opt.prune.plan import plan_pruning
 
         quality, kind = retained_importance(plan_pruning(parent, importance, arch), importance), "retained_importance"
-    return {"architecture": arch.to_dict(), "metrics": metrics, "quality": quality, "quality_kind": kind}
+    return {
+        "architecture": arch.to_dict(),
+        "metrics": metrics,
+        "quality": quality,
+        "quality_kind": kind,
+        "serve_as": serve_as,
+    }
+
+
+def legal_point(params: Mapping[str, int], space: SearchSpace, parent: Architecture, serve_as: str) -> dict[str, int]:
+    """``params`` when its uniform model is a shape the ``serve_as`` engine loads (:func:`check_loadable`),
+    else the largest such point of ``space`` (by parameters, then hidden size and query heads) whose
+    ``hidden_size``, ``num_kv_heads`` and ``q_per_kv`` are not above the sampled ones; depth and FFN
+    width are kept. E.g. a Llama's hidden size must be a multiple of its query heads (a plain
+    checkpoint), so ``hidden_size=448`` with 9 heads becomes 384 with 6 in SmolLM2's space.
+
+    Raises :class:`ConfigError` when no point at or below ``params`` is legal."""
+    point = {k: int(v) for k, v in params.items()}
+    if serve_as == SERVE_AS_ANY:
+        return point
+    own = set(parent_problems(parent, serve_as))
+
+    def problems(p: Mapping[str, int]) -> list[str]:
+        arch = space.architecture(p, parent)
+        return [x for x in loadable_problems(arch, serve_as) if x not in own]
+
+    why = problems(point)
+    if not why:
+        return point
+    best: tuple[tuple[int, int, int], dict[str, int]] | None = None
+    for hidden in space["hidden_size"].values:
+        for kv in space["num_kv_heads"].values:
+            for q in space["q_per_kv"].values:
+                if hidden > point["hidden_size"] or kv > point["num_kv_heads"] or q > point["q_per_kv"]:
+                    continue
+                candidate = {**point, "hidden_size": hidden, "num_kv_heads": kv, "q_per_kv": q}
+                key = (space.architecture(candidate, parent).num_params, hidden, kv * q)
+                if (best is None or key > best[0]) and not problems(candidate):
+                    best = (key, candidate)
+    if best is None:
+        raise ConfigError(
+            f"serve_as {serve_as}: no point of the search space at or below {point} is a shape {serve_as} loads "
+            f"({'; '.join(why)}); widen the space's hidden_size / head choices or use serve_as any"
+        )
+    return best[1]
+
+
+def check_loadable(arch: Architecture, parent: Architecture, serve_as: str) -> None:
+    """Raise :class:`ConfigError` when the ``serve_as`` engine cannot load ``arch`` for a reason
+    pruning could have avoided (:func:`~autocompress_opt.prune.engine_rules.loadable_problems`
+    less the parent's own, :func:`~autocompress_opt.prune.engine_rules.parent_problems`)."""
+    if serve_as == SERVE_AS_ANY:
+        return
+    own = set(parent_problems(parent, serve_as))
+    problems = [p for p in loadable_problems(arch, serve_as) if p not in own]
+    if problems:
+        raise ConfigError(f"serve_as {serve_as}: {arch.summary()} cannot be served: {'; '.join(problems)}")
 
 
 # Real weights: inner per-layer mask search → materialise → held-out quality → cost. Registered

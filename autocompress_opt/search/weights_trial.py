@@ -61,10 +61,11 @@ from typing import Any
 import torch
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.arch.search_space import uniform_allocation
+from autocompress_opt.arch.search_space import SearchSpace, uniform_allocation
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.hf.adapters import architecture_mismatch
 from autocompress_opt.hf.device import dtype_name, resolve_compute_dtype, resolve_device
+from autocompress_opt.prune.engine_rules import shape_rules
 from autocompress_opt.prune.importance import Importance, estimate_importance
 from autocompress_opt.quality.metrics import kl_and_perplexity
 from autocompress_opt.search.budget import Budget, CostGoal
@@ -72,6 +73,7 @@ from autocompress_opt.search.inner_search import InnerConfig, InnerResult, StepL
 from autocompress_opt.search.placement import trial_device
 from autocompress_opt.search.progress import TrialProgress, report
 from autocompress_opt.search.teacher import teacher_log_probs
+from autocompress_opt.search.trials import legal_point
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
 
@@ -347,23 +349,31 @@ def inner_search(
     config: TrialConfig,
     layer_order: list[int] | None = None,
     on_step: StepListener | None = None,
+    serve_as: str = "any",
 ) -> InnerResult:
     """The trial's inner search: from the uniform allocation of ``params`` (layers ranked by
     ``layer_order``, else by the importance ``skip_loss``), holding ``params`` as budgets, under
     ``target``'s constraints, with that uniform allocation as a candidate; ``on_step`` hears the
-    held-out KL and violation every ``report_every`` steps (:func:`~autocompress_opt.search.inner_search.search`)."""
+    held-out KL and violation every ``report_every`` steps (:func:`~autocompress_opt.search.inner_search.search`);
+    the result is a shape the ``serve_as`` engine loads (:func:`~autocompress_opt.prune.engine_rules.shape_rules`;
+    ``any``: every shape)."""
     order = layer_order or parent.importance.layer_order()
+    budget = Budget.from_params(params)
+    rules = shape_rules(
+        serve_as, parent.architecture, hidden_size=budget.hidden_size, query_heads=budget.num_kv_heads * budget.q_per_kv
+    )
     return search(
         parent.model,
         parent.architecture,
         parent.importance,
         parent.tokens,
         parent.teacher,
-        budget=Budget.from_params(params),
+        budget=budget,
         goal=CostGoal.for_target(target, parent.architecture),
         config=config.inner,
         init=uniform_allocation(dict(params), parent.architecture, order),
         on_step=on_step,
+        rules=rules,
     )
 
 
@@ -392,13 +402,18 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         report(progress)
 
     say(last[0])
+    serve_as = str(request.get("serve_as") or "any")  # the engine whose loadable shapes the trial keeps
+    params = dict(request["params"])
+    if serve_as != "any":
+        params = legal_point(params, SearchSpace.from_dict(request["space"]), parent_arch, serve_as)
     result = inner_search(
         parent,
-        dict(request["params"]),
+        params,
         target,
         config,
         request.get("layer_order"),
         on_step=lambda step, kl, violation: say(TrialProgress("inner search", step, steps, kl, violation)),
+        serve_as=serve_as,
     )
     searched = time.perf_counter()
 

@@ -400,6 +400,7 @@ def test_a_weights_study_seeds_kl_scored_baselines_and_records_the_inner_candida
         mode="weights",
         inner={**inner, "importance_samples": 2, "importance_seq_len": 32},
         trials=3,
+        serve_as="any",  # the tiny Llama's FFN (48) is below DeciLM's 256: vLLM's rules would allow only uniform points
     )
     [outcome] = run_study(cfg, progress=False)
     records, attrs = load_records(cfg.storage_url, "w.h100-sxm")

@@ -1,0 +1,262 @@
+"""What each serving engine can load: engine-legal shapes, as data, and the check that names what is not.
+
+A **uniform** export is a plain family checkpoint; each engine loads the families listed (a Llama or
+Gemma 3 whose hidden size is not a multiple of its query heads has no plain checkpoint: its config
+refuses it, and the export is the package's own class, which only ``transformers`` loads). A
+**heterogeneous** export is served in DeciLM form (:func:`~autocompress_opt.prune.export.decilm_problems`
+lists what that form cannot express: a Llama-family model, the same query heads in every attention
+layer, FFN widths that are multiples of 256). On top of that, per engine (from their sources):
+
+* ``vllm``: ``nemotron_nas.py``, query heads ``num_attention_heads`` in every layer, KV heads
+  ``num_attention_heads / n_heads_in_group``, ``head_dim`` from the config; on CPU its attention
+  kernel takes head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512 only
+  (``CPUAttentionBackend.get_supported_head_sizes``), for uniform and heterogeneous models alike.
+  A heterogeneous model's first layer must keep its attention: ``DeciLMDecoderLayer.forward`` calls
+  ``post_attention_layernorm(hidden_states, residual)`` with ``residual = None`` in an attention-free
+  first layer, which returns one tensor where two are unpacked (run: vLLM 0.32.0 fails at start-up
+  with "too many values to unpack (expected 2)").
+* ``sglang``: the same DeciLM reader as vLLM.
+* ``trtllm``: the PyTorch backend reads DeciLM (and ``replace_with_linear``, which pruning never writes).
+* ``llamacpp``: ``deci`` in ``convert_hf_to_gguf.py`` takes ``head_dim = hidden / num_attention_heads``,
+  so a model whose head size is not that cannot be written; a layer keeping attention without an
+  FFN is mishandled by ``deci.cpp`` and is padded at conversion
+  (:func:`~autocompress_opt.engines.llamacpp.llamacpp_ready_copy`), so it is allowed.
+* ``transformers``: every supported family, any shape (the package's own heterogeneous class).
+
+The search follows these rules (:class:`ShapeRules`, :func:`shape_rules`): a study's trials are
+shapes its target's engine loads (``autocompress study run --serve-as ENGINE`` picks another engine,
+``--serve-as any`` lifts the rules). This module is pure data below :mod:`~autocompress_opt.search`;
+:mod:`autocompress_opt.engines.rules` re-exports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autocompress_opt.arch.architecture import SUPPORTED_FAMILIES, Architecture, reference_layer, uniform_child
+from autocompress_opt.errors import ConfigError, suggest
+from autocompress_opt.prune.export import DECILM_FFN_MULTIPLE, decilm_problems
+
+__all__ = [
+    "ENGINE_RULES",
+    "SERVE_AS_ANY",
+    "SERVE_AS_CHOICES",
+    "EngineRules",
+    "ShapeRules",
+    "check_serve_as",
+    "loadable_problems",
+    "parent_problems",
+    "rules_engine_for",
+    "shape_rules",
+]
+
+_VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# Families whose plain config needs hidden_size % num_attention_heads == 0 (transformers' LlamaConfig and
+# Gemma3TextConfig validate it; hf.build.model_config then falls back to the package's own class).
+_DIVISIBLE_HEADS_FAMILIES = ("llama", "gemma3_text")
+
+
+@dataclass(frozen=True)
+class EngineRules:
+    """What one engine loads.
+
+    ``families``: plain (uniform) checkpoints it serves; ``heterogeneous``: whether per-layer shapes
+    load at all (through DeciLM); ``ffn_multiple``: the FFN width multiple of a heterogeneous model;
+    ``head_sizes``: the head sizes its attention kernels take (None: any);
+    ``head_dim_from_hidden``: it derives ``head_dim = hidden / num_attention_heads``;
+    ``first_layer_attention``: a heterogeneous model's first layer must keep its attention.
+    """
+
+    name: str
+    families: tuple[str, ...]
+    heterogeneous: bool
+    ffn_multiple: int = 1
+    head_sizes: tuple[int, ...] | None = None
+    head_dim_from_hidden: bool = False
+    first_layer_attention: bool = False
+    note: str = ""
+
+
+ENGINE_RULES: dict[str, EngineRules] = {
+    rules.name: rules
+    for rules in (
+        EngineRules(
+            "vllm",
+            SUPPORTED_FAMILIES,
+            True,
+            DECILM_FFN_MULTIPLE,
+            _VLLM_CPU_HEAD_SIZES,
+            first_layer_attention=True,
+            note="head sizes are the CPU backend's",
+        ),
+        EngineRules("sglang", SUPPORTED_FAMILIES, True, DECILM_FFN_MULTIPLE, first_layer_attention=True),
+        EngineRules("trtllm", SUPPORTED_FAMILIES, True, DECILM_FFN_MULTIPLE),
+        EngineRules("llamacpp", SUPPORTED_FAMILIES, True, DECILM_FFN_MULTIPLE, head_dim_from_hidden=True),
+        EngineRules("transformers", SUPPORTED_FAMILIES, True),
+    )
+}
+
+
+def loadable_problems(arch: Architecture, engine: str) -> list[str]:
+    """Why ``engine`` cannot load an export of ``arch`` (its active layers); empty when it can.
+
+    Raises :class:`ConfigError` for an unknown engine name (with a suggestion).
+    """
+    if engine not in ENGINE_RULES:
+        raise ConfigError(f"unknown engine {engine!r}{suggest(engine, ENGINE_RULES)}; one of {', '.join(ENGINE_RULES)}")
+    rules, arch = ENGINE_RULES[engine], arch.active()
+    problems = []
+    if arch.family not in rules.families:
+        problems.append(f"{engine} does not serve the {arch.family!r} family")
+    attn = [layer for layer in arch.layers if layer.attention]
+    head_dims = sorted({layer.head_dim for layer in attn})
+    if rules.head_sizes is not None:
+        bad = [d for d in head_dims if d not in rules.head_sizes]
+        if bad:
+            problems.append(
+                f"head size {', '.join(map(str, bad))} is not one {engine}'s attention takes "
+                f"({', '.join(map(str, rules.head_sizes))}{'; ' + rules.note if rules.note else ''})"
+            )
+    if engine == "transformers":
+        return problems
+    if arch.is_uniform:
+        heads = arch.layers[0].num_heads
+        if arch.family in _DIVISIBLE_HEADS_FAMILIES and heads and arch.hidden_size % heads:
+            problems.append(
+                f"hidden size {arch.hidden_size} is not a multiple of the {heads} query heads: {arch.family}'s "
+                f"config refuses that, so the export is the package's own class, which {engine} does not load"
+            )
+        return problems
+    if not rules.heterogeneous:
+        return [*problems, f"{engine} loads no per-layer shapes"]
+    problems += decilm_problems(arch)
+    if rules.first_layer_attention and arch.layers and not arch.layers[0].attention:
+        problems.append(f"{engine}'s DeciLM reader needs attention in the first layer")
+    if rules.head_dim_from_hidden and attn:
+        heads = attn[0].num_heads
+        if heads * attn[0].head_dim != arch.hidden_size:
+            problems.append(
+                f"{engine} takes head_dim = hidden / query heads = {arch.hidden_size}/{heads}, "
+                f"but the heads have {attn[0].head_dim} channels"
+            )
+    return problems
+
+
+# ------------------------------------------------------------------ the search's view
+SERVE_AS_ANY = "any"  # no engine's rules: the unrestricted space (the package's own class serves every shape)
+SERVE_AS_CHOICES: tuple[str, ...] = (*ENGINE_RULES, SERVE_AS_ANY)
+# cost-model engine (serving.engines) -> the engine whose rules it loads by; absent: no rules
+_COST_ENGINE_RULES = {"vllm": "vllm", "trtllm": "trtllm", "llamacpp": "llamacpp", "torch-eager": "transformers"}
+
+
+def check_serve_as(value: str, what: str = "serve_as") -> str:
+    """``value`` when it names an engine of :data:`ENGINE_RULES` or is ``any``; else a
+    :class:`ConfigError` naming it and the valid values (with a suggestion)."""
+    if value not in SERVE_AS_CHOICES:
+        raise ConfigError(
+            f"{what} {value!r} is not an engine{suggest(str(value), SERVE_AS_CHOICES)}; "
+            f"valid: {', '.join(SERVE_AS_CHOICES)} (any: no engine's rules)"
+        )
+    return value
+
+
+def rules_engine_for(cost_engine: str) -> str:
+    """The rules a target served by ``cost_engine`` (a :mod:`~autocompress_opt.serving.engines` name)
+    searches under: the engine of the same name, ``transformers`` for ``torch-eager``, ``any`` for
+    an engine without rules (e.g. a plugin's)."""
+    return _COST_ENGINE_RULES.get(cost_engine, SERVE_AS_ANY)
+
+
+def _uniform_form(parent: Architecture) -> Architecture:
+    """The parent as a uniform model of its reference layer's sizes (every present layer kept)."""
+    ref = reference_layer(parent)
+    return uniform_child(
+        parent,
+        kept_layers=[i for i, layer in enumerate(parent.layers) if not layer.is_noop],
+        hidden_size=parent.hidden_size,
+        num_kv_heads=ref.num_kv_heads,
+        q_per_kv=ref.num_heads // ref.num_kv_heads,
+        ffn_width=ref.ffn_width,
+    )
+
+
+def parent_problems(parent: Architecture, engine: str) -> list[str]:
+    """What no pruned model of ``parent`` can fix for ``engine`` (its family, its head size: pruning
+    keeps both): :func:`loadable_problems` of the parent's uniform form. Empty for ``any``."""
+    if engine == SERVE_AS_ANY:
+        return []
+    check_serve_as(engine)
+    return loadable_problems(_uniform_form(parent), engine)
+
+
+@dataclass(frozen=True)
+class ShapeRules:
+    """What the inner search may produce for one engine, parent and trial (:func:`shape_rules`).
+
+    ``heterogeneous``: per-layer shapes may be searched (else the result is the uniform model of
+    the trial's global choices; ``why_uniform`` says why); ``ffn_multiple``: every kept FFN width is
+    a multiple of it; ``query_heads``: every attention layer keeps exactly this many query heads
+    (None: any per layer); ``first_layer_attention``: the first kept layer keeps its attention.
+    """
+
+    engine: str
+    heterogeneous: bool = True
+    ffn_multiple: int = 1
+    query_heads: int | None = None
+    first_layer_attention: bool = False
+    why_uniform: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "engine": self.engine,
+            "heterogeneous": self.heterogeneous,
+            "ffn_multiple": self.ffn_multiple,
+            "query_heads": self.query_heads,
+            "first_layer_attention": self.first_layer_attention,
+            "why_uniform": self.why_uniform,
+        }
+
+
+def shape_rules(engine: str, parent: Architecture, *, hidden_size: int, query_heads: int) -> ShapeRules | None:
+    """The per-layer rules of ``engine`` for a trial of ``parent`` at ``hidden_size`` with
+    ``query_heads`` (the global choices ``num_kv_heads · q_per_kv``); None for ``any`` and for
+    ``transformers`` (any shape loads).
+
+    Per-layer shapes are DeciLM (:func:`~autocompress_opt.prune.export.decilm_problems`): they are
+    off (uniform only) for an engine that loads none, a parent DeciLM cannot express (not
+    Llama-like, biases, QK-norm, sliding windows), a parent FFN narrower than the width multiple,
+    and in llama.cpp a point whose ``query_heads · head_dim`` is not ``hidden_size``.
+    """
+    check_serve_as(engine)
+    if engine in (SERVE_AS_ANY, "transformers"):
+        return None
+    rules = ENGINE_RULES[engine]
+    ref = reference_layer(parent)
+    why: list[str] = []
+    if not rules.heterogeneous:
+        why.append(f"{engine} loads no per-layer shapes")
+    else:
+        probe = uniform_child(
+            parent,
+            kept_layers=[i for i, layer in enumerate(parent.layers) if not layer.is_noop],
+            hidden_size=hidden_size,
+            num_kv_heads=1,
+            q_per_kv=max(query_heads, 1),
+            ffn_width=rules.ffn_multiple,
+        )
+        why += decilm_problems(probe)  # the parent's own: family, biases, QK-norm, windows
+        if ref.ffn_width < rules.ffn_multiple:
+            why.append(f"the parent's FFN width {ref.ffn_width} is below {engine}'s multiple {rules.ffn_multiple}")
+        if rules.head_dim_from_hidden and query_heads * ref.head_dim != hidden_size:
+            why.append(
+                f"{engine} takes head_dim = hidden / query heads, and {hidden_size}/{query_heads} "
+                f"is not the heads' {ref.head_dim}"
+            )
+    return ShapeRules(
+        engine,
+        heterogeneous=not why,
+        ffn_multiple=rules.ffn_multiple,
+        query_heads=query_heads,
+        first_layer_attention=rules.first_layer_attention,
+        why_uniform="; ".join(why),
+    )
