@@ -166,11 +166,10 @@ def legal_point(params: Mapping[str, int], space: SearchSpace, parent: Architect
         return point
     own = set(parent_problems(parent, serve_as))
 
-    def problems(p: Mapping[str, int]) -> list[str]:
-        arch = space.architecture(p, parent)
+    def problems(arch: Architecture) -> list[str]:
         return [x for x in loadable_problems(arch, serve_as) if x not in own]
 
-    why = problems(point)
+    why = problems(space.architecture(point, parent))
     if not why:
         return point
     best: tuple[tuple[int, int, int], dict[str, int]] | None = None
@@ -180,8 +179,9 @@ def legal_point(params: Mapping[str, int], space: SearchSpace, parent: Architect
                 if hidden > point["hidden_size"] or kv > point["num_kv_heads"] or q > point["q_per_kv"]:
                     continue
                 candidate = {**point, "hidden_size": hidden, "num_kv_heads": kv, "q_per_kv": q}
-                key = (space.architecture(candidate, parent).num_params, hidden, kv * q)
-                if (best is None or key > best[0]) and not problems(candidate):
+                arch = space.architecture(candidate, parent)
+                key = (arch.num_params, hidden, kv * q)
+                if (best is None or key > best[0]) and not problems(arch):
                     best = (key, candidate)
     if best is None:
         raise ConfigError(
