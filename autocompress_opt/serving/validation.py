@@ -157,7 +157,8 @@ def load_measurements(path: str | Path = SHIPPED_MEASUREMENTS) -> list[tuple[Obs
     path = Path(path)
     if path.is_dir():
         raise ConfigError(
-            f"measurements file {str(path)!r} is a folder; give the CSV file itself (columns as in {SHIPPED_MEASUREMENTS.name})"
+            f"measurements file {str(path)!r} is a folder; give the CSV file itself"
+            f" (columns as in {SHIPPED_MEASUREMENTS.name})"
         )
     if not path.is_file():
         raise ConfigError(f"measurements file {str(path)!r} does not exist")
