@@ -70,6 +70,8 @@ class TrialProgress:
             violation: 0 when it already holds a feasible candidate (its repaired start point),
             else the smaller of the start point's and the current rounded masks' largest violation
             (:func:`~autocompress_opt.search.inner_search.search`).
+        stale: ``val_kl`` and ``violation`` were measured at an earlier step (the inner search
+            measures every few steps and reports every step).
     """
 
     phase: str
@@ -77,6 +79,7 @@ class TrialProgress:
     inner_steps: int = 0
     val_kl: float | None = None
     violation: float | None = None
+    stale: bool = False
 
     @property
     def score(self) -> float:
@@ -95,6 +98,7 @@ class TrialProgress:
             "inner_steps": self.inner_steps,
             "val_kl": self.val_kl,
             "violation": self.violation,
+            "stale": self.stale,
             SCORE: self.score,
         }
 
@@ -109,6 +113,7 @@ class TrialProgress:
             int(result.get("inner_steps") or 0),
             _number(result.get("val_kl")),
             _number(result.get("violation")),
+            bool(result.get("stale", False)),
         )
 
     def describe(self) -> str:

@@ -247,7 +247,8 @@ class StudySearcher(Searcher):
 
     def _keep(self, trial_id: str, progress: TrialProgress) -> None:
         kept = self.reports.setdefault(trial_id, [])
-        if progress.val_kl is not None and (not kept or progress.inner_step > kept[-1].inner_step):
+        fresh = progress.val_kl is not None and not progress.stale
+        if fresh and (not kept or progress.inner_step > kept[-1].inner_step):
             kept.append(progress)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:

@@ -38,7 +38,7 @@ parent's id, the importance data (which decides the kept channels), the architec
 evaluation data, so an architecture is evaluated once across targets and trials.
 
 While it runs, the trial reports its phase (load parent, importance, teacher, inner search,
-materialise, quality) and, every ``report_every`` inner steps, the held-out calibration KL and how
+materialise, quality), every inner step, and every few steps the held-out calibration KL and how
 far it is from a feasible result (:mod:`autocompress_opt.search.progress`): in a study they reach
 the progress bar and the early-stopping scheduler; elsewhere the reports go nowhere.
 
@@ -354,7 +354,7 @@ def inner_search(
     """The trial's inner search: from the uniform allocation of ``params`` (layers ranked by
     ``layer_order``, else by the importance ``skip_loss``), holding ``params`` as budgets, under
     ``target``'s constraints, with that uniform allocation as a candidate; ``on_step`` hears the
-    held-out KL and violation every ``report_every`` steps (:func:`~autocompress_opt.search.inner_search.search`);
+    step count, and every few steps the held-out KL and violation (:func:`.inner_search.search`);
     the result is a shape the ``serve_as`` engine loads (:func:`~autocompress_opt.prune.engine_rules.shape_rules`;
     ``any``: every shape)."""
     order = layer_order or parent.importance.layer_order()
@@ -412,7 +412,11 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         target,
         config,
         request.get("layer_order"),
-        on_step=lambda step, kl, violation: say(TrialProgress("inner search", step, steps, kl, violation)),
+        on_step=lambda step, kl, violation: say(
+            replace(last[0], inner_step=step, stale=True)  # not measured at this step
+            if kl is None
+            else TrialProgress("inner search", step, steps, kl, violation)
+        ),
         serve_as=serve_as,
     )
     searched = time.perf_counter()
@@ -423,7 +427,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         arch,
         result.plan,
         cache_dir,
-        on_phase=lambda phase: say(replace(last[0], phase=phase, inner_step=steps)),
+        on_phase=lambda phase: say(replace(last[0], phase=phase, inner_step=steps, stale=True)),
     )
     metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
     done = time.perf_counter()

@@ -5,6 +5,7 @@ counter that never goes back; listening changes nothing in the result."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +100,14 @@ def test_the_inner_search_reports_every_few_steps_and_its_result_does_not_depend
         return search(model, arch, importance, rows, teacher, budget=budget, goal=goal, config=config, init=init,
                       on_step=on_step)  # fmt: skip
 
-    heard: list[tuple[int, float, float]] = []
+    heard: list[tuple[int, Any, Any]] = []
     listened = run(lambda step, kl, violation: heard.append((step, kl, violation)))
-    assert [h[0] for h in heard] == [3, 6, 7]  # every report_every steps and after the last
-    assert all(kl >= 0 and math.isfinite(kl) and violation >= 0 for _, kl, violation in heard)
+    assert [h[0] for h in heard] == list(range(1, 8))  # every step
+    measured = [h for h in heard if h[1] is not None]
+    assert [h[0] for h in measured] == [3, 6]  # measured every report_every steps
+    assert all(kl >= 0 and math.isfinite(kl) and violation >= 0 for _, kl, violation in measured)
+    assert all(h[2] is None for h in heard if h[1] is None)
+    assert (InnerConfig(steps=24).measure_every, InnerConfig(steps=3).measure_every) == (6, 1)  # a quarter
     plain = run()
     assert listened.architecture == plain.architecture and listened.history == plain.history
     # A listener that abandons the search (as Ray does when a scheduler stops the trial) leaves
@@ -127,13 +132,14 @@ def test_a_weights_trial_reports_its_phases_in_order_with_a_step_counter_that_ne
     req = request(parent_dir, tmp_path, inner={**INNER, "steps": 4, "report_every": 2})
     result, heard = listen(req)
     phases = [p.phase for p in heard]
-    assert phases == ["load parent", "importance", "teacher", "inner search", "inner search", "inner search",
-                      "materialise", "quality"]  # fmt: skip
+    assert phases == ["load parent", "importance", "teacher"] + ["inner search"] * 5 + ["materialise", "quality"]
     assert [PHASES.index(p) for p in phases] == sorted(PHASES.index(p) for p in phases)
     steps = [p.inner_step for p in heard]
-    assert steps == [0, 0, 0, 0, 2, 4, 4, 4] and all(p.inner_steps == 4 for p in heard)
-    measured = [p for p in heard if p.inner_step > 0]
-    assert all(p.val_kl is not None and p.val_kl >= 0 and p.violation is not None for p in measured)
+    assert steps == [0, 0, 0, 0, 1, 2, 3, 4, 4, 4] and all(p.inner_steps == 4 for p in heard)
+    measured = [p for p in heard if not p.stale and p.val_kl is not None]
+    assert [p.inner_step for p in measured] == [2, 4]  # every report_every=2 steps; the others carry them
+    assert all(p.val_kl >= 0 and p.violation is not None for p in measured)  # type: ignore[operator]
+    assert heard[5] == measured[0] and heard[6] == replace(measured[0], inner_step=3, stale=True)
     assert heard[-1].val_kl == measured[-1].val_kl  # materialise/quality repeat the last measurement
 
     # A cached parent skips its three phases; the same architecture's quality comes from the cache.
