@@ -63,7 +63,7 @@ from autocompress_opt.prune.plan import PrunePlan, plan_pruning
 from autocompress_opt.quality.metrics import log_probs, token_kl
 from autocompress_opt.search.budget import Budget, CostGoal, cost_arrays, exact_violations, expected_totals
 from autocompress_opt.search.discretise import Discrete, discretise
-from autocompress_opt.search.relaxation import ExpectedStructure, ParentMasks
+from autocompress_opt.search.relaxation import ExpectedStructure, LiveMasks, ParentMasks
 from autocompress_opt.serving.targets import all_satisfied
 
 __all__ = ["CANDIDATES", "InnerConfig", "InnerResult", "StepListener", "objective", "search"]
@@ -107,10 +107,11 @@ class InnerConfig:
         seed: batch sampling and gate noise.
         report_every: with an ``on_step`` listener (:func:`search`), measure the held-out
             calibration KL and the constraint violation of the current masks every this many steps
-            (0: every quarter of ``steps``, where the study's ASHA rungs fall): one forward pass over
-            the ``val_samples`` rows, no gradients, no random draws, so the search's result does not
-            depend on it. Measured on SmolLM2-135M (1 CPU thread): one measurement costs about one
-            training step, so the default adds ~4 steps' time to a search.
+            (0: every quarter of ``steps``, where the study's ASHA rungs fall): a discretisation
+            and a forward pass over the ``val_samples`` rows (two more, once, for the start point and
+            the uniform allocation), no gradients, no random draws, so the search's result does not
+            depend on it. On SmolLM2-135M (1 CPU thread) a forward pass over the 4 rows costs about
+            one training step.
     """
 
     steps: int = 24
@@ -296,12 +297,13 @@ def search(
             ``config.init == "budget"`` and the ``uniform`` candidate of the selection. None: start
             from the parent, no ``uniform`` candidate.
         on_step: called as ``on_step(step, val_kl, violation)`` after every training step
-            (``step`` = steps done, 1-based); every ``config.measure_every`` steps with the mean
-            KL(parent ‖ current masks, deterministic gates) in nats on the held-out calibration rows
-            (the step's training batch when none are held out) and how far the search is from a
-            feasible result: 0 when the start point is feasible (the selection would return it, or
-            better, if the search ended now), else the smaller of the start point's and the rounded
-            masks' largest normalised violation (``> 0``); ``None, None`` at the other steps.
+            (``step`` = steps done, 1-based); every ``config.measure_every`` steps with what the
+            search would return if it ended then (:class:`_Meter`): the current masks discretised
+            as at the end, and the selection's rule over that point, the start point and the
+            uniform allocation: the lowest KL(parent ‖ point) in nats on the held-out calibration
+            rows among the feasible ones and violation 0; none feasible: the current point's KL
+            and the smallest largest-normalised-violation (``> 0``); the step's training-batch KL
+            when no rows are held out. ``None, None`` at the other steps.
             It may raise to abandon the search (the model's hooks are removed first). Measuring
             draws no random numbers: the result is the same with or without a listener.
         rules: a serving engine's shape rules (:func:`~autocompress_opt.prune.engine_rules.shape_rules`):
@@ -328,6 +330,9 @@ def search(
         masks.reset(start.architecture, config.init_log_alpha)
     started = time.perf_counter()
     val, train = slice(0, config.val_samples), slice(config.val_samples, None)
+    uniform = _as_candidate(init, budget, goal) if init is not None else None
+    fixed = {"start": start, **({"uniform": uniform} if uniform is not None and uniform.feasible else {})}
+    meter = _Meter(model, masks, importance, budget, goal, config, rules, tokens[val], teacher[val], fixed)
     history = (
         _train(
             model,
@@ -340,8 +345,7 @@ def search(
             gen,
             adapter,
             on_step=on_step,
-            held_out=(tokens[val], teacher[val]),
-            floor=0.0 if start.feasible else max(max(start.violations.values(), default=0.0), 0.0),
+            meter=meter,
         )
         if config.steps
         else []
@@ -352,7 +356,6 @@ def search(
     trained = discretise(masks, importance, budget, goal, fill=config.fill, rules=rules)
     discretised = time.perf_counter()
     candidates = {"trained": trained, "start": start}
-    uniform = _as_candidate(init, budget, goal) if init is not None else None
     if uniform is not None and uniform.feasible:
         candidates["uniform"] = uniform
     chosen, selection = _select(
@@ -472,13 +475,11 @@ def _train(
     adapter: FamilyAdapter,
     *,
     on_step: StepListener | None = None,
-    held_out: tuple[torch.Tensor, torch.Tensor] | None = None,
-    floor: float = math.inf,
+    meter: _Meter | None = None,
 ) -> list[dict[str, float]]:
     """Adam on the mask parameters with dual ascent on the multipliers; returns the per-step history.
-    ``on_step`` after every step; every ``config.measure_every`` steps with the KL on ``held_out``
-    (rows, teacher log-probs) and the violation of the rounded masks, at most ``floor`` (the start
-    point's; :func:`search`)."""
+    ``on_step`` after every step; every ``config.measure_every`` steps with what ``meter`` measures
+    (:func:`search`)."""
     if tuple(teacher.shape[:2]) != tuple(tokens.shape):
         raise ConfigError(f"teacher log-probs {tuple(teacher.shape)} do not fit tokens {tuple(tokens.shape)}")
     was_training = model.training
@@ -524,9 +525,9 @@ def _train(
                     }
                 )
                 done = step + 1
-                if on_step is not None and done % config.measure_every == 0:
-                    val_kl, violation = _current_state(model, masks, tau, budget, goal, config, held_out)
-                    on_step(done, kl if val_kl is None else val_kl, min(violation, floor))
+                if on_step is not None and meter is not None and done % config.measure_every == 0:
+                    val_kl, violation = meter.measure()
+                    on_step(done, kl if val_kl is None else val_kl, violation)
                 elif on_step is not None:
                     on_step(done, None, None)
     finally:
@@ -534,30 +535,73 @@ def _train(
     return history
 
 
-@torch.no_grad()
-def _current_state(
-    model: Any,
-    masks: ParentMasks,
-    tau: float,
-    budget: Budget,
-    goal: CostGoal | None,
-    config: InnerConfig,
-    held_out: tuple[torch.Tensor, torch.Tensor] | None,
-) -> tuple[float | None, float]:
-    """``(val_kl, violation)`` of the masks now (hooks installed): the mean KL with deterministic
-    gates on the ``held_out`` rows (None without rows) and the largest normalised violation of the
-    rounded masks, without the training margin, clipped at 0."""
-    violation = max((float(v) for v in _violations(masks, tau, budget, goal, 0.0).values()), default=0.0)
-    if held_out is None or not held_out[0].shape[0]:
-        return None, max(violation, 0.0)
-    tokens, teacher = held_out
-    device = next(model.parameters()).device
-    total = 0.0
-    with masks.use(masks.live(tau, sample=False)):
-        for start in range(0, tokens.shape[0], config.batch_size):
-            logits = model(input_ids=tokens[start : start + config.batch_size].to(device), use_cache=False).logits
-            total += float(_kl(logits, teacher[start : start + config.batch_size].to(logits.device))) * logits.shape[0]
-    return total / tokens.shape[0], max(violation, 0.0)
+class _Meter:
+    """What the search would return if it ended now, measured during training (hooks installed).
+
+    :meth:`measure` discretises the current masks exactly as the end of the search does (round,
+    repair, fill) and applies the selection's rule to that point and the fixed candidates (the
+    start point, the uniform allocation when feasible): among the feasible ones the lowest KL on
+    the held-out calibration rows — the KL the selection would compare — and violation 0; when
+    none is feasible, the current point's KL and the smallest largest-violation among them. The
+    fixed candidates' KLs are measured once. A KL is one forward pass over the held-out rows
+    with the point's 0/1 masks through the installed hooks (equal to the bool masks of its
+    pruning plan), no gradients and no random draws. No held-out rows: KL None."""
+
+    def __init__(
+        self,
+        model: Any,
+        masks: ParentMasks,
+        importance: Importance,
+        budget: Budget,
+        goal: CostGoal | None,
+        config: InnerConfig,
+        rules: ShapeRules | None,
+        tokens: torch.Tensor,
+        teacher: torch.Tensor,
+        fixed: dict[str, Discrete],
+    ) -> None:
+        self.model, self.masks, self.importance, self.budget, self.goal = model, masks, importance, budget, goal
+        self.config, self.rules, self.tokens, self.teacher, self.fixed = config, rules, tokens, teacher, fixed
+        self.known: dict[Architecture, float] = {}  # unnamed architecture -> held-out KL
+
+    @torch.no_grad()
+    def measure(self) -> tuple[float | None, float]:
+        now = discretise(self.masks, self.importance, self.budget, self.goal, fill=self.config.fill, rules=self.rules)
+        candidates = [now, *self.fixed.values()]
+        feasible = [c for c in candidates if c.feasible]
+        if feasible:
+            return (min(self._kl(c.architecture) for c in feasible) if self.tokens.shape[0] else None), 0.0
+        excess = min(max(max(c.violations.values(), default=0.0), 0.0) for c in candidates)
+        return (self._kl(now.architecture) if self.tokens.shape[0] else None), excess
+
+    def _kl(self, arch: Architecture) -> float:
+        key = replace(arch, name="")
+        if key not in self.known:
+            live = _live_of(self.masks, plan_pruning(self.masks.parent, self.importance, arch).masks())
+            device = next(self.model.parameters()).device
+            total, step = 0.0, self.config.batch_size
+            with self.masks.use(live):
+                for start in range(0, self.tokens.shape[0], step):
+                    logits = self.model(input_ids=self.tokens[start : start + step].to(device), use_cache=False).logits
+                    total += float(_kl(logits, self.teacher[start : start + step].to(logits.device))) * logits.shape[0]
+            self.known[key] = total / self.tokens.shape[0]
+        return self.known[key]
+
+
+def _live_of(masks: ParentMasks, plan_masks: Masks) -> LiveMasks:
+    """The 0/1 :class:`LiveMasks` of a pruning plan's bool masks: kept heads and FFN channels 1, a
+    removed sub-block's gate 0 (its output, bias included, is zeroed, as :func:`apply_masks` does)."""
+    ref = masks.live(1.0, sample=False)  # for the shapes, dtype and device only
+    heads, ffn = torch.zeros_like(ref.heads), torch.zeros_like(ref.ffn)
+    attn_gate, ffn_gate = torch.zeros_like(ref.attn_gate), torch.zeros_like(ref.ffn_gate)
+    for i, layer in enumerate(plan_masks.layers):
+        if layer.heads is not None:
+            heads[i, : layer.heads.numel()] = layer.heads.to(heads.dtype)
+            attn_gate[i] = 1.0
+        if layer.ffn is not None:
+            ffn[i, : layer.ffn.numel()] = layer.ffn.to(ffn.dtype)
+            ffn_gate[i] = 1.0
+    return LiveMasks(attn_gate=attn_gate, ffn_gate=ffn_gate, heads=heads, ffn=ffn)
 
 
 def objective(

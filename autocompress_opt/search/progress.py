@@ -64,11 +64,12 @@ class TrialProgress:
     Attributes:
         phase: one of :data:`PHASES` (a plugin's trial may name its own).
         inner_step / inner_steps: inner-search steps done and planned (0 before the search).
-        val_kl: KL(parent ‖ masked parent) in nats on the calibration rows held out of the search
-            (the training batch's KL when none are held out); None before the search measured one.
-        violation: how far the trial is from a feasible result, as a normalised constraint
-            violation: 0 when it already holds a feasible candidate (its repaired start point),
-            else the smaller of the start point's and the current rounded masks' largest violation
+        val_kl: KL(parent ‖ pruned) in nats, on the calibration rows held out of the search, of
+            what the inner search would return if it ended now (its selection's rule over the
+            current masks discretised, the start point and the uniform allocation; the training
+            batch's KL when no rows are held out); None before the search measured one.
+        violation: how far that result is from feasible, as a normalised constraint violation:
+            0 when a feasible candidate exists, else the smallest largest-violation among them
             (:func:`~autocompress_opt.search.inner_search.search`).
         stale: ``val_kl`` and ``violation`` were measured at an earlier step (the inner search
             measures every few steps and reports every step).

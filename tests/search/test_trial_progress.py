@@ -96,8 +96,8 @@ def test_the_inner_search_reports_every_few_steps_and_its_result_does_not_depend
     config = InnerConfig(steps=7, batch_size=2, seq_len=12, n_samples=6, val_samples=2, seed=0, report_every=3)
     init = uniform_allocation({n: getattr(budget, n) for n in CHOICES}, arch, importance.layer_order())
 
-    def run(on_step: Any = None) -> Any:
-        return search(model, arch, importance, rows, teacher, budget=budget, goal=goal, config=config, init=init,
+    def run(on_step: Any = None, cfg: InnerConfig = config, target_goal: Any = goal) -> Any:
+        return search(model, arch, importance, rows, teacher, budget=budget, goal=target_goal, config=cfg, init=init,
                       on_step=on_step)  # fmt: skip
 
     heard: list[tuple[int, Any, Any]] = []
@@ -110,6 +110,12 @@ def test_the_inner_search_reports_every_few_steps_and_its_result_does_not_depend
     assert (InnerConfig(steps=24).measure_every, InnerConfig(steps=3).measure_every) == (6, 1)  # a quarter
     plain = run()
     assert listened.architecture == plain.architecture and listened.history == plain.history
+    # Measured after the last step, the report is what the search returns: the selection's rule
+    # over the same candidates, on the same held-out rows.
+    last: list[Any] = []
+    result = run(lambda step, kl, violation: last.append((kl, violation)), replace(config, report_every=7), None)
+    assert result.feasible and last[-1][1] == 0.0
+    assert last[-1][0] == pytest.approx(result.selection[result.selection["chosen"]]["val_kl"], abs=1e-5)
     # A listener that abandons the search (as Ray does when a scheduler stops the trial) leaves
     # the parent as it was: no mask hooks remain on the cached model.
     with torch.no_grad():
