@@ -636,6 +636,21 @@ def delete_studies(storage_url: str, names: Sequence[str]) -> None:
     storage = make_storage(storage_url)
     for name in names:
         optuna.delete_study(study_name=name, storage=storage)
+    _remove_idle_driver_lock(storage, storage_url)
+
+
+def _remove_idle_driver_lock(storage: Any, storage_url: str) -> None:
+    """Remove the ``<file>.driver-lock`` of a SQLite or journal file that holds no study any more
+    (no driver can be running on it); a storage that still holds studies keeps its lock file."""
+    import optuna
+
+    if optuna.get_all_study_names(storage=storage):
+        return
+    url = resolve_storage(storage_url)
+    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
+    if "://" in path or path in ("", ":memory:"):
+        return
+    Path(f"{Path(path).expanduser()}.driver-lock").unlink(missing_ok=True)
 
 
 def pareto_front(records: Sequence[TrialRecord], directions: Sequence[str]) -> list[TrialRecord]:

@@ -188,8 +188,12 @@ def test_study_delete_asks_first_and_deletes_only_the_group(
     assert main(["study", "delete", "othr", "--storage", storage, "--yes"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "'othr'" in err and "demo2.rtx5070, other.rtx5070" in err
+    lock = tmp_path / "d.db.driver-lock"  # what a driver leaves beside a SQLite file
+    lock.write_text("")
     assert main(["study", "delete", "other.rtx5070", "--storage", storage, "--yes"]) == 0
-    assert stored() == {"demo2.rtx5070"}
+    assert stored() == {"demo2.rtx5070"} and lock.exists()  # a study is left: its drivers may still lock
+    assert main(["study", "delete", "demo2", "--storage", storage, "--yes"]) == 0
+    assert stored() == set() and not lock.exists()  # the last study gone: no driver-lock left behind
     assert main(["study", "delete", "x", "--storage", f"sqlite:///{tmp_path}/none.db", "--yes"]) == 2
     assert not (tmp_path / "none.db").exists()
 
