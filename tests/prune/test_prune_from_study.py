@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from weights_helpers import INNER as WEIGHTS_INNER
 
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import default_space
@@ -16,16 +17,7 @@ from autocompress_opt.search.study import StudyConfig, load_records, run_study
 from autocompress_opt.search.weights_trial import DEFAULT_CACHE_DIR, TrialConfig, heldout_quality, parent_context
 from autocompress_opt.serving.targets import Target
 
-INNER = {
-    "steps": 2,
-    "n_samples": 4,
-    "val_samples": 1,
-    "seq_len": 32,
-    "eval_samples": 2,
-    "eval_seq_len": 32,
-    "importance_samples": 2,
-    "importance_seq_len": 32,
-}
+INNER = {**WEIGHTS_INNER, "steps": 2}
 
 
 @pytest.mark.parametrize(

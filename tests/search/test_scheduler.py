@@ -18,8 +18,8 @@ from typing import Any
 import optuna
 import pytest
 from progress_plugins import fake_kl
-from test_weights_trial import INNER, TARGET
 from tiny_lm import save_hf_dir, tiny_model
+from weights_helpers import INNER, TARGET
 
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import default_space, load_search_space

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 import torch
-from test_weights_trial import INNER, TARGET, request
 from tiny_families import tiny_model, tokens
 from tiny_lm import save_hf_dir
 from tiny_lm import tiny_model as tiny_lm_model
+from weights_helpers import INNER, TARGET, request
 
 from autocompress_opt.arch.search_space import CHOICES, uniform_allocation
 from autocompress_opt.hf.adapters import adapter_for

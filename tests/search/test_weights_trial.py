@@ -6,53 +6,23 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 from tiny_lm import save_hf_dir, tiny_model
+from weights_helpers import INNER, PARAMS, TARGET, request
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.hf.loading import load_model
 from autocompress_opt.search.inner_search import CANDIDATES
-from autocompress_opt.search.trials import Target, quality_label, run_trial
+from autocompress_opt.search.trials import quality_label, run_trial
 from autocompress_opt.search.weights_trial import QUALITY_KIND, TrialConfig, clear_trial_cache, run_weights_trial
 from autocompress_opt.serving.costmodel import estimate_cost
-
-PARAMS = {"num_layers": 3, "hidden_size": 32, "ffn_width": 32, "num_kv_heads": 1, "q_per_kv": 2}
-INNER = {
-    "steps": 3,
-    "n_samples": 4,
-    "val_samples": 1,
-    "seq_len": 32,
-    "eval_samples": 2,
-    "eval_seq_len": 32,
-    "importance_samples": 2,
-    "importance_seq_len": 32,
-}
-TARGET = Target("h100-sxm", "datacenter", constraints={"tpot_ms": "0.95x", "output_throughput_tok_s": "1.05x"})
 
 
 @pytest.fixture(scope="module")
 def parent_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 4-layer random Llama (hidden 32, 4 heads in 2 KV groups, FFN 48) saved with a byte tokenizer."""
     return save_hf_dir(tiny_model("llama", num_hidden_layers=4), tmp_path_factory.mktemp("tiny") / "llama")
-
-
-def request(parent_dir: Path, cache: Path, **changes: Any) -> dict[str, Any]:
-    arch = load_model(parent_dir).architecture
-    return {
-        "mode": "weights",
-        "params": dict(PARAMS),
-        "parent": arch.to_dict(),
-        "target": TARGET.to_dict(),
-        "layer_order": None,
-        "seed": 0,
-        "parent_model": str(parent_dir),
-        "cache_dir": str(cache),
-        "inner": dict(INNER),
-        **changes,
-    }
 
 
 def test_weights_trial_runs_end_to_end_and_caches_quality(parent_dir: Path, tmp_path: Path) -> None:
