@@ -1116,8 +1116,11 @@ def _plugin_paths(plugins: Sequence[str]) -> list[str]:
 
 
 def _init_ray(address: str | None, concurrency: int | None, plugins: Sequence[str] = ()) -> None:
-    """Connect to the Ray cluster at ``address``, or start a local Ray with this machine's CPUs and
-    GPUs (at least ``concurrency`` CPUs); nothing when Ray is already up."""
+    """Connect to the Ray cluster at ``address`` (else at ``RAY_ADDRESS`` when set), or start a new
+    local Ray with this machine's CPUs and GPUs (at least ``concurrency`` CPUs); nothing when Ray is
+    already up. Without an address the local Ray is always a new one (``address="local"``): Ray's own
+    default would attach to whatever cluster another process on this machine last started (its
+    ``/tmp/ray/ray_current_cluster``), a test's two-node cluster included."""
     import logging
 
     import ray
@@ -1131,10 +1134,11 @@ def _init_ray(address: str | None, concurrency: int | None, plugins: Sequence[st
     if extra:  # workers import plugins by name: put their directories on the workers' path
         path = os.pathsep.join(extra + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
         kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": path}}
+    address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=max(concurrency or 1, os.cpu_count() or 1), **kwargs)
+        ray.init(address="local", num_cpus=max(concurrency or 1, os.cpu_count() or 1), **kwargs)
 
 
 def _placement(config: StudyConfig, progress: bool = False) -> Placement:

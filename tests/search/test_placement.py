@@ -185,6 +185,7 @@ def logical_gpus():
     import ray
 
     ray.init(
+        address="local",  # a new Ray, never a cluster another process left in /tmp/ray
         num_cpus=2,
         num_gpus=2,
         include_dashboard=False,
@@ -210,6 +211,8 @@ def test_concurrent_trials_get_distinct_gpus_and_compute_on_their_own(
     monkeypatch.chdir(tmp_path)
     load_architecture("smollm2-135m").save(tmp_path / "parent.json")
     config = study_config(tmp_path, model="parent.json", gpus_per_trial=1, cache_dir="cache")
+    # each trial holds its GPU for 4 s, so the two running at once overlap even on a loaded machine
+    config = replace(config, inner={**config.inner, "sleep_s": 4.0})
     assert _placement(config).concurrency == 2  # the cluster's 2 GPUs / 1
     assert _placement(replace(config, gpus_per_trial=0.5)).concurrency == 4
     outcomes = run_study(config, progress=False)
@@ -254,6 +257,8 @@ def test_a_worker_with_fewer_cpus_than_the_head_gets_trials(small_worker, tmp_pa
     """CPUs per trial are the smallest node's (1), not the driver's cores: 3 trials at once fill the
     head (2) and the worker (1), and the study completes."""
     config = study_config(tmp_path, address=small_worker.address, concurrency=3, trials=6)
+    # each trial holds its CPU for 4 s: the 3 running at once cannot all fit the head, even on a loaded machine
+    config = replace(config, inner={**config.inner, "sleep_s": 4.0})
     outcomes = run_study(config, progress=False)
     assert [o.complete for o in outcomes] == [6]
     placement = _placement(config)
@@ -262,3 +267,18 @@ def test_a_worker_with_fewer_cpus_than_the_head_gets_trials(small_worker, tmp_pa
     trials = [json.loads(line) for line in (tmp_path / "trials.jsonl").read_text().splitlines()]
     assert all(t["cpus"] == 1 for t in trials)
     assert len({t["node"] for t in trials}) == 2  # the 1-CPU worker ran trials too
+
+
+def test_a_study_without_an_address_starts_its_own_ray_beside_a_running_cluster(small_worker) -> None:
+    """The two-node cluster wrote /tmp/ray/ray_current_cluster, where Ray's default ray.init() would
+    attach (and refuse num_cpus); a study without --address starts a new local Ray instead."""
+    import ray
+
+    from autocompress_opt.search.study import _init_ray
+
+    ray.shutdown()
+    _init_ray(None, 1)
+    try:
+        assert len([n for n in ray.nodes() if n["Alive"]]) == 1  # not the cluster's head + worker
+    finally:
+        ray.shutdown()
