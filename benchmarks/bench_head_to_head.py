@@ -332,6 +332,19 @@ def verdict(lo: float, hi: float) -> str:
     return "no difference resolved (interval includes 0)"
 
 
+def servable(arch: Architecture, target: Target) -> str:
+    """Whether the target's serving engine loads an export of ``arch``, by its rules
+    (:func:`~autocompress_opt.engines.rules.loadable_problems`): a plain checkpoint or the DeciLM form."""
+    from autocompress_opt.engines.rules import SERVE_AS_ANY, loadable_problems, rules_engine_for
+
+    engine = rules_engine_for(target.engine_name)
+    if engine == SERVE_AS_ANY:
+        return f"{target.engine_name}: no loading rules"
+    problems = loadable_problems(arch, engine)
+    form = "plain checkpoint" if arch.active().is_uniform else "DeciLM form"
+    return f"{engine}: loads ({form})" if not problems else f"{engine}: not loadable: {'; '.join(problems)}"
+
+
 def arm_row(
     arch: Architecture, built: Architecture, target: Target, export: dict[str, Any], runs: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -340,10 +353,8 @@ def arm_row(
     return {
         "summary": arch.summary(),
         "params": arch.num_params,
-        "uniform": arch.is_uniform,
-        "servable": "plain family checkpoint (vLLM, llama.cpp, TensorRT-LLM load it)"
-        if arch.is_uniform
-        else "heterogeneous: not yet verified in a serving engine (issue 14)",
+        "uniform": arch.active().is_uniform,  # dropped layers removed: a depth-pruned model is uniform
+        "servable": servable(arch, target),
         "costs": costs(built, target),
         "kept_parent_layers": export["kept_parent_layers"],
         "kl_before": export["before"]["kl_to_parent"],
