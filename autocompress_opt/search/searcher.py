@@ -258,10 +258,10 @@ class StudySearcher(Searcher):
             return
         self._next_look = 0.0  # a slot is free: look at the storage again at once
         try:
-            progress = TrialProgress.from_result(result or {})
-            if progress is not None:
-                self._keep(trial_id, progress)  # the result that made the scheduler stop it, if so
-            self._record(trial, result, error, self.reports.pop(trial_id, []))
+            last = TrialProgress.from_result(result or {})
+            if last is not None:
+                self._keep(trial_id, last)  # the result that made the scheduler stop it, if so
+            self._record(trial, result, error, last, self.reports.pop(trial_id, []))
         except optuna.exceptions.UpdateFinishedTrialError:  # failed by another driver (no heartbeat seen)
             _log.warning(
                 "%s: trial %d was re-queued by another driver; its result is dropped",
@@ -269,13 +269,16 @@ class StudySearcher(Searcher):
                 trial.number,
             )
 
-    def _record(self, trial: Any, result: dict | None, error: bool, reports: list[TrialProgress]) -> None:
+    def _record(
+        self, trial: Any, result: dict | None, error: bool, last: TrialProgress | None, reports: list[TrialProgress]
+    ) -> None:
+        """Tell the study how ``trial`` ended: ``result`` (its payload), ``last`` (the progress in
+        ``result``, if any) and ``reports`` (its kept intermediate reports)."""
         payload = json.loads(result["payload"]) if result and "payload" in result else None
         if self.stopping and payload is None:  # stopped by Ctrl-C before it finished: not its fault
             self._requeue(trial, INTERRUPTED)
             return
         self.coordination.done(trial)
-        last = TrialProgress.from_result(result or {})
         if self.early_stopping and not error and payload is None and last is not None:
             self._prune(trial, last, reports)
             return

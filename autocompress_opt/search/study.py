@@ -475,13 +475,28 @@ class Coordination:
         return repair_orphans(self.study, keep)
 
 
+def _lock_file(storage: Any, url: str) -> Path | None:
+    """The ``<file>.driver-lock`` the drivers of a SQLite database or journal file lock (``url`` as
+    resolved); None for an in-memory SQLite and for a server (it locks in the server instead)."""
+    from optuna.storages.journal import JournalStorage
+
+    backend = getattr(storage, "_backend", storage)  # a study's storage is Optuna's cache around the RDB
+    engine = getattr(backend, "engine", None)
+    if engine is not None and engine.dialect.name == "sqlite":
+        path = url.removeprefix("sqlite:///")
+        if path in ("", ":memory:") or url.startswith("sqlite:///:memory:"):
+            return None
+        return Path(f"{Path(path).expanduser()}.driver-lock")
+    if isinstance(backend, JournalStorage) and "://" not in url:  # a journal file
+        return Path(f"{Path(url).expanduser()}.driver-lock")
+    return None
+
+
 def _driver_lock(storage: Any, url: str, study_name: str) -> Callable[[], Any]:
     """The :meth:`Coordination.lock` of a study in ``storage`` (``url`` as resolved)."""
     import hashlib
 
     local = threading.Lock()  # the drivers in this process (tests run several)
-    from optuna.storages.journal import JournalStorage
-
     backend = getattr(storage, "_backend", storage)  # a study's storage is Optuna's cache around the RDB
     engine = getattr(backend, "engine", None)
     dialect = engine.dialect.name if engine is not None else None
@@ -508,24 +523,19 @@ def _driver_lock(storage: Any, url: str, study_name: str) -> Callable[[], Any]:
                     conn.commit()
 
         return server_lock
-    if dialect == "sqlite":
-        path = url.removeprefix("sqlite:///")
-        file = None if path in ("", ":memory:") or url.startswith("sqlite:///:memory:") else Path(path).expanduser()
-    elif isinstance(backend, JournalStorage) and "://" not in url:  # a journal file
-        file = Path(url).expanduser()
-    else:
+    lock_file = _lock_file(storage, url)
+    if lock_file is None and dialect != "sqlite":  # an in-memory SQLite has one driver by construction
         _log.warning("%s: no lock shared between drivers; run one driver per study", dialect or type(backend).__name__)
-        file = None
 
     @contextmanager
     def file_lock() -> Iterator[None]:
         import fcntl
 
         with local:
-            if file is None:
+            if lock_file is None:
                 yield
                 return
-            with open(f"{file}.driver-lock", "a") as handle:
+            with open(lock_file, "a") as handle:
                 fcntl.flock(handle, fcntl.LOCK_EX)
                 try:
                     yield
@@ -646,11 +656,9 @@ def _remove_idle_driver_lock(storage: Any, storage_url: str) -> None:
 
     if optuna.get_all_study_names(storage=storage):
         return
-    url = resolve_storage(storage_url)
-    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
-    if "://" in path or path in ("", ":memory:"):
-        return
-    Path(f"{Path(path).expanduser()}.driver-lock").unlink(missing_ok=True)
+    lock_file = _lock_file(storage, resolve_storage(storage_url))
+    if lock_file is not None:
+        lock_file.unlink(missing_ok=True)
 
 
 def pareto_front(records: Sequence[TrialRecord], directions: Sequence[str]) -> list[TrialRecord]:
@@ -1008,16 +1016,12 @@ class _Progress:
         trials stopped early."""
         import optuna
 
-        from autocompress_opt.search.progress import is_stopped_early
-
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             record = _record(study.study_name, trial)
             self.feasible += record.feasible
             if record.feasible and record.quality is not None and (self.best is None or record.quality > self.best):
                 self.best = record.quality
-        self.stopped = sum(
-            is_stopped_early(t) for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
-        )
+        self.stopped = finished_trials(study)[1]
         if self.feasible or self.stopped:
             self._post()
 

@@ -167,7 +167,7 @@ def legal_point(params: Mapping[str, int], space: SearchSpace, parent: Architect
     own = set(parent_problems(parent, serve_as))
 
     def problems(arch: Architecture) -> list[str]:
-        return [x for x in loadable_problems(arch, serve_as) if x not in own]
+        return _avoidable_problems(arch, serve_as, own)
 
     why = problems(space.architecture(point, parent))
     if not why:
@@ -197,10 +197,15 @@ def check_loadable(arch: Architecture, parent: Architecture, serve_as: str) -> N
     less the parent's own, :func:`~autocompress_opt.prune.engine_rules.parent_problems`)."""
     if serve_as == SERVE_AS_ANY:
         return
-    own = set(parent_problems(parent, serve_as))
-    problems = [p for p in loadable_problems(arch, serve_as) if p not in own]
+    problems = _avoidable_problems(arch, serve_as, set(parent_problems(parent, serve_as)))
     if problems:
         raise ConfigError(f"serve_as {serve_as}: {arch.summary()} cannot be served: {'; '.join(problems)}")
+
+
+def _avoidable_problems(arch: Architecture, serve_as: str, own: set[str]) -> list[str]:
+    """Why ``serve_as`` cannot load ``arch`` (:func:`~autocompress_opt.prune.engine_rules.loadable_problems`),
+    less the parent's ``own`` problems, which no pruned model can avoid."""
+    return [p for p in loadable_problems(arch, serve_as) if p not in own]
 
 
 # Real weights: inner per-layer mask search → materialise → held-out quality → cost. Registered

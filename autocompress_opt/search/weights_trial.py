@@ -70,6 +70,7 @@ from autocompress_opt.prune.importance import Importance, estimate_importance
 from autocompress_opt.quality.metrics import kl_and_perplexity
 from autocompress_opt.search.budget import Budget, CostGoal
 from autocompress_opt.search.inner_search import InnerConfig, InnerResult, StepListener, search
+from autocompress_opt.search.placement import DEFAULT_CACHE_DIR as CACHE_DIR_NAME
 from autocompress_opt.search.placement import trial_device
 from autocompress_opt.search.progress import TrialProgress, report
 from autocompress_opt.search.teacher import teacher_log_probs
@@ -89,7 +90,7 @@ __all__ = [
     "run_weights_trial",
 ]
 
-DEFAULT_CACHE_DIR = Path(".autocompress")
+DEFAULT_CACHE_DIR = Path(CACHE_DIR_NAME)  # the name is search.placement's (the driver resolves it there)
 QUALITY_KIND = "exp_neg_kl"
 
 
