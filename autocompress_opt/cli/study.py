@@ -98,6 +98,22 @@ def add_parser(sub: Any) -> None:
         "at a quarter or half of its inner search is stopped and stored PRUNED, never on the Pareto front; "
         "'none' runs every trial to the end (default: asha in weights mode with more than 4 trials, else none)",
     )
+    run.add_argument(
+        "--proxy",
+        type=int,
+        metavar="K",
+        help="weights mode: before the trials, rank the search space per target with the plan-mode proxy (cost "
+        "model + retained importance, ~1.5 ms a point) and enqueue its K best feasible points; the proxy also "
+        "screens the sampler's points, so a point whose uniform model it finds infeasible is stored PRUNED "
+        "(proxy_infeasible) without running. 0: off (default 4 in weights mode)",
+    )
+    run.add_argument(
+        "--time-budget",
+        type=float,
+        metavar="MINUTES",
+        help="start no new trial after this many minutes of this run (trials in flight finish); with a large "
+        "--trials, an equal-time study (default: none, --trials decides)",
+    )
     run.add_argument("--name", help="study group name (default: the model name)")
     run.add_argument("--storage", help="Optuna storage: RDB URL or journal file (default sqlite:///studies/NAME.db)")
     run.add_argument(
@@ -253,6 +269,8 @@ _RUN_KEYS = (
     "importance",
     "seed_baselines",
     "scheduler",
+    "proxy",
+    "time_budget",
     "serve_as",
     "hardware_file",
     "confidence",
@@ -369,6 +387,8 @@ def build_config(values: dict[str, Any]) -> Any:
         importance=values.get("importance"),
         seed_baselines=values.get("seed_baselines"),
         scheduler=values.get("scheduler"),
+        proxy=values.get("proxy"),
+        time_budget=values.get("time_budget"),
         serve_as=values.get("serve_as"),
         hardware=profiles,
         gpus_per_trial=values.get("gpus_per_trial"),
@@ -436,7 +456,8 @@ def _run(args: argparse.Namespace) -> int:
     for o in outcomes:
         note = f", re-queued orphaned trials {o.repaired}" if o.repaired else ""
         stopped = f", {o.stopped} stopped early (PRUNED)" if o.stopped else ""
-        print(f"{o.study_name}: {o.complete} COMPLETE trials, {o.feasible} feasible{stopped}{note}")
+        screened = f"; the proxy kept {o.screened} infeasible points from running" if o.screened else ""
+        print(f"{o.study_name}: {o.complete} COMPLETE trials, {o.feasible} feasible{stopped}{note}{screened}")
         for line in o.seeded:
             print(f"  seeded {line}")
         if o.failed:
@@ -504,8 +525,8 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     for view in views:
         states: dict[str, int] = {}
-        for r in view.records:  # PRUNED: stopped early by the scheduler, or a duplicate point never run
-            state = r.state if r.state != "PRUNED" else "stopped early" if r.stopped_early else "duplicate"
+        for r in view.records:  # PRUNED: stopped early, screened out by the proxy, or a duplicate never run
+            state = r.state if r.state != "PRUNED" else _pruned_kind(r)
             state += " (PRUNED)" if r.state == "PRUNED" else ""
             states[state] = states.get(state, 0) + 1
         feasible = sum(r.feasible for r in view.records)
@@ -574,12 +595,23 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pruned_kind(record: Any) -> str:
+    """Why a PRUNED trial has no result: stopped early by the scheduler, kept from running by the
+    proxy (``proxy infeasible``), or a duplicate point never run."""
+    if record.stopped_early:
+        return "stopped early"
+    return "proxy infeasible" if record.proxy_infeasible else "duplicate"
+
+
 def _state(record: Any) -> str:
     """The feasible column of a trial that did not complete: ``stopped 6/24`` for one the scheduler
-    stopped early, else its state (``pruned``: a duplicate point, ``fail``, ``running``)."""
+    stopped early, ``proxy`` for a point the proxy kept from running, else its state (``pruned``: a
+    duplicate point, ``fail``, ``running``)."""
     early = record.stopped_early
     if early:
         return f"stopped {early.get('inner_step')}/{early.get('inner_steps')}"
+    if record.proxy_infeasible:
+        return "proxy"
     return str(record.state).lower()
 
 

@@ -50,12 +50,14 @@ import optuna
 from ray.tune.search import Searcher
 
 from autocompress_opt.search.progress import STOPPED_EARLY, TrialProgress, is_stopped_early
+from autocompress_opt.search.proxy import PROXY_ATTR
 from autocompress_opt.serving.targets import Target, all_satisfied
 
 __all__ = ["INTERRUPTED", "StudySearcher", "point_key"]
 
 INTERRUPTED = "interrupted (Ctrl-C) before it finished; parameters re-queued"
 _ASK_ATTEMPTS = 100  # sampler repeats in a row before the space counts as exhausted
+_SCREEN_ATTEMPTS = 200  # points in a row the proxy finds infeasible before the target gives up
 _POLL_S = 1.0  # while other drivers' trials fill the study: seconds between looks at the storage
 _log = logging.getLogger(__name__)
 
@@ -108,6 +110,11 @@ class StudySearcher(Searcher):
         coordination: the study's driver lock, heartbeats and orphan repair.
         early_stopping: a scheduler may stop trials; one that ends without a result after
             reporting progress is told PRUNED (else such a trial is a FAIL).
+        proxy: screens each point the sampler proposes (:class:`~autocompress_opt.search.proxy.Proxy`):
+            one whose uniform model it finds infeasible is told PRUNED (``proxy_infeasible``)
+            without running, and the sampler asks again; None: every point runs.
+        deadline: ``time.monotonic()`` after which no new trial starts (None: none); trials in
+            flight finish.
     """
 
     def __init__(
@@ -124,6 +131,8 @@ class StudySearcher(Searcher):
         progress: Progress,
         coordination: Coordinator,
         early_stopping: bool = False,
+        proxy: Any = None,
+        deadline: float | None = None,
     ) -> None:
         super().__init__(metric=None, mode=None)
         self.study, self.distributions, self.request = study, dict(distributions), dict(request)
@@ -131,6 +140,8 @@ class StudySearcher(Searcher):
         self.trials, self.max_failures, self.progress = trials, max_failures, progress
         self.coordination = coordination
         self.early_stopping = early_stopping
+        self.proxy, self.deadline = proxy, deadline
+        self.screened = 0  # points the proxy kept from running, this run
         self.driver = coordination.driver
         self.live: dict[str, Any] = {}
         self.reports: dict[str, list[TrialProgress]] = {}  # trial_id -> its intermediate reports
@@ -166,7 +177,7 @@ class StudySearcher(Searcher):
         return int(trial.number)
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]  # Ray returns FINISHED too
-        if self.stopping or self.failures >= self.max_failures:
+        if self.stopping or self.failures >= self.max_failures or self._past_deadline():
             return Searcher.FINISHED if not self.live else None
         if time.monotonic() < self._next_look:
             return None  # waiting for trials in flight (ours or other drivers')
@@ -203,6 +214,9 @@ class StudySearcher(Searcher):
             "stoppable": stoppable,
         }
 
+    def _past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
     def _wait(self) -> None:
         """Called under the lock when the trials in flight suffice: look again later; meanwhile
         repair other drivers' trials whose heartbeat stopped (their points are re-queued)."""
@@ -218,16 +232,22 @@ class StudySearcher(Searcher):
             time.sleep(_POLL_S / 2)  # Ray asks again at once when nothing of ours runs
 
     def _ask_unique(self, taken: dict[Any, Any]) -> Any:
-        """A new RUNNING trial whose point no COMPLETE or RUNNING trial of any driver has (``taken``)."""
-        for _ in range(_ASK_ATTEMPTS):
+        """A new RUNNING trial whose point no COMPLETE or RUNNING trial of any driver has (``taken``)
+        and that the proxy, if any, does not find infeasible."""
+        duplicates = screened = 0
+        while duplicates < _ASK_ATTEMPTS and screened < _SCREEN_ATTEMPTS:
             with warnings.catch_warnings():  # "heartbeat ... supposed to be used with Study.optimize":
                 warnings.simplefilter("ignore")  # this searcher records the heartbeats itself
                 trial = self.study.ask(self.distributions)
             trial.set_user_attr("driver", self.driver)
             key = point_key(trial.params)
             if key not in taken:
+                if self._screened_out(trial):
+                    screened += 1
+                    continue
                 taken[key] = trial
                 return trial
+            duplicates += 1
             trial.set_user_attr("duplicate", True)  # the sampler repeated a point already evaluated
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             other = getattr(taken[key], "user_attrs", {}).get("driver")
@@ -235,7 +255,27 @@ class StudySearcher(Searcher):
                 # A point of another driver or an earlier run: with the same seed the sampler replays
                 # their sequence, one duplicate after another; leave it.
                 self.study.sampler.reseed_rng()
+        if screened >= _SCREEN_ATTEMPTS:
+            _log.warning(
+                "%s: the sampler proposed %d points in a row that the proxy finds infeasible; no more trials",
+                self.study.study_name,
+                screened,
+            )
         return None  # the space looks exhausted
+
+    def _screened_out(self, trial: Any) -> bool:
+        """Tell PRUNED (``proxy_infeasible``: its violations, or why no engine-legal shape exists) a
+        sampled point whose uniform model the proxy finds infeasible; a baseline's point is never
+        screened."""
+        if self.proxy is None or trial.user_attrs.get("baseline"):
+            return False
+        score = self.proxy.check(trial.params)
+        if score.feasible:
+            return False
+        trial.set_user_attr(PROXY_ATTR, score.violations or {"not loadable": score.why_not})
+        self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        self.screened += 1
+        return True
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         """An intermediate result: shown on the progress display; the inner search's are kept."""
@@ -324,3 +364,57 @@ class StudySearcher(Searcher):
 def _rows(reports: Sequence[TrialProgress]) -> list[list[float | None]]:
     """``[inner_step, val_kl, violation]`` per report of the inner search (JSON-safe)."""
     return [[p.inner_step, p.val_kl, p.violation] for p in reports]
+
+
+class GroupSearcher(Searcher):
+    """The searchers of a study group's targets as one Ray Tune searcher, so one Tuner (and its
+    reused trial actors, each holding the parent once) serves every target.
+
+    Suggestions go round the targets in turn, each asked from the one after the target served last:
+    the targets advance together, and a target waiting for its own trials in flight (or other
+    drivers') never holds the free slots back. Each suggestion's config carries ``target_index``
+    (the searcher's position), by which results and completions go back to the target's searcher
+    and a :class:`~autocompress_opt.search.study.PerTargetScheduler` keeps each target's trials in
+    its own rungs. FINISHED when every target's searcher is."""
+
+    def __init__(self, searchers: Sequence[StudySearcher]) -> None:
+        super().__init__(metric=None, mode=None)
+        if not searchers:
+            raise ValueError("a group searcher needs at least one study searcher")
+        self.searchers = list(searchers)
+        self.owner: dict[str, int] = {}  # Ray trial id -> index of its searcher
+        self.finished: set[int] = set()
+        self._next = 0
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
+        n = len(self.searchers)
+        for offset in range(n):
+            index = (self._next + offset) % n
+            if index in self.finished:
+                continue
+            out = self.searchers[index].suggest(trial_id)
+            if out == Searcher.FINISHED:
+                self.finished.add(index)
+            elif isinstance(out, dict):
+                self.owner[trial_id] = index
+                self._next = (index + 1) % n
+                return {**out, "target_index": index}
+        return Searcher.FINISHED if len(self.finished) == n else None
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if trial_id in self.owner:
+            self.searchers[self.owner[trial_id]].on_trial_result(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        index = self.owner.pop(trial_id, None)
+        if index is not None:
+            self.searchers[index].on_trial_complete(trial_id, result, error)
+
+    def stop(self) -> None:
+        """Ctrl-C: every target asks for nothing more (:meth:`StudySearcher.stop`)."""
+        for searcher in self.searchers:
+            searcher.stop()
+
+    def release(self, reason: str) -> list[int]:
+        """:meth:`StudySearcher.release` of every target; the trial numbers, target by target."""
+        return [number for searcher in self.searchers for number in searcher.release(reason)]

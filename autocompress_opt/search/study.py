@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -115,10 +116,11 @@ DEFAULT_GROUP: tuple[str, ...] = ("rtx5070", "rtx5080", "h100-sxm", "b200")
 _MAXIMISE = {"quality", "output_throughput_tok_s", "max_concurrency"}
 PRIMARY_METRIC = {"local-coding": "ttft_ms", "datacenter": "output_throughput_tok_s", "in-game": "tpot_ms"}
 # The baselines a study enqueues before its own samples, in this order (prune/baselines.BASELINES).
-SEEDED_BASELINES: tuple[str, ...] = ("depth", "minitron")
+SEEDED_BASELINES: tuple[str, ...] = ("depth", "minitron", "best-uniform")
 # Early stopping of trials by Ray Tune's scheduler (StudyConfig.scheduler, asha_scheduler).
 SCHEDULERS: tuple[str, ...] = ("asha", "none")
 ASHA_MIN_TRIALS = 4  # with this many trials or fewer ASHA has too few to compare: off by default
+PROXY_POINTS = 4  # weights mode: points the plan-mode proxy enqueues per target by default
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,8 @@ class StudyConfig:
     gpus_per_trial: float | None = None  # None: 1 in weights mode on a cluster with GPUs, else 0 (placement)
     cache_dir: str | None = None  # importance/teacher/quality caches; shared storage on a cluster (placement)
     scheduler: str | None = None  # "asha" | "none"; None: asha in weights mode with > 4 trials (scheduler_name)
+    proxy: int | None = None  # points the plan-mode proxy enqueues per target; None: PROXY_POINTS in weights mode
+    time_budget: float | None = None  # minutes after which no new trial starts (the run's; trials in flight finish)
 
     def __post_init__(self) -> None:
         if self.seed_baselines not in (None, True, False):
@@ -207,6 +211,21 @@ class StudyConfig:
                 "scheduler 'asha' stops trials on their intermediate inner-search results, which plan-mode "
                 "trials do not report; use --scheduler none or --mode weights"
             )
+        bad_proxy = not isinstance(self.proxy, int) or isinstance(self.proxy, bool) or self.proxy < 0
+        if self.proxy is not None and bad_proxy:
+            raise ConfigError(f"proxy must be an int >= 0 (points enqueued per target; 0: off), got {self.proxy!r}")
+        if self.proxy and self.mode != "weights":
+            raise ConfigError(
+                f"proxy {self.proxy}: the plan-mode proxy ranks points for weights-mode trials; a {self.mode}-mode "
+                "study's trials are as cheap as the proxy. Use --proxy 0 or --mode weights"
+            )
+        if self.time_budget is not None and (
+            isinstance(self.time_budget, bool)
+            or not isinstance(self.time_budget, (int, float))
+            or not math.isfinite(self.time_budget)
+            or self.time_budget <= 0
+        ):
+            raise ConfigError(f"time_budget must be a number of minutes > 0, got {self.time_budget!r}")
         if not self.name or any(c in self.name for c in "/\\ :"):
             raise ConfigError(f"study name {self.name!r} must be non-empty without '/', '\\\\', ':' or spaces")
         if not isinstance(self.trials, int) or self.trials < 1:
@@ -237,6 +256,15 @@ class StudyConfig:
     def seeds_baselines(self) -> bool:
         """Whether studies enqueue the baselines first: ``seed_baselines``, by default in weights mode."""
         return self.mode == "weights" if self.seed_baselines is None else self.seed_baselines
+
+    @property
+    def proxy_points(self) -> int:
+        """Points the plan-mode proxy enqueues per target (:mod:`~autocompress_opt.search.proxy`):
+        ``proxy``, by default :data:`PROXY_POINTS` in weights mode, 0 (no proxy) otherwise. With
+        any, the proxy also screens the sampler's points."""
+        if self.proxy is not None:
+            return self.proxy
+        return PROXY_POINTS if self.mode == "weights" else 0
 
     @property
     def scheduler_name(self) -> str:
@@ -559,7 +587,9 @@ class TrialRecord:
     ``stopped_early``: for a trial the scheduler stopped (state PRUNED), its last report
     (``phase``, ``inner_step``, ``inner_steps``, ``val_kl``, ``violation``, ``progress_score``);
     ``intermediate``: the held-out KL and violation it reported during its inner search, as
-    ``[inner_step, val_kl, violation]`` rows (weights mode).
+    ``[inner_step, val_kl, violation]`` rows (weights mode). ``proxy_infeasible``: the proxy's
+    violations of a point it kept from running (PRUNED); ``proxy_rank``: the rank of a point the
+    proxy enqueued (:mod:`~autocompress_opt.search.proxy`).
     """
 
     study: str
@@ -578,6 +608,8 @@ class TrialRecord:
     baseline: str | None = None
     stopped_early: dict[str, Any] | None = None
     intermediate: list[list[float]] | None = None
+    proxy_infeasible: dict[str, Any] | None = None  # the proxy's violations of a point it kept from running
+    proxy_rank: int | None = None  # the proxy's rank of a point it enqueued (1 = best)
 
     def arch(self) -> Architecture | None:
         return Architecture.from_dict(self.architecture) if self.architecture else None
@@ -603,6 +635,8 @@ def _record(study_name: str, trial: Any) -> TrialRecord:
         baseline=attrs.get("baseline"),
         stopped_early=attrs.get("stopped_early"),
         intermediate=attrs.get("intermediate"),
+        proxy_infeasible=attrs.get("proxy_infeasible"),
+        proxy_rank=attrs.get("proxy_rank"),
     )
 
 
@@ -1003,10 +1037,12 @@ class _Progress:
     failed, stopped early, best feasible quality so far, and what each running trial is doing
     (``trial 5: inner step 12/24, val KL 2.31``)."""
 
-    def __init__(self, desc: str, total: int, initial: int, enabled: bool):
+    def __init__(self, desc: str, total: int, initial: int, enabled: bool, position: int | None = None):
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=total, initial=initial, desc=desc, disable=not enabled, unit="trial", leave=True)
+        self.bar = tqdm(
+            total=total, initial=initial, desc=desc, disable=not enabled, unit="trial", leave=True, position=position
+        )
         self.feasible, self.failed, self.stopped = 0, 0, 0
         self.best: float | None = None
         self.running: dict[int, str] = {}  # trial number -> what it last reported
@@ -1080,6 +1116,7 @@ class TargetOutcome:
     feasible: int = 0  # feasible COMPLETE trials in the study (every run's, not only this one's)
     misses: dict[str, tuple[int, float]] = field(default_factory=dict)  # constraint_misses of its COMPLETE trials
     stopped: int = 0  # trials in the study stopped early by the scheduler (PRUNED; every run's)
+    screened: int = 0  # points this run's proxy kept from running (PRUNED, proxy_infeasible)
 
     @property
     def completed_none(self) -> bool:
@@ -1175,10 +1212,12 @@ def finished_trials(study: Any) -> tuple[int, int]:
     return complete, sum(is_stopped_early(t) for t in trials)
 
 
-def make_scheduler(config: StudyConfig) -> Any:
-    """Ray Tune's trial scheduler for ``config.scheduler_name``: None for ``none``; for ``asha``
-    an ASHAScheduler over inner-search steps (:data:`~autocompress_opt.search.progress.STEP`) on the
-    constraint-aware score (:data:`~autocompress_opt.search.progress.SCORE`, lower is better).
+def make_scheduler(config: StudyConfig, targets: int = 1) -> Any:
+    """Ray Tune's trial scheduler for ``config.scheduler_name``: None for ``none``; for ``asha`` one
+    ASHAScheduler per target (:func:`per_target_scheduler`; ``targets`` of them, the trials' config
+    ``target_index`` choosing) over inner-search steps (:data:`~autocompress_opt.search.progress.STEP`)
+    on the constraint-aware score (:data:`~autocompress_opt.search.progress.SCORE`, lower is better):
+    a trial is only ever compared with trials of its own target, whose constraints it shares.
 
     Rungs at a quarter and at half of the inner search's steps (reduction factor 2: at each rung a
     trial whose score is worse than the median of the trials that reached it is stopped). No rung
@@ -1193,15 +1232,61 @@ def make_scheduler(config: StudyConfig) -> Any:
 
     steps = TrialConfig.from_dict(config.inner, seed=config.seed).inner.steps
     grace = max(1, steps // 4)
-    return ASHAScheduler(
-        time_attr=STEP,
-        metric=SCORE,
-        mode="min",
-        grace_period=grace,
-        max_t=max(grace, steps // 2),
-        reduction_factor=2,
-        stop_last_trials=False,
-    )
+
+    def asha() -> Any:
+        return ASHAScheduler(
+            time_attr=STEP,
+            metric=SCORE,
+            mode="min",
+            grace_period=grace,
+            max_t=max(grace, steps // 2),
+            reduction_factor=2,
+            stop_last_trials=False,
+        )
+
+    return per_target_scheduler([asha() for _ in range(targets)])
+
+
+def per_target_scheduler(schedulers: Sequence[Any]) -> Any:
+    """One Ray Tune scheduler made of ``schedulers``, one per target of a group run: each trial goes
+    to the one its config's ``target_index`` names (trials without one to the first). Trials run in
+    the order they were added (FIFO)."""
+    from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+    from autocompress_opt.search.progress import SCORE
+
+    class PerTargetScheduler(FIFOScheduler):
+        def __init__(self, parts: Sequence[Any]) -> None:
+            super().__init__()
+            self.parts = list(parts)
+            self._metric = SCORE
+
+        def _part(self, trial: Any) -> Any:
+            return self.parts[int(trial.config.get("target_index", 0))]
+
+        def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
+            return all(part.set_search_properties(metric, mode, **spec) for part in self.parts)
+
+        def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
+            self._part(trial).on_trial_add(tune_controller, trial)
+
+        def on_trial_error(self, tune_controller: Any, trial: Any) -> None:
+            self._part(trial).on_trial_error(tune_controller, trial)
+
+        def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
+            decision: str = self._part(trial).on_trial_result(tune_controller, trial, result)
+            return decision or TrialScheduler.CONTINUE
+
+        def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
+            self._part(trial).on_trial_complete(tune_controller, trial, result)
+
+        def on_trial_remove(self, tune_controller: Any, trial: Any) -> None:
+            self._part(trial).on_trial_remove(tune_controller, trial)
+
+        def debug_string(self) -> str:
+            return f"one scheduler per target ({len(self.parts)}): " + "; ".join(p.debug_string() for p in self.parts)
+
+    return PerTargetScheduler(schedulers)
 
 
 class StudyInterrupted(Exception):
@@ -1307,9 +1392,9 @@ def _run_targets(
     state: _Interrupt,
     interrupted: list[str],
 ) -> list[TargetOutcome]:
-    """The targets of :func:`run_study` in turn; ``interrupted`` collects what Ctrl-C stopped."""
+    """The targets of :func:`run_study`, all in one Ray Tune run (:func:`_run_group`); ``interrupted``
+    collects what Ctrl-C stopped."""
     import optuna
-    from ray import tune
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     parent = load_architecture(config.model)
@@ -1322,128 +1407,234 @@ def _run_targets(
             print(f"{where}…", file=sys.stderr, flush=True)
     _init_ray(config.address, config.concurrency, config.plugins)
     placement = _placement(config, progress)  # checked against the cluster before any study is created
-    outcomes = []
-    shared_scoring: list[tuple[Any, Any]] = []  # (importance, score) for the seeds: built once, for all targets
+    deadline = time.monotonic() + 60 * config.time_budget if config.time_budget else None
+    shared_scoring: list[tuple[Any, Any]] = []  # (importance, score) for seeds and proxy: built once, for all targets
 
     def scoring() -> tuple[Any, Any]:
         if not shared_scoring:
             shared_scoring.append(_seed_scoring(config))
         return shared_scoring[0]
 
-    for target in config.targets:
-        study, parent_cost = open_study(config, target, parent)
-        coordination = Coordination(study, config.storage_url)
-        with coordination.lock():
-            repaired = coordination.repair()
-        objectives = config.objectives_for(target)
-        request = {
-            "mode": config.mode,
-            "plugins": list(config.plugins),
-            "parent": parent.to_dict(),
-            "space": config.space.to_dict(),
-            "target": target.to_dict(),
-            "layer_order": list(layer_order) if layer_order else None,
-            "seed": config.seed,
-            "inner": dict(config.inner),
-            "parent_model": driver_path(config.model),  # absolute when a local path: trials run elsewhere
-            "importance": str(Path(config.importance).resolve()) if config.importance else None,
-            "hardware": [dict(h) for h in config.hardware],  # user GPUs, registered in each trial's worker
-            "serve_as": config.serve_as_for(target),  # trials keep shapes this engine loads
-            # absolute: Ray Tune runs each trial in its own (scratch) working directory
-            "cache_dir": driver_cache_dir(config.cache_dir),
-        }
-        complete_before, stopped_before = finished_trials(study)
-        done = complete_before + stopped_before  # trials evaluated: COMPLETE or stopped early
-        if progress and config.seeds_baselines and done < config.trials and "baseline_seeds" not in study.user_attrs:
-            # Say what the silent minutes are: in weights mode the first target loads the parent and
-            # scores the Minitron candidates (shared by the later targets).
-            cost = " (weights mode: the parent is loaded and up to 10 candidates scored once per run)"
-            print(
-                f"{config.study_name(target)}: choosing the depth and minitron baselines to seed the study"
-                + (cost if config.mode == "weights" and not shared_scoring else ""),
-                file=sys.stderr,
-                flush=True,
-            )
-        seeded = (
-            seed_study(study, config, target, parent, layer_order, scoring)
-            if config.seeds_baselines and done < config.trials
-            else []
-        )
-        bar = _Progress(config.study_name(target), config.trials, min(done, config.trials), progress)
-        bar.count_existing(study)
-        if done < config.trials:
-            from autocompress_opt.search.searcher import INTERRUPTED, StudySearcher  # needs Ray Tune and Optuna
+    runs = [
+        _prepare_target(config, target, parent, layer_order, scoring, progress, index, deadline)
+        for index, target in enumerate(config.targets)
+    ]
+    try:
+        _run_group(config, [r for r in runs if r.searcher is not None], placement, state, interrupted)
+    finally:
+        for run in runs:
+            run.coordination.close()
+            run.bar.close()
+    return [_outcome(run) for run in runs]
 
-            searcher = StudySearcher(
-                study,
-                distributions=config.space.distributions(),
-                request=request,
-                target=target,
-                parent_cost=parent_cost,
-                objectives=[o.metric for o in objectives],
-                trials=config.trials,
-                max_failures=config.max_failures if config.max_failures is not None else config.trials,
-                progress=bar,
-                coordination=coordination,
-                early_stopping=config.scheduler_name != "none",
-            )
-            scratch = tempfile.mkdtemp(prefix="autocompress-tune-")
-            try:
-                tuner = tune.Tuner(
-                    tune.with_resources(_trainable, placement.resources()),
-                    tune_config=tune.TuneConfig(
-                        search_alg=searcher,
-                        num_samples=-1,
-                        max_concurrent_trials=placement.concurrency,
-                        reuse_actors=True,
-                        scheduler=make_scheduler(config),
-                    ),
-                    run_config=tune.RunConfig(
-                        storage_path=scratch,
-                        name=config.study_name(target),
-                        verbose=0,
-                        failure_config=tune.FailureConfig(max_failures=2),
-                    ),
-                )
-                _fit(tuner, searcher, state)
-            except KeyboardInterrupt:
-                stopped = [
-                    t.number
-                    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
-                    if t.user_attrs.get("driver") == coordination.driver and t.user_attrs.get("error") == INTERRUPTED
-                ]
-                if stopped:
-                    numbers = ", ".join(f"#{n}" for n in stopped)
-                    interrupted.append(f"{study.study_name}: trials {numbers} stopped, marked FAIL and re-queued")
-                raise
-            finally:
-                coordination.close()
-                shutil.rmtree(scratch, ignore_errors=True)
-                bar.close()
-        bar.close()
-        final, n_stopped = finished_trials(study)
-        failed = [  # this run's: trials of other runs or drivers are not its failures
-            t
-            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
-            if t.user_attrs.get("driver") == coordination.driver
-        ]
-        first_error = first_line(failed[0].user_attrs.get("error")) if failed else None
-        records = [
-            _record(study.study_name, t)
-            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        ]
-        outcomes.append(
-            TargetOutcome(
-                config.study_name(target),
-                final,
-                repaired,
-                seeded,
-                complete_before,
-                len(failed),
-                first_error,
-                feasible=sum(r.feasible for r in records),
-                misses=constraint_misses(records),
-                stopped=n_stopped,
-            )
+
+@dataclass
+class _TargetRun:
+    """One target of a group run: its study and what its trials need and report to."""
+
+    config: StudyConfig
+    study: Any
+    coordination: Coordination
+    repaired: list[int]
+    seeded: list[str]
+    complete_before: int
+    bar: _Progress
+    searcher: Any  # StudySearcher, None when the study already holds its trials
+
+
+def _prepare_target(
+    config: StudyConfig,
+    target: Target,
+    parent: Architecture,
+    layer_order: Sequence[int] | None,
+    scoring: Callable[[], tuple[Any, Any]],
+    progress: bool,
+    position: int,
+    deadline: float | None,
+) -> _TargetRun:
+    """Open ``target``'s study, repair a stopped driver's trials, enqueue the seeds and the proxy's
+    points, and make its searcher (none when the study is already done)."""
+    study, parent_cost = open_study(config, target, parent)
+    coordination = Coordination(study, config.storage_url)
+    with coordination.lock():
+        repaired = coordination.repair()
+    objectives = config.objectives_for(target)
+    request = {
+        "mode": config.mode,
+        "plugins": list(config.plugins),
+        "parent": parent.to_dict(),
+        "space": config.space.to_dict(),
+        "target": target.to_dict(),
+        "layer_order": list(layer_order) if layer_order else None,
+        "seed": config.seed,
+        "inner": dict(config.inner),
+        "parent_model": driver_path(config.model),  # absolute when a local path: trials run elsewhere
+        "importance": str(Path(config.importance).resolve()) if config.importance else None,
+        "hardware": [dict(h) for h in config.hardware],  # user GPUs, registered in each trial's worker
+        "serve_as": config.serve_as_for(target),  # trials keep shapes this engine loads
+        # absolute: Ray Tune runs each trial in its own (scratch) working directory
+        "cache_dir": driver_cache_dir(config.cache_dir),
+    }
+    complete_before, stopped_before = finished_trials(study)
+    done = complete_before + stopped_before  # trials evaluated: COMPLETE or stopped early
+    if progress and config.seeds_baselines and done < config.trials and "baseline_seeds" not in study.user_attrs:
+        # Say what the silent minutes are: in weights mode the first target loads the parent and
+        # scores the Minitron and best-uniform candidates (shared by the later targets).
+        print(
+            f"{config.study_name(target)}: choosing the {', '.join(SEEDED_BASELINES)} baselines to seed the study",
+            file=sys.stderr,
+            flush=True,
         )
-    return outcomes
+    seeded = (
+        seed_study(study, config, target, parent, layer_order, scoring)
+        if config.seeds_baselines and done < config.trials
+        else []
+    )
+    proxy = None
+    if config.proxy_points and done < config.trials:
+        proxy = _make_proxy(config, target, parent, parent_cost, layer_order, scoring)
+        seeded += enqueue_proxy_points(study, proxy, config.proxy_points, config.seed)
+    bar = _Progress(config.study_name(target), config.trials, min(done, config.trials), progress, position)
+    bar.count_existing(study)
+    searcher = None
+    if done < config.trials:
+        from autocompress_opt.search.searcher import StudySearcher  # needs Ray Tune and Optuna
+
+        searcher = StudySearcher(
+            study,
+            distributions=config.space.distributions(),
+            request=request,
+            target=target,
+            parent_cost=parent_cost,
+            objectives=[o.metric for o in objectives],
+            trials=config.trials,
+            max_failures=config.max_failures if config.max_failures is not None else config.trials,
+            progress=bar,
+            coordination=coordination,
+            early_stopping=config.scheduler_name != "none",
+            proxy=proxy,
+            deadline=deadline,
+        )
+    return _TargetRun(config, study, coordination, repaired, seeded, complete_before, bar, searcher)
+
+
+def _make_proxy(
+    config: StudyConfig,
+    target: Target,
+    parent: Architecture,
+    parent_cost: Mapping[str, float],
+    layer_order: Sequence[int] | None,
+    scoring: Callable[[], tuple[Any, Any]],
+) -> Any:
+    """The target's plan-mode proxy (:class:`~autocompress_opt.search.proxy.Proxy`) with the
+    parent's importance (from ``scoring``, shared with the seeds)."""
+    from autocompress_opt.search.proxy import Proxy
+
+    importance, _ = scoring()
+    return Proxy(
+        parent,
+        config.space,
+        target,
+        parent_cost,
+        serve_as=config.serve_as_for(target),
+        importance=importance,
+        layer_order=layer_order,
+    )
+
+
+def enqueue_proxy_points(study: Any, proxy: Any, k: int, seed: int = 0) -> list[str]:
+    """Enqueue the proxy's ``k`` best points (:meth:`~autocompress_opt.search.proxy.Proxy.rank`) in
+    ``study`` once: the ranking is stored as the study's ``proxy_points`` attribute, and a resumed
+    study reads it from there; each point is enqueued with ``skip_if_exists`` and the attribute
+    ``proxy_rank``. Returns one line per point."""
+    from autocompress_opt.search.proxy import PROXY_RANK_ATTR
+
+    ranked = study.user_attrs.get("proxy_points")
+    if ranked is None:
+        ranked = [{"point": s.point, "quality": s.quality} for s in proxy.rank(k, seed=seed)]
+        study.set_user_attr("proxy_points", ranked)
+    lines = []
+    for rank, item in enumerate(ranked, 1):
+        study.enqueue_trial(item["point"], user_attrs={PROXY_RANK_ATTR: rank}, skip_if_exists=True)
+        lines.append(f"proxy #{rank}: {item['point']} (proxy quality {item['quality']:.3f})")
+    return lines
+
+
+def _run_group(
+    config: StudyConfig,
+    runs: Sequence[_TargetRun],
+    placement: Placement,
+    state: _Interrupt,
+    interrupted: list[str],
+) -> None:
+    """One Ray Tune run for the targets that still need trials (:class:`~.searcher.GroupSearcher`):
+    the trial actors, each holding the parent once, serve every target (``reuse_actors``)."""
+    if not runs:
+        return
+    import optuna
+    from ray import tune
+
+    from autocompress_opt.search.searcher import INTERRUPTED, GroupSearcher  # needs Ray Tune and Optuna
+
+    searcher = GroupSearcher([run.searcher for run in runs])
+    scratch = tempfile.mkdtemp(prefix="autocompress-tune-")
+    try:
+        tuner = tune.Tuner(
+            tune.with_resources(_trainable, placement.resources()),
+            tune_config=tune.TuneConfig(
+                search_alg=searcher,
+                num_samples=-1,
+                max_concurrent_trials=placement.concurrency,
+                reuse_actors=True,
+                scheduler=make_scheduler(config, len(runs)),
+            ),
+            run_config=tune.RunConfig(
+                storage_path=scratch,
+                name=config.name,
+                verbose=0,
+                failure_config=tune.FailureConfig(max_failures=2),
+            ),
+        )
+        _fit(tuner, searcher, state)
+    except KeyboardInterrupt:
+        for run in runs:
+            stopped = [
+                t.number
+                for t in run.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+                if t.user_attrs.get("driver") == run.coordination.driver and t.user_attrs.get("error") == INTERRUPTED
+            ]
+            if stopped:
+                numbers = ", ".join(f"#{n}" for n in stopped)
+                interrupted.append(f"{run.study.study_name}: trials {numbers} stopped, marked FAIL and re-queued")
+        raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _outcome(run: _TargetRun) -> TargetOutcome:
+    """What ``run``'s target ended with (its trials, this run's failures, feasibility, misses)."""
+    import optuna
+
+    study = run.study
+    final, n_stopped = finished_trials(study)
+    failed = [  # this run's: trials of other runs or drivers are not its failures
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+        if t.user_attrs.get("driver") == run.coordination.driver
+    ]
+    first_error = first_line(failed[0].user_attrs.get("error")) if failed else None
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    records = [_record(study.study_name, t) for t in complete]
+    return TargetOutcome(
+        study.study_name,
+        final,
+        run.repaired,
+        run.seeded,
+        run.complete_before,
+        len(failed),
+        first_error,
+        feasible=sum(r.feasible for r in records),
+        misses=constraint_misses(records),
+        stopped=n_stopped,
+        screened=run.searcher.screened if run.searcher is not None else 0,
+    )

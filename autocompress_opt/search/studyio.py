@@ -119,7 +119,8 @@ def export_rows(view: StudyView) -> list[dict[str, Any]]:
     weights mode ``candidate`` (the inner-search candidate returned) with ``val_kl[<candidate>]``,
     each candidate's held-out calibration KL (None: not measured); for a trial the scheduler
     stopped early (state PRUNED), ``stopped_at_step``, ``stopped_val_kl`` and ``stopped_violation``:
-    its last report."""
+    its last report; ``proxy_infeasible`` (the proxy's violations, JSON) for a point the proxy kept
+    from running, ``proxy_rank`` for one it enqueued."""
     rows = []
     for r in view.records:
         row: dict[str, Any] = {
@@ -143,6 +144,10 @@ def export_rows(view: StudyView) -> list[dict[str, Any]]:
             row["stopped_at_step"] = r.stopped_early.get("inner_step")
             row["stopped_val_kl"] = r.stopped_early.get("val_kl")
             row["stopped_violation"] = r.stopped_early.get("violation")
+        if r.proxy_infeasible:
+            row["proxy_infeasible"] = json.dumps(r.proxy_infeasible, sort_keys=True)
+        if r.proxy_rank:
+            row["proxy_rank"] = r.proxy_rank
         if r.error:
             row["error"] = r.error.splitlines()[0]
         rows.append(row)

@@ -89,9 +89,34 @@ def test_asha_decides_at_a_quarter_and_at_half_of_the_inner_search_on_the_constr
     tmp_path: Path,
 ) -> None:
     assert make_scheduler(config(tmp_path, scheduler="none")) is None
-    asha = make_scheduler(config(tmp_path, inner={"steps": 24}))
-    assert (asha.metric, asha._mode, asha._time_attr) == (SCORE, "min", STEP)
-    assert sorted(milestone for milestone, _ in asha._brackets[0]._rungs) == [6, 12]  # never past half way
+    scheduler = make_scheduler(config(tmp_path, inner={"steps": 24}), targets=2)
+    assert len(scheduler.parts) == 2 and scheduler.parts[0] is not scheduler.parts[1]
+    for asha in scheduler.parts:
+        assert (asha.metric, asha._mode, asha._time_attr) == (SCORE, "min", STEP)
+        assert sorted(milestone for milestone, _ in asha._brackets[0]._rungs) == [6, 12]  # never past half way
+
+
+def test_each_target_s_trials_meet_only_their_own_target_s_trials_at_a_rung(tmp_path: Path) -> None:
+    """A group run shares one scheduler: at a rung a trial is compared with its own target's trials
+    (config target_index), whose constraints it shares, never with another target's."""
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    scheduler = make_scheduler(config(tmp_path, inner={"steps": 8}), targets=2)
+    trials = {
+        name: SimpleNamespace(trial_id=name, config={"target_index": index})
+        for name, index in (("good", 0), ("bad", 0), ("other", 1))
+    }
+    for trial in trials.values():
+        scheduler.on_trial_add(None, trial)
+
+    def at_rung(name: str, score: float) -> str:
+        return scheduler.on_trial_result(None, trials[name], {STEP: 2, SCORE: score})
+
+    assert at_rung("good", 1.0) == TrialScheduler.CONTINUE
+    assert at_rung("bad", 5.0) == TrialScheduler.STOP  # worse than target 0's median at the rung
+    assert at_rung("other", 5.0) == TrialScheduler.CONTINUE  # target 1's rung is its own: first there
 
 
 def test_a_bad_scheduler_is_a_one_line_error_and_nothing_is_created(
@@ -170,7 +195,9 @@ def test_the_seeded_baselines_are_never_stopped_early(tmp_path: Path, local_ray:
     [outcome] = run_study(cfg, progress=False)
     records, _ = load_records(cfg.storage_url, "a.h100-sxm")
     seeded = [r for r in records if r.baseline]
-    assert len(seeded) == len(outcome.seeded) == 2 and stopped(records)
+    assert len(outcome.seeded) == 3  # depth, minitron, best-uniform (best-uniform may share a point)
+    assert len(seeded) >= 2 and stopped(records)
+    assert sorted(n for r in seeded for n in r.baseline.split("+")) == sorted(["depth", "minitron", "best-uniform"])
     assert all(r.state == "COMPLETE" and [row[0] for row in r.intermediate or []] == list(range(1, 9)) for r in seeded)
 
 

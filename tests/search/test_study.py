@@ -293,30 +293,39 @@ def test_cli_run_show_export_list_plot(tmp_path: Path, capsys: pytest.CaptureFix
 
 # ----------------------------------------------------------------------- seeding with the baselines
 def test_a_seeded_study_runs_the_baselines_first_and_resuming_does_not_add_them_again(tmp_path: Path) -> None:
-    """Plan mode with seed_baselines: the depth and minitron points (baseline_seeds, on the space)
-    are the study's first trials, labelled by baseline; a resumed run keeps the stored seeds and
-    runs each point once."""
+    """Plan mode with seed_baselines: the depth, minitron and best-uniform points (baseline_seeds, on
+    the space) are the study's first trials, one per distinct point, labelled by the baseline(s) it
+    comes from; a resumed run keeps the stored seeds and runs each point once."""
     target = Target("rtx5070", "in-game")
-    cfg = config(tmp_path, name="s", targets=(target,), trials=4, seed_baselines=True)
+    cfg = config(tmp_path, name="s", targets=(target,), trials=5, seed_baselines=True)
     seeds = baseline_seeds(cfg, target, load_architecture(cfg.model))
+    assert list(seeds) == list(SEEDED_BASELINES) == ["depth", "minitron", "best-uniform"]
     points = [seeds[name]["point"] for name in SEEDED_BASELINES]
     assert points[0] != points[1]  # depth and minitron differ on this target: two seeded trials
     distributions = cfg.space.distributions()
     assert all(distributions[k]._contains(distributions[k].to_internal_repr(v)) for p in points for k, v in p.items())
+    distinct: list[dict[str, int]] = []
+    labels: list[str] = []
+    for name, point in zip(SEEDED_BASELINES, points):
+        if point in distinct:
+            labels[distinct.index(point)] += f"+{name}"
+        else:
+            distinct.append(point)
+            labels.append(name)
 
     [outcome] = run_study(cfg, progress=False)
     assert [line.split(":")[0] for line in outcome.seeded] == list(SEEDED_BASELINES)
     records, attrs = load_records(cfg.storage_url, "s.rtx5070")
-    first = sorted(records, key=lambda r: r.number)[:2]
-    assert [r.params for r in first] == points and [r.baseline for r in first] == list(SEEDED_BASELINES)
+    first = sorted(records, key=lambda r: r.number)[: len(distinct)]
+    assert [r.params for r in first] == distinct and [r.baseline for r in first] == labels
     assert all(r.state == "COMPLETE" for r in first)
     assert attrs["baseline_seeds"] == seeds
 
-    run_study(replace(cfg, trials=6), progress=False)  # resume: seeds already in the study
+    run_study(replace(cfg, trials=7), progress=False)  # resume: seeds already in the study
     records, attrs = load_records(cfg.storage_url, "s.rtx5070")
-    assert len(complete(records)) == 6 and attrs["baseline_seeds"] == seeds
-    assert [sum(r.params == p for r in records) for p in points] == [1, 1]
-    assert [r.baseline for r in records].count(None) == len(records) - 2
+    assert len(complete(records)) == 7 and attrs["baseline_seeds"] == seeds
+    assert [sum(r.params == p for r in records) for p in distinct] == [1] * len(distinct)
+    assert [r.baseline for r in records].count(None) == len(records) - len(distinct)
 
 
 def test_baseline_points_are_snapped_down_onto_the_space_or_skipped_with_a_reason() -> None:
@@ -367,10 +376,14 @@ def test_cli_seeds_shows_and_exports_the_baseline_trials(tmp_path: Path, capsys:
     assert "seeded depth: {'num_layers': 17" in out and "seeded minitron:" in out
     assert main(["study", "show", "sd", "--storage", storage, "--all"]) == 0
     out = capsys.readouterr().out
-    assert "0 (depth)" in out and "1 (minitron)" in out
+    # by parameters alone (plan mode: no score) best-uniform picks the depth model: one trial, both labels
+    assert "0 (depth+best-uniform)" in out and "1 (minitron)" in out
     assert main(["study", "export", "sd", "--storage", storage, "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r.get("baseline") for r in sorted(rows, key=lambda r: r["number"])][:2] == list(SEEDED_BASELINES)
+    assert [r.get("baseline") for r in sorted(rows, key=lambda r: r["number"])][:2] == [
+        "depth+best-uniform",
+        "minitron",
+    ]
 
 
 def test_a_weights_study_seeds_kl_scored_baselines_and_records_the_inner_candidate(
@@ -406,8 +419,13 @@ def test_a_weights_study_seeds_kl_scored_baselines_and_records_the_inner_candida
     records, attrs = load_records(cfg.storage_url, "w.h100-sxm")
     seeds = attrs["baseline_seeds"]
     assert "lowest score" in seeds["minitron"]["finding"]  # scored by held-out KL, not by parameters
-    seeded = sorted(records, key=lambda r: r.number)[: len(outcome.seeded)]
-    assert [r.params for r in seeded] == [seeds[n]["point"] for n in SEEDED_BASELINES if "point" in seeds[n]]
+    points: list[dict[str, int]] = []  # the baselines' distinct points, in order
+    for name in SEEDED_BASELINES:
+        if "point" in seeds[name] and seeds[name]["point"] not in points:
+            points.append(seeds[name]["point"])
+    assert [line.split(":")[0] for line in outcome.seeded][:3] == list(SEEDED_BASELINES)  # then the proxy's
+    seeded = sorted(records, key=lambda r: r.number)[: len(points)]
+    assert [r.params for r in seeded] == points[:3]
     done = complete(records)
     assert len(done) == 3
     for r in done:

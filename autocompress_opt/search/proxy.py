@@ -1,0 +1,134 @@
+"""The cheap proxy of a weights-mode study: plan-mode scoring of global points, before and between
+the expensive trials (multi-fidelity, the first and cheapest fidelity).
+
+A point's proxy is what a plan-mode trial computes (:func:`~autocompress_opt.search.trials.plan_trial`),
+about a millisecond and a half each on one CPU core: the engine-legal uniform model of the point
+(:func:`~autocompress_opt.search.trials.legal_point`; layers ranked as the weights trial ranks them),
+the target's exact cost metrics and constraint violations, and — with the parent's importance — the
+retained importance (:func:`~autocompress_opt.search.trials.retained_importance`), else the retained
+parameter fraction. A study uses it twice (:mod:`.study`, :mod:`.searcher`):
+
+- **ranking**: before its weights trials, each target's study enqueues the ``k`` best points by the
+  proxy among the feasible, *maximal* ones (no other feasible point scored is at least as large in
+  every choice: pruning such a point keeps a subset of what the larger one keeps, so it would
+  waste a trial), scored over the whole search space or, for a space larger than
+  :data:`RANK_POINTS`, a seeded random sample of that many points;
+- **screening**: a point the sampler proposes whose uniform model the proxy already finds
+  infeasible is never run in weights mode; it is told PRUNED with the attribute
+  ``proxy_infeasible`` (its violations) and the sampler asks again. The inner search could shrink
+  such a point below its budgets until it fits, but the result is then a smaller point's, which the
+  sampler can propose itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.search_space import CHOICES, SearchSpace
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.search.trials import check_loadable, legal_point, retained_fraction, retained_importance
+from autocompress_opt.serving.costmodel import estimate_cost
+from autocompress_opt.serving.targets import Target, all_satisfied
+
+__all__ = ["PROXY_ATTR", "RANK_POINTS", "Proxy", "ProxyScore", "maximal"]
+
+PROXY_ATTR = "proxy_infeasible"  # user attribute of a point the proxy screened out (its violations)
+PROXY_RANK_ATTR = "proxy_rank"  # user attribute of a point the ranking enqueued (1 = best)
+RANK_POINTS = 4096  # points the ranking scores at most (a seeded sample of a larger space)
+
+
+@dataclass(frozen=True)
+class ProxyScore:
+    """One point under the proxy: the legal point scored, its violations (``<= 0`` satisfied),
+    whether all hold, and the proxy quality (None when not computed)."""
+
+    point: dict[str, int]
+    violations: dict[str, float]
+    feasible: bool
+    quality: float | None = None
+    why_not: str | None = None  # the engine cannot load any point at or below it
+
+
+@dataclass
+class Proxy:
+    """The plan-mode proxy of one target's study (module doc)."""
+
+    parent: Architecture
+    space: SearchSpace
+    target: Target
+    parent_cost: Mapping[str, float]
+    serve_as: str = "any"
+    importance: Any = None
+    layer_order: Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.layer_order is None and self.importance is not None:
+            self.layer_order = self.importance.layer_order()
+
+    def check(self, params: Mapping[str, Any]) -> ProxyScore:
+        """Feasibility of ``params``' engine-legal uniform model (no quality: the cheap part)."""
+        point = {k: int(params[k]) for k in CHOICES}
+        try:
+            legal = legal_point(point, self.space, self.parent, self.serve_as)
+        except ConfigError as exc:
+            return ProxyScore(point, {}, False, why_not=str(exc))
+        arch = self.space.architecture(legal, self.parent, self.layer_order)
+        try:
+            check_loadable(arch, self.parent, self.serve_as)
+        except ConfigError as exc:
+            return ProxyScore(legal, {}, False, why_not=str(exc))
+        metrics = estimate_cost(arch, self.target.hardware, self.target.engine_obj(), self.target.scenario()).to_dict()
+        violations = {k: float(v) for k, v in self.target.violations(metrics, self.parent_cost).items()}
+        return ProxyScore(legal, violations, all_satisfied(violations))
+
+    def quality(self, point: Mapping[str, int]) -> float:
+        """The proxy quality of a (legal) point: retained importance, else retained parameters."""
+        arch = self.space.architecture(point, self.parent, self.layer_order)
+        if self.importance is None:
+            return retained_fraction(arch, self.parent)
+        from autocompress_opt.prune.plan import plan_pruning
+
+        return retained_importance(plan_pruning(self.parent, self.importance, arch), self.importance)
+
+    def rank(self, k: int, seed: int = 0, limit: int = RANK_POINTS) -> list[ProxyScore]:
+        """The ``k`` best feasible maximal points by proxy quality (module doc), best first; ties go
+        to the larger model. Scores the whole space, or ``limit`` points of it drawn with ``seed``."""
+        if k <= 0:
+            return []
+        points = _points(self.space, limit, seed)
+        scored: dict[tuple[int, ...], ProxyScore] = {}
+        for params in points:
+            score = self.check(params)
+            if score.feasible:
+                scored.setdefault(tuple(score.point[c] for c in CHOICES), score)
+        tops = maximal(list(scored))
+        ranked = [ProxyScore(s.point, s.violations, True, self.quality(s.point)) for s in (scored[key] for key in tops)]
+        ranked.sort(key=lambda s: (-(s.quality or 0.0), -self.space.architecture(s.point, self.parent).num_params))
+        return ranked[:k]
+
+
+def maximal(points: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The points no other point matches or exceeds in every coordinate (duplicates removed)."""
+    unique = sorted(set(points), key=lambda p: sum(p), reverse=True)
+    kept: list[tuple[int, ...]] = []
+    for p in unique:
+        if not any(all(a >= b for a, b in zip(q, p)) for q in kept):
+            kept.append(p)
+    return kept
+
+
+def _points(space: SearchSpace, limit: int, seed: int) -> list[dict[str, int]]:
+    """Every point of ``space``, or ``limit`` of them drawn with ``seed`` when it has more."""
+    values = [space[c].values for c in CHOICES]
+    if space.size <= limit:
+        return [dict(zip(CHOICES, combo)) for combo in itertools.product(*values)]
+    rng = random.Random(seed)
+    seen: set[tuple[int, ...]] = set()
+    while len(seen) < limit:
+        seen.add(tuple(rng.choice(v) for v in values))
+    return [dict(zip(CHOICES, combo)) for combo in sorted(seen)]
