@@ -94,8 +94,9 @@ def add_parser(sub: Any) -> None:
         "--scheduler",
         metavar="asha|none",
         help="early stopping of weights-mode trials by Ray Tune's ASHA on their intermediate results (held-out "
-        "KL plus a penalty for violated constraints, over inner-search steps): a trial worse than the median "
-        "at a quarter or half of its inner search is stopped and stored PRUNED, never on the Pareto front; "
+        "KL plus a penalty for violated constraints, over inner-search steps): a trial outside the best third "
+        "of its target's at an eighth or three eighths of its inner search is stopped and stored PRUNED, never "
+        "on the Pareto front; "
         "'none' runs every trial to the end (default: asha in weights mode with more than 4 trials, else none)",
     )
     run.add_argument(

@@ -31,7 +31,6 @@ __all__ = [
     "INFEASIBLE_PENALTY",
     "PHASES",
     "SCORE",
-    "SHOWN_STEP",
     "STEP",
     "STOPPED_EARLY",
     "TrialProgress",
@@ -43,7 +42,6 @@ __all__ = [
 # The phases of a weights trial, in order (a cached parent skips the first three).
 PHASES: tuple[str, ...] = ("load parent", "importance", "teacher", "inner search", "materialise", "quality")
 STEP = "inner_step"  # the scheduler's resource: inner-search steps done (monotone within a trial)
-SHOWN_STEP = "progress_step"  # the steps done, also for a trial the scheduler must not stop (STEP stays 0)
 SCORE = "progress_score"  # the scheduler's metric, lower is better (TrialProgress.score)
 # Nats of score per unit of normalised violation (0.1 = 10 % over a constraint costs 10 nats):
 # larger than the KL gap between any two pruned SmolLM2 children (held-out KL 1-15 nats), so a
@@ -89,13 +87,11 @@ class TrialProgress:
             return math.inf
         return self.val_kl + INFEASIBLE_PENALTY * max(self.violation or 0.0, 0.0)
 
-    def to_result(self, *, stoppable: bool = True) -> dict[str, Any]:
-        """The flat, JSON-safe result Ray Tune receives (:data:`STEP` and :data:`SCORE` included).
-        Not ``stoppable`` (a seeded baseline): :data:`STEP` stays 0, below every scheduler rung."""
+    def to_result(self) -> dict[str, Any]:
+        """The flat, JSON-safe result Ray Tune receives (:data:`STEP` and :data:`SCORE` included)."""
         return {
             "phase": self.phase,
-            STEP: self.inner_step if stoppable else 0,
-            SHOWN_STEP: self.inner_step,
+            STEP: self.inner_step,
             "inner_steps": self.inner_steps,
             "val_kl": self.val_kl,
             "violation": self.violation,
@@ -110,7 +106,7 @@ class TrialProgress:
             return None
         return cls(
             str(result["phase"]),
-            int(result.get(SHOWN_STEP, result[STEP])),
+            int(result[STEP]),
             int(result.get("inner_steps") or 0),
             _number(result.get("val_kl")),
             _number(result.get("violation")),

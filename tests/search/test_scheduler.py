@@ -85,7 +85,7 @@ def test_asha_is_the_default_for_weights_studies_of_more_than_four_trials_only(t
         config(tmp_path, mode="plan", plugins=(), inner={}, scheduler="asha")
 
 
-def test_asha_decides_at_a_quarter_and_at_half_of_the_inner_search_on_the_constraint_aware_score(
+def test_asha_decides_at_an_eighth_and_three_eighths_of_the_inner_search_on_the_constraint_aware_score(
     tmp_path: Path,
 ) -> None:
     assert make_scheduler(config(tmp_path, scheduler="none")) is None
@@ -93,7 +93,8 @@ def test_asha_decides_at_a_quarter_and_at_half_of_the_inner_search_on_the_constr
     assert len(scheduler.parts) == 2 and scheduler.parts[0] is not scheduler.parts[1]
     for asha in scheduler.parts:
         assert (asha.metric, asha._mode, asha._time_attr) == (SCORE, "min", STEP)
-        assert sorted(milestone for milestone, _ in asha._brackets[0]._rungs) == [6, 12]  # never past half way
+        assert sorted(milestone for milestone, _ in asha._brackets[0]._rungs) == [3, 9]  # never past half way
+        assert asha._reduction_factor == 3  # the best third goes on
 
 
 def test_each_target_s_trials_meet_only_their_own_target_s_trials_at_a_rung(tmp_path: Path) -> None:
@@ -117,6 +118,23 @@ def test_each_target_s_trials_meet_only_their_own_target_s_trials_at_a_rung(tmp_
     assert at_rung("good", 1.0) == TrialScheduler.CONTINUE
     assert at_rung("bad", 5.0) == TrialScheduler.STOP  # worse than target 0's median at the rung
     assert at_rung("other", 5.0) == TrialScheduler.CONTINUE  # target 1's rung is its own: first there
+
+
+def test_a_seeded_baseline_sets_the_bar_at_a_rung_but_is_never_stopped(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    scheduler = make_scheduler(config(tmp_path, inner={"steps": 8}), targets=1)
+    seed_good = SimpleNamespace(trial_id="s1", config={"target_index": 0, "stoppable": False})
+    seed_bad = SimpleNamespace(trial_id="s2", config={"target_index": 0, "stoppable": False})
+    sampled = SimpleNamespace(trial_id="t", config={"target_index": 0, "stoppable": True})
+    for trial in (seed_good, seed_bad, sampled):
+        scheduler.on_trial_add(None, trial)
+    assert scheduler.on_trial_result(None, seed_good, {STEP: 1, SCORE: 1.0}) == TrialScheduler.CONTINUE
+    assert scheduler.on_trial_result(None, seed_bad, {STEP: 1, SCORE: 9.0}) == TrialScheduler.CONTINUE  # kept
+    # the seeds' scores are in the rung: 4.0 is not in the best third of (1.0, 9.0)
+    assert scheduler.on_trial_result(None, sampled, {STEP: 1, SCORE: 4.0}) == TrialScheduler.STOP
 
 
 def test_a_bad_scheduler_is_a_one_line_error_and_nothing_is_created(
