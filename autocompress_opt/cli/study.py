@@ -445,7 +445,7 @@ def _inner(raw: Any, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from autocompress_opt.search.study import StudyInterrupted, run_study
+    from autocompress_opt.search.study import StudyInterrupted, binding_constraints, run_study, shared_answers
 
     try:
         config = build_config(_merged(args))
@@ -463,6 +463,16 @@ def _run(args: argparse.Namespace) -> int:
             print(f"  seeded {line}")
         if o.failed:
             print(f"  {o.failed} trials FAILED; first error: {o.first_error}")
+        if o.best is not None and o.best.architecture:
+            from autocompress_opt.arch.architecture import Architecture
+
+            arch = Architecture.from_dict(o.best.architecture)
+            print(
+                f"  best feasible: trial {o.best.number}, {arch.summary()}, quality {o.best.quality:.3f}; "
+                f"binding: {', '.join(binding_constraints(o.best))}"
+            )
+    for line in shared_answers(outcomes):
+        print(line)
     print(
         f"storage: {config.storage_url}\nnext: autocompress study show {config.name} --storage {config.storage_url}\n"
         f"      autocompress plot {config.name} --storage {config.storage_url}"

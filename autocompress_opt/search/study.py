@@ -94,6 +94,8 @@ __all__ = [
     "StudyInterrupted",
     "TrialRecord",
     "baseline_seeds",
+    "best_feasible",
+    "binding_constraints",
     "check_config",
     "constraint_misses",
     "default_storage",
@@ -108,6 +110,7 @@ __all__ = [
     "resolve_storage",
     "run_study",
     "seed_study",
+    "shared_answers",
 ]
 
 _log = logging.getLogger(__name__)
@@ -121,6 +124,7 @@ SEEDED_BASELINES: tuple[str, ...] = ("depth", "minitron", "best-uniform")
 SCHEDULERS: tuple[str, ...] = ("asha", "none")
 ASHA_MIN_TRIALS = 4  # with this many trials or fewer ASHA has too few to compare: off by default
 PROXY_POINTS = 4  # weights mode: points the plan-mode proxy enqueues per target by default
+BINDING_SLACK = 0.05  # a constraint within this normalised slack of its limit binds (shared_answers)
 
 
 @dataclass(frozen=True)
@@ -1116,6 +1120,7 @@ class TargetOutcome:
     misses: dict[str, tuple[int, float]] = field(default_factory=dict)  # constraint_misses of its COMPLETE trials
     stopped: int = 0  # trials in the study stopped early by the scheduler (PRUNED; every run's)
     screened: int = 0  # points this run's proxy kept from running (PRUNED, proxy_infeasible)
+    best: TrialRecord | None = None  # the feasible COMPLETE trial of highest quality (None: none)
 
     @property
     def completed_none(self) -> bool:
@@ -1645,4 +1650,43 @@ def _outcome(run: _TargetRun) -> TargetOutcome:
         misses=constraint_misses(records),
         stopped=n_stopped,
         screened=run.searcher.screened if run.searcher is not None else 0,
+        best=best_feasible(records),
     )
+
+
+def best_feasible(records: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The feasible COMPLETE record of highest ``quality`` (the lowest number on a tie); None when
+    there is none."""
+    feasible = [r for r in records if r.feasible and r.quality is not None]
+    return max(feasible, key=lambda r: (r.quality, -r.number)) if feasible else None
+
+
+def binding_constraints(record: TrialRecord, slack: float = BINDING_SLACK) -> list[str]:
+    """The constraints that bind ``record`` (normalised violation within ``slack`` of 0, tightest
+    first, as ``"tpot_ms <= 0.8x (slack 0.001)"``); when none is that close, one line saying so
+    and naming the tightest (the point is not held back by its constraints)."""
+    ranked = sorted(record.constraints.items(), key=lambda kv: -kv[1])
+    close = [(k, v) for k, v in ranked if v > -slack]
+    if not close and ranked:
+        k, v = ranked[0]
+        return [f"none within {slack:g} of its limit (tightest: {k}, slack {-v:.3f})"]
+    return [f"{k} (slack {-v:.3f})" for k, v in close]
+
+
+def shared_answers(outcomes: Sequence[TargetOutcome]) -> list[str]:
+    """One line per group of targets whose best feasible architecture is the same, saying which
+    constraints bind each (:func:`binding_constraints`): why the search gave them one answer."""
+    groups: dict[str, list[TargetOutcome]] = {}
+    for o in outcomes:
+        if o.best is not None and o.best.architecture:
+            key = json.dumps({**o.best.architecture, "name": ""}, sort_keys=True)
+            groups.setdefault(key, []).append(o)
+    lines = []
+    for members in groups.values():
+        if len(members) > 1:
+            why = "; ".join(
+                f"{o.study_name}: {', '.join(binding_constraints(o.best))}" for o in members if o.best is not None
+            )
+            names = " and ".join(o.study_name for o in members)
+            lines.append(f"{names} end with the same architecture; binding constraints: {why}")
+    return lines
