@@ -174,7 +174,7 @@ def add_parser(sub: Any) -> None:
         "--seed-baselines",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="enqueue the depth and minitron baselines' points before the study's own samples "
+        help="enqueue the depth, minitron and best-uniform baselines' points before the study's own samples "
         "(default: on in weights mode, off in plan mode)",
     )
     run.add_argument(

@@ -29,7 +29,7 @@ evaluates more points in the same time) and never enters the Pareto front. The s
 trials are never stopped.
 
 **Seeding with the baselines** (:attr:`StudyConfig.seed_baselines`, on by default in weights mode):
-before its own samples a study enqueues the global choices of the ``depth`` and ``minitron``
+before its own samples a study enqueues the global choices of the ``depth``, ``minitron`` and ``best-uniform``
 baselines for its target (:func:`~autocompress_opt.prune.baselines.make_baseline`, feasibility by the
 target's exact constraint check), snapped down onto the search space's values. Together with the
 inner search's ``uniform`` candidate, a weights study's best is then never worse on its own objective
@@ -170,7 +170,7 @@ class Objective:
 class StudyConfig:
     """Everything that defines a study group; also its identity when resuming.
 
-    ``seed_baselines``: enqueue the ``depth`` and ``minitron`` baselines' global choices before the
+    ``seed_baselines``: enqueue the ``depth``, ``minitron`` and ``best-uniform`` baselines' global choices before the
     study's own samples (module doc); None (default) means on in ``weights`` mode, off otherwise
     (:attr:`seeds_baselines`). Not part of the identity: a study may be resumed with it changed.
     ``hardware``: user GPU profiles (``Hardware.to_dict()`` of what
