@@ -29,6 +29,7 @@ from autocompress_opt.search.study import (
     load_records,
     pareto_front,
     run_study,
+    sampler_seed,
 )
 from autocompress_opt.serving.targets import Target
 
@@ -211,6 +212,23 @@ def test_two_studies_share_a_storage_without_interfering(tmp_path: Path) -> None
     records_b, _ = load_records(b.storage_url, "b.rtx5070")
     assert len(complete(records_a)) == 3 and len(records_a) == 3
     assert [r.state for r in records_b].count("RUNNING") == 1  # a's run did not touch b
+
+
+def test_each_target_of_a_group_samples_its_own_points(tmp_path: Path) -> None:
+    """One seed for the group, but not one stream of points: targets drew the same random start-up
+    points before (and a repeated point's inner search is not shared), so they explored less."""
+    cfg = config(tmp_path, trials=4, seed=3)
+    run_study(cfg, progress=False)
+    points = {
+        t.hardware: [tuple(sorted(r.params.items())) for r in load_records(cfg.storage_url, cfg.study_name(t))[0]]
+        for t in cfg.targets
+    }
+    assert all(len(p) == 4 for p in points.values())
+    assert set(points["rtx5070"]).isdisjoint(points["b200"])
+    # the seed is the target's own: stable whatever the other targets, different between targets
+    a, b = Target("rtx5070", "in-game"), Target("b200", "datacenter")
+    assert sampler_seed(3, a) == sampler_seed(3, Target("rtx5070", "in-game")) != sampler_seed(3, b)
+    assert sampler_seed(3, a) != sampler_seed(4, a)
 
 
 def test_changed_objectives_on_an_existing_study_are_an_error(tmp_path: Path) -> None:
