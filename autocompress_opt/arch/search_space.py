@@ -15,7 +15,7 @@ sub-architecture of the parent (property-tested). YAML example (``search_spaces/
     sampler: tpe
     num_layers: {min: 10, max: 30}
     hidden_size: {choices: [384, 448, 512, 576]}
-    ffn_width: {min: 256, max: 1536, step: 128}
+    ffn_width: {min: 256, max: 1536, step: 64}
     num_kv_heads: {choices: [1, 3]}
     q_per_kv: {choices: [1, 2, 3]}
 """

@@ -75,6 +75,7 @@ StepListener = Callable[[int, float | None, float | None], None]
 # What the selection chooses between, in tie-break order: the trained masks (discretised,
 # repaired, filled), the greedy start point (the uniform allocation repaired and filled), and the
 # uniform allocation of the trial's global choices as it is (only when feasible).
+# A caller may add more, judged the same way (:func:`search`'s ``extra``: a seeded baseline's own model).
 CANDIDATES: tuple[str, ...] = ("trained", "start", "uniform")
 
 
@@ -271,6 +272,7 @@ def search(
     adapter: FamilyAdapter | None = None,
     on_step: StepListener | None = None,
     rules: ShapeRules | None = None,
+    extra: Mapping[str, Architecture] | None = None,
 ) -> InnerResult:
     """Search per-layer structure under ``budget`` and ``goal``; see the module doc.
 
@@ -308,8 +310,15 @@ def search(
             draws no random numbers: the result is the same with or without a listener.
         rules: a serving engine's shape rules (:func:`~autocompress_opt.prune.engine_rules.shape_rules`):
             the start and trained points are discretised onto shapes that engine loads; None: any shape.
+        extra: more candidates by name (not one of :data:`CANDIDATES`), judged like ``uniform``: as
+            they are, when they meet every budget and constraint, after the others on ties. A study
+            passes a seeded baseline's own model (its kept layers by its own criterion), so the trial
+            of the baseline's global choices never returns worse than that baseline.
     """
     adapter = adapter or adapter_for(model)
+    clash = sorted(set(extra or ()) & set(CANDIDATES))
+    if clash:
+        raise ConfigError(f"extra candidate name(s) {clash} are taken; use names other than {', '.join(CANDIDATES)}")
     if tuple(teacher.shape[:2]) != tuple(tokens.shape):
         raise ConfigError(f"teacher log-probs {tuple(teacher.shape)} do not fit tokens {tuple(tokens.shape)}")
     if config.val_samples >= tokens.shape[0]:
@@ -331,7 +340,9 @@ def search(
     started = time.perf_counter()
     val, train = slice(0, config.val_samples), slice(config.val_samples, None)
     uniform = _as_candidate(init, budget, goal) if init is not None else None
-    fixed = {"start": start, **({"uniform": uniform} if uniform is not None and uniform.feasible else {})}
+    judged = {"uniform": uniform} if uniform is not None else {}
+    judged.update({name: _as_candidate(arch, budget, goal) for name, arch in (extra or {}).items()})
+    fixed = {"start": start, **{name: cand for name, cand in judged.items() if cand.feasible}}
     meter = _Meter(model, masks, importance, budget, goal, config, rules, tokens[val], teacher[val], fixed)
     history = (
         _train(
@@ -355,9 +366,7 @@ def search(
         expected = masks.expected(config.tau_end).to_dict()
     trained = discretise(masks, importance, budget, goal, fill=config.fill, rules=rules)
     discretised = time.perf_counter()
-    candidates = {"trained": trained, "start": start}
-    if uniform is not None and uniform.feasible:
-        candidates["uniform"] = uniform
+    candidates = {"trained": trained, "start": start, **{n: c for n, c in judged.items() if c.feasible}}
     chosen, selection = _select(
         candidates,
         model,
@@ -368,8 +377,9 @@ def search(
         config.batch_size,
         adapter,
     )
-    if uniform is not None and not uniform.feasible:  # recorded, never returned
-        selection["uniform"] = {"feasible": False, "val_kl": math.nan, "summary": uniform.architecture.summary()}
+    for name, cand in judged.items():
+        if not cand.feasible:  # recorded, never returned
+            selection[name] = {"feasible": False, "val_kl": math.nan, "summary": cand.architecture.summary()}
     plan = plan_pruning(parent, importance, chosen.architecture)
     seconds = {
         "start": started - began,

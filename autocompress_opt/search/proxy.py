@@ -39,7 +39,7 @@ __all__ = ["PROXY_ATTR", "RANK_POINTS", "Proxy", "ProxyScore", "maximal"]
 
 PROXY_ATTR = "proxy_infeasible"  # user attribute of a point the proxy screened out (its violations)
 PROXY_RANK_ATTR = "proxy_rank"  # user attribute of a point the ranking enqueued (1 = best)
-RANK_POINTS = 4096  # points the ranking scores at most (a seeded sample of a larger space)
+RANK_POINTS = 16384  # points the ranking scores at most (a seeded sample of a larger space; ~1.5 ms each)
 
 
 @dataclass(frozen=True)

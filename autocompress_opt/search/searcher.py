@@ -53,13 +53,29 @@ from autocompress_opt.search.progress import STOPPED_EARLY, TrialProgress, is_st
 from autocompress_opt.search.proxy import PROXY_ATTR
 from autocompress_opt.serving.targets import Target, all_satisfied
 
-__all__ = ["INTERRUPTED", "StudySearcher", "point_key"]
+__all__ = ["INTERRUPTED", "StudySearcher", "baseline_candidates", "point_key"]
 
 INTERRUPTED = "interrupted (Ctrl-C) before it finished; parameters re-queued"
 _ASK_ATTEMPTS = 100  # sampler repeats in a row before the space counts as exhausted
 _SCREEN_ATTEMPTS = 200  # points in a row the proxy finds infeasible before the target gives up
 _POLL_S = 1.0  # while other drivers' trials fill the study: seconds between looks at the storage
 _log = logging.getLogger(__name__)
+
+
+def baseline_candidates(study: Any, trial: Any) -> dict[str, dict[str, Any]]:
+    """The seeded baselines' own models (architecture dicts by baseline name) for ``trial``: those
+    of the baselines named in its ``baseline`` attribute whose point is the trial's (none for a
+    sampled trial, or a baseline snapped onto the space). Its inner search weighs them as candidates,
+    so the trial never returns worse, on the held-out calibration KL, than those baselines' models."""
+    names = str(trial.user_attrs.get("baseline") or "")
+    if not names:
+        return {}
+    seeds = study.user_attrs.get("baseline_seeds") or {}
+    return {
+        name: seeds[name]["architecture"]
+        for name in names.split("+")
+        if "architecture" in seeds.get(name, {}) and seeds[name].get("point") == dict(trial.params)
+    }
 
 
 class Progress(Protocol):
@@ -208,8 +224,11 @@ class StudySearcher(Searcher):
         # A baseline's point is never stopped early: the study keeps its guarantee of holding the
         # baselines' full results (study.seed_study).
         stoppable = not trial.user_attrs.get("baseline")
+        request = {**self.request, "params": dict(trial.params)}
+        if self.request.get("mode") == "weights" and not stoppable:
+            request["baselines"] = baseline_candidates(self.study, trial)
         return {
-            "request": {**self.request, "params": dict(trial.params)},
+            "request": request,
             "number": trial.number,
             "stoppable": stoppable,
         }

@@ -956,7 +956,9 @@ def baseline_seeds(
     better; None ranks by parameters). Its point is snapped onto ``config.space``: each choice to the
     largest allowed value not above it (never a larger, costlier model), and the snapped point's
     architecture (:func:`uniform_allocation` in ``layer_order``) is checked again. Returns, per
-    baseline, ``{"point", "baseline_point", "finding"}`` or ``{"skipped": reason}``.
+    baseline, ``{"point", "baseline_point", "finding"}`` plus, when the point needed no snapping,
+    ``"architecture"``: the baseline's own model (its layers kept by its own criterion), which the
+    trial of that point weighs as a candidate (:func:`~.searcher.baseline_candidates`); or ``{"skipped": reason}``.
     """
     from autocompress_opt.prune.baselines import make_baseline, target_feasibility
 
@@ -975,6 +977,8 @@ def baseline_seeds(
             out[name] = {"skipped": f"{result.choice.label()} snapped onto the search space as {point} is infeasible"}
         else:
             out[name] = {"point": point, "baseline_point": wanted, "finding": result.finding}
+            if point == wanted:  # the trial of this point also weighs the baseline's own model
+                out[name]["architecture"] = result.choice.architecture.to_dict()
     return out
 
 

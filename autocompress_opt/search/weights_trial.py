@@ -8,11 +8,12 @@
                "inner": {...},            # InnerConfig keys + the data keys of TrialConfig
                "parent_model": str,       # what load_model loads; default: the parent's name, which
                                           # works for known names ("smollm2-135m"), not for paths
-               "cache_dir": str}          # on-disk caches (default ".autocompress")
+               "cache_dir": str,          # on-disk caches (default ".autocompress")
+               "baselines": {name: Architecture dict}}  # more candidates: a seeded baseline's own model
     result  = {"architecture": dict, "metrics": {...}, "quality": exp(-KL), "quality_kind": "exp_neg_kl",
                "kl_to_parent": nats, "kl_code", "kl_prose", "ppl_code", "ppl_prose",
                "quality_cached": bool, "inner": {...search summary...}, "timings_s": {...},
-               "selection": {"chosen": "trained" | "start" | "uniform",
+               "selection": {"chosen": "trained" | "start" | "uniform" | a baseline's name,
                              "val_kl": {candidate: nats | None}, "feasible": {candidate: bool}},
                "compute": {"device": "cpu" | "cuda:0" | ..., "dtype": "fp32" | "bf16" | "fp16"}}
 
@@ -351,13 +352,14 @@ def inner_search(
     layer_order: list[int] | None = None,
     on_step: StepListener | None = None,
     serve_as: str = "any",
+    extra: Mapping[str, Architecture] | None = None,
 ) -> InnerResult:
     """The trial's inner search: from the uniform allocation of ``params`` (layers ranked by
     ``layer_order``, else by the importance ``skip_loss``), holding ``params`` as budgets, under
     ``target``'s constraints, with that uniform allocation as a candidate; ``on_step`` hears the
     step count, and every few steps the held-out KL and violation (:func:`.inner_search.search`);
     the result is a shape the ``serve_as`` engine loads (:func:`~autocompress_opt.prune.engine_rules.shape_rules`;
-    ``any``: every shape)."""
+    ``any``: every shape); ``extra``: more candidates by name (a seeded baseline's own model)."""
     order = layer_order or parent.importance.layer_order()
     budget = Budget.from_params(params)
     rules = shape_rules(
@@ -375,6 +377,7 @@ def inner_search(
         init=uniform_allocation(dict(params), parent.architecture, order),
         on_step=on_step,
         rules=rules,
+        extra=extra,
     )
 
 
@@ -419,6 +422,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
             else TrialProgress("inner search", step, steps, kl, violation)
         ),
         serve_as=serve_as,
+        extra={name: Architecture.from_dict(a) for name, a in (request.get("baselines") or {}).items()},
     )
     searched = time.perf_counter()
 

@@ -447,15 +447,18 @@ def test_a_weights_study_seeds_kl_scored_baselines_and_records_the_inner_candida
     done = complete(records)
     assert len(done) == 3
     for r in done:
-        assert r.selection is not None and r.selection["chosen"] in CANDIDATES
-        assert set(r.selection["val_kl"]) == set(CANDIDATES)
+        # a seeded trial also weighs its baselines' own models (those that needed no snapping)
+        own = {n for n in (r.baseline or "").split("+") if n and "architecture" in seeds[n]}
+        assert r.selection is not None and r.selection["chosen"] in set(CANDIDATES) | own
+        assert set(r.selection["val_kl"]) == set(CANDIDATES) | own
         measured = [v for v in r.selection["val_kl"].values() if v is not None]
         assert r.selection["val_kl"][r.selection["chosen"]] == min(measured)
+    assert any("architecture" in seeds[n] for n in SEEDED_BASELINES if "point" in seeds[n])
     assert main(["study", "show", "w", "--storage", cfg.storage_url, "--all"]) == 0
     assert "inner search returned:" in capsys.readouterr().out
     assert main(["study", "export", "w", "--storage", cfg.storage_url, "--format", "json"]) == 0
     rows = [r for r in json.loads(capsys.readouterr().out) if r["state"] == "COMPLETE"]
-    assert all(r["candidate"] in CANDIDATES and "val_kl[uniform]" in r for r in rows)
+    assert all(r["candidate"] in set(CANDIDATES) | set(SEEDED_BASELINES) and "val_kl[uniform]" in r for r in rows)
 
 
 def test_the_120b_case_finds_architectures_that_fit_one_b200(tmp_path: Path) -> None:
