@@ -16,14 +16,16 @@ def add_parser(sub: Any) -> None:
         "Predict peak GPU memory per stage of a weights trial or a distillation, from the architecture alone.",
         """
   autocompress memory --model llama-3.1-8b --mode weights
+  autocompress memory --model llama-3.1-8b --mode weights --seq-len 2048 --checkpointing --teacher-budget-gib 4
   autocompress memory --model llama-3.1-8b --mode distill --gpus 8
   autocompress memory --model smollm2-135m --mode distill --compute-dtype fp32 --no-checkpointing --kl-chunk 0 --json
   autocompress memory --model llama-3.1-8b --mode distill --student pruned/llama-6b/config.json --gpus 4
 
 No weights are read: the figures are arithmetic over the architecture (see autocompress_opt.hf.memory),
 checked in tests against measured peaks of small models. Weights trial: the parent in the compute
-dtype on one GPU, importance, teacher targets, the inner search's forward and backward, the child
-materialised beside the parent, held-out quality. Distill: teacher and student, gradients and AdamW
+dtype on one GPU, importance, teacher targets (full vocabulary, or top-k when they exceed
+--teacher-budget-gib; their host memory is printed), the inner search's forward and backward, the
+child materialised beside the parent, held-out quality. Distill: teacher and student, gradients and AdamW
 moments (FSDP-sharded over --gpus), activations, logits and the KL. Every figure adds 1 GiB for the
 CUDA context and allocator slack; the assumptions are printed with the table.""",
     )
@@ -46,6 +48,12 @@ CUDA context and allocator slack; the assumptions are printed with the table."""
         help="weights: hold all the teacher's calibration log-probs on the GPU (default: one step's slice)",
     )
     p.add_argument(
+        "--teacher-budget-gib",
+        type=float,
+        help="weights: GiB the calibration teacher targets may take before they are kept as top-k "
+        "(default 2, the trial's teacher_budget_gib)",
+    )
+    p.add_argument(
         "--student", metavar="MODEL", help="distill: the student's architecture (default: the parent's, an upper bound)"
     )
     p.add_argument(
@@ -54,8 +62,9 @@ CUDA context and allocator slack; the assumptions are printed with the table."""
     p.add_argument(
         "--checkpointing",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="distill: activation checkpointing (default on)",
+        default=None,
+        help="activation checkpointing: distill (default on) and the weights trial's inner search "
+        "(inner checkpoint_activations, default off)",
     )
     p.add_argument(
         "--kl-chunk", type=int, default=32, help="distill: positions per KL chunk, 0 = whole sequence (default 32)"
@@ -77,13 +86,16 @@ def run(args: argparse.Namespace) -> int:
     arch = load_architecture(args.model)
     sizes = {k: v for k, v in (("batch_size", args.batch_size), ("seq_len", args.seq_len)) if v is not None}
     if args.mode == "weights":
-        search = {f"search_{k.removesuffix('_size')}": v for k, v in sizes.items()}
+        search: dict[str, Any] = {f"search_{k.removesuffix('_size')}": v for k, v in sizes.items()}
+        if args.teacher_budget_gib is not None:
+            search["teacher_budget_gib"] = args.teacher_budget_gib
+        search["checkpointing"] = bool(args.checkpointing)
         shape: dict[str, Any] = {"weights": WeightsTrialShape(teacher_on_device=args.teacher_on_device, **search)}
     else:
         student = load_architecture(args.student) if args.student else None
         distill = DistillShape(
             master_dtype=args.master_dtype,
-            checkpointing=args.checkpointing,
+            checkpointing=args.checkpointing is not False,
             kl_chunk=args.kl_chunk or None,
             student=student,
             **sizes,
@@ -104,5 +116,7 @@ def run(args: argparse.Namespace) -> int:
         f"peak{per_gpu}: {prediction.peak_bytes / 1e9:.1f} GB ({prediction.peak_stage.name}, "
         f"with {prediction.overhead_bytes / 2**30:g} GiB CUDA overhead)"
     )
+    for what, nbytes in prediction.host_bytes.items():
+        print(f"host memory: {what} {nbytes / 1e9:.2f} GB")
     print("assumes: " + "; ".join(prediction.assumptions))
     return 0

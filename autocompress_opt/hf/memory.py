@@ -32,14 +32,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autocompress_opt.arch.architecture import Architecture, LayerSpec
-from autocompress_opt.errors import ConfigError, check_int
+from autocompress_opt.errors import ConfigError, check_int, check_number
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
     "CUDA_OVERHEAD_BYTES",
+    "DEFAULT_TEACHER_BUDGET_GIB",
     "DTYPE_BYTES",
+    "MIN_TEACHER_TOP_K",
     "MODES",
     "DistillShape",
     "MeasuredPeak",
@@ -49,6 +51,8 @@ __all__ = [
     "activation_bytes",
     "measure_peak_bytes",
     "predict_memory",
+    "teacher_target_bytes",
+    "teacher_top_k",
     "training_step_bytes",
 ]
 
@@ -59,6 +63,14 @@ _F32 = 4
 # and cuBLAS workspaces: 1 GiB is the slack a PyTorch training process on an H100 shows between
 # torch.cuda.max_memory_allocated() and nvidia-smi in our experience; stated as an assumption.
 CUDA_OVERHEAD_BYTES = 2**30
+# Host memory the parent's calibration targets may take before they are kept as top-k (below):
+# SmolLM2's and Llama-3-8B's default calibration sets (20 x 128 tokens: 0.23 and 0.61 GiB in
+# full, float16) stay full; a million Llama-3 tokens (239 GiB in full) get k = 357.
+DEFAULT_TEACHER_BUDGET_GIB = 2.0
+# Fewer kept tokens than this and the lumped KL drifts from the full one (measured on SmolLM2 in
+# the teacher note); a budget that does not hold them is an error rather than a silent k = 8.
+MIN_TEACHER_TOP_K = 64
+_TEACHER_ID_BYTES = 4  # int32 token ids of top-k targets
 
 
 def _dtype_bytes(name: str, what: str = "compute dtype") -> int:
@@ -192,6 +204,37 @@ def training_step_bytes(
     return max(moments)
 
 
+# ------------------------------------------------------------------ teacher targets
+def teacher_target_bytes(tokens: int, vocab: int, top_k: int | None = None, value_bytes: int = 2) -> int:
+    """Bytes of a teacher's next-token targets at ``tokens`` positions: the full vocabulary
+    (``V·value_bytes`` a position) or, with ``top_k``, ``k`` int32 ids and values plus one float32
+    tail log-mass (``k·(4 + value_bytes) + 4``; :class:`~autocompress_opt.quality.metrics.TeacherTargets`)."""
+    if top_k is None:
+        return tokens * vocab * value_bytes
+    return tokens * (top_k * (_TEACHER_ID_BYTES + value_bytes) + _F32)
+
+
+def teacher_top_k(tokens: int, vocab: int, budget_gib: float, value_bytes: int = 2) -> int | None:
+    """The form of ``tokens`` positions of teacher targets that fits ``budget_gib`` GiB: None (the
+    full vocabulary) when it fits, else the largest ``k`` whose top-k targets fit. Raises
+    :class:`ConfigError` when not even :data:`MIN_TEACHER_TOP_K` fit."""
+    check_int(tokens, "tokens")
+    check_int(vocab, "vocab")
+    budget = check_number(budget_gib, "teacher_budget_gib") * 2**30
+    if teacher_target_bytes(tokens, vocab, None, value_bytes) <= budget:
+        return None
+    k = min(int((budget / tokens - _F32) // (_TEACHER_ID_BYTES + value_bytes)), vocab)
+    if k < min(MIN_TEACHER_TOP_K, vocab):
+        need = teacher_target_bytes(tokens, vocab, min(MIN_TEACHER_TOP_K, vocab), value_bytes) / 2**30
+        raise ConfigError(
+            f"teacher_budget_gib={budget_gib:g} holds the teacher targets of {tokens:,} calibration tokens "
+            f"neither in full ({teacher_target_bytes(tokens, vocab, None, value_bytes) / 2**30:.3g} GiB) nor as "
+            f"the top {MIN_TEACHER_TOP_K} tokens ({need:.3g} GiB); raise it to at least {need:.3g} or use fewer "
+            "calibration tokens (n_samples x seq_len)"
+        )
+    return k
+
+
 # ------------------------------------------------------------------ stages
 @dataclass(frozen=True)
 class Stage:
@@ -213,20 +256,28 @@ class WeightsTrialShape:
     """The sizes of a weights trial that decide its memory (defaults: :class:`TrialConfig`'s).
 
     ``search_batch`` × ``search_seq_len``: rows and tokens per inner-search step;
-    ``n_samples``: calibration rows whose teacher log-probs exist (fp16); ``teacher_on_device``:
-    they are held on the device rather than sliced per step from host memory;
-    ``importance_batch`` × ``importance_seq_len`` and ``eval_batch`` × ``eval_seq_len``: the
-    no-grad passes of importance scoring and held-out quality.
+    ``n_samples``: calibration rows whose teacher targets exist (fp16); ``teacher_budget_gib``:
+    the memory they may take before they are kept as top-k (:func:`teacher_top_k`, the trial's
+    ``teacher_budget_gib``); ``teacher_on_device``: they are held on the device rather than
+    sliced per step from host memory; ``checkpointing``: the inner search recomputes each decoder
+    layer in backward (``InnerConfig.checkpoint_activations``); ``importance_batch`` ×
+    ``importance_seq_len`` and ``eval_batch`` × ``eval_seq_len``: the no-grad passes of
+    importance scoring and held-out quality.
     """
 
     search_batch: int = 2
     search_seq_len: int = 128
     n_samples: int = 20
     teacher_on_device: bool = False
+    teacher_budget_gib: float = DEFAULT_TEACHER_BUDGET_GIB
+    checkpointing: bool = False
     importance_batch: int = 4
     importance_seq_len: int = 128
     eval_batch: int = 4
     eval_seq_len: int = 128
+
+    def __post_init__(self) -> None:
+        check_number(self.teacher_budget_gib, "teacher_budget_gib")
 
 
 @dataclass(frozen=True)
@@ -255,7 +306,8 @@ class MemoryPrediction:
     """Predicted peak device memory per GPU of a run, stage by stage.
 
     ``peak_bytes`` is the largest stage plus :data:`CUDA_OVERHEAD_BYTES` when ``cuda`` is set;
-    ``assumptions`` lists what the figures take for granted, in words.
+    ``assumptions`` lists what the figures take for granted, in words; ``host_bytes`` the host-memory
+    bytes of what a run keeps off the device (a weights trial's teacher targets).
     """
 
     mode: str
@@ -265,6 +317,7 @@ class MemoryPrediction:
     stages: tuple[Stage, ...]
     assumptions: tuple[str, ...] = field(default=())
     overhead_bytes: int = 0
+    host_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def peak_stage(self) -> Stage:
@@ -286,6 +339,7 @@ class MemoryPrediction:
             "overhead_bytes": self.overhead_bytes,
             "stages": [s.to_dict() for s in self.stages],
             "assumptions": list(self.assumptions),
+            "host_bytes": dict(self.host_bytes),
         }
 
 
@@ -309,10 +363,11 @@ def predict_memory(
         raise ConfigError(f"memory mode {mode!r} is not one of {', '.join(MODES)}")
     check_int(gpus, "gpus")
     _dtype_bytes(compute_dtype)
+    host: dict[str, int] = {}
     if mode == "weights":
         if gpus != 1:
             raise ConfigError(f"a weights trial runs on one GPU; got gpus={gpus} (valid: 1, or use --mode distill)")
-        stages, assumptions = _weights_stages(arch, compute_dtype, weights or WeightsTrialShape())
+        stages, assumptions, host = _weights_stages(arch, compute_dtype, weights or WeightsTrialShape())
     else:
         stages, assumptions = _distill_stages(arch, compute_dtype, gpus, distill or DistillShape())
     overhead = CUDA_OVERHEAD_BYTES if cuda else 0
@@ -326,6 +381,7 @@ def predict_memory(
         stages=tuple(stages),
         assumptions=assumptions,
         overhead_bytes=overhead,
+        host_bytes=host,
     )
 
 
@@ -336,19 +392,34 @@ def _no_grad_pass(arch: Architecture, tokens: int, c: int) -> int:
     return tokens * (arch.vocab_size * (c + 2 * _F32) + widest)
 
 
-def _weights_stages(arch: Architecture, dtype: str, shape: WeightsTrialShape) -> tuple[list[Stage], tuple[str, ...]]:
+def _weights_stages(
+    arch: Architecture, dtype: str, shape: WeightsTrialShape
+) -> tuple[list[Stage], tuple[str, ...], dict[str, int]]:
     c = _dtype_bytes(dtype)
     parent = arch.num_params * c
     v = arch.vocab_size
     search_tokens = shape.search_batch * shape.search_seq_len
-    teacher_cache = shape.n_samples * shape.search_seq_len * v * 2 if shape.teacher_on_device else 0
+    calibration = shape.n_samples * shape.search_seq_len
+    top_k = teacher_top_k(calibration, v, shape.teacher_budget_gib)
+    targets = teacher_target_bytes(calibration, v, top_k)
+    teacher_cache = targets if shape.teacher_on_device else 0
     # Masks and their Adam moments: one float32 per head and FFN channel, three copies.
     masks = 3 * _F32 * sum(layer.num_heads + layer.ffn_width for layer in arch.layers)
     # One step through the frozen parent: activations kept as if every one needed a gradient (the
-    # masks make all after the first do), the KL against the step's teacher slice.
-    step = training_step_bytes(arch, shape.search_batch, shape.search_seq_len, dtype, param_grads=False) - parent
-    # Mask hooks keep o_proj's and down_proj's unmasked inputs for the masks' gradients.
-    hooks = search_tokens * c * sum(layer.num_heads * layer.head_dim + layer.ffn_width for layer in arch.layers)
+    # masks make all after the first do), the KL against the step's teacher slice (counted as a
+    # full-vocabulary slice: top-k targets make fewer vocabulary-sized temporaries, so an upper bound).
+    step = (
+        training_step_bytes(
+            arch, shape.search_batch, shape.search_seq_len, dtype, checkpointing=shape.checkpointing, param_grads=False
+        )
+        - parent
+    )
+    # Mask hooks keep o_proj's and down_proj's unmasked inputs for the masks' gradients; with
+    # checkpointing only the layer being rebuilt holds them.
+    per_layer_hooks = [
+        search_tokens * c * (layer.num_heads * layer.head_dim + layer.ffn_width) for layer in arch.layers
+    ]
+    hooks = max(per_layer_hooks) if shape.checkpointing else sum(per_layer_hooks)
     stages = [
         Stage("load parent", {"parent weights": parent}),
         Stage(
@@ -383,15 +454,18 @@ def _weights_stages(arch: Architecture, dtype: str, shape: WeightsTrialShape) ->
             },
         ),
     ]
+    form = "the full vocabulary" if top_k is None else f"the top {top_k} tokens + tail mass"
     assumptions = (
         f"parent weights in {dtype} on one GPU; SDPA flash attention (no T x T scores)",
         f"inner search: {shape.search_batch} x {shape.search_seq_len} tokens per step, activations kept as if "
-        "every one needed a gradient (an upper bound for the masked frozen parent)",
-        "teacher log-probs (fp16) "
+        "every one needed a gradient (an upper bound for the masked frozen parent); activation checkpointing "
+        + ("on" if shape.checkpointing else "off"),
+        f"teacher targets of {calibration:,} calibration tokens as {form} (fp16, "
+        f"{targets / 2**30:.3g} GiB, budget {shape.teacher_budget_gib:g} GiB) "
         + ("held on the device" if shape.teacher_on_device else "on the host, one step's slice on the device"),
         "the materialised child counted at the parent's size (the upper bound for any child)",
     )
-    return stages, assumptions
+    return stages, assumptions, ({} if shape.teacher_on_device else {"teacher targets": targets})
 
 
 def _distill_stages(

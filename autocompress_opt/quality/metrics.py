@@ -19,6 +19,10 @@ temperature) call them rather than writing their own:
   (so cached teacher logits give exactly what a live teacher gives).
 - :func:`token_kl`: per-position ``KL(teacher ‖ student) = Σ_v p_t (log p_t − log p_s)`` of two
   log-probability tensors; differentiable.
+- :class:`TeacherTargets` and :func:`sparse_token_kl`: the teacher's distribution kept as its top-k
+  tokens plus the mass of the rest (a fraction of the memory of the full vocabulary), and the KL
+  against it (a lower bound of :func:`token_kl`, equal at ``k = V``); :func:`teacher_kl` takes
+  either form.
 
 Every function is deterministic given its inputs (eval mode, no sampling, no dropout) and leaves
 the model's training flag as it found it.
@@ -31,7 +35,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -40,6 +44,8 @@ from autocompress_opt.quality.textdata import DEFAULT_SPLIT_SEED, TextBatches, c
 
 __all__ = [
     "QualityReport",
+    "Teacher",
+    "TeacherTargets",
     "cache_teacher_logits",
     "evaluate",
     "inference_mode",
@@ -47,6 +53,9 @@ __all__ = [
     "kl_divergence",
     "log_probs",
     "perplexity",
+    "sparse_token_kl",
+    "teacher_kl",
+    "teacher_targets",
     "token_kl",
 ]
 
@@ -107,6 +116,123 @@ def token_kl(student_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor) -
             f"vs {tuple(teacher_log_probs.shape)}; they must share the tokenizer"
         )
     return (teacher_log_probs.exp() * (teacher_log_probs - student_log_probs)).sum(-1)
+
+
+@dataclass(frozen=True)
+class TeacherTargets:
+    """A teacher's next-token distributions at ``(...)`` positions, kept sparse: per position its
+    ``k`` most likely tokens and their log-probabilities, and the log of the probability of every
+    other token together (the *tail*). ``k·(id + value)`` bytes a position instead of ``V·value``
+    (SmolLM2, V = 49,152: 98 KB a position in float16 in full; 388 B at k = 64).
+
+    Attributes:
+        ids: ``(..., k)`` token ids (int32), most likely first.
+        log_probs: ``(..., k)`` their log-probabilities (any float dtype; float16 in the caches).
+        tail_log_mass: ``(...)`` float32 ``log(1 − Σ_top-k p)``, computed as a log-sum-exp over the
+            other tokens (``-inf`` when there are none, ``k = V``).
+
+    Slices like a tensor over the leading position dimensions (``targets[rows]``, ``targets[a:b]``);
+    ``shape`` is ``ids``' (so ``shape[:2]`` is ``(n, T)`` as for a full ``(n, T, V)`` tensor).
+    """
+
+    ids: torch.Tensor
+    log_probs: torch.Tensor
+    tail_log_mass: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.ids.shape != self.log_probs.shape or self.ids.shape[:-1] != self.tail_log_mass.shape:
+            raise ConfigError(
+                f"teacher targets disagree: ids {tuple(self.ids.shape)}, log_probs {tuple(self.log_probs.shape)}, "
+                f"tail_log_mass {tuple(self.tail_log_mass.shape)} (need (..., k), (..., k), (...))"
+            )
+
+    @classmethod
+    def from_log_probs(cls, log_probs: torch.Tensor, k: int, dtype: torch.dtype = torch.float16) -> TeacherTargets:
+        """The top-``k`` targets of full ``(..., V)`` log-probabilities (``1 <= k <= V``); values in
+        ``dtype``, the tail's log-mass from the full float32 values."""
+        check_int(k, "k")
+        vocab = log_probs.shape[-1]
+        if k > vocab:
+            raise ConfigError(f"top-k of k={k} exceeds the vocabulary of {vocab} tokens")
+        full = log_probs.float()
+        values, ids = full.topk(k, dim=-1)  # (..., k), sorted, most likely first
+        if k == vocab:
+            tail = torch.full(full.shape[:-1], -math.inf)
+        else:
+            tail = torch.logsumexp(full.scatter(-1, ids, -math.inf), dim=-1)  # the other V - k tokens
+        return cls(ids.to(torch.int32), values.to(dtype), tail.to(device=full.device, dtype=torch.float32))
+
+    @property
+    def k(self) -> int:
+        return int(self.ids.shape[-1])
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.ids.shape
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.ids, self.log_probs, self.tail_log_mass))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: Any) -> TeacherTargets:
+        return TeacherTargets(self.ids[index], self.log_probs[index], self.tail_log_mass[index])
+
+    def to(self, device: Any) -> TeacherTargets:
+        """The same targets on ``device`` (dtypes kept)."""
+        return TeacherTargets(self.ids.to(device), self.log_probs.to(device), self.tail_log_mass.to(device))
+
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        """The three tensors by field name (contiguous), e.g. for safetensors."""
+        return {n: getattr(self, n).contiguous() for n in ("ids", "log_probs", "tail_log_mass")}
+
+
+# A teacher's next-token distributions: full ``(..., V)`` log-probabilities or top-k targets.
+Teacher: TypeAlias = torch.Tensor | TeacherTargets
+
+
+def sparse_token_kl(student_log_probs: torch.Tensor, teacher: TeacherTargets) -> torch.Tensor:
+    """Per-position KL of the teacher's and the student's distributions lumped into ``k + 1``
+    buckets (the teacher's top-k tokens, and one bucket for every other token), in nats::
+
+        Σ_{v ∈ top-k} p_t(v)·(log p_t(v) − log p_s(v))  +  p_t(tail)·(log p_t(tail) − log p_s(tail))
+
+    with ``p_s(tail) = 1 − Σ_{top-k} p_s(v)`` computed as a log-sum-exp of the student's other
+    tokens (exact and stable: no ``1 − x`` cancellation). ``student_log_probs`` ``(..., V)`` (from
+    :func:`log_probs`); the result ``(...)`` in float32, differentiable w.r.t. the student.
+
+    Lumping tokens never raises a KL (the log-sum inequality), so this is a **lower bound** of
+    :func:`token_kl` against the full teacher, **equal** to it at ``k = V`` (up to summation order)
+    and close when the teacher's mass is in its top-k (peaked distributions). A position whose
+    tail mass is 0 contributes no tail term (and no NaN gradient).
+    """
+    vocab = student_log_probs.shape[-1]
+    if teacher.ids.shape[:-1] != student_log_probs.shape[:-1] or teacher.k > vocab:
+        raise ConfigError(
+            f"teacher targets {tuple(teacher.ids.shape)} do not fit student log-probabilities "
+            f"{tuple(student_log_probs.shape)} (need the same positions and k <= V)"
+        )
+    ids = teacher.ids.to(student_log_probs.device).long()
+    lt = teacher.log_probs.to(student_log_probs.device).float()  # (..., k)
+    head = (lt.exp() * (lt - student_log_probs.gather(-1, ids).float())).sum(-1)
+    if teacher.k == vocab:
+        return head
+    student_tail = torch.logsumexp(student_log_probs.float().scatter(-1, ids, -math.inf), dim=-1)  # (...)
+    tail = teacher.tail_log_mass.to(student_log_probs.device).float()
+    has_tail = torch.isfinite(tail)
+    safe = torch.where(has_tail, tail, torch.zeros_like(tail))
+    return head + torch.where(has_tail, safe.exp() * (safe - student_tail), torch.zeros_like(tail))
+
+
+def teacher_kl(student_log_probs: torch.Tensor, teacher: Teacher) -> torch.Tensor:
+    """Per-position ``KL(teacher ‖ student)`` against either form of the teacher: :func:`token_kl`
+    for full ``(..., V)`` log-probabilities (compared in float32), :func:`sparse_token_kl` for
+    :class:`TeacherTargets`."""
+    if isinstance(teacher, TeacherTargets):
+        return sparse_token_kl(student_log_probs, teacher)
+    return token_kl(student_log_probs, teacher.float())
 
 
 # ------------------------------------------------------------------------- API
@@ -199,6 +325,36 @@ def cache_teacher_logits(
         for chunk in _chunks(tokens, batch_size, progress, "teacher logits"):
             parts.append(_logits(teacher, chunk).to("cpu", dtype))
     return torch.cat(parts)
+
+
+def teacher_targets(
+    teacher: Any,
+    batches: torch.Tensor | TextBatches,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    dtype: torch.dtype = torch.float16,
+    top_k: int | None = None,
+    progress: bool = False,
+) -> Teacher:
+    """The teacher's next-token targets on ``batches``, on the CPU: its ``(n, L, V)``
+    log-probabilities (:func:`log_probs`) in ``dtype`` or, with ``top_k``, the
+    :class:`TeacherTargets` of its ``top_k`` most likely tokens. One batch of ``batch_size`` rows
+    at a time, so only the kept form of the whole set is ever held (per row, the same values as
+    :func:`log_probs` of :func:`cache_teacher_logits`)."""
+    tokens = _tokens(batches)
+    check_int(batch_size, "batch_size")
+    full: list[torch.Tensor] = []
+    sparse: list[TeacherTargets] = []
+    with inference_mode(teacher):
+        for chunk in _chunks(tokens, batch_size, progress, "teacher targets"):
+            lp = log_probs(_logits(teacher, chunk))  # (B, L, V) float32
+            if top_k is None:
+                full.append(lp.to("cpu", dtype))
+            else:
+                sparse.append(TeacherTargets.from_log_probs(lp, top_k, dtype).to("cpu"))
+    if top_k is None:
+        return torch.cat(full)
+    return TeacherTargets(*(torch.cat([getattr(t, n) for t in sparse]) for n in ("ids", "log_probs", "tail_log_mass")))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ masks of :class:`~autocompress_opt.search.relaxation.ParentMasks` with Adam on
 
 * ``KL`` — next-token distillation to the parent on calibration batches; the parent's log-probs
   are computed once per (parent, data) and cached in process and on disk
-  (:func:`teacher_log_probs`, ``.autocompress/teacher/``).
+  (:func:`teacher_log_probs`, ``.autocompress/teacher/``), over the full vocabulary or, for
+  calibration sets too large for that, as top-k targets plus tail mass (the KL against them is
+  a lower bound of the full one; :func:`~autocompress_opt.quality.metrics.teacher_kl`).
 * ``v_k`` — normalised constraint violations (``<= 0`` feasible): the target workload's
   constraints relative to the parent's metrics and the device-fit constraint, evaluated by the
   *differentiable* cost model (:func:`~autocompress_opt.serving.costmodel.estimate_batch` on torch
@@ -40,11 +42,14 @@ feasibility is always judged by :func:`~autocompress_opt.serving.costmodel.estim
 architecture, never by the relaxation.
 
 Determinism: the same inputs and ``InnerConfig.seed`` give the same result (batch sampling and
-gate noise come from one seeded generator; CPU kernels are deterministic at a fixed thread count).
+gate noise come from one seeded generator; CPU kernels are deterministic at a fixed thread count),
+with or without activation checkpointing (``InnerConfig.checkpoint_activations``: a rebuilt
+layer uses the masks its forward pass drew, never new noise).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -60,7 +65,7 @@ from autocompress_opt.prune.engine_rules import ShapeRules
 from autocompress_opt.prune.importance import Importance
 from autocompress_opt.prune.masking import Masks, apply_masks
 from autocompress_opt.prune.plan import PrunePlan, plan_pruning
-from autocompress_opt.quality.metrics import log_probs, token_kl
+from autocompress_opt.quality.metrics import Teacher, log_probs, teacher_kl
 from autocompress_opt.search.budget import Budget, CostGoal, cost_arrays, exact_violations, expected_totals
 from autocompress_opt.search.discretise import Discrete, discretise
 from autocompress_opt.search.relaxation import ExpectedStructure, LiveMasks, ParentMasks
@@ -106,6 +111,11 @@ class InnerConfig:
         straight_through: penalise the cost of the rounded masks (gradients of the relaxation).
         fill: after repair, add back units while every constraint still holds.
         seed: batch sampling and gate noise.
+        checkpoint_activations: recompute each decoder layer's activations during the backward
+            pass instead of keeping them (non-reentrant ``torch.utils.checkpoint`` around every
+            layer, with the masks its forward pass drew): the step keeps one layer's activations
+            and every layer's input instead of all of them, for about one more forward pass of
+            time; same gradients, same result.
         report_every: with an ``on_step`` listener (:func:`search`), measure the held-out
             calibration KL and the constraint violation of the current masks every this many steps
             (0: every eighth of ``steps``, the study's first ASHA rung): a discretisation
@@ -134,6 +144,7 @@ class InnerConfig:
     fill: bool = True
     seed: int = 0
     report_every: int = 0
+    checkpoint_activations: bool = False
 
     def __post_init__(self) -> None:
         for name, minimum in (
@@ -155,7 +166,7 @@ class InnerConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"InnerConfig.{name} must be a number >= 0, got {value!r}")
-        for name in ("straight_through", "fill"):
+        for name in ("straight_through", "fill", "checkpoint_activations"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"InnerConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.val_samples >= self.n_samples:
@@ -263,7 +274,7 @@ def search(
     parent: Architecture,
     importance: Importance,
     tokens: torch.Tensor,
-    teacher: torch.Tensor,
+    teacher: Teacher,
     *,
     budget: Budget,
     goal: CostGoal | None,
@@ -291,7 +302,8 @@ def search(
     Args:
         model: the parent (frozen while the masks train; hooks and flags are restored afterwards).
         parent / importance: its architecture and importance scores.
-        tokens: calibration rows ``(n, T)``; ``teacher``: the parent's log-probs on them ``(n, T, V)``.
+        tokens: calibration rows ``(n, T)``; ``teacher``: the parent's log-probs on them ``(n, T, V)``,
+            or its top-k :class:`~autocompress_opt.quality.metrics.TeacherTargets` (``shape`` ``(n, T, k)``).
         budget: the trial's global choices; ``goal``: hardware constraints (None: budgets only).
         config: steps, batch, learning rates, schedule, seed.
         init: the trial's uniform allocation (:func:`~autocompress_opt.arch.search_space.uniform_allocation`
@@ -418,7 +430,7 @@ def _select(
     parent: Architecture,
     importance: Importance,
     tokens: torch.Tensor,
-    teacher: torch.Tensor,
+    teacher: Teacher,
     batch_size: int,
     adapter: FamilyAdapter,
 ) -> tuple[Discrete, dict[str, Any]]:
@@ -458,7 +470,7 @@ def _masked_kl(
     importance: Importance,
     arch: Architecture,
     tokens: torch.Tensor,
-    teacher: torch.Tensor,
+    teacher: Teacher,
     batch_size: int,
     adapter: FamilyAdapter,
 ) -> float:
@@ -477,7 +489,7 @@ def _train(
     model: Any,
     masks: ParentMasks,
     tokens: torch.Tensor,
-    teacher: torch.Tensor,
+    teacher: Teacher,
     budget: Budget,
     goal: CostGoal | None,
     config: InnerConfig,
@@ -489,7 +501,8 @@ def _train(
 ) -> list[dict[str, float]]:
     """Adam on the mask parameters with dual ascent on the multipliers; returns the per-step history.
     ``on_step`` after every step; every ``config.measure_every`` steps with what ``meter`` measures
-    (:func:`search`)."""
+    (:func:`search`). With ``config.checkpoint_activations`` every decoder layer is checkpointed
+    for the training steps (:meth:`ParentMasks.checkpoint_layers`; the layers are restored after)."""
     if tuple(teacher.shape[:2]) != tuple(tokens.shape):
         raise ConfigError(f"teacher log-probs {tuple(teacher.shape)} do not fit tokens {tuple(tokens.shape)}")
     was_training = model.training
@@ -503,7 +516,12 @@ def _train(
     duals: dict[str, float] = {}
     history = []
     try:
-        with masks.install(model, adapter=adapter):
+        with (
+            masks.install(model, adapter=adapter),
+            masks.checkpoint_layers(model, adapter=adapter)
+            if config.checkpoint_activations
+            else contextlib.nullcontext(),
+        ):
             for step in range(config.steps):
                 tau = config.tau(step)
                 rows = torch.randint(0, tokens.shape[0], (config.batch_size,), generator=gen)
@@ -567,7 +585,7 @@ class _Meter:
         config: InnerConfig,
         rules: ShapeRules | None,
         tokens: torch.Tensor,
-        teacher: torch.Tensor,
+        teacher: Teacher,
         fixed: dict[str, Discrete],
     ) -> None:
         self.model, self.masks, self.importance, self.budget, self.goal = model, masks, importance, budget, goal
@@ -618,7 +636,7 @@ def objective(
     model: Any,
     masks: ParentMasks,
     tokens: torch.Tensor,
-    teacher: torch.Tensor,
+    teacher: Teacher,
     *,
     budget: Budget,
     goal: CostGoal | None,
@@ -631,7 +649,10 @@ def objective(
     """One batch of the Lagrangian: ``(loss, kl, violations)``; ``loss`` is differentiable w.r.t. the masks.
 
     ``model`` must have ``masks.install``-ed hooks; ``tokens`` ``(B, T)`` and ``teacher`` ``(B, T, V)``
-    log-probs. ``violations`` (floats) are those the multipliers are updated with (margin included).
+    log-probs or :class:`~autocompress_opt.quality.metrics.TeacherTargets`. ``violations`` (floats)
+    are those the multipliers are updated with (margin included). The live masks (gate noise
+    included) are drawn once, here, before the forward pass; a checkpointed layer rebuilt in
+    ``loss.backward()`` reuses them.
     """
     device = next(model.parameters()).device
     live = masks.live(tau, sample=sample, generator=generator)
@@ -647,12 +668,13 @@ def objective(
     return loss, float(kl.detach()), {k: float(v.detach()) for k, v in violations.items()}
 
 
-def _kl(logits: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+def _kl(logits: torch.Tensor, teacher: Teacher) -> torch.Tensor:
     """Mean per-position ``KL(teacher ‖ student)`` in nats, differentiable w.r.t. ``logits``.
 
     ``logits`` ``(B, T, V)`` of the masked student; ``teacher`` ``(B, T, V)`` log-probabilities (any
-    float dtype, e.g. the float16 cache of :func:`teacher_log_probs`), compared in float32."""
-    return token_kl(log_probs(logits), teacher.float()).mean()
+    float dtype, e.g. the float16 cache of :func:`teacher_log_probs`), compared in float32, or
+    top-k :class:`~autocompress_opt.quality.metrics.TeacherTargets` (the lumped KL, a lower bound)."""
+    return teacher_kl(log_probs(logits), teacher).mean()
 
 
 def _violations(

@@ -30,6 +30,14 @@ modules are ``o_proj`` / ``down_proj``, or, in a family that normalises each sub
 (Gemma 3), that post-norm: a gate in front of a scale-invariant RMSNorm would be undone by it
 (:attr:`~autocompress_opt.hf.adapters.LayerParts.attn_residual`).
 
+:meth:`ParentMasks.checkpoint_layers` makes every decoder layer recompute its activations during
+the backward pass (non-reentrant ``torch.utils.checkpoint``) with the live masks of the forward
+pass being rebuilt, captured when it ran: the hooks read the masks set by :meth:`ParentMasks.use`,
+which is over by the time ``backward()`` rebuilds a layer, and the hard-concrete noise is drawn
+once per step (:meth:`ParentMasks.live`), never again on recompute. transformers' own switch
+(``activation_checkpointing_enable``) checkpoints only in training mode, and the frozen parent
+runs in eval mode.
+
 :meth:`ParentMasks.expected` gives the expected per-layer structure as torch tensors — what the
 differentiable cost model consumes. A sub-block's keep probability is ``P(z > ½) = σ(log α)``
 (the probability the rounded gate keeps it), not the L0 norm ``P(z ≠ 0)``: the penalty then
@@ -387,14 +395,33 @@ class ParentMasks(torch.nn.Module):
             raise
         return MaskHandle(handles)
 
+    def checkpoint_layers(self, model: Any, *, adapter: FamilyAdapter | None = None) -> MaskHandle:
+        """Checkpoint every decoder layer of ``model`` (the parent, hooks :meth:`install`-ed): with
+        gradients enabled a layer's forward runs under non-reentrant ``torch.utils.checkpoint`` (the
+        frozen parent's hidden states need no gradient, the masks do: the reentrant variant would
+        lose them), keeping only its inputs; ``backward()`` rebuilds its activations with the
+        :class:`LiveMasks` that were current when it ran (captured then; no new gate noise). Without
+        gradients (held-out measurements) layers run as they are. Removing the returned handle
+        restores each layer's ``forward``."""
+        adapter = adapter or adapter_for(model)
+        handles: list[Any] = []
+        try:
+            for part in adapter.all_layer_parts(model):
+                handles.append(_CheckpointedLayer(part.layer, self))
+        except BaseException:
+            MaskHandle(handles).remove()
+            raise
+        return MaskHandle(handles)
+
     @contextmanager
     def use(self, live: LiveMasks) -> Iterator[None]:
-        """Make installed hooks compute with ``live`` inside the block."""
-        self._live = live
+        """Make installed hooks compute with ``live`` inside the block (the masks set before it
+        are current again after it, so a checkpointed layer may set its own inside a pass)."""
+        before, self._live = self._live, live
         try:
             yield
         finally:
-            self._live = None
+            self._live = before
 
     def _current(self) -> LiveMasks:
         live = self._live
@@ -450,6 +477,41 @@ class _Frozen:
         for p, flag in self._flags:
             p.requires_grad_(flag)
         self._flags = []
+
+
+class _CheckpointedLayer:
+    """One decoder layer's ``forward`` replaced by a checkpointed call (see
+    :meth:`ParentMasks.checkpoint_layers`); ``remove()`` puts the previous one back."""
+
+    def __init__(self, layer: Any, masks: ParentMasks) -> None:
+        from torch.utils.checkpoint import checkpoint
+
+        self._layer = layer
+        self._had_own = "forward" in vars(layer)  # an instance-level forward set by someone else
+        self._previous = vars(layer).get("forward")
+        forward = layer.forward
+
+        def checkpointed(*args: Any, **kwargs: Any) -> Any:
+            if not torch.is_grad_enabled():
+                return forward(*args, **kwargs)
+            live = masks._current()  # this pass's masks, reused when backward() rebuilds the layer
+
+            def run(*a: Any, **k: Any) -> Any:
+                with masks.use(live):
+                    return forward(*a, **k)
+
+            return checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+        layer.forward = checkpointed
+
+    def remove(self) -> None:
+        if self._layer is None:
+            return
+        if self._had_own:
+            self._layer.forward = self._previous
+        else:
+            del self._layer.forward
+        self._layer = None
 
 
 def _ranks(scores: torch.Tensor) -> torch.Tensor:

@@ -85,3 +85,21 @@ def test_prediction_does_not_import_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_weights_teacher_budget_and_checkpointing_reach_the_prediction(capsys: Any) -> None:
+    base = ["--model", "llama-3.1-8b", "--mode", "weights", "--seq-len", "2048"]
+    plain = _json(capsys, *base)
+    # 20 x 2048 tokens of Llama-3 (V = 128,256) are 9.8 GiB in full: a 2 GiB budget keeps the top k.
+    k = (2 * 2**30 // (20 * 2048) - 4) // 6
+    assert plain["host_bytes"] == {"teacher targets": 20 * 2048 * (k * 6 + 4)}
+    assert any(f"top {k} tokens" in a for a in plain["assumptions"])
+    roomy = _json(capsys, *base, "--teacher-budget-gib", "16")
+    assert roomy["host_bytes"] == {"teacher targets": 20 * 2048 * 128256 * 2}
+    ckpt = _json(capsys, *base, "--checkpointing")
+    search = lambda record: next(s for s in record["stages"] if s["name"] == "inner search")["peak_bytes"]
+    assert search(ckpt) < search(plain)
+    assert main(["memory", *base, "--teacher-budget-gib", "0"]) == 2
+    assert "teacher_budget_gib must be a finite number > 0" in capsys.readouterr().err
+    main(["memory", *base])
+    assert "host memory: teacher targets" in capsys.readouterr().out

@@ -94,3 +94,26 @@ def test_a_trial_records_where_it_computed_and_runs_in_bf16(parent_dir: Path, tm
     assert math.isfinite(bf16["kl_to_parent"]) and abs(bf16["kl_to_parent"] - fp32["kl_to_parent"]) < 0.05
     with pytest.raises(ConfigError, match="is not one of auto, cpu, cuda, cuda:N"):
         run_weights_trial(request(parent_dir, tmp_path / "a", inner={**INNER, "device": "gpu"}))
+
+
+def test_a_small_teacher_budget_gives_top_k_targets_and_the_result_says_so(parent_dir: Path, tmp_path: Path) -> None:
+    """``inner: {teacher_budget_gib}`` below the full targets of the 4 x 32 calibration tokens (V = 260:
+    520 bytes a token in float16) keeps the largest top-k that fits (6k + 4 bytes a token: 450 → k = 74),
+    in its own cache file; the default budget keeps the full vocabulary. A budget too small for
+    64 tokens, or not a positive number, is a ConfigError."""
+    from autocompress_opt.search.teacher import clear_teacher_memory
+
+    clear_trial_cache()
+    clear_teacher_memory()  # else the full targets come from memory and are not written under tmp_path
+    full = run_weights_trial(request(parent_dir, tmp_path))
+    assert full["teacher"] == {"form": "full", "k": None, "bytes": 128 * 520, "bytes_per_token": 520}
+    budget = 128 * 450 / 2**30
+    sparse = run_weights_trial(request(parent_dir, tmp_path, inner={**INNER, "teacher_budget_gib": budget}))
+    assert sparse["teacher"] == {"form": "top-k", "k": 74, "bytes": 128 * (74 * 6 + 4), "bytes_per_token": 448}
+    assert sparse["inner"]["config"]["teacher_budget_gib"] == budget
+    assert len(list((tmp_path / "teacher").glob("*.safetensors"))) == 2
+    assert 0 < sparse["quality"] <= 1
+    with pytest.raises(ConfigError, match="top 64 tokens"):
+        run_weights_trial(request(parent_dir, tmp_path, inner={**INNER, "teacher_budget_gib": 128 * 300 / 2**30}))
+    with pytest.raises(ConfigError, match="inner.teacher_budget_gib must be a finite number > 0, got -1"):
+        TrialConfig.from_dict({"teacher_budget_gib": -1})
