@@ -15,14 +15,17 @@
                "quality_cached": bool, "inner": {...search summary...}, "timings_s": {...},
                "selection": {"chosen": "trained" | "start" | "uniform" | a baseline's name,
                              "val_kl": {candidate: nats | None}, "feasible": {candidate: bool}},
-               "compute": {"device": "cpu" | "cuda:0" | ..., "dtype": "fp32" | "bf16" | "fp16"},
-               "teacher": {"form": "full" | "top-k", "k": int | None, "bytes": int, "bytes_per_token": int}}
+               "compute": {"device": "cpu" | "cuda:0" | ..., "dtype": "fp32" | "bf16" | "fp16"}}
 
 ``selection`` says which candidate of the inner search the trial returned — the trained masks,
 the greedy start point, or the uniform allocation of the trial's global choices (considered
 whenever it is feasible, so a trial never returns worse, on the held-out calibration KL, than that
 uniform model) — and each one's KL to the parent on the calibration rows held out of the search
-(:meth:`~autocompress_opt.search.inner_search.InnerResult.choice`).
+(:meth:`~autocompress_opt.search.inner_search.InnerResult.choice`). A seeded baseline's trial
+(``request["baselines"]``) also weighs the baseline's own model(s): on that calibration KL in the
+inner search, then, if the search returned another candidate, on the study's objective (the
+held-out evaluation KL below; ``selection["heldout_kl"]`` records both), so the trial never scores
+worse than the baseline it was seeded with.
 
 Steps: load the parent (cached per process), its importance (``estimate_importance`` with its disk
 cache, ``.autocompress/importance/``), the parent's log-probs on the calibration rows (once,
@@ -64,19 +67,19 @@ import torch
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import SearchSpace, uniform_allocation
-from autocompress_opt.errors import ConfigError, check_number, suggest
+from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.hf.adapters import architecture_mismatch
 from autocompress_opt.hf.device import dtype_name, resolve_compute_dtype, resolve_device
-from autocompress_opt.hf.memory import DEFAULT_TEACHER_BUDGET_GIB
 from autocompress_opt.prune.engine_rules import shape_rules
 from autocompress_opt.prune.importance import Importance, estimate_importance
-from autocompress_opt.quality.metrics import Teacher, kl_and_perplexity
+from autocompress_opt.prune.plan import plan_pruning
+from autocompress_opt.quality.metrics import kl_and_perplexity
 from autocompress_opt.search.budget import Budget, CostGoal
 from autocompress_opt.search.inner_search import InnerConfig, InnerResult, StepListener, search
 from autocompress_opt.search.placement import DEFAULT_CACHE_DIR as CACHE_DIR_NAME
 from autocompress_opt.search.placement import trial_device
 from autocompress_opt.search.progress import TrialProgress, report
-from autocompress_opt.search.teacher import teacher_form, teacher_log_probs
+from autocompress_opt.search.teacher import teacher_log_probs
 from autocompress_opt.search.trials import legal_point
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
@@ -110,11 +113,6 @@ class TrialConfig:
             (:mod:`autocompress_opt.hf.device`: ``auto`` is the first CUDA GPU in bf16 when torch sees
             one, else the CPU in fp32); masks, KL and the Lagrangian stay fp32. Resolved where the
             trial runs, so a driver without a GPU can check a GPU worker's setting.
-        teacher_budget_gib: host memory the parent's targets on the calibration rows may take: the
-            full vocabulary of log-probs when it fits (SmolLM2's and Llama-3-8B's default rows
-            do), else the top-k tokens plus tail mass with the largest k that fits (at least 64, or a
-            ConfigError; :func:`~autocompress_opt.hf.memory.teacher_top_k`). The inner search's KL
-            against top-k targets is a lower bound of the full one.
     """
 
     inner: InnerConfig = field(default_factory=InnerConfig)
@@ -126,7 +124,6 @@ class TrialConfig:
     data_seed: int = 0
     device: str = "auto"
     compute_dtype: str = "auto"
-    teacher_budget_gib: float = DEFAULT_TEACHER_BUDGET_GIB
 
     def __post_init__(self) -> None:
         from autocompress_opt.hf.device import check_compute_dtype, check_device
@@ -134,12 +131,11 @@ class TrialConfig:
         object.__setattr__(self, "device", check_device(self.device))
         object.__setattr__(self, "compute_dtype", check_compute_dtype(self.compute_dtype))
         for f in fields(self):
-            if f.name in ("inner", "device", "compute_dtype", "teacher_budget_gib"):
+            if f.name in ("inner", "device", "compute_dtype"):
                 continue
             value, minimum = getattr(self, f.name), (0 if f.name.endswith("seed") else 1 if "samples" in f.name else 2)
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise ConfigError(f"inner.{f.name} must be an int >= {minimum}, got {value!r}")
-        check_number(self.teacher_budget_gib, "inner.teacher_budget_gib")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None, *, seed: int | None = None) -> TrialConfig:
@@ -179,7 +175,7 @@ class ParentContext:
     parent_id: str
     importance: Importance
     tokens: torch.Tensor  # (n, T) calibration rows of the search
-    teacher: Teacher  # (n, T, V) parent log-probs on them, or top-k targets (TrialConfig.teacher_budget_gib)
+    teacher: torch.Tensor  # (n, T, V) parent log-probs on them
     eval_tokens: dict[str, torch.Tensor]  # domain -> (n, T)
     eval_teacher: dict[str, torch.Tensor]  # domain -> (n, T, V) parent logits
     eval_id: str
@@ -258,12 +254,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
         tokenizer, role="calibration", n_samples=inner.n_samples, seq_len=inner.seq_len, seed=config.data_seed
     )
     teacher = teacher_log_probs(
-        model,
-        rows.tokens,
-        parent_id=parent_id,
-        data_id=_digest(rows.to_dict()),
-        cache_dir=cache_dir / "teacher",
-        budget_gib=config.teacher_budget_gib,
+        model, rows.tokens, parent_id=parent_id, data_id=_digest(rows.to_dict()), cache_dir=cache_dir / "teacher"
     )
     seconds["teacher"] = time.perf_counter() - began
 
@@ -312,7 +303,6 @@ _CONTEXT_KEYS = (
     "data_seed",
     "device",
     "compute_dtype",
-    "teacher_budget_gib",
 )
 
 
@@ -425,6 +415,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     params = dict(request["params"])
     if serve_as != "any":
         params = legal_point(params, SearchSpace.from_dict(request["space"]), parent_arch, serve_as)
+    baselines = {name: Architecture.from_dict(a) for name, a in (request.get("baselines") or {}).items()}
     result = inner_search(
         parent,
         params,
@@ -437,18 +428,26 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
             else TrialProgress("inner search", step, steps, kl, violation)
         ),
         serve_as=serve_as,
-        extra={name: Architecture.from_dict(a) for name, a in (request.get("baselines") or {}).items()},
+        extra=baselines,
     )
     searched = time.perf_counter()
 
+    on_phase = lambda phase: say(replace(last[0], phase=phase, inner_step=steps, stale=True))
     arch = result.architecture
-    quality, cached = _quality(
-        parent,
-        arch,
-        result.plan,
-        cache_dir,
-        on_phase=lambda phase: say(replace(last[0], phase=phase, inner_step=steps, stale=True)),
-    )
+    quality, cached = _quality(parent, arch, result.plan, cache_dir, on_phase=on_phase)
+    selection = result.choice()
+    # A seeded baseline's own model, when feasible, also competes on the study's objective (held-out
+    # evaluation KL): the trial of its point then never scores worse than the baseline itself.
+    rivals = {n: a for n, a in baselines.items() if n != selection["chosen"] and selection["feasible"].get(n)}
+    if rivals:
+        heldout = {selection["chosen"]: quality["kl_to_parent"]}
+        for name, other in rivals.items():
+            q, c = _quality(parent, other, plan_pruning(parent.architecture, parent.importance, other), cache_dir)
+            heldout[name] = q["kl_to_parent"]
+            if q["kl_to_parent"] < quality["kl_to_parent"]:
+                arch, quality, cached = other, q, c
+                selection["chosen"] = name
+        selection["heldout_kl"] = heldout
     metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
     done = time.perf_counter()
     return {
@@ -459,9 +458,8 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         **quality,
         "quality_cached": cached,
         "inner": {**result.summary(), "config": config.to_dict()},
-        "selection": result.choice(),
+        "selection": selection,
         "compute": _compute(parent),
-        "teacher": teacher_form(parent.teacher),
         "timings_s": {
             "parent": ready - began,
             "search": searched - ready,
@@ -488,7 +486,6 @@ def evaluate_architecture(
     """Held-out quality of any sub-architecture of ``parent_model`` (e.g. a baseline), measured exactly as a
     weights trial measures its result (same data, importance and quality cache): ``quality``,
     ``kl_to_parent``, ``kl_code``, ``kl_prose``, ``ppl_code``, ``ppl_prose``, ``quality_cached``."""
-    from autocompress_opt.prune.plan import plan_pruning
 
     config = TrialConfig.from_dict(inner)
     cache = Path(cache_dir or DEFAULT_CACHE_DIR)

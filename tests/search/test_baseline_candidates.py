@@ -121,3 +121,45 @@ def test_a_seeded_trial_gets_the_own_models_of_the_baselines_at_its_point() -> N
     }
     assert baseline_candidates(study, second) == {}
     assert baseline_candidates(study, sampled) == {}
+
+
+def test_a_seeded_trial_returns_the_baseline_model_when_it_scores_better_on_held_out_evaluation(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inner search's choice and the baseline's own model compete on the study's objective too
+    (held-out evaluation KL): with the baseline's (synthetically) lower, the trial returns the
+    baseline's model, records both KLs, and its quality is the baseline's."""
+    import math
+
+    from tiny_lm import save_hf_dir
+    from tiny_lm import tiny_model as tiny_llama
+    from weights_helpers import PARAMS, request
+
+    from autocompress_opt.arch.architecture import Architecture
+    from autocompress_opt.search import weights_trial
+    from autocompress_opt.search.weights_trial import clear_trial_cache, run_weights_trial
+
+    parent_dir = save_hf_dir(tiny_llama("llama", num_hidden_layers=4), tmp_path / "llama")
+    clear_trial_cache()
+    req = request(parent_dir, tmp_path / "cache")
+    parent = Architecture.from_dict(req["parent"])
+    point = {**PARAMS, "num_layers": 2}  # small enough for the tiny target's caps
+    req["params"] = point
+    other = uniform_allocation(point, parent, [3, 2, 1, 0])  # the baseline kept other layers
+    real_quality = weights_trial._quality
+
+    def quality(ctx: Any, arch: Any, *args: Any, **kwargs: Any) -> Any:
+        out, cached = real_quality(ctx, arch, *args, **kwargs)
+        kl = 0.01 if unnamed(arch) == unnamed(other) else 5.0
+        return {**out, "kl_to_parent": kl}, cached
+
+    monkeypatch.setattr(weights_trial, "_quality", quality)
+    plain = run_weights_trial(req)
+    seeded = run_weights_trial({**req, "baselines": {"depth": other.to_dict()}})
+    assert "heldout_kl" not in plain["selection"] and plain["kl_to_parent"] == 5.0
+    assert seeded["selection"]["feasible"]["depth"]  # the tiny target leaves the baseline's model feasible
+    assert seeded["selection"]["chosen"] == "depth"
+    assert unnamed(Architecture.from_dict(seeded["architecture"])) == unnamed(other)
+    assert seeded["quality"] == pytest.approx(math.exp(-0.01))
+    if "heldout_kl" in seeded["selection"]:  # the inner search chose another: the objective decided
+        assert seeded["selection"]["heldout_kl"]["depth"] == 0.01
