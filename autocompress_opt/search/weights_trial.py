@@ -15,7 +15,8 @@
                "quality_cached": bool, "inner": {...search summary...}, "timings_s": {...},
                "selection": {"chosen": "trained" | "start" | "uniform" | a baseline's name,
                              "val_kl": {candidate: nats | None}, "feasible": {candidate: bool}},
-               "compute": {"device": "cpu" | "cuda:0" | ..., "dtype": "fp32" | "bf16" | "fp16"}}
+               "compute": {"device": "cpu" | "cuda:0" | ..., "dtype": "fp32" | "bf16" | "fp16"},
+               "teacher": {"form": "full" | "top-k", "k": int | None, "bytes": int, "bytes_per_token": int}}
 
 ``selection`` says which candidate of the inner search the trial returned — the trained masks,
 the greedy start point, or the uniform allocation of the trial's global choices (considered
@@ -67,19 +68,20 @@ import torch
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import SearchSpace, uniform_allocation
-from autocompress_opt.errors import ConfigError, suggest
+from autocompress_opt.errors import ConfigError, check_number, suggest
 from autocompress_opt.hf.adapters import architecture_mismatch
 from autocompress_opt.hf.device import dtype_name, resolve_compute_dtype, resolve_device
+from autocompress_opt.hf.memory import DEFAULT_TEACHER_BUDGET_GIB
 from autocompress_opt.prune.engine_rules import shape_rules
 from autocompress_opt.prune.importance import Importance, estimate_importance
 from autocompress_opt.prune.plan import plan_pruning
-from autocompress_opt.quality.metrics import kl_and_perplexity
+from autocompress_opt.quality.metrics import Teacher, kl_and_perplexity
 from autocompress_opt.search.budget import Budget, CostGoal
 from autocompress_opt.search.inner_search import InnerConfig, InnerResult, StepListener, search
 from autocompress_opt.search.placement import DEFAULT_CACHE_DIR as CACHE_DIR_NAME
 from autocompress_opt.search.placement import trial_device
 from autocompress_opt.search.progress import TrialProgress, report
-from autocompress_opt.search.teacher import teacher_log_probs
+from autocompress_opt.search.teacher import teacher_form, teacher_log_probs
 from autocompress_opt.search.trials import legal_point
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
@@ -113,6 +115,11 @@ class TrialConfig:
             (:mod:`autocompress_opt.hf.device`: ``auto`` is the first CUDA GPU in bf16 when torch sees
             one, else the CPU in fp32); masks, KL and the Lagrangian stay fp32. Resolved where the
             trial runs, so a driver without a GPU can check a GPU worker's setting.
+        teacher_budget_gib: host memory the parent's targets on the calibration rows may take: the
+            full vocabulary of log-probs when it fits (SmolLM2's and Llama-3-8B's default rows
+            do), else the top-k tokens plus tail mass with the largest k that fits (at least 64, or a
+            ConfigError; :func:`~autocompress_opt.hf.memory.teacher_top_k`). The inner search's KL
+            against top-k targets is a lower bound of the full one.
     """
 
     inner: InnerConfig = field(default_factory=InnerConfig)
@@ -124,6 +131,7 @@ class TrialConfig:
     data_seed: int = 0
     device: str = "auto"
     compute_dtype: str = "auto"
+    teacher_budget_gib: float = DEFAULT_TEACHER_BUDGET_GIB
 
     def __post_init__(self) -> None:
         from autocompress_opt.hf.device import check_compute_dtype, check_device
@@ -131,11 +139,12 @@ class TrialConfig:
         object.__setattr__(self, "device", check_device(self.device))
         object.__setattr__(self, "compute_dtype", check_compute_dtype(self.compute_dtype))
         for f in fields(self):
-            if f.name in ("inner", "device", "compute_dtype"):
+            if f.name in ("inner", "device", "compute_dtype", "teacher_budget_gib"):
                 continue
             value, minimum = getattr(self, f.name), (0 if f.name.endswith("seed") else 1 if "samples" in f.name else 2)
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise ConfigError(f"inner.{f.name} must be an int >= {minimum}, got {value!r}")
+        check_number(self.teacher_budget_gib, "inner.teacher_budget_gib")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None, *, seed: int | None = None) -> TrialConfig:
@@ -175,7 +184,7 @@ class ParentContext:
     parent_id: str
     importance: Importance
     tokens: torch.Tensor  # (n, T) calibration rows of the search
-    teacher: torch.Tensor  # (n, T, V) parent log-probs on them
+    teacher: Teacher  # (n, T, V) parent log-probs on them, or top-k targets (TrialConfig.teacher_budget_gib)
     eval_tokens: dict[str, torch.Tensor]  # domain -> (n, T)
     eval_teacher: dict[str, torch.Tensor]  # domain -> (n, T, V) parent logits
     eval_id: str
@@ -254,7 +263,12 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
         tokenizer, role="calibration", n_samples=inner.n_samples, seq_len=inner.seq_len, seed=config.data_seed
     )
     teacher = teacher_log_probs(
-        model, rows.tokens, parent_id=parent_id, data_id=_digest(rows.to_dict()), cache_dir=cache_dir / "teacher"
+        model,
+        rows.tokens,
+        parent_id=parent_id,
+        data_id=_digest(rows.to_dict()),
+        cache_dir=cache_dir / "teacher",
+        budget_gib=config.teacher_budget_gib,
     )
     seconds["teacher"] = time.perf_counter() - began
 
@@ -303,6 +317,7 @@ _CONTEXT_KEYS = (
     "data_seed",
     "device",
     "compute_dtype",
+    "teacher_budget_gib",
 )
 
 
@@ -460,6 +475,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         "inner": {**result.summary(), "config": config.to_dict()},
         "selection": selection,
         "compute": _compute(parent),
+        "teacher": teacher_form(parent.teacher),
         "timings_s": {
             "parent": ready - began,
             "search": searched - ready,
