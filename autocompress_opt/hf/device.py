@@ -8,11 +8,19 @@
 dtype the parent's weights are loaded in and its forward passes run in. Masks, KL divergences and
 the Lagrangian stay in fp32 whatever it is. This is not the *serving* format (``--dtype`` of the
 cost model: the weight format the engine would serve, e.g. ``q4_k_m``).
+
+``gpus``: how many GPUs a model is spread over, layer by layer, from ``device`` on (``cuda:N`` to
+``cuda:N+gpus-1``); 1 keeps it whole on ``device``. :func:`placement_kwargs` turns a device and a GPU
+count into what ``from_pretrained`` needs to stream the weights straight there (``device_map``; for
+several GPUs accelerate's balanced map under a per-GPU ``max_memory``), so no copy of the model is
+ever staged in host memory.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -21,9 +29,13 @@ from autocompress_opt.errors import ConfigError
 __all__ = [
     "COMPUTE_DTYPES",
     "DEVICES",
+    "WEIGHT_SHARE",
     "check_compute_dtype",
     "check_device",
+    "check_gpus",
     "dtype_name",
+    "free_gpu_bytes",
+    "placement_kwargs",
     "resolve_compute_dtype",
     "resolve_device",
 ]
@@ -31,6 +43,10 @@ __all__ = [
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
+
+# Share of each GPU's free memory a spread model's weights may take; the rest holds activations,
+# teacher outputs and the child (transformers keeps the same 10 % for a single device).
+WEIGHT_SHARE = 0.9
 
 _DEVICE_SYNTAX = re.compile(r"auto|cpu|cuda(?::\d+)?")
 
@@ -85,3 +101,71 @@ def resolve_compute_dtype(spec: str, device: torch.device) -> torch.dtype:
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` → ``"bf16"`` (the names :func:`resolve_compute_dtype` takes)."""
     return next((n for n, d in COMPUTE_DTYPES.items() if d == dtype), str(dtype))
+
+
+def check_gpus(gpus: Any) -> int:
+    """``gpus`` when it is a whole number >= 1, else a :class:`ConfigError` naming it."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ConfigError(f"gpus must be a whole number >= 1 (the GPUs a model is spread over), got {gpus!r}")
+    return gpus
+
+
+def free_gpu_bytes() -> list[int]:
+    """Free memory in bytes of each CUDA GPU this process sees (``cuda:0`` first; [] without CUDA)."""
+    if not torch.cuda.is_available():
+        return []
+    return [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]
+
+
+def placement_kwargs(
+    device: torch.device,
+    gpus: int = 1,
+    *,
+    free_bytes: Sequence[int] | None = None,
+    weight_bytes: int | None = None,
+) -> dict[str, Any]:
+    """The ``from_pretrained`` keyword arguments that load a model straight onto ``device``, or
+    spread it over ``gpus`` GPUs from ``device`` on (pure but for :func:`free_gpu_bytes` when
+    ``free_bytes`` is None).
+
+    - the CPU: ``{}`` (from_pretrained's own host load);
+    - one GPU: ``{"device_map": {"": "cuda:N"}}``: each tensor read from the file goes to the GPU
+      in the load dtype, never via a host copy of the model;
+    - ``gpus = k > 1``: ``{"device_map": "balanced", "max_memory": {N: b, ..., N+k-1: b'}}``, each
+      ``b`` :data:`WEIGHT_SHARE` of that GPU's free bytes and no CPU or disk entry, so nothing is
+      offloaded: transformers gives each GPU about ``1/k`` of the layers and hooks that move the
+      activations between them.
+
+    ``weight_bytes`` (the model's parameters × the dtype's size), when given, must fit: one GPU's
+    free memory, or the budgets of the ``k``. Raises :class:`ConfigError` naming the bad value:
+    ``gpus`` not a whole number >= 1, ``gpus > 1`` off CUDA, more GPUs than this process sees, or
+    weights that do not fit.
+    """
+    gpus = check_gpus(gpus)
+    if gpus > 1 and device.type != "cuda":
+        raise ConfigError(f"gpus={gpus}: only CUDA devices spread a model over GPUs, got device {str(device)!r}")
+    if device.type != "cuda":
+        return {} if device.type == "cpu" else {"device_map": {"": str(device)}}
+    free = free_gpu_bytes() if free_bytes is None else list(free_bytes)
+    first = device.index or 0
+    if gpus == 1:
+        if weight_bytes is not None and first < len(free) and weight_bytes > free[first]:
+            raise ConfigError(
+                f"the model's weights need {weight_bytes / 2**30:.1f} GiB but {str(device)!r} has "
+                f"{free[first] / 2**30:.1f} GiB free; spread it over several GPUs (--gpus-per-trial k) "
+                "or use a smaller compute dtype"
+            )
+        return {"device_map": {"": str(device)}}
+    if first + gpus > len(free):
+        raise ConfigError(
+            f"gpus={gpus} from {str(device)!r}: this process sees {len(free)} CUDA GPU(s) (cuda:0..), "
+            f"so at most {max(0, len(free) - first)} from there"
+        )
+    budget = {i: int(free[i] * WEIGHT_SHARE) for i in range(first, first + gpus)}
+    if weight_bytes is not None and weight_bytes > sum(budget.values()):
+        raise ConfigError(
+            f"the model's weights need {weight_bytes / 2**30:.1f} GiB but {gpus} GPUs from {str(device)!r} have "
+            f"{sum(budget.values()) / 2**30:.1f} GiB for them ({WEIGHT_SHARE:.0%} of their free memory); "
+            "use more GPUs or a smaller compute dtype"
+        )
+    return {"device_map": "balanced", "max_memory": budget}

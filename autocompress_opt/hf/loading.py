@@ -13,7 +13,14 @@ plain checkpoint. Only families :class:`Architecture` counts exactly are accepte
 is llama —, mistral, qwen2, qwen3, gemma3_text — the Gemma 3 text decoder, which llama.cpp calls
 ``gemma3``), and the loaded model's parameter count is checked against ``architecture.num_params``.
 
-Loads are cached per process (key: resolved path, file size and mtime, dtype, device). Every call
+**Devices.** A Hugging Face directory streams to its device in the load dtype: ``from_pretrained``
+gets a ``device_map`` (:func:`autocompress_opt.hf.device.placement_kwargs`), so each tensor goes
+from the safetensors file to the GPU and no copy of the model is staged in host memory; with
+``gpus=k`` the model is spread over ``k`` GPUs, layer by layer (accelerate's balanced map, hooks
+that move activations between GPUs; inputs go to the embedding's device). A GGUF is dequantised on
+the host, as a whole, and then moved to its device (one device only).
+
+Loads are cached per process (key: resolved path, file size and mtime, dtype, device, GPUs). Every call
 returns its own deep copy of the cached model, so pruning one result in place never changes the
 parent another caller holds; the tokenizer is shared (treat it as read-only).
 """
@@ -34,6 +41,7 @@ from autocompress_opt.arch.architecture import SUPPORTED_FAMILIES, Architecture
 from autocompress_opt.arch.catalog import known_architectures, known_weights, register_weights, weights_locator
 from autocompress_opt.arch.gguf import GGUF_ARCH_TO_FAMILY
 from autocompress_opt.errors import ConfigError, UnknownNameError
+from autocompress_opt.hf.device import check_gpus, placement_kwargs
 
 __all__ = [
     "LoadedModel",
@@ -74,7 +82,12 @@ class LoadedModel:
 
 # ---------------------------------------------------------------------- loading
 def load_model(
-    ref: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", cache: bool = True
+    ref: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    cache: bool = True,
+    gpus: int = 1,
 ) -> LoadedModel:
     """Load weights, tokenizer and architecture of ``ref`` without touching a model hub.
 
@@ -83,23 +96,34 @@ def load_model(
             ``config.json``, ``*.safetensors`` and tokenizer files, or a ``.gguf`` file (or a folder
             holding exactly one ``.gguf`` and no ``config.json``).
         dtype: floating dtype of the returned weights (GGUF blocks are dequantised to it).
-        device: where the model lives.
+        device: where the model lives (a directory's weights are read straight onto it).
         cache: keep the loaded model for later calls in this process (each call still gets its own
-            deep copy); ``False`` loads afresh and keeps nothing.
+            deep copy, so a cached load holds two copies); ``False`` loads afresh and keeps nothing:
+            what a one-shot command or a trial that keeps its own copy wants.
+        gpus: spread the model over this many CUDA GPUs from ``device`` on (``cuda:N`` to
+            ``cuda:N+gpus-1``), about ``1/gpus`` of its layers on each; 1 (default): all on
+            ``device``. Hugging Face directories only.
 
     Raises:
         UnknownNameError: ``ref`` is neither a path nor a known name (lists the known names).
         ConfigError: a missing path, a directory without safetensors (pickle-only checkpoints are
             refused) or tokenizer, an unsupported or non-decoder family, or a model whose parameter
-            count differs from its :class:`Architecture`.
+            count differs from its :class:`Architecture`; ``gpus`` not a whole number >= 1, more than
+            one GPU for a GGUF or off CUDA, or weights that do not fit the GPUs' free memory.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ConfigError(f"dtype must be a floating torch.dtype such as torch.float32, got {dtype!r}")
+    gpus = check_gpus(gpus)
     path = check_model_files(ref)
-    key = _cache_key(path, dtype, torch.device(device))
+    if gpus > 1 and path.suffix.lower() == ".gguf":
+        raise ConfigError(
+            f"gpus={gpus}: {str(path)!r} is a GGUF, which loads on one device (dequantised on the host); "
+            "spread a Hugging Face directory instead, or use one GPU"
+        )
+    key = _cache_key(path, dtype, torch.device(device), gpus)
     start = time.perf_counter()
     if not cache:
-        loaded = _load_uncached(path, dtype, str(torch.device(device)))
+        loaded = _load_uncached(path, dtype, str(torch.device(device)), gpus)
         return replace(loaded, load_time_s=time.perf_counter() - start)
     pristine = _load_cached(*key)
     return replace(pristine, model=copy.deepcopy(pristine.model), load_time_s=time.perf_counter() - start)
@@ -161,26 +185,27 @@ def clear_model_cache() -> None:
     _load_cached.cache_clear()
 
 
-def _cache_key(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+def _cache_key(path: Path, dtype: torch.dtype, device: torch.device, gpus: int) -> tuple[Any, ...]:
     """Identity of a load: a rewritten file (new size or mtime) is a different model."""
     files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors")) if path.is_dir() else [path]
     stamps = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)
-    return path, stamps, dtype, str(device)
+    return path, stamps, dtype, str(device), gpus
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cached(path: Path, stamps: tuple[Any, ...], dtype: torch.dtype, device: str) -> LoadedModel:
+def _load_cached(path: Path, stamps: tuple[Any, ...], dtype: torch.dtype, device: str, gpus: int) -> LoadedModel:
     """Cached body of :func:`load_model`; ``stamps`` (file sizes and mtimes) only key the cache."""
-    return _load_uncached(path, dtype, device)
+    return _load_uncached(path, dtype, device, gpus)
 
 
-def _load_uncached(path: Path, dtype: torch.dtype, device: str) -> LoadedModel:
+def _load_uncached(path: Path, dtype: torch.dtype, device: str, gpus: int = 1) -> LoadedModel:
     start = time.perf_counter()
     if path.suffix.lower() == ".gguf":
         model, tokenizer, source = _load_gguf(path, dtype)
+        model = model.to(device)  # dequantised on the host, then moved
     else:
-        model, tokenizer, source = _load_directory(path, dtype)
-    model = model.to(device).eval()
+        model, tokenizer, source = _load_directory(path, dtype, torch.device(device), gpus)
+    model = model.eval()
     architecture = _checked_architecture(model, path)
     return LoadedModel(model, tokenizer, architecture, source, path, time.perf_counter() - start)
 
@@ -242,20 +267,28 @@ _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def _load_directory(path: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
-    """A Hugging Face directory: safetensors weights only, tokenizer from the same folder."""
+def _load_directory(path: Path, dtype: torch.dtype, device: torch.device, gpus: int) -> tuple[Any, Any, str]:
+    """A Hugging Face directory: safetensors weights only, read straight onto ``device`` (or spread
+    over ``gpus`` GPUs from there) in ``dtype``; tokenizer from the same folder."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from autocompress_opt.arch.catalog import load_architecture
 
     _check_family(_directory_model_type(path), path)  # again: the files may have changed since the check
     _check_safetensors(path)
     _check_tokenizer_files(path)
+    weight_bytes = load_architecture(path).num_params * dtype.itemsize
+    placement = placement_kwargs(device, gpus, weight_bytes=weight_bytes)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, use_safetensors=True, local_files_only=True, **placement
+        )
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (SafetensorError, OSError) as exc:
         raise ConfigError(f"cannot load {str(path)!r}: {exc}") from None
-    return model, tokenizer, f"Hugging Face directory {path} (safetensors, {_dtype_name(dtype)})"
+    where = f", on {gpus} GPUs from {device}" if gpus > 1 else "" if device.type == "cpu" else f", on {device}"
+    return model, tokenizer, f"Hugging Face directory {path} (safetensors, {_dtype_name(dtype)}{where})"
 
 
 def _directory_model_type(path: Path) -> str:

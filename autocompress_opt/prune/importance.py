@@ -319,9 +319,12 @@ class _Activations:
         self.parts = adapter.all_layer_parts(model)
         self.norms = adapter.hidden_norms(model)
         device = adapter.embedding(model).weight.device  # sums stay where the activations are
-        zeros = lambda n: torch.zeros(n, dtype=torch.float64, device=device)
-        self.heads = [zeros(p.num_heads) if p.attention is not None else None for p in self.parts]
-        self.ffn = [zeros(p.ffn_width) if p.mlp is not None else None for p in self.parts]
+        zeros = lambda n, on=device: torch.zeros(n, dtype=torch.float64, device=on)
+        # a layer's sums on its own device (a model spread over GPUs); model-wide ones on the embedding's
+        self.heads = [
+            zeros(p.num_heads, p.o_proj.weight.device) if p.attention is not None else None for p in self.parts
+        ]
+        self.ffn = [zeros(p.ffn_width, p.down_proj.weight.device) if p.mlp is not None else None for p in self.parts]
         self.hidden = zeros(adapter.embedding(model).embedding_dim)
         self.cos = zeros(len(self.parts))
         self._inputs: dict[int, torch.Tensor] = {}
@@ -354,8 +357,9 @@ class _Activations:
         import torch
 
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-            x_in, x_out = self._inputs.pop(i).float(), layer_output(output).float()  # (batch, time, D)
-            self.cos[i] += torch.nn.functional.cosine_similarity(x_in, x_out, dim=-1).double().sum()
+            x_out = layer_output(output).float()  # (batch, time, D)
+            x_in = self._inputs.pop(i).float().to(x_out.device)  # spread over GPUs: may be on the previous layer's
+            self.cos[i] += torch.nn.functional.cosine_similarity(x_in, x_out, dim=-1).double().sum().to(self.cos.device)
 
         return hook
 
@@ -373,7 +377,7 @@ class _Activations:
         return hook
 
     def _norm_magnitude(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
-        self.hidden += output.float().abs().double().sum(dim=(0, 1))  # (D,)
+        self.hidden += output.float().abs().double().sum(dim=(0, 1)).to(self.hidden.device)  # (D,)
 
 
 def _batches(tokens: torch.Tensor, batch_size: int) -> Iterator[torch.Tensor]:

@@ -16,11 +16,13 @@ The driver decides, once Ray is up and before any study is created (:func:`plan_
   the driver would otherwise never be offered a trial. Ray sets each trial's ``OMP_NUM_THREADS``
   (hence torch's threads) from it.
 
-In the trial (:func:`trial_device`, :func:`check_visible_paths`, :func:`trial_provenance`): Ray
-sets ``CUDA_VISIBLE_DEVICES`` to the GPUs it assigned, so a trial's ``auto``/``cuda`` device is
-``cuda:0``, the first of them; the assigned ids are recorded with the result. Paths in the request
-are made absolute in the driver (:func:`driver_path`) because trials run in Ray's own working
-directory; a node that cannot see one fails the trial with an error naming the node and the path.
+In the trial (:func:`trial_device`, :func:`trial_gpus`, :func:`check_visible_paths`,
+:func:`trial_provenance`): Ray sets ``CUDA_VISIBLE_DEVICES`` to the GPUs it assigned, so a trial's
+``auto``/``cuda`` device is ``cuda:0``, the first of them, and a trial given ``k > 1`` GPUs spreads
+its parent over all ``k`` (``load_model(..., gpus=k)``); the assigned ids are recorded with the
+result. Paths in the request are made absolute in the driver (:func:`driver_path`) because trials
+run in Ray's own working directory; a node that cannot see one fails the trial with an error naming
+the node and the path.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ __all__ = [
     "driver_path",
     "plan_placement",
     "trial_device",
+    "trial_gpus",
     "trial_provenance",
 ]
 
@@ -268,6 +271,14 @@ def trial_device(requested: str) -> str:
     if str(requested).strip().lower() in ("auto", "cuda") and assigned_gpus():
         return "cuda:0"
     return requested
+
+
+def trial_gpus(device: Any) -> int:
+    """How many GPUs the trial's parent is spread over: every GPU Ray assigned when there are
+    several and the trial computes on the first (``cuda:0``, what :func:`trial_device` gives), else
+    1 (the CPU, a fraction of one GPU, one GPU, or an explicit other ``cuda:N``)."""
+    gpus = len(assigned_gpus())
+    return gpus if gpus > 1 and str(device) == "cuda:0" else 1
 
 
 def _node_name() -> str:

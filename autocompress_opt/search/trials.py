@@ -24,6 +24,7 @@ parent itself, higher is better, and kinds are not comparable with each other.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -241,4 +242,16 @@ def run_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     registering the study's user hardware, ``request["hardware"]``)."""
     load_plugins(request.get("plugins") or ())
     register_hardware(request.get("hardware") or ())
-    return TRIAL_MODES.get(str(request.get("mode", "plan")))(request)
+    try:
+        return TRIAL_MODES.get(str(request.get("mode", "plan")))(request)
+    finally:
+        _release_gpu_cache()
+
+
+def _release_gpu_cache() -> None:
+    """Hand the CUDA caching allocator's free blocks back after a trial: an actor Ray reuses for the
+    next trial (``reuse_actors``) would otherwise keep the last child's memory reserved. Never
+    imports torch (a plan-mode trial does not)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()

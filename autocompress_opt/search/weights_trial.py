@@ -217,6 +217,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.quality.metrics import cache_teacher_logits
     from autocompress_opt.quality.textdata import text_batches
+    from autocompress_opt.search.placement import trial_gpus
 
     settings = config.to_dict()
     key = _digest(ref, str(cache_dir), {k: settings[k] for k in _CONTEXT_KEYS})
@@ -228,7 +229,8 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
     report(TrialProgress("load parent", 0, config.inner.steps))
     device = resolve_device(trial_device(config.device))  # under Ray: the first GPU it assigned (placement)
     dtype = resolve_compute_dtype(config.compute_dtype, device)
-    loaded = load_model(ref, cache=False, dtype=dtype, device=device)  # this cache holds it: no second copy
+    gpus = trial_gpus(device)  # k > 1 GPUs assigned: the parent is spread over all of them
+    loaded = load_model(ref, cache=False, dtype=dtype, device=device, gpus=gpus)  # this cache holds it: no 2nd copy
     model, tokenizer, arch = loaded.model.eval(), loaded.tokenizer, loaded.architecture
     for p in model.parameters():
         p.requires_grad_(False)
