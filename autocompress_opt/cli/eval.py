@@ -105,8 +105,8 @@ def run(args: argparse.Namespace) -> int:
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.quality.metrics import evaluate
 
-    model = load_model(args.model, **compute)
-    parent = load_model(args.parent, **compute) if args.parent else None
+    model = load_model(args.model, **compute, cache=False)  # one copy each, not two
+    parent = load_model(args.parent, **compute, cache=False) if args.parent else None
     report = evaluate(
         model.model,
         model.tokenizer,
@@ -210,7 +210,7 @@ def _run_tasks(args: argparse.Namespace) -> int:
     if args.parent:
         raise ConfigError("--parent applies to the perplexity/KL report, not to --tasks")
     names = _task_names(args.tasks)
-    model = load_model(args.model, **compute_of(args))
+    model = load_model(args.model, **compute_of(args), cache=False)  # one copy of the parent, not two
     report = evaluate_tasks(
         model.model,
         model.tokenizer,

@@ -208,7 +208,7 @@ def _prune(args: argparse.Namespace, serving_target: Any, arch_file: Any, study:
     from autocompress_opt.prune.plan import plan_pruning
     from autocompress_opt.prune.slicing import materialize
 
-    loaded = load_model(args.model, **compute_of(args))
+    loaded = load_model(args.model, **compute_of(args), cache=False)  # one copy of the parent, not two
     adapter = adapter_for(loaded.model)
     parent = adapter.architecture(loaded.model)
     importance = _importance(args, loaded, adapter)
