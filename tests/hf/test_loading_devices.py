@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +136,44 @@ def test_bad_gpus_and_a_spread_gguf_are_errors(qwen2_dir: Path, tmp_path: Path) 
     gguf = write_qwen2_gguf(tiny_model("qwen2", seed=2), tmp_path / "tiny.F32.gguf")
     with pytest.raises(ConfigError, match=r"gpus=2: .*tiny\.F32\.gguf' is a GGUF, which loads on one device"):
         load_model(gguf, device="cuda", gpus=2)
+
+
+# ------------------------------------------------------------------ on real GPUs (skipped without)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+
+
+@needs_cuda
+def test_a_directory_loads_onto_the_gpu_in_its_dtype(qwen2_dir: Path) -> None:
+    """Every parameter and buffer on cuda:0 in the load dtype; fp32 logits equal the CPU load's."""
+    bf16 = load_model(qwen2_dir, dtype=torch.bfloat16, device="cuda:0", cache=False).model
+    assert {(p.device.type, p.dtype) for p in bf16.parameters()} == {("cuda", torch.bfloat16)}
+    fp32 = load_model(qwen2_dir, device="cuda:0", cache=False).model
+    assert {b.device.type for b in fp32.buffers()} == {"cuda"}
+    cpu = load_model(qwen2_dir, cache=False).model
+    with torch.inference_mode():
+        torch.testing.assert_close(fp32(TOKENS.cuda()).logits.cpu(), cpu(TOKENS).logits, rtol=1e-4, atol=1e-4)
+
+
+@needs_two_gpus
+def test_a_parent_spread_over_two_gpus_scores_and_prunes_like_one_on_the_cpu(tmp_path: Path) -> None:
+    """load_model(gpus=2) puts layers on both GPUs; importance runs on it; the child materialised
+    from it is spread the same way and computes the CPU child's logits."""
+    from autocompress_opt.hf.adapters import adapter_for
+    from autocompress_opt.prune.importance import estimate_importance
+    from autocompress_opt.prune.plan import plan_pruning
+    from autocompress_opt.prune.slicing import materialize
+
+    path = save_hf_dir(tiny_model("qwen2", seed=4, num_hidden_layers=4), tmp_path / "qwen2-4")
+    spread, cpu = load_model(path, device="cuda:0", gpus=2, cache=False), load_model(path, cache=False)
+    assert set(spread.model.hf_device_map.values()) == {0, 1}
+    scores = estimate_importance(spread.model, TOKENS, model_id="spread", progress=False)
+    arch = cpu.architecture
+    layer = replace(arch.layers[0], num_heads=2, num_kv_heads=1, ffn_width=24)  # one KV group, 2 heads
+    plan = plan_pruning(arch, scores, replace(arch, hidden_size=24, layers=(layer,) * 3))  # 3 of 4 layers
+    child = materialize(spread.model, plan)
+    assert {p.device.index for p in child.parameters()} == {0, 1}
+    reference = materialize(cpu.model, plan)
+    with torch.inference_mode():
+        torch.testing.assert_close(child(TOKENS.cuda()).logits.cpu(), reference(TOKENS).logits, rtol=1e-4, atol=1e-4)
+    assert adapter_for(child).architecture(child) == adapter_for(reference).architecture(reference)
