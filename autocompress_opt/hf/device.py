@@ -110,11 +110,10 @@ def check_gpus(gpus: Any) -> int:
     return gpus
 
 
-def free_gpu_bytes() -> list[int]:
-    """Free memory in bytes of each CUDA GPU this process sees (``cuda:0`` first; [] without CUDA)."""
-    if not torch.cuda.is_available():
-        return []
-    return [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]
+def free_gpu_bytes(indices: Sequence[int]) -> dict[int, int]:
+    """Free memory in bytes of the CUDA GPUs ``indices`` (``torch.cuda.mem_get_info``, which opens a
+    CUDA context on each: ask only about the GPUs a model is going to)."""
+    return {i: int(torch.cuda.mem_get_info(i)[0]) for i in indices}
 
 
 def placement_kwargs(
@@ -125,8 +124,9 @@ def placement_kwargs(
     weight_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The ``from_pretrained`` keyword arguments that load a model straight onto ``device``, or
-    spread it over ``gpus`` GPUs from ``device`` on (pure but for :func:`free_gpu_bytes` when
-    ``free_bytes`` is None).
+    spread it over ``gpus`` GPUs from ``device`` on. ``free_bytes``: the free memory of each GPU
+    this process sees, ``cuda:0`` first (None: ask torch about the GPUs used, :func:`free_gpu_bytes`;
+    given, the function is pure).
 
     - the CPU: ``{}`` (from_pretrained's own host load);
     - one GPU: ``{"device_map": {"": "cuda:N"}}``: each tensor read from the file goes to the GPU
@@ -146,22 +146,27 @@ def placement_kwargs(
         raise ConfigError(f"gpus={gpus}: only CUDA devices spread a model over GPUs, got device {str(device)!r}")
     if device.type != "cuda":
         return {} if device.type == "cpu" else {"device_map": {"": str(device)}}
-    free = free_gpu_bytes() if free_bytes is None else list(free_bytes)
     first = device.index or 0
+    used = range(first, first + gpus)
+    visible = len(free_bytes) if free_bytes is not None else torch.cuda.device_count()
+    if gpus > 1 and used.stop > visible:
+        raise ConfigError(
+            f"gpus={gpus} from {str(device)!r}: this process sees {visible} CUDA GPU(s) (cuda:0..), "
+            f"so at most {max(0, visible - first)} from there"
+        )
+    if free_bytes is not None:
+        free = {i: int(free_bytes[i]) for i in used if i < visible}
+    else:
+        free = free_gpu_bytes([i for i in used if i < visible]) if weight_bytes is not None or gpus > 1 else {}
     if gpus == 1:
-        if weight_bytes is not None and first < len(free) and weight_bytes > free[first]:
+        if weight_bytes is not None and first in free and weight_bytes > free[first]:
             raise ConfigError(
                 f"the model's weights need {weight_bytes / 2**30:.1f} GiB but {str(device)!r} has "
                 f"{free[first] / 2**30:.1f} GiB free; spread it over several GPUs (--gpus-per-trial k) "
                 "or use a smaller compute dtype"
             )
         return {"device_map": {"": str(device)}}
-    if first + gpus > len(free):
-        raise ConfigError(
-            f"gpus={gpus} from {str(device)!r}: this process sees {len(free)} CUDA GPU(s) (cuda:0..), "
-            f"so at most {max(0, len(free) - first)} from there"
-        )
-    budget = {i: int(free[i] * WEIGHT_SHARE) for i in range(first, first + gpus)}
+    budget = {i: int(free[i] * WEIGHT_SHARE) for i in used}
     if weight_bytes is not None and weight_bytes > sum(budget.values()):
         raise ConfigError(
             f"the model's weights need {weight_bytes / 2**30:.1f} GiB but {gpus} GPUs from {str(device)!r} have "

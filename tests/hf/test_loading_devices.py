@@ -112,10 +112,12 @@ def test_a_directory_streams_to_its_gpu_in_the_compute_dtype(qwen2_dir: Path, ca
 def test_a_directory_spreads_over_k_gpus(
     qwen2_dir: Path, captured: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(device_module, "free_gpu_bytes", lambda: [80 * GB, 80 * GB])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    asked: list[list[int]] = []
+    monkeypatch.setattr(device_module, "free_gpu_bytes", lambda used: asked.append(list(used)) or {0: GB, 1: GB})
     loaded = load_model(qwen2_dir, device="cuda", cache=False, gpus=2)
     assert captured[-1]["device_map"] == "balanced" and set(captured[-1]["max_memory"]) == {0, 1}
-    assert "2 GPUs" in loaded.source
+    assert "2 GPUs" in loaded.source and asked == [[0, 1]]  # only the GPUs used are asked (a CUDA context each)
 
 
 def test_the_cpu_load_is_the_plain_from_pretrained_one(qwen2_dir: Path, captured: list[dict[str, Any]]) -> None:
