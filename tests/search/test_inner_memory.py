@@ -161,6 +161,26 @@ def test_checkpointing_gives_the_same_search_result(parent: Parent) -> None:
     assert not any("forward" in vars(layer) for layer in layers)
 
 
+def test_checkpointing_leaves_the_measured_progress_unchanged(parent: Parent) -> None:
+    """The held-out measurements during training (no gradients: layers run unwrapped) report the same
+    KL and violation with and without checkpointing."""
+    heard: dict[bool, list[tuple[int, float | None, float | None]]] = {False: [], True: []}
+    for ckpt in (False, True):
+        search(
+            parent.model,
+            parent.arch,
+            parent.importance,
+            parent.tokens,
+            parent.teacher,
+            budget=TIGHT,
+            goal=parent.goal,
+            config=InnerConfig(**{**FAST.to_dict(), "report_every": 2, "checkpoint_activations": ckpt}),
+            on_step=lambda step, kl, violation, ckpt=ckpt: heard[ckpt].append((step, kl, violation)),
+        )
+    assert [kl for _, kl, _ in heard[True] if kl is not None]  # measured at steps 2 and 4
+    assert heard[True] == heard[False]
+
+
 def test_checkpoint_activations_is_a_validated_inner_key() -> None:
     assert InnerConfig.from_dict({"checkpoint_activations": True}).checkpoint_activations
     assert InnerConfig().checkpoint_activations is False
