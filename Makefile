@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-plan test lint format install bench bench-h2h calibrate data engines clean
+.PHONY: demo demo-plan test lint format install install-gpu bench bench-h2h calibrate data engines clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,23 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# A machine with an NVIDIA GPU: torch 2.13.0's CUDA build from PyTorch's wheel index (it replaces
+# the CPU build; `install`'s `torch==2.13.0` is then already met), then everything `install`
+# installs, in the same .venv. TORCH_CUDA=cu130 (CUDA 13.0, the build PyPI serves for Linux: needs
+# an NVIDIA driver >= 580; Hopper and Blackwell GPUs: H100/H200, B200, RTX 5070/5080); another
+# build of that index with e.g. `make install-gpu TORCH_CUDA=cu128` (driver >= 570). Not part of
+# demo/test/CI, which run on the CPU. The last line prints torch's CUDA version and the GPUs it sees.
+TORCH_CUDA  ?= cu130
+TORCH_INDEX ?= https://download.pytorch.org/whl/$(TORCH_CUDA)
+
+install-gpu:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0+$(TORCH_CUDA)" --index-url $(TORCH_INDEX)
+	rm -f $(STAMP)
+	$(MAKE) install
+	$(PY) -c "import torch; n = torch.cuda.device_count(); print('torch', torch.__version__, 'CUDA', torch.version.cuda, '-', n, 'GPU(s):', ', '.join(torch.cuda.get_device_name(i) for i in range(n)) or 'none visible (driver?)')"
 
 demo: $(STAMP)
 	$(VENV)/bin/autocompress study run --config studies/smollm2-weights.yaml
