@@ -23,7 +23,7 @@ def add_parser(sub: Any) -> None:
   autocompress distill --student pruned/smollm2-0.6 --teacher smollm2-135m --steps 2000 --batch-size 8 \\
       --seq-len 256 --lr 2e-4 --warmup-steps 100 --save-every 200 --out distilled/smollm2-0.6 --json
   autocompress distill --student pruned/hetero --teacher smollm2-135m --steps 1000 --device cuda --bf16
-  torchrun --nproc_per_node 8 $(which autocompress) distill --student pruned/llama-6b --teacher llama-3.1-8b \
+  torchrun --nproc_per_node 8 $(which autocompress) distill --student pruned/llama-6b --teacher llama-3.1-8b \\
       --steps 2000 --device cuda --bf16 --fsdp --gradient-checkpointing --kl-chunk 32
 
 Memory (see 'autocompress memory --mode distill'): --compute-dtype bf16 keeps student and teacher
