@@ -92,6 +92,26 @@ def engine_options(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def setting_options(pairs: list[str], flag: str) -> dict[str, Any]:
+    """``["steps=24", "checkpoint_activations=true", "device=cuda"]`` → ``{"steps": 24,
+    "checkpoint_activations": True, "device": "cuda"}``: numbers, ``true``/``false``, else the text
+    (the config the values go to checks each one and names the bad key)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{flag} expects KEY=VALUE, got {pair!r}")
+        text = value.strip()
+        if text.lower() in ("true", "false"):
+            out[key.strip()] = text.lower() == "true"
+            continue
+        try:
+            out[key.strip()] = _number(key.strip(), text)
+        except ConfigError:
+            out[key.strip()] = text
+    return out
+
+
 def _number(key: str, text: str) -> int | float:
     """``"64"`` → 64, ``"0.5"`` / ``"1e-1"`` → a float; anything else a :class:`ConfigError`."""
     try:

@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autocompress_opt._data import REPO_SEARCH_SPACES
-from autocompress_opt.cli._common import add_hardware_file, add_verb, concurrency, engine_options, print_json, table
+from autocompress_opt.cli._common import (
+    add_hardware_file,
+    add_verb,
+    concurrency,
+    engine_options,
+    print_json,
+    setting_options,
+    table,
+)
 
 if TYPE_CHECKING:
     from autocompress_opt.arch.architecture import Architecture
@@ -161,7 +169,8 @@ def add_parser(sub: Any) -> None:
         action="append",
         default=None,
         metavar="KEY=VALUE",
-        help="weights mode: per-trial inner-search budget, e.g. steps=24 (see inner_search.InnerConfig)",
+        help="weights mode: per-trial settings, repeatable: inner-search keys (InnerConfig: steps=24, "
+        "checkpoint_activations=true, ...) and data keys (TrialConfig: eval_samples=16, teacher_budget_gib=4, ...)",
     )
     run.add_argument(
         "--plugin",
@@ -433,7 +442,7 @@ def _inner(raw: Any, values: dict[str, Any]) -> dict[str, Any]:
     (weights mode only) join them as the trials' ``device`` / ``compute_dtype``."""
     from autocompress_opt.errors import ConfigError
 
-    inner = {} if not raw else dict(raw) if isinstance(raw, dict) else engine_options(list(raw))
+    inner = {} if not raw else dict(raw) if isinstance(raw, dict) else setting_options(list(raw), "--inner")
     for key, flag in (("device", "--device"), ("compute_dtype", "--compute-dtype")):
         if values.get(key) is not None:
             if str(values.get("mode")) != "weights":

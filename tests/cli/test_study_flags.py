@@ -41,6 +41,14 @@ def test_device_and_compute_dtype_join_the_trials_inner_settings() -> None:
     assert config.inner == {"steps": 3, "device": "cpu", "compute_dtype": "bf16"}
 
 
+def test_inner_settings_take_numbers_booleans_and_words() -> None:
+    config = config_of(
+        "--mode", "weights", "--inner", "steps=3", "--inner", "checkpoint_activations=true",
+        "--inner", "teacher_budget_gib=0.5", "--inner", "fill=False",
+    )  # fmt: skip
+    assert config.inner == {"steps": 3, "checkpoint_activations": True, "teacher_budget_gib": 0.5, "fill": False}
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -48,6 +56,11 @@ def test_device_and_compute_dtype_join_the_trials_inner_settings() -> None:
         (["--mode", "plan", "--device", "cpu"], "--device applies to weights mode"),
         (["--mode", "weights", "--device", "gpu"], "device 'gpu' is not one of"),
         (["--mode", "weights", "--compute-dtype", "int4"], "compute dtype 'int4' is not one of"),
+        (
+            ["--mode", "weights", "--inner", "checkpoint_activations=maybe"],
+            "checkpoint_activations must be true or false, got 'maybe'",
+        ),
+        (["--mode", "weights", "--inner", "steps"], "--inner expects KEY=VALUE, got 'steps'"),
     ],
 )
 def test_bad_values_are_one_line_errors_before_any_study(
