@@ -1,12 +1,12 @@
 """The cheap proxy of a weights-mode study: plan-mode scoring of global points, before and between
 the expensive trials (multi-fidelity, the first and cheapest fidelity).
 
-A point's proxy is what a plan-mode trial computes (:func:`~autocompress_opt.search.trials.plan_trial`),
-about a millisecond and a half each on one CPU core: the engine-legal uniform model of the point
-(:func:`~autocompress_opt.search.trials.legal_point`; layers ranked as the weights trial ranks them),
-the target's exact cost metrics and constraint violations, and — with the parent's importance — the
-retained importance (:func:`~autocompress_opt.search.trials.retained_importance`), else the retained
-parameter fraction. A study uses it twice (:mod:`.study`, :mod:`.searcher`):
+A point's proxy is what a plan-mode trial computes (:func:`~autocompress_opt.search.trials.plan_trial`,
+with the same functions), about a millisecond and a half each on one CPU core: the engine-legal
+uniform model of the point (:func:`~autocompress_opt.search.trials.uniform_model`; layers ranked as
+the weights trial ranks them), the target's exact cost metrics and constraint violations, and — with
+the parent's importance — the retained importance, else the retained parameter fraction
+(:func:`~autocompress_opt.search.trials.plan_quality`). A study uses it twice (:mod:`.study`, :mod:`.searcher`):
 
 - **ranking**: before its weights trials, each target's study enqueues the ``k`` best points by the
   proxy among the feasible, *maximal* ones (no other feasible point scored is at least as large in
@@ -31,7 +31,7 @@ from typing import Any
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import CHOICES, SearchSpace
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search.trials import check_loadable, legal_point, retained_fraction, retained_importance
+from autocompress_opt.search.trials import plan_quality, uniform_model
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target, all_satisfied
 
@@ -74,26 +74,12 @@ class Proxy:
         """Feasibility of ``params``' engine-legal uniform model (no quality: the cheap part)."""
         point = {k: int(params[k]) for k in CHOICES}
         try:
-            legal = legal_point(point, self.space, self.parent, self.serve_as)
+            legal, arch = uniform_model(point, self.space, self.parent, self.serve_as, self.layer_order)
         except ConfigError as exc:
             return ProxyScore(point, {}, False, why_not=str(exc))
-        arch = self.space.architecture(legal, self.parent, self.layer_order)
-        try:
-            check_loadable(arch, self.parent, self.serve_as)
-        except ConfigError as exc:
-            return ProxyScore(legal, {}, False, why_not=str(exc))
         metrics = estimate_cost(arch, self.target.hardware, self.target.engine_obj(), self.target.scenario()).to_dict()
         violations = {k: float(v) for k, v in self.target.violations(metrics, self.parent_cost).items()}
         return ProxyScore(legal, violations, all_satisfied(violations))
-
-    def quality(self, point: Mapping[str, int]) -> float:
-        """The proxy quality of a (legal) point: retained importance, else retained parameters."""
-        arch = self.space.architecture(point, self.parent, self.layer_order)
-        if self.importance is None:
-            return retained_fraction(arch, self.parent)
-        from autocompress_opt.prune.plan import plan_pruning
-
-        return retained_importance(plan_pruning(self.parent, self.importance, arch), self.importance)
 
     def rank(self, k: int, seed: int = 0, limit: int = RANK_POINTS) -> list[ProxyScore]:
         """The ``k`` best feasible maximal points by proxy quality (module doc), best first; ties go
@@ -106,10 +92,14 @@ class Proxy:
             score = self.check(params)
             if score.feasible:
                 scored.setdefault(tuple(score.point[c] for c in CHOICES), score)
-        tops = maximal(list(scored))
-        ranked = [ProxyScore(s.point, s.violations, True, self.quality(s.point)) for s in (scored[key] for key in tops)]
-        ranked.sort(key=lambda s: (-(s.quality or 0.0), -self.space.architecture(s.point, self.parent).num_params))
-        return ranked[:k]
+        ranked = []
+        for key in maximal(list(scored)):
+            s = scored[key]
+            arch = self.space.architecture(s.point, self.parent, self.layer_order)
+            quality = plan_quality(arch, self.parent, self.importance)[0]
+            ranked.append((-quality, -arch.num_params, ProxyScore(s.point, s.violations, True, quality)))
+        ranked.sort(key=lambda r: r[:2])
+        return [score for *_, score in ranked[:k]]
 
 
 def maximal(points: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:

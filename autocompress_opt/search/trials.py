@@ -45,11 +45,13 @@ __all__ = [
     "device_fit_violation",
     "legal_point",
     "parent_metrics",
+    "plan_quality",
     "plan_trial",
     "quality_label",
     "register_hardware",
     "retained_fraction",
     "run_trial",
+    "uniform_model",
 ]
 
 TrialFn = Callable[[Mapping[str, Any]], dict[str, Any]]
@@ -136,15 +138,9 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     if importance is not None and order is None:
         order = importance.layer_order()
     serve_as = check_serve_as(str(request.get("serve_as") or SERVE_AS_ANY))
-    arch = space.architecture(legal_point(request["params"], space, parent, serve_as), parent, order)
-    check_loadable(arch, parent, serve_as)
+    _, arch = uniform_model(request["params"], space, parent, serve_as, order)
     metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
-    if importance is None:
-        quality, kind = retained_fraction(arch, parent), "retained_params"
-    else:
-        from autocompress_opt.prune.plan import plan_pruning
-
-        quality, kind = retained_importance(plan_pruning(parent, importance, arch), importance), "retained_importance"
+    quality, kind = plan_quality(arch, parent, importance)
     return {
         "architecture": arch.to_dict(),
         "metrics": metrics,
@@ -152,6 +148,34 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         "quality_kind": kind,
         "serve_as": serve_as,
     }
+
+
+def uniform_model(
+    params: Mapping[str, Any],
+    space: SearchSpace,
+    parent: Architecture,
+    serve_as: str,
+    layer_order: Sequence[int] | None = None,
+) -> tuple[dict[str, int], Architecture]:
+    """The plan-mode model of a sampled point: its engine-legal point (:func:`legal_point`) and that
+    point's uniform architecture (layers dropped in ``layer_order``), which the ``serve_as`` engine
+    loads (:func:`check_loadable`); a :class:`ConfigError` when there is none. What
+    :func:`plan_trial` scores and the weights study's proxy (:mod:`.proxy`) checks."""
+    legal = legal_point({k: int(v) for k, v in params.items()}, space, parent, serve_as)
+    arch = space.architecture(legal, parent, layer_order)
+    check_loadable(arch, parent, serve_as)
+    return legal, arch
+
+
+def plan_quality(arch: Architecture, parent: Architecture, importance: Any = None) -> tuple[float, str]:
+    """``(quality, kind)`` of a plan-mode point: the retained importance of ``arch`` cut by the
+    importance record (kind ``retained_importance``), else the retained parameter fraction (kind
+    ``retained_params``)."""
+    if importance is None:
+        return retained_fraction(arch, parent), "retained_params"
+    from autocompress_opt.prune.plan import plan_pruning
+
+    return retained_importance(plan_pruning(parent, importance, arch), importance), "retained_importance"
 
 
 def legal_point(params: Mapping[str, int], space: SearchSpace, parent: Architecture, serve_as: str) -> dict[str, int]:
