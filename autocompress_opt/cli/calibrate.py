@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.cli._common import add_verb, check_output_file, check_positive, print_json
-from autocompress_opt.errors import ConfigError
 
 
 def add_parser(sub: Any) -> None:
@@ -28,7 +27,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch", type=int, default=1, help="sequences per forward (default 1)")
     p.add_argument("--seed", type=int, default=0, help="sweep and split seed (default 0)")
     p.add_argument("--passes", type=int, default=2, help="timing passes per architecture, fastest kept (default 2)")
-    p.add_argument("--device", default=None, help="torch device (default: cpu for --hardware cpu, else cuda)")
+    p.add_argument(
+        "--device", default=None, help="torch device: cpu, cuda, cuda:N (default: cpu for --hardware cpu, else cuda)"
+    )
+    p.add_argument(
+        "--compute-dtype",
+        default="auto",
+        help="dtype the sweep's models are built and timed in: auto (default: bf16 on CUDA, fp32 on the CPU), "
+        "fp32, bf16, fp16",
+    )
     p.add_argument(
         "--out", type=Path, default=None, help="profile YAML to write (default ~/.cache/autocompress_opt/profiles/)"
     )
@@ -49,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         passes=args.passes,
         device=args.device,
+        compute_dtype=args.compute_dtype,
         out=args.out,
         progress=not args.json,
     )
@@ -86,15 +94,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         from autocompress_opt.serving.hardware import get_hardware
 
         get_hardware(args.hardware)
-    if args.device is not None:
-        import torch
+    from autocompress_opt.hf.device import check_compute_dtype, resolve_device
 
-        try:
-            device = torch.device(args.device)
-        except (RuntimeError, TypeError):
-            raise ConfigError(
-                f"--device must be a torch device such as cpu, cuda or cuda:1, got {args.device!r}"
-            ) from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"--device {args.device!r} asked for but CUDA is not available here")
+    resolve_device(args.device or ("cpu" if args.hardware == "cpu" else "cuda"))  # CUDA asked for, absent: an error
+    check_compute_dtype(args.compute_dtype)
     check_output_file(args.out if args.out is not None else user_profile_dir() / "profile.yaml")

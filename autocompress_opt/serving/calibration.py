@@ -132,15 +132,24 @@ def calibrate(
     heldout_fraction: float = 0.25,
     passes: int = 2,
     device: str | None = None,
+    compute_dtype: str = "auto",
     out: Path | None = None,
     progress: bool = True,
 ) -> CalibrationResult:
-    """Measure, fit and save the ``torch-eager`` profile of ``hardware``; see the module doc."""
+    """Measure, fit and save the ``torch-eager`` profile of ``hardware``; see the module doc.
+
+    ``device`` (default ``cpu`` for ``hardware="cpu"``, else ``cuda``) and ``compute_dtype``
+    (``auto``: bf16 on CUDA, fp32 on the CPU) are resolved by :mod:`autocompress_opt.hf.device`
+    (CUDA asked for but absent is a :class:`ConfigError`); the sweep's models are built and timed in
+    that dtype, which is also the serving format the fitted observations are costed in."""
     import torch
 
+    from autocompress_opt.hf.device import dtype_name, resolve_compute_dtype, resolve_device
     from autocompress_opt.serving.timing import random_architectures
 
-    device = device or ("cpu" if hardware == "cpu" else "cuda")
+    resolved = resolve_device(device or ("cpu" if hardware == "cpu" else "cuda"))
+    dtype = resolve_compute_dtype(compute_dtype, resolved)
+    device, dtype_label = str(resolved), dtype_name(dtype)
     if hardware == "cpu":
         tflops, gb_s = measure_device("cpu")
         hw = Hardware(
@@ -156,9 +165,11 @@ def calibrate(
 
     archs = random_architectures(n_archs, seed=seed)
     engine = get_engine(ENGINE)
-    prefill_sc = Scenario(dtype="fp32", input_len=prompt_len, output_len=1, concurrency=batch)
+    prefill_sc = Scenario(dtype=dtype_label, input_len=prompt_len, output_len=1, concurrency=batch)
     # measure.time_decode times DECODE_STEPS steps after the context: mean context ≈ context + steps/2.
-    decode_sc = Scenario(dtype="fp32", input_len=decode_context + DECODE_STEPS // 2, output_len=1, concurrency=batch)
+    decode_sc = Scenario(
+        dtype=dtype_label, input_len=decode_context + DECODE_STEPS // 2, output_len=1, concurrency=batch
+    )
     prefill_obs, decode_obs, rows = [], [], []
     timings = _sweep(
         archs,
@@ -170,6 +181,7 @@ def calibrate(
         decode_context=decode_context,
         seed=seed,
         device=device,
+        dtype=dtype,
     )
     for i, (arch, timing) in enumerate(zip(archs, timings)):
         prefill_obs.append(Observation(arch, hw, engine, prefill_sc, "ttft_ms", timing.prefill_ms, label=f"arch{i}"))
@@ -208,6 +220,7 @@ def calibrate(
             "method": "log-space least squares (L-BFGS) on real torch-eager timings",
             "date": f"{datetime.now(timezone.utc):%Y-%m-%d}",
             "device": device,
+            "dtype": dtype_label,
             "threads": torch.get_num_threads(),
             "torch": str(torch.__version__),
             "sweep": {

@@ -228,6 +228,8 @@ CASES = [
     case("calibrate-unknown-hardware", CALIBRATE.replace("cpu", "rtx9090", 1), "rtx9090"),
     case("calibrate-out-under-file", "calibrate --out {in}/file.txt/p.yaml --json", "file.txt"),
     case("calibrate-bad-device", CALIBRATE + " --device tpu", "tpu"),
+    case("calibrate-bad-compute-dtype", CALIBRATE + " --compute-dtype int4", "int4"),
+    case("calibrate-cuda-absent", CALIBRATE + " --device cuda", "cuda"),
     # ---- plot
     case("plot-missing-study", "plot nosuchstudy --out {in}/plots", "nosuchstudy"),
     case("plot-out-under-file", "plot nosuchstudy --out {in}/file.txt/plots", "file.txt"),

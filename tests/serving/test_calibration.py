@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.errors import ConfigError
@@ -83,3 +84,24 @@ def test_calibrate_end_to_end_on_a_small_sweep(tmp_path: Path) -> None:
     assert len(result.rows) == 4 and all(r["prefill_ms"] > 0 and r["decode_ms_per_token"] > 0 for r in result.rows)
     assert set(result.heldout_mdape) == {"prefill", "decode"}
     assert 0 < result.profile.mfu <= 1 and 0 < result.profile.mbu <= 1
+    assert result.profile.fit["dtype"] == "fp32" and result.profile.fit["device"] == "cpu"  # auto on the CPU
+
+
+def test_calibrate_builds_and_costs_the_sweep_in_the_compute_dtype(tmp_path: Path) -> None:
+    """--compute-dtype bf16: the models are timed in bf16 and the fit costs them as bf16 weights."""
+    from autocompress_opt.serving import calibration
+
+    seen: list[object] = []
+    real = calibration._sweep
+
+    def sweep(*args: object, **kwargs: object) -> object:
+        seen.append(kwargs["dtype"])
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibration, "_sweep", sweep)
+        result = calibration.calibrate(
+            "cpu", n_archs=2, prompt_len=16, decode_context=16, passes=1, compute_dtype="bf16",
+            out=tmp_path / "cpu.yaml", progress=False,
+        )  # fmt: skip
+    assert seen == [torch.bfloat16] and result.profile.fit["dtype"] == "bf16"
