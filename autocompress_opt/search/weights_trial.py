@@ -15,7 +15,7 @@
                "quality_cached": bool, "inner": {...search summary...}, "timings_s": {...},
                "selection": {"chosen": "trained" | "start" | "uniform" | a baseline's name,
                              "val_kl": {candidate: nats | None}, "feasible": {candidate: bool}},
-               "compute": {"device": "cpu" | "cuda:0" | ..., "dtype": "fp32" | "bf16" | "fp16"},
+               "compute": {"device": "cpu" | "cuda:0" | ..., "dtype": "fp32" | "bf16" | "fp16", "devices": [...]},
                "teacher": {"form": "full" | "top-k", "k": int | None, "bytes": int, "bytes_per_token": int}}
 
 ``selection`` says which candidate of the inner search the trial returned — the trained masks,
@@ -488,10 +488,13 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _compute(parent: ParentContext) -> dict[str, str]:
-    """Where the trial computed and in which dtype (recorded with every result)."""
+def _compute(parent: ParentContext) -> dict[str, Any]:
+    """Where the trial computed and in which dtype (recorded with every result): the embedding's
+    device, and every device holding a part of the parent (more than one when a trial's k GPUs
+    share it)."""
     weight = next(parent.model.parameters())
-    return {"device": str(weight.device), "dtype": dtype_name(weight.dtype)}
+    devices = sorted({str(p.device) for p in parent.model.parameters()})
+    return {"device": str(weight.device), "dtype": dtype_name(weight.dtype), "devices": devices}
 
 
 def evaluate_architecture(

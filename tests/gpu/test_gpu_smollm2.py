@@ -221,7 +221,7 @@ def test_smollm2_weights_trial_on_the_device(
     importance scores) and their inner searches may take different steps."""
     for dtype, width in (("fp32", 4), ("bf16", 2)):
         result, added = trials[dtype]["result"], trials[dtype]["peak_added_bytes"]
-        assert result["compute"] == {"device": str(suite_device), "dtype": dtype}
+        assert result["compute"] == {"device": str(suite_device), "dtype": dtype, "devices": [str(suite_device)]}
         arch = Architecture.from_dict(result["architecture"])
         assert arch.hidden_size == POINT["hidden_size"] and arch.num_active_layers <= POINT["num_layers"]
         assert math.isfinite(result["kl_to_parent"]) and 0 < result["quality"] < 1

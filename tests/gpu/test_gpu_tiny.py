@@ -95,7 +95,7 @@ def test_tiny_weights_trial_on_the_device(
         with peak_memory() as peak:
             results[dtype] = run_weights_trial(request(parent_dir, tmp_path / dtype, inner=inner))
         result = results[dtype]
-        assert result["compute"] == {"device": str(suite_device), "dtype": dtype}
+        assert result["compute"] == {"device": str(suite_device), "dtype": dtype, "devices": [str(suite_device)]}
         assert math.isfinite(result["kl_to_parent"]) and result["kl_to_parent"] >= 0
         assert 0 < result["quality"] <= 1 and not result["quality_cached"]
         assert result["inner"]["config"]["device"] == str(suite_device)

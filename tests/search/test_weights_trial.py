@@ -87,9 +87,9 @@ def test_a_trial_records_where_it_computed_and_runs_in_bf16(parent_dir: Path, tm
     KL stays within 0.05 nats of the fp32 trial's."""
     clear_trial_cache()
     fp32 = run_weights_trial(request(parent_dir, tmp_path / "a", inner={**INNER, "compute_dtype": "fp32"}))
-    assert fp32["compute"] == {"device": "cpu", "dtype": "fp32"}
+    assert fp32["compute"] == {"device": "cpu", "dtype": "fp32", "devices": ["cpu"]}
     bf16 = run_weights_trial(request(parent_dir, tmp_path / "a", inner={**INNER, "compute_dtype": "bf16"}))
-    assert bf16["compute"] == {"device": "cpu", "dtype": "bf16"}
+    assert bf16["compute"] == {"device": "cpu", "dtype": "bf16", "devices": ["cpu"]}
     assert not bf16["quality_cached"]  # not the fp32 parent's cache entry
     assert math.isfinite(bf16["kl_to_parent"]) and abs(bf16["kl_to_parent"] - fp32["kl_to_parent"]) < 0.05
     with pytest.raises(ConfigError, match="is not one of auto, cpu, cuda, cuda:N"):
