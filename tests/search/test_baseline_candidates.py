@@ -10,48 +10,19 @@ from typing import Any
 
 import optuna
 import pytest
-from tiny_families import tiny_model, tokens
+from inner_helpers import TinyParent
 
 from autocompress_opt.arch.search_space import CHOICES, uniform_allocation
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.hf.adapters import adapter_for
-from autocompress_opt.prune.importance import estimate_importance
 from autocompress_opt.search import inner_search
 from autocompress_opt.search.budget import Budget
-from autocompress_opt.search.inner_search import CANDIDATES, InnerConfig, search
+from autocompress_opt.search.inner_search import CANDIDATES
 from autocompress_opt.search.searcher import baseline_candidates
-from autocompress_opt.search.teacher import teacher_log_probs
-
-FAST = InnerConfig(steps=2, batch_size=2, seq_len=12, n_samples=6, val_samples=2, seed=0)
 
 
 @pytest.fixture(scope="module")
-def parent() -> dict[str, Any]:
-    model = tiny_model("llama")
-    arch = adapter_for(model).architecture(model)
-    importance = estimate_importance(model, tokens(4, 12, seed=1), model_id="tiny-bc", progress=False)
-    rows = tokens(6, 12, seed=2)
-    return {
-        "model": model,
-        "arch": arch,
-        "importance": importance,
-        "tokens": rows,
-        "teacher": teacher_log_probs(model, rows, parent_id="tiny-bc"),
-    }
-
-
-def run(parent: dict[str, Any], budget: Budget, **kwargs: Any) -> Any:
-    return search(
-        parent["model"],
-        parent["arch"],
-        parent["importance"],
-        parent["tokens"],
-        parent["teacher"],
-        budget=budget,
-        goal=None,
-        config=FAST,
-        **kwargs,
-    )
+def parent() -> TinyParent:
+    return TinyParent()
 
 
 def unnamed(arch: Any) -> Any:
@@ -59,39 +30,38 @@ def unnamed(arch: Any) -> Any:
 
 
 def test_a_baseline_model_is_weighed_and_returned_when_it_has_the_lowest_held_out_kl(
-    parent: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    parent: TinyParent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two layers of four kept in the reverse of the importance order (another depth criterion):
+    """The parent's layers kept in the reverse of the importance order (another depth criterion):
     same sizes as the trial's uniform allocation, other layers. With the lowest (synthetic) KL it is
     returned as it is, and every candidate's KL is recorded under its name."""
     point = {"num_layers": 2, "hidden_size": 48, "ffn_width": 32, "num_kv_heads": 1, "q_per_kv": 2}
     assert set(point) == set(CHOICES)
     budget = Budget(**point)
-    order = parent["importance"].layer_order()
-    uniform = uniform_allocation(point, parent["arch"], order)
-    other = uniform_allocation(point, parent["arch"], list(reversed(order)))
+    uniform = parent.uniform(budget)
+    other = parent.uniform(budget, list(reversed(parent.importance.layer_order())))
     assert unnamed(other) != unnamed(uniform)  # the baseline kept other layers
 
     def fake_kl(model: Any, par: Any, imp: Any, arch: Any, *rest: Any) -> float:
         return 0.1 if unnamed(arch) == unnamed(other) else 1.0
 
     monkeypatch.setattr(inner_search, "_masked_kl", fake_kl)
-    result = run(parent, budget, init=uniform, extra={"depth": other})
+    result = parent.search(budget, start=uniform, extra={"depth": other}, steps=2)
     assert result.selection["chosen"] == "depth" and unnamed(result.architecture) == unnamed(other)
     assert result.choice()["val_kl"] == {"trained": 1.0, "start": 1.0, "uniform": 1.0, "depth": 0.1}
 
 
-def test_a_baseline_model_that_breaks_the_budgets_is_recorded_but_never_returned(parent: dict[str, Any]) -> None:
+def test_a_baseline_model_that_breaks_the_budgets_is_recorded_but_never_returned(parent: TinyParent) -> None:
     point = {"num_layers": 2, "hidden_size": 48, "ffn_width": 32, "num_kv_heads": 1, "q_per_kv": 2}
-    bigger = uniform_allocation({**point, "num_layers": 3}, parent["arch"], parent["importance"].layer_order())
-    result = run(parent, Budget(**point), extra={"depth": bigger})
+    bigger = parent.uniform(Budget(**{**point, "num_layers": 3}))
+    result = parent.search(Budget(**point), extra={"depth": bigger}, steps=2)
     assert result.selection["depth"]["feasible"] is False and result.choice()["val_kl"]["depth"] is None
     assert result.selection["chosen"] != "depth"
 
 
-def test_candidate_names_of_the_search_itself_are_refused(parent: dict[str, Any]) -> None:
+def test_candidate_names_of_the_search_itself_are_refused(parent: TinyParent) -> None:
     with pytest.raises(ConfigError, match="'uniform'.*taken"):
-        run(parent, Budget.of(parent["arch"]), extra={"uniform": parent["arch"]})
+        parent.search(extra={"uniform": parent.arch})
     assert "uniform" in CANDIDATES
 
 

@@ -8,45 +8,29 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_families import VOCAB, tiny_model, tokens
+from inner_helpers import FAST, TIGHT, TinyParent
+from tiny_families import VOCAB, tokens
 
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import adapter_for
 from autocompress_opt.hf.memory import teacher_target_bytes, teacher_top_k
-from autocompress_opt.prune.importance import estimate_importance
 from autocompress_opt.quality.metrics import TeacherTargets
-from autocompress_opt.search.budget import Budget, CostGoal
+from autocompress_opt.search.budget import CostGoal
 from autocompress_opt.search.inner_search import InnerConfig, objective, search
 from autocompress_opt.search.relaxation import ParentMasks
 from autocompress_opt.search.teacher import clear_teacher_memory, teacher_form, teacher_log_probs
 from autocompress_opt.serving.targets import Target
 
-TIGHT = Budget(num_layers=2, hidden_size=40, ffn_width=16, num_kv_heads=1, q_per_kv=1)
-FAST = InnerConfig(steps=4, batch_size=2, seq_len=12, n_samples=6, val_samples=2, seed=0)
 
-
-class Parent:
-    """A tiny random Llama, its importance, calibration rows and full teacher log-probs."""
+class Parent(TinyParent):
+    """The tiny parent under a TPOT cap, searched with :data:`TIGHT` budgets."""
 
     def __init__(self) -> None:
-        self.model = tiny_model("llama")
-        self.arch = adapter_for(self.model).architecture(self.model)
-        self.importance = estimate_importance(self.model, tokens(4, 12, seed=1), model_id="tiny", progress=False)
-        self.tokens = tokens(6, 12, seed=2)
-        self.teacher = teacher_log_probs(self.model, self.tokens, parent_id="tiny-memory")
+        super().__init__()
         self.goal = CostGoal.for_target(Target("h100-sxm", "datacenter", constraints={"tpot_ms": "0.9x"}), self.arch)
 
-    def search(self, teacher: Any = None, **config: Any) -> Any:
-        return search(
-            self.model,
-            self.arch,
-            self.importance,
-            self.tokens,
-            self.teacher if teacher is None else teacher,
-            budget=TIGHT,
-            goal=self.goal,
-            config=InnerConfig(**{**FAST.to_dict(), **config}),
-        )
+    def search(self, teacher: Any = None, **config: Any) -> Any:  # type: ignore[override]
+        return super().search(TIGHT, self.goal, teacher=teacher, **config)
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +54,7 @@ def test_the_budget_keeps_the_full_form_when_it_fits_and_the_largest_k_otherwise
 
 
 def test_top_k_targets_are_cached_apart_from_the_full_ones(parent: Parent, tmp_path: Any) -> None:
+    clear_teacher_memory()  # another module's test may have left these rows in the in-process cache
     ids = tokens(3, 8, seed=9)
     kwargs: dict[str, Any] = dict(parent_id="tiny", data_id="d", cache_dir=tmp_path)
     full = teacher_log_probs(parent.model, ids, **kwargs)

@@ -11,60 +11,22 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from inner_helpers import FAST, TIGHT
+from inner_helpers import TinyParent as Parent
 from mask_helpers import randomise
-from tiny_families import tiny_model, tokens
+from tiny_families import tokens
 
-from autocompress_opt.arch.search_space import CHOICES, uniform_allocation
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
-from autocompress_opt.prune.importance import estimate_importance
 from autocompress_opt.prune.slicing import materialize
 from autocompress_opt.search import inner_search
 from autocompress_opt.search.budget import Budget, CostGoal, cost_arrays, expected_of
 from autocompress_opt.search.discretise import discretise
-from autocompress_opt.search.inner_search import CANDIDATES, InnerConfig, objective, search
+from autocompress_opt.search.inner_search import CANDIDATES, InnerConfig, objective
 from autocompress_opt.search.relaxation import ParentMasks
 from autocompress_opt.search.teacher import teacher_log_probs
 from autocompress_opt.serving.costmodel import METRICS, ArchArrays, estimate_batch, estimate_cost
 from autocompress_opt.serving.targets import Target, device_fit_violation
-
-# Budgets that bind every mask parameter of the tiny parent (3 layers, 2 KV groups of 3 heads, FFN 48).
-TIGHT = Budget(num_layers=2, hidden_size=40, ffn_width=16, num_kv_heads=1, q_per_kv=1)
-FAST = InnerConfig(steps=4, batch_size=2, seq_len=12, n_samples=6, val_samples=2, seed=0)
-
-
-class Parent:
-    """A tiny random Llama (every parameter random, biases included), its importance and teacher log-probs."""
-
-    def __init__(self) -> None:
-        self.model = tiny_model("llama")
-        self.arch = adapter_for(self.model).architecture(self.model)
-        self.importance = estimate_importance(self.model, tokens(4, 12, seed=1), model_id="tiny", progress=False)
-        self.tokens = tokens(6, 12, seed=2)
-        self.teacher = teacher_log_probs(self.model, self.tokens, parent_id="tiny")
-
-    def search(
-        self, budget: Budget | None = None, goal: CostGoal | None = None, *, start: Any = None, **config: Any
-    ) -> Any:
-        """The inner search with :data:`FAST` changed by ``config``; ``start`` is its ``init``
-        architecture (the trial's uniform allocation)."""
-        cfg = InnerConfig(**{**FAST.to_dict(), **config})
-        return search(
-            self.model,
-            self.arch,
-            self.importance,
-            self.tokens,
-            self.teacher,
-            budget=budget or Budget.of(self.arch),
-            goal=goal,
-            config=cfg,
-            init=start,
-        )
-
-    def uniform(self, budget: Budget) -> Any:
-        """The uniform allocation of ``budget``'s global choices, as a weights trial builds it."""
-        point = {name: getattr(budget, name) for name in CHOICES}
-        return uniform_allocation(point, self.arch, self.importance.layer_order())
 
 
 @pytest.fixture(scope="module")
