@@ -197,6 +197,11 @@ class LayerSpec:
         return cls(attention=False, ffn=False)
 
 
+def _sizes(layer: LayerSpec) -> tuple[Any, ...]:
+    """A layer's sizes, its window left out (what :attr:`Architecture.is_uniform` compares)."""
+    return (layer.attention, layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.ffn, layer.ffn_width)
+
+
 @dataclass(frozen=True)
 class Architecture:
     """Global plus per-layer structure of a decoder; exact parameter counts.
@@ -267,8 +272,12 @@ class Architecture:
         (``layer_types``), so Gemma 3, whose layers differ only in their window, is uniform.
         :meth:`to_hf_config` still refuses windows the family's config cannot express.
         """
-        first = replace(self.layers[0], window=None)
-        return first.attention and first.ffn and all(replace(layer, window=None) == first for layer in self.layers)
+        if "is_uniform" not in self._cache:
+            first = _sizes(self.layers[0])
+            self._cache["is_uniform"] = bool(
+                first[0] and first[4] and all(_sizes(layer) == first for layer in self.layers)
+            )
+        return bool(self._cache["is_uniform"])
 
     def active(self) -> Architecture:
         """The same model with fully dropped layers removed from the stack (same parameter count).

@@ -186,7 +186,10 @@ def parent_problems(parent: Architecture, engine: str) -> list[str]:
     if engine == SERVE_AS_ANY:
         return []
     check_serve_as(engine)
-    return loadable_problems(_uniform_form(parent), engine)
+    key = f"parent_problems:{engine}"  # asked once per sampled point by the proxy: kept on the parent
+    if key not in parent._cache:
+        parent._cache[key] = tuple(loadable_problems(_uniform_form(parent), engine))
+    return list(parent._cache[key])
 
 
 @dataclass(frozen=True)

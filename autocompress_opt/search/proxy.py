@@ -2,7 +2,7 @@
 the expensive trials (multi-fidelity, the first and cheapest fidelity).
 
 A point's proxy is what a plan-mode trial computes (:func:`~autocompress_opt.search.trials.plan_trial`,
-with the same functions), about a millisecond and a half each on one CPU core: the engine-legal
+with the same functions; the cost model runs on a batch of points at once): the engine-legal
 uniform model of the point (:func:`~autocompress_opt.search.trials.uniform_model`; layers ranked as
 the weights trial ranks them), the target's exact cost metrics and constraint violations, and — with
 the parent's importance — the retained importance, else the retained parameter fraction
@@ -28,18 +28,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import CHOICES, SearchSpace
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.search.trials import plan_quality, uniform_model
-from autocompress_opt.serving.costmodel import estimate_cost
+from autocompress_opt.serving.costmodel import ArchArrays, estimate_batch
 from autocompress_opt.serving.targets import Target, all_satisfied
 
 __all__ = ["PROXY_ATTR", "RANK_POINTS", "Proxy", "ProxyScore", "maximal"]
 
 PROXY_ATTR = "proxy_infeasible"  # user attribute of a point the proxy screened out (its violations)
 PROXY_RANK_ATTR = "proxy_rank"  # user attribute of a point the ranking enqueued (1 = best)
-RANK_POINTS = 16384  # points the ranking scores at most (a seeded sample of a larger space; ~1.5 ms each)
+RANK_POINTS = 16384  # points the ranking scores at most (a seeded sample of a larger space)
+COST_CHUNK = 4096  # architectures per cost-model call of Proxy.check_many
 
 
 @dataclass(frozen=True)
@@ -72,14 +75,31 @@ class Proxy:
 
     def check(self, params: Mapping[str, Any]) -> ProxyScore:
         """Feasibility of ``params``' engine-legal uniform model (no quality: the cheap part)."""
-        point = {k: int(params[k]) for k in CHOICES}
-        try:
-            legal, arch = uniform_model(point, self.space, self.parent, self.serve_as, self.layer_order)
-        except ConfigError as exc:
-            return ProxyScore(point, {}, False, why_not=str(exc))
-        metrics = estimate_cost(arch, self.target.hardware, self.target.engine_obj(), self.target.scenario()).to_dict()
-        violations = {k: float(v) for k, v in self.target.violations(metrics, self.parent_cost).items()}
-        return ProxyScore(legal, violations, all_satisfied(violations))
+        return self.check_many([params])[0]
+
+    def check_many(self, points: Sequence[Mapping[str, Any]]) -> list[ProxyScore]:
+        """:meth:`check` of every point, the cost model run once per :data:`COST_CHUNK` of them
+        (:func:`~autocompress_opt.serving.costmodel.estimate_batch`)."""
+        scores: list[ProxyScore | None] = [None] * len(points)
+        built: list[tuple[int, dict[str, int], Architecture]] = []
+        for i, params in enumerate(points):
+            point = {k: int(params[k]) for k in CHOICES}
+            try:
+                legal, arch = uniform_model(point, self.space, self.parent, self.serve_as, self.layer_order)
+            except ConfigError as exc:
+                scores[i] = ProxyScore(point, {}, False, why_not=str(exc))
+                continue
+            built.append((i, legal, arch))
+        target = self.target
+        for start in range(0, len(built), COST_CHUNK):
+            chunk = built[start : start + COST_CHUNK]
+            arrays = ArchArrays.from_architectures([arch for *_, arch in chunk])
+            metrics = estimate_batch(arrays, target.hardware, target.engine_obj(), target.scenario())
+            violations = target.violations(metrics, self.parent_cost)
+            for row, (i, legal, _) in enumerate(chunk):
+                mine = {k: float(np.asarray(v).reshape(-1)[row]) for k, v in violations.items()}
+                scores[i] = ProxyScore(legal, mine, all_satisfied(mine))
+        return [score for score in scores if score is not None]
 
     def rank(self, k: int, seed: int = 0, limit: int = RANK_POINTS) -> list[ProxyScore]:
         """The ``k`` best feasible maximal points by proxy quality (module doc), best first; ties go
@@ -88,8 +108,7 @@ class Proxy:
             return []
         points = _points(self.space, limit, seed)
         scored: dict[tuple[int, ...], ProxyScore] = {}
-        for params in points:
-            score = self.check(params)
+        for score in self.check_many(points):
             if score.feasible:
                 scored.setdefault(tuple(score.point[c] for c in CHOICES), score)
         ranked = []

@@ -455,7 +455,9 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     selection = result.choice()
     # A seeded baseline's own model, when feasible, also competes on the study's objective (held-out
     # evaluation KL): the trial of its point then never scores worse than the baseline itself.
-    rivals = {n: a for n, a in baselines.items() if n != selection["chosen"] and selection["feasible"].get(n)}
+    rivals = {
+        n: a for n, a in baselines.items() if n != selection["chosen"] and selection["feasible"].get(n) and a != arch
+    }
     if rivals:
         heldout = {selection["chosen"]: quality["kl_to_parent"]}
         for name, other in rivals.items():

@@ -61,6 +61,31 @@ def test_a_sampled_space_is_scored_on_a_seeded_sample() -> None:
     assert [s.point for s in p.rank(3, seed=1, limit=500)] == [s.point for s in p.rank(3, seed=1, limit=500)]
 
 
+def test_check_many_agrees_with_the_cost_model_point_by_point() -> None:
+    """The batched cost model (padded to the deepest point) gives each point the violations that
+    estimate_cost on that point alone gives; points no engine-legal model exists for say why."""
+    import random
+
+    from autocompress_opt.search.trials import uniform_model
+    from autocompress_opt.serving.costmodel import estimate_cost
+
+    rng = random.Random(3)
+    points = [{c: rng.choice(SPACE[c].values) for c in CHOICES} for _ in range(60)]
+    target = Target("rtx5080", "local-coding")
+    for serve_as in ("vllm", "llamacpp"):
+        p = proxy("rtx5080", "local-coding", serve_as)
+        scores = p.check_many(points)
+        assert len(scores) == len(points)
+        for params, score in zip(points, scores):
+            legal, arch = uniform_model(params, SPACE, PARENT, serve_as)
+            metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
+            expected = target.violations(metrics, parent_metrics(PARENT, target))
+            assert score.point == legal and score.violations.keys() == expected.keys()
+            assert all(abs(score.violations[k] - v) <= 1e-9 * max(1.0, abs(v)) for k, v in expected.items())
+            assert score.feasible == all(v <= 0 for v in expected.values())
+        assert any(s.feasible for s in scores) and not all(s.feasible for s in scores)
+
+
 # --------------------------------------------------------------------------- in a study
 class _Coordination:
     def __init__(self) -> None:
