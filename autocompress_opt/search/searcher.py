@@ -358,6 +358,8 @@ class StudySearcher(Searcher):
         trial.set_user_attr("gpu_ids", payload.get("gpu_ids", []))  # the GPUs Ray assigned the trial
         if "selection" in payload:  # weights mode: the inner-search candidate returned, each one's KL
             trial.set_user_attr("selection", payload["selection"])
+        if "timings_s" in payload:  # weights mode: where the trial's time went (parent, search, quality)
+            trial.set_user_attr("timings_s", payload["timings_s"])
         violations = self.target.violations(metrics, self.parent_cost)
         for key, value in violations.items():
             trial.set_constraint(key, float(value))

@@ -595,7 +595,9 @@ class TrialRecord:
     ``intermediate``: the held-out KL and violation it reported during its inner search, as
     ``[inner_step, val_kl, violation]`` rows (weights mode). ``proxy_infeasible``: the proxy's
     violations of a point it kept from running (PRUNED); ``proxy_rank``: the rank of a point the
-    proxy enqueued (:mod:`~autocompress_opt.search.proxy`).
+    proxy enqueued (:mod:`~autocompress_opt.search.proxy`). ``timings_s`` (weights mode): where a
+    completed trial's seconds went (``parent``: loading it, when this trial's process did;
+    ``search``: the inner search; ``quality``: the held-out measurement(s); ``total``).
     """
 
     study: str
@@ -616,6 +618,7 @@ class TrialRecord:
     intermediate: list[list[float]] | None = None
     proxy_infeasible: dict[str, Any] | None = None  # the proxy's violations of a point it kept from running
     proxy_rank: int | None = None  # the proxy's rank of a point it enqueued (1 = best)
+    timings_s: dict[str, float] | None = None  # weights mode: parent / search / quality / total seconds
 
     def arch(self) -> Architecture | None:
         return Architecture.from_dict(self.architecture) if self.architecture else None
@@ -643,6 +646,7 @@ def _record(study_name: str, trial: Any) -> TrialRecord:
         intermediate=attrs.get("intermediate"),
         proxy_infeasible=attrs.get("proxy_infeasible"),
         proxy_rank=attrs.get("proxy_rank"),
+        timings_s=attrs.get("timings_s"),
     )
 
 

@@ -120,7 +120,8 @@ def export_rows(view: StudyView) -> list[dict[str, Any]]:
     each candidate's held-out calibration KL (None: not measured); for a trial the scheduler
     stopped early (state PRUNED), ``stopped_at_step``, ``stopped_val_kl`` and ``stopped_violation``:
     its last report; ``proxy_infeasible`` (the proxy's violations, JSON) for a point the proxy kept
-    from running, ``proxy_rank`` for one it enqueued."""
+    from running, ``proxy_rank`` for one it enqueued; ``seconds[<part>]``: where a completed weights
+    trial's time went (parent load, inner search, quality, total)."""
     rows = []
     for r in view.records:
         row: dict[str, Any] = {
@@ -148,6 +149,10 @@ def export_rows(view: StudyView) -> list[dict[str, Any]]:
             row["proxy_infeasible"] = json.dumps(r.proxy_infeasible, sort_keys=True)
         if r.proxy_rank:
             row["proxy_rank"] = r.proxy_rank
+        if r.timings_s:
+            row.update(
+                {f"seconds[{k}]": v for k, v in r.timings_s.items() if k in ("parent", "search", "quality", "total")}
+            )
         if r.error:
             row["error"] = r.error.splitlines()[0]
         rows.append(row)
