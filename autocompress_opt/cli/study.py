@@ -651,9 +651,11 @@ def _candidate(selection: dict[str, Any] | None) -> str:
     KL, then the others' ("-" for one not measured); "-" without a record."""
     if not selection or not selection.get("chosen"):
         return "-"
+    chosen = selection["chosen"]
+    if selection.get("stopped_at_step") is not None:  # a seeded trial stopped early: its baseline's own model
+        return f"{chosen}'s own model (search stopped at step {selection['stopped_at_step']})"
     kls = selection.get("val_kl", {})
     fmt = lambda v: "-" if v is None else f"{v:.3f}"
-    chosen = selection["chosen"]
     others = ", ".join(f"{n} {fmt(v)}" for n, v in kls.items() if n != chosen)
     return f"{chosen} {fmt(kls.get(chosen))}" + (f" ({others})" if others else "")
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "FALLBACK",
     "INFEASIBLE_PENALTY",
     "PHASES",
     "SCORE",
@@ -39,8 +40,17 @@ __all__ = [
     "reporting",
 ]
 
-# The phases of a weights trial, in order (a cached parent skips the first three).
-PHASES: tuple[str, ...] = ("load parent", "importance", "teacher", "inner search", "materialise", "quality")
+# The phases of a weights trial, in order (a cached parent skips the first three; only a seeded
+# trial measures its baseline's own model first).
+PHASES: tuple[str, ...] = (
+    "load parent",
+    "importance",
+    "teacher",
+    "baseline",
+    "inner search",
+    "materialise",
+    "quality",
+)
 STEP = "inner_step"  # the scheduler's resource: inner-search steps done (monotone within a trial)
 SCORE = "progress_score"  # the scheduler's metric, lower is better (TrialProgress.score)
 # Nats of score per unit of normalised violation (0.1 = 10 % over a constraint costs 10 nats):
@@ -50,6 +60,10 @@ INFEASIBLE_PENALTY = 100.0
 # User attribute of an Optuna trial the scheduler stopped (state PRUNED): its last report
 # (TrialProgress.to_result). Duplicate points, also PRUNED, do not have it.
 STOPPED_EARLY = "stopped_early"
+# Result key of a seeded trial's fallback (TrialProgress.fallback): the complete result the study
+# records if the scheduler stops the trial, so a seeded baseline's point can be stopped early
+# without losing the baseline's own model.
+FALLBACK = "fallback"
 
 Reporter = Callable[["TrialProgress"], None]
 _REPORTER: ContextVar[Reporter | None] = ContextVar("autocompress_trial_reporter", default=None)
@@ -71,6 +85,9 @@ class TrialProgress:
             (:func:`~autocompress_opt.search.inner_search.search`).
         stale: ``val_kl`` and ``violation`` were measured at an earlier step (the inner search
             measures every few steps and reports every step).
+        fallback: a seeded trial's complete result (the trial's JSON payload) should the scheduler
+            stop it: its baseline's own model, measured before the inner search (phase
+            ``baseline``); sent once, as :data:`FALLBACK` in :meth:`to_result`.
     """
 
     phase: str
@@ -79,6 +96,7 @@ class TrialProgress:
     val_kl: float | None = None
     violation: float | None = None
     stale: bool = False
+    fallback: str | None = None
 
     @property
     def score(self) -> float:
@@ -97,6 +115,7 @@ class TrialProgress:
             "violation": self.violation,
             "stale": self.stale,
             SCORE: self.score,
+            **({FALLBACK: self.fallback} if self.fallback is not None else {}),
         }
 
     @classmethod

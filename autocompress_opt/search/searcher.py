@@ -49,7 +49,7 @@ from typing import Any, Protocol
 import optuna
 from ray.tune.search import Searcher
 
-from autocompress_opt.search.progress import STOPPED_EARLY, TrialProgress, is_stopped_early
+from autocompress_opt.search.progress import FALLBACK, STOPPED_EARLY, TrialProgress, is_stopped_early
 from autocompress_opt.search.proxy import PROXY_ATTR
 from autocompress_opt.serving.targets import Target, all_satisfied
 
@@ -161,6 +161,7 @@ class StudySearcher(Searcher):
         self.driver = coordination.driver
         self.live: dict[str, Any] = {}
         self.reports: dict[str, list[TrialProgress]] = {}  # trial_id -> its intermediate reports
+        self.fallbacks: dict[str, dict[str, Any]] = {}  # trial_id -> a seeded trial's result if stopped early
         self.failures = 0
         self.stopping = False
         self._next_look = 0.0  # monotonic time before which suggest() does not query the storage
@@ -221,11 +222,12 @@ class StudySearcher(Searcher):
                 return Searcher.FINISHED if not self.live else None
             self.coordination.beat(trial)
         self.live[trial_id] = trial
-        # A baseline's point is never stopped early: the study keeps its guarantee of holding the
-        # baselines' full results (study.seed_study).
+        # A baseline's point is not stopped early before it has reported its baseline's own model
+        # (its fallback result): the study keeps its guarantee of holding the baselines' results
+        # (study.seed_study, study.per_target_scheduler).
         stoppable = not trial.user_attrs.get("baseline")
         request = {**self.request, "params": dict(trial.params)}
-        if self.request.get("mode") == "weights" and not stoppable:
+        if not stoppable:  # a weights trial weighs them as candidates (a plan trial ignores them)
             request["baselines"] = baseline_candidates(self.study, trial)
         return {
             "request": request,
@@ -301,6 +303,9 @@ class StudySearcher(Searcher):
         trial, progress = self.live.get(trial_id), TrialProgress.from_result(result)
         if trial is None or progress is None or "payload" in result:
             return
+        if FALLBACK in result:  # what the study records if the scheduler stops this seeded trial
+            self.fallbacks[trial_id] = json.loads(result[FALLBACK])
+            return
         self._keep(trial_id, progress)
         self.progress.update_running(trial.number, progress.describe())
 
@@ -312,6 +317,7 @@ class StudySearcher(Searcher):
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         trial = self.live.pop(trial_id, None)
+        fallback = self.fallbacks.pop(trial_id, None)
         if trial is None:
             self.reports.pop(trial_id, None)
             return
@@ -320,7 +326,7 @@ class StudySearcher(Searcher):
             last = TrialProgress.from_result(result or {})
             if last is not None:
                 self._keep(trial_id, last)  # the result that made the scheduler stop it, if so
-            self._record(trial, result, error, last, self.reports.pop(trial_id, []))
+            self._record(trial, result, error, last, self.reports.pop(trial_id, []), fallback)
         except optuna.exceptions.UpdateFinishedTrialError:  # failed by another driver (no heartbeat seen)
             _log.warning(
                 "%s: trial %d was re-queued by another driver; its result is dropped",
@@ -329,18 +335,29 @@ class StudySearcher(Searcher):
             )
 
     def _record(
-        self, trial: Any, result: dict | None, error: bool, last: TrialProgress | None, reports: list[TrialProgress]
+        self,
+        trial: Any,
+        result: dict | None,
+        error: bool,
+        last: TrialProgress | None,
+        reports: list[TrialProgress],
+        fallback: dict[str, Any] | None = None,
     ) -> None:
         """Tell the study how ``trial`` ended: ``result`` (its payload), ``last`` (the progress in
-        ``result``, if any) and ``reports`` (its kept intermediate reports)."""
+        ``result``, if any), ``reports`` (its kept intermediate reports) and ``fallback`` (a
+        seeded trial's result, measured before its inner search: recorded COMPLETE, with
+        ``selection["stopped_at_step"]``, when the scheduler stopped the trial)."""
         payload = json.loads(result["payload"]) if result and "payload" in result else None
         if self.stopping and payload is None:  # stopped by Ctrl-C before it finished: not its fault
             self._requeue(trial, INTERRUPTED)
             return
         self.coordination.done(trial)
         if self.early_stopping and not error and payload is None and last is not None:
-            self._prune(trial, last, reports)
-            return
+            if fallback is None:
+                self._prune(trial, last, reports)
+                return
+            payload = fallback
+            payload["selection"] = {**payload.get("selection", {}), "stopped_at_step": last.inner_step}
         if error or payload is None or "error" in payload:
             self.failures += 1
             trial.set_user_attr("error", (payload or {}).get("error", "trial process died (see Ray logs)"))

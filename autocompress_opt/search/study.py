@@ -56,7 +56,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -727,7 +727,8 @@ def _trainable(config: dict[str, Any]) -> dict[str, Any]:
     the trial ends it inside that call (Ray's ``SystemExit``, deliberately not caught). The final
     result carries the last step and score too: Ray Tune wants the scheduler's metric in every result.
     ``config["stoppable"]`` False (a seeded baseline's point) is the scheduler's to honour
-    (:func:`per_target_scheduler`: judged, never stopped)."""
+    (:func:`per_target_scheduler`: judged, and stopped only once it has reported its fallback,
+    the baseline's own model measured, which the study then records)."""
     from ray import tune
 
     from autocompress_opt.search.progress import SCORE, STEP, TrialProgress, reporting
@@ -735,7 +736,10 @@ def _trainable(config: dict[str, Any]) -> dict[str, Any]:
     last: list[TrialProgress] = []
 
     def forward(progress: TrialProgress) -> None:
-        last[:] = [progress]
+        if progress.fallback is not None:  # a complete result in waiting: where it was computed, as a final one
+            progress = replace(progress, fallback=json.dumps({**json.loads(progress.fallback), **trial_provenance()}))
+        else:
+            last[:] = [progress]
         tune.report(progress.to_result())
 
     def final(payload: dict[str, Any]) -> dict[str, Any]:
@@ -1284,16 +1288,20 @@ def per_target_scheduler(schedulers: Sequence[Any]) -> Any:
     """One Ray Tune scheduler made of ``schedulers``, one per target of a group run: each trial goes
     to the one its config's ``target_index`` names (trials without one to the first). A trial whose
     config says ``stoppable: False`` (a seeded baseline) is judged like the others, so its results
-    enter the rungs, but never stopped. Trials run in the order they were added (FIFO)."""
+    enter the rungs, but not stopped before it has reported its fallback
+    (:data:`~autocompress_opt.search.progress.FALLBACK`: its baseline's own model, measured, which
+    the study records as the trial's result if it stops it). Trials run in the order they were
+    added (FIFO)."""
     from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-    from autocompress_opt.search.progress import SCORE
+    from autocompress_opt.search.progress import FALLBACK, SCORE
 
     class PerTargetScheduler(FIFOScheduler):
         def __init__(self, parts: Sequence[Any]) -> None:
             super().__init__()
             self.parts = list(parts)
             self._metric = SCORE
+            self.covered: set[str] = set()  # trials whose fallback result has arrived
 
         def _part(self, trial: Any) -> Any:
             return self.parts[int(trial.config.get("target_index", 0))]
@@ -1309,7 +1317,9 @@ def per_target_scheduler(schedulers: Sequence[Any]) -> Any:
 
         def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
             decision: str = self._part(trial).on_trial_result(tune_controller, trial, result)
-            if not trial.config.get("stoppable", True):
+            if FALLBACK in result:
+                self.covered.add(trial.trial_id)
+            if not trial.config.get("stoppable", True) and trial.trial_id not in self.covered:
                 return str(TrialScheduler.CONTINUE)
             return decision or TrialScheduler.CONTINUE
 

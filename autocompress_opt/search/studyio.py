@@ -117,7 +117,8 @@ def export_rows(view: StudyView) -> list[dict[str, Any]]:
     """One flat row per trial: number, state, feasible, params, the global choices, metrics,
     quality and its ``quality_kind``, constraint violations; ``baseline`` for a seeded trial; and in
     weights mode ``candidate`` (the inner-search candidate returned) with ``val_kl[<candidate>]``,
-    each candidate's held-out calibration KL (None: not measured); for a trial the scheduler
+    each candidate's held-out calibration KL (None: not measured), ``search_stopped_at_step`` for a
+    seeded trial the scheduler stopped (recorded as its baseline's model); for a trial the scheduler
     stopped early (state PRUNED), ``stopped_at_step``, ``stopped_val_kl`` and ``stopped_violation``:
     its last report; ``proxy_infeasible`` (the proxy's violations, JSON) for a point the proxy kept
     from running, ``proxy_rank`` for one it enqueued; ``seconds[<part>]``: where a completed weights
@@ -141,6 +142,8 @@ def export_rows(view: StudyView) -> list[dict[str, Any]]:
         if r.selection:
             row["candidate"] = r.selection.get("chosen")
             row.update({f"val_kl[{k}]": v for k, v in r.selection.get("val_kl", {}).items()})
+            if r.selection.get("stopped_at_step") is not None:  # a seeded trial stopped early: its baseline's model
+                row["search_stopped_at_step"] = r.selection["stopped_at_step"]
         if r.stopped_early:
             row["stopped_at_step"] = r.stopped_early.get("inner_step")
             row["stopped_val_kl"] = r.stopped_early.get("val_kl")

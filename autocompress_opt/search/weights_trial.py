@@ -26,7 +26,11 @@ uniform model) — and each one's KL to the parent on the calibration rows held 
 (``request["baselines"]``) also weighs the baseline's own model(s): on that calibration KL in the
 inner search, then, if the search returned another candidate, on the study's objective (the
 held-out evaluation KL below; ``selection["heldout_kl"]`` records both), so the trial never scores
-worse than the baseline it was seeded with.
+worse than the baseline it was seeded with. Such a trial measures its baselines' models first
+(phase ``baseline``) and reports the best feasible one as a complete result
+(:attr:`~autocompress_opt.search.progress.TrialProgress.fallback`): if the study's scheduler stops
+the trial early, the study records that result (``selection["stopped_at_step"]``), so a seeded
+point can be stopped like any other without losing the baseline it holds.
 
 Steps: load the parent (cached per process), its importance (``estimate_importance`` with its disk
 cache, ``.autocompress/importance/``), the parent's log-probs on the calibration rows (once,
@@ -427,12 +431,23 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         last[0] = progress
         report(progress)
 
-    say(last[0])
     serve_as = str(request.get("serve_as") or "any")  # the engine whose loadable shapes the trial keeps
     params = dict(request["params"])
     if serve_as != "any":
         params = legal_point(params, SearchSpace.from_dict(request["space"]), parent_arch, serve_as)
     baselines = {name: Architecture.from_dict(a) for name, a in (request.get("baselines") or {}).items()}
+    timings = {"parent": ready - began}
+    if fresh:
+        timings.update({f"parent_{k}": v for k, v in parent.seconds.items()})
+    if baselines:  # a seeded trial: its baseline's model first, the study's result if it is stopped early
+        report(TrialProgress("baseline", 0, steps))
+        fallback = _baseline_fallback(parent, baselines, target, cache_dir, timings, began)
+        if fallback is not None:
+            report(TrialProgress("baseline", 0, steps, fallback=json.dumps(fallback)))
+    say(last[0])
+    searching = time.perf_counter()
+    if baselines:
+        timings["baseline"] = searching - ready
     result = inner_search(
         parent,
         params,
@@ -467,8 +482,25 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
                 arch, quality, cached = other, q, c
                 selection["chosen"] = name
         selection["heldout_kl"] = heldout
-    metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
     done = time.perf_counter()
+    timings.update({"search": searched - searching, "quality": done - searched, "total": done - began})
+    return {
+        **_payload(parent, arch, target, quality, cached, selection, timings),
+        "inner": {**result.summary(), "config": config.to_dict()},
+    }
+
+
+def _payload(
+    parent: ParentContext,
+    arch: Architecture,
+    target: Target,
+    quality: Mapping[str, Any],
+    cached: bool,
+    selection: dict[str, Any],
+    timings: Mapping[str, float],
+) -> dict[str, Any]:
+    """A weights trial's result for ``arch`` (module doc), its held-out ``quality`` measured."""
+    metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
     return {
         "architecture": arch.to_dict(),
         "metrics": metrics,
@@ -476,18 +508,47 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         "quality_kind": QUALITY_KIND,
         **quality,
         "quality_cached": cached,
-        "inner": {**result.summary(), "config": config.to_dict()},
         "selection": selection,
         "compute": _compute(parent),
         "teacher": teacher_form(parent.teacher),
-        "timings_s": {
-            "parent": ready - began,
-            "search": searched - ready,
-            "quality": done - searched,
-            "total": done - began,
-            **({f"parent_{k}": v for k, v in parent.seconds.items()} if fresh else {}),
-        },
+        "timings_s": dict(timings),
     }
+
+
+def _baseline_fallback(
+    parent: ParentContext,
+    baselines: Mapping[str, Architecture],
+    target: Target,
+    cache_dir: Path,
+    timings: Mapping[str, float],
+    began: float,
+) -> dict[str, Any] | None:
+    """A seeded trial's result should the scheduler stop it: the best, on the held-out evaluation KL
+    (the study's objective), of its baselines' own models that meet ``target``'s constraints by the
+    exact cost model; None when none does. The measurements land in the quality cache, so the trial
+    pays them once whether it is stopped or not. ``selection["chosen"]`` names the baseline and
+    ``selection["stopped_at_step"]`` is left for the study to fill in."""
+    from autocompress_opt.serving.targets import all_satisfied, parent_metrics
+
+    reference = parent_metrics(parent.architecture, target)
+    heldout: dict[str, float] = {}
+    best: tuple[float, str, Architecture, dict[str, Any], bool] | None = None
+    for name, arch in baselines.items():
+        metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
+        if not all_satisfied(target.violations(metrics, reference)):
+            continue
+        plan = plan_pruning(parent.architecture, parent.importance, arch)
+        quality, cached = _quality(parent, arch, plan, cache_dir)
+        heldout[name] = quality["kl_to_parent"]
+        if best is None or quality["kl_to_parent"] < best[0]:
+            best = (quality["kl_to_parent"], name, arch, quality, cached)
+    if best is None:
+        return None
+    _, name, arch, quality, cached = best
+    now = time.perf_counter()
+    selection = {"chosen": name, "heldout_kl": heldout, "stopped_at_step": None}
+    spent = {"baseline": now - began - timings["parent"], "total": now - began}
+    return _payload(parent, arch, target, quality, cached, selection, {**timings, **spent})
 
 
 def _compute(parent: ParentContext) -> dict[str, Any]:

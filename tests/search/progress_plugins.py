@@ -3,6 +3,7 @@ in Ray workers): the scheduler tests need trials whose intermediate scores are k
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -16,13 +17,14 @@ def fake_kl(params: Mapping[str, Any]) -> float:
     return 20.0 - params["num_layers"] * 0.3 - params["hidden_size"] / 100 - params["ffn_width"] / 1000
 
 
-def _reporting(request: Mapping[str, Any]) -> dict[str, Any]:
+def _reporting(request: Mapping[str, Any], worse: float = 0.0) -> dict[str, Any]:
     """Phases like a weights trial, then ``inner.steps`` inner steps whose KL approaches
-    :func:`fake_kl` of the point (``violation`` > 0 when ``hidden_size`` is 384), then the plan-mode result."""
+    :func:`fake_kl` of the point, plus ``worse`` (``violation`` > 0 when ``hidden_size`` is 384),
+    then the plan-mode result."""
     steps = int(request["inner"]["steps"])
     for phase in ("load parent", "importance", "teacher"):
         report(TrialProgress(phase, 0, steps))
-    kl = fake_kl(request["params"])
+    kl = fake_kl(request["params"]) + worse
     violation = 0.2 if request["params"]["hidden_size"] == 384 else 0.0
     for step in range(1, steps + 1):
         time.sleep(0.05)
@@ -31,5 +33,20 @@ def _reporting(request: Mapping[str, Any]) -> dict[str, Any]:
     return plan_trial(request)
 
 
+def _reporting_with_fallback(request: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`_reporting`, but a seeded trial (``request["baselines"]``) first reports its fallback,
+    as a weights trial does: the plan-mode result named after its first baseline. The search at
+    minitron's point goes badly (10 nats worse), so a rung has a seed to stop."""
+    worse = 0.0
+    if request.get("baselines"):
+        name = next(iter(request["baselines"]))
+        fallback = {**plan_trial(request), "selection": {"chosen": name, "stopped_at_step": None}}
+        report(TrialProgress("baseline", 0, int(request["inner"]["steps"]), fallback=json.dumps(fallback)))
+        worse = 10.0 if name == "minitron" else 0.0
+    return _reporting(request, worse)
+
+
 if "plan-reporting" not in TRIAL_MODES:
     TRIAL_MODES.register("plan-reporting", _reporting)
+if "plan-fallback" not in TRIAL_MODES:
+    TRIAL_MODES.register("plan-fallback", _reporting_with_fallback)

@@ -133,3 +133,51 @@ def test_a_seeded_trial_returns_the_baseline_model_when_it_scores_better_on_held
     assert seeded["quality"] == pytest.approx(math.exp(-0.01))
     if "heldout_kl" in seeded["selection"]:  # the inner search chose another: the objective decided
         assert seeded["selection"]["heldout_kl"]["depth"] == 0.01
+
+
+def test_a_seeded_trial_first_reports_its_baseline_s_model_as_a_complete_fallback_result(tmp_path: Any) -> None:
+    """Before its inner search, a seeded weights trial measures its baseline's own model and reports
+    it (phase ``baseline``) as a complete result: what the study records if the scheduler stops the
+    trial. The final result's measurement of that model comes from the quality cache."""
+    import json
+
+    from tiny_lm import save_hf_dir
+    from tiny_lm import tiny_model as tiny_llama
+    from weights_helpers import PARAMS, request
+
+    from autocompress_opt.arch.architecture import Architecture
+    from autocompress_opt.search.progress import FALLBACK, PHASES, TrialProgress, reporting
+    from autocompress_opt.search.weights_trial import clear_trial_cache, evaluate_architecture, run_weights_trial
+
+    parent_dir = save_hf_dir(tiny_llama("llama", num_hidden_layers=4), tmp_path / "llama")
+    clear_trial_cache()
+    req = request(parent_dir, tmp_path / "cache")
+    parent = Architecture.from_dict(req["parent"])
+    point = {**PARAMS, "num_layers": 2}
+    baseline = uniform_allocation(point, parent, [3, 2, 1, 0])
+    heard: list[TrialProgress] = []
+    with reporting(heard.append):
+        result = run_weights_trial({**req, "params": point, "baselines": {"depth": baseline.to_dict()}})
+    phases = [p.phase for p in heard]
+    assert phases.count("baseline") == 2 and phases.index("baseline") < phases.index("inner search")
+    assert [PHASES.index(p) for p in phases] == sorted(PHASES.index(p) for p in phases)
+    [sent] = [p for p in heard if p.fallback is not None]
+    assert FALLBACK in sent.to_result() and sent.inner_step == 0
+    fallback = json.loads(sent.fallback)  # type: ignore[arg-type]
+    assert fallback["selection"] == {
+        "chosen": "depth",
+        "heldout_kl": {"depth": fallback["kl_to_parent"]},
+        "stopped_at_step": None,
+    }
+    assert unnamed(Architecture.from_dict(fallback["architecture"])) == unnamed(baseline)
+    assert fallback["metrics"] and fallback["timings_s"]["baseline"] > 0
+    measured = evaluate_architecture(baseline, str(parent_dir), inner=req["inner"], cache_dir=tmp_path / "cache")
+    assert measured["quality_cached"] and fallback["kl_to_parent"] == measured["kl_to_parent"]
+    assert result["timings_s"]["baseline"] > 0 and result["selection"]["chosen"] in {
+        "depth",
+        *result["selection"]["val_kl"],
+    }
+    plain: list[TrialProgress] = []
+    with reporting(plain.append):
+        run_weights_trial({**req, "params": point})
+    assert "baseline" not in [p.phase for p in plain]  # a sampled trial has nothing to fall back on

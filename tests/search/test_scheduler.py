@@ -24,7 +24,7 @@ from weights_helpers import INNER, TARGET
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import default_space, load_search_space
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search.progress import INFEASIBLE_PENALTY, SCORE, STEP
+from autocompress_opt.search.progress import FALLBACK, INFEASIBLE_PENALTY, SCORE, STEP
 from autocompress_opt.search.study import (
     Objective,
     StudyConfig,
@@ -120,7 +120,7 @@ def test_each_target_s_trials_meet_only_their_own_target_s_trials_at_a_rung(tmp_
     assert at_rung("other", 5.0) == TrialScheduler.CONTINUE  # target 1's rung is its own: first there
 
 
-def test_a_seeded_baseline_sets_the_bar_at_a_rung_but_is_never_stopped(tmp_path: Path) -> None:
+def test_a_seeded_baseline_sets_the_bar_at_a_rung_and_is_stopped_only_after_its_fallback(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from ray.tune.schedulers import TrialScheduler
@@ -135,6 +135,13 @@ def test_a_seeded_baseline_sets_the_bar_at_a_rung_but_is_never_stopped(tmp_path:
     assert scheduler.on_trial_result(None, seed_bad, {STEP: 1, SCORE: 9.0}) == TrialScheduler.CONTINUE  # kept
     # the seeds' scores are in the rung: 4.0 is not in the best third of (1.0, 9.0)
     assert scheduler.on_trial_result(None, sampled, {STEP: 1, SCORE: 4.0}) == TrialScheduler.STOP
+
+    # A seed that has reported its fallback (its baseline's model, measured) may be stopped.
+    covered = SimpleNamespace(trial_id="s3", config={"target_index": 0, "stoppable": False})
+    scheduler.on_trial_add(None, covered)
+    fallback = {STEP: 0, SCORE: math.inf, FALLBACK: "{}"}
+    assert scheduler.on_trial_result(None, covered, fallback) == TrialScheduler.CONTINUE
+    assert scheduler.on_trial_result(None, covered, {STEP: 1, SCORE: 9.0}) == TrialScheduler.STOP
 
 
 def test_a_bad_scheduler_is_a_one_line_error_and_nothing_is_created(
@@ -207,8 +214,9 @@ def test_asha_stops_the_worse_trials_which_are_stored_pruned_with_their_last_val
 
 
 @pytest.mark.slow
-def test_the_seeded_baselines_are_never_stopped_early(tmp_path: Path, local_ray: None) -> None:
-    """The study promises the baselines' full results (seed_study): their trials run to the end."""
+def test_the_seeded_baselines_without_a_fallback_are_never_stopped_early(tmp_path: Path, local_ray: None) -> None:
+    """The study promises the baselines' results (seed_study): a seeded trial that reports no
+    fallback (here a trial mode without one) runs to the end."""
     cfg = config(tmp_path, seed_baselines=True, trials=7)
     [outcome] = run_study(cfg, progress=False)
     records, _ = load_records(cfg.storage_url, "a.h100-sxm")
@@ -217,6 +225,30 @@ def test_the_seeded_baselines_are_never_stopped_early(tmp_path: Path, local_ray:
     assert len(seeded) >= 2 and stopped(records)
     assert sorted(n for r in seeded for n in r.baseline.split("+")) == sorted(["depth", "minitron", "best-uniform"])
     assert all(r.state == "COMPLETE" and [row[0] for row in r.intermediate or []] == list(range(1, 9)) for r in seeded)
+
+
+@pytest.mark.slow
+def test_a_stopped_seeded_trial_is_recorded_complete_as_its_baseline_s_fallback(
+    tmp_path: Path, local_ray: None
+) -> None:
+    """A seeded trial that reports its fallback first (as weights trials do) may be stopped at a
+    rung like any other; the study then records the fallback, COMPLETE, with the step it stopped at."""
+    cfg = config(tmp_path, seed_baselines=True, trials=7, mode="plan-fallback")
+    [outcome] = run_study(cfg, progress=False)
+    records, attrs = load_records(cfg.storage_url, "a.h100-sxm")
+    seeded = [r for r in records if r.baseline]
+    assert len(seeded) >= 2 and all(r.state == "COMPLETE" for r in seeded)
+    cut = [r for r in seeded if r.selection and r.selection["stopped_at_step"] is not None]  # the others ran on
+    # the fake search goes badly at minitron's point (after depth's): the first rung stops it
+    assert [r.baseline for r in cut] == ["minitron"] and cut[0].selection["stopped_at_step"] == 1  # type: ignore[index]
+    assert cut[0].params == attrs["baseline_seeds"]["minitron"]["point"] and cut[0].quality is not None
+    assert cut[0].metrics and cut[0].architecture  # a full result: on the front if it earns it
+    assert len(cut[0].intermediate or []) == 1 and outcome.complete == len(
+        [r for r in records if r.state == "COMPLETE"]
+    )
+    [view] = load_group("a", cfg.storage_url)
+    [row] = [row for row in export_rows(view) if row["number"] == cut[0].number]
+    assert row["search_stopped_at_step"] == 1 and row["candidate"] == "minitron" and row["state"] == "COMPLETE"
 
 
 @pytest.mark.slow
