@@ -95,9 +95,9 @@ class Proxy:
             chunk = built[start : start + COST_CHUNK]
             arrays = ArchArrays.from_architectures([arch for *_, arch in chunk])
             metrics = estimate_batch(arrays, target.hardware, target.engine_obj(), target.scenario())
-            violations = target.violations(metrics, self.parent_cost)
+            violations = {k: np.asarray(v).reshape(-1) for k, v in target.violations(metrics, self.parent_cost).items()}
             for row, (i, legal, _) in enumerate(chunk):
-                mine = {k: float(np.asarray(v).reshape(-1)[row]) for k, v in violations.items()}
+                mine = {k: float(v[row]) for k, v in violations.items()}
                 scores[i] = ProxyScore(legal, mine, all_satisfied(mine))
         return [score for score in scores if score is not None]
 

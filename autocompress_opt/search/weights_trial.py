@@ -528,14 +528,13 @@ def _baseline_fallback(
     exact cost model; None when none does. The measurements land in the quality cache, so the trial
     pays them once whether it is stopped or not. ``selection["chosen"]`` names the baseline and
     ``selection["stopped_at_step"]`` is left for the study to fill in."""
-    from autocompress_opt.serving.targets import all_satisfied, parent_metrics
+    from autocompress_opt.serving.targets import parent_metrics
 
     reference = parent_metrics(parent.architecture, target)
     heldout: dict[str, float] = {}
     best: tuple[float, str, Architecture, dict[str, Any], bool] | None = None
     for name, arch in baselines.items():
-        metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
-        if not all_satisfied(target.violations(metrics, reference)):
+        if not target.feasible(arch, reference):
             continue
         plan = plan_pruning(parent.architecture, parent.importance, arch)
         quality, cached = _quality(parent, arch, plan, cache_dir)
