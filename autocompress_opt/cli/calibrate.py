@@ -1,4 +1,5 @@
-"""``autocompress calibrate``: fit the torch-eager cost profile of this machine to real timings."""
+"""``autocompress calibrate``: fit a cost profile of this machine to real timings: transformers' eager
+forward (``--engine torch-eager``, the default) or a real serving engine (``--engine llamacpp|vllm``)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,31 @@ def add_parser(sub: Any) -> None:
     p = add_verb(
         sub,
         "calibrate",
-        "Time transformers' eager forward over a sweep of synthetic heterogeneous "
-        "architectures, fit the torch-eager profile, report held-out error, save the profile.",
+        "Time pruned architectures in transformers' eager forward (default) or in a real serving engine "
+        "(llama.cpp, vLLM), fit that engine's profile for this machine, report held-out error, save the profile.",
         """
   autocompress calibrate --hardware cpu
   autocompress calibrate --hardware cpu --archs 24 --out my-cpu.yaml --json
-  autocompress calibrate --hardware h200            # on a GPU host: times on cuda, keeps datasheet figures""",
+  autocompress calibrate --hardware h200            # on a GPU host: times on cuda, keeps datasheet figures
+
+real engines (installed by `make engines`; pruned SmolLM2 models with random weights, uniform and
+heterogeneous, exported as the engine reads them; half of them held out of the fit):
+  autocompress calibrate --engine llamacpp --archs 32                  # llama-bench pp/tg, f16 GGUF
+  autocompress calibrate --engine llamacpp --gguf-type q4_k_m --threads 2
+  autocompress calibrate --engine vllm --archs 32 --concurrency 1 --concurrency 8
+then `autocompress cost --hardware cpu --engine llamacpp ...` uses the fitted profile.""",
+    )
+    p.add_argument(
+        "--engine",
+        default="torch-eager",
+        choices=["torch-eager", "llamacpp", "vllm"],
+        help="what is timed: transformers' eager forward (torch-eager, default), or the real llama.cpp or vLLM "
+        "(`make engines`)",
     )
     p.add_argument("--hardware", default="cpu", help="'cpu' (figures measured here) or a catalog GPU (default cpu)")
-    p.add_argument("--archs", type=int, default=48, help="architectures in the sweep (default 48)")
+    p.add_argument(
+        "--archs", type=int, default=None, help="architectures in the sweep (default 48; 32 with a real --engine)"
+    )
     p.add_argument("--prompt-len", type=int, default=128, help="prefill tokens timed (default 128)")
     p.add_argument("--decode-context", type=int, default=128, help="context length of timed decode steps (default 128)")
     p.add_argument("--batch", type=int, default=1, help="sequences per forward (default 1)")
@@ -36,6 +53,33 @@ def add_parser(sub: Any) -> None:
         help="dtype the sweep's models are built and timed in: auto (default: bf16 on CUDA, fp32 on the CPU), "
         "fp32, bf16, fp16",
     )
+    engine = p.add_argument_group("real engines (--engine llamacpp|vllm)")
+    engine.add_argument(
+        "--model", default="smollm2-135m", help="parent the timed models are pruned from (default smollm2-135m)"
+    )
+    engine.add_argument(
+        "--heldout-fraction", type=float, default=0.5, help="share of the models held out of the fit (default 0.5)"
+    )
+    engine.add_argument("--gen-len", type=int, default=32, help="tokens generated per timed run (default 32)")
+    engine.add_argument(
+        "--repetitions", type=int, default=3, help="timed runs per model and measurement, median kept (default 3)"
+    )
+    engine.add_argument(
+        "--gguf-type",
+        default="f16",
+        help="llama.cpp: GGUF type timed (f32, f16, bf16, q8_0, q6_k, q5_k_m, q4_k_m, q4_0, iq4_xs; default f16)",
+    )
+    engine.add_argument("--threads", type=int, default=None, help="llama.cpp: threads (default: the usable cores)")
+    engine.add_argument(
+        "--vllm-dtype", default="bfloat16", help="vLLM: --dtype served (bfloat16, float32, float16; default bfloat16)"
+    )
+    engine.add_argument(
+        "--concurrency",
+        type=int,
+        action="append",
+        default=None,
+        help="vLLM: concurrent sequences timed; repeat for several (default 1 and 8)",
+    )
     p.add_argument(
         "--out", type=Path, default=None, help="profile YAML to write (default ~/.cache/autocompress_opt/profiles/)"
     )
@@ -44,12 +88,14 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.engine != "torch-eager":
+        return _run_engine(args)
     from autocompress_opt.serving.calibration import calibrate
 
     _check_arguments(args)
     result = calibrate(
         args.hardware,
-        n_archs=args.archs,
+        n_archs=args.archs or 48,
         prompt_len=args.prompt_len,
         decode_context=args.decode_context,
         batch=args.batch,
@@ -99,3 +145,57 @@ def _check_arguments(args: argparse.Namespace) -> None:
     resolve_device(args.device or ("cpu" if args.hardware == "cpu" else "cuda"))  # CUDA asked for, absent: an error
     check_compute_dtype(args.compute_dtype)
     check_output_file(args.out if args.out is not None else user_profile_dir() / "profile.yaml")
+
+
+def _run_engine(args: argparse.Namespace) -> int:
+    """``--engine llamacpp|vllm``: :func:`~autocompress_opt.engines.calibration.calibrate_engine`."""
+    from autocompress_opt.engines.calibration import calibrate_engine
+
+    if args.hardware != "cpu":
+        from autocompress_opt.serving.hardware import get_hardware
+
+        get_hardware(args.hardware)  # an unknown name, before the engine is looked for
+    check_output_file(args.out if args.out is not None else _default_profile_file())
+    result = calibrate_engine(
+        args.engine,
+        model=args.model,
+        hardware=args.hardware,
+        n_models=args.archs if args.archs is not None else 32,
+        heldout_fraction=args.heldout_fraction,
+        seed=args.seed,
+        gguf_type=args.gguf_type,
+        vllm_dtype=args.vllm_dtype,
+        prompt_len=args.prompt_len,
+        gen_len=args.gen_len,
+        concurrencies=tuple(args.concurrency) if args.concurrency else (1, 8),
+        repetitions=args.repetitions,
+        threads=args.threads,
+        out=args.out,
+        progress=not args.json,
+    )
+    if args.json:
+        print_json(result.to_dict())
+        return 0
+    hw, prof = result.hardware, result.profile
+    print(f"{hw.name}: peak {dict(hw.peak_tflops)} TFLOP/s, bandwidth {hw.bandwidth_gb_s:g} GB/s (measured now)")
+    print(
+        f"fitted {args.engine} profile: mfu {prof.mfu:.3f}, mbu {prof.mbu:.3f}, "
+        f"kernel launch {prof.kernel_launch_us:.2f} us, step overhead {prof.step_overhead_ms:.3f} ms"
+    )
+    n_held = sum(row["split"] == "heldout" for row in result.rows)
+    for name, errors in (
+        ("fit", result.train_mdape),
+        ("held-out", result.heldout_mdape),
+        ("before", result.before_mdape),
+    ):
+        parts = ", ".join(f"{k} {v:.1%}" for k, v in errors.items() if k != "all")
+        print(f"MdAPE {name + ':':<10}{errors['all']:.1%} ({parts})")
+    print(f"({n_held} of {len(result.rows)} models held out; 'before': the profile in use until now)")
+    print(f"saved {result.path}")
+    return 0
+
+
+def _default_profile_file() -> Path:
+    from autocompress_opt.serving.profiles import user_profile_dir
+
+    return user_profile_dir() / "profile.yaml"

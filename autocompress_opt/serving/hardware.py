@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,19 @@ class Hardware:
         if self.fp16_acc_tflops is not None:
             return self.fp16_acc_tflops * 1e12
         return self.peak_flops("bf16")
+
+    def with_figures(self, reference: Mapping[str, Any]) -> Hardware:
+        """This entry with the peak figures of ``reference`` (``peak_tflops``, ``bandwidth_gb_s``,
+        optionally ``fp16_acc_tflops``): what a profile's efficiencies are fractions of
+        (:attr:`~autocompress_opt.serving.profiles.CostProfile.reference`)."""
+        if not reference:
+            return self
+        return replace(
+            self,
+            peak_tflops=dict(reference["peak_tflops"]),
+            bandwidth_gb_s=float(reference["bandwidth_gb_s"]),
+            fp16_acc_tflops=reference.get("fp16_acc_tflops"),
+        )
 
     @property
     def memory_bytes(self) -> float:

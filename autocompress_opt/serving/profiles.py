@@ -102,6 +102,12 @@ class CostProfile:
             engine's HTTP front end) spends outside the GPU's steps (HTTP, chat template and
             tokenisation, hand-off to the scheduler, streaming the first token back); added to TTFT
             and E2E, not to a run's throughput (the front end overlaps the GPU's work).
+        reference: the device figures the efficiencies are fractions of, when they are not the
+            hardware entry's: ``{"peak_tflops": {...}, "bandwidth_gb_s": ...}`` (optionally
+            ``fp16_acc_tflops``). A real engine's profile of the host CPU carries the figures measured
+            when it was calibrated (``autocompress calibrate --engine``), so it predicts what it was
+            fitted to whatever figures the ``cpu`` entry holds (another calibration's); empty: the
+            entry's own figures.
         fit: provenance: rows or sweep fitted, error statistics, date. ``fit["heldout"]`` lists the
             held-out residuals (leave-one-source-out) that :meth:`interval` draws on: one mapping
             per row with ``id``, ``regime``, ``phase`` and ``time_ratio`` (:func:`time_ratio`).
@@ -116,6 +122,7 @@ class CostProfile:
     step_overhead_ms: float = 0.5
     allreduce_latency_us: float = 10.0
     request_overhead_ms: float = 0.0
+    reference: Mapping[str, Any] = field(default_factory=dict)
     fit: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -132,6 +139,13 @@ class CostProfile:
             if getattr(self, name) < 0:
                 raise ConfigError(
                     f"profile {self.engine}@{self.hardware}: {name} must be >= 0, got {getattr(self, name)!r}"
+                )
+        if self.reference:
+            reject_unknown_keys(self.reference, _REFERENCE_KEYS, f"profile {self.engine}@{self.hardware}'s reference")
+            if "peak_tflops" not in self.reference or "bandwidth_gb_s" not in self.reference:
+                raise ConfigError(
+                    f"profile {self.engine}@{self.hardware}: a reference needs peak_tflops and bandwidth_gb_s, "
+                    f"got {sorted(self.reference)}"
                 )
 
     def mfu_for(self, compute_dtype: str) -> float:
@@ -168,6 +182,7 @@ class CostProfile:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["mfu_by_dtype"] = dict(self.mfu_by_dtype)
+        data["reference"] = dict(self.reference)
         data["fit"] = dict(self.fit)
         return data
 
@@ -177,6 +192,9 @@ class CostProfile:
         if "engine" not in data:
             raise ConfigError("a cost profile needs 'engine'")
         return cls(**data)
+
+
+_REFERENCE_KEYS = ("peak_tflops", "bandwidth_gb_s", "fp16_acc_tflops")
 
 
 # Starting points (and the weak prior) of every fit — published rows and calibration: typical published

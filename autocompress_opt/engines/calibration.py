@@ -1,0 +1,457 @@
+"""Calibrate a real serving engine's cost profile on this machine: ``autocompress calibrate --engine``.
+
+1. **Models.** :func:`engine_architectures` draws pruned architectures of one parent (default
+   SmolLM2-135M) that the engine loads (:func:`~autocompress_opt.prune.engine_rules.loadable_problems`):
+   a third uniform, the rest heterogeneous (per-layer KV heads and FFN widths, dropped layers,
+   attention-free and FFN-free layers), over a range of depths and hidden sizes. Each is built with
+   random weights (timing does not depend on their values), exported as the engine reads it (a plain
+   Llama checkpoint when uniform, DeciLM otherwise), timed, and deleted.
+2. **Timing the real engine.** llama.cpp: the checkpoint converted by llama.cpp's own
+   ``convert_hf_to_gguf.py`` (and ``llama-quantize`` for a quantised type), timed by ``llama-bench``
+   (``pp``: prompt tokens/s of one prefill; ``tg``: tokens/s generating from an empty context).
+   vLLM: the offline ``LLM`` timed at a few concurrencies (TTFT of a wave of prompts, then the time
+   per output token of that wave; :mod:`~autocompress_opt.engines._vllm_bench`).
+3. **Fit and held-out error.** The models are split at random (seeded) into a fitting part and a
+   held-out part; the engine's profile for this hardware (MFU, MBU, kernel launch cost, step
+   overhead) is fitted to the fitting part through the cost model
+   (:func:`~autocompress_opt.serving.fitting.fit_profile`), and every held-out measurement is
+   predicted by it: the median absolute percentage error (MdAPE) over them is the number to trust.
+   The error of the profile in use before (shipped or earlier calibration) is reported beside it.
+   The held-out residuals are stored with the profile (``fit["heldout"]``), so cost predictions with
+   ``--confidence`` get intervals from them.
+
+The profile is saved as ``<hardware>-<engine>.yaml`` in the user profile folder (it takes precedence
+over the shipped profiles), or to ``out``.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autocompress_opt.arch.architecture import Architecture, LayerSpec
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.prune.engine_rules import loadable_problems
+from autocompress_opt.serving.costmodel import Scenario, regime_of
+from autocompress_opt.serving.engines import get_engine
+from autocompress_opt.serving.fitting import Observation, fit_profile, predict, relative_errors
+from autocompress_opt.serving.hardware import Hardware, get_hardware
+from autocompress_opt.serving.profiles import (
+    METRIC_PHASES,
+    PRIORS,
+    CostProfile,
+    clear_cache,
+    get_profile,
+    save_profile,
+    time_ratio,
+    user_profile_dir,
+)
+
+__all__ = [
+    "CALIBRATED_ENGINES",
+    "GGUF_TO_COST_DTYPE",
+    "VLLM_DTYPES",
+    "EngineCalibration",
+    "Measurement",
+    "calibrate_engine",
+    "engine_architectures",
+]
+
+CALIBRATED_ENGINES = ("llamacpp", "vllm")
+# llama.cpp file type -> the cost model's weight format
+GGUF_TO_COST_DTYPE = {
+    "f32": "fp32",
+    "f16": "fp16",
+    "bf16": "bf16",
+    "q8_0": "q8_0",
+    "q6_k": "q6_k",
+    "q5_k_m": "q5_k_m",
+    "q4_k_m": "q4_k_m",
+    "q4_0": "q4_0",
+    "iq4_xs": "iq4_xs",
+}
+# vLLM --dtype -> the cost model's weight format
+VLLM_DTYPES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+FIT_FREE = ("mfu", "mbu", "kernel_launch_us", "step_overhead_ms")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One number the engine produced for one model: ``metric`` in ``scenario``."""
+
+    scenario: Scenario
+    metric: str
+    value: float
+
+
+@dataclass(frozen=True)
+class EngineCalibration:
+    """What :func:`calibrate_engine` measured and fitted.
+
+    ``heldout_mdape`` / ``train_mdape`` / ``before_mdape``: median absolute percentage error per
+    metric and ``"all"`` (held-out, fitting part, and held-out with the profile in use before);
+    ``rows``: one mapping per model (architecture, split, measured and predicted values).
+    """
+
+    engine: str
+    hardware: Hardware
+    profile: CostProfile
+    path: Path | None
+    heldout_mdape: dict[str, float]
+    train_mdape: dict[str, float]
+    before_mdape: dict[str, float]
+    settings: dict[str, Any]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "hardware": self.hardware.to_dict(),
+            "profile": self.profile.to_dict(),
+            "path": str(self.path) if self.path else None,
+            "heldout_mdape": self.heldout_mdape,
+            "train_mdape": self.train_mdape,
+            "before_mdape": self.before_mdape,
+            "settings": self.settings,
+            "rows": self.rows,
+        }
+
+
+# ------------------------------------------------------------------------------------ the models
+def engine_architectures(parent: Architecture, engine: str, n: int, *, seed: int = 0) -> list[Architecture]:
+    """``n`` pruned architectures of ``parent`` that ``engine`` loads; same seed → same list.
+
+    Each keeps 1/3 to all of the parent's layers and ``ceil(h/2)..h`` of its ``h`` query heads
+    (hidden size = query heads × head size, as llama.cpp's DeciLM reader needs). A third are uniform
+    (one KV-head count and FFN width, a multiple of 256, for every layer); the others draw per layer:
+    KV heads (a divisor of the query heads, at most the parent's), FFN width (a multiple of 256 up to
+    the parent's), attention dropped (p 0.15) or FFN dropped (p 0.15), never both. A draw the engine
+    cannot load (:func:`loadable_problems`) is drawn again.
+    """
+    if n < 1:
+        raise ConfigError(f"the number of models must be >= 1, got {n!r}")
+    ref = next((layer for layer in parent.layers if layer.attention and layer.ffn), None)
+    if ref is None:
+        raise ConfigError(f"{parent.name or 'the parent'} has no layer with both attention and an FFN to prune from")
+    rng = random.Random(seed)
+    archs: list[Architecture] = []
+    attempts, problems = 0, list[str]()
+    while len(archs) < n:
+        attempts += 1
+        if attempts > 200 * n:
+            raise ConfigError(
+                f"could not draw {n} architectures of {parent.name or 'the parent'} that {engine} loads "
+                f"(last problems: {'; '.join(problems)})"
+            )
+        arch = _draw(parent, ref, rng, uniform=len(archs) % 3 == 0, name=f"calib-{seed}-{len(archs)}")
+        problems = loadable_problems(arch, engine)
+        if not problems:
+            archs.append(arch)
+    return archs
+
+
+def _draw(parent: Architecture, ref: LayerSpec, rng: random.Random, *, uniform: bool, name: str) -> Architecture:
+    heads = rng.randint(-(-ref.num_heads // 2), ref.num_heads)
+    kv_choices = [d for d in range(1, min(heads, ref.num_kv_heads) + 1) if heads % d == 0]
+    widths = list(range(256, max(256, ref.ffn_width) + 1, 256))
+    depth = rng.randint(max(1, parent.num_layers // 3), parent.num_layers)
+
+    def layer(drops: bool) -> LayerSpec:
+        roll = rng.random() if drops else 1.0
+        attention, ffn = roll >= 0.15, not 0.15 <= roll < 0.30
+        return LayerSpec(
+            attention=attention,
+            num_heads=heads if attention else 0,
+            num_kv_heads=rng.choice(kv_choices) if attention else 0,
+            head_dim=ref.head_dim if attention else 0,
+            ffn=ffn,
+            ffn_width=rng.choice(widths) if ffn else 0,
+        )
+
+    layers = (layer(False),) * depth if uniform else (layer(False), *(layer(True) for _ in range(depth - 1)))
+    return replace(parent, hidden_size=heads * ref.head_dim, layers=layers, name=name)
+
+
+# ------------------------------------------------------------------------------------ timing
+def _time_llamacpp(
+    model_dir: Path, work: Path, arch: Architecture, settings: dict[str, Any]
+) -> tuple[list[Measurement], dict[str, Any]]:
+    from autocompress_opt.engines.llamacpp import CONVERTER_TYPES, bench, convert_to_gguf, quantize
+
+    gguf_type, dtype = settings["gguf_type"], GGUF_TO_COST_DTYPE[settings["gguf_type"]]
+    t0 = time.perf_counter()
+    gguf = convert_to_gguf(model_dir, work / "model.gguf", "f16" if gguf_type not in CONVERTER_TYPES else gguf_type)
+    if gguf_type not in CONVERTER_TYPES:
+        gguf = quantize(gguf, work / f"model-{gguf_type}.gguf", gguf_type, threads=settings["threads"])
+    convert_s = time.perf_counter() - t0
+    result = bench(
+        gguf,
+        prompt_len=settings["prompt_len"],
+        gen_len=settings["gen_len"],
+        repetitions=settings["repetitions"],
+        threads=settings["threads"],
+    )
+    prefill = Scenario(dtype=dtype, input_len=settings["prompt_len"], output_len=1, concurrency=1)
+    decode = Scenario(dtype=dtype, input_len=1, output_len=settings["gen_len"], concurrency=1)
+    measurements = [
+        Measurement(prefill, "prefill_throughput_tok_s", result["pp"]),
+        Measurement(decode, "decode_throughput_tok_s", result["tg"]),
+    ]
+    return measurements, {"convert_s": round(convert_s, 2), "llama_bench": result}
+
+
+def _time_vllm(
+    model_dir: Path, work: Path, arch: Architecture, settings: dict[str, Any]
+) -> tuple[list[Measurement], dict[str, Any]]:
+    from autocompress_opt.engines.vllm import vllm_timings
+
+    data = vllm_timings(
+        model_dir,
+        vocab_size=arch.vocab_size,
+        prompt_len=settings["prompt_len"],
+        gen_len=settings["gen_len"],
+        concurrencies=settings["concurrencies"],
+        repetitions=settings["repetitions"],
+        dtype=settings["vllm_dtype"],
+        seed=settings["seed"],
+    )
+    dtype = VLLM_DTYPES[settings["vllm_dtype"]]
+    measurements = []
+    for c, values in sorted(data["timings"].items()):
+        scenario = Scenario(
+            dtype=dtype, input_len=settings["prompt_len"], output_len=settings["gen_len"], concurrency=c
+        )
+        measurements.append(Measurement(scenario, "ttft_ms", values["ttft_ms"]))
+        measurements.append(Measurement(scenario, "tpot_ms", values["tpot_ms"]))
+    return measurements, {"load_s": round(data["load_s"], 2), "vllm": data["vllm"], "timings": data["timings"]}
+
+
+_TIMERS: dict[str, Callable[[Path, Path, Architecture, dict[str, Any]], tuple[list[Measurement], dict[str, Any]]]] = {
+    "llamacpp": _time_llamacpp,
+    "vllm": _time_vllm,
+}
+
+
+def _export(arch: Architecture, tokenizer: Any, out: Path, seed: int) -> Path:
+    """A random-weight checkpoint of ``arch`` in bf16, as the engines read it (plain Llama or DeciLM)."""
+    import torch
+
+    from autocompress_opt.hf.build import build_model
+    from autocompress_opt.prune.export import export_model
+
+    model = build_model(arch.active(), dtype=torch.bfloat16, seed=seed)
+    try:
+        return export_model(model, arch, out, tokenizer=tokenizer, decilm=True, force=True)
+    finally:
+        del model
+
+
+# ------------------------------------------------------------------------------------ the fit
+def _mdape(errors: Sequence[float] | np.ndarray) -> float:
+    return float(np.median(np.abs(errors))) if len(errors) else float("nan")
+
+
+def _mdape_by_metric(observations: Sequence[Observation], profile: CostProfile | None) -> dict[str, float]:
+    errors = relative_errors(observations, profile) if observations else np.array([])
+    out = {"all": _mdape(errors)}
+    for metric in sorted({o.metric for o in observations}):
+        out[metric] = _mdape([e for e, o in zip(errors, observations) if o.metric == metric])
+    return out
+
+
+def _metric_key(scenario: Scenario, metric: str) -> str:
+    """``tpot_ms``, or ``tpot_ms@c8`` at concurrency 8: one key per measured number of a model."""
+    return metric if scenario.concurrency == 1 else f"{metric}@c{scenario.concurrency}"
+
+
+def calibrate_engine(
+    engine: str,
+    *,
+    model: str = "smollm2-135m",
+    hardware: str = "cpu",
+    n_models: int = 32,
+    heldout_fraction: float = 0.5,
+    seed: int = 0,
+    gguf_type: str = "f16",
+    vllm_dtype: str = "bfloat16",
+    prompt_len: int = 128,
+    gen_len: int = 32,
+    concurrencies: Sequence[int] = (1, 8),
+    repetitions: int = 3,
+    threads: int | None = None,
+    out: Path | None = None,
+    progress: bool = True,
+) -> EngineCalibration:
+    """Time ``n_models`` pruned models of ``model`` in the real ``engine``, fit its profile for
+    ``hardware``, report held-out error and save the profile (module doc).
+
+    Raises :class:`ConfigError` for a bad setting (before any model is built) and
+    :class:`~autocompress_opt.engines.install.EngineMissing` when the engine is not installed.
+    """
+    from autocompress_opt.engines import install
+
+    settings = _check_settings(
+        engine,
+        n_models=n_models,
+        heldout_fraction=heldout_fraction,
+        seed=seed,
+        gguf_type=gguf_type,
+        vllm_dtype=vllm_dtype,
+        prompt_len=prompt_len,
+        gen_len=gen_len,
+        concurrencies=concurrencies,
+        repetitions=repetitions,
+        threads=threads,
+    )
+    catalog_hw = get_hardware(hardware)
+    (install.llamacpp if engine == "llamacpp" else install.vllm)()  # EngineMissing before any work
+    from tqdm.auto import tqdm
+
+    from autocompress_opt.serving.calibration import measure_cpu_figures
+
+    # The host CPU's peaks are measured now and kept with the profile (its efficiencies are fractions of
+    # them); a GPU keeps its datasheet figures.
+    reference = measure_cpu_figures() if hardware == "cpu" else {}
+    hw = catalog_hw.with_figures(reference)
+
+    from autocompress_opt.hf.loading import load_model
+
+    loaded = load_model(model, cache=False)
+    parent, tokenizer = loaded.architecture, loaded.tokenizer
+    del loaded
+    rules_engine = "vllm" if engine == "vllm" else "llamacpp"
+    archs = engine_architectures(parent, rules_engine, n_models, seed=seed)
+    cost_engine = get_engine(engine)
+    timer = _TIMERS[engine]
+
+    observations: list[list[Observation]] = []
+    rows: list[dict[str, Any]] = []
+    bar = tqdm(archs, desc=f"timing {engine} on {hw.name}", disable=not progress, unit="model")
+    for i, arch in enumerate(bar):
+        with tempfile.TemporaryDirectory(prefix=f"calibrate-{engine}-") as tmp_name:
+            tmp = Path(tmp_name)
+            t0 = time.perf_counter()
+            model_dir = _export(arch, tokenizer, tmp / "model", seed + i)
+            measurements, details = timer(model_dir, tmp, arch, settings)
+            shutil.rmtree(model_dir, ignore_errors=True)
+        observations.append(
+            [Observation(arch, hw, cost_engine, m.scenario, m.metric, m.value, label=arch.name) for m in measurements]
+        )
+        rows.append(
+            {
+                "model": i,
+                "summary": arch.summary(),
+                "params": arch.active().num_params,
+                "uniform": arch.active().is_uniform,
+                "measured": {_metric_key(m.scenario, m.metric): round(m.value, 4) for m in measurements},
+                "seconds": round(time.perf_counter() - t0, 1),
+                **details,
+            }
+        )
+        bar.set_postfix_str(", ".join(f"{k} {v:.4g}" for k, v in rows[-1]["measured"].items()))
+    bar.close()
+
+    order = np.random.default_rng(seed).permutation(len(archs))
+    k = max(1, round(len(archs) * heldout_fraction))
+    heldout, train = sorted(order[:k].tolist()), sorted(order[k:].tolist())
+    train_obs = [o for i in train for o in observations[i]]
+    held_obs = [o for i in heldout for o in observations[i]]
+    before = get_profile(engine, hw.name)  # what `autocompress cost` used until now, on the catalog's figures
+    before_obs = [replace(o, hardware=catalog_hw) for o in held_obs]
+    start = replace(PRIORS[engine], hardware=hw.name, reference=reference)
+    profile = fit_profile(train_obs, start, free=FIT_FREE, prior_weight=1e-4)
+    errors = {
+        "heldout": _mdape_by_metric(held_obs, profile),
+        "train": _mdape_by_metric(train_obs, profile),
+        "before": _mdape_by_metric(before_obs, before),
+    }
+    for i, row in enumerate(rows):
+        row["split"] = "heldout" if i in heldout else "train"
+        row["predicted"] = {
+            _metric_key(o.scenario, o.metric): round(float(p), 4)
+            for o, (p, _) in zip(observations[i], predict(observations[i], profile))
+        }
+    profile = replace(
+        profile,
+        fit={
+            "method": f"log-space least squares (L-BFGS) on real {engine} timings of pruned {model} models",
+            "date": f"{datetime.now(timezone.utc):%Y-%m-%d}",
+            "free": list(FIT_FREE),
+            "settings": {k: v for k, v in settings.items() if k != "concurrencies"}
+            | {"concurrencies": list(settings["concurrencies"]), "model": model, "n_models": n_models},
+            "train_mdape": errors["train"],
+            "heldout_mdape": errors["heldout"],
+            "heldout": [
+                {
+                    "id": f"{o.label}/{_metric_key(o.scenario, o.metric)}",
+                    "regime": regime_of(o.scenario),
+                    "phase": METRIC_PHASES[o.metric],
+                    "time_ratio": round(time_ratio(o.metric, o.value, float(p)), 4),
+                }
+                for o, (p, _) in zip(held_obs, predict(held_obs, profile))
+            ],
+        },
+    )
+    path = out or user_profile_dir() / f"{hw.name}-{engine}.yaml"
+    save_profile(
+        path,
+        [profile],
+        header=f"{engine} profile of {hw.name}, written by 'autocompress calibrate --engine {engine}'.\n"
+        f"held-out MdAPE {errors['heldout']['all']:.1%} over {len(heldout)} models "
+        f"({len(held_obs)} measurements); before calibration {errors['before']['all']:.1%}",
+    )
+    clear_cache()
+    return EngineCalibration(
+        engine=engine,
+        hardware=hw,
+        profile=profile,
+        path=path,
+        heldout_mdape=errors["heldout"],
+        train_mdape=errors["train"],
+        before_mdape=errors["before"],
+        settings={**settings, "concurrencies": list(settings["concurrencies"]), "model": model, "reference": reference},
+        rows=rows,
+    )
+
+
+def _check_settings(engine: str, **s: Any) -> dict[str, Any]:
+    """The sweep's settings, each checked (the error names the value and what is valid)."""
+    if engine not in CALIBRATED_ENGINES:
+        raise ConfigError(f"unknown engine {engine!r} to calibrate; one of {', '.join(CALIBRATED_ENGINES)}")
+    for name in ("n_models", "prompt_len", "repetitions"):
+        value = s[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < (2 if name == "n_models" else 1):
+            raise ConfigError(f"{name} must be a whole number >= {2 if name == 'n_models' else 1}, got {value!r}")
+    if not isinstance(s["gen_len"], int) or s["gen_len"] < 2:
+        raise ConfigError(f"gen_len must be a whole number >= 2, got {s['gen_len']!r}")
+    if not isinstance(s["seed"], int) or s["seed"] < 0:
+        raise ConfigError(f"seed must be a whole number >= 0, got {s['seed']!r}")
+    frac = s["heldout_fraction"]
+    if not isinstance(frac, (int, float)) or not 0 < frac < 1:
+        raise ConfigError(f"heldout_fraction must be in (0, 1), got {frac!r}")
+    if round(s["n_models"] * frac) >= s["n_models"]:
+        raise ConfigError(f"holding out {frac} of {s['n_models']} models leaves none to fit")
+    if s["gguf_type"] not in GGUF_TO_COST_DTYPE:
+        raise ConfigError(f"GGUF type {s['gguf_type']!r} is not one of {', '.join(GGUF_TO_COST_DTYPE)}")
+    if s["vllm_dtype"] not in VLLM_DTYPES:
+        raise ConfigError(f"vLLM dtype {s['vllm_dtype']!r} is not one of {', '.join(VLLM_DTYPES)}")
+    conc = tuple(s["concurrencies"])
+    if not conc or any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in conc):
+        raise ConfigError(f"concurrencies must be whole numbers >= 1, got {s['concurrencies']!r}")
+    s["concurrencies"] = tuple(sorted(set(conc)))
+    threads = s["threads"]
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"threads must be a whole number >= 1, got {threads!r}")
+    import os
+
+    s["threads"] = threads or len(os.sched_getaffinity(0))
+    return s
