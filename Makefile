@@ -50,8 +50,10 @@ demo-plan: $(STAMP)
 	$(VENV)/bin/autocompress report --model smollm2-135m --out plots/
 
 # `data` first: the task builders' tests on the real sources need them (they skip, with the hint, only
-# where the sources cannot be installed).
-test: $(STAMP) data lint
+# where the sources cannot be installed). `engines` too: the real-engine tests (tests/engines) load
+# exports in vLLM and llama.cpp and time them; a built llama.cpp and an installed .venv-vllm are
+# reused, so only the first run pays (about 9 minutes on 2 cores). `make test ENGINES=` skips them.
+test: $(STAMP) data engines lint
 	$(PY) -m pytest -q
 
 # Lint, format, the layering contract (pyproject [tool.importlinter]: imports only run downwards, no
@@ -86,7 +88,7 @@ calibrate: $(STAMP)
 # make engines ENGINES="llamacpp" installs one.
 ENGINES ?= llamacpp vllm
 engines:
-	bash .ci/install_engines.sh $(ENGINES)
+	$(if $(strip $(ENGINES)),bash .ci/install_engines.sh $(ENGINES),@echo "ENGINES is empty: no engine installed")
 
 # Data of the offline evaluation tasks (autocompress_opt/tasks/sources.py) and PostgreSQL (for the
 # concurrent-driver tests): the Debian packages when

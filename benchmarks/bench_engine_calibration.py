@@ -34,6 +34,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gguf-type", default="f16")
     parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--passes", type=int, default=2, help="timing passes over all models, fastest kept")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     failed = False
@@ -45,6 +46,7 @@ def main() -> int:
             seed=args.seed,
             gguf_type=args.gguf_type,
             repetitions=args.repetitions,
+            passes=args.passes,
             out=RESULTS / f"cpu-{engine}.yaml",
         )
         seconds = time.perf_counter() - start
@@ -60,7 +62,8 @@ def main() -> int:
         write(
             f"engine_calibration_{engine}",
             {
-                "command": f"python benchmarks/bench_engine_calibration.py --engines {engine} --models {args.models}",
+                "command": f"python benchmarks/bench_engine_calibration.py --engines {engine} --models {args.models} "
+                f"--passes {args.passes}",
                 "seconds": round(seconds, 1),
                 "heldout_models": held,
                 "meets_10pct_target": ok,

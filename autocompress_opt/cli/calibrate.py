@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.cli._common import add_verb, check_output_file, check_positive, print_json
+from autocompress_opt.errors import ConfigError
 
 
 def add_parser(sub: Any) -> None:
@@ -43,7 +44,12 @@ then `autocompress cost --hardware cpu --engine llamacpp ...` uses the fitted pr
     p.add_argument("--decode-context", type=int, default=128, help="context length of timed decode steps (default 128)")
     p.add_argument("--batch", type=int, default=1, help="sequences per forward (default 1)")
     p.add_argument("--seed", type=int, default=0, help="sweep and split seed (default 0)")
-    p.add_argument("--passes", type=int, default=2, help="timing passes per architecture, fastest kept (default 2)")
+    p.add_argument(
+        "--passes",
+        type=int,
+        default=2,
+        help="timing passes over every architecture (alternating order), fastest kept (default 2)",
+    )
     p.add_argument(
         "--device", default=None, help="torch device: cpu, cuda, cuda:N (default: cpu for --hardware cpu, else cuda)"
     )
@@ -155,6 +161,14 @@ def _run_engine(args: argparse.Namespace) -> int:
         from autocompress_opt.serving.hardware import get_hardware
 
         get_hardware(args.hardware)  # an unknown name, before the engine is looked for
+    check_positive(args, "--prompt-len", "--repetitions", "--passes", "--threads")
+    check_positive(args, "--archs", "--gen-len", minimum=2)  # one model held out and one fitted; a decode step
+    check_positive(args, "--seed", minimum=0)
+    for c in args.concurrency or ():
+        if c < 1:
+            raise ConfigError(f"--concurrency must be a positive integer, got {c}")
+    if not 0 < args.heldout_fraction < 1:
+        raise ConfigError(f"--heldout-fraction must be in (0, 1), got {args.heldout_fraction}")
     check_output_file(args.out if args.out is not None else _default_profile_file())
     result = calibrate_engine(
         args.engine,
@@ -169,6 +183,7 @@ def _run_engine(args: argparse.Namespace) -> int:
         gen_len=args.gen_len,
         concurrencies=tuple(args.concurrency) if args.concurrency else (1, 8),
         repetitions=args.repetitions,
+        passes=args.passes,
         threads=args.threads,
         out=args.out,
         progress=not args.json,

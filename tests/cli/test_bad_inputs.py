@@ -230,6 +230,17 @@ CASES = [
     case("calibrate-bad-device", CALIBRATE + " --device tpu", "tpu"),
     case("calibrate-bad-compute-dtype", CALIBRATE + " --compute-dtype int4", "int4"),
     case("calibrate-cuda-absent", CALIBRATE + " --device cuda", "cuda"),
+    # ---- calibrate --engine (checked before the engine is looked for or any model is built)
+    case("calibrate-engine-unknown", CALIBRATE + " --engine sglang", "--engine", "sglang"),
+    case("calibrate-engine-gguf-type", CALIBRATE + " --engine llamacpp --gguf-type q3_k", "q3_k", "q4_k_m"),
+    case("calibrate-engine-vllm-dtype", CALIBRATE + " --engine vllm --vllm-dtype int8", "int8", "bfloat16"),
+    case("calibrate-engine-one-model", CALIBRATE + " --engine llamacpp --archs 1", "--archs", "1"),
+    case("calibrate-engine-heldout", CALIBRATE + " --engine llamacpp --heldout-fraction 1.5", "--heldout", "1.5"),
+    case("calibrate-engine-none-fitted", CALIBRATE + " --engine llamacpp --archs 3 --heldout-fraction 0.9", "0.9"),
+    case("calibrate-engine-concurrency", CALIBRATE + " --engine vllm --concurrency 0", "--concurrency", "0"),
+    case("calibrate-engine-gen-len", CALIBRATE + " --engine vllm --gen-len 1", "--gen-len", "1"),
+    case("calibrate-engine-threads", CALIBRATE + " --engine llamacpp --threads 0", "--threads", "0"),
+    case("calibrate-engine-unknown-hardware", CALIBRATE.replace("cpu", "rtx9090", 1) + " --engine llamacpp", "rtx9090"),
     # ---- plot
     case("plot-missing-study", "plot nosuchstudy --out {in}/plots", "nosuchstudy"),
     case("plot-out-under-file", "plot nosuchstudy --out {in}/file.txt/plots", "file.txt"),

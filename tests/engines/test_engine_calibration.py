@@ -72,6 +72,7 @@ def test_engine_architectures_refuse_bad_counts() -> None:
         ({"gen_len": 1}, "gen_len must be a whole number >= 2, got 1"),
         ({"threads": 0}, "threads must be a whole number >= 1, got 0"),
         ({"repetitions": 0}, "repetitions must be a whole number >= 1, got 0"),
+        ({"passes": 0}, "passes must be a whole number >= 1, got 0"),
     ],
 )
 def test_bad_settings_are_named_before_any_work(change: dict[str, Any], message: str, tmp_path: Path) -> None:
@@ -113,7 +114,7 @@ def _known_engine(truth: CostProfile) -> Any:
     fit's job is known), with llama-bench's two measurements."""
     hw = get_hardware("cpu").with_figures(FIGURES)
 
-    def timer(model_dir: Path, work: Path, arch: Any, settings: dict[str, Any]) -> tuple[list[Measurement], dict]:
+    def timer(model_dir: Path, arch: Any, settings: dict[str, Any]) -> tuple[list[Measurement], dict]:
         assert (model_dir / "config.json").is_file()  # the real export was written
         pp = Scenario(dtype="fp16", input_len=settings["prompt_len"], output_len=1, concurrency=1)
         tg = Scenario(dtype="fp16", input_len=1, output_len=settings["gen_len"], concurrency=1)
@@ -137,7 +138,7 @@ def test_the_fit_recovers_a_known_engine_and_holds_models_out(
 
     truth = replace(PRIORS["llamacpp"], hardware="cpu", mfu=0.31, mbu=0.52, kernel_launch_us=9.0, step_overhead_ms=0.7)
     truth = replace(truth, reference=FIGURES)
-    monkeypatch.setitem(cal._TIMERS, "llamacpp", _known_engine(truth))
+    monkeypatch.setitem(cal._ENGINES, "llamacpp", (cal._prepare_vllm, _known_engine(truth)))  # the checkpoint
     monkeypatch.setattr(install, "llamacpp", lambda: None)
     monkeypatch.setattr(torch_calibration, "measure_cpu_figures", lambda: FIGURES)
     monkeypatch.setenv("HOME", str(tmp_path))  # the user profile folder under it
@@ -178,7 +179,11 @@ def test_llamacpp_calibration_for_real(llamacpp_engine: Any, tmp_path: Path) -> 
     assert len(result.rows) == 4 and result.path == tmp_path / "cpu-llamacpp.yaml"
     for row in result.rows:
         assert row["measured"]["prefill_throughput_tok_s"] > row["measured"]["decode_throughput_tok_s"] > 0
-        assert row["llama_bench"]["llamacpp"] and row["llama_bench"]["threads"] >= 1
+        assert len(row["passes"]) == 2 and row["gguf_mib"] > 0  # two passes by default, the fastest kept
+        bench = row["passes"][0]["llama_bench"]
+        assert bench["llamacpp"] and bench["threads"] >= 1 and len(bench["pp_samples"]) == 1
+        fastest = max(p["measured"]["prefill_throughput_tok_s"] for p in row["passes"])
+        assert row["measured"]["prefill_throughput_tok_s"] == fastest
     assert result.train_mdape["all"] < 0.5  # four parameters, four models: a fit, not a benchmark
     assert result.profile.reference["bandwidth_gb_s"] > 0
     assert load_profiles(tmp_path)[0][("cpu", "llamacpp")] == result.profile
@@ -200,5 +205,6 @@ def test_vllm_calibration_for_real(vllm_engine: Any, tmp_path: Path) -> None:
     assert [row["uniform"] for row in result.rows] == [True, False]
     for row in result.rows:
         assert row["measured"]["ttft_ms"] > 0 and row["measured"]["tpot_ms"] > 0
-        assert row["vllm"].startswith("0.")
+        assert row["passes"][0]["vllm"].startswith("0.")
+        assert row["measured"]["tpot_ms"] == min(p["measured"]["tpot_ms"] for p in row["passes"])
     assert load_profiles(tmp_path)[0][("cpu", "vllm")] == result.profile
