@@ -11,12 +11,15 @@ the held-out models' measurements, with at least 16 held-out models per engine.
 
 Writes ``results/engine_calibration_<engine>.json`` (every model's architecture, split, measured
 and predicted numbers, the fitted profile, the errors before and after, provenance) and the profile
-beside it (``results/cpu-<engine>.yaml``); the user's profile folder is left alone.
+beside it (``results/cpu-<engine>.yaml``); the user's profile folder is left alone. ``--install``
+also copies each profile to ``autocompress_opt/data/profiles/cpu-<engine>.yaml``, the profile of this
+machine's CPU the package ships (another machine runs ``autocompress calibrate --engine`` for its own).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -25,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _util import RESULTS, provenance, write
 
 from autocompress_opt.engines.calibration import CALIBRATED_ENGINES, calibrate_engine
+
+SHIPPED = Path(__file__).parents[1] / "autocompress_opt" / "data" / "profiles"
 
 
 def main() -> int:
@@ -35,6 +40,8 @@ def main() -> int:
     parser.add_argument("--gguf-type", default="f16")
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--passes", type=int, default=2, help="timing passes over all models, fastest kept")
+    parser.add_argument("--heldout-fraction", type=float, default=0.5)
+    parser.add_argument("--install", action="store_true", help="ship the fitted profiles with the package")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     failed = False
@@ -47,6 +54,7 @@ def main() -> int:
             gguf_type=args.gguf_type,
             repetitions=args.repetitions,
             passes=args.passes,
+            heldout_fraction=args.heldout_fraction,
             out=RESULTS / f"cpu-{engine}.yaml",
         )
         seconds = time.perf_counter() - start
@@ -63,7 +71,7 @@ def main() -> int:
             f"engine_calibration_{engine}",
             {
                 "command": f"python benchmarks/bench_engine_calibration.py --engines {engine} --models {args.models} "
-                f"--passes {args.passes}",
+                f"--passes {args.passes} --heldout-fraction {args.heldout_fraction}",
                 "seconds": round(seconds, 1),
                 "heldout_models": held,
                 "meets_10pct_target": ok,
@@ -71,6 +79,10 @@ def main() -> int:
                 **result.to_dict(),
             },
         )
+        if args.install:
+            shipped = SHIPPED / f"cpu-{engine}.yaml"
+            shutil.copy(RESULTS / f"cpu-{engine}.yaml", shipped)
+            print(f"installed {shipped}")
     return 1 if failed else 0
 
 

@@ -80,6 +80,11 @@ then `autocompress cost --hardware cpu --engine llamacpp ...` uses the fitted pr
         "--vllm-dtype", default="bfloat16", help="vLLM: --dtype served (bfloat16, float32, float16; default bfloat16)"
     )
     engine.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="vLLM: time it with enforce_eager (no compilation; faster to load, not vLLM's default)",
+    )
+    engine.add_argument(
         "--concurrency",
         type=int,
         action="append",
@@ -179,6 +184,7 @@ def _run_engine(args: argparse.Namespace) -> int:
         seed=args.seed,
         gguf_type=args.gguf_type,
         vllm_dtype=args.vllm_dtype,
+        vllm_eager=args.vllm_eager,
         prompt_len=args.prompt_len,
         gen_len=args.gen_len,
         concurrencies=tuple(args.concurrency) if args.concurrency else (1, 8),

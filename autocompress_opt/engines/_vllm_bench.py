@@ -2,7 +2,8 @@
 
 ``python -P _vllm_bench.py REQUEST.json RESULT.json``: loads ``request["model"]`` in vLLM (offline
 ``LLM``, ``trust_remote_code`` so a DeciLM checkpoint is read as NVIDIA ships it, prefix caching off
-so that a repeated run cannot reuse an earlier prompt's KV) and times, for every concurrency ``c``:
+so that a repeated run cannot reuse an earlier prompt's KV; ``enforce_eager`` skips vLLM's compilation,
+which on this CPU takes about a minute per model) and times, for every concurrency ``c``:
 
 * ``ttft_ms``: the wall time of ``generate`` on ``c`` fresh random prompts of ``prompt_len`` tokens
   with ``max_tokens=1`` (one prefill wave and its first token);
@@ -41,6 +42,7 @@ def main() -> None:
         max_model_len=prompt_len + gen_len + 16,
         max_num_seqs=max(concurrencies),
         enable_prefix_caching=False,
+        enforce_eager=bool(request.get("enforce_eager", False)),
         seed=0,
     )
     load_s = time.perf_counter() - start

@@ -241,6 +241,7 @@ def _time_vllm(model_dir: Path, arch: Architecture, settings: dict[str, Any]) ->
         repetitions=settings["repetitions"],
         dtype=settings["vllm_dtype"],
         seed=settings["seed"],
+        enforce_eager=settings["vllm_eager"],
     )
     dtype = VLLM_DTYPES[settings["vllm_dtype"]]
     measurements = []
@@ -309,6 +310,7 @@ def calibrate_engine(
     seed: int = 0,
     gguf_type: str = "f16",
     vllm_dtype: str = "bfloat16",
+    vllm_eager: bool = False,
     prompt_len: int = 128,
     gen_len: int = 32,
     concurrencies: Sequence[int] = (1, 8),
@@ -333,6 +335,7 @@ def calibrate_engine(
         seed=seed,
         gguf_type=gguf_type,
         vllm_dtype=vllm_dtype,
+        vllm_eager=bool(vllm_eager),
         prompt_len=prompt_len,
         gen_len=gen_len,
         concurrencies=concurrencies,

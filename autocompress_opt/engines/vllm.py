@@ -55,6 +55,7 @@ def vllm_timings(
     repetitions: int = 3,
     dtype: str = "bfloat16",
     seed: int = 0,
+    enforce_eager: bool = False,
     engine: Vllm | None = None,
     timeout_s: float = 1800,
 ) -> dict[str, Any]:
@@ -73,6 +74,7 @@ def vllm_timings(
         "repetitions": int(repetitions),
         "dtype": dtype,
         "seed": int(seed),
+        "enforce_eager": bool(enforce_eager),
     }
     data = _run_worker("_vllm_bench.py", request, engine, timeout_s, what=f"vLLM timing of {model_dir} failed")
     data["timings"] = {int(c): values for c, values in data["timings"].items()}

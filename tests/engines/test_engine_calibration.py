@@ -191,7 +191,8 @@ def test_llamacpp_calibration_for_real(llamacpp_engine: Any, tmp_path: Path) -> 
 
 def test_vllm_calibration_for_real(vllm_engine: Any, tmp_path: Path) -> None:
     """Two pruned SmolLM2 models (one uniform: a plain Llama checkpoint; one DeciLM) timed by vLLM's
-    offline engine; TTFT and TPOT measured and fitted."""
+    offline engine; TTFT and TPOT measured and fitted. Eager and one pass: vLLM's compilation (the
+    default, which benchmarks/bench_engine_calibration.py times) costs about a minute per load here."""
     result = calibrate_engine(
         "vllm",
         n_models=2,
@@ -199,6 +200,8 @@ def test_vllm_calibration_for_real(vllm_engine: Any, tmp_path: Path) -> None:
         gen_len=4,
         concurrencies=(1,),
         repetitions=1,
+        passes=1,
+        vllm_eager=True,
         out=tmp_path / "cpu-vllm.yaml",
         progress=False,
     )
@@ -206,5 +209,5 @@ def test_vllm_calibration_for_real(vllm_engine: Any, tmp_path: Path) -> None:
     for row in result.rows:
         assert row["measured"]["ttft_ms"] > 0 and row["measured"]["tpot_ms"] > 0
         assert row["passes"][0]["vllm"].startswith("0.")
-        assert row["measured"]["tpot_ms"] == min(p["measured"]["tpot_ms"] for p in row["passes"])
+        assert len(row["passes"]) == 1 and row["measured"] == row["passes"][0]["measured"]
     assert load_profiles(tmp_path)[0][("cpu", "vllm")] == result.profile

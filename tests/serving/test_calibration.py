@@ -68,6 +68,13 @@ def test_shipped_profiles_are_fitted_and_found() -> None:
     cpu = shipped[("cpu", "torch-eager")]
     assert cpu.fit["heldout_mdape"]["prefill"] <= 0.10 and cpu.fit["heldout_mdape"]["decode"] <= 0.10
     assert any(block["name"] == "cpu" and block["peak_tflops"]["fp32"] > 0 for block in hardware)
+    # the real engines on this machine's CPU (benchmarks/bench_engine_calibration.py): fitted to measured
+    # figures of the host, held-out residuals kept
+    for engine in ("llamacpp", "vllm"):
+        profile = shipped[("cpu", engine)]
+        assert profile.reference["bandwidth_gb_s"] > 0 and len(profile.fit["heldout"]) >= 32
+    assert shipped[("cpu", "llamacpp")].fit["heldout_mdape"]["all"] <= 0.10
+    assert get_profile("llamacpp", "cpu") == shipped[("cpu", "llamacpp")]
 
 
 def test_calibrate_end_to_end_on_a_small_sweep(tmp_path: Path) -> None:
