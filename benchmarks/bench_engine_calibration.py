@@ -19,6 +19,7 @@ machine's CPU the package ships (another machine runs ``autocompress calibrate -
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import time
@@ -27,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import RESULTS, provenance, write
 
-from autocompress_opt.engines.calibration import CALIBRATED_ENGINES, calibrate_engine
+from autocompress_opt.engines.calibration import CALIBRATED_ENGINES, calibrate_engine, refit_engine
 
 SHIPPED = Path(__file__).parents[1] / "autocompress_opt" / "data" / "profiles"
 
@@ -42,21 +43,38 @@ def main() -> int:
     parser.add_argument("--passes", type=int, default=2, help="timing passes over all models, fastest kept")
     parser.add_argument("--heldout-fraction", type=float, default=0.5)
     parser.add_argument("--install", action="store_true", help="ship the fitted profiles with the package")
+    parser.add_argument(
+        "--refit",
+        action="store_true",
+        help="fit the timings saved in results/engine_calibration_<engine>.json again at this code (no timing)",
+    )
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     failed = False
     for engine in args.engines:
         start = time.perf_counter()
-        result = calibrate_engine(
-            engine,
-            n_models=args.models,
-            seed=args.seed,
-            gguf_type=args.gguf_type,
-            repetitions=args.repetitions,
-            passes=args.passes,
-            heldout_fraction=args.heldout_fraction,
-            out=RESULTS / f"cpu-{engine}.yaml",
-        )
+        saved_path = RESULTS / f"engine_calibration_{engine}.json"
+        if args.refit:
+            saved = json.loads(saved_path.read_text())
+            result = refit_engine(saved, out=RESULTS / f"cpu-{engine}.yaml")
+            refit_of = {
+                "date": saved["date"],
+                "provenance": saved.get("provenance"),
+                "seconds": saved["seconds"],
+                "command": saved["command"],
+            }
+        else:
+            refit_of = None
+            result = calibrate_engine(
+                engine,
+                n_models=args.models,
+                seed=args.seed,
+                gguf_type=args.gguf_type,
+                repetitions=args.repetitions,
+                passes=args.passes,
+                heldout_fraction=args.heldout_fraction,
+                out=RESULTS / f"cpu-{engine}.yaml",
+            )
         seconds = time.perf_counter() - start
         held = sum(row["split"] == "heldout" for row in result.rows)
         ok = result.heldout_mdape["all"] <= 0.10 and held >= 16
@@ -70,7 +88,10 @@ def main() -> int:
         write(
             f"engine_calibration_{engine}",
             {
-                "command": f"python benchmarks/bench_engine_calibration.py --engines {engine} --models {args.models} "
+                "refit_of": refit_of,  # timings measured by that run, fitted again at this code
+                "command": f"python benchmarks/bench_engine_calibration.py --engines {engine} --refit"
+                if refit_of
+                else f"python benchmarks/bench_engine_calibration.py --engines {engine} --models {args.models} "
                 f"--passes {args.passes} --heldout-fraction {args.heldout_fraction}",
                 "seconds": round(seconds, 1),
                 "heldout_models": held,

@@ -34,7 +34,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -68,6 +68,7 @@ __all__ = [
     "Measurement",
     "calibrate_engine",
     "engine_architectures",
+    "refit_engine",
 ]
 
 CALIBRATED_ENGINES = ("llamacpp", "vllm")
@@ -215,14 +216,19 @@ def _time_llamacpp(gguf: Path, arch: Architecture, settings: dict[str, Any]) -> 
         repetitions=settings["repetitions"],
         threads=settings["threads"],
     )
+    return _llamacpp_measurements(result["pp"], result["tg"], settings), {"llama_bench": result}
+
+
+def _llamacpp_measurements(pp: float, tg: float, settings: dict[str, Any]) -> list[Measurement]:
+    """llama-bench's ``pp`` (prompt tokens/s of one prefill) and ``tg`` (tokens/s generating from an
+    empty context) as cost-model metrics."""
     dtype = GGUF_TO_COST_DTYPE[settings["gguf_type"]]
     prefill = Scenario(dtype=dtype, input_len=settings["prompt_len"], output_len=1, concurrency=1)
     decode = Scenario(dtype=dtype, input_len=1, output_len=settings["gen_len"], concurrency=1)
-    measurements = [
-        Measurement(prefill, "prefill_throughput_tok_s", result["pp"]),
-        Measurement(decode, "decode_throughput_tok_s", result["tg"]),
+    return [
+        Measurement(prefill, "prefill_throughput_tok_s", pp),
+        Measurement(decode, "decode_throughput_tok_s", tg),
     ]
-    return measurements, {"llama_bench": result}
 
 
 def _prepare_vllm(model_dir: Path, work: Path, settings: dict[str, Any]) -> Prepared:
@@ -243,15 +249,29 @@ def _time_vllm(model_dir: Path, arch: Architecture, settings: dict[str, Any]) ->
         seed=settings["seed"],
         enforce_eager=settings["vllm_eager"],
     )
+    return _vllm_measurements(data["timings"], settings), {
+        "load_s": round(data["load_s"], 2),
+        "vllm": data["vllm"],
+        "timings": data["timings"],
+    }
+
+
+def _vllm_measurements(timings: dict[int, dict[str, float]], settings: dict[str, Any]) -> list[Measurement]:
+    """What vLLM's timings of one model say, as cost-model metrics. ``ttft_ms`` of ``c`` prompts is the
+    time until the LAST of them has its first token (the wave's whole prefill), so it is compared as the
+    wave's prefill throughput ``c·P / ttft``; the cost model's ``ttft_ms`` is the wave's MEAN, (c+1)/2c of
+    it under chunked prefill (compared as TTFT, a concurrency-8 wave was 44 % "slower" than predicted
+    for every model). ``tpot_ms``: one decode step of the ``c`` sequences."""
     dtype = VLLM_DTYPES[settings["vllm_dtype"]]
     measurements = []
-    for c, values in sorted(data["timings"].items()):
+    for c, values in sorted(timings.items()):
         scenario = Scenario(
             dtype=dtype, input_len=settings["prompt_len"], output_len=settings["gen_len"], concurrency=c
         )
-        measurements.append(Measurement(scenario, "ttft_ms", values["ttft_ms"]))
+        wave_tok_s = c * settings["prompt_len"] * 1e3 / values["ttft_ms"]
+        measurements.append(Measurement(scenario, "prefill_throughput_tok_s", wave_tok_s))
         measurements.append(Measurement(scenario, "tpot_ms", values["tpot_ms"]))
-    return measurements, {"load_s": round(data["load_s"], 2), "vllm": data["vllm"], "timings": data["timings"]}
+    return measurements
 
 
 _ENGINES: dict[str, tuple[Callable[..., Prepared], Callable[..., tuple[list[Measurement], dict]]]] = {
@@ -414,6 +434,27 @@ def calibrate_engine(
     for row, ms in zip(rows, best):
         row["measured"] = {_metric_key(m.scenario, m.metric): round(m.value, 4) for m in ms}
 
+    return _fit_and_save(
+        engine, model, hw, catalog_hw, reference, archs, observations, rows, settings, heldout_fraction, seed, out
+    )
+
+
+def _fit_and_save(
+    engine: str,
+    model: str,
+    hw: Hardware,
+    catalog_hw: Hardware,
+    reference: dict[str, Any],
+    archs: list[Architecture],
+    observations: list[list[Observation]],
+    rows: list[dict[str, Any]],
+    settings: dict[str, Any],
+    heldout_fraction: float,
+    seed: int,
+    out: Path | None,
+) -> EngineCalibration:
+    """Split the models (seeded), fit the profile to the fitting part, predict every model, save."""
+    n_models = len(archs)
     order = np.random.default_rng(seed).permutation(len(archs))
     k = max(1, round(len(archs) * heldout_fraction))
     heldout, train = sorted(order[:k].tolist()), sorted(order[k:].tolist())
@@ -474,6 +515,63 @@ def calibrate_engine(
         before_mdape=errors["before"],
         settings={**settings, "concurrencies": list(settings["concurrencies"]), "model": model, "reference": reference},
         rows=rows,
+    )
+
+
+def refit_engine(results: Mapping[str, Any], *, out: Path | None = None) -> EngineCalibration:
+    """Fit again, at this code, the timings an earlier :func:`calibrate_engine` measured (its
+    :meth:`EngineCalibration.to_dict`, as ``benchmarks/bench_engine_calibration.py`` writes it): the same
+    models (drawn again from the same seed, and checked to be the same), the same split, each number's
+    fastest pass, the same measured host figures. For a change of the cost model or of how a timing is
+    compared with it, without timing the engine again (vLLM's compiled loads take about 100 s a model)."""
+    from autocompress_opt.hf.loading import load_model
+
+    engine, settings, rows = results["engine"], dict(results["settings"]), list(results["rows"])
+    if engine not in CALIBRATED_ENGINES:
+        raise ConfigError(f"unknown engine {engine!r} in the results; one of {', '.join(CALIBRATED_ENGINES)}")
+    model, reference = settings["model"], dict(settings.get("reference") or {})
+    catalog_hw = get_hardware(results["hardware"]["name"])
+    hw = catalog_hw.with_figures(reference)
+    parent = load_model(model, cache=False).architecture
+    archs = engine_architectures(parent, "vllm" if engine == "vllm" else "llamacpp", len(rows), seed=settings["seed"])
+    for arch, row in zip(archs, rows):
+        if arch.summary() != row["summary"]:
+            raise ConfigError(
+                f"model {row['model']} was {row['summary']!r} when timed but is drawn as {arch.summary()!r} at this "
+                "code: the timings belong to other models; time them again (calibrate_engine)"
+            )
+    observations: list[list[Observation]] = []
+    for arch, row in zip(archs, rows):
+        if engine == "llamacpp":
+            fastest = [max(p["llama_bench"][k] for p in row["passes"]) for k in ("pp", "tg")]
+            measurements = _llamacpp_measurements(fastest[0], fastest[1], settings)
+        else:
+            timings = {
+                int(c): {k: min(float(p["timings"][c][k]) for p in row["passes"]) for k in ("ttft_ms", "tpot_ms")}
+                for c in row["passes"][0]["timings"]
+            }
+            measurements = _vllm_measurements(timings, settings)
+        observations.append(
+            [
+                Observation(arch, hw, get_engine(engine), m.scenario, m.metric, m.value, label=arch.name)
+                for m in measurements
+            ]
+        )
+        row["measured"] = {_metric_key(m.scenario, m.metric): round(m.value, 4) for m in measurements}
+    settings["concurrencies"] = tuple(settings["concurrencies"])
+    return _fit_and_save(
+        engine,
+        model,
+        hw,
+        catalog_hw,
+        reference,
+        archs,
+        observations,
+        rows,
+        settings,
+        settings["heldout_fraction"],
+        settings["seed"],
+        out,
     )
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.engines import calibration as cal
-from autocompress_opt.engines.calibration import Measurement, calibrate_engine, engine_architectures
+from autocompress_opt.engines.calibration import Measurement, calibrate_engine, engine_architectures, refit_engine
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.engine_rules import loadable_problems
 from autocompress_opt.serving.costmodel import Scenario
@@ -188,6 +188,18 @@ def test_llamacpp_calibration_for_real(llamacpp_engine: Any, tmp_path: Path) -> 
     assert result.profile.reference["bandwidth_gb_s"] > 0
     assert load_profiles(tmp_path)[0][("cpu", "llamacpp")] == result.profile
 
+    # the saved timings fitted again (as benchmarks/bench_engine_calibration.py --refit does): same split,
+    # same numbers, same profile
+    saved = json.loads(json.dumps(result.to_dict()))
+    again = refit_engine(saved, out=tmp_path / "refit.yaml")
+    assert [row["split"] for row in again.rows] == [row["split"] for row in result.rows]
+    assert [row["measured"] for row in again.rows] == [row["measured"] for row in result.rows]
+    assert again.heldout_mdape == pytest.approx(result.heldout_mdape, rel=1e-3)
+    assert again.profile.mbu == pytest.approx(result.profile.mbu, rel=1e-3)
+    saved["rows"][1]["summary"] = "30/30 layers, something else"
+    with pytest.raises(ConfigError, match="model 1 was '30/30 layers, something else' when timed"):
+        refit_engine(saved, out=tmp_path / "refit.yaml")
+
 
 def test_vllm_calibration_for_real(vllm_engine: Any, tmp_path: Path) -> None:
     """Two pruned SmolLM2 models (one uniform: a plain Llama checkpoint; one DeciLM) timed by vLLM's
@@ -207,7 +219,10 @@ def test_vllm_calibration_for_real(vllm_engine: Any, tmp_path: Path) -> None:
     )
     assert [row["uniform"] for row in result.rows] == [True, False]
     for row in result.rows:
-        assert row["measured"]["ttft_ms"] > 0 and row["measured"]["tpot_ms"] > 0
+        # the wave's prefill is compared as a throughput: c prompts x P tokens / the last first token's time
+        ttft = row["passes"][0]["timings"][1]["ttft_ms"]
+        assert row["measured"]["prefill_throughput_tok_s"] == pytest.approx(32 * 1e3 / ttft, rel=1e-3)
+        assert row["measured"]["tpot_ms"] > 0
         assert row["passes"][0]["vllm"].startswith("0.")
         assert len(row["passes"]) == 1 and row["measured"] == row["passes"][0]["measured"]
     assert load_profiles(tmp_path)[0][("cpu", "vllm")] == result.profile
