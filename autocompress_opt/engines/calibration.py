@@ -9,8 +9,9 @@
 2. **Timing the real engine.** llama.cpp: the checkpoint converted by llama.cpp's own
    ``convert_hf_to_gguf.py`` (and ``llama-quantize`` for a quantised type), timed by ``llama-bench``
    (``pp``: prompt tokens/s of one prefill; ``tg``: tokens/s generating from an empty context).
-   vLLM: the offline ``LLM`` timed at a few concurrencies (TTFT of a wave of prompts, then the time
-   per output token of that wave; :mod:`~autocompress_opt.engines._vllm_bench`). Every model is
+   vLLM: the offline ``LLM`` timed at a few concurrencies (the prefill of a wave of prompts, compared
+   as its throughput, then the time per output token of that wave;
+   :mod:`~autocompress_opt.engines._vllm_bench`, :func:`_vllm_measurements`). Every model is
    prepared first, then timed in ``passes`` passes over all of them in alternating order, and each
    number keeps its fastest pass: on a shared machine a slow spell only ever slows a run (seen here:
    one model's llama-bench prefill at 1,078, 765 and 648 tok/s minutes apart, each run's own
@@ -22,7 +23,8 @@
    predicted by it: the median absolute percentage error (MdAPE) over them is the number to trust.
    The error of the profile in use before (shipped or earlier calibration) is reported beside it.
    The held-out residuals are stored with the profile (``fit["heldout"]``), so cost predictions with
-   ``--confidence`` get intervals from them.
+   ``--confidence`` get intervals from them. :func:`refit_engine` fits saved timings again at the
+   current code (same models, same split) without timing the engine.
 
 The profile is saved as ``<hardware>-<engine>.yaml`` in the user profile folder (it takes precedence
 over the shipped profiles), or to ``out``.
@@ -260,8 +262,8 @@ def _vllm_measurements(timings: dict[int, dict[str, float]], settings: dict[str,
     """What vLLM's timings of one model say, as cost-model metrics. ``ttft_ms`` of ``c`` prompts is the
     time until the LAST of them has its first token (the wave's whole prefill), so it is compared as the
     wave's prefill throughput ``c·P / ttft``; the cost model's ``ttft_ms`` is the wave's MEAN, (c+1)/2c of
-    it under chunked prefill (compared as TTFT, a concurrency-8 wave was 44 % "slower" than predicted
-    for every model). ``tpot_ms``: one decode step of the ``c`` sequences."""
+    it under chunked prefill (compared as TTFT, every model's concurrency-1 TTFT came out over-predicted
+    and its concurrency-8 one under-predicted). ``tpot_ms``: one decode step of the ``c`` sequences."""
     dtype = VLLM_DTYPES[settings["vllm_dtype"]]
     measurements = []
     for c, values in sorted(timings.items()):
