@@ -184,7 +184,11 @@ def test_llamacpp_calibration_for_real(llamacpp_engine: Any, tmp_path: Path) -> 
         assert bench["llamacpp"] and bench["threads"] >= 1 and len(bench["pp_samples"]) == 1
         fastest = max(p["measured"]["prefill_throughput_tok_s"] for p in row["passes"])
         assert row["measured"]["prefill_throughput_tok_s"] == fastest
-    assert result.train_mdape["all"] < 0.5  # four parameters, four models: a fit, not a benchmark
+    # four parameters, four models, timings as noisy as the machine: a fit, not a benchmark; within 4x
+    # catches a broken metric or unit (ms against s, a throughput compared as a latency), not noise
+    for row in result.rows:
+        for key, value in row["measured"].items():
+            assert value / 4 < row["predicted"][key] < value * 4, (key, row)
     assert result.profile.reference["bandwidth_gb_s"] > 0
     assert load_profiles(tmp_path)[0][("cpu", "llamacpp")] == result.profile
 
