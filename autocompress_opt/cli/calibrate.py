@@ -142,19 +142,25 @@ def run(args: argparse.Namespace) -> int:
 def _check_arguments(args: argparse.Namespace) -> None:
     """Everything checked before the timing sweep (which takes minutes): counts, the hardware
     name, the torch device and where the profile goes."""
-    from autocompress_opt.serving.profiles import user_profile_dir
-
     check_positive(args, "--prompt-len", "--decode-context", "--batch", "--passes")
     check_positive(args, "--archs", minimum=2)  # one architecture at least is held out
     check_positive(args, "--seed", minimum=0)
-    if args.hardware != "cpu":
-        from autocompress_opt.serving.hardware import get_hardware
-
-        get_hardware(args.hardware)
+    _check_hardware_and_out(args)
     from autocompress_opt.hf.device import check_compute_dtype, resolve_device
 
     resolve_device(args.device or ("cpu" if args.hardware == "cpu" else "cuda"))  # CUDA asked for, absent: an error
     check_compute_dtype(args.compute_dtype)
+
+
+def _check_hardware_and_out(args: argparse.Namespace) -> None:
+    """The hardware name (unless ``cpu``, measured here) and where the profile goes (default: the
+    user profile folder), for every engine."""
+    from autocompress_opt.serving.profiles import user_profile_dir
+
+    if args.hardware != "cpu":
+        from autocompress_opt.serving.hardware import get_hardware
+
+        get_hardware(args.hardware)
     check_output_file(args.out if args.out is not None else user_profile_dir() / "profile.yaml")
 
 
@@ -162,10 +168,6 @@ def _run_engine(args: argparse.Namespace) -> int:
     """``--engine llamacpp|vllm``: :func:`~autocompress_opt.engines.calibration.calibrate_engine`."""
     from autocompress_opt.engines.calibration import calibrate_engine
 
-    if args.hardware != "cpu":
-        from autocompress_opt.serving.hardware import get_hardware
-
-        get_hardware(args.hardware)  # an unknown name, before the engine is looked for
     check_positive(args, "--prompt-len", "--repetitions", "--passes", "--threads")
     check_positive(args, "--archs", "--gen-len", minimum=2)  # one model held out and one fitted; a decode step
     check_positive(args, "--seed", minimum=0)
@@ -174,7 +176,7 @@ def _run_engine(args: argparse.Namespace) -> int:
             raise ConfigError(f"--concurrency must be a positive integer, got {c}")
     if not 0 < args.heldout_fraction < 1:
         raise ConfigError(f"--heldout-fraction must be in (0, 1), got {args.heldout_fraction}")
-    check_output_file(args.out if args.out is not None else _default_profile_file())
+    _check_hardware_and_out(args)  # before the engine is looked for
     result = calibrate_engine(
         args.engine,
         model=args.model,
@@ -214,9 +216,3 @@ def _run_engine(args: argparse.Namespace) -> int:
     print(f"({n_held} of {len(result.rows)} models held out; 'before': the profile in use until now)")
     print(f"saved {result.path}")
     return 0
-
-
-def _default_profile_file() -> Path:
-    from autocompress_opt.serving.profiles import user_profile_dir
-
-    return user_profile_dir() / "profile.yaml"

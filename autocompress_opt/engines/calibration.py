@@ -47,9 +47,10 @@ import numpy as np
 from autocompress_opt.arch.architecture import Architecture, LayerSpec
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.engine_rules import loadable_problems
+from autocompress_opt.serving.calibration import interleaved_passes, measure_cpu_figures
 from autocompress_opt.serving.costmodel import Scenario, regime_of
 from autocompress_opt.serving.engines import get_engine
-from autocompress_opt.serving.fitting import Observation, fit_profile, predict, relative_errors
+from autocompress_opt.serving.fitting import Observation, fit_profile, heldout_split, mdape, predict, relative_errors
 from autocompress_opt.serving.hardware import Hardware, get_hardware
 from autocompress_opt.serving.profiles import (
     METRIC_PHASES,
@@ -190,7 +191,8 @@ def _draw(parent: Architecture, ref: LayerSpec, rng: random.Random, *, uniform: 
 
 # ------------------------------------------------------------------------------------ timing
 # An engine is timed in two steps: ``prepare`` turns a model's export into what the engine runs (a GGUF
-# for llama.cpp, the checkpoint itself for vLLM), once; ``time`` measures it, once per pass.
+# for llama.cpp, the checkpoint itself for vLLM), once; ``time`` runs it, once per pass, and returns the
+# engine's own record of that run, which :func:`_measurements` reads (also from saved results, to refit).
 Prepared = tuple[Path, dict[str, Any]]
 
 
@@ -208,7 +210,7 @@ def _prepare_llamacpp(model_dir: Path, work: Path, settings: dict[str, Any]) -> 
     return gguf, {"convert_s": round(time.perf_counter() - t0, 2), "gguf_mib": round(gguf.stat().st_size / 2**20, 1)}
 
 
-def _time_llamacpp(gguf: Path, arch: Architecture, settings: dict[str, Any]) -> tuple[list[Measurement], dict]:
+def _time_llamacpp(gguf: Path, arch: Architecture, settings: dict[str, Any]) -> dict[str, Any]:
     from autocompress_opt.engines.llamacpp import bench
 
     result = bench(
@@ -218,12 +220,13 @@ def _time_llamacpp(gguf: Path, arch: Architecture, settings: dict[str, Any]) -> 
         repetitions=settings["repetitions"],
         threads=settings["threads"],
     )
-    return _llamacpp_measurements(result["pp"], result["tg"], settings), {"llama_bench": result}
+    return {"llama_bench": result}
 
 
-def _llamacpp_measurements(pp: float, tg: float, settings: dict[str, Any]) -> list[Measurement]:
+def _llamacpp_measurements(run: Mapping[str, Any], settings: dict[str, Any]) -> list[Measurement]:
     """llama-bench's ``pp`` (prompt tokens/s of one prefill) and ``tg`` (tokens/s generating from an
     empty context) as cost-model metrics."""
+    pp, tg = run["llama_bench"]["pp"], run["llama_bench"]["tg"]
     dtype = GGUF_TO_COST_DTYPE[settings["gguf_type"]]
     prefill = Scenario(dtype=dtype, input_len=settings["prompt_len"], output_len=1, concurrency=1)
     decode = Scenario(dtype=dtype, input_len=1, output_len=settings["gen_len"], concurrency=1)
@@ -237,7 +240,7 @@ def _prepare_vllm(model_dir: Path, work: Path, settings: dict[str, Any]) -> Prep
     return model_dir, {}
 
 
-def _time_vllm(model_dir: Path, arch: Architecture, settings: dict[str, Any]) -> tuple[list[Measurement], dict]:
+def _time_vllm(model_dir: Path, arch: Architecture, settings: dict[str, Any]) -> dict[str, Any]:
     from autocompress_opt.engines.vllm import vllm_timings
 
     data = vllm_timings(
@@ -251,22 +254,19 @@ def _time_vllm(model_dir: Path, arch: Architecture, settings: dict[str, Any]) ->
         seed=settings["seed"],
         enforce_eager=settings["vllm_eager"],
     )
-    return _vllm_measurements(data["timings"], settings), {
-        "load_s": round(data["load_s"], 2),
-        "vllm": data["vllm"],
-        "timings": data["timings"],
-    }
+    return {"load_s": round(data["load_s"], 2), "vllm": data["vllm"], "timings": data["timings"]}
 
 
-def _vllm_measurements(timings: dict[int, dict[str, float]], settings: dict[str, Any]) -> list[Measurement]:
-    """What vLLM's timings of one model say, as cost-model metrics. ``ttft_ms`` of ``c`` prompts is the
+def _vllm_measurements(run: Mapping[str, Any], settings: dict[str, Any]) -> list[Measurement]:
+    """What vLLM's timings of one model say, as cost-model metrics (``run["timings"]``: per concurrency,
+    an int or, read back from JSON, its string). ``ttft_ms`` of ``c`` prompts is the
     time until the LAST of them has its first token (the wave's whole prefill), so it is compared as the
     wave's prefill throughput ``c·P / ttft``; the cost model's ``ttft_ms`` is the wave's MEAN, (c+1)/2c of
     it under chunked prefill (compared as TTFT, every model's concurrency-1 TTFT came out over-predicted
     and its concurrency-8 one under-predicted). ``tpot_ms``: one decode step of the ``c`` sequences."""
     dtype = VLLM_DTYPES[settings["vllm_dtype"]]
     measurements = []
-    for c, values in sorted(timings.items()):
+    for c, values in sorted((int(c), values) for c, values in run["timings"].items()):
         scenario = Scenario(
             dtype=dtype, input_len=settings["prompt_len"], output_len=settings["gen_len"], concurrency=c
         )
@@ -276,9 +276,13 @@ def _vllm_measurements(timings: dict[int, dict[str, float]], settings: dict[str,
     return measurements
 
 
-_ENGINES: dict[str, tuple[Callable[..., Prepared], Callable[..., tuple[list[Measurement], dict]]]] = {
+_ENGINES: dict[str, tuple[Callable[..., Prepared], Callable[..., dict[str, Any]]]] = {
     "llamacpp": (_prepare_llamacpp, _time_llamacpp),
     "vllm": (_prepare_vllm, _time_vllm),
+}
+_MEASUREMENTS: dict[str, Callable[[Mapping[str, Any], dict[str, Any]], list[Measurement]]] = {
+    "llamacpp": _llamacpp_measurements,
+    "vllm": _vllm_measurements,
 }
 
 
@@ -290,6 +294,19 @@ def _best(a: Measurement, b: Measurement) -> Measurement:
     return a if a.value <= b.value else b
 
 
+def _fastest(engine: str, runs: Sequence[Mapping[str, Any]], settings: dict[str, Any]) -> list[Measurement]:
+    """Each number of one model at its fastest over the engine's records of its passes."""
+    best = _MEASUREMENTS[engine](runs[0], settings)
+    for run in runs[1:]:
+        best = [_best(a, b) for a, b in zip(best, _MEASUREMENTS[engine](run, settings))]
+    return best
+
+
+def _measured(measurements: Sequence[Measurement]) -> dict[str, float]:
+    """A model's numbers keyed as its result row shows them (:func:`_metric_key`)."""
+    return {_metric_key(m.scenario, m.metric): round(m.value, 4) for m in measurements}
+
+
 def _export(arch: Architecture, tokenizer: Any, out: Path, seed: int) -> Path:
     """A random-weight checkpoint of ``arch`` in bf16, as the engines read it (plain Llama or DeciLM)."""
     import torch
@@ -298,22 +315,15 @@ def _export(arch: Architecture, tokenizer: Any, out: Path, seed: int) -> Path:
     from autocompress_opt.prune.export import export_model
 
     model = build_model(arch.active(), dtype=torch.bfloat16, seed=seed)
-    try:
-        return export_model(model, arch, out, tokenizer=tokenizer, decilm=True, force=True)
-    finally:
-        del model
+    return export_model(model, arch, out, tokenizer=tokenizer, decilm=True, force=True)
 
 
 # ------------------------------------------------------------------------------------ the fit
-def _mdape(errors: Sequence[float] | np.ndarray) -> float:
-    return float(np.median(np.abs(errors))) if len(errors) else float("nan")
-
-
 def _mdape_by_metric(observations: Sequence[Observation], profile: CostProfile | None) -> dict[str, float]:
     errors = relative_errors(observations, profile) if observations else np.array([])
-    out = {"all": _mdape(errors)}
+    out = {"all": mdape(errors)}
     for metric in sorted({o.metric for o in observations}):
-        out[metric] = _mdape([e for e, o in zip(errors, observations) if o.metric == metric])
+        out[metric] = mdape([e for e, o in zip(errors, observations) if o.metric == metric])
     return out
 
 
@@ -369,8 +379,6 @@ def calibrate_engine(
     (install.llamacpp if engine == "llamacpp" else install.vllm)()  # EngineMissing before any work
     from tqdm.auto import tqdm
 
-    from autocompress_opt.serving.calibration import measure_cpu_figures
-
     # The host CPU's peaks are measured now and kept with the profile (its efficiencies are fractions of
     # them); a GPU keeps its datasheet figures.
     reference = measure_cpu_figures() if hardware == "cpu" else {}
@@ -381,13 +389,10 @@ def calibrate_engine(
     loaded = load_model(model, cache=False)
     parent, tokenizer = loaded.architecture, loaded.tokenizer
     del loaded
-    rules_engine = "vllm" if engine == "vllm" else "llamacpp"
-    archs = engine_architectures(parent, rules_engine, n_models, seed=seed)
-    cost_engine = get_engine(engine)
+    archs = engine_architectures(parent, engine, n_models, seed=seed)  # the engine's own loading rules
     prepare, timer = _ENGINES[engine]
 
     rows: list[dict[str, Any]] = []
-    best: list[list[Measurement]] = []
     with tempfile.TemporaryDirectory(prefix=f"calibrate-{engine}-") as tmp_name:
         tmp = Path(tmp_name)
         prepared: list[Path] = []
@@ -408,58 +413,41 @@ def calibrate_engine(
                 }
             )
         bar.close()
-        # Every pass times every model, alternating forward and reverse order, so that a slow spell of
-        # the machine falls on different models each pass; each number keeps its fastest pass.
-        forward = list(range(len(archs)))
-        steps = [(p, i) for p in range(passes) for i in (forward if p % 2 == 0 else forward[::-1])]
+        # every number keeps its fastest pass (module doc)
+        steps = interleaved_passes(len(archs), passes)
         bar = tqdm(steps, desc=f"timing {engine} on {hw.name}", disable=not progress, unit="run")
-        for p, i in bar:
+        for _, i in bar:
             t0 = time.perf_counter()
-            measurements, details = timer(prepared[i], archs[i], settings)
-            if p == 0:
-                best.append(measurements)
-            else:
-                best[i] = [_best(a, b) for a, b in zip(best[i], measurements)]
-            rows[i]["passes"].append(
-                {
-                    "measured": {_metric_key(m.scenario, m.metric): round(m.value, 4) for m in measurements},
-                    "seconds": round(time.perf_counter() - t0, 1),
-                    **details,
-                }
-            )
-            bar.set_postfix_str(", ".join(f"{k} {v:.4g}" for k, v in rows[i]["passes"][-1]["measured"].items()))
+            run = timer(prepared[i], archs[i], settings)
+            measured = _measured(_MEASUREMENTS[engine](run, settings))
+            rows[i]["passes"].append({"measured": measured, "seconds": round(time.perf_counter() - t0, 1), **run})
+            bar.set_postfix_str(", ".join(f"{k} {v:.4g}" for k, v in measured.items()))
         bar.close()
-    observations = [
-        [Observation(arch, hw, cost_engine, m.scenario, m.metric, m.value, label=arch.name) for m in ms]
-        for arch, ms in zip(archs, best)
-    ]
-    for row, ms in zip(rows, best):
-        row["measured"] = {_metric_key(m.scenario, m.metric): round(m.value, 4) for m in ms}
-
-    return _fit_and_save(
-        engine, model, hw, catalog_hw, reference, archs, observations, rows, settings, heldout_fraction, seed, out
-    )
+    return _fit_and_save(engine, {**settings, "model": model}, catalog_hw, reference, archs, rows, out)
 
 
 def _fit_and_save(
     engine: str,
-    model: str,
-    hw: Hardware,
+    settings: dict[str, Any],
     catalog_hw: Hardware,
     reference: dict[str, Any],
     archs: list[Architecture],
-    observations: list[list[Observation]],
     rows: list[dict[str, Any]],
-    settings: dict[str, Any],
-    heldout_fraction: float,
-    seed: int,
     out: Path | None,
 ) -> EngineCalibration:
-    """Split the models (seeded), fit the profile to the fitting part, predict every model, save."""
-    n_models = len(archs)
-    order = np.random.default_rng(seed).permutation(len(archs))
-    k = max(1, round(len(archs) * heldout_fraction))
-    heldout, train = sorted(order[:k].tolist()), sorted(order[k:].tolist())
+    """Each model's fastest numbers over its passes (``rows[i]["passes"]``), the seeded split, the fit
+    to the fitting part on the measured host figures ``reference``, every model predicted, the profile
+    saved."""
+    hw, cost_engine = catalog_hw.with_figures(reference), get_engine(engine)
+    observations: list[list[Observation]] = []
+    for arch, row in zip(archs, rows):
+        best = _fastest(engine, row["passes"], settings)
+        observations.append(
+            [Observation(arch, hw, cost_engine, m.scenario, m.metric, m.value, label=arch.name) for m in best]
+        )
+        row["measured"] = _measured(best)
+    model = settings["model"]
+    train, heldout = heldout_split(len(archs), settings["heldout_fraction"], settings["seed"])
     train_obs = [o for i in train for o in observations[i]]
     held_obs = [o for i in heldout for o in observations[i]]
     before = get_profile(engine, hw.name)  # what `autocompress cost` used until now, on the catalog's figures
@@ -477,14 +465,14 @@ def _fit_and_save(
             _metric_key(o.scenario, o.metric): round(float(p), 4)
             for o, (p, _) in zip(observations[i], predict(observations[i], profile))
         }
+    recorded = {**settings, "concurrencies": list(settings["concurrencies"])}
     profile = replace(
         profile,
         fit={
             "method": f"log-space least squares (L-BFGS) on real {engine} timings of pruned {model} models",
             "date": f"{datetime.now(timezone.utc):%Y-%m-%d}",
             "free": list(FIT_FREE),
-            "settings": {k: v for k, v in settings.items() if k != "concurrencies"}
-            | {"concurrencies": list(settings["concurrencies"]), "model": model, "n_models": n_models},
+            "settings": recorded,
             "train_mdape": errors["train"],
             "heldout_mdape": errors["heldout"],
             "heldout": [
@@ -515,7 +503,7 @@ def _fit_and_save(
         heldout_mdape=errors["heldout"],
         train_mdape=errors["train"],
         before_mdape=errors["before"],
-        settings={**settings, "concurrencies": list(settings["concurrencies"]), "model": model, "reference": reference},
+        settings={**recorded, "reference": reference},
         rows=rows,
     )
 
@@ -531,50 +519,18 @@ def refit_engine(results: Mapping[str, Any], *, out: Path | None = None) -> Engi
     engine, settings, rows = results["engine"], dict(results["settings"]), list(results["rows"])
     if engine not in CALIBRATED_ENGINES:
         raise ConfigError(f"unknown engine {engine!r} in the results; one of {', '.join(CALIBRATED_ENGINES)}")
-    model, reference = settings["model"], dict(settings.get("reference") or {})
+    reference = dict(settings.get("reference") or {})
     catalog_hw = get_hardware(results["hardware"]["name"])
-    hw = catalog_hw.with_figures(reference)
-    parent = load_model(model, cache=False).architecture
-    archs = engine_architectures(parent, "vllm" if engine == "vllm" else "llamacpp", len(rows), seed=settings["seed"])
+    parent = load_model(settings["model"], cache=False).architecture
+    archs = engine_architectures(parent, engine, len(rows), seed=settings["seed"])
     for arch, row in zip(archs, rows):
         if arch.summary() != row["summary"]:
             raise ConfigError(
                 f"model {row['model']} was {row['summary']!r} when timed but is drawn as {arch.summary()!r} at this "
                 "code: the timings belong to other models; time them again (calibrate_engine)"
             )
-    observations: list[list[Observation]] = []
-    for arch, row in zip(archs, rows):
-        if engine == "llamacpp":
-            fastest = [max(p["llama_bench"][k] for p in row["passes"]) for k in ("pp", "tg")]
-            measurements = _llamacpp_measurements(fastest[0], fastest[1], settings)
-        else:
-            timings = {
-                int(c): {k: min(float(p["timings"][c][k]) for p in row["passes"]) for k in ("ttft_ms", "tpot_ms")}
-                for c in row["passes"][0]["timings"]
-            }
-            measurements = _vllm_measurements(timings, settings)
-        observations.append(
-            [
-                Observation(arch, hw, get_engine(engine), m.scenario, m.metric, m.value, label=arch.name)
-                for m in measurements
-            ]
-        )
-        row["measured"] = {_metric_key(m.scenario, m.metric): round(m.value, 4) for m in measurements}
     settings["concurrencies"] = tuple(settings["concurrencies"])
-    return _fit_and_save(
-        engine,
-        model,
-        hw,
-        catalog_hw,
-        reference,
-        archs,
-        observations,
-        rows,
-        settings,
-        settings["heldout_fraction"],
-        settings["seed"],
-        out,
-    )
+    return _fit_and_save(engine, settings, catalog_hw, reference, archs, rows, out)
 
 
 def _check_settings(engine: str, **s: Any) -> dict[str, Any]:

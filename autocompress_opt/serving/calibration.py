@@ -27,11 +27,11 @@ import numpy as np
 
 from autocompress_opt.serving.costmodel import Scenario
 from autocompress_opt.serving.engines import get_engine
-from autocompress_opt.serving.fitting import Observation, fit_profile, relative_errors
+from autocompress_opt.serving.fitting import Observation, fit_profile, heldout_split, mdape, relative_errors
 from autocompress_opt.serving.hardware import Hardware, get_hardware
 from autocompress_opt.serving.profiles import PRIORS, CostProfile, clear_cache, save_profile, user_profile_dir
 
-__all__ = ["CalibrationResult", "calibrate", "measure_cpu_figures", "measure_device"]
+__all__ = ["CalibrationResult", "calibrate", "interleaved_passes", "measure_cpu_figures", "measure_device"]
 
 ENGINE = "torch-eager"
 DECODE_STEPS = 8
@@ -119,35 +119,30 @@ def _sweep(archs: list[Any], passes: int, progress: bool, desc: str, **kwargs: A
 
     best: list[Any] = [None] * len(archs)
     bar = tqdm(total=passes * len(archs), desc=desc, disable=not progress)
-    for p in range(passes):
-        order = range(len(archs)) if p % 2 == 0 else reversed(range(len(archs)))
-        for i in order:
-            t = measure(
-                archs[i],
-                decode_steps=DECODE_STEPS,
-                seed=kwargs["seed"] + i,
-                **{k: v for k, v in kwargs.items() if k != "seed"},
+    for _, i in interleaved_passes(len(archs), passes):
+        t = measure(
+            archs[i],
+            decode_steps=DECODE_STEPS,
+            seed=kwargs["seed"] + i,
+            **{k: v for k, v in kwargs.items() if k != "seed"},
+        )
+        if best[i] is not None:
+            t = replace(
+                t,
+                prefill_ms=min(t.prefill_ms, best[i].prefill_ms),
+                decode_ms_per_token=min(t.decode_ms_per_token, best[i].decode_ms_per_token),
             )
-            if best[i] is not None:
-                t = replace(
-                    t,
-                    prefill_ms=min(t.prefill_ms, best[i].prefill_ms),
-                    decode_ms_per_token=min(t.decode_ms_per_token, best[i].decode_ms_per_token),
-                )
-            best[i] = t
-            bar.update()
+        best[i] = t
+        bar.update()
     bar.close()
     return best
 
 
-def _split(n: int, heldout_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    order = np.random.default_rng(seed).permutation(n)
-    k = max(1, round(n * heldout_fraction))
-    return sorted(order[k:].tolist()), sorted(order[:k].tolist())
-
-
-def _mdape(errors: np.ndarray) -> float:
-    return float(np.median(np.abs(errors))) if len(errors) else float("nan")
+def interleaved_passes(n: int, passes: int) -> list[tuple[int, int]]:
+    """(pass, index) of ``passes`` timing passes over ``n`` models, forward then reverse order in
+    turn, so that a slow spell of a shared machine falls on different models in each pass."""
+    forward = list(range(n))
+    return [(p, i) for p in range(passes) for i in (forward if p % 2 == 0 else forward[::-1])]
 
 
 def calibrate(
@@ -226,7 +221,7 @@ def calibrate(
             }
         )
 
-    train, heldout = _split(len(archs), heldout_fraction, seed)
+    train, heldout = heldout_split(len(archs), heldout_fraction, seed)
     train_obs = [prefill_obs[i] for i in train] + [decode_obs[i] for i in train]
     profile = fit_profile(
         train_obs,
@@ -236,8 +231,8 @@ def calibrate(
     )
     errs = {
         split: {
-            "prefill": _mdape(relative_errors([prefill_obs[i] for i in idx], profile)),
-            "decode": _mdape(relative_errors([decode_obs[i] for i in idx], profile)),
+            "prefill": mdape(relative_errors([prefill_obs[i] for i in idx], profile)),
+            "decode": mdape(relative_errors([decode_obs[i] for i in idx], profile)),
         }
         for split, idx in (("train", train), ("heldout", heldout))
     }

@@ -24,7 +24,16 @@ from autocompress_opt.serving.engines import Engine
 from autocompress_opt.serving.hardware import Hardware
 from autocompress_opt.serving.profiles import FITTED_PARAMETERS, CostProfile
 
-__all__ = ["DERIVED_METRICS", "Observation", "fit_profile", "metric_with_bound", "predict"]
+__all__ = [
+    "DERIVED_METRICS",
+    "Observation",
+    "fit_profile",
+    "heldout_split",
+    "mdape",
+    "metric_with_bound",
+    "predict",
+    "relative_errors",
+]
 
 # Metrics an observation may carry: the cost model's own plus ones derived from them, each with the
 # key of its physical bound in ``estimate_batch(..., bounds=True)`` (a floor for a latency, a ceiling
@@ -160,3 +169,16 @@ def relative_errors(observations: Sequence[Observation], profile: CostProfile | 
     """Signed relative error (pred / measured - 1) per observation."""
     preds = predict(observations, profile)
     return np.array([float(p) / obs.value - 1 for (p, _), obs in zip(preds, observations)])
+
+
+def heldout_split(n: int, heldout_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(fitting, held-out) indices of ``n`` calibration models: a seeded ``heldout_fraction`` (at least
+    one) held out, each part in index order."""
+    order = np.random.default_rng(seed).permutation(n)
+    k = max(1, round(n * heldout_fraction))
+    return sorted(order[k:].tolist()), sorted(order[:k].tolist())
+
+
+def mdape(errors: Sequence[float] | np.ndarray) -> float:
+    """Median absolute (relative) error; nan for none."""
+    return float(np.median(np.abs(errors))) if len(errors) else float("nan")

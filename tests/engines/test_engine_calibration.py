@@ -12,7 +12,7 @@ import pytest
 
 from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.engines import calibration as cal
-from autocompress_opt.engines.calibration import Measurement, calibrate_engine, engine_architectures, refit_engine
+from autocompress_opt.engines.calibration import calibrate_engine, engine_architectures, refit_engine
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.engine_rules import loadable_problems
 from autocompress_opt.serving.costmodel import Scenario
@@ -111,10 +111,10 @@ def test_a_reference_needs_both_figures_and_known_keys() -> None:
 # ------------------------------------------------------------------------------------ the fit
 def _known_engine(truth: CostProfile) -> Any:
     """A timer that reports what the cost model predicts under ``truth`` on :data:`FIGURES` (so the
-    fit's job is known), with llama-bench's two measurements."""
+    fit's job is known), as llama-bench's two numbers in the record a real run leaves."""
     hw = get_hardware("cpu").with_figures(FIGURES)
 
-    def timer(model_dir: Path, arch: Any, settings: dict[str, Any]) -> tuple[list[Measurement], dict]:
+    def timer(model_dir: Path, arch: Any, settings: dict[str, Any]) -> dict[str, Any]:
         assert (model_dir / "config.json").is_file()  # the real export was written
         pp = Scenario(dtype="fp16", input_len=settings["prompt_len"], output_len=1, concurrency=1)
         tg = Scenario(dtype="fp16", input_len=1, output_len=settings["gen_len"], concurrency=1)
@@ -122,7 +122,8 @@ def _known_engine(truth: CostProfile) -> Any:
             Observation(arch, hw, get_engine("llamacpp"), pp, "prefill_throughput_tok_s", 1.0),
             Observation(arch, hw, get_engine("llamacpp"), tg, "decode_throughput_tok_s", 1.0),
         ]
-        return [Measurement(o.scenario, o.metric, float(p)) for o, (p, _) in zip(obs, predict(obs, truth))], {}
+        (pp_tok_s, _), (tg_tok_s, _) = predict(obs, truth)
+        return {"llama_bench": {"pp": float(pp_tok_s), "tg": float(tg_tok_s)}}
 
     return timer
 
@@ -134,13 +135,12 @@ def test_the_fit_recovers_a_known_engine_and_holds_models_out(
     profile saved and found by ``autocompress cost``), with the engine's timings replaced by the cost
     model's own predictions under known parameters: the fit must find them again."""
     from autocompress_opt.engines import install
-    from autocompress_opt.serving import calibration as torch_calibration
 
     truth = replace(PRIORS["llamacpp"], hardware="cpu", mfu=0.31, mbu=0.52, kernel_launch_us=9.0, step_overhead_ms=0.7)
     truth = replace(truth, reference=FIGURES)
     monkeypatch.setitem(cal._ENGINES, "llamacpp", (cal._prepare_vllm, _known_engine(truth)))  # the checkpoint
     monkeypatch.setattr(install, "llamacpp", lambda: None)
-    monkeypatch.setattr(torch_calibration, "measure_cpu_figures", lambda: FIGURES)
+    monkeypatch.setattr(cal, "measure_cpu_figures", lambda: FIGURES)
     monkeypatch.setenv("HOME", str(tmp_path))  # the user profile folder under it
     out = user_profile_dir() / "cpu-llamacpp.yaml"
     assert out.is_relative_to(tmp_path)
