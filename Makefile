@@ -54,7 +54,7 @@ demo-plan: $(STAMP)
 # exports in vLLM and llama.cpp and time them; a built llama.cpp and an installed .venv-vllm are
 # reused, so only the first run pays (about 9 minutes on 2 cores). `make test ENGINES=` skips them.
 test: $(STAMP) data engines lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # Lint, format, the layering contract (pyproject [tool.importlinter]: imports only run downwards, no
 # cycles) and types. `make format` applies ruff's fixes and formatting.

@@ -18,6 +18,9 @@ weights trial measures its result (:func:`evaluate_architecture`: KL to the pare
 better). A fourth, deterministic arm, **greedy** (``--greedy``, added to an existing result), is
 the greedy heuristic alone from the parent: every unit kept, then the least important per unit of
 cost removed until every budget and constraint holds, then filled (``init=parent``, no training).
+Every arm keeps the shapes the target's serving engine loads, as a study does
+(:meth:`StudyConfig.serve_as_for`: the global choices made legal by :func:`legal_point`, the inner
+search under that engine's rules; ``--serve-as any`` runs without engine rules, as before they existed).
 Recorded per (target, point, seed): every candidate's held-out calibration KL (what the selection
 sees), its evaluation KL, feasibility, and which one the selection returned. Summary: mean ± sample
 standard deviation over seeds, and the fraction of runs in which the trained masks won the selection.
@@ -41,6 +44,7 @@ from bench_inner_search import plan_pick
 
 from autocompress_opt.arch.search_space import load_search_space
 from autocompress_opt.search.study import StudyConfig, baseline_seeds
+from autocompress_opt.search.trials import legal_point
 from autocompress_opt.search.weights_trial import TrialConfig, evaluate_architecture, inner_search, parent_context
 from autocompress_opt.serving.targets import Target
 
@@ -58,6 +62,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--points", default="minitron,largest", help="global points per target: minitron, largest")
     p.add_argument("--seeds", default="0,1,2", help="inner-search seeds")
     p.add_argument("--inner", default="", help="inner-search overrides, key=value,... (e.g. steps=80)")
+    p.add_argument(
+        "--serve-as",
+        default="target",
+        choices=("target", "any"),
+        help="engine rules the inner search keeps: each target's serving engine, as a study does, or none",
+    )
     p.add_argument("--name", default="ablation", help="results/<name>.json")
     p.add_argument(
         "--greedy",
@@ -75,17 +85,35 @@ def _overrides(text: str) -> dict[str, Any]:
     return out
 
 
-def points_for(target: Target, context: Any, wanted: list[str]) -> dict[str, dict[str, int]]:
-    """The global choices of each wanted point for ``target``."""
+def study_config(target: Target, serve_as: str) -> StudyConfig:
+    """The one-target weights-mode study whose first global choices and engine rules the ablation takes."""
+    return StudyConfig(
+        name="ablation",
+        model=MODEL,
+        targets=(target,),
+        space=load_search_space(MODEL),
+        trials=1,
+        mode="weights",
+        serve_as=None if serve_as == "target" else serve_as,
+    )
+
+
+def engine_for(target: Target, serve_as: str) -> str:
+    """The engine whose loadable shapes the arms keep (``any``: none)."""
+    return study_config(target, serve_as).serve_as_for(target)
+
+
+def points_for(target: Target, context: Any, wanted: list[str], serve_as: str = "target") -> dict[str, dict[str, int]]:
+    """The global choices of each wanted point for ``target``, made legal for its engine as a weights
+    trial makes them (:func:`legal_point`)."""
     from autocompress_opt.prune.baselines import masked_kl_scorer
 
     parent = context.architecture
     order = context.importance.layer_order()
+    config = study_config(target, serve_as)
+    engine = config.serve_as_for(target)
     out: dict[str, dict[str, int]] = {}
     if "minitron" in wanted:
-        config = StudyConfig(
-            name="ablation", model=MODEL, targets=(target,), space=load_search_space(MODEL), trials=1, mode="weights"
-        )
         rows = context.tokens[: TrialConfig().inner.val_samples]
         score = masked_kl_scorer(context.model, context.importance, rows)
         seeds = baseline_seeds(config, target, parent, importance=context.importance, score=score, layer_order=order)
@@ -95,14 +123,17 @@ def points_for(target: Target, context: Any, wanted: list[str]) -> dict[str, dic
             print(f"{target.hardware}: no minitron seed ({seeds.get('minitron')})", flush=True)
     if "largest" in wanted:
         out["largest"] = plan_pick(parent, target, order)
-    return out
+    return {name: legal_point(point, config.space, parent, engine) for name, point in out.items()}
 
 
-def run_one(context: Any, target: Target, params: dict[str, int], seed: int, inner: dict[str, Any]) -> dict[str, Any]:
-    """One inner search at ``params`` with inner seed ``seed``; every candidate measured on held-out rows."""
+def run_one(
+    context: Any, target: Target, params: dict[str, int], seed: int, inner: dict[str, Any], serve_as: str = "any"
+) -> dict[str, Any]:
+    """One inner search at ``params`` with inner seed ``seed`` under the ``serve_as`` engine's rules;
+    every candidate measured on held-out rows."""
     config = TrialConfig.from_dict(inner or None, seed=seed)
     began = time.perf_counter()
-    result = inner_search(context, params, target, config)
+    result = inner_search(context, params, target, config, serve_as=serve_as)
     searched = time.perf_counter() - began
     choice = result.choice()
     row: dict[str, Any] = {"seed": seed, "chosen": choice["chosen"], "search_s": searched, "candidates": {}}
@@ -152,10 +183,12 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def greedy_from_parent(context: Any, target: Target, params: dict[str, int], inner: dict[str, Any]) -> dict[str, Any]:
+def greedy_from_parent(
+    context: Any, target: Target, params: dict[str, int], inner: dict[str, Any], serve_as: str = "any"
+) -> dict[str, Any]:
     """The greedy arm: the parent repaired down to the budgets and constraints and filled, untrained."""
     config = TrialConfig.from_dict({**inner, "init": "parent", "steps": 0})
-    arch = inner_search(context, params, target, config).candidates["start"]
+    arch = inner_search(context, params, target, config, serve_as=serve_as).candidates["start"]
     quality = evaluate_architecture(arch, MODEL, inner=inner or None, cache_dir=CACHE)
     return {"eval_kl": quality["kl_to_parent"], "params": arch.num_params, "summary": arch.summary()}
 
@@ -171,7 +204,8 @@ def add_greedy(args: argparse.Namespace) -> None:
     inner = _overrides(args.inner)
     context, _ = parent_context(MODEL, TrialConfig.from_dict(inner or None), CACHE)
     for row in data["rows"]:
-        greedy = greedy_from_parent(context, Target(row["hardware"], row["workload"]), row["global_choices"], inner)
+        target = Target(row["hardware"], row["workload"])
+        greedy = greedy_from_parent(context, target, row["global_choices"], inner, row.get("serve_as", "any"))
         row["greedy_from_parent"] = greedy
         trained = row["summary"]["trained_eval_kl"]
         print(
@@ -198,10 +232,11 @@ def main(argv: list[str] | None = None) -> None:
     for spec in args.targets.split(","):
         hardware, _, workload = spec.partition(":")
         target = Target(hardware, workload)
-        for point, params in points_for(target, context, wanted).items():
+        engine = engine_for(target, args.serve_as)
+        for point, params in points_for(target, context, wanted, args.serve_as).items():
             runs = []
             for seed in seeds:
-                run = run_one(context, target, params, seed, inner)
+                run = run_one(context, target, params, seed, inner, engine)
                 runs.append(run)
                 kls = "  ".join(
                     f"{n} {run['candidates'][n]['eval_kl']:.3f}"
@@ -215,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
                     "hardware": hardware,
                     "workload": workload,
                     "point": point,
+                    "serve_as": engine,
                     "global_choices": params,
                     "runs": runs,
                     "summary": summarise(runs),

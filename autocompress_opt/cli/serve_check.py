@@ -37,6 +37,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--top-k", type=int, default=20, help="engine tokens compared per position (default 20)")
     p.add_argument("--decilm-out", type=Path, default=None, help="also keep the DeciLM form served (a directory)")
     p.add_argument("--keep-gguf", type=Path, default=None, help="llama.cpp: keep the GGUF served (a file)")
+    p.add_argument(
+        "--vllm-eager",
+        action="store_true",
+        help="vLLM: run with enforce_eager (no compilation; faster to load, not vLLM's default)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run)
 
@@ -53,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         decilm_out=args.decilm_out,
         keep_gguf=args.keep_gguf,
+        vllm_eager=args.vllm_eager,
     )
     if args.json:
         print_json(result.to_dict())

@@ -4,7 +4,8 @@
 (``trust_remote_code``, so a DeciLM checkpoint's ``configuration_decilm.py`` is used), runs the
 token sequences as prompts with ``prompt_logprobs`` and one greedy step, and writes for every
 sequence and position the top-``k`` next-token log-probabilities (``{token id: log p}``): position
-``t`` is the distribution of the token after ``ids[: t + 1]``.
+``t`` is the distribution of the token after ``ids[: t + 1]``. ``request["enforce_eager"]`` skips
+vLLM's compilation (vLLM's own default is to compile).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main() -> None:
         max_model_len=max(len(s) for s in sequences) + 1,
         max_logprobs=k,
         seed=0,
+        enforce_eager=bool(request.get("enforce_eager", False)),
     )
     load_s = time.perf_counter() - start
     params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=k, prompt_logprobs=k, detokenize=False)

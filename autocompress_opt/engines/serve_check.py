@@ -178,12 +178,14 @@ def serve_check(
     top_k: int = 20,
     decilm_out: str | Path | None = None,
     keep_gguf: str | Path | None = None,
+    vllm_eager: bool = False,
 ) -> ServeCheck:
     """Run the export ``model_dir`` in ``engine`` (``"vllm"`` or ``"llamacpp"``) and compare it with
     transformers on :func:`check_sequences` (see the module docstring).
 
     llama.cpp runs the GGUF of type ``gguf`` (:data:`GGUF_TYPES`: the converter's own, or quantised
-    from f32 with ``llama-quantize``); ``keep_gguf`` keeps it there. vLLM runs float32.
+    from f32 with ``llama-quantize``); ``keep_gguf`` keeps it there. vLLM runs float32, compiled as
+    vLLM does by default, or with ``enforce_eager`` when ``vllm_eager`` (a faster load, no compilation).
     Raises :class:`~autocompress_opt.engines.install.EngineMissing` when the engine is not installed,
     :class:`ConfigError` for an export no engine can read.
     """
@@ -213,7 +215,7 @@ def serve_check(
         if engine == "vllm":
             from autocompress_opt.engines.vllm import vllm_logprobs
 
-            rows, info = vllm_logprobs(served, sequences, top_k=top_k)
+            rows, info = vllm_logprobs(served, sequences, top_k=top_k, enforce_eager=vllm_eager)
             details.update(info)
             fmt = "hf-float32"
         else:

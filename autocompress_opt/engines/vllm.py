@@ -25,11 +25,14 @@ def vllm_logprobs(
     *,
     top_k: int = 20,
     dtype: str = "float32",
+    enforce_eager: bool = False,
     engine: Vllm | None = None,
     timeout_s: float = 1800,
 ) -> tuple[list[list[dict[int, float]]], dict[str, Any]]:
     """Per sequence and position, vLLM's top-``top_k`` next-token log-probabilities ``{id: log p}``,
-    and details (``vllm`` version, ``load_s``). Raises :class:`EngineMissing` / :class:`EngineError`."""
+    and details (``vllm`` version, ``load_s``, ``enforce_eager``). ``enforce_eager`` runs vLLM
+    without compiling (a faster load; vLLM's default compiles). Raises :class:`EngineMissing` /
+    :class:`EngineError`."""
     engine = engine or vllm()
     model_dir = Path(model_dir).resolve()
     has_tokenizer = any((model_dir / name).is_file() for name in ("tokenizer.json", "tokenizer.model"))
@@ -39,10 +42,11 @@ def vllm_logprobs(
         "sequences": [list(map(int, s)) for s in sequences],
         "top_k": top_k,
         "dtype": dtype,
+        "enforce_eager": bool(enforce_eager),
     }
     data = _run_worker("_vllm_worker.py", request, engine, timeout_s, what=f"vLLM failed on {model_dir}")
     rows = [[{int(tok): float(lp) for tok, lp in pos.items()} for pos in seq] for seq in data.pop("logprobs")]
-    return rows, data
+    return rows, {**data, "enforce_eager": bool(enforce_eager)}
 
 
 def vllm_timings(
