@@ -34,7 +34,8 @@ reusing a stale result. The summary ``results/head_to_head.json`` (``head_to_hea
 carries the git commit, package versions and seeds; ``results/head_to_head.png`` plots it. It is
 written after every target, and targets of an earlier run with the same budgets are kept.
 
-Run: ``.venv/bin/python benchmarks/bench_head_to_head.py`` (``--help`` for the budgets).
+Run: ``.venv/bin/python benchmarks/bench_head_to_head.py`` (``--help`` for the budgets);
+``--tables`` prints the README's tables from the summary JSON (no run).
 """
 
 from __future__ import annotations
@@ -98,6 +99,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-study", action="store_true", help="use the study storage as it is (no study run)")
     p.add_argument(
         "--keep-models", action="store_true", help="keep the recovered weights (default: deleted once scored)"
+    )
+    p.add_argument(
+        "--tables",
+        action="store_true",
+        help="print the README's markdown tables from the summary JSON of --model (runs nothing)",
     )
     args = p.parse_args(argv)
     args.seeds = [int(s) for s in args.recovery_seeds.split(",")]
@@ -402,6 +408,12 @@ def plot(rows: list[dict[str, Any]], parent_accuracy: float, path: Path, model: 
 # ------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.tables:
+        path = Path(__file__).parent / "results" / f"{result_name(args.model)}.json"
+        if not path.is_file():
+            raise SystemExit(f"no summary at {path}: run the benchmark for --model {args.model} first")
+        print(tables(json.loads(path.read_text(encoding="utf-8"))))
+        return
     began = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
     args.started_code = provenance()["code"]  # the code this run imports (modules load once)
@@ -545,6 +557,64 @@ def summarise(
             "seconds": seconds,
         },
     )
+
+
+# ---------------------------------------------------------------------------------- tables
+def _pts(value: float) -> str:
+    return f"{value:+.1f}"
+
+
+def _arm_line(name: str, arm: dict[str, Any], diff: dict[str, Any] | None) -> str:
+    """One markdown row: architecture, KL before -> after, perplexity after, accuracy, difference."""
+    label = name + (f" (same model as {', '.join(arm['same_model_as'])})" if arm["same_model_as"] else "")
+    shape = arm["summary"].split(": ", 1)[-1]
+    after, ppl, acc = arm["kl_after"], arm["ppl_after"], arm["average_accuracy"]
+    kl = f"{arm['kl_before']:.2f} → {after['mean']:.2f}" + (f" ± {after['sd']:.2f}" if len(after["values"]) > 1 else "")
+    accuracy = f"{100 * acc['mean']:.1f}" + (f" ± {100 * acc['sd']:.1f}" if len(acc["values"]) > 1 else "") + " %"
+    if diff is None:
+        versus = "—"
+    else:
+        lo, hi = diff["ci95"]
+        claim = f"{_pts(diff['mean'])} pts"
+        versus = f"{f'**{claim}**' if lo > 0 or hi < 0 else claim} [{_pts(lo)}, {_pts(hi)}]"
+    perplexity = f"{ppl['ppl_code']['mean']:.1f} / {ppl['ppl_prose']['mean']:.1f}"
+    return f"| {label} | {shape} | {kl} | {perplexity} | {accuracy} | {versus} |"
+
+
+def tables(summary: dict[str, Any]) -> str:
+    """The README's head-to-head tables, one per target, from a summary JSON (:func:`summarise`)."""
+    seeds = len(summary["seeds"]["recovery"])
+    trials = summary["budgets"]["trials"]
+    out = [
+        f"Code {summary['code']['commit'][:7]}{' (dirty)' if summary['code']['dirty'] else ''}, "
+        f"{summary['parent']['summary'].split(':')[0]}; parent average accuracy "
+        f"{100 * summary['parent']['average_accuracy']:.1f} %; recovery seeds "
+        f"{', '.join(map(str, summary['seeds']['recovery']))}; "
+        + ("complete." if summary["complete"] else "INCOMPLETE (later targets still to run).")
+    ]
+    for row in summary["targets"]:
+        study = row["study"]
+        point = f"{study['baseline']} point" if study.get("baseline") else "sampled point"
+        chosen = (study.get("selection") or {}).get("chosen", "?")
+        no_worse = "yes" if row["searched_no_worse_before_recovery"] else "NO"
+        out += [
+            "",
+            f"**{row['hardware']} {row['workload']}** ({', '.join(row['constraints'])}); study best: trial "
+            f"{study['trial']} ({point}, inner search returned `{chosen}`), {study['n_complete']} complete of "
+            f"{trials}; searched no worse before recovery: {no_worse}",
+            "",
+            "| arm | architecture | KL before → after recovery | perplexity after (code / prose) | "
+            f"avg accuracy ({seeds} seed{'s' if seeds > 1 else ''}) | searched − arm, 95 % CI |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name in ARMS:
+            if name in row["arms"]:
+                diff = None if name == "searched" else row["differences_points"].get(name)
+                out.append(_arm_line(name, row["arms"][name], diff))
+            else:
+                finding = row["baseline_findings"].get(name, {}).get("finding", "not run")
+                out.append(f"| {name} | {finding} | — | — | — | — |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
