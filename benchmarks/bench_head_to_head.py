@@ -184,7 +184,11 @@ def export_arm(args: argparse.Namespace, context: Any, arch: Architecture, where
     from autocompress_opt.prune.slicing import materialize
     from autocompress_opt.search.weights_trial import evaluate_architecture
 
-    key = _key("export", code_hash("arch", "hf", "prune", "quality", "search"), arch.to_dict())
+    # keyed by the model, not its name: a searched model equal to a baseline's is recovered once (the
+    # baselines' own default name, so caches written before names were ignored stay valid)
+    parent = context.architecture
+    same_model = {**arch.to_dict(), "name": f"{parent.name or parent.family}-pruned"}
+    key = _key("export", code_hash("arch", "hf", "prune", "quality", "search"), same_model)
     stage = where / "export.json"
     done = _cached(stage, key)
     if done and (where / "export" / "config.json").is_file():
