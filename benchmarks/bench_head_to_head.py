@@ -447,6 +447,7 @@ def main(argv: list[str] | None = None) -> None:
             if result.choice is not None:
                 archs[name] = result.choice.architecture
         row: dict[str, Any] = {
+            "code": args.started_code,  # a resumed run may add targets at a later commit
             "hardware": target.hardware,
             "workload": target.workload,
             "constraints": [str(c) for c in target.resolved_workload().constraints],
@@ -614,7 +615,10 @@ def tables(summary: dict[str, Any]) -> str:
         for name in ARMS:
             if name in row["arms"]:
                 diff = None if name == "searched" else row["differences_points"].get(name)
-                out.append(_arm_line(name, row["arms"][name], diff))
+                line = _arm_line(name, row["arms"][name], diff)
+                if row["baseline_findings"].get(name, {}).get("lifted_from"):
+                    line = line.replace(f"| {name} ", f"| {name} (limits lifted: none feasible within them) ", 1)
+                out.append(line)
             else:
                 finding = row["baseline_findings"].get(name, {}).get("finding", "not run")
                 out.append(f"| {name} | {finding} | — | — | — | — |")
