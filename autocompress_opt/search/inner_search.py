@@ -107,7 +107,15 @@ class InnerConfig:
         margin: hardware constraints are pushed to ``v <= -margin`` during training.
         init_log_alpha: |log α| of the initial gates.
         init: ``"budget"`` starts from the trial's uniform allocation, ``"parent"`` from the parent.
-        ffn_unit: FFN granularity in channels (None: 64 or the largest power of two the parent allows).
+        ffn_unit: FFN granularity in channels (None: 64 or the largest power of two the parent
+            allows; with ``engine_relaxation`` under an engine's rules, the engine's FFN multiple).
+        engine_relaxation: under a serving engine's rules (:func:`search`'s ``rules``), train only
+            what those rules let vary, in their units: the FFN keep-fractions in steps of the
+            engine's FFN multiple (256 for the DeciLM readers) when ``ffn_unit`` is None and the
+            multiple divides every parent FFN width, and, where the rules fix the query heads of
+            every attention layer, no head or KV-group masks (they stay at the start point's legal
+            heads). False: the masks train over every shape and are snapped to the rules only when
+            discretised (what the search did before; the ablation's ``engine_relaxation=false``).
         straight_through: penalise the cost of the rounded masks (gradients of the relaxation).
         fill: after repair, add back units while every constraint still holds.
         seed: batch sampling and gate noise.
@@ -140,6 +148,7 @@ class InnerConfig:
     init_log_alpha: float = 3.0
     init: str = "budget"
     ffn_unit: int | None = None
+    engine_relaxation: bool = True
     straight_through: bool = True
     fill: bool = True
     seed: int = 0
@@ -166,7 +175,7 @@ class InnerConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"InnerConfig.{name} must be a number >= 0, got {value!r}")
-        for name in ("straight_through", "fill", "checkpoint_activations"):
+        for name in ("straight_through", "fill", "checkpoint_activations", "engine_relaxation"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"InnerConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.val_samples >= self.n_samples:
@@ -344,7 +353,7 @@ def search(
         hidden_size=budget.hidden_size,
         init=init if config.init == "budget" else None,
         init_log_alpha=config.init_log_alpha,
-        ffn_unit=config.ffn_unit,
+        ffn_unit=_ffn_unit(config, rules, parent),
     )
     start = discretise(masks, importance, budget, goal, fill=config.fill, rules=rules)
     if start.feasible:
@@ -369,6 +378,7 @@ def search(
             adapter,
             on_step=on_step,
             meter=meter,
+            train_heads=not (config.engine_relaxation and rules is not None and rules.query_heads is not None),
         )
         if config.steps
         else []
@@ -416,6 +426,17 @@ def search(
         masks,
         {name: cand.architecture for name, cand in candidates.items()},
     )
+
+
+def _ffn_unit(config: InnerConfig, rules: ShapeRules | None, parent: Architecture) -> int | None:
+    """The relaxation's FFN unit: ``config.ffn_unit``; else, with ``engine_relaxation`` under
+    heterogeneous rules, the engine's FFN multiple when it divides every parent FFN width; else
+    None (the relaxation's default, :func:`~autocompress_opt.search.relaxation.ffn_unit_for`)."""
+    if config.ffn_unit is not None or not config.engine_relaxation or rules is None or not rules.heterogeneous:
+        return config.ffn_unit
+    multiple = rules.ffn_multiple
+    widths = [layer.ffn_width for layer in parent.layers if layer.ffn]
+    return multiple if multiple > 1 and widths and not any(w % multiple for w in widths) else None
 
 
 def _as_candidate(arch: Architecture, budget: Budget, goal: CostGoal | None) -> Discrete:
@@ -498,8 +519,11 @@ def _train(
     *,
     on_step: StepListener | None = None,
     meter: _Meter | None = None,
+    train_heads: bool = True,
 ) -> list[dict[str, float]]:
     """Adam on the mask parameters with dual ascent on the multipliers; returns the per-step history.
+    ``train_heads=False`` leaves the KV-group and query-head keep-fractions where they are (rules
+    that fix every layer's query heads: :attr:`InnerConfig.engine_relaxation`).
     ``on_step`` after every step; every ``config.measure_every`` steps with what ``meter`` measures
     (:func:`search`). With ``config.checkpoint_activations`` every decoder layer is checkpointed
     for the training steps (:meth:`ParentMasks.checkpoint_layers`; the layers are restored after)."""
@@ -507,9 +531,10 @@ def _train(
         raise ConfigError(f"teacher log-probs {tuple(teacher.shape)} do not fit tokens {tuple(tokens.shape)}")
     was_training = model.training
     model.eval()
+    widths = [masks.kv_keep, masks.q_keep, masks.ffn_keep] if train_heads else [masks.ffn_keep]
     optimizer = torch.optim.Adam(
         [
-            {"params": [masks.kv_keep, masks.q_keep, masks.ffn_keep], "lr": config.lr},
+            {"params": widths, "lr": config.lr},
             {"params": [masks.attn_log_alpha, masks.ffn_log_alpha], "lr": config.gate_lr},
         ]
     )

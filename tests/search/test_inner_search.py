@@ -18,10 +18,11 @@ from tiny_families import tokens
 
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
+from autocompress_opt.prune.engine_rules import ShapeRules
 from autocompress_opt.prune.slicing import materialize
 from autocompress_opt.search import inner_search
 from autocompress_opt.search.budget import Budget, CostGoal, cost_arrays, expected_of
-from autocompress_opt.search.discretise import discretise
+from autocompress_opt.search.discretise import discretise, shape_problems
 from autocompress_opt.search.inner_search import CANDIDATES, InnerConfig, objective
 from autocompress_opt.search.relaxation import ParentMasks
 from autocompress_opt.search.teacher import teacher_log_probs
@@ -365,3 +366,49 @@ def test_teacher_log_probs_are_cached_in_process_and_on_disk(parent: Parent, tmp
     assert again is not first and torch.equal(again, first)
     expected = torch.log_softmax(logits(parent.model, ids), dim=-1)
     torch.testing.assert_close(first.float(), expected, atol=2e-2, rtol=1e-3)  # stored as float16
+
+
+# ----------------------------------------------------------------------------- engine relaxation
+def engine_search(parent: Parent, rules: ShapeRules, budget: Budget, **config: Any) -> Any:
+    cfg = InnerConfig(**{**FAST.to_dict(), **config})
+    return inner_search.search(
+        parent.model, parent.arch, parent.importance, parent.tokens, parent.teacher,
+        budget=budget, goal=None, config=cfg, init=parent.uniform(budget), rules=rules,
+    )  # fmt: skip
+
+
+def keep_fractions(masks: ParentMasks) -> tuple[torch.Tensor, torch.Tensor]:
+    return masks.kv_keep.detach().clone(), masks.q_keep.detach().clone()
+
+
+def test_under_rules_that_fix_the_query_heads_the_head_masks_stay_at_the_legal_start(parent: Parent) -> None:
+    """Rules keeping 3 query heads in every attention layer: the engine relaxation trains no head
+    masks (they stay where the legal start point put them, so the trained point is one the rules
+    already allow); without it they move and are snapped back only when discretised."""
+    rules = ShapeRules("vllm", ffn_multiple=16, query_heads=3)
+    budget = Budget(num_layers=2, hidden_size=40, ffn_width=32, num_kv_heads=1, q_per_kv=3)
+    start_of = lambda r: ParentMasks(parent.arch, parent.importance, hidden_size=40, init=r.candidates["start"])
+    legal = engine_search(parent, rules, budget)
+    assert torch.equal(torch.stack(keep_fractions(legal.learned)), torch.stack(keep_fractions(start_of(legal))))
+    assert all((d.kv_groups, d.q_per_group) == (1, 3) for d in legal.learned.discrete() if d.attention)
+    assert legal.learned.ffn_keep.detach().ne(start_of(legal).ffn_keep.detach()).any()  # the FFN still trains
+    free = engine_search(parent, rules, budget, engine_relaxation=False)
+    assert not torch.equal(torch.stack(keep_fractions(free.learned)), torch.stack(keep_fractions(start_of(free))))
+    for result in (legal, free):
+        assert shape_problems(result.architecture, rules) == [] and result.feasible
+
+
+@pytest.mark.parametrize(("multiple", "unit"), [(48, 48), (32, 16)])
+def test_the_engine_relaxation_trains_the_ffn_in_the_engines_multiple_where_it_divides_the_parent(
+    parent: Parent, multiple: int, unit: int
+) -> None:
+    """FFN 48 per layer: an engine multiple of 48 becomes the relaxation's unit; 32 does not divide
+    48, so the default unit (16) stays and discretisation moves in steps of two; ``ffn_unit`` set
+    explicitly, or the relaxation off, keep their unit."""
+    rules = ShapeRules("vllm", ffn_multiple=multiple, query_heads=None)
+    budget = Budget(num_layers=3, hidden_size=40, ffn_width=48, num_kv_heads=2, q_per_kv=3)
+    result = engine_search(parent, rules, budget)
+    assert result.learned.ffn_unit == unit
+    assert all(s.ffn_width % multiple == 0 for s in result.candidates["trained"].layers if s.ffn)
+    assert engine_search(parent, rules, budget, engine_relaxation=False).learned.ffn_unit == 16
+    assert engine_search(parent, rules, budget, ffn_unit=8).learned.ffn_unit == 8
