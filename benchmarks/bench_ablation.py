@@ -32,11 +32,14 @@ Writes ``results/ablation.json`` (with the git commit and seeds). Run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import provenance, write
@@ -78,10 +81,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _overrides(text: str) -> dict[str, Any]:
+    """``key=value,...`` with YAML scalars (``steps=80``, ``lr=0.02``, ``engine_relaxation=false``,
+    ``ffn_unit=null``); the keys and values are checked by :class:`InnerConfig`."""
     out: dict[str, Any] = {}
     for item in filter(None, text.split(",")):
-        key, _, value = item.partition("=")
-        out[key.strip()] = float(value) if "." in value or "e" in value else int(value)
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--inner: {item!r} is not key=value (e.g. steps=80,engine_relaxation=false)")
+        parsed = yaml.safe_load(value)
+        if isinstance(parsed, str):  # YAML 1.1 reads 1e-2 as a string
+            with contextlib.suppress(ValueError):
+                parsed = float(parsed)
+        out[key.strip()] = parsed
     return out
 
 

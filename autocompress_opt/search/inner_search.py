@@ -25,6 +25,10 @@ Around the training (:func:`search`):
 
 1. **Start point** — the trial's uniform allocation (or the parent) is rounded, repaired and
    filled (below) into a feasible heterogeneous point, and the masks start there.
+   Under a serving engine's rules (``rules``) the relaxation has the engine's shape
+   (``InnerConfig.engine_relaxation``): FFN units of the engine's multiple, and no head masks
+   where the rules fix every layer's query heads, so training never learns a saving the rules
+   would take back at discretisation (measured: ``benchmarks/bench_ablation.py``).
 2. **Train** as above, then **discretise** (:func:`discretise`): round to hardware-friendly sizes
    (whole FFN units, whole KV groups; gates at ½; kept sub-blocks capped by the layer budget by gate
    value), **repair** with the exact cost model (greedily remove the unit with the least
