@@ -569,9 +569,11 @@ def _pts(value: float) -> str:
     return f"{value:+.1f}"
 
 
-def _arm_line(name: str, arm: dict[str, Any], diff: dict[str, Any] | None) -> str:
-    """One markdown row: architecture, KL before -> after, perplexity after, accuracy, difference."""
-    label = name + (f" (same model as {', '.join(arm['same_model_as'])})" if arm["same_model_as"] else "")
+def _arm_line(name: str, arm: dict[str, Any], diff: dict[str, Any] | None, lifted: bool = False) -> str:
+    """One markdown row: architecture, KL before -> after, perplexity after, accuracy, difference;
+    ``lifted``: the baseline's search ran with its limits lifted (none feasible within them)."""
+    label = name + (" (limits lifted: none feasible within them)" if lifted else "")
+    label += f" (same model as {', '.join(arm['same_model_as'])})" if arm["same_model_as"] else ""
     shape = arm["summary"].split(": ", 1)[-1]
     after, ppl, acc = arm["kl_after"], arm["ppl_after"], arm["average_accuracy"]
     kl = f"{arm['kl_before']:.2f} → {after['mean']:.2f}" + (f" ± {after['sd']:.2f}" if len(after["values"]) > 1 else "")
@@ -615,10 +617,8 @@ def tables(summary: dict[str, Any]) -> str:
         for name in ARMS:
             if name in row["arms"]:
                 diff = None if name == "searched" else row["differences_points"].get(name)
-                line = _arm_line(name, row["arms"][name], diff)
-                if row["baseline_findings"].get(name, {}).get("lifted_from"):
-                    line = line.replace(f"| {name} ", f"| {name} (limits lifted: none feasible within them) ", 1)
-                out.append(line)
+                lifted = bool(row["baseline_findings"].get(name, {}).get("lifted_from"))
+                out.append(_arm_line(name, row["arms"][name], diff, lifted))
             else:
                 finding = row["baseline_findings"].get(name, {}).get("finding", "not run")
                 out.append(f"| {name} | {finding} | — | — | — | — |")

@@ -72,7 +72,7 @@ from autocompress_opt.prune.plan import PrunePlan, plan_pruning
 from autocompress_opt.quality.metrics import Teacher, log_probs, teacher_kl
 from autocompress_opt.search.budget import Budget, CostGoal, cost_arrays, exact_violations, expected_totals
 from autocompress_opt.search.discretise import Discrete, discretise
-from autocompress_opt.search.relaxation import ExpectedStructure, LiveMasks, ParentMasks
+from autocompress_opt.search.relaxation import ExpectedStructure, LiveMasks, ParentMasks, ffn_unit_for
 from autocompress_opt.serving.targets import all_satisfied
 
 __all__ = ["CANDIDATES", "InnerConfig", "InnerResult", "StepListener", "objective", "search"]
@@ -351,13 +351,14 @@ def search(
     began = time.perf_counter()
     torch.manual_seed(config.seed)
     gen = torch.Generator().manual_seed(config.seed)
+    ffn_unit, train_heads = _relaxation_shape(config, rules, parent)
     masks = ParentMasks(
         parent,
         importance,
         hidden_size=budget.hidden_size,
         init=init if config.init == "budget" else None,
         init_log_alpha=config.init_log_alpha,
-        ffn_unit=_ffn_unit(config, rules, parent),
+        ffn_unit=ffn_unit,
     )
     start = discretise(masks, importance, budget, goal, fill=config.fill, rules=rules)
     if start.feasible:
@@ -382,7 +383,7 @@ def search(
             adapter,
             on_step=on_step,
             meter=meter,
-            train_heads=not (config.engine_relaxation and rules is not None and rules.query_heads is not None),
+            train_heads=train_heads,
         )
         if config.steps
         else []
@@ -432,15 +433,17 @@ def search(
     )
 
 
-def _ffn_unit(config: InnerConfig, rules: ShapeRules | None, parent: Architecture) -> int | None:
-    """The relaxation's FFN unit: ``config.ffn_unit``; else, with ``engine_relaxation`` under
-    heterogeneous rules, the engine's FFN multiple when it divides every parent FFN width; else
-    None (the relaxation's default, :func:`~autocompress_opt.search.relaxation.ffn_unit_for`)."""
-    if config.ffn_unit is not None or not config.engine_relaxation or rules is None or not rules.heterogeneous:
-        return config.ffn_unit
-    multiple = rules.ffn_multiple
-    widths = [layer.ffn_width for layer in parent.layers if layer.ffn]
-    return multiple if multiple > 1 and widths and not any(w % multiple for w in widths) else None
+def _relaxation_shape(config: InnerConfig, rules: ShapeRules | None, parent: Architecture) -> tuple[int, bool]:
+    """``(FFN unit, whether the head masks train)`` of the relaxation (:attr:`InnerConfig.engine_relaxation`):
+    ``config.ffn_unit``, else :func:`~autocompress_opt.search.relaxation.ffn_unit_for`, given the
+    engine's FFN multiple under heterogeneous rules; the head masks stay put where the rules fix
+    every layer's query heads."""
+    engine = rules if config.engine_relaxation else None
+    if config.ffn_unit is not None:
+        unit = config.ffn_unit
+    else:
+        unit = ffn_unit_for(parent, engine.ffn_multiple if engine is not None and engine.heterogeneous else None)
+    return unit, engine is None or engine.query_heads is None
 
 
 def _as_candidate(arch: Architecture, budget: Budget, goal: CostGoal | None) -> Discrete:

@@ -78,9 +78,12 @@ _MAX_FFN_UNIT = 64  # GEMM-tile friendly FFN granularity
 _LOG_ALPHA_RANGE = 8.0  # |log α| beyond this only slows the gate down (σ(8) = 0.9997)
 
 
-def ffn_unit_for(parent: Architecture) -> int:
-    """FFN granularity in channels: the largest power of two ≤ 64 dividing every layer's FFN width."""
+def ffn_unit_for(parent: Architecture, engine_multiple: int | None = None) -> int:
+    """FFN granularity in channels: ``engine_multiple`` (a serving engine's FFN width multiple) when
+    it is above 1 and divides every layer's FFN width, else the largest power of two ≤ 64 that does."""
     widths = [layer.ffn_width for layer in parent.layers if layer.ffn]
+    if engine_multiple is not None and engine_multiple > 1 and widths and not any(w % engine_multiple for w in widths):
+        return engine_multiple
     unit = _MAX_FFN_UNIT
     while unit > 1 and any(w % unit for w in widths):
         unit //= 2
