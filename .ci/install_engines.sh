@@ -55,7 +55,7 @@ install_llamacpp() {
 		echo "$LLAMA_VERSION" >"$LLAMA_DIR/.version"
 	fi
 	# serve-check's logits tool: a small program over llama.cpp's C API (rebuilt when its source changes)
-	local tool=$bin/autocompress-logits cpp=$ROOT/autocompress_opt/engines/llamacpp_logits.cpp
+	local tool=$bin/autocompress-logits cpp=$ROOT/autocompress_opt/runtimes/llamacpp_logits.cpp
 	if [ ! -x "$tool" ] || [ "$cpp" -nt "$tool" ]; then
 		g++ -O2 -std=c++17 -I"$src/include" -I"$src/ggml/include" "$cpp" -L"$bin" -lllama -lggml -lggml-base \
 			-Wl,-rpath,"$bin" -o "$tool"

@@ -45,7 +45,7 @@ _API: dict[str, str] = {
     "Hardware": "autocompress_opt.serving.hardware",
     "get_hardware": "autocompress_opt.serving.hardware",
     "load_hardware_file": "autocompress_opt.serving.hardware",
-    "get_engine": "autocompress_opt.serving.engines",
+    "get_engine": "autocompress_opt.serving.engine_models",
     "Workload": "autocompress_opt.serving.workloads",
     "get_workload": "autocompress_opt.serving.workloads",
     "Target": "autocompress_opt.serving.targets",
@@ -61,10 +61,10 @@ _API: dict[str, str] = {
     "export_model": "autocompress_opt.prune.export",
     "load_exported": "autocompress_opt.prune.export",
     # search
-    "StudyConfig": "autocompress_opt.search.study",
-    "run_study": "autocompress_opt.search.study",
-    "load_records": "autocompress_opt.search.study",
-    "pareto_front": "autocompress_opt.search.study",
+    "StudyConfig": "autocompress_opt.search.study.run",
+    "run_study": "autocompress_opt.search.study.run",
+    "load_records": "autocompress_opt.search.study.run",
+    "pareto_front": "autocompress_opt.search.study.run",
     # quality and recovery
     "kl_divergence": "autocompress_opt.quality.metrics",
     "perplexity": "autocompress_opt.quality.metrics",
@@ -93,9 +93,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from autocompress_opt.quality.metrics import evaluate, kl_divergence, perplexity
     from autocompress_opt.recover.distill import distill
     from autocompress_opt.recover.recipe import DistillRecipe
-    from autocompress_opt.search.study import StudyConfig, load_records, pareto_front, run_study
+    from autocompress_opt.search.study.run import StudyConfig, load_records, pareto_front, run_study
     from autocompress_opt.serving.costmodel import CostEstimate, Scenario, estimate_cost
-    from autocompress_opt.serving.engines import get_engine
+    from autocompress_opt.serving.engine_models import get_engine
     from autocompress_opt.serving.hardware import Hardware, get_hardware, load_hardware_file
     from autocompress_opt.serving.targets import Target
     from autocompress_opt.serving.workloads import Workload, get_workload

@@ -8,7 +8,7 @@ and each of two global points a study actually runs —
 * ``largest``: the feasible uniform point of the search space with the most parameters (what plan
   mode favours; :func:`bench_inner_search.plan_pick`) —
 
-the weights trial's inner search (:func:`autocompress_opt.search.weights_trial.inner_search`) runs
+the weights trial's inner search (:func:`autocompress_opt.search.study.weights_trial.inner_search`) runs
 with ``--seeds`` inner seeds (batch sampling and gate noise; the start point and the uniform
 allocation do not depend on it). Each of its candidates — the **uniform** allocation of the global
 choices, the **start** point (greedy repair and fill from it by importance per unit of cost; equal
@@ -46,9 +46,9 @@ from _util import provenance, write
 from bench_inner_search import plan_pick
 
 from autocompress_opt.arch.search_space import load_search_space
-from autocompress_opt.search.study import StudyConfig, baseline_seeds
-from autocompress_opt.search.trials import legal_point
-from autocompress_opt.search.weights_trial import TrialConfig, evaluate_architecture, inner_search, parent_context
+from autocompress_opt.search.study.run import StudyConfig, baseline_seeds
+from autocompress_opt.search.study.trials import legal_point
+from autocompress_opt.search.study.weights_trial import TrialConfig, evaluate_architecture, inner_search, parent_context
 from autocompress_opt.serving.targets import Target
 
 MODEL = "smollm2-135m"

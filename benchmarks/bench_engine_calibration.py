@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import RESULTS, provenance, write
 
-from autocompress_opt.engines.calibration import CALIBRATED_ENGINES, calibrate_engine, refit_engine
+from autocompress_opt.runtimes.calibration import CALIBRATED_ENGINES, calibrate_engine, refit_engine
 
 SHIPPED = Path(__file__).parents[1] / "autocompress_opt" / "data" / "profiles"
 

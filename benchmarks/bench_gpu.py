@@ -48,7 +48,7 @@ TARGET = ("h100-sxm", "datacenter")
 
 def trial(request: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """One trial, timed, with the allocator's peak over it (None on the CPU)."""
-    from autocompress_opt.search.weights_trial import run_weights_trial
+    from autocompress_opt.search.study.weights_trial import run_weights_trial
 
     cuda = device.type == "cuda"
     if cuda:
@@ -86,7 +86,7 @@ def main() -> int:
         return 1
     from autocompress_opt.arch.catalog import load_architecture
     from autocompress_opt.hf.memory import WeightsTrialShape, predict_memory
-    from autocompress_opt.search.weights_trial import TrialConfig, clear_trial_cache
+    from autocompress_opt.search.study.weights_trial import TrialConfig, clear_trial_cache
     from autocompress_opt.serving.targets import Target
 
     device = torch.device("cpu") if args.smoke else torch.device("cuda", 0)

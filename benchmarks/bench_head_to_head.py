@@ -131,7 +131,7 @@ def run_study(args: argparse.Namespace, targets: list[Target]) -> str:
 
 def best_feasible(storage: str, target: Target) -> dict[str, Any]:
     """The feasible COMPLETE trial with the lowest held-out KL (ties: the earlier trial)."""
-    from autocompress_opt.search.study import load_records
+    from autocompress_opt.search.study.run import load_records
 
     records, _ = load_records(storage, f"h2h.{target.hardware}")
     pool = [r for r in records if r.state == "COMPLETE" and r.feasible and r.quality is not None]
@@ -182,7 +182,7 @@ def export_arm(args: argparse.Namespace, context: Any, arch: Architecture, where
     from autocompress_opt.prune.export import export_model
     from autocompress_opt.prune.plan import plan_pruning
     from autocompress_opt.prune.slicing import materialize
-    from autocompress_opt.search.weights_trial import evaluate_architecture
+    from autocompress_opt.search.study.weights_trial import evaluate_architecture
 
     # keyed by the model, not its name: a searched model equal to a baseline's is recovered once (the
     # baselines' own default name, so caches written before names were ignored stay valid)
@@ -219,7 +219,7 @@ def recover_and_score(args: argparse.Namespace, context: Any, where: Path, seed:
     """Distil the export with ``seed``, then score it: the eight tasks and the held-out KL/perplexity."""
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.recover.distill import DistillRecipe, distill
-    from autocompress_opt.search.weights_trial import heldout_quality
+    from autocompress_opt.search.study.weights_trial import heldout_quality
 
     recipe = DistillRecipe(
         steps=args.distill_steps,
@@ -344,8 +344,8 @@ def verdict(lo: float, hi: float) -> str:
 
 def servable(arch: Architecture, target: Target) -> str:
     """Whether the target's serving engine loads an export of ``arch``, by its rules
-    (:func:`~autocompress_opt.engines.rules.loadable_problems`): a plain checkpoint or the DeciLM form."""
-    from autocompress_opt.engines.rules import SERVE_AS_ANY, loadable_problems, rules_engine_for
+    (:func:`~autocompress_opt.prune.loadability.loadable_problems`): a plain checkpoint or the DeciLM form."""
+    from autocompress_opt.prune.loadability import SERVE_AS_ANY, loadable_problems, rules_engine_for
 
     engine = rules_engine_for(target.engine_name)
     if engine == SERVE_AS_ANY:
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     args.started_code = provenance()["code"]  # the code this run imports (modules load once)
     from autocompress_opt.prune.baselines import make_baseline, masked_kl_scorer, target_feasibility
-    from autocompress_opt.search.weights_trial import TrialConfig, parent_context
+    from autocompress_opt.search.study.weights_trial import TrialConfig, parent_context
     from autocompress_opt.tasks.scoring import seeded_bootstrap
 
     targets = [Target(h, w) for h, _, w in (t.partition(":") for t in args.targets.split(","))]

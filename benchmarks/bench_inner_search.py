@@ -33,8 +33,13 @@ from _util import write
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import CHOICES, load_search_space, uniform_allocation
 from autocompress_opt.prune.baselines import minitron_pick
-from autocompress_opt.search.budget import CostGoal
-from autocompress_opt.search.weights_trial import TrialConfig, evaluate_architecture, parent_context, run_weights_trial
+from autocompress_opt.search.inner.budget import CostGoal
+from autocompress_opt.search.study.weights_trial import (
+    TrialConfig,
+    evaluate_architecture,
+    parent_context,
+    run_weights_trial,
+)
 from autocompress_opt.serving.costmodel import ArchArrays, estimate_batch, estimate_cost
 from autocompress_opt.serving.targets import Target, all_satisfied
 

@@ -132,7 +132,7 @@ def warm_caches(model: str, inner: dict[str, Any], where: Path) -> float:
     code = (
         "import json, sys\n"
         "from pathlib import Path\n"
-        "from autocompress_opt.search.weights_trial import TrialConfig, parent_context\n"
+        "from autocompress_opt.search.study.weights_trial import TrialConfig, parent_context\n"
         "parent_context(sys.argv[1], TrialConfig.from_dict(json.loads(sys.argv[2]), seed=0), Path(sys.argv[3]))\n"
     )
     began = time.time()
@@ -197,7 +197,7 @@ def read_target(db: Path, hardware: str, start: float, budget_s: float) -> dict[
     """One target's study of a run: counts within the budget, best KL at the budget, the curve."""
     import optuna
 
-    from autocompress_opt.search.progress import is_stopped_early
+    from autocompress_opt.search.study.progress import is_stopped_early
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=f"{STUDY_NAME}.{hardware}", storage=f"sqlite:///{db}")

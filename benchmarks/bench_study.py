@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _util import write
 
 from autocompress_opt.arch.search_space import load_search_space
-from autocompress_opt.search.study import Objective, StudyConfig, _init_ray, load_records, run_study
+from autocompress_opt.search.study.run import Objective, StudyConfig, _init_ray, load_records, run_study
 from autocompress_opt.serving.targets import Target
 
 TRIALS = 40

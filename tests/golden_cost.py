@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.serving.costmodel import Scenario
-from autocompress_opt.serving.engines import Engine
+from autocompress_opt.serving.engine_models import Engine
 from autocompress_opt.serving.hardware import Hardware
 from autocompress_opt.serving.profiles import CostProfile
 

@@ -10,9 +10,9 @@ from tiny_families import tiny_model, tokens
 from autocompress_opt.arch.search_space import CHOICES, uniform_allocation
 from autocompress_opt.hf.adapters import adapter_for
 from autocompress_opt.prune.importance import estimate_importance
-from autocompress_opt.search.budget import Budget, CostGoal
-from autocompress_opt.search.inner_search import InnerConfig, search
-from autocompress_opt.search.teacher import teacher_log_probs
+from autocompress_opt.search.inner.budget import Budget, CostGoal
+from autocompress_opt.search.inner.inner_search import InnerConfig, search
+from autocompress_opt.search.inner.teacher import teacher_log_probs
 
 # Budgets that bind every mask parameter of the tiny parent (3 layers, 2 KV groups of 3 heads, FFN 48).
 TIGHT = Budget(num_layers=2, hidden_size=40, ffn_width=16, num_kv_heads=1, q_per_kv=1)

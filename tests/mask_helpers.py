@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from autocompress_opt.search.relaxation import ParentMasks
+from autocompress_opt.search.inner.relaxation import ParentMasks
 
 # Gemma 3 renormalises each sub-block's output (post-norms), so a sub-block whose float32 output
 # nearly cancels has its rounding error scaled up to unit RMS with it: masked and sliced models

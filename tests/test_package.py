@@ -57,7 +57,7 @@ def test_old_import_paths_still_work() -> None:
         from transformers import AutoConfig
         from autocompress_opt.hf.hetero_model import AutocompressDeciLMForCausalLM
         from autocompress_opt.trials import TRIAL_MODES, Target, quality_proxy
-        from autocompress_opt.search.trials import TRIAL_MODES as new_modes, retained_fraction
+        from autocompress_opt.search.study.trials import TRIAL_MODES as new_modes, retained_fraction
         print(old.AutocompressDeciLMForCausalLM is AutocompressDeciLMForCausalLM,
               AutoConfig.for_model("autocompress_decilm").model_type, TRIAL_MODES is new_modes,
               sorted(TRIAL_MODES.names()), quality_proxy is retained_fraction)

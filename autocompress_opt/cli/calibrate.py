@@ -165,8 +165,8 @@ def _check_hardware_and_out(args: argparse.Namespace) -> None:
 
 
 def _run_engine(args: argparse.Namespace) -> int:
-    """``--engine llamacpp|vllm``: :func:`~autocompress_opt.engines.calibration.calibrate_engine`."""
-    from autocompress_opt.engines.calibration import calibrate_engine
+    """``--engine llamacpp|vllm``: :func:`~autocompress_opt.runtimes.calibration.calibrate_engine`."""
+    from autocompress_opt.runtimes.calibration import calibrate_engine
 
     check_positive(args, "--prompt-len", "--repetitions", "--passes", "--threads")
     check_positive(args, "--archs", "--gen-len", minimum=2)  # one model held out and one fitted; a decode step

@@ -97,7 +97,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from autocompress_opt.arch.catalog import load_architecture
     from autocompress_opt.serving.costmodel import Scenario, cost_intervals, describe_regime, estimate_cost
-    from autocompress_opt.serving.engines import get_engine
+    from autocompress_opt.serving.engine_models import get_engine
     from autocompress_opt.serving.hardware import get_hardware
     from autocompress_opt.serving.profiles import get_profile
 

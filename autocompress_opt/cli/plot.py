@@ -27,9 +27,9 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autocompress_opt.search.plots import plot_pareto, plot_structure
-    from autocompress_opt.search.studyio import load_group, quality_label_of
-    from autocompress_opt.search.trials import quality_label
+    from autocompress_opt.search.study.plots import plot_pareto, plot_structure
+    from autocompress_opt.search.study.studyio import load_group, quality_label_of
+    from autocompress_opt.search.study.trials import quality_label
 
     check_output_dir(args.out)
     written = []

@@ -255,7 +255,7 @@ def _prune(args: argparse.Namespace, serving_target: Any, arch_file: Any, study:
 def _run_from_study(args: argparse.Namespace) -> int:
     """``--from-study``: the chosen trial's architecture, cut with the importance the trial used."""
     from autocompress_opt.arch.architecture import Architecture
-    from autocompress_opt.search.study import group_members, load_records, resolve_storage
+    from autocompress_opt.search.study.run import group_members, load_records, resolve_storage
 
     trial = _trial_choice(args.trial)
     _check_out(Path(args.out).expanduser(), force=args.force)
@@ -318,7 +318,7 @@ def _export_trial(
     from autocompress_opt.prune.export import export_model
     from autocompress_opt.prune.plan import plan_pruning
     from autocompress_opt.prune.slicing import materialize
-    from autocompress_opt.search.weights_trial import DEFAULT_CACHE_DIR, TrialConfig, parent_context
+    from autocompress_opt.search.study.weights_trial import DEFAULT_CACHE_DIR, TrialConfig, parent_context
 
     overrides = {k: v for k, v in (("device", args.device), ("compute_dtype", args.compute_dtype)) if v is not None}
     config = TrialConfig.from_dict({**inner, **overrides} or None)
@@ -364,7 +364,7 @@ def _decilm_for(args: argparse.Namespace, arch: Any) -> bool:
     for an engine other than transformers). Without the flag: False, nothing checked."""
     if args.serve_as is None:
         return False
-    from autocompress_opt.engines.rules import loadable_problems
+    from autocompress_opt.prune.loadability import loadable_problems
 
     problems = loadable_problems(arch, args.serve_as)
     if problems:

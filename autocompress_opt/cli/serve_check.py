@@ -47,7 +47,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autocompress_opt.engines.serve_check import serve_check
+    from autocompress_opt.runtimes.serve_check import serve_check
 
     result = serve_check(
         args.model,

@@ -331,7 +331,7 @@ def build_config(values: dict[str, Any]) -> Any:
     from autocompress_opt.arch.catalog import load_architecture
     from autocompress_opt.arch.search_space import default_space, load_search_space
     from autocompress_opt.errors import check_int
-    from autocompress_opt.search.study import Objective, StudyConfig
+    from autocompress_opt.search.study.run import Objective, StudyConfig
     from autocompress_opt.serving.targets import Target
 
     profiles = _hardware_profiles(values.get("hardware_file"))  # registered before the targets name them
@@ -454,7 +454,7 @@ def _inner(raw: Any, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from autocompress_opt.search.study import StudyInterrupted, binding_constraints, run_study, shared_answers
+    from autocompress_opt.search.study.run import StudyInterrupted, binding_constraints, run_study, shared_answers
 
     try:
         config = build_config(_merged(args))
@@ -507,7 +507,7 @@ def _misses(misses: dict[str, tuple[int, float]], complete: int) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from autocompress_opt.search.studyio import list_studies
+    from autocompress_opt.search.study.studyio import list_studies
 
     urls = args.storage or [f"sqlite:///{p}" for p in sorted(Path("studies").glob("*.db"))]
     rows = [row for url in urls for row in list_studies(url)]
@@ -526,7 +526,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from autocompress_opt.search.studyio import load_group
+    from autocompress_opt.search.study.studyio import load_group
 
     views = load_group(args.name, args.storage)
     if args.json:
@@ -585,7 +585,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
-    from autocompress_opt.search.study import default_storage, delete_studies, group_members
+    from autocompress_opt.search.study.run import default_storage, delete_studies, group_members
 
     url = args.storage or default_storage(args.name.split(".")[0])
     names = group_members(args.name, url)
@@ -603,7 +603,7 @@ def _delete(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from autocompress_opt.search.studyio import export_rows, load_group, rows_to_csv
+    from autocompress_opt.search.study.studyio import export_rows, load_group, rows_to_csv
 
     rows = [row for view in load_group(args.name, args.storage) for row in export_rows(view)]
     text = rows_to_csv(rows) if args.format == "csv" else json.dumps(rows, indent=2, default=str)
@@ -637,7 +637,7 @@ def _state(record: Any) -> str:
 
 def _failures(records: Any) -> dict[str, list[int]]:
     """FAIL trials grouped by their error's first line, in trial order."""
-    from autocompress_opt.search.study import first_line
+    from autocompress_opt.search.study.run import first_line
 
     out: dict[str, list[int]] = {}
     for r in sorted(records, key=lambda r: r.number):

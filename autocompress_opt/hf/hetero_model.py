@@ -15,7 +15,7 @@ shape vLLM's ``DeciLMForCausalLM`` reads::
 
 This package's form is not what the serving engines read: ``export_model(..., decilm=True)`` /
 ``to_decilm`` (:mod:`autocompress_opt.prune.export`) write the DeciLM form vLLM and llama.cpp load
-(run for real in ``tests/engines``), and :meth:`AutocompressDeciLMConfig.from_decilm` reads it back.
+(run for real in ``tests/runtimes``), and :meth:`AutocompressDeciLMConfig.from_decilm` reads it back.
 Where the two differ (vLLM's ``nemotron_nas`` reader):
 
 * vLLM keeps ``num_attention_heads`` query heads in every layer and derives KV heads as

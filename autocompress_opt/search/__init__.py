@@ -1,3 +1,4 @@
-"""Searching architectures: the differentiable per-layer masks, the inner search (budgets, teacher
-cache, training loop, discretisation), trial modes, Ray Tune + Optuna studies, study I/O and plots.
-"""
+"""Searching architectures, in two rooms: :mod:`~autocompress_opt.search.inner` (one trial's
+differentiable mask search under a budget) and :mod:`~autocompress_opt.search.study` (the Ray Tune +
+Optuna study around it). ``study`` imports ``inner``, never the reverse (pyproject's import-linter
+contract)."""

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from autocompress_opt.serving.costmodel import Scenario
-from autocompress_opt.serving.engines import get_engine
+from autocompress_opt.serving.engine_models import get_engine
 from autocompress_opt.serving.fitting import Observation, fit_profile, heldout_split, mdape, relative_errors
 from autocompress_opt.serving.hardware import Hardware, get_hardware
 from autocompress_opt.serving.profiles import PRIORS, CostProfile, clear_cache, save_profile, user_profile_dir

@@ -76,7 +76,7 @@ import numpy as np
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving.dtypes import GGUF_BLOCK_BITS, WeightDtype, get_weight_dtype, kv_dtype_bytes
-from autocompress_opt.serving.engines import GIB, Engine, get_engine
+from autocompress_opt.serving.engine_models import GIB, Engine, get_engine
 from autocompress_opt.serving.hardware import Hardware, get_hardware
 from autocompress_opt.serving.profiles import CostProfile, get_profile
 

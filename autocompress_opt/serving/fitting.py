@@ -20,7 +20,7 @@ import numpy as np
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving.costmodel import ArchArrays, Scenario, estimate_batch
-from autocompress_opt.serving.engines import Engine
+from autocompress_opt.serving.engine_models import Engine
 from autocompress_opt.serving.hardware import Hardware
 from autocompress_opt.serving.profiles import FITTED_PARAMETERS, CostProfile
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.serving.costmodel import CostEstimate, cost_intervals, estimate_cost
-from autocompress_opt.serving.engines import get_engine
+from autocompress_opt.serving.engine_models import get_engine
 from autocompress_opt.serving.hardware import HARDWARE
 from autocompress_opt.serving.profiles import get_profile
 from autocompress_opt.serving.workloads import WORKLOADS, Workload

@@ -5,7 +5,7 @@ One Optuna study per target; the target's constraints come from its workload, ov
 by the target's own (``{"tpot_ms": "0.6x"}``, relative to the parent). :meth:`Target.violations` is
 the one implementation of "is this architecture feasible here": the workload's constraints (relative
 ones scaled by the parent's metrics) plus :data:`FITS_DEVICE`. The study driver, the inner search's
-:class:`~autocompress_opt.search.budget.CostGoal` and the benchmarks all call it.
+:class:`~autocompress_opt.search.inner.budget.CostGoal` and the benchmarks all call it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError, reject_unknown_keys
 from autocompress_opt.serving.costmodel import Scenario, cost_intervals, estimate_cost
-from autocompress_opt.serving.engines import get_engine
+from autocompress_opt.serving.engine_models import get_engine
 from autocompress_opt.serving.hardware import get_hardware
 from autocompress_opt.serving.profiles import get_profile
 from autocompress_opt.serving.workloads import Workload, get_workload

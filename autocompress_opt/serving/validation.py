@@ -29,7 +29,7 @@ from autocompress_opt._data import DATA_DIR
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving.costmodel import Scenario, regime_of
-from autocompress_opt.serving.engines import get_engine
+from autocompress_opt.serving.engine_models import get_engine
 from autocompress_opt.serving.fitting import Observation, fit_profile, predict, relative_errors
 from autocompress_opt.serving.hardware import get_hardware
 from autocompress_opt.serving.profiles import FITTED_PARAMETERS, METRIC_PHASES, PRIORS, CostProfile, time_ratio

@@ -118,7 +118,7 @@ def test_plan_mode_scores_retained_importance_when_given_an_importance_record(tm
 
     from autocompress_opt.hf.adapters import adapter_for
     from autocompress_opt.prune.importance import estimate_importance
-    from autocompress_opt.search.trials import plan_trial
+    from autocompress_opt.search.study.trials import plan_trial
 
     model = tiny_model("llama", num_hidden_layers=4)
     parent = adapter_for(model).architecture(model)

@@ -15,7 +15,7 @@ from autocompress_opt.arch.architecture import Architecture, LayerSpec
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving.costmodel import METRICS, ArchArrays, Scenario, estimate_batch, estimate_cost
-from autocompress_opt.serving.engines import ENGINES, get_engine
+from autocompress_opt.serving.engine_models import ENGINES, get_engine
 from autocompress_opt.serving.hardware import Hardware
 
 GEMMA3_270M_WINDOWS = ([512] * 5 + [None]) * 3
@@ -135,7 +135,7 @@ def test_arch_arrays_without_windows_mean_full_attention() -> None:
 def test_inner_search_cost_arrays_carry_the_parents_windows() -> None:
     """cost_arrays (the inner loop's differentiable cost) prices a discrete point exactly as
     estimate_cost prices its architecture, windows included, a dropped attention too."""
-    from autocompress_opt.search.budget import cost_arrays, expected_of
+    from autocompress_opt.search.inner.budget import cost_arrays, expected_of
     from autocompress_opt.serving.targets import Target
 
     parent = load_architecture("gemma3-270m")
@@ -233,7 +233,7 @@ def test_parent_masks_architecture_keeps_windows() -> None:
 
     from autocompress_opt.hf.adapters import adapter_for
     from autocompress_opt.prune.importance import estimate_importance
-    from autocompress_opt.search.relaxation import ParentMasks
+    from autocompress_opt.search.inner.relaxation import ParentMasks
 
     model = tiny_model("gemma3_text")
     parent = adapter_for(model).architecture(model)

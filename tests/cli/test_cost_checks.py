@@ -10,7 +10,7 @@ import pytest
 
 from autocompress_opt.cli import main
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.serving.engines import get_engine
+from autocompress_opt.serving.engine_models import get_engine
 
 BASE = ["cost", "--engine", "vllm", "--dtype", "bf16", "--input-len", "512", "--output-len", "64"]
 

@@ -29,7 +29,7 @@ from autocompress_opt.prune.importance import estimate_importance
 from autocompress_opt.prune.plan import plan_pruning
 from autocompress_opt.prune.slicing import materialize
 from autocompress_opt.recover.distill import DistillRecipe, distill
-from autocompress_opt.search.weights_trial import clear_trial_cache, run_weights_trial
+from autocompress_opt.search.study.weights_trial import clear_trial_cache, run_weights_trial
 
 BF16 = torch.bfloat16
 

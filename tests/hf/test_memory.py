@@ -299,9 +299,9 @@ def test_a_measured_inner_search_step_stays_under_its_predicted_bound(checkpoint
     import contextlib
 
     from autocompress_opt.prune.importance import estimate_importance
-    from autocompress_opt.search.budget import Budget
-    from autocompress_opt.search.inner_search import InnerConfig, objective
-    from autocompress_opt.search.relaxation import ParentMasks
+    from autocompress_opt.search.inner.budget import Budget
+    from autocompress_opt.search.inner.inner_search import InnerConfig, objective
+    from autocompress_opt.search.inner.relaxation import ParentMasks
 
     model, arch = _llama("cpu", "fp32", num_hidden_layers=6)
     model.eval().requires_grad_(False)

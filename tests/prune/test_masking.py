@@ -17,7 +17,7 @@ from autocompress_opt.prune.importance import estimate_importance
 from autocompress_opt.prune.masking import apply_masks
 from autocompress_opt.prune.plan import plan_pruning
 from autocompress_opt.prune.slicing import materialize
-from autocompress_opt.search.relaxation import ParentMasks
+from autocompress_opt.search.inner.relaxation import ParentMasks
 
 # Gemma 3 (post-norms, (1 + w) norms, scaled tied embedding, mixed windows) and Llama (with biases) as
 # the reference the inner search was first written for.

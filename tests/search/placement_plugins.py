@@ -9,8 +9,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from autocompress_opt.search.placement import trial_device
-from autocompress_opt.search.trials import TRIAL_MODES, plan_trial
+from autocompress_opt.search.study.placement import trial_device
+from autocompress_opt.search.study.trials import TRIAL_MODES, plan_trial
 
 
 def _probe(request: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,8 +8,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from autocompress_opt.search.progress import TrialProgress, report
-from autocompress_opt.search.trials import TRIAL_MODES, plan_trial
+from autocompress_opt.search.study.progress import TrialProgress, report
+from autocompress_opt.search.study.trials import TRIAL_MODES, plan_trial
 
 
 def fake_kl(params: Mapping[str, Any]) -> float:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from autocompress_opt.search.trials import TRIAL_MODES, plan_trial
+from autocompress_opt.search.study.trials import TRIAL_MODES, plan_trial
 
 
 def _slow(request: Mapping[str, Any]) -> dict[str, Any]:

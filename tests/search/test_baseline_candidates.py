@@ -14,10 +14,10 @@ from inner_helpers import TinyParent
 
 from autocompress_opt.arch.search_space import CHOICES, uniform_allocation
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search import inner_search
-from autocompress_opt.search.budget import Budget
-from autocompress_opt.search.inner_search import CANDIDATES
-from autocompress_opt.search.searcher import baseline_candidates
+from autocompress_opt.search.inner import inner_search
+from autocompress_opt.search.inner.budget import Budget
+from autocompress_opt.search.inner.inner_search import CANDIDATES
+from autocompress_opt.search.study.searcher import baseline_candidates
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +106,8 @@ def test_a_seeded_trial_returns_the_baseline_model_when_it_scores_better_on_held
     from weights_helpers import PARAMS, request
 
     from autocompress_opt.arch.architecture import Architecture
-    from autocompress_opt.search import weights_trial
-    from autocompress_opt.search.weights_trial import clear_trial_cache, run_weights_trial
+    from autocompress_opt.search.study import weights_trial
+    from autocompress_opt.search.study.weights_trial import clear_trial_cache, run_weights_trial
 
     parent_dir = save_hf_dir(tiny_llama("llama", num_hidden_layers=4), tmp_path / "llama")
     clear_trial_cache()
@@ -146,8 +146,8 @@ def test_a_seeded_trial_first_reports_its_baseline_s_model_as_a_complete_fallbac
     from weights_helpers import PARAMS, request
 
     from autocompress_opt.arch.architecture import Architecture
-    from autocompress_opt.search.progress import FALLBACK, PHASES, TrialProgress, reporting
-    from autocompress_opt.search.weights_trial import clear_trial_cache, evaluate_architecture, run_weights_trial
+    from autocompress_opt.search.study.progress import FALLBACK, PHASES, TrialProgress, reporting
+    from autocompress_opt.search.study.weights_trial import clear_trial_cache, evaluate_architecture, run_weights_trial
 
     parent_dir = save_hf_dir(tiny_llama("llama", num_hidden_layers=4), tmp_path / "llama")
     clear_trial_cache()

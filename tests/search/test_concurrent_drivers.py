@@ -21,7 +21,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autocompress_opt.search.study import make_storage, repair_orphans
+from autocompress_opt.search.study.run import make_storage, repair_orphans
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).parent

@@ -15,12 +15,12 @@ from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import Choice, SearchSpace, default_space, load_search_space
 from autocompress_opt.cli import main
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.prune.engine_rules import loadable_problems, parent_problems, shape_rules
 from autocompress_opt.prune.importance import Importance, ImportanceMeta
-from autocompress_opt.search.budget import Budget
-from autocompress_opt.search.discretise import discretise, shape_problems
-from autocompress_opt.search.relaxation import ParentMasks
-from autocompress_opt.search.study import (
+from autocompress_opt.prune.loadability import loadable_problems, parent_problems, shape_rules
+from autocompress_opt.search.inner.budget import Budget
+from autocompress_opt.search.inner.discretise import discretise, shape_problems
+from autocompress_opt.search.inner.relaxation import ParentMasks
+from autocompress_opt.search.study.run import (
     Objective,
     StudyConfig,
     _init_ray,
@@ -29,7 +29,7 @@ from autocompress_opt.search.study import (
     pareto_front,
     run_study,
 )
-from autocompress_opt.search.trials import check_loadable, legal_point, plan_trial
+from autocompress_opt.search.study.trials import check_loadable, legal_point, plan_trial
 from autocompress_opt.serving.targets import Target
 
 VLLM_TARGET = Target("b200", "datacenter")  # the datacenter workload is served by vLLM

@@ -15,10 +15,10 @@ from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import adapter_for
 from autocompress_opt.hf.memory import teacher_target_bytes, teacher_top_k
 from autocompress_opt.quality.metrics import TeacherTargets
-from autocompress_opt.search.budget import CostGoal
-from autocompress_opt.search.inner_search import InnerConfig, objective, search
-from autocompress_opt.search.relaxation import ParentMasks
-from autocompress_opt.search.teacher import clear_teacher_memory, teacher_form, teacher_log_probs
+from autocompress_opt.search.inner.budget import CostGoal
+from autocompress_opt.search.inner.inner_search import InnerConfig, objective, search
+from autocompress_opt.search.inner.relaxation import ParentMasks
+from autocompress_opt.search.inner.teacher import clear_teacher_memory, teacher_form, teacher_log_probs
 from autocompress_opt.serving.targets import Target
 
 

@@ -18,14 +18,14 @@ from tiny_families import tokens
 
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
-from autocompress_opt.prune.engine_rules import ShapeRules
+from autocompress_opt.prune.loadability import ShapeRules
 from autocompress_opt.prune.slicing import materialize
-from autocompress_opt.search import inner_search
-from autocompress_opt.search.budget import Budget, CostGoal, cost_arrays, expected_of
-from autocompress_opt.search.discretise import discretise, shape_problems
-from autocompress_opt.search.inner_search import CANDIDATES, InnerConfig, objective
-from autocompress_opt.search.relaxation import ParentMasks
-from autocompress_opt.search.teacher import teacher_log_probs
+from autocompress_opt.search.inner import inner_search
+from autocompress_opt.search.inner.budget import Budget, CostGoal, cost_arrays, expected_of
+from autocompress_opt.search.inner.discretise import discretise, shape_problems
+from autocompress_opt.search.inner.inner_search import CANDIDATES, InnerConfig, objective
+from autocompress_opt.search.inner.relaxation import ParentMasks
+from autocompress_opt.search.inner.teacher import teacher_log_probs
 from autocompress_opt.serving.costmodel import METRICS, ArchArrays, estimate_batch, estimate_cost
 from autocompress_opt.serving.targets import Target, device_fit_violation
 
@@ -315,8 +315,8 @@ def test_the_layer_budget_counts_sub_blocks_so_depth_can_move_between_them(paren
     """Two full layers of budget: the discrete result may keep three FFN blocks and one attention
     block (2 layer equivalents) — never more than four sub-blocks — and capping drops sub-blocks of
     the lowest-scored layers first, not whole layers."""
-    from autocompress_opt.search.discretise import _cap_layers, _unit_values
-    from autocompress_opt.search.relaxation import DiscreteLayer
+    from autocompress_opt.search.inner.discretise import _cap_layers, _unit_values
+    from autocompress_opt.search.inner.relaxation import DiscreteLayer
 
     masks = ParentMasks(parent.arch, parent.importance)
     values = _unit_values(masks, parent.importance)
@@ -355,7 +355,7 @@ def test_inner_config_rejects_unknown_keys_with_a_suggestion() -> None:
 
 
 def test_teacher_log_probs_are_cached_in_process_and_on_disk(parent: Parent, tmp_path: Any) -> None:
-    from autocompress_opt.search.teacher import clear_teacher_memory
+    from autocompress_opt.search.inner.teacher import clear_teacher_memory
 
     ids = tokens(3, 8, seed=9)
     first = teacher_log_probs(parent.model, ids, parent_id="tiny", data_id="d", cache_dir=tmp_path)

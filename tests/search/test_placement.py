@@ -19,7 +19,7 @@ import pytest
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import load_search_space
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search.placement import (
+from autocompress_opt.search.study.placement import (
     NodeResources,
     check_gpus_per_trial,
     check_visible_paths,
@@ -28,7 +28,7 @@ from autocompress_opt.search.placement import (
     plan_placement,
     trial_device,
 )
-from autocompress_opt.search.study import StudyConfig, _placement, run_study
+from autocompress_opt.search.study.run import StudyConfig, _placement, run_study
 from autocompress_opt.serving.targets import Target
 
 TESTS = Path(__file__).parent
@@ -274,7 +274,7 @@ def test_a_study_without_an_address_starts_its_own_ray_beside_a_running_cluster(
     attach (and refuse num_cpus); a study without --address starts a new local Ray instead."""
     import ray
 
-    from autocompress_opt.search.study import _init_ray
+    from autocompress_opt.search.study.run import _init_ray
 
     ray.shutdown()
     _init_ray(None, 1)

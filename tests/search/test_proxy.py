@@ -14,9 +14,9 @@ import pytest
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import CHOICES, load_search_space
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search.proxy import PROXY_ATTR, Proxy, maximal
-from autocompress_opt.search.searcher import GroupSearcher, StudySearcher
-from autocompress_opt.search.study import StudyConfig, enqueue_proxy_points
+from autocompress_opt.search.study.proxy import PROXY_ATTR, Proxy, maximal
+from autocompress_opt.search.study.run import StudyConfig, enqueue_proxy_points
+from autocompress_opt.search.study.searcher import GroupSearcher, StudySearcher
 from autocompress_opt.serving.targets import Target, parent_metrics
 
 PARENT = load_architecture("smollm2-135m")
@@ -66,7 +66,7 @@ def test_check_many_agrees_with_the_cost_model_point_by_point() -> None:
     estimate_cost on that point alone gives; points no engine-legal model exists for say why."""
     import random
 
-    from autocompress_opt.search.trials import uniform_model
+    from autocompress_opt.search.study.trials import uniform_model
     from autocompress_opt.serving.costmodel import estimate_cost
 
     rng = random.Random(3)
@@ -236,7 +236,7 @@ def test_the_group_searcher_takes_the_targets_in_turn_and_routes_each_trial_back
 
 
 def test_a_per_target_scheduler_routes_trials_without_an_index_to_the_first_target(tmp_path: Path) -> None:
-    from autocompress_opt.search.study import per_target_scheduler
+    from autocompress_opt.search.study.run import per_target_scheduler
 
     seen: list[tuple[str, str]] = []
 

@@ -24,8 +24,8 @@ from weights_helpers import INNER, TARGET
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import default_space, load_search_space
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search.progress import FALLBACK, INFEASIBLE_PENALTY, SCORE, STEP
-from autocompress_opt.search.study import (
+from autocompress_opt.search.study.progress import FALLBACK, INFEASIBLE_PENALTY, SCORE, STEP
+from autocompress_opt.search.study.run import (
     Objective,
     StudyConfig,
     TrialRecord,
@@ -34,7 +34,7 @@ from autocompress_opt.search.study import (
     make_scheduler,
     run_study,
 )
-from autocompress_opt.search.studyio import export_rows, load_group
+from autocompress_opt.search.study.studyio import export_rows, load_group
 from autocompress_opt.serving.targets import Target
 
 TESTS = Path(__file__).parent
@@ -306,7 +306,7 @@ def test_kill_9_mid_study_with_asha_then_the_same_command_loses_nothing(tmp_path
         import sys
         sys.path.insert(0, {str(TESTS)!r})
         from autocompress_opt.arch.search_space import load_search_space
-        from autocompress_opt.search.study import StudyConfig, run_study
+        from autocompress_opt.search.study.run import StudyConfig, run_study
         from autocompress_opt.serving.targets import Target
         cfg = StudyConfig(name="a", model="smollm2-135m", targets=(Target("h100-sxm", "datacenter"),),
                           space=load_search_space("smollm2-135m"), trials=10, storage={cfg.storage_url!r},

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import load_search_space
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search.study import (
+from autocompress_opt.search.study.run import (
     SEEDED_BASELINES,
     Objective,
     StudyConfig,
@@ -103,7 +103,7 @@ def test_pareto_front_is_non_dominated_and_complete(points: list) -> None:
 def test_quality_is_labelled_by_its_kind() -> None:
     """What a trial's "quality" measures is named from its quality_kind: one label, several joined,
     a plugin's unknown kind as is, "quality" when no trial has a kind (failed or old trials)."""
-    from autocompress_opt.search.studyio import quality_label_of
+    from autocompress_opt.search.study.studyio import quality_label_of
 
     def record(kind: str | None) -> TrialRecord:
         return TrialRecord("s", 0, "COMPLETE", {}, [1.0], True, 1.0, {}, {}, None, quality_kind=kind)
@@ -137,7 +137,7 @@ def test_kill_9_mid_study_then_same_command_loses_nothing(tmp_path: Path) -> Non
         import sys
         sys.path.insert(0, {str(TESTS)!r})
         from autocompress_opt.arch.search_space import load_search_space
-        from autocompress_opt.search.study import StudyConfig, run_study
+        from autocompress_opt.search.study.run import StudyConfig, run_study
         from autocompress_opt.serving.targets import Target
         cfg = StudyConfig(name="k", model="smollm2-135m", targets=(Target("h100-sxm", "datacenter"),),
                           space=load_search_space("smollm2-135m"), trials=14, storage={storage!r},
@@ -417,7 +417,7 @@ def test_a_weights_study_seeds_kl_scored_baselines_and_records_the_inner_candida
 
     from autocompress_opt.arch.search_space import default_space
     from autocompress_opt.cli import main
-    from autocompress_opt.search.inner_search import CANDIDATES
+    from autocompress_opt.search.inner.inner_search import CANDIDATES
 
     monkeypatch.chdir(tmp_path)  # the trials' caches (.autocompress/) go here
     model_dir = save_hf_dir(tiny_model("llama", num_hidden_layers=4), tmp_path / "llama")

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from autocompress_opt.search import placement, trials, weights_trial
-from autocompress_opt.search.placement import trial_gpus
-from autocompress_opt.search.weights_trial import TrialConfig, parent_context
+from autocompress_opt.search.study import placement, trials, weights_trial
+from autocompress_opt.search.study.placement import trial_gpus
+from autocompress_opt.search.study.weights_trial import TrialConfig, parent_context
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,10 @@ from weights_helpers import INNER, TARGET, request
 from autocompress_opt.arch.search_space import CHOICES, uniform_allocation
 from autocompress_opt.hf.adapters import adapter_for
 from autocompress_opt.prune.importance import estimate_importance
-from autocompress_opt.search.budget import Budget, CostGoal
-from autocompress_opt.search.inner_search import InnerConfig, search
-from autocompress_opt.search.progress import (
+from autocompress_opt.search.inner.budget import Budget, CostGoal
+from autocompress_opt.search.inner.inner_search import InnerConfig, search
+from autocompress_opt.search.inner.teacher import teacher_log_probs
+from autocompress_opt.search.study.progress import (
     INFEASIBLE_PENALTY,
     PHASES,
     SCORE,
@@ -30,9 +31,8 @@ from autocompress_opt.search.progress import (
     report,
     reporting,
 )
-from autocompress_opt.search.study import _Progress
-from autocompress_opt.search.teacher import teacher_log_probs
-from autocompress_opt.search.weights_trial import clear_trial_cache, run_weights_trial
+from autocompress_opt.search.study.run import _Progress
+from autocompress_opt.search.study.weights_trial import clear_trial_cache, run_weights_trial
 from autocompress_opt.serving.targets import Target
 
 
@@ -177,7 +177,7 @@ def test_intermediate_results_reach_the_study_through_ray_tune(tmp_path: Path, m
 
     from autocompress_opt.arch.catalog import load_architecture
     from autocompress_opt.arch.search_space import default_space
-    from autocompress_opt.search.study import StudyConfig, _init_ray, load_records, run_study
+    from autocompress_opt.search.study.run import StudyConfig, _init_ray, load_records, run_study
 
     monkeypatch.chdir(tmp_path)  # the trials' caches (.autocompress/) go here
     model_dir = save_hf_dir(tiny_lm_model("llama", num_hidden_layers=4), tmp_path / "llama")

@@ -13,9 +13,9 @@ from weights_helpers import INNER, PARAMS, TARGET, request
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search.inner_search import CANDIDATES
-from autocompress_opt.search.trials import quality_label, run_trial
-from autocompress_opt.search.weights_trial import QUALITY_KIND, TrialConfig, clear_trial_cache, run_weights_trial
+from autocompress_opt.search.inner.inner_search import CANDIDATES
+from autocompress_opt.search.study.trials import quality_label, run_trial
+from autocompress_opt.search.study.weights_trial import QUALITY_KIND, TrialConfig, clear_trial_cache, run_weights_trial
 from autocompress_opt.serving.costmodel import estimate_cost
 
 
@@ -101,7 +101,7 @@ def test_a_small_teacher_budget_gives_top_k_targets_and_the_result_says_so(paren
     520 bytes a token in float16) keeps the largest top-k that fits (6k + 4 bytes a token: 450 → k = 74),
     in its own cache file; the default budget keeps the full vocabulary. A budget too small for
     64 tokens, or not a positive number, is a ConfigError."""
-    from autocompress_opt.search.teacher import clear_teacher_memory
+    from autocompress_opt.search.inner.teacher import clear_teacher_memory
 
     clear_trial_cache()
     clear_teacher_memory()  # else the full targets come from memory and are not written under tmp_path

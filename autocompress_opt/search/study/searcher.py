@@ -18,7 +18,7 @@ tells FAIL with the error. All storage access happens in the driver process that
 
 Intermediate results (:meth:`StudySearcher.on_trial_result`; weights trials report their phase
 and, every few inner steps, the held-out KL and constraint violation,
-:mod:`~autocompress_opt.search.progress`) go to the progress display and are kept in memory. A
+:mod:`~autocompress_opt.search.study.progress`) go to the progress display and are kept in memory. A
 trial that Ray Tune's scheduler stopped (``early_stopping``; it ends with no payload after
 reporting progress) is told PRUNED with its last values as the user attribute ``stopped_early``
 and all of them as ``intermediate`` (COMPLETE trials keep ``intermediate`` too); in a
@@ -49,8 +49,8 @@ from typing import Any, Protocol
 import optuna
 from ray.tune.search import Searcher
 
-from autocompress_opt.search.progress import FALLBACK, STOPPED_EARLY, TrialProgress, is_stopped_early
-from autocompress_opt.search.proxy import PROXY_ATTR
+from autocompress_opt.search.study.progress import FALLBACK, STOPPED_EARLY, TrialProgress, is_stopped_early
+from autocompress_opt.search.study.proxy import PROXY_ATTR
 from autocompress_opt.serving.targets import Target, all_satisfied
 
 __all__ = ["INTERRUPTED", "StudySearcher", "baseline_candidates", "point_key"]
@@ -126,7 +126,7 @@ class StudySearcher(Searcher):
         coordination: the study's driver lock, heartbeats and orphan repair.
         early_stopping: a scheduler may stop trials; one that ends without a result after
             reporting progress is told PRUNED (else such a trial is a FAIL).
-        proxy: screens each point the sampler proposes (:class:`~autocompress_opt.search.proxy.Proxy`):
+        proxy: screens each point the sampler proposes (:class:`~autocompress_opt.search.study.proxy.Proxy`):
             one whose uniform model it finds infeasible is told PRUNED (``proxy_infeasible``)
             without running, and the sampler asks again; None: every point runs.
         deadline: ``time.monotonic()`` after which no new trial starts (None: none); trials in

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from engine_models import export, hetero_arch, uniform_arch
 
-from autocompress_opt.engines.llamacpp import convert_to_gguf, gguf_logits
-from autocompress_opt.engines.serve_check import (
+from autocompress_opt.prune.export import to_decilm
+from autocompress_opt.runtimes.llamacpp import convert_to_gguf, gguf_logits
+from autocompress_opt.runtimes.serve_check import (
     _log_softmax,
     _reference,
     _top_rows,
@@ -21,7 +22,6 @@ from autocompress_opt.engines.serve_check import (
     compare,
     serve_check,
 )
-from autocompress_opt.prune.export import to_decilm
 
 
 @pytest.fixture(scope="module")

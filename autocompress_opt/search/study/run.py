@@ -22,7 +22,7 @@ orphaned RUNNING trials after a killed driver.
 
 **Early stopping** (:attr:`StudyConfig.scheduler`, ``asha`` by default for weights studies of
 more than 4 trials): weights trials report their held-out KL and constraint violation every few
-inner steps (:mod:`~autocompress_opt.search.progress`); Ray Tune's ASHA (:func:`make_scheduler`)
+inner steps (:mod:`~autocompress_opt.search.study.progress`); Ray Tune's ASHA (:func:`make_scheduler`)
 stops a trial outside the best third of its target's at an eighth or three eighths of its inner search. It is
 stored PRUNED with its last values (``stopped_early``), counts toward ``trials`` (the study then
 evaluates more points in the same time) and never enters the Pareto front. The seeded baselines'
@@ -64,8 +64,8 @@ from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import CHOICES, SearchSpace, uniform_allocation
 from autocompress_opt.errors import ConfigError, suggest
-from autocompress_opt.prune.engine_rules import SERVE_AS_ANY, check_serve_as, parent_problems, rules_engine_for
-from autocompress_opt.search.placement import (
+from autocompress_opt.prune.loadability import SERVE_AS_ANY, check_serve_as, parent_problems, rules_engine_for
+from autocompress_opt.search.study.placement import (
     Placement,
     check_cache_dir,
     check_trial_gpus,
@@ -76,7 +76,7 @@ from autocompress_opt.search.placement import (
     plan_placement,
     trial_provenance,
 )
-from autocompress_opt.search.trials import (
+from autocompress_opt.search.study.trials import (
     TRIAL_MODES,
     Target,
     load_plugins,
@@ -136,7 +136,7 @@ class Objective:
     ``quality`` is one stored objective name for every trial mode (existing studies keep loading);
     its meaning is the trial's ``quality_kind``: the retained-parameter fraction or retained
     importance in plan mode, ``exp(-KL to parent)`` in weights mode (see
-    :data:`~autocompress_opt.search.trials.QUALITY_LABELS`).
+    :data:`~autocompress_opt.search.study.trials.QUALITY_LABELS`).
     """
 
     metric: str
@@ -179,7 +179,7 @@ class StudyConfig:
     :func:`~autocompress_opt.serving.hardware.load_hardware_file` read) the targets may name; they are
     registered here and in every trial's worker, and a target's profile is part of its identity.
     ``gpus_per_trial``, ``concurrency`` (None: defaults from the cluster) and ``cache_dir``: where
-    trials run and keep their caches (:mod:`~autocompress_opt.search.placement`); not part of the
+    trials run and keep their caches (:mod:`~autocompress_opt.search.study.placement`); not part of the
     identity either.
     """
 
@@ -265,7 +265,7 @@ class StudyConfig:
 
     @property
     def proxy_points(self) -> int:
-        """Points the plan-mode proxy enqueues per target (:mod:`~autocompress_opt.search.proxy`):
+        """Points the plan-mode proxy enqueues per target (:mod:`~autocompress_opt.search.study.proxy`):
         ``proxy``, by default :data:`PROXY_POINTS` in weights mode, 0 (no proxy) otherwise. With
         any, the proxy also screens the sampler's points."""
         if self.proxy is not None:
@@ -281,7 +281,7 @@ class StudyConfig:
         return "asha" if self.mode == "weights" and self.trials > ASHA_MIN_TRIALS else "none"
 
     def serve_as_for(self, target: Target) -> str:
-        """The engine whose rules ``target``'s trials keep (:mod:`~autocompress_opt.prune.engine_rules`):
+        """The engine whose rules ``target``'s trials keep (:mod:`~autocompress_opt.prune.loadability`):
         ``serve_as`` when given, else the target's own engine (``torch-eager``: ``transformers``; an
         engine without rules: ``any``)."""
         return self.serve_as or rules_engine_for(target.engine_name)
@@ -586,16 +586,16 @@ class TrialRecord:
 
     ``quality`` is the objective stored as ``quality``; what it measures is ``quality_kind``
     (``retained_params``, ``retained_importance``, ``exp_neg_kl``, or a plugin's; see
-    :data:`~autocompress_opt.search.trials.QUALITY_LABELS`). None for trials that did not complete.
+    :data:`~autocompress_opt.search.study.trials.QUALITY_LABELS`). None for trials that did not complete.
     ``selection`` (weights mode): which inner-search candidate the trial returned and each one's
-    held-out KL (:meth:`~autocompress_opt.search.inner_search.InnerResult.choice`); ``baseline``:
+    held-out KL (:meth:`~autocompress_opt.search.inner.inner_search.InnerResult.choice`); ``baseline``:
     the baseline(s) a seeded trial's point comes from (e.g. ``"depth"``; :func:`seed_study`).
     ``stopped_early``: for a trial the scheduler stopped (state PRUNED), its last report
     (``phase``, ``inner_step``, ``inner_steps``, ``val_kl``, ``violation``, ``progress_score``);
     ``intermediate``: the held-out KL and violation it reported during its inner search, as
     ``[inner_step, val_kl, violation]`` rows (weights mode). ``proxy_infeasible``: the proxy's
     violations of a point it kept from running (PRUNED); ``proxy_rank``: the rank of a point the
-    proxy enqueued (:mod:`~autocompress_opt.search.proxy`). ``timings_s`` (weights mode): where a
+    proxy enqueued (:mod:`~autocompress_opt.search.study.proxy`). ``timings_s`` (weights mode): where a
     completed trial's seconds went (``parent``: loading it, when this trial's process did;
     ``search``: the inner search; ``quality``: the held-out measurement(s); ``total``).
     """
@@ -722,7 +722,7 @@ def pareto_front(records: Sequence[TrialRecord], directions: Sequence[str]) -> l
 def _trainable(config: dict[str, Any]) -> dict[str, Any]:
     """The Ray Tune function trainable: runs one trial, never raises (errors become payload).
 
-    While the trial runs, what it reports (:func:`~autocompress_opt.search.progress.report`: its
+    While the trial runs, what it reports (:func:`~autocompress_opt.search.study.progress.report`: its
     phase, inner step, held-out KL, violation) goes to ``ray.tune.report``; a scheduler that stops
     the trial ends it inside that call (Ray's ``SystemExit``, deliberately not caught). The final
     result carries the last step and score too: Ray Tune wants the scheduler's metric in every result.
@@ -731,7 +731,7 @@ def _trainable(config: dict[str, Any]) -> dict[str, Any]:
     the baseline's own model measured, which the study then records)."""
     from ray import tune
 
-    from autocompress_opt.search.progress import SCORE, STEP, TrialProgress, reporting
+    from autocompress_opt.search.study.progress import SCORE, STEP, TrialProgress, reporting
 
     last: list[TrialProgress] = []
 
@@ -829,7 +829,7 @@ def check_config(config: StudyConfig, parent: Architecture) -> None:
     """Every option of a study group checked against ``parent`` without touching any storage: the
     search space fits the parent; each target's hardware, engine, engine options, workload and
     constraints (by costing the parent on it); the ``inner`` keys for the mode (``weights``: the
-    :class:`~autocompress_opt.search.weights_trial.TrialConfig` keys and values; ``plan`` takes none;
+    :class:`~autocompress_opt.search.study.weights_trial.TrialConfig` keys and values; ``plan`` takes none;
     a plugin's mode checks its own); the ``importance`` record exists; the storage is one that
     :func:`resolve_storage` accepts (nothing is opened). Raises ConfigError."""
     resolve_storage(config.storage_url)
@@ -850,7 +850,7 @@ def check_config(config: StudyConfig, parent: Architecture) -> None:
             "--mode weights only; drop them or use --mode weights"
         )
     if config.mode == "weights":
-        from autocompress_opt.search.weights_trial import TrialConfig  # torch: the weights mode needs it anyway
+        from autocompress_opt.search.study.weights_trial import TrialConfig  # torch: the weights mode needs it anyway
 
         TrialConfig.from_dict(config.inner, seed=config.seed)
     if config.importance and not Path(config.importance).exists():
@@ -929,7 +929,7 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
 def _serve_as_record(config: StudyConfig, target: Target, parent: Architecture) -> dict[str, Any]:
     """The study's ``serve_as`` user attribute: the engine whose rules its trials keep, whether it
     was asked for (``--serve-as``) or is the target's, and what no pruned model of the parent can
-    change for it (:func:`~autocompress_opt.prune.engine_rules.parent_problems`)."""
+    change for it (:func:`~autocompress_opt.prune.loadability.parent_problems`)."""
     engine = config.serve_as_for(target)
     return {
         "engine": engine,
@@ -1046,7 +1046,7 @@ def _seed_scoring(config: StudyConfig) -> tuple[Any, Any]:
     then released); in plan mode the ``importance`` record if any, unscored; else neither."""
     if config.mode == "weights":
         from autocompress_opt.prune.baselines import masked_kl_scorer
-        from autocompress_opt.search.weights_trial import TrialConfig, clear_trial_cache, parent_context
+        from autocompress_opt.search.study.weights_trial import TrialConfig, clear_trial_cache, parent_context
 
         trial = TrialConfig.from_dict(config.inner, seed=config.seed)
         context, _ = parent_context(config.model, trial, Path(driver_cache_dir(config.cache_dir)))
@@ -1215,7 +1215,7 @@ def _init_ray(address: str | None, concurrency: int | None, plugins: Sequence[st
 
 def _placement(config: StudyConfig, progress: bool = False) -> Placement:
     """GPUs and CPUs per trial and trials at once, from the connected cluster's nodes (not the
-    driver's cores; :func:`~autocompress_opt.search.placement.plan_placement`). Plan trials take 1
+    driver's cores; :func:`~autocompress_opt.search.study.placement.plan_placement`). Plan trials take 1
     CPU; weights trials share each node's cores between the trials it holds (Ray sets
     OMP_NUM_THREADS, hence torch's threads, from this)."""
     placement = plan_placement(
@@ -1232,11 +1232,11 @@ def _placement(config: StudyConfig, progress: bool = False) -> Placement:
 
 def finished_trials(study: Any) -> tuple[int, int]:
     """``(complete, stopped)``: the study's COMPLETE trials and those the scheduler stopped early
-    (:func:`~autocompress_opt.search.progress.is_stopped_early`); together, the trials evaluated,
+    (:func:`~autocompress_opt.search.study.progress.is_stopped_early`); together, the trials evaluated,
     which ``StudyConfig.trials`` counts."""
     import optuna
 
-    from autocompress_opt.search.progress import is_stopped_early
+    from autocompress_opt.search.study.progress import is_stopped_early
 
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
     complete = sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
@@ -1246,8 +1246,8 @@ def finished_trials(study: Any) -> tuple[int, int]:
 def make_scheduler(config: StudyConfig, targets: int = 1) -> Any:
     """Ray Tune's trial scheduler for ``config.scheduler_name``: None for ``none``; for ``asha`` one
     ASHAScheduler per target (:func:`per_target_scheduler`; ``targets`` of them, the trials' config
-    ``target_index`` choosing) over inner-search steps (:data:`~autocompress_opt.search.progress.STEP`)
-    on the constraint-aware score (:data:`~autocompress_opt.search.progress.SCORE`, lower is better):
+    ``target_index`` choosing) over inner-search steps (:data:`~autocompress_opt.search.study.progress.STEP`)
+    on the constraint-aware score (:data:`~autocompress_opt.search.study.progress.SCORE`, lower is better):
     a trial is only ever compared with trials of its own target, whose constraints it shares.
 
     Rungs at an eighth and at three eighths of the inner search's steps (3 and 9 of 24; where the
@@ -1264,8 +1264,8 @@ def make_scheduler(config: StudyConfig, targets: int = 1) -> Any:
         return None
     from ray.tune.schedulers import ASHAScheduler
 
-    from autocompress_opt.search.progress import SCORE, STEP
-    from autocompress_opt.search.weights_trial import TrialConfig
+    from autocompress_opt.search.study.progress import SCORE, STEP
+    from autocompress_opt.search.study.weights_trial import TrialConfig
 
     steps = TrialConfig.from_dict(config.inner, seed=config.seed).inner.steps
     grace = max(1, steps // 8)
@@ -1289,12 +1289,12 @@ def per_target_scheduler(schedulers: Sequence[Any]) -> Any:
     to the one its config's ``target_index`` names (trials without one to the first). A trial whose
     config says ``stoppable: False`` (a seeded baseline) is judged like the others, so its results
     enter the rungs, but not stopped before it has reported its fallback
-    (:data:`~autocompress_opt.search.progress.FALLBACK`: its baseline's own model, measured, which
+    (:data:`~autocompress_opt.search.study.progress.FALLBACK`: its baseline's own model, measured, which
     the study records as the trial's result if it stops it). Trials run in the order they were
     added (FIFO)."""
     from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-    from autocompress_opt.search.progress import FALLBACK, SCORE
+    from autocompress_opt.search.study.progress import FALLBACK, SCORE
 
     class PerTargetScheduler(FIFOScheduler):
         def __init__(self, parts: Sequence[Any]) -> None:
@@ -1388,7 +1388,7 @@ def _fit(tuner: Any, searcher: Any, state: _Interrupt) -> None:
     """``tuner.fit()`` that Ctrl-C stops: the searcher asks for nothing more and Ray Tune's own stop
     (its SIGUSR1 handler, installed by ``fit``) ends its loop and stops the running trials; trials
     still in flight afterwards are told FAIL and re-queued (:meth:`StudySearcher.release`)."""
-    from autocompress_opt.search.searcher import INTERRUPTED
+    from autocompress_opt.search.study.searcher import INTERRUPTED
 
     usr1 = signal.getsignal(signal.SIGUSR1)
     tune_logger = logging.getLogger("ray.tune")
@@ -1544,7 +1544,7 @@ def _prepare_target(
     bar.count_existing(study)
     searcher = None
     if done < config.trials:
-        from autocompress_opt.search.searcher import StudySearcher  # needs Ray Tune and Optuna
+        from autocompress_opt.search.study.searcher import StudySearcher  # needs Ray Tune and Optuna
 
         searcher = StudySearcher(
             study,
@@ -1572,9 +1572,9 @@ def _make_proxy(
     layer_order: Sequence[int] | None,
     scoring: Callable[[], tuple[Any, Any]],
 ) -> Any:
-    """The target's plan-mode proxy (:class:`~autocompress_opt.search.proxy.Proxy`) with the
+    """The target's plan-mode proxy (:class:`~autocompress_opt.search.study.proxy.Proxy`) with the
     parent's importance (from ``scoring``, shared with the seeds)."""
-    from autocompress_opt.search.proxy import Proxy
+    from autocompress_opt.search.study.proxy import Proxy
 
     importance, _ = scoring()
     return Proxy(
@@ -1589,11 +1589,11 @@ def _make_proxy(
 
 
 def enqueue_proxy_points(study: Any, proxy: Any, k: int, seed: int = 0) -> list[str]:
-    """Enqueue the proxy's ``k`` best points (:meth:`~autocompress_opt.search.proxy.Proxy.rank`) in
+    """Enqueue the proxy's ``k`` best points (:meth:`~autocompress_opt.search.study.proxy.Proxy.rank`) in
     ``study`` once: the ranking is stored as the study's ``proxy_points`` attribute, and a resumed
     study reads it from there; each point is enqueued with ``skip_if_exists`` and the attribute
     ``proxy_rank``. Returns one line per point."""
-    from autocompress_opt.search.proxy import PROXY_RANK_ATTR
+    from autocompress_opt.search.study.proxy import PROXY_RANK_ATTR
 
     ranked = study.user_attrs.get("proxy_points")
     if ranked is None:
@@ -1620,7 +1620,7 @@ def _run_group(
     import optuna
     from ray import tune
 
-    from autocompress_opt.search.searcher import INTERRUPTED, GroupSearcher  # needs Ray Tune and Optuna
+    from autocompress_opt.search.study.searcher import INTERRUPTED, GroupSearcher  # needs Ray Tune and Optuna
 
     searcher = GroupSearcher([run.searcher for run in runs])
     scratch = tempfile.mkdtemp(prefix="autocompress-tune-")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from autocompress_opt.arch.architecture import LayerSpec
-from autocompress_opt.engines import install
+from autocompress_opt.runtimes import install
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,7 @@ def smollm2_exports(smollm2_loaded: Any, tmp_path_factory: pytest.TempPathFactor
 def test_pruned_smollm2_serves_as_transformers_computes(
     engine: str, kind: str, smollm2_exports: dict[str, Path]
 ) -> None:
-    from autocompress_opt.engines.serve_check import serve_check
+    from autocompress_opt.runtimes.serve_check import serve_check
 
     try:
         install.llamacpp() if engine == "llamacpp" else install.vllm()

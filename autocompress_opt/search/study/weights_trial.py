@@ -1,6 +1,6 @@
 """The ``weights`` trial mode: inner mask search on the real parent → materialise → quality → cost.
 
-:func:`run_weights_trial` follows the contract of :mod:`autocompress_opt.search.trials`::
+:func:`run_weights_trial` follows the contract of :mod:`autocompress_opt.search.study.trials`::
 
     request = {"params": {...global choices...}, "parent": Architecture dict, "target": Target dict,
                "layer_order": [...] | None, "seed": int,   # ("space" may be present; unused)
@@ -22,19 +22,19 @@
 the greedy start point, or the uniform allocation of the trial's global choices (considered
 whenever it is feasible, so a trial never returns worse, on the held-out calibration KL, than that
 uniform model) — and each one's KL to the parent on the calibration rows held out of the search
-(:meth:`~autocompress_opt.search.inner_search.InnerResult.choice`). A seeded baseline's trial
+(:meth:`~autocompress_opt.search.inner.inner_search.InnerResult.choice`). A seeded baseline's trial
 (``request["baselines"]``) also weighs the baseline's own model(s): on that calibration KL in the
 inner search, then, if the search returned another candidate, on the study's objective (the
 held-out evaluation KL below; ``selection["heldout_kl"]`` records both), so the trial never scores
 worse than the baseline it was seeded with. Such a trial measures its baselines' models first
 (phase ``baseline``) and reports the best feasible one as a complete result
-(:attr:`~autocompress_opt.search.progress.TrialProgress.fallback`): if the study's scheduler stops
+(:attr:`~autocompress_opt.search.study.progress.TrialProgress.fallback`): if the study's scheduler stops
 the trial early, the study records that result (``selection["stopped_at_step"]``), so a seeded
 point can be stopped like any other without losing the baseline it holds.
 
 Steps: load the parent (cached per process), its importance (``estimate_importance`` with its disk
 cache, ``.autocompress/importance/``), the parent's log-probs on the calibration rows (once,
-``.autocompress/teacher/``), the inner search (:func:`autocompress_opt.search.inner_search.search`,
+``.autocompress/teacher/``), the inner search (:func:`autocompress_opt.search.inner.inner_search.search`,
 starting from the trial's uniform allocation — layers ranked by ``layer_order``, else by the
 importance ``skip_loss`` — holding its global choices as budgets, and keeping that uniform
 allocation as a candidate) → a
@@ -49,7 +49,7 @@ evaluation data, so an architecture is evaluated once across targets and trials.
 
 While it runs, the trial reports its phase (load parent, importance, teacher, inner search,
 materialise, quality), every inner step, and every few steps the held-out calibration KL and how
-far it is from a feasible result (:mod:`autocompress_opt.search.progress`): in a study they reach
+far it is from a feasible result (:mod:`autocompress_opt.search.study.progress`): in a study they reach
 the progress bar and the early-stopping scheduler; elsewhere the reports go nowhere.
 
 Deterministic given ``request["seed"]`` (and the thread count). Calibration and evaluation data
@@ -76,17 +76,17 @@ from autocompress_opt.errors import ConfigError, check_number, suggest
 from autocompress_opt.hf.adapters import architecture_mismatch
 from autocompress_opt.hf.device import dtype_name, resolve_compute_dtype, resolve_device
 from autocompress_opt.hf.memory import DEFAULT_TEACHER_BUDGET_GIB
-from autocompress_opt.prune.engine_rules import shape_rules
 from autocompress_opt.prune.importance import Importance, estimate_importance
+from autocompress_opt.prune.loadability import shape_rules
 from autocompress_opt.prune.plan import plan_pruning
 from autocompress_opt.quality.metrics import Teacher, kl_and_perplexity
-from autocompress_opt.search.budget import Budget, CostGoal
-from autocompress_opt.search.inner_search import InnerConfig, InnerResult, StepListener, search
-from autocompress_opt.search.placement import DEFAULT_CACHE_DIR as CACHE_DIR_NAME
-from autocompress_opt.search.placement import trial_device
-from autocompress_opt.search.progress import TrialProgress, report
-from autocompress_opt.search.teacher import teacher_form, teacher_log_probs
-from autocompress_opt.search.trials import legal_point
+from autocompress_opt.search.inner.budget import Budget, CostGoal
+from autocompress_opt.search.inner.inner_search import InnerConfig, InnerResult, StepListener, search
+from autocompress_opt.search.inner.teacher import teacher_form, teacher_log_probs
+from autocompress_opt.search.study.placement import DEFAULT_CACHE_DIR as CACHE_DIR_NAME
+from autocompress_opt.search.study.placement import trial_device
+from autocompress_opt.search.study.progress import TrialProgress, report
+from autocompress_opt.search.study.trials import legal_point
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
 
@@ -221,7 +221,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.quality.metrics import cache_teacher_logits
     from autocompress_opt.quality.textdata import text_batches
-    from autocompress_opt.search.placement import trial_gpus
+    from autocompress_opt.search.study.placement import trial_gpus
 
     settings = config.to_dict()
     key = _digest(ref, str(cache_dir), {k: settings[k] for k in _CONTEXT_KEYS})
@@ -384,7 +384,7 @@ def inner_search(
     ``layer_order``, else by the importance ``skip_loss``), holding ``params`` as budgets, under
     ``target``'s constraints, with that uniform allocation as a candidate; ``on_step`` hears the
     step count, and every few steps the held-out KL and violation (:func:`.inner_search.search`);
-    the result is a shape the ``serve_as`` engine loads (:func:`~autocompress_opt.prune.engine_rules.shape_rules`;
+    the result is a shape the ``serve_as`` engine loads (:func:`~autocompress_opt.prune.loadability.shape_rules`;
     ``any``: every shape); ``extra``: more candidates by name (a seeded baseline's own model)."""
     order = layer_order or parent.importance.layer_order()
     budget = Budget.from_params(params)

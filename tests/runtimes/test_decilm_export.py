@@ -14,9 +14,6 @@ import torch
 from engine_models import HIDDEN, export, hetero_arch, random_model, uniform_arch
 
 from autocompress_opt.arch.architecture import LayerSpec
-from autocompress_opt.engines import install
-from autocompress_opt.engines.llamacpp import attention_only_layers, llamacpp_ready_copy
-from autocompress_opt.engines.serve_check import check_sequences, compare
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.export import (
     decilm_ffn_mult,
@@ -26,6 +23,9 @@ from autocompress_opt.prune.export import (
     load_exported,
     to_decilm,
 )
+from autocompress_opt.runtimes import install
+from autocompress_opt.runtimes.llamacpp import attention_only_layers, llamacpp_ready_copy
+from autocompress_opt.runtimes.serve_check import check_sequences, compare
 
 
 def logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -144,7 +144,7 @@ def test_missing_engine_names_the_install_command(tmp_path: Path) -> None:
 
 
 def test_engine_rules_name_what_is_not_loadable() -> None:
-    from autocompress_opt.engines.rules import ENGINE_RULES, loadable_problems
+    from autocompress_opt.prune.loadability import ENGINE_RULES, loadable_problems
 
     assert set(ENGINE_RULES) == {"vllm", "sglang", "trtllm", "llamacpp", "transformers"}
     hetero = hetero_arch()

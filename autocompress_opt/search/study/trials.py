@@ -9,7 +9,7 @@ a plain result::
                "quality": float, "quality_kind": str, "serve_as": engine | "any"}
 
 ``serve_as`` names the serving engine whose rules the trial's architecture keeps
-(:mod:`~autocompress_opt.prune.engine_rules`; the study passes its target's engine or ``--serve-as``).
+(:mod:`~autocompress_opt.prune.loadability`; the study passes its target's engine or ``--serve-as``).
 
 Trial functions live in :data:`TRIAL_MODES`. This module ships ``plan``: no weights; the
 architecture is scored by the target's cost model and a stand-in for quality (the fraction of the
@@ -31,7 +31,7 @@ from typing import Any
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import SearchSpace
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.prune.engine_rules import SERVE_AS_ANY, check_serve_as, loadable_problems, parent_problems
+from autocompress_opt.prune.loadability import SERVE_AS_ANY, check_serve_as, loadable_problems, parent_problems
 from autocompress_opt.registry import Registry
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import FITS_DEVICE, Target, device_fit_violation, parent_metrics
@@ -128,7 +128,7 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     The architecture is uniform, a plain family checkpoint; under ``request["serve_as"]``'s rules
     it is that of :func:`legal_point` (the point itself, or the largest legal one below it) and
     must load in that engine (beyond what the parent itself cannot change, its family and head
-    size: :func:`~autocompress_opt.prune.engine_rules.parent_problems`), else a :class:`ConfigError`.
+    size: :func:`~autocompress_opt.prune.loadability.parent_problems`), else a :class:`ConfigError`.
     """
     parent = Architecture.from_dict(request["parent"])
     space = SearchSpace.from_dict(request["space"])
@@ -218,8 +218,8 @@ def legal_point(params: Mapping[str, int], space: SearchSpace, parent: Architect
 
 def check_loadable(arch: Architecture, parent: Architecture, serve_as: str) -> None:
     """Raise :class:`ConfigError` when the ``serve_as`` engine cannot load ``arch`` for a reason
-    pruning could have avoided (:func:`~autocompress_opt.prune.engine_rules.loadable_problems`
-    less the parent's own, :func:`~autocompress_opt.prune.engine_rules.parent_problems`)."""
+    pruning could have avoided (:func:`~autocompress_opt.prune.loadability.loadable_problems`
+    less the parent's own, :func:`~autocompress_opt.prune.loadability.parent_problems`)."""
     if serve_as == SERVE_AS_ANY:
         return
     problems = _avoidable_problems(arch, serve_as, set(parent_problems(parent, serve_as)))
@@ -228,14 +228,14 @@ def check_loadable(arch: Architecture, parent: Architecture, serve_as: str) -> N
 
 
 def _avoidable_problems(arch: Architecture, serve_as: str, own: set[str]) -> list[str]:
-    """Why ``serve_as`` cannot load ``arch`` (:func:`~autocompress_opt.prune.engine_rules.loadable_problems`),
+    """Why ``serve_as`` cannot load ``arch`` (:func:`~autocompress_opt.prune.loadability.loadable_problems`),
     less the parent's ``own`` problems, which no pruned model can avoid."""
     return [p for p in loadable_problems(arch, serve_as) if p not in own]
 
 
 # Real weights: inner per-layer mask search → materialise → held-out quality → cost. Registered
 # lazily: torch-heavy, and the module imports this one.
-TRIAL_MODES.register_lazy("weights", "autocompress_opt.search.weights_trial:run_weights_trial")
+TRIAL_MODES.register_lazy("weights", "autocompress_opt.search.study.weights_trial:run_weights_trial")
 
 
 def load_plugins(modules: Sequence[str]) -> None:

@@ -14,7 +14,7 @@ import pytest
 from engine_models import export, hetero_arch, uniform_arch
 
 from autocompress_opt.cli import main
-from autocompress_opt.engines.serve_check import serve_check
+from autocompress_opt.runtimes.serve_check import serve_check
 
 
 def test_uniform_export_agrees_with_transformers(vllm_engine: Any, tmp_path: Path) -> None:

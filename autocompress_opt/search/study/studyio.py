@@ -1,6 +1,7 @@
 """Reading finished studies back: groups of per-target studies, Pareto tables, export rows.
 
-A trial's ``quality`` means what its ``quality_kind`` says (:data:`~autocompress_opt.search.trials.QUALITY_LABELS`);
+A trial's ``quality`` means what its ``quality_kind`` says
+(:data:`~autocompress_opt.search.study.trials.QUALITY_LABELS`);
 :func:`quality_label_of` names the quality of a set of trials for tables and plots.
 """
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.search.study import (
+from autocompress_opt.search.study.run import (
     TrialRecord,
     default_storage,
     group_members,
@@ -22,7 +23,7 @@ from autocompress_opt.search.study import (
     make_storage,
     pareto_front,
 )
-from autocompress_opt.search.trials import quality_label
+from autocompress_opt.search.study.trials import quality_label
 
 __all__ = ["StudyView", "export_rows", "list_studies", "load_group", "quality_label_of", "rows_to_csv"]
 

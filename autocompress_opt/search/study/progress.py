@@ -82,7 +82,7 @@ class TrialProgress:
             batch's KL when no rows are held out); None before the search measured one.
         violation: how far that result is from feasible, as a normalised constraint violation:
             0 when a feasible candidate exists, else the smallest largest-violation among them
-            (:func:`~autocompress_opt.search.inner_search.search`).
+            (:func:`~autocompress_opt.search.inner.inner_search.search`).
         stale: ``val_kl`` and ``violation`` were measured at an earlier step (the inner search
             measures every few steps and reports every step).
         fallback: a seeded trial's complete result (the trial's JSON payload) should the scheduler

@@ -1,6 +1,6 @@
 """Runs llama.cpp's ``convert_hf_to_gguf.py`` in the converter's environment, with one fix.
 
-Not imported by the package: :mod:`autocompress_opt.engines.llamacpp` runs it as
+Not imported by the package: :mod:`autocompress_opt.runtimes.llamacpp` runs it as
 ``python _gguf_convert.py LLAMA_SRC MODEL_DIR [converter arguments]``.
 
 The fix: the converter's ``DeciModel.set_vocab`` treats every vocabulary other than Llama-3's

@@ -1,12 +1,12 @@
 """The cheap proxy of a weights-mode study: plan-mode scoring of global points, before and between
 the expensive trials (multi-fidelity, the first and cheapest fidelity).
 
-A point's proxy is what a plan-mode trial computes (:func:`~autocompress_opt.search.trials.plan_trial`,
+A point's proxy is what a plan-mode trial computes (:func:`~autocompress_opt.search.study.trials.plan_trial`,
 with the same functions; the cost model runs on a batch of points at once): the engine-legal
-uniform model of the point (:func:`~autocompress_opt.search.trials.uniform_model`; layers ranked as
+uniform model of the point (:func:`~autocompress_opt.search.study.trials.uniform_model`; layers ranked as
 the weights trial ranks them), the target's exact cost metrics and constraint violations, and — with
 the parent's importance — the retained importance, else the retained parameter fraction
-(:func:`~autocompress_opt.search.trials.plan_quality`). A study uses it twice (:mod:`.study`, :mod:`.searcher`):
+(:func:`~autocompress_opt.search.study.trials.plan_quality`). A study uses it twice (:mod:`.study`, :mod:`.searcher`):
 
 - **ranking**: before its weights trials, each target's study enqueues the ``k`` best points by the
   proxy among the feasible, *maximal* ones (no other feasible point scored is at least as large in
@@ -33,7 +33,7 @@ import numpy as np
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import CHOICES, SearchSpace
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search.trials import plan_quality, uniform_model
+from autocompress_opt.search.study.trials import plan_quality, uniform_model
 from autocompress_opt.serving.costmodel import ArchArrays, estimate_batch
 from autocompress_opt.serving.targets import Target, all_satisfied
 

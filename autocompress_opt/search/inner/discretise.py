@@ -4,7 +4,7 @@
 violation removed) until every constraint and budget holds, then **fill** (greedily add back the
 unit with the most importance per unit of slack used while everything still holds).
 
-Under a serving engine's rules (``rules``, :class:`~autocompress_opt.prune.engine_rules.ShapeRules`)
+Under a serving engine's rules (``rules``, :class:`~autocompress_opt.prune.loadability.ShapeRules`)
 every step stays a shape that engine loads: FFN widths move in the engine's multiple (256 for the
 DeciLM readers), every attention layer keeps the trial's query heads (only the KV grouping varies,
 ``kv_groups · q_per_group`` fixed), the first kept layer keeps its attention where the engine needs
@@ -22,11 +22,11 @@ import torch
 
 from autocompress_opt.arch.architecture import Architecture, uniform_child
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.prune.engine_rules import ShapeRules
 from autocompress_opt.prune.export import decilm_problems
 from autocompress_opt.prune.importance import Importance, ranked
-from autocompress_opt.search.budget import Budget, CostGoal, exact_violations, totals_of
-from autocompress_opt.search.relaxation import DiscreteLayer, ParentMasks
+from autocompress_opt.prune.loadability import ShapeRules
+from autocompress_opt.search.inner.budget import Budget, CostGoal, exact_violations, totals_of
+from autocompress_opt.search.inner.relaxation import DiscreteLayer, ParentMasks
 from autocompress_opt.serving.costmodel import ArchArrays
 from autocompress_opt.serving.targets import all_satisfied
 

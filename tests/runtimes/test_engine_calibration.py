@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from autocompress_opt.arch.catalog import known_architectures
-from autocompress_opt.engines import calibration as cal
-from autocompress_opt.engines.calibration import calibrate_engine, engine_architectures, refit_engine
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.prune.engine_rules import loadable_problems
+from autocompress_opt.prune.loadability import loadable_problems
+from autocompress_opt.runtimes import calibration as cal
+from autocompress_opt.runtimes.calibration import calibrate_engine, engine_architectures, refit_engine
 from autocompress_opt.serving.costmodel import Scenario
-from autocompress_opt.serving.engines import get_engine
+from autocompress_opt.serving.engine_models import get_engine
 from autocompress_opt.serving.fitting import Observation, predict
 from autocompress_opt.serving.hardware import get_hardware
 from autocompress_opt.serving.profiles import (
@@ -134,7 +134,7 @@ def test_the_fit_recovers_a_known_engine_and_holds_models_out(
     """The whole pipeline (real models drawn, built and exported; split; fit; held-out error; the
     profile saved and found by ``autocompress cost``), with the engine's timings replaced by the cost
     model's own predictions under known parameters: the fit must find them again."""
-    from autocompress_opt.engines import install
+    from autocompress_opt.runtimes import install
 
     truth = replace(PRIORS["llamacpp"], hardware="cpu", mfu=0.31, mbu=0.52, kernel_launch_us=9.0, step_overhead_ms=0.7)
     truth = replace(truth, reference=FIGURES)

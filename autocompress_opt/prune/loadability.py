@@ -20,13 +20,13 @@ layer, FFN widths that are multiples of 256). On top of that, per engine (from t
 * ``llamacpp``: ``deci`` in ``convert_hf_to_gguf.py`` takes ``head_dim = hidden / num_attention_heads``,
   so a model whose head size is not that cannot be written; a layer keeping attention without an
   FFN is mishandled by ``deci.cpp`` and is padded at conversion
-  (:func:`~autocompress_opt.engines.llamacpp.llamacpp_ready_copy`), so it is allowed.
+  (:func:`~autocompress_opt.runtimes.llamacpp.llamacpp_ready_copy`), so it is allowed.
 * ``transformers``: every supported family, any shape (the package's own heterogeneous class).
 
 The search follows these rules (:class:`ShapeRules`, :func:`shape_rules`): a study's trials are
 shapes its target's engine loads (``autocompress study run --serve-as ENGINE`` picks another engine,
 ``--serve-as any`` lifts the rules). This module is pure data below :mod:`~autocompress_opt.search`;
-:mod:`autocompress_opt.engines.rules` re-exports it.
+:mod:`autocompress_opt.prune.loadability` re-exports it.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def check_serve_as(value: str, what: str = "serve_as") -> str:
 
 
 def rules_engine_for(cost_engine: str) -> str:
-    """The rules a target served by ``cost_engine`` (a :mod:`~autocompress_opt.serving.engines` name)
+    """The rules a target served by ``cost_engine`` (a :mod:`~autocompress_opt.serving.engine_models` name)
     searches under: the engine of the same name, ``transformers`` for ``torch-eager``, ``any`` for
     an engine without rules (e.g. a plugin's)."""
     return _COST_ENGINE_RULES.get(cost_engine, SERVE_AS_ANY)

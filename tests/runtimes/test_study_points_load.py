@@ -13,8 +13,8 @@ import pytest
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import load_search_space
 from autocompress_opt.cli import main
-from autocompress_opt.prune.engine_rules import loadable_problems
-from autocompress_opt.search.study import Objective, StudyConfig, load_records, pareto_front, run_study
+from autocompress_opt.prune.loadability import loadable_problems
+from autocompress_opt.search.study.run import Objective, StudyConfig, load_records, pareto_front, run_study
 from autocompress_opt.serving.targets import Target
 
 pytestmark = pytest.mark.slow
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def test_every_best_point_of_a_vllm_target_study_loads_in_vllm(
     vllm_engine: Any, smollm2_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from autocompress_opt.engines.serve_check import serve_check
+    from autocompress_opt.runtimes.serve_check import serve_check
 
     monkeypatch.chdir(tmp_path)
     config = StudyConfig(

@@ -1,7 +1,7 @@
 """The inner loop: a differentiable per-layer mask search under a trial's budget, hardware-guided.
 
 Given a frozen parent, its importance scores and calibration tokens, :func:`search` trains the
-masks of :class:`~autocompress_opt.search.relaxation.ParentMasks` with Adam on
+masks of :class:`~autocompress_opt.search.inner.relaxation.ParentMasks` with Adam on
 
     loss = KL(parent ‖ masked parent)  +  Σ_k λ_k · v_k  +  ρ/2 · Σ_k relu(v_k)²
 
@@ -65,14 +65,14 @@ import torch
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.hf.adapters import FamilyAdapter, adapter_for
-from autocompress_opt.prune.engine_rules import ShapeRules
 from autocompress_opt.prune.importance import Importance
+from autocompress_opt.prune.loadability import ShapeRules
 from autocompress_opt.prune.masking import Masks, apply_masks
 from autocompress_opt.prune.plan import PrunePlan, plan_pruning
 from autocompress_opt.quality.metrics import Teacher, log_probs, teacher_kl
-from autocompress_opt.search.budget import Budget, CostGoal, cost_arrays, exact_violations, expected_totals
-from autocompress_opt.search.discretise import Discrete, discretise
-from autocompress_opt.search.relaxation import ExpectedStructure, LiveMasks, ParentMasks, ffn_unit_for
+from autocompress_opt.search.inner.budget import Budget, CostGoal, cost_arrays, exact_violations, expected_totals
+from autocompress_opt.search.inner.discretise import Discrete, discretise
+from autocompress_opt.search.inner.relaxation import ExpectedStructure, LiveMasks, ParentMasks, ffn_unit_for
 from autocompress_opt.serving.targets import all_satisfied
 
 __all__ = ["CANDIDATES", "InnerConfig", "InnerResult", "StepListener", "objective", "search"]
@@ -238,7 +238,7 @@ class InnerResult:
         selection: per candidate (:data:`CANDIDATES`: ``trained``, ``start``, ``uniform``) its
             ``feasible``, held-out ``val_kl`` (NaN when not measured: infeasible, or no held-out
             rows) and ``summary``; ``chosen``: the name of the candidate returned.
-        learned: the trained :class:`~autocompress_opt.search.relaxation.ParentMasks` (frozen values).
+        learned: the trained :class:`~autocompress_opt.search.inner.relaxation.ParentMasks` (frozen values).
         candidates: every candidate's architecture by name (the returned one included), for
             ablations that evaluate each of them on held-out data; not part of :meth:`summary`.
     """
@@ -333,7 +333,7 @@ def search(
             when no rows are held out. ``None, None`` at the other steps.
             It may raise to abandon the search (the model's hooks are removed first). Measuring
             draws no random numbers: the result is the same with or without a listener.
-        rules: a serving engine's shape rules (:func:`~autocompress_opt.prune.engine_rules.shape_rules`):
+        rules: a serving engine's shape rules (:func:`~autocompress_opt.prune.loadability.shape_rules`):
             the start and trained points are discretised onto shapes that engine loads; None: any shape.
         extra: more candidates by name (not one of :data:`CANDIDATES`), judged like ``uniform``: as
             they are, when they meet every budget and constraint, after the others on ties. A study
@@ -435,7 +435,7 @@ def search(
 
 def _relaxation_shape(config: InnerConfig, rules: ShapeRules | None, parent: Architecture) -> tuple[int, bool]:
     """``(FFN unit, whether the head masks train)`` of the relaxation (:attr:`InnerConfig.engine_relaxation`):
-    ``config.ffn_unit``, else :func:`~autocompress_opt.search.relaxation.ffn_unit_for`, given the
+    ``config.ffn_unit``, else :func:`~autocompress_opt.search.inner.relaxation.ffn_unit_for`, given the
     engine's FFN multiple under heterogeneous rules; the head masks stay put where the rules fix
     every layer's query heads."""
     engine = rules if config.engine_relaxation else None

@@ -24,8 +24,8 @@ import numpy as np
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.block_configs import architecture_from_block_configs
-from autocompress_opt.engines.rules import loadable_problems
 from autocompress_opt.errors import ConfigError
+from autocompress_opt.prune.loadability import loadable_problems
 
 __all__ = ["GGUF_TYPES", "PROMPTS", "ServeCheck", "check_sequences", "compare", "serve_check"]
 
@@ -186,10 +186,10 @@ def serve_check(
     llama.cpp runs the GGUF of type ``gguf`` (:data:`GGUF_TYPES`: the converter's own, or quantised
     from f32 with ``llama-quantize``); ``keep_gguf`` keeps it there. vLLM runs float32, compiled as
     vLLM does by default, or with ``enforce_eager`` when ``vllm_eager`` (a faster load, no compilation).
-    Raises :class:`~autocompress_opt.engines.install.EngineMissing` when the engine is not installed,
+    Raises :class:`~autocompress_opt.runtimes.install.EngineMissing` when the engine is not installed,
     :class:`ConfigError` for an export no engine can read.
     """
-    from autocompress_opt.engines import install
+    from autocompress_opt.runtimes import install
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
@@ -213,13 +213,13 @@ def serve_check(
         served = _engine_dir(model_dir, tmp, Path(decilm_out) if decilm_out else None)
         details["served_model_type"] = json.loads((served / "config.json").read_text(encoding="utf-8"))["model_type"]
         if engine == "vllm":
-            from autocompress_opt.engines.vllm import vllm_logprobs
+            from autocompress_opt.runtimes.vllm import vllm_logprobs
 
             rows, info = vllm_logprobs(served, sequences, top_k=top_k, enforce_eager=vllm_eager)
             details.update(info)
             fmt = "hf-float32"
         else:
-            from autocompress_opt.engines.llamacpp import CONVERTER_TYPES, convert_to_gguf, gguf_logits, quantize
+            from autocompress_opt.runtimes.llamacpp import CONVERTER_TYPES, convert_to_gguf, gguf_logits, quantize
 
             first = gguf if gguf in CONVERTER_TYPES else "f32"
             path = convert_to_gguf(served, tmp / f"model-{first}.gguf", first)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from autocompress_opt.engines import install
+from autocompress_opt.runtimes import install
 
 
 def engine_or_skip(name: str) -> Any:

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from autocompress_opt.engines.install import LlamaCpp, llamacpp
 from autocompress_opt.errors import AutocompressError, ConfigError
+from autocompress_opt.runtimes.install import LlamaCpp, llamacpp
 
 __all__ = [
     "CONVERTER_TYPES",

@@ -4,7 +4,7 @@
   colour per hardware target; feasible trials as dots with the 2-D Pareto staircase drawn through
   them, infeasible trials apart as grey crosses; the parent's cost marked per target. The quality
   axis is labelled by what the trials' quality measures (their ``quality_kind``: retained params,
-  retained importance or exp(-KL to parent); :func:`~autocompress_opt.search.studyio.quality_label_of`).
+  retained importance or exp(-KL to parent); :func:`~autocompress_opt.search.study.studyio.quality_label_of`).
   Weights-mode trials (every quality an ``exp(-KL)``) are drawn as the held-out KL itself, in nats on
   a log axis, lower is better: on exp(-KL) every pruned model sits at 0.00-0.05 against the parent's
   1.0 and the fronts flatten at the bottom; on the KL axis they spread over decades. The parent
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.search.studyio import quality_label_of
+from autocompress_opt.search.study.studyio import quality_label_of
 
 __all__ = ["plot_pareto", "plot_structure"]
 

@@ -13,7 +13,7 @@ import torch
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError, check_int
-from autocompress_opt.search.relaxation import ExpectedStructure
+from autocompress_opt.search.inner.relaxation import ExpectedStructure
 from autocompress_opt.serving.costmodel import FULL_WINDOW, ArchArrays, estimate_batch
 from autocompress_opt.serving.targets import Target, parent_metrics
 
