@@ -74,10 +74,11 @@ def _package_version() -> str:
 _FILE_DIGESTS: dict[tuple[str, int, int, int], str] = {}
 
 
-def content_digest(path: str | Path, suffixes: Iterable[str] | None = None) -> str:
+def content_digest(path: str | Path, suffixes: Iterable[str] | None = None, *, recursive: bool = True) -> str:
     """The SHA-256 (hex) of what ``path`` holds: a file's bytes, or for a directory the names
-    (relative to it), sizes and byte digests of its files, recursively and in sorted order;
-    ``suffixes`` (e.g. ``(".json", ".safetensors")``) keeps only the files whose names end in one.
+    (relative to it), sizes and byte digests of its files in sorted order, in its subfolders too
+    unless ``recursive`` is false; ``suffixes`` (e.g. ``(".json", ".safetensors")``) keeps only the
+    files whose names end in one.
 
     Independent of where the files live and of their modification times: copies of one model in
     two places have one digest. Each file is read once per process (memoised by path, size,
@@ -89,9 +90,8 @@ def content_digest(path: str | Path, suffixes: Iterable[str] | None = None) -> s
     if root.is_file():
         return _file_digest(root)
     keep = tuple(suffixes) if suffixes is not None else None
-    files = sorted(
-        p for p in root.rglob("*") if p.is_file() and (keep is None or any(p.name.endswith(s) for s in keep))
-    )
+    candidates = root.rglob("*") if recursive else root.iterdir()
+    files = sorted(p for p in candidates if p.is_file() and (keep is None or p.name.endswith(keep)))
     digest = hashlib.sha256()
     for f in files:
         record = [f.relative_to(root).as_posix(), f.stat().st_size, _file_digest(f)]

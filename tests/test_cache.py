@@ -56,6 +56,11 @@ def test_content_digest_ignores_place_and_mtime_but_not_bytes(tmp_path: Path) ->
     os.utime(two / "model.safetensors", ns=(1, 1))
     weights = (".json", ".safetensors")
     assert content_digest(one, weights) == content_digest(two, weights)
+    (two / "checkpoints").mkdir()
+    (two / "checkpoints" / "step1.safetensors").write_bytes(b"later")
+    assert content_digest(one, weights, recursive=False) == content_digest(two, weights, recursive=False)
+    assert content_digest(one, weights) != content_digest(two, weights)  # subfolders count by default
+    shutil.rmtree(two / "checkpoints")
     (two / "README.md").write_text("edited")
     assert content_digest(one, weights) == content_digest(two, weights)  # not among the suffixes
     assert content_digest(one) != content_digest(two)  # all files
