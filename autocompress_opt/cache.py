@@ -130,10 +130,10 @@ def entry_lock(entry: str | Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def publish(entry: str | Path, write: Callable[[Path], None]) -> Path:
+def publish(entry: str | Path, write: Callable[[Path], object]) -> Path:
     """Make ``entry`` appear whole: ``write(tmp)`` creates a file or a directory at ``tmp`` (a
-    fresh hidden name in ``entry``'s folder, nothing there yet), which is then renamed to ``entry``;
-    returns ``entry``.
+    fresh hidden name in ``entry``'s folder, nothing there yet; its return value is ignored), which
+    is then renamed to ``entry``; returns ``entry``.
 
     An existing ``entry`` is replaced (a file atomically; a directory is first renamed aside and then
     removed, so a concurrent reader of the old directory may fail, never read a mix). If ``write``
@@ -185,7 +185,7 @@ def _sweep(entry: Path) -> None:
 def fetch(
     entry: str | Path,
     compute: Callable[[], T],
-    write: Callable[[T, Path], None],
+    write: Callable[[T, Path], object],
     read: Callable[[Path], T | None],
 ) -> tuple[T, bool]:
     """The value cached at ``entry``, computed and published once; returns ``(value, was_cached)``.
