@@ -50,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _util import code_hash, provenance, write
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.cache import fetch, publish
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
 
@@ -167,12 +169,22 @@ def _cached(path: Path, key: str) -> dict[str, Any] | None:
     return None
 
 
-def _save(path: Path, key: str, record: dict[str, Any]) -> dict[str, Any]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"key": key, **record}
-    tmp = path.with_suffix(".tmp")
+def _write_record(record: dict[str, Any], tmp: Path) -> None:
     tmp.write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
-    tmp.replace(path)
+
+
+def _save(path: Path, key: str, record: dict[str, Any]) -> dict[str, Any]:
+    """Publish ``record`` under ``key`` at ``path`` whole (:func:`autocompress_opt.cache.publish`); returns it."""
+    record = {"key": key, **record}
+    publish(path, lambda tmp: _write_record(record, tmp))
+    return record
+
+
+def _stage(path: Path, key: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The stage record at ``path`` made under ``key``, else ``compute()``'s record published there
+    under ``key`` (one stage file a stage, replaced when its key changes); concurrent runs on one
+    host compute it once (:func:`autocompress_opt.cache.fetch`)."""
+    record, _ = fetch(path, lambda: {"key": key, **compute()}, _write_record, lambda p: _cached(p, key))
     return record
 
 
@@ -237,25 +249,20 @@ def recover_and_score(args: argparse.Namespace, context: Any, where: Path, seed:
         args.items,
         args.task_seed,
     )
-    stage = where / f"seed{seed}.json"
-    done = _cached(stage, key)
-    if done:
-        return done
-    out = where / f"distilled-s{seed}"
-    t0 = time.perf_counter()
-    result = distill(str(where / "export"), args.model, out, recipe, progress=False, restart=True)
-    t1 = time.perf_counter()
-    loaded = load_model(str(out))
-    report = suite(args, loaded, progress=False)
-    after = heldout_quality(context, loaded.model)
-    del loaded
-    gc.collect()
-    if not args.keep_models:
-        shutil.rmtree(out, ignore_errors=True)
-    return _save(
-        stage,
-        key,
-        {
+
+    def compute() -> dict[str, Any]:
+        out = where / f"distilled-s{seed}"
+        t0 = time.perf_counter()
+        result = distill(str(where / "export"), args.model, out, recipe, progress=False, restart=True)
+        t1 = time.perf_counter()
+        loaded = load_model(str(out))
+        report = suite(args, loaded, progress=False)
+        after = heldout_quality(context, loaded.model)
+        del loaded
+        gc.collect()
+        if not args.keep_models:
+            shutil.rmtree(out, ignore_errors=True)
+        return {
             "seed": seed,
             "distill": {
                 "first_loss": result.losses[0] if result.losses else None,
@@ -264,8 +271,9 @@ def recover_and_score(args: argparse.Namespace, context: Any, where: Path, seed:
             "after": after,
             "report": report,
             "seconds": {"distill": t1 - t0, "score": time.perf_counter() - t1},
-        },
-    )
+        }
+
+    return _stage(where / f"seed{seed}.json", key, compute)
 
 
 def suite(args: argparse.Namespace, loaded: Any, *, progress: bool) -> dict[str, Any]:
@@ -292,12 +300,8 @@ def parent_scores(args: argparse.Namespace) -> dict[str, Any]:
     from autocompress_opt.hf.loading import load_model
 
     key = _key("parent", code_hash("tasks", "hf", "quality"), args.model, args.items, args.task_seed)
-    stage = args.work / "parent.json"
-    done = _cached(stage, key)
-    if done:
-        return done
-    report = suite(args, load_model(args.model), progress=True)
-    return _save(stage, key, {"report": report})
+    compute = lambda: {"report": suite(args, load_model(args.model), progress=True)}
+    return _stage(args.work / "parent.json", key, compute)
 
 
 # ---------------------------------------------------------------------------------- tables

@@ -19,8 +19,8 @@ no gradients. What is scored (all scores: higher = more important):
 
 :func:`estimate_importance` runs under ``torch.inference_mode`` and is deterministic: the same
 model, tokens and ``batch_size`` give bit-identical scores. It returns an :class:`Importance`
-record that saves as safetensors + a JSON sidecar (never pickle) and is cached on disk keyed by
-(model id, data id, method).
+record that saves as safetensors + a JSON sidecar (never pickle) and is cached on disk
+(:mod:`autocompress_opt.cache`) keyed by (model id, data id, method) and :data:`CACHE_VERSION`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.cache import cache_key, fetch
 from autocompress_opt.errors import ConfigError, UnknownNameError, check_int
 from autocompress_opt.hf.adapters import (
     FamilyAdapter,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "CACHE_VERSION",
     "ESTIMATORS",
     "LAYER_METRICS",
     "Importance",
@@ -61,6 +63,9 @@ __all__ = [
 _FORMAT = "autocompress-importance/1"
 _TENSORS_FILE, _META_FILE = "importance.safetensors", "importance.json"
 LAYER_METRICS: tuple[str, ...] = ("skip_loss", "block_influence")
+# The version of the scores' computation, part of every cache key: bump it when an estimator's
+# numbers change, and cached scores are recomputed. (1: keys of (model, data, method) alone.)
+CACHE_VERSION = "importance/2"
 
 
 @dataclass(frozen=True)
@@ -223,9 +228,9 @@ def tokens_id(tokens: torch.Tensor) -> str:
 
 
 def cache_path(cache_dir: str | Path, model_id: str, data_id: str, method: str) -> Path:
-    """The folder that caches the scores of (model_id, data_id, method) under ``cache_dir``."""
-    key = hashlib.sha256(json.dumps([model_id, data_id, method]).encode()).hexdigest()[:24]
-    return Path(cache_dir) / f"{method}-{key}"
+    """The folder that caches the scores of (model_id, data_id, method) under ``cache_dir``
+    (computed by :data:`CACHE_VERSION` of the code: :func:`~autocompress_opt.cache.cache_key`)."""
+    return Path(cache_dir) / f"{method}-{cache_key(CACHE_VERSION, model_id, data_id, method)}"
 
 
 def estimate_importance(
@@ -255,7 +260,8 @@ def estimate_importance(
             about three copies during the loss: with Gemma 3's 262k vocabulary, 2 × 64 tokens
             already take ~400 MB).
         cache_dir: when given, reuse ``cache_path(cache_dir, model_id, data_id, method)`` if it
-            exists, else compute and write it.
+            exists, else compute and publish it whole (:func:`~autocompress_opt.cache.fetch`: the
+            processes of one host that want the same entry at once compute it once).
         progress: show a tqdm progress bar.
 
     Returns an :class:`Importance`; the model's weights are not changed and no hook is left behind.
@@ -282,17 +288,20 @@ def estimate_importance(
         batch_size=batch_size,
         seed=seed,
     )
-    if cache_dir is not None:
-        cached = _load_cached(cache_path(cache_dir, model_id, data_id, method), arch)
-        if cached is not None:
-            return cached
-    result = estimator(model, tokens, adapter=adapter, meta=meta, progress=progress)
-    if cache_dir is not None:
-        result.save(cache_path(cache_dir, model_id, data_id, method))
+    compute = lambda: estimator(model, tokens, adapter=adapter, meta=meta, progress=progress)
+    if cache_dir is None:
+        return compute()
+    result, _ = fetch(
+        cache_path(cache_dir, model_id, data_id, method),
+        compute,
+        lambda imp, tmp: imp.save(tmp),
+        lambda path: _load_cached(path, arch),
+    )
     return result
 
 
 def _load_cached(path: Path, arch: Architecture) -> Importance | None:
+    """The entry at ``path``; None for a folder without a sidecar (not an entry: recomputed)."""
     if not (path / _META_FILE).is_file():
         return None
     cached = Importance.load(path)

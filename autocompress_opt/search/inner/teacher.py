@@ -1,6 +1,6 @@
 """The parent's next-token distributions on calibration tokens (the inner search's targets),
 computed once per (parent, data, form) and cached in process (a small LRU) and on disk
-(``.autocompress/teacher/``).
+(``.autocompress/teacher/``, :mod:`autocompress_opt.cache`).
 
 Two forms: the full vocabulary of log-probabilities ``(n, T, V)`` (``V·2`` bytes a token in
 float16: 98 KB for SmolLM2, 257 KB for Llama-3), or, where that would not fit a memory budget,
@@ -12,25 +12,27 @@ against the latter is a lower bound of the full one (:func:`~autocompress_opt.qu
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from autocompress_opt.cache import cache_key, fetch
 from autocompress_opt.errors import ConfigError, check_int
 from autocompress_opt.hf.memory import teacher_top_k
 from autocompress_opt.prune.importance import tokens_id
 from autocompress_opt.quality.metrics import Teacher, TeacherTargets, teacher_targets
 
-__all__ = ["clear_teacher_memory", "teacher_form", "teacher_log_probs"]
+__all__ = ["CACHE_VERSION", "clear_teacher_memory", "teacher_form", "teacher_log_probs"]
 
 
 # ---------------------------------------------------------------------- teacher cache
 _TEACHER_MEMORY: OrderedDict[str, Teacher] = OrderedDict()
 _TEACHER_MEMORY_SIZE = 2  # entries (SmolLM2, 20 x 128 tokens, fp16, full: 0.25 GB each)
+# The version of the targets' computation (quality.metrics.teacher_targets and this file's storage),
+# part of every key: bump it when they change. (1: keys without a version.)
+CACHE_VERSION = "teacher/2"
 
 
 def teacher_form(teacher: Teacher) -> dict[str, Any]:
@@ -64,10 +66,12 @@ def teacher_log_probs(
     a :class:`ConfigError` when not even 64 do).
 
     Cached in process and, with ``cache_dir``, as safetensors under it, keyed by ``parent_id``,
-    ``data_id`` (e.g. a hash of the data record), the tokens' content hash, ``dtype`` and the form
-    (``top_k``). Values in ``dtype`` (float16 halves memory; its rounding moves a KL by ~1e-3
-    nats). The parent runs ``batch_size`` rows at a time and only the kept form of each batch is
-    held, so the full ``(n, T, V)`` float32 logits never exist at once.
+    ``data_id`` (e.g. a hash of the data record), the tokens' content hash, ``dtype``, the form
+    (``top_k``) and :data:`CACHE_VERSION` (:func:`~autocompress_opt.cache.fetch`: published whole,
+    computed once by the processes of one host that want it at once). Values in ``dtype``
+    (float16 halves memory; its rounding moves a KL by ~1e-3 nats). The parent runs
+    ``batch_size`` rows at a time and only the kept form of each batch is held, so the full
+    ``(n, T, V)`` float32 logits never exist at once.
     """
     check_int(batch_size, "batch_size")
     if budget_gib is not None:
@@ -77,17 +81,16 @@ def teacher_log_probs(
     if top_k is not None:
         top_k = min(check_int(top_k, "top_k"), _vocab(model))
     parts: list[Any] = [parent_id, data_id, tokens_id(tokens), str(dtype)]
-    key = hashlib.sha256(json.dumps(parts + ([f"top{top_k}"] if top_k else [])).encode()).hexdigest()[:24]
+    key = cache_key(CACHE_VERSION, *parts, *([f"top{top_k}"] if top_k else []))
     if key in _TEACHER_MEMORY:
         _TEACHER_MEMORY.move_to_end(key)
         return _TEACHER_MEMORY[key]
-    path = Path(cache_dir) / f"{key}.safetensors" if cache_dir is not None else None
-    if path is not None and path.is_file():
-        teacher = _load(path)
+    compute = lambda: teacher_targets(model, tokens, batch_size=batch_size, dtype=dtype, top_k=top_k)
+    if cache_dir is None:
+        teacher = compute()
     else:
-        teacher = teacher_targets(model, tokens, batch_size=batch_size, dtype=dtype, top_k=top_k)
-        if path is not None:
-            _save(teacher, path, parent_id, data_id)
+        write = lambda value, tmp: _save(value, tmp, parent_id, data_id)
+        teacher, _ = fetch(Path(cache_dir) / f"{key}.safetensors", compute, write, _load)
     if tuple(teacher.shape[:2]) != tuple(tokens.shape):
         raise ConfigError(f"cached teacher targets {tuple(teacher.shape)} do not fit tokens {tuple(tokens.shape)}")
     _TEACHER_MEMORY[key] = teacher
@@ -102,13 +105,11 @@ def clear_teacher_memory() -> None:
 
 
 def _save(teacher: Teacher, path: Path, parent_id: str, data_id: str | None) -> None:
+    """Write ``teacher`` as one safetensors file at ``path`` (a cache temporary; see :func:`fetch`)."""
     from safetensors.torch import save_file
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
     tensors = teacher.as_dict() if isinstance(teacher, TeacherTargets) else {"log_probs": teacher.contiguous()}
-    save_file(tensors, str(tmp), metadata={"parent_id": parent_id, "data_id": str(data_id), **_form_meta(teacher)})
-    tmp.replace(path)
+    save_file(tensors, str(path), metadata={"parent_id": parent_id, "data_id": str(data_id), **_form_meta(teacher)})
 
 
 def _form_meta(teacher: Teacher) -> dict[str, str]:

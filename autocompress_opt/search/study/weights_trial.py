@@ -72,6 +72,7 @@ import torch
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import SearchSpace, uniform_allocation
+from autocompress_opt.cache import cache_key, content_digest, fetch
 from autocompress_opt.errors import ConfigError, check_number, suggest
 from autocompress_opt.hf.adapters import architecture_mismatch
 from autocompress_opt.hf.device import dtype_name, resolve_compute_dtype, resolve_device
@@ -104,6 +105,10 @@ __all__ = [
 
 DEFAULT_CACHE_DIR = Path(CACHE_DIR_NAME)  # the name is search.placement's (the driver resolves it there)
 QUALITY_KIND = "exp_neg_kl"
+# The version of the held-out quality's computation (materialise + heldout_quality), part of every
+# quality cache key: bump it when their numbers change. (1: keys without a version.)
+QUALITY_CACHE_VERSION = "quality/2"
+_WEIGHT_FILES = (".json", ".safetensors")  # what identifies a parent's weights (config, tokenizer, tensors)
 
 
 @dataclass(frozen=True)
@@ -209,10 +214,11 @@ def _digest(*parts: Any) -> str:
 
 
 def _parent_id(path: Path, arch: Architecture) -> str:
-    """Identity of the weights: file(s), sizes, modification times and architecture."""
-    files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors")) if path.is_dir() else [path]
-    stamps = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    return f"{path.name}:{_digest(str(path), stamps, arch.to_dict())}"
+    """Identity of the weights: the content of the top-level ``.json`` and ``.safetensors`` files (not their
+    place or modification times, so per-node copies of one model share the importance, teacher and
+    quality caches; :func:`~autocompress_opt.cache.content_digest`, hashed once per process) and the
+    architecture; the folder's name leads it for readability."""
+    return f"{path.name}:{_digest(content_digest(path, _WEIGHT_FILES, recursive=False), arch.to_dict())}"
 
 
 def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[ParentContext, bool]:
@@ -347,26 +353,28 @@ def _quality(
     cache_dir: Path,
     on_phase: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, float], bool]:
-    """Held-out KL and perplexities of ``arch`` cut from the parent; cached on disk by architecture.
-    ``on_phase`` hears ``"materialise"`` and ``"quality"`` as each begins (not for a cached one)."""
+    """Held-out KL and perplexities of ``arch`` cut from the parent, and whether they were cached:
+    on disk by architecture (:func:`~autocompress_opt.cache.fetch` under ``cache_dir/quality``; the
+    trials of one host that want one architecture at once measure it once). ``on_phase`` hears
+    ``"materialise"`` and ``"quality"`` as each begins (not for a cached one)."""
     from autocompress_opt.prune.slicing import materialize
 
+    def measure() -> dict[str, float]:
+        if on_phase is not None:
+            on_phase("materialise")
+        child = materialize(parent.model, plan)
+        if on_phase is not None:
+            on_phase("quality")
+        return heldout_quality(parent, child)
+
     imp = parent.importance.meta
-    key = _digest(parent.parent_id, imp.data_id, imp.method, {**arch.to_dict(), "name": ""}, parent.eval_id)
-    path = cache_dir / "quality" / f"{key}.json"
-    if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8")), True
-    if on_phase is not None:
-        on_phase("materialise")
-    child = materialize(parent.model, plan)
-    if on_phase is not None:
-        on_phase("quality")
-    out = heldout_quality(parent, child)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=2), encoding="utf-8")
-    tmp.replace(path)
-    return out, False
+    parts = (parent.parent_id, imp.data_id, imp.method, {**arch.to_dict(), "name": ""}, parent.eval_id)
+    return fetch(
+        cache_dir / "quality" / f"{cache_key(QUALITY_CACHE_VERSION, *parts)}.json",
+        measure,
+        lambda out, tmp: tmp.write_text(json.dumps(out, indent=2), encoding="utf-8"),
+        lambda path: json.loads(path.read_text(encoding="utf-8")),
+    )
 
 
 # ------------------------------------------------------------------------------- trial

@@ -1,0 +1,215 @@
+"""One on-disk cache scheme for every computed artefact (importance scores, teacher targets,
+held-out quality, the benchmarks' stages).
+
+Three parts, each usable alone:
+
+* **Keys** — :func:`cache_key` hashes the caller's inputs together with the version of the code
+  that computes the entry (a per-cache string the caller bumps when its computation changes) and
+  the package version, so changed code never reads a stale entry: it computes a new one under a new
+  key. :func:`content_digest` identifies files by their bytes (not their path or modification
+  time), so two copies of one model on two nodes share their entries.
+* **Atomic publication** — :func:`publish` lets a writer fill a uniquely named temporary file or
+  directory beside the entry and then renames it into place (``os.replace``, atomic within one
+  file system): a reader sees the whole entry or none, and a writer that raises leaves nothing a
+  reader would take (its temporary is removed; one left by a killed process is swept by the next
+  writer of that entry).
+* **One computation per entry** — :func:`fetch` takes an exclusive ``fcntl.flock`` on a lock file
+  beside the entry before computing, so concurrent writers on one node (Ray trials sharing a cache
+  folder) compute once: the second waits for the first and then reads its entry. ``flock`` is
+  advisory and per host; on a network file system it may not exclude writers on other nodes, which
+  then compute twice but still publish atomically (the last rename wins; the entries are equal).
+
+Stdlib only (this module sits in the package's bottom layer). Linux/macOS: ``fcntl`` is POSIX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["cache_key", "content_digest", "entry_lock", "fetch", "publish"]
+
+T = TypeVar("T")
+
+_CHUNK_BYTES = 8 << 20  # read size while hashing a file: large enough to stay near hashlib's throughput
+_TMP, _OLD = ".tmp-", ".old-"  # markers in the hidden names of temporaries and of entries being replaced
+
+
+# ------------------------------------------------------------------------------ keys
+def cache_key(version: str, *parts: Any, length: int = 24) -> str:
+    """A hex key of ``parts`` computed by code at ``version``: the first ``length`` hex digits of
+    the SHA-256 of ``[package version, version, *parts]`` as canonical JSON (sorted keys; values
+    JSON does not know are written with ``str``).
+
+    ``version`` names the cache and its computation (``"importance/2"``); bump it whenever the
+    computation changes, and old entries are no longer read (they are recomputed under the new key).
+    Pure and deterministic across processes and machines for equal ``parts``.
+    """
+    if not version:
+        raise ValueError("cache_key needs a non-empty version string, e.g. 'importance/2'")
+    payload = json.dumps([_package_version(), version, *parts], sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:length]
+
+
+def _package_version() -> str:
+    """``autocompress_opt.__version__``. Read from the already imported parent package: an
+    ``import autocompress_opt`` here would make import-linter see the root's lazily exported API
+    (its TYPE_CHECKING imports of every layer) as imports of this bottom-layer module."""
+    return str(sys.modules[__name__.rpartition(".")[0]].__version__)
+
+
+# (resolved path, size, mtime_ns, inode) -> SHA-256 of the file's bytes. A rewritten file changes
+# its size, mtime or inode, so a stale digest is never returned; hashing a 270 MB checkpoint takes
+# ~0.4 s, paid once per process and file.
+_FILE_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+
+
+def content_digest(path: str | Path, suffixes: Iterable[str] | None = None, *, recursive: bool = True) -> str:
+    """The SHA-256 (hex) of what ``path`` holds: a file's bytes, or for a directory the names
+    (relative to it), sizes and byte digests of its files in sorted order, in its subfolders too
+    unless ``recursive`` is false; ``suffixes`` (e.g. ``(".json", ".safetensors")``) keeps only the
+    files whose names end in one.
+
+    Independent of where the files live and of their modification times: copies of one model in
+    two places have one digest. Each file is read once per process (memoised by path, size,
+    modification time and inode). Raises ``FileNotFoundError`` for a missing ``path``.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"content_digest: no file or directory at {str(root)!r}")
+    if root.is_file():
+        return _file_digest(root)
+    keep = tuple(suffixes) if suffixes is not None else None
+    candidates = root.rglob("*") if recursive else root.iterdir()
+    files = sorted(p for p in candidates if p.is_file() and (keep is None or p.name.endswith(keep)))
+    digest = hashlib.sha256()
+    for f in files:
+        record = [f.relative_to(root).as_posix(), f.stat().st_size, _file_digest(f)]
+        digest.update(json.dumps(record).encode())
+    return digest.hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    stat = path.stat()
+    memo = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if memo not in _FILE_DIGESTS:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while chunk := handle.read(_CHUNK_BYTES):
+                digest.update(chunk)
+        _FILE_DIGESTS[memo] = digest.hexdigest()
+    return _FILE_DIGESTS[memo]
+
+
+# ------------------------------------------------------------------- lock and publication
+@contextlib.contextmanager
+def entry_lock(entry: str | Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``.<name>.lock`` beside ``entry`` (the folder is created).
+
+    Blocks until no other holder is left, in this or another process (each call opens its own file
+    description, so threads exclude each other too). Not re-entrant: taking the lock of an entry
+    while holding it deadlocks. The lock file stays (removing it would race with a waiter).
+    """
+    entry = Path(entry)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with open(entry.parent / f".{entry.name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def publish(entry: str | Path, write: Callable[[Path], object]) -> Path:
+    """Make ``entry`` appear whole: ``write(tmp)`` creates a file or a directory at ``tmp`` (a
+    fresh hidden name in ``entry``'s folder, nothing there yet; its return value is ignored), which
+    is then renamed to ``entry``; returns ``entry``.
+
+    An existing ``entry`` is replaced (a file atomically; a directory is first renamed aside and then
+    removed, so a concurrent reader of the old directory may fail, never read a mix). If ``write``
+    raises, the temporary is removed and the exception propagates; ``entry`` is untouched. Call it
+    under :func:`entry_lock` when several writers may publish one entry.
+    """
+    entry = Path(entry)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.parent / f".{entry.name}{_TMP}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    try:
+        write(tmp)
+        if not tmp.exists():
+            raise FileNotFoundError(f"the cache writer of {str(entry)!r} created nothing at {str(tmp)!r}")
+        _replace(tmp, entry)
+    finally:
+        _remove(tmp)
+    return entry
+
+
+def _replace(new: Path, entry: Path) -> None:
+    """Rename ``new`` to ``entry``; ``os.replace`` cannot replace a non-empty directory, so an
+    existing directory (or a file where ``new`` is a directory) is renamed aside first."""
+    if (entry.is_dir() and not entry.is_symlink()) or (new.is_dir() and entry.exists()):
+        old = entry.parent / f".{entry.name}{_OLD}{uuid.uuid4().hex[:12]}"
+        os.replace(entry, old)
+        os.replace(new, entry)
+        _remove(old)
+    else:
+        os.replace(new, entry)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _sweep(entry: Path) -> None:
+    """Remove temporaries of ``entry`` left by writers that died mid-write (called under its lock,
+    when no other writer of ``entry`` on this host is running)."""
+    pattern = glob.escape(f".{entry.name}")
+    for marker in (_TMP, _OLD):
+        for leftover in entry.parent.glob(f"{pattern}{marker}*"):
+            _remove(leftover)
+
+
+# --------------------------------------------------------------------------------- fetch
+def fetch(
+    entry: str | Path,
+    compute: Callable[[], T],
+    write: Callable[[T, Path], object],
+    read: Callable[[Path], T | None],
+) -> tuple[T, bool]:
+    """The value cached at ``entry``, computed and published once; returns ``(value, was_cached)``.
+
+    ``read(entry)`` loads an existing entry, or returns None for one that must not be used (made
+    under another key, where the entry's name is not itself the key); ``compute()`` makes the
+    value; ``write(value, tmp)`` serialises it to a file or a directory at ``tmp``
+    (:func:`publish`). An entry is read without the lock (it is only ever replaced whole); on a
+    miss the lock is taken (:func:`entry_lock`), the entry checked again — a writer that waited
+    reads the entry its predecessor published — and only then computed and published. Whatever
+    ``compute``, ``write`` or ``read`` raise propagates, after the lock is released and the
+    temporary removed.
+    """
+    entry = Path(entry)
+    if entry.exists():
+        value = read(entry)
+        if value is not None:
+            return value, True
+    with entry_lock(entry):
+        if entry.exists():
+            value = read(entry)
+            if value is not None:
+                return value, True
+        _sweep(entry)
+        value = compute()
+        publish(entry, lambda tmp: write(value, tmp))
+    return value, False
