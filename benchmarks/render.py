@@ -35,8 +35,9 @@ BLOCK = re.compile(r"(<!-- render:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /re
 NOT_MEASURED = "not yet measured"
 
 
-def markdown_files(root: Path = ROOT) -> list[Path]:
-    """README.md and every Markdown file under docs/: the files whose blocks are rendered."""
+def markdown_files(root: Path | None = None) -> list[Path]:
+    """README.md and every Markdown file under docs/ of ``root`` (default: this repository)."""
+    root = root or ROOT
     return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
 
@@ -450,24 +451,26 @@ def render_text(text: str, where: str = "<text>") -> str:
     return BLOCK.sub(replace, text)
 
 
-def differences(files: Iterable[Path], root: Path = ROOT) -> dict[Path, tuple[str, str]]:
-    """``{file: (committed, rendered)}`` for each file whose rendering differs."""
+def differences(root: Path | None = None) -> dict[Path, tuple[str, str]]:
+    """``{file: (committed, rendered)}`` for each Markdown file of ``root`` whose rendering differs."""
     out = {}
-    for path in files:
+    for path in markdown_files(root):
         text = path.read_text()
-        rendered = render_text(text, str(path.relative_to(root)))
+        rendered = render_text(text, str(path.relative_to(root or ROOT)))
         if rendered != text:
             out[path] = (text, rendered)
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, root: Path | None = None) -> int:
+    """The command line; ``root``: the repository whose Markdown is rendered (default: this one)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 and print a diff where a file differs")
     args = p.parse_args(argv)
-    changed = differences(markdown_files())
+    root = root or ROOT
+    changed = differences(root)
     for path, (old, new) in changed.items():
-        name = str(path.relative_to(ROOT))
+        name = str(path.relative_to(root))
         if args.check:
             sys.stdout.writelines(
                 difflib.unified_diff(old.splitlines(True), new.splitlines(True), name, name + " (rendered)")
