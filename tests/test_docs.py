@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 import textwrap
 from pathlib import Path
@@ -74,6 +75,36 @@ def test_links_stay_inside_the_repository_and_resolve(path: Path) -> None:
 def test_prose_carries_no_commit_hashes(path: Path) -> None:
     found = HASH.findall(prose(path.read_text()))
     assert not found, f"{path.name}: commit-hash-looking tokens in prose {found}; results carry provenance in JSON"
+
+
+def examples(path: Path) -> list[list[str]]:
+    """The arguments of every ``autocompress`` command in the page's bash blocks (continuation lines
+    joined, comments dropped)."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", path.read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            match = re.search(r"(?:^\$A|autocompress\)?|\.venv/bin/autocompress)\s+([a-z].*)", line.split(" #")[0])
+            if match and not line.startswith(("make", "A=")):
+                out.append(shlex.split(match[1]))
+    return out
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_autocompress_example_is_accepted_by_the_cli(path: Path) -> None:
+    """Each example's verb and flags parse with this tree's CLI (nothing runs)."""
+    from autocompress_opt.cli import build_parser
+
+    for args in examples(path):
+        try:
+            build_parser().parse_args(args)
+        except SystemExit:
+            pytest.fail(f"{path.name}: `autocompress {shlex.join(args)}` is refused by the CLI")
+
+
+def test_the_example_reader_finds_commands() -> None:
+    found = examples(ROOT / "README.md")
+    assert ["prune", "--from-study", "smollm2-weights.h100-sxm", "--out", "out/best-h100"] in found
+    assert sum(len(examples(p)) for p in DOCS) >= 40
 
 
 def test_the_hash_and_link_patterns_catch_what_they_should() -> None:
