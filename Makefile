@@ -1,4 +1,5 @@
-# The two commands a user needs: `make demo` (the main job) and `make test` (the test suite).
+# The two commands a user needs: `make demo` (the main job) and `make test` (the test suite);
+# `make test-fast` is the developer's loop (the tests not marked slow, no engines, no data install).
 # Both create/update .venv and install what they need. torch 2.13.0 goes in first so that no
 # multi-GB CUDA build of torch is pulled in by a dependency's looser requirement.
 PYTHON ?= python3
@@ -6,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-plan test lint format install install-gpu bench bench-h2h calibrate data engines clean
+.PHONY: demo demo-plan test test-fast docs docs-check lint format install install-gpu bench bench-h2h calibrate data engines clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,11 +38,12 @@ install-gpu:
 	$(MAKE) install
 	$(PY) -c "import torch; n = torch.cuda.device_count(); print('torch', torch.__version__, 'CUDA', torch.version.cuda, '-', n, 'GPU(s):', ', '.join(torch.cuda.get_device_name(i) for i in range(n)) or 'none visible (driver?)')"
 
+# The demo's three phases (study run, study show, plot) run through benchmarks/demo_result.py, which
+# times each and writes benchmarks/results/demo.json (timings, trial counts, best point per target,
+# machine, code version); `make docs` renders docs/results/demo.md and the README's line from it.
 demo: $(STAMP)
-	$(VENV)/bin/autocompress study run --config studies/smollm2-weights.yaml
-	$(VENV)/bin/autocompress study show smollm2-weights
-	$(VENV)/bin/autocompress plot smollm2-weights --out plots/
-	@echo "results: studies/smollm2-weights.db (Optuna), plots/smollm2-weights-*.png|svg"
+	$(PY) benchmarks/demo_result.py run --config studies/smollm2-weights.yaml --plots plots/
+	@echo "results: studies/smollm2-weights.db (Optuna), plots/smollm2-weights-*.png|svg, benchmarks/results/demo.json"
 
 demo-plan: $(STAMP)
 	$(VENV)/bin/autocompress study run --config studies/smollm2-plan.yaml
@@ -55,6 +57,19 @@ demo-plan: $(STAMP)
 # reused, so only the first run pays (about 9 minutes on 2 cores). `make test ENGINES=` skips them.
 test: $(STAMP) data engines lint
 	$(PY) -m pytest -q --durations=25
+
+# The tests not marked slow (pyproject [tool.pytest.ini_options] markers): no real-engine install, no
+# task data (tests that need them skip, naming the command), under 5 minutes on 2 cores.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" --durations=10
+
+# Every number in README.md and docs/results/ is rendered from benchmarks/results/*.json between
+# <!-- render:NAME --> markers; `make docs` rewrites them, `make docs-check` fails on a difference.
+docs: $(STAMP)
+	$(PY) benchmarks/render.py
+
+docs-check: $(STAMP)
+	$(PY) benchmarks/render.py --check
 
 # Lint, format, the layering contract (pyproject [tool.importlinter]: imports only run downwards, no
 # cycles) and types. `make format` applies ruff's fixes and formatting.

@@ -19,9 +19,9 @@ and why. Which heads, channels and layers a chosen model keeps is decided by
 :func:`~autocompress_opt.prune.plan.plan_pruning` from the importance scores.
 
 **The parameter-target recipe** (:func:`uniform_baseline`): the practitioner's older Minitron-style
-recipe, which fixes the sizes of a uniform model from a parameter target. Against a hardware
-constraint the practitioner picks the largest parameter target that fits: :func:`minitron_picks`
-(one pick per width recipe, ranked by :func:`rank_picks`) and :func:`minitron_pick` (the best of them).
+recipe, which fixes the sizes of a uniform model from a parameter target (``autocompress prune
+--params``). It is not a baseline under a hardware constraint: it never prunes heads and does not
+look at quality, so the baselines above replace it there.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -51,10 +51,8 @@ __all__ = [
     "INFEASIBLE_WITHIN_LIMITS",
     "MAX_WIDTH_VALUES",
     "MINITRON_LIMITS",
-    "PARAM_FRACTIONS",
     "BaselineResult",
     "MinitronLimits",
-    "MinitronPick",
     "ScoredCandidate",
     "UniformCandidate",
     "best_uniform",
@@ -62,11 +60,8 @@ __all__ = [
     "grid_values",
     "make_baseline",
     "masked_kl_scorer",
-    "minitron_pick",
-    "minitron_picks",
     "minitron_search",
     "point_cuts",
-    "rank_picks",
     "resolve_param_target",
     "target_feasibility",
     "uniform_baseline",
@@ -185,85 +180,6 @@ def _check_recipe(parent: Architecture, max_layer_drop: float, width_multiple: i
         raise ConfigError(f"width_multiple must be a positive int, got {width_multiple!r}")
     if width not in BASELINE_WIDTHS:
         raise ConfigError(f"width must be one of {', '.join(BASELINE_WIDTHS)}, got {width!r}")
-
-
-# ------------------------------------------------------------- the pick under a constraint
-# Parameter targets a practitioner tries, largest first: 100 % down to 5.25 % in 0.25 % steps.
-PARAM_FRACTIONS: tuple[float, ...] = tuple(k / 400 for k in range(400, 20, -1))
-
-
-@dataclass(frozen=True)
-class MinitronPick:
-    """The Minitron-style baseline of one width recipe that meets a constraint.
-
-    Attributes:
-        width: the width recipe (one of :data:`BASELINE_WIDTHS`).
-        param_fraction: the parameter target, a fraction of the parent's parameters.
-        architecture: ``uniform_baseline(parent, param_fraction, width=width)``.
-    """
-
-    width: str
-    param_fraction: float
-    architecture: Architecture
-
-
-def rank_picks(picks: Iterable[MinitronPick]) -> list[MinitronPick]:
-    """Best first: more parameters (the practitioner's "largest that fits"); on a tie, the recipe
-    listed first in :data:`BASELINE_WIDTHS` (FFN alone)."""
-    return sorted(picks, key=lambda p: (-p.architecture.num_params, BASELINE_WIDTHS.index(p.width)))
-
-
-def minitron_picks(
-    parent: Architecture,
-    feasible: Callable[[Architecture], bool],
-    *,
-    max_layer_drop: float = 0.25,
-    width_multiple: int = 64,
-) -> list[MinitronPick]:
-    """Per width recipe of :func:`uniform_baseline`: the largest parameter fraction of
-    :data:`PARAM_FRACTIONS` whose architecture ``feasible`` accepts, ranked by :func:`rank_picks`.
-
-    ``feasible`` is the target's constraint check (e.g. every constraint of the workload met by the
-    cost model); it is called on each candidate, largest first, until one passes.
-    ``max_layer_drop`` and ``width_multiple`` go to :func:`uniform_baseline`. A recipe none of whose
-    fractions is feasible (or reachable by a uniform model) is left out, so the list may be empty.
-    Raises :class:`ConfigError` for a heterogeneous parent or a bad recipe setting.
-    """
-    picks = []
-    for width in BASELINE_WIDTHS:
-        _check_recipe(parent, max_layer_drop, width_multiple, width)  # so the loop's ConfigError means "too small"
-        for fraction in PARAM_FRACTIONS:
-            try:
-                arch = uniform_baseline(
-                    parent, fraction, max_layer_drop=max_layer_drop, width_multiple=width_multiple, width=width
-                )
-            except ConfigError:  # below what any uniform model of this recipe can reach
-                break
-            if feasible(arch):
-                picks.append(MinitronPick(width, fraction, arch))
-                break
-    return rank_picks(picks)
-
-
-def minitron_pick(
-    parent: Architecture,
-    feasible: Callable[[Architecture], bool],
-    *,
-    max_layer_drop: float = 0.25,
-    width_multiple: int = 64,
-) -> MinitronPick:
-    """The Minitron-style baseline under a constraint: the first of :func:`minitron_picks`.
-
-    Raises :class:`ConfigError` when no parameter fraction of either width recipe is feasible.
-    """
-    picks = minitron_picks(parent, feasible, max_layer_drop=max_layer_drop, width_multiple=width_multiple)
-    if not picks:
-        raise ConfigError(
-            f"no Minitron-style baseline of {parent.name or parent.family} meets the constraints "
-            f"(widths {', '.join(BASELINE_WIDTHS)}, parameter fractions {PARAM_FRACTIONS[0]:.2%} down to "
-            f"{PARAM_FRACTIONS[-1]:.2%})"
-        )
-    return picks[0]
 
 
 # ------------------------------------------------------------------- the uniform candidate grid

@@ -1,8 +1,7 @@
 """Uniform baselines: the uniform candidate grid; ModelOpt's Minitron candidate search (limits, top K
 by parameters, the score decides, the infeasible-within-limits finding); depth pruning at full width;
 the best uniform model; the masked-KL scorer; every pick feasible by the exact cost model. And the
-older parameter-target recipe (sizes from a parameter target, exact hand-checked counts) with its pick
-under a constraint (the largest feasible parameter fraction per width recipe, ranked by parameters)."""
+older parameter-target recipe (sizes from a parameter target, exact hand-checked counts)."""
 
 from __future__ import annotations
 
@@ -21,23 +20,17 @@ from autocompress_opt.arch.search_space import CHOICES, uniform_allocation
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.hf.adapters import adapter_for
 from autocompress_opt.prune.baselines import (
-    BASELINE_WIDTHS,
     BASELINES,
     INFEASIBLE_WITHIN_LIMITS,
     MINITRON_LIMITS,
-    PARAM_FRACTIONS,
     MinitronLimits,
-    MinitronPick,
     best_uniform,
     depth_baseline,
     grid_values,
     make_baseline,
     masked_kl_scorer,
-    minitron_pick,
-    minitron_picks,
     minitron_search,
     point_cuts,
-    rank_picks,
     resolve_param_target,
     target_feasibility,
     uniform_baseline,
@@ -141,84 +134,6 @@ def test_one_layer_baseline_takes_the_first_layers_window() -> None:
     assert [s.window for s in two.layers] == [8, None]
     one = uniform_baseline(parent, replace(parent, layers=parent.layers[:1]).num_params, max_layer_drop=0.9)
     assert [s.window for s in one.layers] == [8] and one.layers[0].ffn_width == 256
-
-
-# ------------------------------------------------------------------ the pick under a constraint
-def params_at_most(limit: int) -> Callable[[Architecture], bool]:
-    """A constraint check that accepts architectures of at most ``limit`` parameters, counting its calls."""
-
-    def feasible(arch: Architecture) -> bool:
-        feasible.calls.append(arch)  # type: ignore[attr-defined]
-        return arch.num_params <= limit
-
-    feasible.calls = []  # type: ignore[attr-defined]
-    return feasible
-
-
-def test_param_fractions_are_quarter_percent_steps_from_100_down_to_5_25() -> None:
-    assert len(PARAM_FRACTIONS) == 380 and PARAM_FRACTIONS[0] == 1.0 and PARAM_FRACTIONS[-1] == 0.0525
-    assert all(a - b == pytest.approx(0.0025) for a, b in itertools.pairwise(PARAM_FRACTIONS))
-
-
-def test_each_recipe_picks_its_largest_feasible_fraction() -> None:
-    """Under "at most 60 % of the parameters" each recipe picks the largest fraction whose baseline fits:
-    the next larger fraction's baseline does not."""
-    limit = int(0.6 * SMOLLM2.num_params)
-    picks = minitron_picks(SMOLLM2, params_at_most(limit))
-    assert sorted(p.width for p in picks) == sorted(BASELINE_WIDTHS)
-    for pick in picks:
-        assert pick.architecture == uniform_baseline(SMOLLM2, pick.param_fraction, width=pick.width)
-        assert pick.architecture.num_params <= limit and pick.param_fraction >= 0.6
-        larger = PARAM_FRACTIONS[PARAM_FRACTIONS.index(pick.param_fraction) - 1]
-        assert uniform_baseline(SMOLLM2, larger, width=pick.width).num_params > limit
-
-
-def test_picks_are_ranked_by_parameters_and_the_pick_is_the_first() -> None:
-    """SmolLM2 under "at most 60 %" (80,709,004): hidden+FFN's largest fitting target is 67.25 %, the
-    23-layer hidden 448 / FFN 1344 model of 79,413,824 parameters (the 60 % target's, test above);
-    FFN alone's is 60.75 %, 23 layers of FFN 768 (79,210,944). Hidden+FFN keeps more: it comes first."""
-    feasible = params_at_most(int(0.6 * SMOLLM2.num_params))
-    picks = minitron_picks(SMOLLM2, feasible)
-    assert [(p.width, p.param_fraction, p.architecture.num_params) for p in picks] == [
-        ("hidden+ffn", 0.6725, 79_413_824),
-        ("ffn", 0.6075, 79_210_944),
-    ]
-    assert minitron_pick(SMOLLM2, feasible) == picks[0]
-    assert rank_picks(reversed(picks)) == picks
-
-
-def test_a_tie_in_parameters_goes_to_the_ffn_recipe() -> None:
-    arch = uniform_baseline(SMOLLM2, 0.9)
-    tied = [MinitronPick("hidden+ffn", 0.9, arch), MinitronPick("ffn", 0.9, arch)]
-    assert [p.width for p in rank_picks(tied)] == ["ffn", "hidden+ffn"]
-
-
-def test_the_check_runs_largest_first_and_stops_at_the_first_pass() -> None:
-    """Fraction 1.0 is the parent itself; with everything feasible each recipe is checked once."""
-    feasible = params_at_most(SMOLLM2.num_params)
-    picks = minitron_picks(SMOLLM2, feasible)
-    assert len(feasible.calls) == 2 and all(a is SMOLLM2 for a in feasible.calls)  # type: ignore[attr-defined]
-    assert [(p.width, p.param_fraction) for p in picks] == [("ffn", 1.0), ("hidden+ffn", 1.0)]
-
-
-def test_no_feasible_fraction_leaves_the_recipe_out_and_the_pick_raises() -> None:
-    """A parent whose embeddings hold 79 % of its parameters: at 25 % only hidden+FFN has a pick (FFN
-    alone cannot go below the embeddings); a check nothing passes leaves no pick at all."""
-    wide_vocab = Architecture.uniform(
-        num_layers=8, hidden_size=256, num_heads=4, num_kv_heads=1, ffn_width=512, vocab_size=8 * 4096, name="wv"
-    )
-    picks = minitron_picks(wide_vocab, params_at_most(int(0.25 * wide_vocab.num_params)))
-    assert [p.width for p in picks] == ["hidden+ffn"]
-    assert minitron_picks(wide_vocab, lambda arch: False) == []
-    with pytest.raises(ConfigError, match="no Minitron-style baseline of wv meets the constraints"):
-        minitron_pick(wide_vocab, lambda arch: False)
-
-
-def test_bad_recipe_settings_are_errors_not_missing_picks() -> None:
-    with pytest.raises(ConfigError, match="max_layer_drop"):
-        minitron_picks(SMOLLM2, lambda arch: True, max_layer_drop=1.5)
-    with pytest.raises(ConfigError, match="needs a uniform parent"):
-        minitron_pick(replace(SMOLLM2, layers=(LayerSpec.dropped(),) + SMOLLM2.layers[1:]), lambda arch: True)
 
 
 # ------------------------------------------------------------------------ the uniform grid

@@ -43,6 +43,7 @@ def test_bad_from_study_arguments_are_one_line_errors(
     assert not storage.exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_from_study_exports_the_model_the_trial_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -97,6 +98,7 @@ def test_from_study_exports_the_model_the_trial_measured(
     assert "has no trial 99" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_from_study_exports_a_plan_mode_trial_like_arch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -72,6 +72,7 @@ def _assert_trains_as(sharded: dict[str, Any], single: Any, sharded_dir: Path, s
     assert worst <= 2e-5, worst
 
 
+@pytest.mark.slow
 def test_two_sharded_processes_train_as_one(models: tuple[Path, Path], tmp_path: Path) -> None:
     student_dir, teacher_dir = models
     single = distill(student_dir, teacher_dir, tmp_path / "single", RECIPE, progress=False)
@@ -89,6 +90,7 @@ def test_two_sharded_processes_train_as_one(models: tuple[Path, Path], tmp_path:
     assert record["fsdp_processes"] == 2 and record["gradient_checkpointing"] and record["kl_chunk"] == 5
 
 
+@pytest.mark.slow
 def test_an_interrupted_sharded_run_resumes_sharded(models: tuple[Path, Path], tmp_path: Path) -> None:
     student_dir, teacher_dir = models
     single = distill(student_dir, teacher_dir, tmp_path / "single", RECIPE, progress=False)

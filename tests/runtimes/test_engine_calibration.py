@@ -128,6 +128,7 @@ def _known_engine(truth: CostProfile) -> Any:
     return timer
 
 
+@pytest.mark.slow
 def test_the_fit_recovers_a_known_engine_and_holds_models_out(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, smollm2_gguf: Path
 ) -> None:

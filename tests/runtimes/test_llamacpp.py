@@ -34,6 +34,7 @@ def exports(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer: Any, ll
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["uniform", "hetero"])
 def test_export_agrees_with_transformers_in_f32(kind: str, exports: dict[str, Path], tmp_path: Path) -> None:
     result = serve_check(exports[kind], "llamacpp", gguf="f32", decilm_out=tmp_path / "decilm")

@@ -202,6 +202,7 @@ def overlapping(a: dict, b: dict) -> bool:
     return a["began"] < b["ended"] and b["began"] < a["ended"]
 
 
+@pytest.mark.slow
 def test_concurrent_trials_get_distinct_gpus_and_compute_on_their_own(
     logical_gpus: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -231,6 +232,7 @@ def test_concurrent_trials_get_distinct_gpus_and_compute_on_their_own(
     assert len(stored) == 4 and all(ids in (["0"], ["1"]) for ids in stored)
 
 
+@pytest.mark.slow
 def test_more_gpus_per_trial_than_the_cluster_has_stops_before_any_study(logical_gpus: None, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no node of the Ray cluster has 4 GPUs"):
         run_study(study_config(tmp_path, gpus_per_trial=4), progress=False)
@@ -253,6 +255,7 @@ def small_worker():
         cluster.shutdown()
 
 
+@pytest.mark.slow
 def test_a_worker_with_fewer_cpus_than_the_head_gets_trials(small_worker, tmp_path: Path) -> None:
     """CPUs per trial are the smallest node's (1), not the driver's cores: 3 trials at once fill the
     head (2) and the worker (1), and the study completes."""
@@ -269,6 +272,7 @@ def test_a_worker_with_fewer_cpus_than_the_head_gets_trials(small_worker, tmp_pa
     assert len({t["node"] for t in trials}) == 2  # the 1-CPU worker ran trials too
 
 
+@pytest.mark.slow
 def test_a_study_without_an_address_starts_its_own_ray_beside_a_running_cluster(small_worker) -> None:
     """The two-node cluster wrote /tmp/ray/ray_current_cluster, where Ray's default ray.init() would
     attach (and refuse num_cpus); a study without --address starts a new local Ray instead."""

@@ -34,6 +34,7 @@ def test_maximal_keeps_the_points_nothing_else_covers() -> None:
     assert maximal([]) == []
 
 
+@pytest.mark.slow
 def test_the_ranking_gives_feasible_maximal_distinct_points_best_first_and_differs_per_gpu() -> None:
     ranked = {hw: proxy(hw, wl).rank(4) for hw, wl in (("rtx5070", "in-game"), ("b200", "datacenter"))}
     for hw, points in ranked.items():

@@ -77,6 +77,7 @@ def test_shipped_profiles_are_fitted_and_found() -> None:
     assert get_profile("llamacpp", "cpu") == shipped[("cpu", "llamacpp")]
 
 
+@pytest.mark.slow
 def test_calibrate_end_to_end_on_a_small_sweep(tmp_path: Path) -> None:
     """A real (small) calibration: times real forwards, fits, writes a loadable profile."""
     from autocompress_opt.serving.calibration import calibrate
@@ -94,6 +95,7 @@ def test_calibrate_end_to_end_on_a_small_sweep(tmp_path: Path) -> None:
     assert result.profile.fit["dtype"] == "fp32" and result.profile.fit["device"] == "cpu"  # auto on the CPU
 
 
+@pytest.mark.slow
 def test_calibrate_builds_and_costs_the_sweep_in_the_compute_dtype(tmp_path: Path) -> None:
     """--compute-dtype bf16: the models are timed in bf16 and the fit costs them as bf16 weights."""
     from autocompress_opt.serving import calibration

@@ -1,0 +1,488 @@
+"""Render every measured number in README.md and docs/ from the committed results JSON.
+
+A Markdown file holds hand-written prose and rendered blocks::
+
+    <!-- render:NAME -->
+    ...what RENDERERS[NAME] returns, rewritten by this script...
+    <!-- /render:NAME -->
+
+Each renderer reads ``benchmarks/results/*.json`` only (no run, no model), so the numbers in the
+docs are the numbers in the results, and a rerun of a benchmark changes the docs by one command:
+
+    .venv/bin/python benchmarks/render.py           # rewrite the blocks in README.md and docs/**/*.md
+    .venv/bin/python benchmarks/render.py --check   # exit 1 and print a diff when a file differs
+
+A results file that is not committed renders as "not yet measured" (the demo until ``make demo``
+has written ``results/demo.json``); a block naming an unknown renderer is an error naming the known ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+BLOCK = re.compile(r"(<!-- render:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /render:(?P=name) -->)", re.S)
+NOT_MEASURED = "not yet measured"
+
+
+def markdown_files(root: Path | None = None) -> list[Path]:
+    """README.md and every Markdown file under docs/ of ``root`` (default: this repository)."""
+    root = root or ROOT
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def load(name: str) -> dict[str, Any] | None:
+    """``benchmarks/results/<name>.json``, or None when it is not there."""
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def need(name: str) -> dict[str, Any]:
+    data = load(name)
+    if data is None:
+        raise FileNotFoundError(f"benchmarks/results/{name}.json is referenced by a rendered block but missing")
+    return data
+
+
+# ------------------------------------------------------------------------------ formatting
+def pct(x: float, digits: int = 1) -> str:
+    return f"{100 * x:.{digits}f} %"
+
+
+def commit_of(result: dict[str, Any]) -> str:
+    """The short commit a result was measured at, from whichever provenance field it carries."""
+    code = result.get("code") or (result.get("provenance") or {}).get("code") or {}
+    commit = code.get("commit")
+    if not commit:
+        return "not recorded"
+    return commit[:7] + (" (dirty)" if code.get("dirty") else "")
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def shape(summary: str) -> str:
+    """``"name: 19/30 layers, ..."`` -> ``"19/30 layers, ..."``."""
+    return summary.split(": ", 1)[-1]
+
+
+def ci(diff: dict[str, Any]) -> str:
+    """A difference in points with its 95 % interval, bold when the interval excludes zero."""
+    lo, hi = diff["ci95"]
+    claim = f"{diff['mean']:+.1f}"
+    return f"{f'**{claim}**' if lo > 0 or hi < 0 else claim} [{lo:+.1f}, {hi:+.1f}]"
+
+
+# ------------------------------------------------------------------------- head-to-head
+def _h2h_protocol(s: dict[str, Any], commit: bool = True) -> str:
+    b = s["budgets"]
+    seeds = len(s["seeds"]["recovery"])
+    return (
+        f"{s['parent']['summary'].split(':')[0]}{f', measured at {commit_of(s)}' if commit else ''}: "
+        f"a {b['trials']}-trial weights-mode "
+        f"study per target; every arm recovered with `autocompress distill` ({b['distill_steps']} steps × "
+        f"{b['distill_batch']} rows × {b['distill_seq_len']} tokens, lr {b['distill_lr']:g}) under {seeds} "
+        f"seed{'s' if seeds > 1 else ''} and scored on seven accuracy tasks ({b['items']} items each); "
+        f"differences bootstrapped ({b['boot']:,} resamples). The parent scores "
+        f"{pct(s['parent']['average_accuracy'])} (perplexity {s['parent']['perplexity']['ppl_code']:.1f} code / "
+        f"{s['parent']['perplexity']['ppl_prose']:.1f} prose)."
+    )
+
+
+def h2h_summary() -> str:
+    """README: one row per target, the searched model against the three baselines."""
+    s = need("head_to_head")
+    from bench_head_to_head import BASELINES
+
+    rows = []
+    for row in s["targets"]:
+        arms, diffs = row["arms"], row["differences_points"]
+        kl = " / ".join(f"{arms[a]['kl_before']:.2f}" if a in arms else "—" for a in ("searched", *BASELINES))
+        versus = " · ".join(f"{a} {ci(diffs[a])}" for a in BASELINES if a in diffs)
+        searched = arms["searched"]
+        rows.append(
+            [
+                f"{row['hardware']} {row['workload']}",
+                shape(searched["summary"]),
+                kl,
+                pct(searched["average_accuracy"]["mean"]),
+                versus,
+            ]
+        )
+    header = [
+        "target",
+        "searched model",
+        "held-out KL before recovery: searched / minitron / depth / best-uniform",
+        "accuracy after recovery",
+        "searched − baseline, points [95 % CI]",
+    ]
+    return _h2h_protocol(s) + "\n\n" + table(header, rows)
+
+
+def h2h_findings(name: str) -> Callable[[], str]:
+    def render() -> str:
+        s = need(name)
+        from bench_head_to_head import BASELINES
+
+        lines = []
+        lowest = sum(
+            all(row["arms"]["searched"]["kl_before"] <= row["arms"][a]["kl_before"] for a in row["arms"])
+            for row in s["targets"]
+        )
+        n = len(s["targets"])
+        lines.append(f"- Lowest held-out KL before recovery (ties included): {lowest} of {n} targets.")
+        for a in BASELINES:
+            diffs = [row["differences_points"][a] for row in s["targets"] if a in row["differences_points"]]
+            won = sum(d["ci95"][0] > 0 for d in diffs)
+            lost = sum(d["ci95"][1] < 0 for d in diffs)
+            lines.append(
+                f"- Against {a}, in average accuracy: better on {won}, worse on {lost}, "
+                f"not resolved on {len(diffs) - won - lost} of {len(diffs)} targets."
+            )
+        return "\n".join(lines)
+
+    return render
+
+
+def h2h_tables(name: str) -> Callable[[], str]:
+    def render() -> str:
+        from bench_head_to_head import tables
+
+        s = need(name)
+        return _h2h_protocol(s, commit=False) + "\n\n" + tables(s)
+
+    return render
+
+
+# ------------------------------------------------------------------------------ ablation
+def _trained_better(row: dict[str, Any]) -> int:
+    return sum(
+        r["candidates"]["trained"]["eval_kl"] < r["candidates"]["uniform"]["eval_kl"]
+        for r in row["runs"]
+        if r["candidates"]["trained"]["eval_kl"] is not None
+    )
+
+
+def ablation() -> str:
+    s = need("ablation")
+    rows = []
+    for row in s["rows"]:
+        m, runs = row["summary"], row["runs"]
+        g = row["global_choices"]
+        trained = m["trained_eval_kl"]
+        greedy = row.get("greedy_from_parent", {}).get("eval_kl")
+        rows.append(
+            [
+                f"{row['hardware']} {row['workload']} ({row['serve_as']})",
+                f"{g['num_layers']} layers, hidden {g['hidden_size']}, FFN {g['ffn_width']}, "
+                f"{g['num_kv_heads']} KV × {g['q_per_kv']}",
+                f"{m['uniform_eval_kl']['mean']:.2f}",
+                f"{m['start_eval_kl']['mean']:.2f}",
+                "—" if greedy is None else f"{greedy:.2f}",
+                f"{trained['mean']:.2f} ± {trained['sd']:.2f}",
+                f"{m['chosen']['trained']}/{len(runs)}, {_trained_better(row)}/{len(runs)}",
+            ]
+        )
+    header = [
+        "target (engine)",
+        "global choices",
+        "uniform allocation",
+        "greedy start point",
+        "greedy from the parent",
+        "trained masks (mean ± sd)",
+        "trained returned / better than uniform",
+    ]
+    seeds = s["seeds"]["seeds"]
+    return (
+        f"Measured at {commit_of(s)}, inner seeds {', '.join(map(str, seeds))}, "
+        f"{s['seconds'] / 60:.0f} minutes (without the greedy arm). Held-out KL to the parent, nats.\n\n"
+        + table(header, rows)
+    )
+
+
+def ablation_history() -> str:
+    """The earlier ablation runs kept beside the current one: how often the trained masks beat uniform."""
+    lines = []
+    for name in ("ablation_ffn256", "ablation_ffn256_h100"):
+        s = need(name)
+        better = sum(_trained_better(row) for row in s["rows"])
+        runs = sum(len(row["runs"]) for row in s["rows"])
+        targets = ", ".join(row["hardware"] for row in s["rows"])
+        lines.append(
+            f"- `{name}.json` ({targets}; FFN unit {s['inner'].get('ffn_unit')}, measured at {commit_of(s)}): "
+            f"trained better than uniform in {better} of {runs} runs."
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------ multi-fidelity
+def multifidelity(*names: str) -> Callable[[], str]:
+    def render() -> str:
+        out = []
+        for name in names:
+            s = need(name)
+            summary = s["summary"]
+            seeds = ", ".join(map(str, s["provenance"]["seeds"].get("sampler", [])))
+            rows = []
+            for target, row in summary["per_target"].items():
+                one, multi = row["single-fidelity"], row["multi-fidelity"]
+                rows.append(
+                    [
+                        target,
+                        f"{one['median_best_kl']:.2f}",
+                        f"{multi['median_best_kl']:.2f}",
+                        f"{one['points_mean']:g} → {multi['points_mean']:g}",
+                    ]
+                )
+            out.append(
+                f"`{name}.json`: {s['budget_minutes']:g} minutes per run, seeds {seeds}, {s['parallel']} trials "
+                f"at a time, measured at {commit_of(s)}; multi-fidelity better on {summary['targets_better']} of "
+                f"{summary['targets']} targets with {summary['points_ratio']:g}× the points "
+                f"({summary['points_total']['multi-fidelity']} against "
+                f"{summary['points_total']['single-fidelity']}).\n\n"
+                + table(
+                    [
+                        "target",
+                        "best KL, single-fidelity",
+                        "best KL, multi-fidelity",
+                        "points evaluated (mean over seeds)",
+                    ],
+                    rows,
+                )
+            )
+        return "\n\n".join(out)
+
+    return render
+
+
+# ------------------------------------------------------------------------------- calibration
+def validation() -> str:
+    s = need("validation_published")
+    header = ["engine / regime", "rows", "in-sample", "held out", "held-out max"]
+    rows = [
+        [key, v["held_out"]["rows"], pct(v["in_sample"]["median_abs_error"]), pct(v["held_out"]["median_abs_error"]),
+         f"{100 * v['held_out']['max_abs_error']:.0f} %"]
+        for key, v in s["by_engine_and_regime"].items()
+    ]  # fmt: skip
+    overall = s["overall"]
+    engines = ", ".join(f"{k} {pct(v['held_out']['median_abs_error'])}" for k, v in s["by_engine"].items())
+    return (
+        f"{overall['held_out']['rows']} published measurements; median error held out one publication at a time "
+        f"{pct(overall['held_out']['median_abs_error'])} (in-sample {pct(overall['in_sample']['median_abs_error'])}); "
+        f"per engine, held out: {engines}. Every row above its roofline floor: "
+        f"{'yes' if s['all_bounds_ok'] else 'NO'}.\n\n" + table(header, rows)
+    )
+
+
+def engine_calibration() -> str:
+    header = [
+        "engine on this CPU",
+        "models (held out)",
+        "held-out median error",
+        "by measurement",
+        "before calibration",
+        "time",
+    ]
+    rows = []
+    for engine in ("llamacpp", "vllm"):
+        s = need(f"engine_calibration_{engine}")
+        by = ", ".join(
+            f"{k.removesuffix('_tok_s').replace('_', ' ')} {pct(v)}"
+            for k, v in s["heldout_mdape"].items()
+            if k != "all"
+        )
+        fmt = s["settings"].get("gguf_type") if engine == "llamacpp" else s["settings"].get("vllm_dtype")
+        seconds = s.get("refit_of", {}).get("seconds", s["seconds"])  # a refit's timing run, not the refit
+        rows.append(
+            [
+                f"{engine} ({fmt}), measured at {commit_of(s['provenance'])}",
+                f"{s['settings']['n_models']} ({s['heldout_models']})",
+                f"**{pct(s['heldout_mdape']['all'])}**",
+                by,
+                pct(s["before_mdape"]["all"]),
+                f"{seconds:,.0f} s",
+            ]
+        )
+    return table(header, rows)
+
+
+def cpu_calibration() -> str:
+    s = need("calibration_cpu")
+    return (
+        f"torch-eager on this CPU ({len(s['rows'])} architectures): held-out median error prefill "
+        f"{pct(s['heldout_mdape']['prefill'])}, decode {pct(s['heldout_mdape']['decode'])}; {s['seconds']:.0f} s."
+    )
+
+
+# ------------------------------------------------------------------------------- performance
+def performance() -> str:
+    cost = need("costmodel_throughput")
+    study = need("study_overhead")
+    cluster = need("cluster_two_nodes")
+    cli = need("cli_help")
+    large = study["large_120b"]
+    overhead = study["overhead_per_trial_s"]
+    best = large.get("best_feasible") or {}
+    rows = [
+        [
+            "vectorised cost model, 30-layer heterogeneous architectures",
+            f"{cost['min_archs_per_s']:,} architectures/s (slowest engine; target {cost['target_archs_per_s']:,})",
+            "`benchmarks/bench_costmodel.py`",
+        ],
+        [
+            f"Ray Tune + Optuna overhead per plan-mode trial, concurrency {overhead['concurrency']}",
+            f"{overhead['median']:.2f} s/trial median (target {overhead['target_s']})",
+            "`benchmarks/bench_study.py`",
+        ],
+        [
+            f"120B on one B200 at 128K, {large['trials']} plan-mode trials, Ray start included",
+            f"{large['seconds_including_ray_start']:.0f} s (target {large['target_s']} s); "
+            f"{large['feasible']} feasible"
+            + (f"; best {shape(best['summary'])}, {best['peak_memory_gib']} GiB" if best.get("summary") else ""),
+            "`benchmarks/bench_study.py`",
+        ],
+        [
+            "two-node Ray cluster on one machine, worker node killed mid-study",
+            f"{cluster['complete']}/{cluster['trials_requested']} COMPLETE, {cluster['distinct_points']} distinct "
+            f"points, {cluster['running_left']} left RUNNING, trials on {len(cluster['nodes_that_ran_trials'])} nodes",
+            "`benchmarks/cluster_two_nodes.py`",
+        ],
+        [
+            "`autocompress --help`",
+            f"{cli['median_s']['--help']:.2f} s median of {cli['runs']} (target {cli['target_s']} s)",
+            "`benchmarks/bench_cli_help.py`",
+        ],
+    ]
+    return table(["what", "result", "reproduce"], rows)
+
+
+# ------------------------------------------------------------------------------------- demo
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
+def demo_line() -> str:
+    """README: the last recorded `make demo`, or that there is none."""
+    s = load("demo")
+    if s is None:
+        return f"`make demo`: {NOT_MEASURED} (no `benchmarks/results/demo.json` is committed)."
+    m = s["machine"]
+    return (
+        f"Last recorded `make demo`: {_minutes(s['timings_s']['total'])} on {m['cores']} cores "
+        f"({m['cpu_model']}), code {s['code_version']}; details in [docs/results/demo.md](docs/results/demo.md)."
+    )
+
+
+def demo() -> str:
+    s = load("demo")
+    if s is None:
+        return (
+            f"**{NOT_MEASURED}**: no `benchmarks/results/demo.json` is committed. `make demo` writes it; "
+            "`python benchmarks/render.py` then fills this page."
+        )
+    m, t = s["machine"], s["timings_s"]
+    lines = [
+        f"Recorded {s['date']} at code {s['code_version']} on {m['cores']} cores ({m['cpu_model']}), "
+        f"{m['memory_gib']} GiB: `{s['command']}`.",
+        "",
+        table(["phase", "time"], [[phase, _minutes(sec)] for phase, sec in t.items()]),
+        "",
+    ]
+    rows = []
+    for target in s["targets"]:
+        best = target["best"] or {}
+        trials = ", ".join(f"{n} {state}" for state, n in target["trials"].items())
+        rows.append(
+            [
+                f"{target['hardware']} {target['workload']}",
+                f"{trials} ({target['stopped_early']} stopped early, {target['proxy_infeasible']} kept from running "
+                f"by the proxy); {target['feasible']} feasible",
+                f"trial {best['trial']}: {shape(best['architecture'])}" if best else "none feasible",
+                f"{best['quality']:.3f}" if best.get("quality") is not None else "—",
+                f"{best['kl_to_parent']:.2f}" if best.get("kl_to_parent") is not None else "—",
+            ]
+        )
+    lines.append(table(["target", "trials", "best feasible", "quality", "held-out KL"], rows))
+    return "\n".join(lines)
+
+
+RENDERERS: dict[str, Callable[[], str]] = {
+    "h2h-summary": h2h_summary,
+    "h2h-smollm2": h2h_tables("head_to_head"),
+    "h2h-smollm2-findings": h2h_findings("head_to_head"),
+    "h2h-gemma3": h2h_tables("head_to_head_gemma3-270m"),
+    "h2h-gemma3-findings": h2h_findings("head_to_head_gemma3-270m"),
+    "ablation": ablation,
+    "ablation-history": ablation_history,
+    "multifidelity-8min": multifidelity("multifidelity"),
+    "multifidelity-15min": multifidelity("multifidelity_15min", "multifidelity_15min_seed1"),
+    "validation": validation,
+    "engine-calibration": engine_calibration,
+    "cpu-calibration": cpu_calibration,
+    "performance": performance,
+    "demo": demo,
+    "demo-line": demo_line,
+}
+
+
+# ------------------------------------------------------------------------------------ driver
+def render_text(text: str, where: str = "<text>") -> str:
+    """``text`` with every rendered block rewritten; a ValueError names an unknown block."""
+
+    def replace(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in RENDERERS:
+            raise ValueError(f"{where}: unknown rendered block {name!r}; known: {', '.join(sorted(RENDERERS))}")
+        return match[1] + RENDERERS[name]().rstrip("\n") + "\n" + match[4]
+
+    return BLOCK.sub(replace, text)
+
+
+def differences(root: Path | None = None) -> dict[Path, tuple[str, str]]:
+    """``{file: (committed, rendered)}`` for each Markdown file of ``root`` whose rendering differs."""
+    out = {}
+    for path in markdown_files(root):
+        text = path.read_text()
+        rendered = render_text(text, str(path.relative_to(root or ROOT)))
+        if rendered != text:
+            out[path] = (text, rendered)
+    return out
+
+
+def main(argv: Sequence[str] | None = None, root: Path | None = None) -> int:
+    """The command line; ``root``: the repository whose Markdown is rendered (default: this one)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 and print a diff where a file differs")
+    args = p.parse_args(argv)
+    root = root or ROOT
+    changed = differences(root)
+    for path, (old, new) in changed.items():
+        name = str(path.relative_to(root))
+        if args.check:
+            sys.stdout.writelines(
+                difflib.unified_diff(old.splitlines(True), new.splitlines(True), name, name + " (rendered)")
+            )
+        else:
+            path.write_text(new)
+            print(f"rendered {name}")
+    if args.check and changed:
+        print(f"{len(changed)} file(s) differ from their rendering: run `python benchmarks/render.py`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
