@@ -71,7 +71,7 @@ from typing import Any
 
 import torch
 
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.errors import ConfigError, check_int
 from autocompress_opt.quality.metrics import kl_divergence, log_probs, token_kl
 from autocompress_opt.recover.recipe import MIN_LR_RATIO, DistillRecipe, learning_rate
 
@@ -130,8 +130,7 @@ def distillation_backward(
     float rounding (the mean is summed in pieces). ``None`` (or ``chunk >= L``): one piece.
     """
     length = student_logits.shape[1]
-    if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
-        raise ConfigError(f"kl_chunk must be a positive number of positions or None, got {chunk!r}")
+    check_int(chunk, "kl_chunk (positions per piece)", also=(None,))
     if chunk is None or chunk >= length:
         loss = distillation_loss(student_logits, teacher_logits, temperature)
         loss.backward()
@@ -283,8 +282,7 @@ def distill(
         raise ConfigError(f"the output directory must differ from the student's ({str(out)!r})")
     torch_device, precision = _device(device, bf16)
     dtype, precision = _compute_dtype(compute_dtype, torch_device, precision)
-    if kl_chunk is not None and (not isinstance(kl_chunk, int) or isinstance(kl_chunk, bool) or kl_chunk < 1):
-        raise ConfigError(f"kl_chunk must be a positive number of positions or None, got {kl_chunk!r}")
+    check_int(kl_chunk, "kl_chunk (positions per piece)", also=(None,))
     world = _world_size(fsdp, recipe)
     if world > 1 and torch_device.type == "cuda":  # one GPU per process: torchrun's LOCAL_RANK
         import os

@@ -74,7 +74,7 @@ from typing import Any
 import numpy as np
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.errors import ConfigError, check_bool, check_choice, check_int, check_number
 from autocompress_opt.serving.dtypes import GGUF_BLOCK_BITS, WeightDtype, get_weight_dtype, kv_dtype_bytes
 from autocompress_opt.serving.engine_models import GIB, Engine, get_engine
 from autocompress_opt.serving.hardware import Hardware, get_hardware
@@ -147,22 +147,17 @@ class Scenario:
         if self.kv_dtype is not None:
             kv_dtype_bytes(self.kv_dtype)
         for name in ("input_len", "output_len", "tp"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        c = self.concurrency
-        if not (c == "max" or (isinstance(c, int) and not isinstance(c, bool) and c >= 1)):
-            raise ConfigError(f"concurrency must be a positive integer or 'max', got {c!r}")
-        if not isinstance(self.online, bool):
-            raise ConfigError(f"online must be true or false, got {self.online!r}")
-        if self.arrival not in ARRIVALS:
-            raise ConfigError(f"arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
+            check_int(getattr(self, name), name)
+        check_int(self.concurrency, "concurrency", also=("max",))
+        check_bool(self.online, "online")
+        check_choice(self.arrival, "arrival", ARRIVALS)
         r = self.requests
-        if r is not None and (self.arrival != "burst" or not isinstance(r, int) or isinstance(r, bool) or r < 1):
-            raise ConfigError(f"requests (a burst's size) must be a positive integer with arrival 'burst', got {r!r}")
+        if r is not None:
+            check_int(r, "requests (a burst's size)")
+            if self.arrival != "burst":
+                raise ConfigError(f"requests (a burst's size) is for arrival 'burst', got arrival {self.arrival!r}")
         if self.arrival == "poisson":
-            if not isinstance(self.rate, (int, float)) or isinstance(self.rate, bool) or not self.rate > 0:
-                raise ConfigError(f"arrival 'poisson' needs a rate > 0 requests/s, got {self.rate!r}")
+            check_number(self.rate, "rate (requests/s; arrival 'poisson' needs one)")
         elif self.rate is not None:
             raise ConfigError(f"a rate is for arrival 'poisson'; arrival {self.arrival!r} takes concurrency instead")
 
