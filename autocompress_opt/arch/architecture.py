@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.errors import ConfigError, check_int, reject_unknown_keys, suggest, yaml_problem
+from autocompress_opt.errors import ConfigError, check_bool, check_int, reject_unknown_keys, suggest, yaml_problem
 
 __all__ = [
     "SUPPORTED_FAMILIES",
@@ -117,13 +117,8 @@ def _config_bool(cfg: Mapping[str, Any], key: str, default: bool, model_type: st
     value = cfg.get(key)
     if value is None:
         return default
-    _check_bool(f"{model_type} config {key}", value)
+    check_bool(value, f"{model_type} config {key}")
     return bool(value)
-
-
-def _check_bool(where: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{where} must be true or false, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -157,7 +152,7 @@ class LayerSpec:
 
     def __post_init__(self) -> None:
         for name in ("attention", "ffn"):
-            _check_bool(f"LayerSpec.{name}", getattr(self, name))
+            check_bool(getattr(self, name), f"LayerSpec.{name}")
         for name in ("num_heads", "num_kv_heads", "head_dim", "ffn_width"):
             check_int(getattr(self, name), f"LayerSpec.{name}", minimum=0)
         if self.window is not None:
@@ -237,7 +232,7 @@ class Architecture:
         for name in ("vocab_size", "hidden_size"):
             check_int(getattr(self, name), f"Architecture.{name}")
         for name in ("tie_embeddings", "qkv_bias", "o_bias", "mlp_bias", "qk_norm"):
-            _check_bool(f"Architecture.{name}", getattr(self, name))
+            check_bool(getattr(self, name), f"Architecture.{name}")
         if self.max_context is not None:
             check_int(self.max_context, "Architecture.max_context")
         if not isinstance(self.name, str):

@@ -30,7 +30,7 @@ from typing import Any
 
 from autocompress_opt._data import REPO_SEARCH_SPACES
 from autocompress_opt.arch.architecture import Architecture, default_layer_order, reference_layer, uniform_child
-from autocompress_opt.errors import ConfigError, suggest
+from autocompress_opt.errors import ConfigError, check_int, suggest
 
 __all__ = [
     "CHOICES",
@@ -56,8 +56,8 @@ class Choice:
     def __post_init__(self) -> None:
         if not self.values:
             raise ConfigError(f"search space: {self.name} has no candidate values (empty range or list)")
-        if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in self.values):
-            raise ConfigError(f"search space: {self.name} values must be positive integers, got {list(self.values)}")
+        for v in self.values:
+            check_int(v, f"search space: each {self.name} value in {list(self.values)}")
 
     @classmethod
     def parse(cls, name: str, raw: Any) -> Choice:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.errors import ConfigError, check_int
 
 EXAMPLES = argparse.RawDescriptionHelpFormatter
 
@@ -126,13 +126,13 @@ def _number(key: str, text: str) -> int | float:
 
 # ------------------------------------------------------------ cheap checks, before any real work
 def check_positive(args: argparse.Namespace, *flags: str, minimum: int = 1) -> None:
-    """:class:`ConfigError` for the first ``--flag`` whose int value is set and below ``minimum``
-    (an explicit ``--batch-size 0`` is an error, not "the default")."""
+    """:class:`ConfigError` (:func:`~autocompress_opt.errors.check_int`, naming the flag) for the
+    first ``--flag`` whose int value is set and below ``minimum`` (an explicit ``--batch-size 0`` is
+    an error, not "the default")."""
     for flag in flags:
         value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None and value < minimum:
-            kind = {0: "0 or more", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
-            raise ConfigError(f"{flag} must be {kind}, got {value}")
+        if value is not None:
+            check_int(value, flag, minimum)
 
 
 def _writable_folder(path: Path, flag: str, given: Path | None = None) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.cli._common import add_verb, check_output_file, check_positive, print_json
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.errors import check_fraction, check_int
 
 
 def add_parser(sub: Any) -> None:
@@ -172,10 +172,8 @@ def _run_engine(args: argparse.Namespace) -> int:
     check_positive(args, "--archs", "--gen-len", minimum=2)  # one model held out and one fitted; a decode step
     check_positive(args, "--seed", minimum=0)
     for c in args.concurrency or ():
-        if c < 1:
-            raise ConfigError(f"--concurrency must be a positive integer, got {c}")
-    if not 0 < args.heldout_fraction < 1:
-        raise ConfigError(f"--heldout-fraction must be in (0, 1), got {args.heldout_fraction}")
+        check_int(c, "--concurrency")
+    check_fraction(args.heldout_fraction, "--heldout-fraction", one=False)
     _check_hardware_and_out(args)  # before the engine is looked for
     result = calibrate_engine(
         args.engine,

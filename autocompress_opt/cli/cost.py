@@ -14,7 +14,7 @@ from autocompress_opt.cli._common import (
     load_hardware_files,
     print_json,
 )
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.errors import ConfigError, check_fraction
 
 ARRIVAL_CHOICES = ("burst", "steady", "poisson")  # serving.costmodel.ARRIVALS, without importing numpy for --help
 
@@ -119,8 +119,7 @@ def run(args: argparse.Namespace) -> int:
     )
     _check_tp(arch, args.tp)
     _check_context(arch, args.input_len, args.output_len)
-    if not 0 < args.confidence < 1:
-        raise ConfigError(f"--confidence must be in (0, 1), e.g. 0.9; got {args.confidence:g}")
+    check_fraction(args.confidence, "--confidence", one=False, hint="e.g. 0.9")
     profile = get_profile(engine.name, hardware.name)
     cost = estimate_cost(arch, hardware.name, engine, scenario, profile)
     fits = cost.peak_memory_gib <= hardware.memory_gib

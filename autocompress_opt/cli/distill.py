@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.cli._common import add_verb, check_output_dir, print_json
+from autocompress_opt.cli._common import add_verb, check_output_dir, check_positive, print_json
 from autocompress_opt.errors import ConfigError
 
 
@@ -123,8 +123,7 @@ def run(args: argparse.Namespace) -> int:
     )
     out = args.out if args.out is not None else f"{str(Path(args.student)).rstrip('/')}-distilled"
     _check_before_loading(args, recipe, out)
-    if args.kl_chunk is not None and args.kl_chunk < 1:
-        raise ConfigError(f"--kl-chunk must be a positive number of positions, got {args.kl_chunk}")
+    check_positive(args, "--kl-chunk")  # positions per KL chunk
     rank = _start_processes(args) if args.fsdp else 0
     result = distill(
         args.student,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from autocompress_opt.cli._common import add_verb, print_json, table
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.cli._common import add_verb, check_positive, print_json, table
 
 
 def add_parser(sub: Any) -> None:
@@ -77,12 +76,8 @@ def run(args: argparse.Namespace) -> int:
     from autocompress_opt.arch.catalog import load_architecture
     from autocompress_opt.hf.memory import DistillShape, WeightsTrialShape, predict_memory
 
-    for name in ("batch_size", "seq_len"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-    if args.kl_chunk < 0:
-        raise ConfigError(f"--kl-chunk must be 0 (off) or a positive number of positions, got {args.kl_chunk}")
+    check_positive(args, "--batch-size", "--seq-len")
+    check_positive(args, "--kl-chunk", minimum=0)  # 0: the whole sequence at once
     arch = load_architecture(args.model)
     sizes = {k: v for k, v in (("batch_size", args.batch_size), ("seq_len", args.seq_len)) if v is not None}
     if args.mode == "weights":

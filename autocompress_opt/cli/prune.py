@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.cli._common import add_compute_args, add_verb, check_output_dir, compute_of
+from autocompress_opt.cli._common import add_compute_args, add_verb, check_output_dir, check_positive, compute_of
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.baselines import BASELINE_WIDTHS, BASELINES
 from autocompress_opt.prune.importance import LAYER_METRICS
@@ -443,10 +443,8 @@ def _serving_target(args: argparse.Namespace) -> Any:
     missing = [flag for flag in ("--hardware", "--workload") if getattr(args, _flag_dest(flag)) is None]
     if missing:
         raise ConfigError(f"--baseline {args.baseline} needs {' and '.join(missing)} (the serving target)")
-    if args.top_k is not None and args.top_k < 1:
-        raise ConfigError(f"--top-k must be a positive count, got {args.top_k}")
-    if args.score_samples is not None and args.score_samples < 0:
-        raise ConfigError(f"--score-samples must be 0 or more, got {args.score_samples}")
+    check_positive(args, "--top-k")
+    check_positive(args, "--score-samples", minimum=0)
     from autocompress_opt.serving.targets import Target
 
     target = Target(

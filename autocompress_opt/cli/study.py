@@ -336,7 +336,8 @@ def build_config(values: dict[str, Any]) -> Any:
 
     profiles = _hardware_profiles(values.get("hardware_file"))  # registered before the targets name them
     for key in ("tp", "input_len", "output_len", "concurrency"):  # 0 is an error, as in 'cost', not "the default"
-        _check_positive(key, values.get(key))
+        if values.get(key) is not None:
+            check_int(values[key], key, also=("max",) if key == "concurrency" else ())
     constraints = {
         metric: str(values[key])
         for key, metric in (
@@ -412,16 +413,6 @@ def _gpus_per_trial(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"gpus per trial must be a number, e.g. 0.5, 1 or 2, got {text!r}") from None
-
-
-def _check_positive(key: str, value: Any) -> None:
-    from autocompress_opt.errors import ConfigError
-
-    if value is None or (key == "concurrency" and value == "max"):
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        hint = " or 'max'" if key == "concurrency" else ""
-        raise ConfigError(f"{key} must be a positive integer{hint}, got {value!r}")
 
 
 def _hardware_profiles(raw: Any) -> tuple[dict[str, Any], ...]:

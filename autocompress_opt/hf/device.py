@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.errors import ConfigError, check_int
 
 __all__ = [
     "COMPUTE_DTYPES",
@@ -104,10 +104,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def check_gpus(gpus: Any) -> int:
-    """``gpus`` when it is a whole number >= 1, else a :class:`ConfigError` naming it."""
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise ConfigError(f"gpus must be a whole number >= 1 (the GPUs a model is spread over), got {gpus!r}")
-    return gpus
+    """``gpus`` when it is a positive int, else a :class:`ConfigError` naming it."""
+    return check_int(gpus, "gpus (the GPUs a model is spread over)")
 
 
 def free_gpu_bytes(indices: Sequence[int]) -> dict[int, int]:

@@ -47,14 +47,14 @@ import sys
 import sysconfig
 import tokenize
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.errors import ConfigError, check_choice, check_fraction, check_int
 from autocompress_opt.registry import Registry
 
 __all__ = [
@@ -381,7 +381,7 @@ class DataSplit:
 
     def documents(self, role: str) -> tuple[str, ...]:
         """Documents of ``role`` (``calibration`` or ``evaluation``)."""
-        _check_choice("role", role, ROLES)
+        check_choice(role, "role", ROLES)
         return self.calibration if role == "calibration" else self.evaluation
 
     @property
@@ -416,9 +416,8 @@ def data_split(
 
 
 def _split(sources: Sequence[TextSource], split_seed: int, eval_fraction: float) -> DataSplit:
-    if not isinstance(eval_fraction, (int, float)) or not 0.0 < eval_fraction < 1.0:
-        raise ConfigError(f"eval_fraction must be in (0, 1), got {eval_fraction!r}")
-    _check_seed("split_seed", split_seed)
+    check_fraction(eval_fraction, "eval_fraction", one=False)
+    check_int(split_seed, "split_seed", minimum=None)
     calibration: list[str] = []
     evaluation: list[str] = []
     infos = []
@@ -499,11 +498,11 @@ def text_batches(
     Raises :class:`ConfigError` for an invalid argument, a source that is not installed, a
     domain with no selected source, or too little text for the request (saying how much there is).
     """
-    _check_choice("role", role, ROLES)
-    _check_choice("domain", domain, (*DOMAINS, "mixed"))
-    _check_positive("n_samples", n_samples)
-    _check_positive("seq_len", seq_len, minimum=2)
-    _check_seed("seed", seed)
+    check_choice(role, "role", ROLES)
+    check_choice(domain, "domain", (*DOMAINS, "mixed"))
+    check_int(n_samples, "n_samples")
+    check_int(seq_len, "seq_len", minimum=2)
+    check_int(seed, "seed", minimum=None)
     resolved = _resolve_sources(sources)
     split = _split(resolved, split_seed, eval_fraction)
     by_name = {s.name: s for s in resolved}
@@ -637,19 +636,3 @@ def check_token_ids(tokens: Any, name: str = "tokens", vocab_size: int | None = 
         if low < 0 or high >= vocab_size:
             raise ConfigError(f"token ids must lie in [0, {vocab_size}), got values from {low} to {high}")
     return tokens
-
-
-def _check_choice(name: str, value: object, valid: Iterable[str]) -> None:
-    valid = tuple(valid)
-    if value not in valid:
-        raise ConfigError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
-
-
-def _check_positive(name: str, value: object, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-def _check_seed(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"{name} must be an int, got {value!r}")

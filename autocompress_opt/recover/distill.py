@@ -64,15 +64,29 @@ import json
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.errors import ConfigError, check_int
 from autocompress_opt.quality.metrics import kl_divergence, log_probs, token_kl
+from autocompress_opt.recover.checkpoint import (
+    _STATE_FORMAT,
+    _STATE_JSON,
+    _STATE_TENSORS,
+    STATE_DIR,
+    RecipeMismatchError,
+    _check_same,
+    _optimizer_tensors,
+    _read_state,
+    _replace_dir,
+    _restore,
+    _rng_tensors,
+    _student_card,
+)
+from autocompress_opt.recover.fsdp import _mean_over_processes, _shard, _world_size
 from autocompress_opt.recover.recipe import MIN_LR_RATIO, DistillRecipe, learning_rate
 
 __all__ = [
@@ -88,18 +102,10 @@ __all__ = [
     "learning_rate",
 ]
 
-STATE_DIR = "distill_state"
-_STATE_JSON = "state.json"
-_STATE_TENSORS = "state.safetensors"
-_STATE_FORMAT = "autocompress-distill-state/1"
 # Most calibration tokens drawn per run. 2^17: the mixed pool is half prose, and the prose
 # calibration split of the default sources holds ~84k SmolLM2 tokens (pydoc topics, 62 documents),
 # so 65k prose tokens fit at any seq_len; longer runs revisit the pool in a new order.
 POOL_TOKENS = 2**17
-
-
-class RecipeMismatchError(ConfigError):
-    """The output directory holds a checkpoint of another run (recipe, teacher, student or data)."""
 
 
 def distillation_loss(
@@ -130,8 +136,7 @@ def distillation_backward(
     float rounding (the mean is summed in pieces). ``None`` (or ``chunk >= L``): one piece.
     """
     length = student_logits.shape[1]
-    if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
-        raise ConfigError(f"kl_chunk must be a positive number of positions or None, got {chunk!r}")
+    check_int(chunk, "kl_chunk (positions per piece)", also=(None,))
     if chunk is None or chunk >= length:
         loss = distillation_loss(student_logits, teacher_logits, temperature)
         loss.backward()
@@ -283,8 +288,7 @@ def distill(
         raise ConfigError(f"the output directory must differ from the student's ({str(out)!r})")
     torch_device, precision = _device(device, bf16)
     dtype, precision = _compute_dtype(compute_dtype, torch_device, precision)
-    if kl_chunk is not None and (not isinstance(kl_chunk, int) or isinstance(kl_chunk, bool) or kl_chunk < 1):
-        raise ConfigError(f"kl_chunk must be a positive number of positions or None, got {kl_chunk!r}")
+    check_int(kl_chunk, "kl_chunk (positions per piece)", also=(None,))
     world = _world_size(fsdp, recipe)
     if world > 1 and torch_device.type == "cuda":  # one GPU per process: torchrun's LOCAL_RANK
         import os
@@ -731,44 +735,6 @@ def _compute_dtype(spec: str, device: torch.device, precision: str) -> tuple[tor
     return dtype, "bf16"
 
 
-def _world_size(fsdp: bool, recipe: DistillRecipe) -> int:
-    """Processes the student is sharded over: 1 without ``fsdp``, else the process group's size."""
-    if not fsdp:
-        return 1
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ConfigError(
-            "fsdp=True needs an initialised torch.distributed process group: launch under torchrun and call "
-            "torch.distributed.init_process_group() first (backend nccl on GPUs, gloo on the CPU)"
-        )
-    world = dist.get_world_size()
-    if recipe.batch_size % world:
-        raise ConfigError(f"batch_size {recipe.batch_size} must be a multiple of the {world} FSDP processes")
-    return world
-
-
-def _shard(model: Any, device: torch.device, world: int) -> None:
-    """FSDP2: each decoder layer is its own unit (all-gathered for its forward and backward), then the rest."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    from autocompress_opt.hf.adapters import adapter_for
-
-    mesh = init_device_mesh(device.type, (world,))
-    for part in adapter_for(model).all_layer_parts(model):
-        fully_shard(part.layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-
-
-def _mean_over_processes(value: float, world: int) -> float:
-    if world == 1:
-        return value
-    total = torch.tensor(value, dtype=torch.float64)
-    torch.distributed.all_reduce(total)
-    return float(total) / world
-
-
 def _checkpoint_layers(model: Any) -> None:
     """Activation checkpointing of every decoder layer (non-reentrant ``torch.utils.checkpoint``):
     transformers' own switch where the model has it, else each layer's forward wrapped alike."""
@@ -799,122 +765,3 @@ def _check_compatible(student: Any, teacher: Any, student_dir: Path, teacher_ref
         context = getattr(loaded.model.config, "max_position_embeddings", None)
         if context is not None and seq_len > context:
             raise ConfigError(f"seq_len {seq_len} exceeds the {who}'s context of {context} positions")
-
-
-def _check_same(saved: Mapping[str, Any], current: Mapping[str, Any], out: Path) -> None:
-    """Raise :class:`RecipeMismatchError` for the first entry of ``current`` that differs from ``saved``."""
-    hint = "pass restart=True (--restart) to start over, or choose another output directory"
-    for key, value in current.items():
-        if key == "recipe":
-            for name, mine in value.items():
-                theirs = saved["recipe"].get(name)
-                if name != "save_every" and theirs != mine:
-                    raise RecipeMismatchError(
-                        f"the checkpoint in {str(out)!r} was made with {name}={theirs!r}; "
-                        f"this run asks for {name}={mine!r}: {hint}"
-                    )
-        elif saved.get(key) != value:
-            raise RecipeMismatchError(
-                f"the checkpoint in {str(out)!r} was made with another {key} "
-                f"({_short(saved.get(key))} vs now {_short(value)}): {hint}"
-            )
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, Mapping):  # a data record: its fingerprint says enough
-        return f"documents_sha256={str(value.get('documents_sha256'))[:12]}, tokenizer={value.get('tokenizer')!r}"
-    return repr(value)
-
-
-# ---------------------------------------------------------------------------- checkpoints
-def _read_state(out: Path) -> dict[str, Any] | None:
-    """The ``state.json`` of a distillation checkpoint in ``out``, or None when there is none."""
-    path = out / STATE_DIR / _STATE_JSON
-    if not path.is_file():
-        return None
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}); pass restart=True (--restart)") from None
-    if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-        raise ConfigError(f"{str(path)!r} is not a {_STATE_FORMAT} checkpoint; pass restart=True (--restart)")
-    return state
-
-
-def _student_card(student_dir: Path) -> dict[str, Any]:
-    from autocompress_opt.prune.export import CARD_FILE
-
-    path = student_dir / CARD_FILE
-    if not path.is_file():
-        return {}
-    try:
-        card = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"the student's model card {str(path)!r} is not valid JSON: {exc}") from None
-    return card if isinstance(card, dict) else {}
-
-
-def _optimizer_tensors(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """AdamW moments and step counts by parameter name: ``optimizer/<name>/<exp_avg|exp_avg_sq|step>``."""
-    tensors = {}
-    for name, param in model.named_parameters():
-        for key, value in optimizer.state.get(param, {}).items():
-            tensors[f"optimizer/{name}/{key}"] = value.detach().to("cpu").contiguous()
-    return tensors
-
-
-def _rng_tensors() -> dict[str, torch.Tensor]:
-    tensors = {"rng/cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        tensors |= {f"rng/cuda/{i}": state for i, state in enumerate(torch.cuda.get_rng_state_all())}
-    return tensors
-
-
-def _restore(model: Any, optimizer: torch.optim.Optimizer, out: Path, state: Mapping[str, Any]) -> None:
-    """Load the AdamW state and RNG states of the checkpoint in ``out`` (weights are already loaded)."""
-    from safetensors.torch import load_file
-
-    names = [name for name, _ in model.named_parameters()]
-    if names != state["param_names"]:
-        raise ConfigError(
-            f"the checkpoint in {str(out)!r} does not match its own model's parameters; "
-            "pass restart=True (--restart) to start over"
-        )
-    tensors = load_file(str(out / STATE_DIR / _STATE_TENSORS))
-    per_param = {
-        i: {key: tensors[f"optimizer/{name}/{key}"] for key in ("step", "exp_avg", "exp_avg_sq")}
-        for i, name in enumerate(names)
-        if f"optimizer/{name}/step" in tensors
-    }
-    if hasattr(model, "reshard"):  # FSDP2: every process hands in the full moments and keeps its shard
-        _restore_sharded(model, optimizer, {names[i]: moments for i, moments in per_param.items()})
-    else:
-        optimizer.load_state_dict({"state": per_param, "param_groups": optimizer.state_dict()["param_groups"]})
-    torch.set_rng_state(tensors["rng/cpu"])
-    if torch.cuda.is_available():
-        cuda = [tensors[f"rng/cuda/{i}"] for i in range(torch.cuda.device_count()) if f"rng/cuda/{i}" in tensors]
-        if len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
-
-
-def _restore_sharded(model: Any, optimizer: torch.optim.Optimizer, by_name: dict[str, Any]) -> None:
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_optimizer_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    full = StateDictOptions(full_state_dict=True)
-    groups = get_optimizer_state_dict(model, optimizer, options=full)["param_groups"]
-    set_optimizer_state_dict(model, optimizer, {"state": by_name, "param_groups": groups}, options=full)
-
-
-def _replace_dir(staging: Path, out: Path) -> None:
-    """Put the complete ``staging`` directory at ``out``: the old one is renamed aside, then deleted."""
-    if not out.exists():
-        staging.rename(out)
-        return
-    aside = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-    out.rename(aside)
-    staging.rename(out)
-    shutil.rmtree(aside, ignore_errors=True)

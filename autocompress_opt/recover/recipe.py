@@ -8,7 +8,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.errors import ConfigError, check_int, check_number
 
 __all__ = ["MIN_LR_RATIO", "DistillRecipe", "learning_rate"]
 
@@ -55,22 +55,10 @@ class DistillRecipe:
             ("save_every", 1),
             ("n_eval_rows", 1),
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                raise ConfigError(f"DistillRecipe.{name} must be an int >= {minimum}, got {value!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ConfigError(f"DistillRecipe.seed must be an int, got {self.seed!r}")
+            check_int(getattr(self, name), f"DistillRecipe.{name}", minimum)
+        check_int(self.seed, "DistillRecipe.seed", minimum=None)
         for name, positive in (("lr", True), ("temperature", True), ("weight_decay", False), ("grad_clip", False)):
-            value = getattr(self, name)
-            if (
-                not isinstance(value, (int, float))
-                or isinstance(value, bool)
-                or not math.isfinite(value)
-                or value < 0
-                or (positive and value == 0)
-            ):
-                bound = "> 0" if positive else ">= 0"
-                raise ConfigError(f"DistillRecipe.{name} must be a finite number {bound}, got {value!r}")
+            check_number(getattr(self, name), f"DistillRecipe.{name}", positive=positive)
         if self.warmup_steps > self.steps:
             raise ConfigError(f"DistillRecipe.warmup_steps must be <= steps ({self.steps}), got {self.warmup_steps}")
 

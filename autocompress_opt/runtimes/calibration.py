@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from autocompress_opt.arch.architecture import Architecture, LayerSpec
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.errors import ConfigError, check_choice, check_fraction, check_int
 from autocompress_opt.prune.loadability import loadable_problems
 from autocompress_opt.serving.calibration import interleaved_passes, measure_cpu_figures
 from autocompress_opt.serving.costmodel import Scenario, regime_of
@@ -535,32 +535,23 @@ def refit_engine(results: Mapping[str, Any], *, out: Path | None = None) -> Engi
 
 def _check_settings(engine: str, **s: Any) -> dict[str, Any]:
     """The sweep's settings, each checked (the error names the value and what is valid)."""
-    if engine not in CALIBRATED_ENGINES:
-        raise ConfigError(f"unknown engine {engine!r} to calibrate; one of {', '.join(CALIBRATED_ENGINES)}")
+    check_choice(engine, "the engine to calibrate", CALIBRATED_ENGINES)
     for name in ("n_models", "prompt_len", "repetitions", "passes"):
-        value = s[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value < (2 if name == "n_models" else 1):
-            raise ConfigError(f"{name} must be a whole number >= {2 if name == 'n_models' else 1}, got {value!r}")
-    if not isinstance(s["gen_len"], int) or s["gen_len"] < 2:
-        raise ConfigError(f"gen_len must be a whole number >= 2, got {s['gen_len']!r}")
-    if not isinstance(s["seed"], int) or s["seed"] < 0:
-        raise ConfigError(f"seed must be a whole number >= 0, got {s['seed']!r}")
-    frac = s["heldout_fraction"]
-    if not isinstance(frac, (int, float)) or not 0 < frac < 1:
-        raise ConfigError(f"heldout_fraction must be in (0, 1), got {frac!r}")
+        check_int(s[name], name, 2 if name == "n_models" else 1)
+    check_int(s["gen_len"], "gen_len", 2)
+    check_int(s["seed"], "seed", 0)
+    frac = check_fraction(s["heldout_fraction"], "heldout_fraction", one=False)
     if round(s["n_models"] * frac) >= s["n_models"]:
         raise ConfigError(f"holding out {frac} of {s['n_models']} models leaves none to fit")
-    if s["gguf_type"] not in GGUF_TO_COST_DTYPE:
-        raise ConfigError(f"GGUF type {s['gguf_type']!r} is not one of {', '.join(GGUF_TO_COST_DTYPE)}")
-    if s["vllm_dtype"] not in VLLM_DTYPES:
-        raise ConfigError(f"vLLM dtype {s['vllm_dtype']!r} is not one of {', '.join(VLLM_DTYPES)}")
+    check_choice(s["gguf_type"], "GGUF type", GGUF_TO_COST_DTYPE)
+    check_choice(s["vllm_dtype"], "vLLM dtype", VLLM_DTYPES)
     conc = tuple(s["concurrencies"])
-    if not conc or any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in conc):
-        raise ConfigError(f"concurrencies must be whole numbers >= 1, got {s['concurrencies']!r}")
+    if not conc:
+        raise ConfigError("concurrencies must hold at least one positive int, got none")
+    for c in conc:
+        check_int(c, f"concurrencies {s['concurrencies']!r}: each")
     s["concurrencies"] = tuple(sorted(set(conc)))
-    threads = s["threads"]
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise ConfigError(f"threads must be a whole number >= 1, got {threads!r}")
+    threads = check_int(s["threads"], "threads", also=(None,))
     import os
 
     s["threads"] = threads or len(os.sched_getaffinity(0))

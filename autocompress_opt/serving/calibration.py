@@ -31,7 +31,14 @@ from autocompress_opt.serving.fitting import Observation, fit_profile, heldout_s
 from autocompress_opt.serving.hardware import Hardware, get_hardware
 from autocompress_opt.serving.profiles import PRIORS, CostProfile, clear_cache, save_profile, user_profile_dir
 
-__all__ = ["CalibrationResult", "calibrate", "interleaved_passes", "measure_cpu_figures", "measure_device"]
+__all__ = [
+    "CalibrationResult",
+    "calibrate",
+    "fit_sweep",
+    "interleaved_passes",
+    "measure_cpu_figures",
+    "measure_device",
+]
 
 ENGINE = "torch-eager"
 DECODE_STEPS = 8
@@ -188,13 +195,7 @@ def calibrate(
         hw = get_hardware(hardware)
 
     archs = random_architectures(n_archs, seed=seed)
-    engine = get_engine(ENGINE)
-    prefill_sc = Scenario(dtype=dtype_label, input_len=prompt_len, output_len=1, concurrency=batch)
-    # measure.time_decode times DECODE_STEPS steps after the context: mean context ≈ context + steps/2.
-    decode_sc = Scenario(
-        dtype=dtype_label, input_len=decode_context + DECODE_STEPS // 2, output_len=1, concurrency=batch
-    )
-    prefill_obs, decode_obs, rows = [], [], []
+    rows: list[dict[str, Any]] = []
     timings = _sweep(
         archs,
         passes,
@@ -208,10 +209,6 @@ def calibrate(
         dtype=dtype,
     )
     for i, (arch, timing) in enumerate(zip(archs, timings)):
-        prefill_obs.append(Observation(arch, hw, engine, prefill_sc, "ttft_ms", timing.prefill_ms, label=f"arch{i}"))
-        decode_obs.append(
-            Observation(arch, hw, engine, decode_sc, "tpot_ms", timing.decode_ms_per_token, label=f"arch{i}")
-        )
         rows.append(
             {
                 "arch": i,
@@ -220,22 +217,18 @@ def calibrate(
                 "decode_ms_per_token": timing.decode_ms_per_token,
             }
         )
-
-    train, heldout = heldout_split(len(archs), heldout_fraction, seed)
-    train_obs = [prefill_obs[i] for i in train] + [decode_obs[i] for i in train]
-    profile = fit_profile(
-        train_obs,
-        replace(PRIORS[ENGINE], hardware=hw.name),
-        free=("mfu", "mbu", "kernel_launch_us", "step_overhead_ms"),
-        prior_weight=1e-4,
+    profile, errs, heldout = fit_sweep(
+        archs,
+        hw,
+        [row["prefill_ms"] for row in rows],
+        [row["decode_ms_per_token"] for row in rows],
+        dtype=dtype_label,
+        prompt_len=prompt_len,
+        decode_context=decode_context,
+        batch=batch,
+        heldout_fraction=heldout_fraction,
+        seed=seed,
     )
-    errs = {
-        split: {
-            "prefill": mdape(relative_errors([prefill_obs[i] for i in idx], profile)),
-            "decode": mdape(relative_errors([decode_obs[i] for i in idx], profile)),
-        }
-        for split, idx in (("train", train), ("heldout", heldout))
-    }
     for i, row in enumerate(rows):
         row["split"] = "heldout" if i in heldout else "train"
     profile = replace(
@@ -269,6 +262,56 @@ def calibrate(
     )
     clear_cache()
     return CalibrationResult(hw, profile, path, errs["heldout"], errs["train"], rows)
+
+
+def fit_sweep(
+    archs: list[Any],
+    hw: Hardware,
+    prefill_ms: list[float],
+    decode_ms_per_token: list[float],
+    *,
+    dtype: str,
+    prompt_len: int,
+    decode_context: int,
+    batch: int,
+    heldout_fraction: float,
+    seed: int,
+) -> tuple[CostProfile, dict[str, dict[str, float]], list[int]]:
+    """Fit the ``torch-eager`` profile of ``hw`` to a sweep's timings (step 3 of the module doc).
+
+    ``prefill_ms[i]`` and ``decode_ms_per_token[i]`` are the timings of ``archs[i]`` (served as
+    ``dtype``); a seeded ``heldout_fraction`` of the models is held out (:func:`heldout_split`).
+    Returns the fitted profile (``fit`` not yet filled in), the MdAPE of prefill and decode on each
+    split (``{"train": {...}, "heldout": {...}}``) and the held-out indices. Deterministic: the same
+    timings give the same profile, so a committed sweep can be refitted and checked."""
+    engine = get_engine(ENGINE)
+    prefill_sc = Scenario(dtype=dtype, input_len=prompt_len, output_len=1, concurrency=batch)
+    # measure.time_decode times DECODE_STEPS steps after the context: mean context ≈ context + steps/2.
+    decode_sc = Scenario(dtype=dtype, input_len=decode_context + DECODE_STEPS // 2, output_len=1, concurrency=batch)
+    prefill_obs = [
+        Observation(arch, hw, engine, prefill_sc, "ttft_ms", ms, label=f"arch{i}")
+        for i, (arch, ms) in enumerate(zip(archs, prefill_ms))
+    ]
+    decode_obs = [
+        Observation(arch, hw, engine, decode_sc, "tpot_ms", ms, label=f"arch{i}")
+        for i, (arch, ms) in enumerate(zip(archs, decode_ms_per_token))
+    ]
+    train, heldout = heldout_split(len(archs), heldout_fraction, seed)
+    train_obs = [prefill_obs[i] for i in train] + [decode_obs[i] for i in train]
+    profile = fit_profile(
+        train_obs,
+        replace(PRIORS[ENGINE], hardware=hw.name),
+        free=("mfu", "mbu", "kernel_launch_us", "step_overhead_ms"),
+        prior_weight=1e-4,
+    )
+    errs = {
+        split: {
+            "prefill": mdape(relative_errors([prefill_obs[i] for i in idx], profile)),
+            "decode": mdape(relative_errors([decode_obs[i] for i in idx], profile)),
+        }
+        for split, idx in (("train", train), ("heldout", heldout))
+    }
+    return profile, errs, heldout
 
 
 def _host_memory_gib() -> float:

@@ -67,19 +67,25 @@ metric rises, and throughput does not fall, when any width shrinks (property-tes
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.errors import ConfigError
-from autocompress_opt.serving.dtypes import GGUF_BLOCK_BITS, WeightDtype, get_weight_dtype, kv_dtype_bytes
+from autocompress_opt.errors import ConfigError, check_bool, check_choice, check_int, check_number
+from autocompress_opt.serving.arch_arrays import FULL_WINDOW, ArchArrays, Array
+from autocompress_opt.serving.dtypes import get_weight_dtype, kv_dtype_bytes
 from autocompress_opt.serving.engine_models import GIB, Engine, get_engine
 from autocompress_opt.serving.hardware import Hardware, get_hardware
 from autocompress_opt.serving.profiles import CostProfile, get_profile
+from autocompress_opt.serving.regimes import _burst, _poisson, _Shape, _steady
+from autocompress_opt.serving.roofline import _Ops, _rates, _Setup, _structure
 
+# The equations live in three modules (this doc covers them all): serving.arch_arrays (the input
+# arrays), serving.roofline (one phase's time) and serving.regimes (the arrival regimes); this one
+# holds the scenario, the estimate and the public functions, and re-exports FULL_WINDOW and ArchArrays.
 __all__ = [
     "ARRIVALS",
     "FULL_WINDOW",
@@ -93,13 +99,6 @@ __all__ = [
     "estimate_cost",
     "regime_of",
 ]
-
-Array = Any  # numpy.ndarray or torch.Tensor
-
-# The window of a full-attention layer in ArchArrays: larger than any context, yet finite, so that
-# min(tokens, window) and the windowed pair count stay plain arithmetic (finite values and gradients)
-# in numpy and torch alike.
-FULL_WINDOW = float(2**40)
 
 # How requests reach the engine (module doc): all at once, a constant number in flight, or at random
 # times at a mean rate.
@@ -147,89 +146,19 @@ class Scenario:
         if self.kv_dtype is not None:
             kv_dtype_bytes(self.kv_dtype)
         for name in ("input_len", "output_len", "tp"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        c = self.concurrency
-        if not (c == "max" or (isinstance(c, int) and not isinstance(c, bool) and c >= 1)):
-            raise ConfigError(f"concurrency must be a positive integer or 'max', got {c!r}")
-        if not isinstance(self.online, bool):
-            raise ConfigError(f"online must be true or false, got {self.online!r}")
-        if self.arrival not in ARRIVALS:
-            raise ConfigError(f"arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
+            check_int(getattr(self, name), name)
+        check_int(self.concurrency, "concurrency", also=("max",))
+        check_bool(self.online, "online")
+        check_choice(self.arrival, "arrival", ARRIVALS)
         r = self.requests
-        if r is not None and (self.arrival != "burst" or not isinstance(r, int) or isinstance(r, bool) or r < 1):
-            raise ConfigError(f"requests (a burst's size) must be a positive integer with arrival 'burst', got {r!r}")
+        if r is not None:
+            check_int(r, "requests (a burst's size)")
+            if self.arrival != "burst":
+                raise ConfigError(f"requests (a burst's size) is for arrival 'burst', got arrival {self.arrival!r}")
         if self.arrival == "poisson":
-            if not isinstance(self.rate, (int, float)) or isinstance(self.rate, bool) or not self.rate > 0:
-                raise ConfigError(f"arrival 'poisson' needs a rate > 0 requests/s, got {self.rate!r}")
+            check_number(self.rate, "rate (requests/s; arrival 'poisson' needs one)")
         elif self.rate is not None:
             raise ConfigError(f"a rate is for arrival 'poisson'; arrival {self.arrival!r} takes concurrency instead")
-
-
-@dataclass(frozen=True)
-class ArchArrays:
-    """A batch of ``N`` architectures padded to ``L`` layers, as numpy arrays or torch tensors.
-
-    Per-architecture fields have shape ``(N,)``; per-layer fields ``(N, L)``. ``attn`` and ``ffn``
-    are keep gates (1 = present, 0 = dropped; fractions are allowed in the differentiable path);
-    padding layers have both gates at 0. Widths may be non-integer in the torch path. ``window``
-    is each layer's attention window in tokens (:data:`FULL_WINDOW` for full attention; a
-    constant, not a search variable); None means every layer attends to the whole context.
-    """
-
-    vocab: Array
-    hidden: Array
-    tied: Array
-    attn: Array
-    heads: Array
-    kv_heads: Array
-    head_dim: Array
-    ffn: Array
-    ffn_width: Array
-    qkv_bias: Array
-    o_bias: Array
-    mlp_bias: Array
-    qk_norm: Array
-    window: Array | None = None
-
-    @classmethod
-    def from_architectures(cls, archs: Sequence[Architecture], backend: str = "numpy") -> ArchArrays:
-        """Pack architectures into arrays (``backend`` = ``"numpy"`` or ``"torch"``, float64)."""
-        if not archs:
-            raise ConfigError("need at least one architecture")
-        n, depth = len(archs), max(a.num_layers for a in archs)
-        per_layer = {k: np.zeros((n, depth)) for k in ("attn", "heads", "kv_heads", "head_dim", "ffn", "ffn_width")}
-        per_layer["window"] = np.full((n, depth), FULL_WINDOW)
-        for i, arch in enumerate(archs):
-            for j, layer in enumerate(arch.layers):
-                per_layer["window"][i, j] = layer.window or FULL_WINDOW
-                per_layer["attn"][i, j] = layer.attention
-                per_layer["heads"][i, j] = layer.num_heads if layer.attention else 0
-                per_layer["kv_heads"][i, j] = layer.num_kv_heads if layer.attention else 0
-                per_layer["head_dim"][i, j] = layer.head_dim
-                per_layer["ffn"][i, j] = layer.ffn
-                per_layer["ffn_width"][i, j] = layer.ffn_width if layer.ffn else 0
-        per_arch = {
-            k: np.array([float(getattr(a, attr)) for a in archs])
-            for k, attr in (
-                ("vocab", "vocab_size"),
-                ("hidden", "hidden_size"),
-                ("tied", "tie_embeddings"),
-                ("qkv_bias", "qkv_bias"),
-                ("o_bias", "o_bias"),
-                ("mlp_bias", "mlp_bias"),
-                ("qk_norm", "qk_norm"),
-            )
-        }
-        arrays = {**per_arch, **per_layer}
-        if backend == "torch":
-            import torch
-
-            arrays = {k: torch.from_numpy(v) for k, v in arrays.items()}  # type: ignore[misc]
-        elif backend != "numpy":
-            raise ConfigError(f"backend must be 'numpy' or 'torch', got {backend!r}")
-        return cls(**arrays)
 
 
 @dataclass(frozen=True)
@@ -249,389 +178,6 @@ class CostEstimate:
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
-
-
-# ------------------------------------------------------------------ array helpers
-class _Ops:
-    """The handful of array operations the equations need, for numpy or torch."""
-
-    def __init__(self, like: Array):
-        self.torch = type(like).__module__.startswith("torch")
-        if self.torch:
-            import torch
-
-            self._t = torch
-
-    def max(self, a: Array, b: Array) -> Array:
-        if self.torch:
-            return self._t.maximum(
-                self._t.as_tensor(a, dtype=self._t.float64), self._t.as_tensor(b, dtype=self._t.float64)
-            )
-        return np.maximum(a, b)
-
-    def min(self, a: Array, b: Array) -> Array:
-        if self.torch:
-            return self._t.minimum(
-                self._t.as_tensor(a, dtype=self._t.float64), self._t.as_tensor(b, dtype=self._t.float64)
-            )
-        return np.minimum(a, b)
-
-    def amax(self, a: Array) -> Array:
-        return a.amax(-1) if self.torch else a.max(-1)
-
-    def floor(self, a: Array) -> Array:
-        return self._t.floor(a) if self.torch else np.floor(a)
-
-    def ceil(self, a: Array) -> Array:
-        return self._t.ceil(a) if self.torch else np.ceil(a)
-
-    def where(self, cond: Array, a: Array, b: Array) -> Array:
-        if self.torch:
-            return self._t.where(
-                cond, self._t.as_tensor(a, dtype=self._t.float64), self._t.as_tensor(b, dtype=self._t.float64)
-            )
-        return np.where(cond, a, b)
-
-
-@dataclass(frozen=True)
-class _Structure:
-    """Per-layer parameter groups and per-architecture byte counts, shared by every phase."""
-
-    lin: Array  # (N, L) GEMM parameters per layer (attention + FFN projections)
-    weight_bytes: Array  # (N,) all weights, at their storage formats
-    head_read_bytes: Array  # (N,) bytes of the LM-head matrix read per step
-    kv_layer_bytes: Array  # (N, L) K+V bytes one cached token takes in each layer
-    kv_heads_dim: Array  # (N, L) g_i · d_i · attn_i
-    q_heads_dim: Array  # (N, L) h_i · d_i · attn_i
-    act_width: Array  # (N,) widest per-token activation of any layer (elements)
-
-
-def _structure(a: ArchArrays, dt: WeightDtype, kv_bytes: float, ops: _Ops) -> _Structure:
-    d_model = a.hidden[:, None]
-    hd = a.head_dim
-    lin_attn = a.attn * d_model * hd * (2 * a.heads + 2 * a.kv_heads)  # q, k, v, o
-    lin_ffn = a.ffn * 3 * d_model * a.ffn_width  # gate, up, down
-    small = a.attn * (
-        d_model
-        + a.qkv_bias[:, None] * hd * (a.heads + 2 * a.kv_heads)
-        + a.o_bias[:, None] * d_model
-        + a.qk_norm[:, None] * 2 * hd
-    ) + a.ffn * (d_model + a.mlp_bias[:, None] * (2 * a.ffn_width + d_model))
-    body = (lin_attn + lin_ffn + small).sum(-1) + a.hidden  # + final norm
-    embed = a.vocab * a.hidden
-    head = embed * (1 - a.tied)
-    # A tied matrix is stored once, in the format the recipe gives a tied embedding (llama.cpp: the
-    # output's); an untied head is read at the head's format.
-    embed_bits = ops.where(a.tied > 0.5, dt.tied_embedding_bits, dt.embed_bits)
-    weight_bytes = (body * dt.body_bits + embed * embed_bits + head * dt.head_bits) / 8
-    head_bits = ops.where(a.tied > 0.5, dt.tied_embedding_bits, dt.head_bits)
-    kv_heads_dim = a.attn * a.kv_heads * hd
-    q_heads_dim = a.attn * a.heads * hd
-    act_width = ops.amax(2 * a.ffn * a.ffn_width + q_heads_dim + 2 * kv_heads_dim) + 4 * a.hidden
-    return _Structure(
-        lin=lin_attn + lin_ffn,
-        weight_bytes=weight_bytes,
-        head_read_bytes=embed * head_bits / 8,
-        kv_layer_bytes=kv_bytes * 2 * kv_heads_dim,
-        kv_heads_dim=kv_heads_dim,
-        q_heads_dim=q_heads_dim,
-        act_width=act_width,
-    )
-
-
-@dataclass(frozen=True)
-class _Rates:
-    """Achievable rates for one scenario; ``floor=True`` gives the 100 %-of-peak physical limit."""
-
-    flops: float  # GEMM FLOP/s per device
-    attn_flops: float  # attention FLOP/s per device (BF16 math)
-    bytes_s: float  # memory bytes/s per device
-    launch_s: float
-    step_s: float
-    allreduce_s: float
-    link_bytes_s: float  # one-way interconnect bytes/s
-
-
-def _is_block_quantised(dt: WeightDtype) -> bool:
-    """A llama.cpp block format (q4_k_m, q8_0...): its decoder matrices are stored in GGUF blocks."""
-    return dt.embed_format in GGUF_BLOCK_BITS
-
-
-def _gemm_peak(hw: Hardware, eng: Engine, dt: WeightDtype, compute: str) -> float:
-    """Peak FLOP/s of the GEMMs: the compute dtype's rate, except that an engine multiplying FP16
-    and block-quantised weights with FP16 accumulation (llama.cpp, ``Engine.fp16_accumulate``) runs
-    them at the device's FP16-accumulate rate (twice the BF16 rate on GeForce cards)."""
-    half = eng.fp16_accumulate and compute == "bf16" and (dt.name == "fp16" or _is_block_quantised(dt))
-    return hw.half_accumulate_flops() if half else hw.peak_flops(compute)
-
-
-def _rates(hw: Hardware, eng: Engine, dt: WeightDtype, profile: CostProfile, floor: bool) -> _Rates:
-    hw = hw.with_figures(profile.reference)  # the figures the profile's efficiencies are fractions of
-    compute = hw.compute_dtype(dt.compute)
-    attn_compute = hw.compute_dtype("bf16" if compute != "fp32" else "fp32")
-    mfu = 1.0 if floor else profile.mfu_for(compute)
-    mfu_attn = 1.0 if floor else profile.mfu_for(attn_compute)
-    mbu = 1.0 if floor else profile.mbu
-    return _Rates(
-        flops=_gemm_peak(hw, eng, dt, compute) * mfu,
-        attn_flops=hw.peak_flops(attn_compute) * mfu_attn,
-        bytes_s=hw.bandwidth_gb_s * 1e9 * mbu,
-        launch_s=0.0 if floor else profile.kernel_launch_us * 1e-6,
-        step_s=0.0 if floor else profile.step_overhead_ms * 1e-3,
-        allreduce_s=0.0 if floor else profile.allreduce_latency_us * 1e-6,
-        link_bytes_s=hw.interconnect_gb_s * 1e9 / 2,
-    )
-
-
-@dataclass(frozen=True)
-class _Setup:
-    """What stays fixed across the phases of one :func:`estimate_batch` call: the architectures (as
-    arrays and derived structure), the weight format and KV bytes per element, the engine, tensor
-    parallelism, and the array backend."""
-
-    arrays: ArchArrays
-    structure: _Structure
-    dtype: WeightDtype
-    kv_bytes: float
-    engine: Engine
-    tp: int
-    ops: _Ops
-
-
-@dataclass(frozen=True)
-class _Phase:
-    """The work of one serving phase (prefill or decode) for a batch of ``N`` architectures.
-
-    ``pairs`` counts (query, key) pairs attended and ``kv_read_tokens`` cached tokens read, per
-    layer ``(N, L)`` (a sliding layer attends and reads within its window); ``tokens`` (new tokens
-    processed), ``logits_tokens`` (rows sent through the LM head) and ``steps`` (engine steps) are
-    ``(N,)``.
-    """
-
-    tokens: Array
-    pairs: Array
-    kv_read_tokens: Array
-    logits_tokens: Array
-    steps: Array
-
-
-def _phase_ms(setup: _Setup, rates: _Rates, phase: _Phase) -> Array:
-    """Milliseconds, ``(N,)``, to run ``phase.steps`` engine steps that together process
-    ``phase.tokens`` new tokens at ``rates``; weights are read once per step."""
-    a, s, ops, tp = setup.arrays, setup.structure, setup.ops, setup.tp
-    tok, stp = phase.tokens[:, None], phase.steps[:, None]
-    # GEMMs: 2 FLOPs per parameter per token; weights streamed once per step.
-    t_gemm = ops.max(
-        2 * tok * s.lin / (tp * rates.flops), stp * s.lin * setup.dtype.body_bits / 8 / (tp * rates.bytes_s)
-    )
-    eng = setup.engine
-    if not eng.mmq and eng.fp16_accumulate and _is_block_quantised(setup.dtype):
-        # llama.cpp without MMQ: a step of more than 32 tokens (its MMQ_MAX_BATCH_SIZE) dequantises
-        # each matrix to FP16 for cuBLAS first: read the blocks, write the FP16 copy (Engine.mmq).
-        dequant = stp * s.lin * (setup.dtype.body_bits / 8 + 2) / (tp * rates.bytes_s)
-        t_gemm = t_gemm + ops.where(tok > 32 * stp, dequant, 0.0)
-    # Attention: QKᵀ and AV are 2·d FLOPs each per head per pair; K,V read for cached + new tokens
-    # (every new token's K,V is written, window or not).
-    attn_flops = 4 * phase.pairs * s.q_heads_dim
-    attn_bytes = setup.kv_bytes * 2 * (phase.kv_read_tokens + tok) * s.kv_heads_dim
-    t_attn = ops.max(attn_flops / (tp * rates.attn_flops), attn_bytes / (tp * rates.bytes_s))
-    vocab_x_hidden = a.vocab * a.hidden
-    t_head = ops.max(
-        2 * phase.logits_tokens * vocab_x_hidden / (tp * rates.flops),
-        phase.steps * s.head_read_bytes / (tp * rates.bytes_s),
-    )
-    kernels = (eng.kernels_per_attention * a.attn + eng.kernels_per_ffn * a.ffn).sum(-1) + eng.kernels_per_step
-    fixed = phase.steps * (kernels * rates.launch_s + rates.step_s)
-    total = (t_gemm + t_attn).sum(-1) + t_head + fixed
-    if tp > 1:
-        blocks = (a.attn + a.ffn).sum(-1)  # one all-reduce after each attention and each FFN block
-        message = phase.tokens * a.hidden * setup.dtype.activation_bytes * 2 * (tp - 1) / tp
-        total = total + blocks * (phase.steps * rates.allreduce_s + message / rates.link_bytes_s)
-    return 1e3 * total
-
-
-# ------------------------------------------------------------------ arrival regimes
-@dataclass(frozen=True)
-class _Shape:
-    """The request shape: ``P`` prompt and ``O`` output tokens, each layer's window ``(N, L)`` (or
-    :data:`FULL_WINDOW` for every layer)."""
-
-    p_len: float
-    o_len: float
-    window: Array
-
-    def prompt_pairs(self, ops: _Ops) -> Array:
-        """(query, key) pairs of one causal prompt per layer: Σ_{t=1..P} min(t, w) = m(m+1)/2 + (P − m)·w,
-        m = min(P, w)."""
-        seen = ops.min(self.window, self.p_len)
-        return seen * (seen + 1) / 2 + (self.p_len - seen) * self.window
-
-    def context(self, ops: _Ops) -> Array:
-        """Cached tokens a decode step reads per layer: the generation's mean context ``P + O/2``,
-        capped by a sliding layer's window."""
-        return ops.min(self.window, self.p_len + self.o_len / 2)
-
-
-@dataclass(frozen=True)
-class _Timing:
-    """One regime's result for ``N`` architectures, ``(N,)`` each: mean TTFT, TPOT and E2E per
-    request (ms), output tokens/s over the run, sequences decoding at once, and the prompts
-    prefilled together in one wave with the time that took (the prefill-throughput numerator and
-    denominator)."""
-
-    ttft: Array
-    tpot: Array
-    e2e: Array
-    throughput: Array
-    running: Array
-    prefilled: Array
-    wave_ttft: Array
-
-
-def _wave(setup: _Setup, rates: _Rates, shape: _Shape, b: Array) -> tuple[Array, Array, Array]:
-    """(prefill time, mean TTFT, TPOT) of ``b`` prompts prefilled together in ``chunk_tokens``
-    steps, logits for the last token (or all), then decoded together at the mean context.
-
-    With chunked prefill the scheduler takes the prompts first come first served, so prompt j
-    (0-based) has its first token after (j + 1)/b of the wave's prefill: the mean TTFT is
-    (b + 1)/(2b) of it (all of it at b = 1, or when an engine prefills the batch in one step)."""
-    ops, eng = setup.ops, setup.engine
-    prompt_tokens = b * shape.p_len
-    steps = 1.0 + b * 0 if eng.chunk_tokens == 0 else ops.ceil(prompt_tokens / eng.chunk_tokens)
-    prefill = _Phase(
-        tokens=prompt_tokens,
-        pairs=b[:, None] * shape.prompt_pairs(ops),
-        kv_read_tokens=b[:, None] * 0.0,
-        logits_tokens=prompt_tokens if eng.logits_all_tokens else b,
-        steps=steps,
-    )
-    context = b[:, None] * shape.context(ops)  # (N, L)
-    decode = _Phase(tokens=b, pairs=context, kv_read_tokens=context, logits_tokens=b, steps=b * 0 + 1.0)
-    prefill_ms = _phase_ms(setup, rates, prefill)
-    staggered = 1.0 if eng.chunk_tokens == 0 else (b + 1) / (2 * b)
-    return prefill_ms, prefill_ms * staggered, _phase_ms(setup, rates, decode)
-
-
-def _burst(setup: _Setup, rates: _Rates, shape: _Shape, batch: Array, requests: Array) -> _Timing:
-    """``requests`` arrive at once; waves of ``b = min(requests, batch)`` (module doc)."""
-    ops, o_len = setup.ops, shape.o_len
-    b = ops.min(requests, batch)
-    full = ops.floor(requests / b)
-    rest = requests - full * b
-    prefill_b, ttft_b, tpot_b = _wave(setup, rates, shape, b)
-    prefill_r, ttft_r, tpot_r = _wave(setup, rates, shape, ops.max(rest, 1.0))
-    wave_b = prefill_b + (o_len - 1) * tpot_b
-    wave_r = ops.where(rest > 0, prefill_r + (o_len - 1) * tpot_r, 0.0)
-    share_b, share_r = b * full / requests, rest / requests
-    # Requests of wave j (0-based) wait j·T_w(b) for the waves before theirs; the last wave n·T_w(b).
-    waiting = (b * wave_b * full * (full - 1) / 2 + rest * full * wave_b) / requests
-    ttft = share_b * ttft_b + share_r * ttft_r + waiting
-    tpot = share_b * tpot_b + share_r * tpot_r
-    makespan = full * wave_b + wave_r
-    return _Timing(
-        ttft=ttft,
-        tpot=tpot,
-        e2e=ttft + (o_len - 1) * tpot,
-        throughput=requests * o_len / (makespan / 1e3),
-        running=b,
-        prefilled=b,
-        wave_ttft=prefill_b,
-    )
-
-
-def _steady(setup: _Setup, rates: _Rates, shape: _Shape, batch: Array) -> _Timing:
-    """``batch`` requests always in flight, chunked prefill interleaved with decode (module doc)."""
-    ops, eng = setup.ops, setup.engine
-    p_len, o_len = shape.p_len, shape.o_len
-    others = batch - 1.0
-    # Each step's token budget goes to the running decodes first (vLLM's scheduler), the rest to a
-    # prompt chunk; no chunking (0) prefills a whole prompt in one step.
-    chunk = batch * 0 + p_len if eng.chunk_tokens == 0 else ops.min(ops.max(eng.chunk_tokens - others, 1.0), p_len)
-    k = ops.ceil(p_len / chunk)
-    life = k + o_len - 1  # engine steps of one request: its prefill chunks, then O − 1 decodes
-    beside = others * (o_len - 1) / life  # others decoding in any one step
-    share = ops.min(others * p_len / life / chunk, 1.0)  # of my decode steps, those carrying a chunk
-    pairs, ctx = shape.prompt_pairs(ops), shape.context(ops)
-    logits_per_prompt = p_len if eng.logits_all_tokens else 1.0
-    carried = (k * beside)[:, None] * ctx
-    prefill = _Phase(
-        tokens=p_len + k * beside,
-        pairs=pairs + carried,
-        kv_read_tokens=carried,
-        logits_tokens=logits_per_prompt + k * beside,
-        steps=k,
-    )
-    running = 1.0 + beside
-    one = batch * 0 + 1.0
-    read = running[:, None] * ctx
-    decode = _Phase(tokens=running, pairs=read, kv_read_tokens=read, logits_tokens=running, steps=one)
-    mixed = _Phase(
-        tokens=running + chunk,
-        pairs=read + pairs / k[:, None],
-        kv_read_tokens=read,
-        logits_tokens=running + (chunk if eng.logits_all_tokens else 1.0),
-        steps=one,
-    )
-    ttft = _phase_ms(setup, rates, prefill)
-    tpot = share * _phase_ms(setup, rates, mixed) + (1 - share) * _phase_ms(setup, rates, decode)
-    e2e = ttft + (o_len - 1) * tpot
-    return _Timing(ttft, tpot, e2e, batch * o_len / (e2e / 1e3), running=batch, prefilled=one, wave_ttft=ttft)
-
-
-# Fixed-point iterations of Little's law; B rises monotonically from 1 toward the smallest solution.
-_POISSON_ITERATIONS = 60
-
-
-def _littles_fixed_point(setup: _Setup, rates: _Rates, shape: _Shape, rate: float, capacity: Array) -> Array:
-    """B = min(1 + λ·E2E(B), capacity), iterated from 1. On torch it runs without a graph: the
-    gradient flows through the steady-state cost at the fixed point, not through the iterations
-    (60 unrolled steady-state evaluations would dominate a fit's time)."""
-    ops = setup.ops
-
-    def iterate() -> Array:
-        batch = capacity * 0 + 1.0
-        for _ in range(_POISSON_ITERATIONS):
-            batch = ops.min(1.0 + rate * _steady(setup, rates, shape, batch).e2e / 1e3, capacity)
-        return batch
-
-    if not ops.torch:
-        return iterate()
-    with ops._t.no_grad():
-        return iterate().detach()
-
-
-def _poisson(setup: _Setup, rates: _Rates, shape: _Shape, rate: float, capacity: Array) -> _Timing:
-    """Arrivals at ``rate`` requests/s (module doc). An arriving request finds λ·E2E others in
-    flight on average (Poisson arrivals see time averages), so ``B = 1 + λ·E2E(B)``."""
-    ops, o_len = setup.ops, shape.o_len
-    one = capacity * 0 + 1.0
-    if setup.engine.single_user:  # M/D/1: service S = single-stream E2E, wait ρS / (2(1 − ρ))
-        alone = _steady(setup, rates, shape, one)
-        rho = rate * alone.e2e / 1e3
-        stable = rho < 1
-        wait = ops.where(stable, rho * alone.e2e / (2 * (1 - ops.where(stable, rho, 0.0))), float("inf"))
-        return _Timing(
-            ttft=alone.ttft + wait,
-            tpot=alone.tpot,
-            e2e=alone.e2e + wait,
-            throughput=ops.where(stable, one * rate * o_len, alone.throughput),
-            running=ops.min(rho, 1.0),
-            prefilled=one,
-            wave_ttft=alone.ttft,
-        )
-    batch = _littles_fixed_point(setup, rates, shape, rate, capacity)
-    timing = _steady(setup, rates, shape, batch)
-    overloaded = 1.0 + rate * timing.e2e / 1e3 > capacity * (1 + 1e-6)
-    inf = float("inf")
-    return _Timing(
-        ttft=ops.where(overloaded, inf, timing.ttft),
-        tpot=timing.tpot,
-        e2e=ops.where(overloaded, inf, timing.e2e),
-        throughput=ops.where(overloaded, timing.throughput, one * rate * o_len),
-        running=ops.where(overloaded, capacity, rate * timing.e2e / 1e3),
-        prefilled=one,
-        wave_ttft=timing.ttft,
-    )
 
 
 def regime_of(scenario: Scenario) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autocompress_opt.errors import ConfigError
+from autocompress_opt.errors import ConfigError, check_fraction
 from autocompress_opt.registry import Registry
 
 __all__ = ["ENGINES", "Engine", "get_engine"]
@@ -210,9 +210,7 @@ def _checked_option(key: str, value: Any) -> Any:
     """``value`` for engine option ``key`` (a whole number as ``int``), or :class:`ConfigError`."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if key == "memory_fraction":
-        if not number or not 0 < value <= 1:
-            raise ConfigError(f"engine option memory_fraction must be a number in (0, 1], got {value!r}")
-        return float(value)
+        return check_fraction(value, "engine option memory_fraction")
     if key in _WHOLE_OPTIONS:
         lowest = _WHOLE_OPTIONS[key]
         highest = _HIGHEST.get(key)

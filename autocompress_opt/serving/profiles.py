@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from autocompress_opt._data import DATA_DIR
-from autocompress_opt.errors import ConfigError, reject_unknown_keys
+from autocompress_opt.errors import ConfigError, check_fraction, reject_unknown_keys
 
 __all__ = [
     "FITTED_PARAMETERS",
@@ -126,6 +126,8 @@ class CostProfile:
     fit: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # Compared, not type-checked (errors.check_fraction): while a profile is fitted
+        # (serving.fitting) its fields are 0-d tensors that carry gradients.
         for name in ("mfu", "mbu"):
             value = getattr(self, name)
             if not 0 < value <= 1:
@@ -156,8 +158,7 @@ class CostProfile:
         percentiles of log time ratios, linearly interpolated), from the held-out residuals of this
         profile's rows: of the same regime and phase when at least :data:`MIN_POOL` exist, else
         the same phase, else the same regime, else all of them. None without two residuals."""
-        if not 0 < confidence < 1:
-            raise ConfigError(f"confidence must be in (0, 1), got {confidence!r}")
+        check_fraction(confidence, "confidence", one=False)
         phase = METRIC_PHASES.get(metric)
         if phase is None:
             raise ConfigError(f"no interval for {metric!r}; metrics with intervals: {', '.join(METRIC_PHASES)}")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.errors import ConfigError, reject_unknown_keys
+from autocompress_opt.errors import check_fraction, reject_unknown_keys
 from autocompress_opt.serving.costmodel import Scenario, cost_intervals, estimate_cost
 from autocompress_opt.serving.engine_models import get_engine
 from autocompress_opt.serving.hardware import get_hardware
@@ -56,9 +56,7 @@ class Target:
 
     def __post_init__(self) -> None:
         get_hardware(self.hardware)
-        c = self.confidence
-        if c is not None and (not isinstance(c, (int, float)) or isinstance(c, bool) or not 0 < c < 1):
-            raise ConfigError(f"target confidence must be a number in (0, 1) (e.g. 0.9), got {c!r}")
+        check_fraction(self.confidence, "target confidence", one=False, hint="e.g. 0.9", also=(None,))
         self.resolved_workload()  # validates names and constraint strings
         self.scenario()
 

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from autocompress_opt.errors import ConfigError, UnknownNameError
+from autocompress_opt.errors import ConfigError, UnknownNameError, check_int
 from autocompress_opt.tasks import sources
 from autocompress_opt.tasks.agreement import MinimalPair, minimal_pair, prose_sentences
 from autocompress_opt.tasks.items import PERPLEXITY_TASK, Item, TaskSpec
@@ -103,10 +103,8 @@ def build_task(name: str, *, n_items: int = 200, seed: int = 0, data_dir: str | 
         )
     if name not in TASK_BUILDERS:
         raise UnknownNameError("task", name, TASK_NAMES)
-    if not isinstance(n_items, int) or isinstance(n_items, bool) or n_items < 1:
-        raise ConfigError(f"n_items must be an int >= 1, got {n_items!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ConfigError(f"seed must be an int, got {seed!r}")
+    check_int(n_items, "n_items")
+    check_int(seed, "seed", minimum=None)
     return TASK_BUILDERS[name](n_items=n_items, seed=seed, data_dir=None if data_dir is None else Path(data_dir))
 
 

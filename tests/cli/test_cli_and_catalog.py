@@ -130,7 +130,7 @@ def test_bad_names_exit_2_with_a_helpful_message(capsys: pytest.CaptureFixture[s
         "--output-len",
         "8",
     )
-    assert code == 2 and "input_len must be a positive integer, got -3" in err
+    assert code == 2 and "input_len must be a positive int, got -3" in err
 
 
 def test_every_verb_has_help_with_an_example(capsys: pytest.CaptureFixture[str]) -> None:

@@ -118,4 +118,4 @@ def test_cost_reports_intervals_from_the_held_out_residuals(capsys: Any) -> None
     out = capsys.readouterr().out
     assert "tpot_ms" in out and "at 90%" in out
     assert main([*args, "--confidence", "1.5"]) == 2
-    assert "--confidence must be in (0, 1)" in capsys.readouterr().err
+    assert "--confidence must be a number in (0, 1) (e.g. 0.9)" in capsys.readouterr().err

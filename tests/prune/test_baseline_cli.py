@@ -63,11 +63,11 @@ def no_loading(monkeypatch: pytest.MonkeyPatch) -> None:
         ),
         (
             ["--baseline", "best-uniform", "--hardware", "rtx5080", "--workload", "local-coding", "--top-k", "0"],
-            "--top-k must be a positive count, got 0",
+            "--top-k must be a positive int, got 0",
         ),
         (
             ["--baseline", "minitron", "--hardware", "b200", "--workload", "datacenter", "--score-samples", "-1"],
-            "--score-samples must be 0 or more, got -1",
+            "--score-samples must be a non-negative int, got -1",
         ),
         (
             ["--params", "0.6", "--hardware", "rtx5080", "--top-k", "3"],

@@ -144,10 +144,10 @@ def test_too_much_text_requested_says_how_much_there_is(tokenizer):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(domain="poetry"), r"domain must be one of code, prose, mixed; got 'poetry'"),
-        (dict(n_samples=0), r"n_samples must be an int >= 1, got 0"),
+        (dict(domain="poetry"), r"domain must be one of code, prose, mixed, got 'poetry'"),
+        (dict(n_samples=0), r"n_samples must be a positive int, got 0"),
         (dict(seq_len=1), r"seq_len must be an int >= 2, got 1"),
-        (dict(eval_fraction=1.5), r"eval_fraction must be in \(0, 1\), got 1.5"),
+        (dict(eval_fraction=1.5), r"eval_fraction must be a number in \(0, 1\), got 1.5"),
         (dict(sources=["python-stdlib", "python-stdlib"]), r"listed twice: python-stdlib"),
         (dict(sources=["python-stdlib"], domain="prose"), r"no prose documents.*add a prose source"),
     ],

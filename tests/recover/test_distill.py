@@ -314,4 +314,4 @@ def test_cli_distills_end_to_end_and_resumes(
     assert main([*argv, "--lr", "0.5"]) == 2
     assert "lr=0.5" in capsys.readouterr().err
     assert main([*argv[:-1], "0"]) == 2
-    assert "DistillRecipe.steps must be an int >= 1, got 0" in capsys.readouterr().err
+    assert "DistillRecipe.steps must be a positive int, got 0" in capsys.readouterr().err

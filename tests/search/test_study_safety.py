@@ -299,10 +299,10 @@ def test_a_study_where_nothing_is_feasible_says_so_and_exits_3(
 @pytest.mark.parametrize(
     "flag, value, message",
     [
-        ("--concurrency", "0", "concurrency must be a positive integer or 'max', got 0"),
-        ("--input-len", "0", "input_len must be a positive integer, got 0"),
-        ("--output-len", "-5", "output_len must be a positive integer, got -5"),
-        ("--tp", "0", "tp must be a positive integer, got 0"),
+        ("--concurrency", "0", "concurrency must be a positive int or 'max', got 0"),
+        ("--input-len", "0", "input_len must be a positive int, got 0"),
+        ("--output-len", "-5", "output_len must be a positive int, got -5"),
+        ("--tp", "0", "tp must be a positive int, got 0"),
     ],
 )
 def test_zero_lengths_and_concurrency_are_errors_as_in_cost_not_the_workload_default(

@@ -235,9 +235,9 @@ def test_bad_scenarios_name_the_value() -> None:
         UnknownNameError, match="int3.*available: bf16, fp16, fp32, fp4, fp8, iq4_xs, q4_0, q4_k_m, q5_k_m, q6_k, q8_0"
     ):
         Scenario(dtype="int3")
-    with pytest.raises(ConfigError, match="input_len must be a positive integer, got -5"):
+    with pytest.raises(ConfigError, match="input_len must be a positive int, got -5"):
         Scenario(input_len=-5)
-    with pytest.raises(ConfigError, match="concurrency must be a positive integer or 'max', got 'lots'"):
+    with pytest.raises(ConfigError, match="concurrency must be a positive int or 'max', got 'lots'"):
         Scenario(concurrency="lots")
     with pytest.raises(ConfigError, match="single user"):
         estimate_cost(GOLD_ARCH, "rtx5090", "llamacpp", Scenario("bf16", 10, 10, 4))

@@ -156,8 +156,8 @@ def test_regimes_run_on_torch_with_gradients() -> None:
     ("kwargs", "needle"),
     [
         (dict(arrival="bursty"), "arrival must be one of burst, steady, poisson, got 'bursty'"),
-        (dict(arrival="poisson"), "needs a rate > 0"),
-        (dict(arrival="poisson", rate=-1.0), "needs a rate > 0"),
+        (dict(arrival="poisson"), "arrival 'poisson' needs one) must be a finite number > 0"),
+        (dict(arrival="poisson", rate=-1.0), "arrival 'poisson' needs one) must be a finite number > 0"),
         (dict(arrival="steady", rate=2.0), "a rate is for arrival 'poisson'"),
         (dict(arrival="steady", requests=5), "requests (a burst's size)"),
         (dict(requests=0), "got 0"),
@@ -192,4 +192,4 @@ def test_cost_rejects_a_rate_without_poisson(capsys: Any) -> None:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "a rate is for arrival 'poisson'" in err
     assert main([*BASE, "--arrival", "poisson"]) == 2
-    assert "needs a rate > 0" in capsys.readouterr().err
+    assert "arrival 'poisson' needs one) must be a finite number > 0" in capsys.readouterr().err

@@ -63,7 +63,7 @@ from typing import Any
 import torch
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.errors import ConfigError, suggest
+from autocompress_opt.errors import ConfigError, check_bool, check_choice, check_int, check_number, suggest
 from autocompress_opt.hf.adapters import FamilyAdapter, adapter_for
 from autocompress_opt.prune.importance import Importance
 from autocompress_opt.prune.loadability import ShapeRules
@@ -168,30 +168,21 @@ class InnerConfig:
             ("val_samples", 0),
             ("report_every", 0),
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                raise ConfigError(f"InnerConfig.{name} must be an int >= {minimum}, got {value!r}")
+            check_int(getattr(self, name), f"InnerConfig.{name}", minimum)
         for name in ("lr", "gate_lr", "tau_start", "tau_end", "init_log_alpha"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                raise ConfigError(f"InnerConfig.{name} must be a number > 0, got {value!r}")
+            check_number(getattr(self, name), f"InnerConfig.{name}")
         for name in ("dual_lr", "penalty", "margin"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"InnerConfig.{name} must be a number >= 0, got {value!r}")
+            check_number(getattr(self, name), f"InnerConfig.{name}", positive=False)
         for name in ("straight_through", "fill", "checkpoint_activations", "engine_relaxation"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"InnerConfig.{name} must be true or false, got {getattr(self, name)!r}")
+            check_bool(getattr(self, name), f"InnerConfig.{name}")
         if self.val_samples >= self.n_samples:
             raise ConfigError(
                 f"InnerConfig.val_samples={self.val_samples} must be smaller than n_samples={self.n_samples}"
             )
         if self.tau_end > self.tau_start:
             raise ConfigError(f"InnerConfig.tau_end={self.tau_end} must not exceed tau_start={self.tau_start}")
-        if self.init not in ("budget", "parent"):
-            raise ConfigError(f"InnerConfig.init must be 'budget' or 'parent', got {self.init!r}")
-        if self.ffn_unit is not None and (not isinstance(self.ffn_unit, int) or self.ffn_unit < 1):
-            raise ConfigError(f"InnerConfig.ffn_unit must be a positive int or None, got {self.ffn_unit!r}")
+        check_choice(self.init, "InnerConfig.init", ("budget", "parent"))
+        check_int(self.ffn_unit, "InnerConfig.ffn_unit", also=(None,))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> InnerConfig:

@@ -73,7 +73,7 @@ import torch
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import SearchSpace, uniform_allocation
 from autocompress_opt.cache import cache_key, content_digest, fetch
-from autocompress_opt.errors import ConfigError, check_number, suggest
+from autocompress_opt.errors import ConfigError, check_int, check_number, suggest
 from autocompress_opt.hf.adapters import architecture_mismatch
 from autocompress_opt.hf.device import dtype_name, resolve_compute_dtype, resolve_device
 from autocompress_opt.hf.memory import DEFAULT_TEACHER_BUDGET_GIB
@@ -151,8 +151,7 @@ class TrialConfig:
             if f.name in ("inner", "device", "compute_dtype", "teacher_budget_gib"):
                 continue
             value, minimum = getattr(self, f.name), (0 if f.name.endswith("seed") else 1 if "samples" in f.name else 2)
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                raise ConfigError(f"inner.{f.name} must be an int >= {minimum}, got {value!r}")
+            check_int(value, f"inner.{f.name}", minimum)
         check_number(self.teacher_budget_gib, "inner.teacher_budget_gib")
 
     @classmethod

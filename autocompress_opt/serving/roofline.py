@@ -1,0 +1,218 @@
+"""The cost model's per-phase time: one roofline per kernel, over numpy or torch arrays.
+
+Private machinery of :mod:`autocompress_opt.serving.costmodel` (whose module doc gives the
+equations): :class:`_Ops` (the array operations, numpy or torch), the per-architecture structure
+(parameters, bytes, KV heads), the achievable rates of one (hardware, engine, dtype, profile) and
+:func:`_phase_ms`, the milliseconds of one prefill or decode phase. The arrival regimes
+(:mod:`autocompress_opt.serving.regimes`) combine phases into TTFT, TPOT and throughput.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autocompress_opt.serving.arch_arrays import ArchArrays, Array
+from autocompress_opt.serving.dtypes import GGUF_BLOCK_BITS, WeightDtype
+from autocompress_opt.serving.engine_models import Engine
+from autocompress_opt.serving.hardware import Hardware
+from autocompress_opt.serving.profiles import CostProfile
+
+
+class _Ops:
+    """The handful of array operations the equations need, for numpy or torch."""
+
+    def __init__(self, like: Array):
+        self.torch = type(like).__module__.startswith("torch")
+        if self.torch:
+            import torch
+
+            self._t = torch
+
+    def max(self, a: Array, b: Array) -> Array:
+        if self.torch:
+            return self._t.maximum(
+                self._t.as_tensor(a, dtype=self._t.float64), self._t.as_tensor(b, dtype=self._t.float64)
+            )
+        return np.maximum(a, b)
+
+    def min(self, a: Array, b: Array) -> Array:
+        if self.torch:
+            return self._t.minimum(
+                self._t.as_tensor(a, dtype=self._t.float64), self._t.as_tensor(b, dtype=self._t.float64)
+            )
+        return np.minimum(a, b)
+
+    def amax(self, a: Array) -> Array:
+        return a.amax(-1) if self.torch else a.max(-1)
+
+    def floor(self, a: Array) -> Array:
+        return self._t.floor(a) if self.torch else np.floor(a)
+
+    def ceil(self, a: Array) -> Array:
+        return self._t.ceil(a) if self.torch else np.ceil(a)
+
+    def where(self, cond: Array, a: Array, b: Array) -> Array:
+        if self.torch:
+            return self._t.where(
+                cond, self._t.as_tensor(a, dtype=self._t.float64), self._t.as_tensor(b, dtype=self._t.float64)
+            )
+        return np.where(cond, a, b)
+
+
+@dataclass(frozen=True)
+class _Structure:
+    """Per-layer parameter groups and per-architecture byte counts, shared by every phase."""
+
+    lin: Array  # (N, L) GEMM parameters per layer (attention + FFN projections)
+    weight_bytes: Array  # (N,) all weights, at their storage formats
+    head_read_bytes: Array  # (N,) bytes of the LM-head matrix read per step
+    kv_layer_bytes: Array  # (N, L) K+V bytes one cached token takes in each layer
+    kv_heads_dim: Array  # (N, L) g_i · d_i · attn_i
+    q_heads_dim: Array  # (N, L) h_i · d_i · attn_i
+    act_width: Array  # (N,) widest per-token activation of any layer (elements)
+
+
+def _structure(a: ArchArrays, dt: WeightDtype, kv_bytes: float, ops: _Ops) -> _Structure:
+    d_model = a.hidden[:, None]
+    hd = a.head_dim
+    lin_attn = a.attn * d_model * hd * (2 * a.heads + 2 * a.kv_heads)  # q, k, v, o
+    lin_ffn = a.ffn * 3 * d_model * a.ffn_width  # gate, up, down
+    small = a.attn * (
+        d_model
+        + a.qkv_bias[:, None] * hd * (a.heads + 2 * a.kv_heads)
+        + a.o_bias[:, None] * d_model
+        + a.qk_norm[:, None] * 2 * hd
+    ) + a.ffn * (d_model + a.mlp_bias[:, None] * (2 * a.ffn_width + d_model))
+    body = (lin_attn + lin_ffn + small).sum(-1) + a.hidden  # + final norm
+    embed = a.vocab * a.hidden
+    head = embed * (1 - a.tied)
+    # A tied matrix is stored once, in the format the recipe gives a tied embedding (llama.cpp: the
+    # output's); an untied head is read at the head's format.
+    embed_bits = ops.where(a.tied > 0.5, dt.tied_embedding_bits, dt.embed_bits)
+    weight_bytes = (body * dt.body_bits + embed * embed_bits + head * dt.head_bits) / 8
+    head_bits = ops.where(a.tied > 0.5, dt.tied_embedding_bits, dt.head_bits)
+    kv_heads_dim = a.attn * a.kv_heads * hd
+    q_heads_dim = a.attn * a.heads * hd
+    act_width = ops.amax(2 * a.ffn * a.ffn_width + q_heads_dim + 2 * kv_heads_dim) + 4 * a.hidden
+    return _Structure(
+        lin=lin_attn + lin_ffn,
+        weight_bytes=weight_bytes,
+        head_read_bytes=embed * head_bits / 8,
+        kv_layer_bytes=kv_bytes * 2 * kv_heads_dim,
+        kv_heads_dim=kv_heads_dim,
+        q_heads_dim=q_heads_dim,
+        act_width=act_width,
+    )
+
+
+@dataclass(frozen=True)
+class _Rates:
+    """Achievable rates for one scenario; ``floor=True`` gives the 100 %-of-peak physical limit."""
+
+    flops: float  # GEMM FLOP/s per device
+    attn_flops: float  # attention FLOP/s per device (BF16 math)
+    bytes_s: float  # memory bytes/s per device
+    launch_s: float
+    step_s: float
+    allreduce_s: float
+    link_bytes_s: float  # one-way interconnect bytes/s
+
+
+def _is_block_quantised(dt: WeightDtype) -> bool:
+    """A llama.cpp block format (q4_k_m, q8_0...): its decoder matrices are stored in GGUF blocks."""
+    return dt.embed_format in GGUF_BLOCK_BITS
+
+
+def _gemm_peak(hw: Hardware, eng: Engine, dt: WeightDtype, compute: str) -> float:
+    """Peak FLOP/s of the GEMMs: the compute dtype's rate, except that an engine multiplying FP16
+    and block-quantised weights with FP16 accumulation (llama.cpp, ``Engine.fp16_accumulate``) runs
+    them at the device's FP16-accumulate rate (twice the BF16 rate on GeForce cards)."""
+    half = eng.fp16_accumulate and compute == "bf16" and (dt.name == "fp16" or _is_block_quantised(dt))
+    return hw.half_accumulate_flops() if half else hw.peak_flops(compute)
+
+
+def _rates(hw: Hardware, eng: Engine, dt: WeightDtype, profile: CostProfile, floor: bool) -> _Rates:
+    hw = hw.with_figures(profile.reference)  # the figures the profile's efficiencies are fractions of
+    compute = hw.compute_dtype(dt.compute)
+    attn_compute = hw.compute_dtype("bf16" if compute != "fp32" else "fp32")
+    mfu = 1.0 if floor else profile.mfu_for(compute)
+    mfu_attn = 1.0 if floor else profile.mfu_for(attn_compute)
+    mbu = 1.0 if floor else profile.mbu
+    return _Rates(
+        flops=_gemm_peak(hw, eng, dt, compute) * mfu,
+        attn_flops=hw.peak_flops(attn_compute) * mfu_attn,
+        bytes_s=hw.bandwidth_gb_s * 1e9 * mbu,
+        launch_s=0.0 if floor else profile.kernel_launch_us * 1e-6,
+        step_s=0.0 if floor else profile.step_overhead_ms * 1e-3,
+        allreduce_s=0.0 if floor else profile.allreduce_latency_us * 1e-6,
+        link_bytes_s=hw.interconnect_gb_s * 1e9 / 2,
+    )
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What stays fixed across the phases of one :func:`estimate_batch` call: the architectures (as
+    arrays and derived structure), the weight format and KV bytes per element, the engine, tensor
+    parallelism, and the array backend."""
+
+    arrays: ArchArrays
+    structure: _Structure
+    dtype: WeightDtype
+    kv_bytes: float
+    engine: Engine
+    tp: int
+    ops: _Ops
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """The work of one serving phase (prefill or decode) for a batch of ``N`` architectures.
+
+    ``pairs`` counts (query, key) pairs attended and ``kv_read_tokens`` cached tokens read, per
+    layer ``(N, L)`` (a sliding layer attends and reads within its window); ``tokens`` (new tokens
+    processed), ``logits_tokens`` (rows sent through the LM head) and ``steps`` (engine steps) are
+    ``(N,)``.
+    """
+
+    tokens: Array
+    pairs: Array
+    kv_read_tokens: Array
+    logits_tokens: Array
+    steps: Array
+
+
+def _phase_ms(setup: _Setup, rates: _Rates, phase: _Phase) -> Array:
+    """Milliseconds, ``(N,)``, to run ``phase.steps`` engine steps that together process
+    ``phase.tokens`` new tokens at ``rates``; weights are read once per step."""
+    a, s, ops, tp = setup.arrays, setup.structure, setup.ops, setup.tp
+    tok, stp = phase.tokens[:, None], phase.steps[:, None]
+    # GEMMs: 2 FLOPs per parameter per token; weights streamed once per step.
+    t_gemm = ops.max(
+        2 * tok * s.lin / (tp * rates.flops), stp * s.lin * setup.dtype.body_bits / 8 / (tp * rates.bytes_s)
+    )
+    eng = setup.engine
+    if not eng.mmq and eng.fp16_accumulate and _is_block_quantised(setup.dtype):
+        # llama.cpp without MMQ: a step of more than 32 tokens (its MMQ_MAX_BATCH_SIZE) dequantises
+        # each matrix to FP16 for cuBLAS first: read the blocks, write the FP16 copy (Engine.mmq).
+        dequant = stp * s.lin * (setup.dtype.body_bits / 8 + 2) / (tp * rates.bytes_s)
+        t_gemm = t_gemm + ops.where(tok > 32 * stp, dequant, 0.0)
+    # Attention: QKᵀ and AV are 2·d FLOPs each per head per pair; K,V read for cached + new tokens
+    # (every new token's K,V is written, window or not).
+    attn_flops = 4 * phase.pairs * s.q_heads_dim
+    attn_bytes = setup.kv_bytes * 2 * (phase.kv_read_tokens + tok) * s.kv_heads_dim
+    t_attn = ops.max(attn_flops / (tp * rates.attn_flops), attn_bytes / (tp * rates.bytes_s))
+    vocab_x_hidden = a.vocab * a.hidden
+    t_head = ops.max(
+        2 * phase.logits_tokens * vocab_x_hidden / (tp * rates.flops),
+        phase.steps * s.head_read_bytes / (tp * rates.bytes_s),
+    )
+    kernels = (eng.kernels_per_attention * a.attn + eng.kernels_per_ffn * a.ffn).sum(-1) + eng.kernels_per_step
+    fixed = phase.steps * (kernels * rates.launch_s + rates.step_s)
+    total = (t_gemm + t_attn).sum(-1) + t_head + fixed
+    if tp > 1:
+        blocks = (a.attn + a.ffn).sum(-1)  # one all-reduce after each attention and each FFN block
+        message = phase.tokens * a.hidden * setup.dtype.activation_bytes * 2 * (tp - 1) / tp
+        total = total + blocks * (phase.steps * rates.allreduce_s + message / rates.link_bytes_s)
+    return 1e3 * total
