@@ -249,7 +249,7 @@ def _register(registry: Registry[Family], entry: Family, *, replace: bool) -> Fa
         for value in getattr(entry, attribute):
             owner = next((f.name for f in others if value in getattr(f, attribute)), None)
             if owner is not None:
-                raise ValueError(f"family {entry.name!r}: {what} {value!r} is already family {owner!r}'s")
+                raise ValueError(f"family {entry.name!r}: {what} {value!r} already belongs to family {owner!r}")
     registry.register(entry.name, entry, replace=replace)
     if entry.name not in _ORDER:
         _ORDER.append(entry.name)

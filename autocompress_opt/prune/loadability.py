@@ -124,7 +124,7 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
                 f"({', '.join(map(str, rules.head_sizes))}{'; ' + rules.note if rules.note else ''})"
             )
     if rules.own_class:
-        return problems
+        return problems if arch.is_uniform else [*problems, *_uniform_only(fam, rules)]
     if arch.is_uniform:
         heads = arch.layers[0].num_heads
         if fam.heads_divide_hidden and heads and arch.hidden_size % heads:
@@ -135,7 +135,7 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
         return problems
     if not rules.heterogeneous:
         return [*problems, f"{engine} loads no per-layer shapes"]
-    problems += _uniform_only(fam, engine) + decilm_problems(arch)
+    problems += _uniform_only(fam, rules) + decilm_problems(arch)
     if rules.first_layer_attention and arch.layers and not arch.layers[0].attention:
         problems.append(f"{engine}'s DeciLM reader needs attention in the first layer")
     if rules.head_dim_from_hidden and attn:
@@ -148,11 +148,11 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
     return problems
 
 
-def _uniform_only(fam: Family, engine: str) -> list[str]:
-    """Why ``engine`` loads no per-layer shapes of ``fam`` by its entry (``serving``), unless DeciLM's
-    own refusal of a family that is not Llama-like (:func:`decilm_problems`) already says so."""
-    if fam.loads(engine) == "uniform" and fam.decilm:
-        return [f"{engine} loads {fam.name} models of one shape only (uniform)"]
+def _uniform_only(fam: Family, rules: EngineRules) -> list[str]:
+    """Why the engine loads no per-layer shapes of ``fam`` by the family's entry (``serving``) - unless
+    it reads them as DeciLM and :func:`decilm_problems` already refuses a family that is not Llama-like."""
+    if fam.loads(rules.name) == "uniform" and (rules.own_class or fam.decilm):
+        return [f"{rules.name} loads {fam.name} models of one shape only (the family's serving rule)"]
     return []
 
 
@@ -237,7 +237,8 @@ class ShapeRules:
 def shape_rules(engine: str, parent: Architecture, *, hidden_size: int, query_heads: int) -> ShapeRules | None:
     """The per-layer rules of ``engine`` for a trial of ``parent`` at ``hidden_size`` with
     ``query_heads`` (the global choices ``num_kv_heads · q_per_kv``); None for ``any`` and for
-    ``transformers`` (any shape loads).
+    ``transformers`` (any shape loads) unless the parent's family entry says it loads that family
+    uniform only.
 
     Per-layer shapes are DeciLM (:func:`~autocompress_opt.prune.export.decilm_problems`): they are
     off (uniform only) for an engine that loads none, a parent DeciLM cannot express (not
@@ -245,11 +246,14 @@ def shape_rules(engine: str, parent: Architecture, *, hidden_size: int, query_he
     and in llama.cpp a point whose ``query_heads · head_dim`` is not ``hidden_size``.
     """
     check_serve_as(engine)
-    if engine in (SERVE_AS_ANY, "transformers"):
+    if engine == SERVE_AS_ANY:
         return None
-    rules = ENGINE_RULES[engine]
+    rules, fam = ENGINE_RULES[engine], family(parent.family)
+    if rules.own_class:  # the package's own class: any shape, where the family's entry allows per-layer ones
+        why = _uniform_only(fam, rules)
+        return ShapeRules(engine, heterogeneous=False, query_heads=query_heads, why_uniform=why[0]) if why else None
     ref = reference_layer(parent)
-    why: list[str] = []
+    why = _uniform_only(fam, rules)
     if not rules.heterogeneous:
         why.append(f"{engine} loads no per-layer shapes")
     else:
@@ -261,7 +265,6 @@ def shape_rules(engine: str, parent: Architecture, *, hidden_size: int, query_he
             q_per_kv=max(query_heads, 1),
             ffn_width=rules.ffn_multiple,
         )
-        why += _uniform_only(family(parent.family), engine)
         why += decilm_problems(probe)  # the parent's own: family, biases, QK-norm, windows
         if ref.ffn_width < rules.ffn_multiple:
             why.append(f"the parent's FFN width {ref.ffn_width} is below {engine}'s multiple {rules.ffn_multiple}")
