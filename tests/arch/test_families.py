@@ -192,7 +192,8 @@ def test_window_rules_are_checked() -> None:
 # ------------------------------------------------------------------ adding a family
 # The entry of docs/adding-a-family.md. SmolLM3 has Llama's modules and parameters, but every 4th layer
 # skips RoPE (no_rope_layers): neither DeciLM nor the package's own class can say that, so every engine
-# loads it uniform only.
+# loads it uniform only. Its window default is approximate: SmolLM3Config always writes layer_types (the
+# NoPE layers slide when use_sliding_window and sliding_window are set), so the default is never read.
 SMOLLM3 = Family(
     "smollm3",
     model_types=("smollm3",),
