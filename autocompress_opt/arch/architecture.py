@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from autocompress_opt.arch.families import FAMILIES, WindowRule, family, family_for_model_type, family_names
 from autocompress_opt.errors import ConfigError, check_bool, check_int, reject_unknown_keys, suggest, yaml_problem
 
 __all__ = [
@@ -42,50 +43,8 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class _Family:
-    """What one Hugging Face ``model_type`` means for the parameter count.
-
-    ``biases`` maps each Architecture bias flag to the config key that switches it (read with
-    default False) or to a constant when the family hard-codes it. ``default_*`` are the config
-    class defaults used when a ``config.json`` omits the key (None: derived as HF derives it).
-    """
-
-    biases: Mapping[str, str | bool]
-    qk_norm: bool = False  # RMSNorm(head_dim) on q and on k
-    post_norms: bool = False  # an RMSNorm(D) on each sub-block's output too ("sandwich" norms, Gemma 2/3)
-    default_kv_heads: int | None = None  # None: num_attention_heads
-    default_head_dim: int | None = None  # None: hidden_size // num_attention_heads
-    default_tied: bool = False  # tie_word_embeddings when config.json omits it
-
-
-# Source: transformers v5 configuration_{family}.py (defaults) and modeling_{family}.py (biases):
-#   llama: q,k,v,o biased iff attention_bias, gate/up/down iff mlp_bias; mistral: no biases,
-#   8 KV heads by default; qwen2: q,k,v always biased, o never, 32 KV heads by default;
-#   qwen3: q,k,v,o biased iff attention_bias, q/k RMSNorm, 32 KV heads and head_dim 128 by default;
-#   gemma3_text (Gemma 3 text decoder, Gemma3ForCausalLM): q,k,v,o biased iff attention_bias, q/k
-#   RMSNorm, four RMSNorms per layer (input, post_attention, pre_feedforward, post_feedforward),
-#   4 KV heads, head_dim 256 and tied embeddings by default.
-_FAMILIES: dict[str, _Family] = {
-    "llama": _Family({"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": "mlp_bias"}),
-    "mistral": _Family({"qkv_bias": False, "o_bias": False, "mlp_bias": False}, default_kv_heads=8),
-    "qwen2": _Family({"qkv_bias": True, "o_bias": False, "mlp_bias": False}, default_kv_heads=32),
-    "qwen3": _Family(
-        {"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": False},
-        qk_norm=True,
-        default_kv_heads=32,
-        default_head_dim=128,
-    ),
-    "gemma3_text": _Family(
-        {"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": False},
-        qk_norm=True,
-        post_norms=True,
-        default_kv_heads=4,
-        default_head_dim=256,
-        default_tied=True,
-    ),
-}
-SUPPORTED_FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
+# The families' facts (biases, norms, config defaults, window rules) are their registry entries.
+SUPPORTED_FAMILIES: tuple[str, ...] = family_names()  # the built-in families, in registration order
 
 
 # More layers than any decoder has: a config asking for more is a typo (1e12 would exhaust memory).
@@ -242,10 +201,11 @@ class Architecture:
         for i, layer in enumerate(self.layers):
             if not isinstance(layer, LayerSpec):
                 raise ConfigError(f"Architecture.layers[{i}] must be a LayerSpec, got {type(layer).__name__}")
-        if self.family not in _FAMILIES:
+        if not isinstance(self.family, str) or self.family not in FAMILIES or family(self.family).name != self.family:
+            names = family_names()
             raise ConfigError(
-                f"Architecture.family {self.family!r} is not supported{suggest(str(self.family), SUPPORTED_FAMILIES)}; "
-                f"supported: {', '.join(SUPPORTED_FAMILIES)}"
+                f"Architecture.family {self.family!r} is not supported{suggest(str(self.family), names)}; "
+                f"supported: {', '.join(names)}"
             )
 
     # ----------------------------------------------------------------- structure
@@ -290,7 +250,7 @@ class Architecture:
         (Gemma 3) adds one more RMSNorm(D) on each present sub-block's output.
         """
         layer, d_model = self.layers[i], self.hidden_size
-        norms_per_block = 2 if _FAMILIES[self.family].post_norms else 1
+        norms_per_block = 2 if family(self.family).post_norms else 1
         total = 0
         if layer.attention:
             q, kv = layer.num_heads * layer.head_dim, layer.num_kv_heads * layer.head_dim
@@ -455,16 +415,17 @@ class Architecture:
         if not isinstance(cfg, Mapping):
             raise ConfigError(f"text_config must be a mapping, got {cfg!r}")
         model_type = str(cfg.get("model_type", "")).lower()
-        if model_type not in _FAMILIES:
+        fam = family_for_model_type(model_type)
+        if fam is None:
+            names = family_names()
             raise ConfigError(
                 f"model_type {model_type or '(missing)'!r} is not a supported decoder LLM"
-                f"{suggest(model_type, SUPPORTED_FAMILIES)}; supported: {', '.join(SUPPORTED_FAMILIES)}"
+                f"{suggest(model_type, names)}; supported: {', '.join(names)}"
             )
         required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
         missing = [k for k in required if cfg.get(k) is None]
         if missing:
             raise ConfigError(f"{model_type} config is missing {', '.join(missing)}")
-        family = _FAMILIES[model_type]
         size = lambda key, null=None, absent=None, maximum=None: _config_int(
             cfg, key, model_type, null, absent, maximum
         )
@@ -474,18 +435,18 @@ class Architecture:
             num_layers=size("num_hidden_layers", maximum=MAX_LAYERS),
             hidden_size=hidden,
             num_heads=heads,
-            num_kv_heads=size("num_key_value_heads", heads, family.default_kv_heads or heads),
-            head_dim=size("head_dim", hidden // heads or None, family.default_head_dim or hidden // heads or None),
+            num_kv_heads=size("num_key_value_heads", heads, fam.default_kv_heads or heads),
+            head_dim=size("head_dim", hidden // heads or None, fam.default_head_dim or hidden // heads or None),
             ffn_width=size("intermediate_size"),
             vocab_size=size("vocab_size"),
-            tie_embeddings=_config_bool(cfg, "tie_word_embeddings", family.default_tied, model_type),
-            family=model_type,
-            qk_norm=family.qk_norm,
+            tie_embeddings=_config_bool(cfg, "tie_word_embeddings", fam.default_tied, model_type),
+            family=fam.name,
+            qk_norm=fam.qk_norm,
             max_context=None if max_context is None else size("max_position_embeddings"),
             name=name or str(cfg.get("_name_or_path", "") or ""),
             **{
                 flag: _config_bool(cfg, src, False, model_type) if isinstance(src, str) else src
-                for flag, src in family.biases.items()
+                for flag, src in fam.biases.items()
             },
         )
         windows = _layer_windows(cfg, model_type, arch.num_layers)
@@ -526,15 +487,15 @@ class Architecture:
         sizes = sorted({w for w in windows if w is not None})
         if len(sizes) > 1:
             raise ConfigError(f"a {self.family} config has one sliding_window, but the layers use windows {sizes}")
-        window = sizes[0] if sizes else None
-        if self.family == "mistral":
+        window, rule = (sizes[0] if sizes else None), family(self.family).windows
+        if rule.kind == "every_layer":
             if window is not None and None in windows:
                 raise ConfigError(
-                    "a mistral config's sliding_window applies to every layer; "
+                    f"a {self.family} config's sliding_window applies to every layer; "
                     "these layers mix sliding and full attention"
                 )
             return {"sliding_window": window}  # None must be explicit: MistralConfig defaults to 4096
-        if self.family not in _WINDOWED_BY_LAYER_TYPE:
+        if rule.kind == "none":
             if window is not None:
                 raise ConfigError(f"a {self.family} config cannot express sliding windows (layers use window {window})")
             return {}
@@ -542,20 +503,20 @@ class Architecture:
         kwargs: dict[str, Any] = {"layer_types": kinds}
         if window is not None:
             kwargs["sliding_window"] = window
-            if self.family in ("qwen2", "qwen3"):
-                kwargs["use_sliding_window"] = True
+            if rule.switch is not None:
+                kwargs[rule.switch] = True
         return kwargs
 
     def _hf_flag_kwargs(self) -> dict[str, bool]:
         """Config keys that reproduce this architecture's bias flags; raises if none can."""
-        family, kwargs = _FAMILIES[self.family], dict[str, bool]()
-        for flag, src in family.biases.items():
+        fam, kwargs = family(self.family), dict[str, bool]()
+        for flag, src in fam.biases.items():
             value = getattr(self, flag)
             expressible = kwargs.setdefault(src, value) == value if isinstance(src, str) else src == value
             if not expressible:
-                flags = ", ".join(f"{f}={getattr(self, f)}" for f in family.biases)
+                flags = ", ".join(f"{f}={getattr(self, f)}" for f in fam.biases)
                 raise ConfigError(f"a {self.family} config cannot express {flags}")
-        if self.qk_norm != family.qk_norm:
+        if self.qk_norm != fam.qk_norm:
             raise ConfigError(f"a {self.family} config cannot express qk_norm={self.qk_norm}")
         return kwargs
 
@@ -647,49 +608,44 @@ def uniform_child(
 
 
 # ------------------------------------------------------------------------ windows
-# Which layers slide, per family. Source: transformers v5 configuration_{family}.py and modeling_{family}.py
-# (a layer attends within ``config.sliding_window`` iff its ``layer_types`` entry is "sliding_attention"):
-#   mistral: ``sliding_window`` (default 4096; null = none) applies to every layer; layer_types is ignored.
-#   qwen2, qwen3: nothing slides unless ``use_sliding_window`` (default False); then ``sliding_window``
-#     (default 4096) on the "sliding_attention" layers of ``layer_types``, which defaults to layers
-#     ``i >= max_window_layers`` (default 28).
-#   gemma3_text: ``sliding_window`` (default 4096) on the "sliding_attention" layers of ``layer_types``,
-#     which defaults to every layer but each ``sliding_window_pattern``-th (default 6: layers 5, 11, ...
-#     are full); Gemma 3 270M: window 512.
-#   llama: full attention everywhere.
+# Which layers slide is each family's WindowRule (arch/families.py, with its sources): a layer attends
+# within ``config.sliding_window`` iff its ``layer_types`` entry is "sliding_attention" (Qwen2/3 only
+# when ``use_sliding_window``), or every layer does (Mistral), or none (Llama).
 _SLIDING, _FULL = "sliding_attention", "full_attention"
-_WINDOWED_BY_LAYER_TYPE = ("qwen2", "qwen3", "gemma3_text")
-_DEFAULT_WINDOW = 4096
-_QWEN_MAX_WINDOW_LAYERS = 28
-_GEMMA3_PATTERN = 6
+_DEFAULT_WINDOW = 4096  # sliding_window when a config omits it (every windowed transformers config)
 
 
 def hf_layer_windows(config: Any) -> tuple[int | None, ...]:
     """Each layer's attention window (None = full attention) under a transformers config or its dict,
-    as that family's transformers model applies it (family rules in the comment above this function)."""
+    as that family's transformers model applies it (its :class:`~autocompress_opt.arch.families.WindowRule`);
+    full attention everywhere for a model_type of no registered family."""
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
     return _layer_windows(cfg, str(cfg.get("model_type", "")).lower(), int(cfg["num_hidden_layers"]))
 
 
 def _layer_windows(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> tuple[int | None, ...]:
+    fam = family_for_model_type(model_type)
+    rule = fam.windows if fam is not None else WindowRule()
     window = cfg.get("sliding_window", _DEFAULT_WINDOW)
-    if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+    if rule.switch is not None and not cfg.get(rule.switch, False):
         window = None
-    if model_type not in ("mistral", *_WINDOWED_BY_LAYER_TYPE) or window is None:
+    if rule.kind == "none" or window is None:
         return (None,) * num_layers
     check_int(window, f"{model_type} config sliding_window")
-    if model_type == "mistral":
+    if rule.kind == "every_layer":
         return (int(window),) * num_layers
     kinds = cfg.get("layer_types")
-    if kinds is None and model_type == "gemma3_text":
+    if kinds is None and rule.default_pattern is not None:
         pattern = check_int(
-            cfg.get("sliding_window_pattern", _GEMMA3_PATTERN), f"{model_type} config sliding_window_pattern"
+            cfg.get("sliding_window_pattern", rule.default_pattern), f"{model_type} config sliding_window_pattern"
         )
         kinds = [_SLIDING if (i + 1) % pattern else _FULL for i in range(num_layers)]
     elif kinds is None:
         first = check_int(
-            cfg.get("max_window_layers", _QWEN_MAX_WINDOW_LAYERS), f"{model_type} config max_window_layers", minimum=0
+            cfg.get("max_window_layers", rule.default_max_window_layers),
+            f"{model_type} config max_window_layers",
+            minimum=0,
         )
         kinds = [_SLIDING if i >= first else _FULL for i in range(num_layers)]
     if not isinstance(kinds, Sequence) or isinstance(kinds, str):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.families import family, family_for_gguf_arch, family_names
 from autocompress_opt.errors import ConfigError
 
 __all__ = ["GGUF_ARCH_TO_FAMILY", "architecture_from_gguf"]
@@ -17,18 +18,13 @@ __all__ = ["GGUF_ARCH_TO_FAMILY", "architecture_from_gguf"]
 # ------------------------------------------------------------------------ GGUF
 # GGUF metadata → HF config keys. Source: llama.cpp gguf-py constants (LLM_KV_*), e.g.
 # "{arch}.block_count", "{arch}.attention.head_count_kv"; tensor names from gguf-py MODEL_TENSOR
-# ("output.weight" is the untied LM head). llama.cpp writes Mistral models as "llama" and the Gemma 3
-# text decoder as "gemma3" (key_length = head_dim = 256, independent of the hidden size).
+# ("output.weight" is the untied LM head). The Gemma 3 text decoder's key_length = head_dim = 256,
+# independent of the hidden size.
 # "{arch}.attention.sliding_window" is the window; which layers use it is the family's rule, as in
 # transformers' GGUF loader (its Gemma 3 config gets layer_types from the default pattern of 6, and
 # llama.cpp hard-codes that pattern for "gemma3"): see hf_layer_windows.
-GGUF_ARCH_TO_FAMILY = {
-    "llama": "llama",
-    "mistral": "mistral",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "gemma3": "gemma3_text",
-}
+# Which GGUF architecture is which family: each family's ``gguf_archs`` (arch/families.py).
+GGUF_ARCH_TO_FAMILY: dict[str, str] = {arch: f.name for f in map(family, family_names()) for arch in f.gguf_archs}
 
 
 def architecture_from_gguf(path: str | Path) -> Architecture:
@@ -57,14 +53,14 @@ def _read_gguf(path: Path, size: int, mtime_ns: int) -> Architecture:
         raise ConfigError(f"{path} is not a readable GGUF file: {exc}") from None
     meta = {key: f.contents() for key, f in reader.fields.items() if not key.startswith("tokenizer.ggml.")}
     arch = str(meta.get("general.architecture"))
-    if arch not in GGUF_ARCH_TO_FAMILY:
-        raise ConfigError(
-            f"GGUF architecture {arch!r} in {path} is not supported; supported: {', '.join(GGUF_ARCH_TO_FAMILY)}"
-        )
+    fam = family_for_gguf_arch(arch)
+    if fam is None:
+        supported = [a for f in map(family, family_names()) for a in f.gguf_archs]
+        raise ConfigError(f"GGUF architecture {arch!r} in {path} is not supported; supported: {', '.join(supported)}")
     tensor_names = {t.name for t in reader.tensors}
     if f"{arch}.vocab_size" not in meta:
         meta[f"{arch}.vocab_size"] = _gguf_vocab_size(reader)
-    cfg = _gguf_to_hf_config(meta, arch, tensor_names, path)
+    cfg = _gguf_to_hf_config(meta, arch, fam.name, tensor_names, path)
     return Architecture.from_hf_config(cfg, name=str(meta.get("general.name") or Path(path).stem))
 
 
@@ -80,8 +76,10 @@ def _gguf_vocab_size(reader: Any) -> int | None:
 _REQUIRED = object()
 
 
-def _gguf_to_hf_config(meta: Mapping[str, Any], arch: str, tensor_names: set[str], path: str | Path) -> dict[str, Any]:
-    """The HF config dict equivalent to GGUF metadata ``meta`` of architecture ``arch``."""
+def _gguf_to_hf_config(
+    meta: Mapping[str, Any], arch: str, model_type: str, tensor_names: set[str], path: str | Path
+) -> dict[str, Any]:
+    """The HF config dict (of ``model_type``) equivalent to GGUF metadata ``meta`` of architecture ``arch``."""
 
     def scalar(key: str, default: Any = _REQUIRED) -> Any:
         value = meta.get(f"{arch}.{key}", default)
@@ -95,7 +93,7 @@ def _gguf_to_hf_config(meta: Mapping[str, Any], arch: str, tensor_names: set[str
     window = scalar("attention.sliding_window", None)
     return {
         **({} if window is None else {"sliding_window": int(window)}),  # absent: the family's default
-        "model_type": GGUF_ARCH_TO_FAMILY[arch],
+        "model_type": model_type,
         "vocab_size": int(scalar("vocab_size")),
         "hidden_size": hidden,
         "num_hidden_layers": int(scalar("block_count")),

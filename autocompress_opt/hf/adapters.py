@@ -1,14 +1,17 @@
 """Model-family adapters: where a transformers decoder keeps its embedding, layers, heads and FFN.
 
-One :class:`FamilyAdapter` per Hugging Face ``model_type``, held in :data:`ADAPTERS` (a
-:class:`~autocompress_opt.registry.Registry`). An adapter is data, not code: the attribute names
+One :class:`FamilyAdapter` per model family, held in :data:`ADAPTERS` (a
+:class:`~autocompress_opt.registry.Registry`) under the name its family's registry entry gives
+(:attr:`autocompress_opt.arch.families.Family.adapter`); the package's own heterogeneous class has
+one more. An adapter is data, not code: the attribute names
 of each module (every supported family uses transformers' Llama names for the projections,
 ``model.layers[i].self_attn.q_proj`` ...; Gemma 3 names its norms differently and has two more per
 layer), and the family traits that the module tree does not show (how an RMSNorm applies its
 weight, whether the embedding is scaled). The package's own heterogeneous model uses the names
 of its base family, so its state dict has the parent's keys. Importance estimation, masking and
 materialisation only ever reach into a model through :meth:`FamilyAdapter.layer_parts` and
-friends, so supporting a new family is one registry entry, never a fork of the model code.
+friends, so supporting a new family is one family entry plus one adapter, never a fork of the model code
+(docs/adding-a-family.md).
 
 Norms (``D`` = hidden size): ``input_norm`` before attention and ``ffn_norm`` before the MLP (Llama:
 ``input_layernorm`` / ``post_attention_layernorm``). Gemma 3 also normalises each sub-block's
@@ -31,6 +34,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture, LayerSpec, hf_layer_windows
+from autocompress_opt.arch.block_configs import MODEL_TYPE as HETERO_MODEL_TYPE  # its adapter's name too
+from autocompress_opt.arch.families import family, family_for_model_type, family_names
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.registry import Registry
 
@@ -43,6 +48,7 @@ __all__ = [
     "adapter_for",
     "architecture_mismatch",
     "bypass_layer",
+    "family_adapter",
     "layer_input",
     "layer_output",
     "model_type_of",
@@ -169,10 +175,9 @@ class FamilyAdapter:
     """Where one model family keeps its pieces, and the traits its modules do not show.
 
     Attributes:
-        name: the Hugging Face ``model_type`` this adapter serves.
+        name: its registry name (its family entry's ``adapter``; the built-ins use the family's name).
         description: one line for listings.
         paths: attribute names of the modules.
-        qk_norm: the family has per-head RMSNorm on queries and keys (Qwen3, Gemma 3).
         norm_offset: an RMSNorm multiplies by ``norm_offset + weight`` (Gemma: 1, weights stored
             around 0; Llama: 0). Source: transformers' ``Gemma3RMSNorm``, which also applies the
             weight in float32 before casting back.
@@ -186,7 +191,6 @@ class FamilyAdapter:
     name: str
     description: str
     paths: ModulePaths = field(default_factory=ModulePaths)
-    qk_norm: bool = False
     norm_offset: float = 0.0
     embed_scale: bool = False
     heterogeneous: bool = False
@@ -197,7 +201,7 @@ class FamilyAdapter:
         if not self.heterogeneous:
             return self
         config = getattr(model_or_config, "config", model_or_config)
-        return ADAPTERS.get(str(config.base_family))
+        return family_adapter(str(config.base_family))
 
     # ----------------------------------------------------------------- model-level pieces
     def decoder(self, model: Any) -> Any:
@@ -226,7 +230,10 @@ class FamilyAdapter:
 
     def family(self, model: Any) -> str:
         """The architecture family (``llama``, ``qwen3``...); the base family for a heterogeneous model."""
-        return str(model.config.base_family) if self.heterogeneous else self.name
+        if self.heterogeneous:
+            return str(model.config.base_family)
+        fam = family_for_model_type(model_type_of(model))
+        return fam.name if fam is not None else self.name
 
     # ----------------------------------------------------------------- layer-level pieces
     def layer_parts(self, model: Any, index: int) -> LayerParts:
@@ -321,23 +328,30 @@ class FamilyAdapter:
         )
 
 
+# One adapter per family entry (arch/families.py names it), plus the package's own heterogeneous class.
+# qk_norm, post-norms and the rest of a family's facts are its family entry's, not repeated here.
 ADAPTERS: Registry[FamilyAdapter] = Registry("decoder model family")
 for _adapter in (
     FamilyAdapter("llama", "Llama 2/3, SmolLM2, CodeLlama (optional attention/MLP biases)"),
     FamilyAdapter("mistral", "Mistral (no biases; model-wide sliding window)"),
     FamilyAdapter("qwen2", "Qwen2 / Qwen2.5 (q, k, v biases)"),
-    FamilyAdapter("qwen3", "Qwen3 (per-head q/k RMSNorm)", qk_norm=True),
+    FamilyAdapter("qwen3", "Qwen3 (per-head q/k RMSNorm)"),
     FamilyAdapter(
         "gemma3_text",
         "Gemma 3 text decoder (q/k norm, post-norms, (1+w) RMSNorm, scaled embedding)",
         paths=GEMMA3_PATHS,
-        qk_norm=True,
         norm_offset=1.0,
         embed_scale=True,
     ),
-    FamilyAdapter("autocompress_decilm", "this package's heterogeneous DeciLM-style decoder", heterogeneous=True),
+    FamilyAdapter(HETERO_MODEL_TYPE, "this package's heterogeneous DeciLM-style decoder", heterogeneous=True),
 ):
     ADAPTERS.register(_adapter.name, _adapter)
+
+
+def family_adapter(name: str) -> FamilyAdapter:
+    """The adapter of the family called ``name`` (its entry's ``adapter``); :class:`UnknownNameError`
+    for a name of no family, or when the entry names an adapter nobody registered."""
+    return ADAPTERS.get(family(name).adapter)
 
 
 def model_type_of(model_or_config: Any) -> str:
@@ -347,15 +361,21 @@ def model_type_of(model_or_config: Any) -> str:
 
 
 def adapter_for(model_or_config: Any) -> FamilyAdapter:
-    """The adapter for a transformers model (or its config), chosen by ``config.model_type``.
+    """The adapter for a transformers model (or its config), chosen by ``config.model_type``: its
+    family's adapter, or the heterogeneous one for the package's own class.
 
     Raises :class:`UnknownNameError` naming the model_type and listing the supported families
     (e.g. ``gpt2`` is not a supported decoder).
     """
     model_type = model_type_of(model_or_config)
-    if model_type not in ADAPTERS:
-        raise UnknownNameError("decoder model family", model_type or "(no model_type)", ADAPTERS.names())
-    return ADAPTERS.get(model_type)
+    fam = family_for_model_type(model_type)
+    if fam is not None:
+        return ADAPTERS.get(fam.adapter)
+    if model_type == HETERO_MODEL_TYPE:
+        return ADAPTERS.get(HETERO_MODEL_TYPE)
+    raise UnknownNameError(
+        "decoder model family", model_type or "(no model_type)", [*family_names(), HETERO_MODEL_TYPE]
+    )
 
 
 # ------------------------------------------------------------------------------ helpers

@@ -89,7 +89,7 @@ from autocompress_opt.arch.block_configs import (
     parse_block_configs,
 )
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.hf.adapters import ADAPTERS, FamilyAdapter
+from autocompress_opt.hf.adapters import FamilyAdapter, family_adapter
 
 __all__ = [
     "MODEL_TYPE",
@@ -205,7 +205,7 @@ class AutocompressDeciLMConfig(PreTrainedConfig):
 
     def traits(self) -> FamilyAdapter:
         """The base family's adapter: module names, norm style, embedding scaling."""
-        return ADAPTERS.get(self.base_family)
+        return family_adapter(self.base_family)
 
     def rope_for(self, layer_type: str) -> dict[str, Any]:
         """The RoPE parameters of ``layer_type`` layers (``rope_parameters`` may be nested by type)."""

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.families import family
 from autocompress_opt.errors import AutocompressError, ConfigError
 from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
 
@@ -212,7 +213,7 @@ def decilm_problems(arch: Architecture) -> list[str]:
     """
     arch = arch.active()
     problems = []
-    if arch.family not in ("llama", "mistral"):
+    if not family(arch.family).decilm:  # the family entry's: Llama's layers (Llama, Mistral)
         problems.append(f"family {arch.family!r} is not Llama-like (DeciLM is a Llama-family format)")
     for flag, what in (
         (arch.qkv_bias or arch.o_bias, "attention biases"),

@@ -1,11 +1,14 @@
 """What each serving engine can load: engine-legal shapes, as data, and the check that names what is not.
 
-A **uniform** export is a plain family checkpoint; each engine loads the families listed (a Llama or
-Gemma 3 whose hidden size is not a multiple of its query heads has no plain checkpoint: its config
-refuses it, and the export is the package's own class, which only ``transformers`` loads). A
-**heterogeneous** export is served in DeciLM form (:func:`~autocompress_opt.prune.export.decilm_problems`
-lists what that form cannot express: a Llama-family model, the same query heads in every attention
-layer, FFN widths that are multiples of 256). On top of that, per engine (from their sources):
+What an engine loads of each family (heterogeneous, uniform only, or nothing) is the family's registry
+entry (:attr:`~autocompress_opt.arch.families.Family.serving`). A **uniform** export is a plain family
+checkpoint (a family whose config refuses a hidden size that is not a multiple of the query heads,
+:attr:`~autocompress_opt.arch.families.Family.heads_divide_hidden`, Llama and Gemma 3, has no plain
+checkpoint of such a model: the export is the package's own class, which only ``transformers``
+loads). A **heterogeneous** export is served in DeciLM form
+(:func:`~autocompress_opt.prune.export.decilm_problems` lists what that form cannot express: a
+family that is not Llama-like, different query heads between attention layers, FFN widths that are
+not multiples of 256). On top of that, per engine (from their sources):
 
 * ``vllm``: ``nemotron_nas.py``, query heads ``num_attention_heads`` in every layer, KV heads
   ``num_attention_heads / n_heads_in_group``, ``head_dim`` from the config; on CPU its attention
@@ -33,7 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autocompress_opt.arch.architecture import SUPPORTED_FAMILIES, Architecture, reference_layer, uniform_child
+from autocompress_opt.arch.architecture import Architecture, reference_layer, uniform_child
+from autocompress_opt.arch.families import Family, family, family_names
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.prune.export import DECILM_FFN_MULTIPLE, decilm_problems
 
@@ -51,30 +55,33 @@ __all__ = [
 ]
 
 _VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-# Families whose plain config needs hidden_size % num_attention_heads == 0 (transformers' LlamaConfig and
-# Gemma3TextConfig validate it; hf.build.model_config then falls back to the package's own class).
-_DIVISIBLE_HEADS_FAMILIES = ("llama", "gemma3_text")
 
 
 @dataclass(frozen=True)
 class EngineRules:
-    """What one engine loads.
+    """What one engine loads (what it loads of each family is the family's entry: :attr:`families`).
 
-    ``families``: plain (uniform) checkpoints it serves; ``heterogeneous``: whether per-layer shapes
-    load at all (through DeciLM); ``ffn_multiple``: the FFN width multiple of a heterogeneous model;
+    ``heterogeneous``: whether per-layer shapes load at all; ``own_class``: it loads the package's
+    own class (any shape of every family; else a heterogeneous export is DeciLM, and a uniform one
+    the family's plain checkpoint); ``ffn_multiple``: the FFN width multiple of a heterogeneous model;
     ``head_sizes``: the head sizes its attention kernels take (None: any);
     ``head_dim_from_hidden``: it derives ``head_dim = hidden / num_attention_heads``;
     ``first_layer_attention``: a heterogeneous model's first layer must keep its attention.
     """
 
     name: str
-    families: tuple[str, ...]
     heterogeneous: bool
+    own_class: bool = False
     ffn_multiple: int = 1
     head_sizes: tuple[int, ...] | None = None
     head_dim_from_hidden: bool = False
     first_layer_attention: bool = False
     note: str = ""
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The registered families it serves at all (uniform or heterogeneous), in registration order."""
+        return tuple(name for name in family_names() if family(name).loads(self.name) != "none")
 
 
 ENGINE_RULES: dict[str, EngineRules] = {
@@ -82,17 +89,16 @@ ENGINE_RULES: dict[str, EngineRules] = {
     for rules in (
         EngineRules(
             "vllm",
-            SUPPORTED_FAMILIES,
             True,
-            DECILM_FFN_MULTIPLE,
-            _VLLM_CPU_HEAD_SIZES,
+            ffn_multiple=DECILM_FFN_MULTIPLE,
+            head_sizes=_VLLM_CPU_HEAD_SIZES,
             first_layer_attention=True,
             note="head sizes are the CPU backend's",
         ),
-        EngineRules("sglang", SUPPORTED_FAMILIES, True, DECILM_FFN_MULTIPLE, first_layer_attention=True),
-        EngineRules("trtllm", SUPPORTED_FAMILIES, True, DECILM_FFN_MULTIPLE),
-        EngineRules("llamacpp", SUPPORTED_FAMILIES, True, DECILM_FFN_MULTIPLE, head_dim_from_hidden=True),
-        EngineRules("transformers", SUPPORTED_FAMILIES, True),
+        EngineRules("sglang", True, ffn_multiple=DECILM_FFN_MULTIPLE, first_layer_attention=True),
+        EngineRules("trtllm", True, ffn_multiple=DECILM_FFN_MULTIPLE),
+        EngineRules("llamacpp", True, ffn_multiple=DECILM_FFN_MULTIPLE, head_dim_from_hidden=True),
+        EngineRules("transformers", True, own_class=True),
     )
 }
 
@@ -105,8 +111,8 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
     if engine not in ENGINE_RULES:
         raise ConfigError(f"unknown engine {engine!r}{suggest(engine, ENGINE_RULES)}; one of {', '.join(ENGINE_RULES)}")
     rules, arch = ENGINE_RULES[engine], arch.active()
-    problems = []
-    if arch.family not in rules.families:
+    fam, problems = family(arch.family), []
+    if fam.loads(engine) == "none":
         problems.append(f"{engine} does not serve the {arch.family!r} family")
     attn = [layer for layer in arch.layers if layer.attention]
     head_dims = sorted({layer.head_dim for layer in attn})
@@ -117,11 +123,11 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
                 f"head size {', '.join(map(str, bad))} is not one {engine}'s attention takes "
                 f"({', '.join(map(str, rules.head_sizes))}{'; ' + rules.note if rules.note else ''})"
             )
-    if engine == "transformers":
-        return problems
+    if rules.own_class:
+        return problems if arch.is_uniform else [*problems, *_uniform_only(fam, rules)]
     if arch.is_uniform:
         heads = arch.layers[0].num_heads
-        if arch.family in _DIVISIBLE_HEADS_FAMILIES and heads and arch.hidden_size % heads:
+        if fam.heads_divide_hidden and heads and arch.hidden_size % heads:
             problems.append(
                 f"hidden size {arch.hidden_size} is not a multiple of the {heads} query heads: {arch.family}'s "
                 f"config refuses that, so the export is the package's own class, which {engine} does not load"
@@ -129,7 +135,7 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
         return problems
     if not rules.heterogeneous:
         return [*problems, f"{engine} loads no per-layer shapes"]
-    problems += decilm_problems(arch)
+    problems += _uniform_only(fam, rules) + decilm_problems(arch)
     if rules.first_layer_attention and arch.layers and not arch.layers[0].attention:
         problems.append(f"{engine}'s DeciLM reader needs attention in the first layer")
     if rules.head_dim_from_hidden and attn:
@@ -140,6 +146,14 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
                 f"but the heads have {attn[0].head_dim} channels"
             )
     return problems
+
+
+def _uniform_only(fam: Family, rules: EngineRules) -> list[str]:
+    """Why the engine loads no per-layer shapes of ``fam`` by the family's entry (``serving``) - unless
+    it reads them as DeciLM and :func:`decilm_problems` already refuses a family that is not Llama-like."""
+    if fam.loads(rules.name) == "uniform" and (rules.own_class or fam.decilm):
+        return [f"{rules.name} loads {fam.name} models of one shape only (the family's serving rule)"]
+    return []
 
 
 # ------------------------------------------------------------------ the search's view
@@ -223,7 +237,8 @@ class ShapeRules:
 def shape_rules(engine: str, parent: Architecture, *, hidden_size: int, query_heads: int) -> ShapeRules | None:
     """The per-layer rules of ``engine`` for a trial of ``parent`` at ``hidden_size`` with
     ``query_heads`` (the global choices ``num_kv_heads · q_per_kv``); None for ``any`` and for
-    ``transformers`` (any shape loads).
+    ``transformers`` (any shape loads) unless the parent's family entry says it loads that family
+    uniform only.
 
     Per-layer shapes are DeciLM (:func:`~autocompress_opt.prune.export.decilm_problems`): they are
     off (uniform only) for an engine that loads none, a parent DeciLM cannot express (not
@@ -231,11 +246,14 @@ def shape_rules(engine: str, parent: Architecture, *, hidden_size: int, query_he
     and in llama.cpp a point whose ``query_heads · head_dim`` is not ``hidden_size``.
     """
     check_serve_as(engine)
-    if engine in (SERVE_AS_ANY, "transformers"):
+    if engine == SERVE_AS_ANY:
         return None
-    rules = ENGINE_RULES[engine]
+    rules, fam = ENGINE_RULES[engine], family(parent.family)
+    if rules.own_class:  # the package's own class: any shape, where the family's entry allows per-layer ones
+        why = _uniform_only(fam, rules)
+        return ShapeRules(engine, heterogeneous=False, query_heads=query_heads, why_uniform=why[0]) if why else None
     ref = reference_layer(parent)
-    why: list[str] = []
+    why = _uniform_only(fam, rules)
     if not rules.heterogeneous:
         why.append(f"{engine} loads no per-layer shapes")
     else:
