@@ -211,7 +211,7 @@ def check_config(config: StudyConfig, parent: Architecture) -> None:
     constraints (by costing the parent on it); the ``inner`` keys for the mode (``weights``: the
     :class:`~autocompress_opt.search.study.weights_trial.TrialConfig` keys and values; ``plan`` takes none;
     a plugin's mode checks its own); the ``importance`` record exists; the storage is one that
-    :func:`resolve_storage` accepts (nothing is opened). Raises ConfigError."""
+    :func:`~.storage.resolve_storage` accepts (nothing is opened). Raises ConfigError."""
     resolve_storage(config.storage_url)
     config.space.check_parent(parent)
     if config.serve_as not in (None, SERVE_AS_ANY):

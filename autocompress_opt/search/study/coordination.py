@@ -4,7 +4,7 @@ asks for a new one, trial heartbeats, and the repair of trials whose driver stop
 
 Trials are addressed by their storage ids, looked up through Optuna's public storage API
 (``get_study_id_from_name``, ``get_trial_id_from_study_id_trial_number``) on the storage
-:func:`~autocompress_opt.search.study.storage.make_storage` opened; the one private call (stale
+:func:`~.storage.make_storage` opened; the one private call (stale
 heartbeats) is :func:`~autocompress_opt.search.study._optuna_private.stale_trial_ids`.
 """
 
@@ -34,7 +34,7 @@ _log = logging.getLogger(__name__)
 
 def heartbeat_interval(storage: Any) -> int | None:
     """Seconds between the trial heartbeats ``storage`` records: an ``RDBStorage`` opened with a
-    ``heartbeat_interval`` (:func:`~autocompress_opt.search.study.storage.make_storage` with
+    ``heartbeat_interval`` (:func:`~.storage.make_storage` with
     ``heartbeat=True``); None for any other storage (a journal file has no heartbeats)."""
     import optuna
 
@@ -61,7 +61,7 @@ class Coordination:
     """
 
     def __init__(self, study: Any, url: str, storage: Any):
-        """``study`` opened from ``storage``, the storage :func:`make_storage` opened for ``url``
+        """``study`` opened from ``storage``, the storage :func:`~.storage.make_storage` opened for ``url``
         (:func:`open_study` returns both)."""
         self.study = study
         self.driver = {**driver_identity(), "run": uuid.uuid4().hex[:12]}  # this run of this driver
@@ -122,7 +122,7 @@ class Coordination:
 
 
 def driver_lock(storage: Any, url: str, study_name: str) -> Callable[[], Any]:
-    """The :meth:`Coordination.lock` of a study in ``storage`` (as :func:`make_storage` opened
+    """The :meth:`Coordination.lock` of a study in ``storage`` (as :func:`~.storage.make_storage` opened
     ``url``; ``url`` as resolved)."""
     import hashlib
 
@@ -183,7 +183,8 @@ def repair_orphans(study: Any, storage: Any, keep: set[int] | frozenset[int] = f
     heartbeat (a journal file; older versions) is orphaned unless its driver is another live
     process on this host. Trials numbered in ``keep`` (the caller's own in flight) are left alone.
     Safe against other drivers repairing at once: a trial is failed and re-queued by one of them.
-    ``storage``: the one ``study`` was opened from (:func:`make_storage`). Returns the repaired trial numbers."""
+    ``storage``: the one ``study`` was opened from (:func:`~.storage.make_storage`). Returns the
+    repaired trial numbers."""
     import optuna
 
     study_id = storage.get_study_id_from_name(study.study_name)

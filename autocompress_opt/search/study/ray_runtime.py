@@ -34,7 +34,7 @@ def trainable(config: dict[str, Any]) -> dict[str, Any]:
     the trial ends it inside that call (Ray's ``SystemExit``, deliberately not caught). The final
     result carries the last step and score too: Ray Tune wants the scheduler's metric in every result.
     ``config["stoppable"]`` False (a seeded baseline's point) is the scheduler's to honour
-    (:func:`per_target_scheduler`: judged, and stopped only once it has reported its fallback,
+    (:func:`~.schedulers.per_target_scheduler`: judged, and stopped only once it has reported its fallback,
     the baseline's own model measured, which the study then records)."""
     from ray import tune
 

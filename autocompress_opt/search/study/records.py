@@ -1,7 +1,7 @@
 """Trial records: a stored trial in plain values, Pareto fronts, and what a target's run ended with.
 
 Pure data and arithmetic on it: nothing here opens a storage
-(:func:`~autocompress_opt.search.study.storage.load_records` reads records from one).
+(:func:`~.storage.load_records` reads records from one).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class TrialRecord:
     :data:`~autocompress_opt.search.study.trials.QUALITY_LABELS`). None for trials that did not complete.
     ``selection`` (weights mode): which inner-search candidate the trial returned and each one's
     held-out KL (:meth:`~autocompress_opt.search.inner.inner_search.InnerResult.choice`); ``baseline``:
-    the baseline(s) a seeded trial's point comes from (e.g. ``"depth"``; :func:`seed_study`).
+    the baseline(s) a seeded trial's point comes from (e.g. ``"depth"``; :func:`~.seeding.seed_study`).
     ``stopped_early``: for a trial the scheduler stopped (state PRUNED), its last report
     (``phase``, ``inner_step``, ``inner_steps``, ``val_kl``, ``violation``, ``progress_score``);
     ``intermediate``: the held-out KL and violation it reported during its inner search, as

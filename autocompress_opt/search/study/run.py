@@ -13,7 +13,7 @@ Flow per target (all storage access in this driver process; trials run wherever 
              on_trial_complete(): set_constraint(...) (≤ 0 feasible), tell(values) or FAIL with the error
 
 Several drivers may run one study at once, on one host or on many sharing an RDB
-(:class:`Coordination`): together they reach exactly the requested COMPLETE count with no repeated
+(:class:`~.coordination.Coordination`): together they reach exactly the requested COMPLETE count with no repeated
 point, and a driver repairs another's trials only when their heartbeat stopped. Ctrl-C stops the
 whole run with no RUNNING trial left (:func:`run_study`).
 
@@ -63,8 +63,8 @@ def run_study(
 ) -> list[TargetOutcome]:
     """Run (or continue) every target's study to ``config.trials`` COMPLETE trials.
 
-    Ctrl-C (in the main thread) stops the whole run: raises :class:`StudyInterrupted` with no
-    RUNNING trial left behind (:func:`handle_sigint`)."""
+    Ctrl-C (in the main thread) stops the whole run: raises :class:`~.signals.StudyInterrupted` with no
+    RUNNING trial left behind (:func:`~.signals.handle_sigint`)."""
     state = InterruptState()
     interrupted: list[str] = []
     with handle_sigint(state):

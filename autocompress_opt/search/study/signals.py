@@ -17,7 +17,7 @@ __all__ = ["InterruptState", "StudyInterrupted", "fit_until_stopped", "handle_si
 
 
 class StudyInterrupted(Exception):
-    """Ctrl-C stopped :func:`run_study`: COMPLETE trials are kept, the trials it stopped were told
+    """Ctrl-C stopped :func:`~.run.run_study`: COMPLETE trials are kept, the trials it stopped were told
     FAIL and their points re-queued (the message names them); running the same command resumes."""
 
 
@@ -31,7 +31,7 @@ class InterruptState:
 
 @contextmanager
 def handle_sigint(state: InterruptState) -> Iterator[None]:
-    """Ctrl-C handling for :func:`run_study` (main thread only; elsewhere Ray Tune's own applies).
+    """Ctrl-C handling for :func:`~.run.run_study` (main thread only; elsewhere Ray Tune's own applies).
 
     First SIGINT: a note on stderr, then, while Ray Tune runs, its own stop (no new trials; its loop
     ends and its trials are stopped), else KeyboardInterrupt. Second SIGINT: exit 130 at once (a

@@ -115,7 +115,7 @@ def _check_creatable(path: Path, url: str) -> None:
 def _heartbeat_settings() -> tuple[int, int]:
     """``(interval, grace)`` in seconds of the trial heartbeats: ``$AUTOCOMPRESS_HEARTBEAT_S``
     (default 10) and six times that; a RUNNING trial whose heartbeat is older than the grace period
-    belongs to a driver that stopped (:func:`repair_orphans`)."""
+    belongs to a driver that stopped (:func:`~.coordination.repair_orphans`)."""
     text = os.environ.get("AUTOCOMPRESS_HEARTBEAT_S", "10")
     try:
         interval = int(text)
