@@ -61,10 +61,10 @@ _API: dict[str, str] = {
     "export_model": "autocompress_opt.prune.export",
     "load_exported": "autocompress_opt.prune.export",
     # search
-    "StudyConfig": "autocompress_opt.search.study.run",
+    "StudyConfig": "autocompress_opt.search.study.config",
     "run_study": "autocompress_opt.search.study.run",
-    "load_records": "autocompress_opt.search.study.run",
-    "pareto_front": "autocompress_opt.search.study.run",
+    "load_records": "autocompress_opt.search.study.storage",
+    "pareto_front": "autocompress_opt.search.study.records",
     # quality and recovery
     "kl_divergence": "autocompress_opt.quality.metrics",
     "perplexity": "autocompress_opt.quality.metrics",
@@ -93,7 +93,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from autocompress_opt.quality.metrics import evaluate, kl_divergence, perplexity
     from autocompress_opt.recover.distill import distill
     from autocompress_opt.recover.recipe import DistillRecipe
-    from autocompress_opt.search.study.run import StudyConfig, load_records, pareto_front, run_study
+    from autocompress_opt.search.study.config import StudyConfig
+    from autocompress_opt.search.study.records import pareto_front
+    from autocompress_opt.search.study.run import run_study
+    from autocompress_opt.search.study.storage import load_records
     from autocompress_opt.serving.costmodel import CostEstimate, Scenario, estimate_cost
     from autocompress_opt.serving.engine_models import get_engine
     from autocompress_opt.serving.hardware import Hardware, get_hardware, load_hardware_file

@@ -46,7 +46,7 @@ from _util import provenance, write
 from bench_inner_search import plan_pick
 
 from autocompress_opt.arch.search_space import load_search_space
-from autocompress_opt.search.study.run import StudyConfig, baseline_seeds
+from autocompress_opt.search.study import StudyConfig, baseline_seeds
 from autocompress_opt.search.study.trials import legal_point
 from autocompress_opt.search.study.weights_trial import TrialConfig, evaluate_architecture, inner_search, parent_context
 from autocompress_opt.serving.targets import Target

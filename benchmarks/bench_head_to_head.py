@@ -133,7 +133,7 @@ def run_study(args: argparse.Namespace, targets: list[Target]) -> str:
 
 def best_feasible(storage: str, target: Target) -> dict[str, Any]:
     """The feasible COMPLETE trial with the lowest held-out KL (ties: the earlier trial)."""
-    from autocompress_opt.search.study.run import load_records
+    from autocompress_opt.search.study import load_records
 
     records, _ = load_records(storage, f"h2h.{target.hardware}")
     pool = [r for r in records if r.state == "COMPLETE" and r.feasible and r.quality is not None]
@@ -191,9 +191,7 @@ def _stage(path: Path, key: str, compute: Callable[[], dict[str, Any]]) -> dict[
 def export_arm(args: argparse.Namespace, context: Any, arch: Architecture, where: Path) -> dict[str, Any]:
     """Cut ``arch`` from the parent with the trials' importance scores (the plan the inner search
     built it with) and export it; returns the built architecture and the KL before recovery."""
-    from autocompress_opt.prune.export import export_model
-    from autocompress_opt.prune.plan import plan_pruning
-    from autocompress_opt.prune.slicing import materialize
+    from autocompress_opt.search.study import export_trial
     from autocompress_opt.search.study.weights_trial import evaluate_architecture
 
     # keyed by the model, not its name: a searched model equal to a baseline's is recovered once (the
@@ -205,16 +203,9 @@ def export_arm(args: argparse.Namespace, context: Any, arch: Architecture, where
     done = _cached(stage, key)
     if done and (where / "export" / "config.json").is_file():
         return done
-    plan = plan_pruning(context.architecture, context.importance, arch)
-    export_model(
-        materialize(context.model, plan),
-        plan.architecture,
-        where / "export",
-        parent={"model": args.model},
-        card={"benchmark": "head_to_head"},
-        tokenizer=context.tokenizer,
-        force=True,
-    )
+    plan = export_trial(
+        context, arch, where / "export", parent={"model": args.model}, card={"benchmark": "head_to_head"}, force=True
+    ).plan
     before = evaluate_architecture(arch, args.model, cache_dir=CACHE)
     return _save(
         stage,

@@ -120,10 +120,10 @@ def study_inner(config: Path) -> dict[str, Any]:
     """The ``inner`` settings the study's trials get from ``config`` (what the caches are keyed by)."""
     import yaml
 
-    from autocompress_opt.cli.study import _inner
+    from autocompress_opt.search.study import inner_settings
 
     data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
-    return _inner(data.get("inner"), {"mode": "weights"})
+    return inner_settings(data.get("inner"), mode="weights")
 
 
 def warm_caches(model: str, inner: dict[str, Any], where: Path) -> float:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _util import write
 
 from autocompress_opt.arch.search_space import load_search_space
-from autocompress_opt.search.study.run import Objective, StudyConfig, _init_ray, load_records, run_study
+from autocompress_opt.search.study import Objective, StudyConfig, init_ray, load_records, run_study
 from autocompress_opt.serving.targets import Target
 
 TRIALS = 40
@@ -29,7 +29,7 @@ TRIALS = 40
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-study-"))
     t0 = time.perf_counter()
-    _init_ray(None, 1)
+    init_ray(None, 1)
     ray_start = time.perf_counter() - t0
     per_trial = []
     for i in range(3):

@@ -255,7 +255,7 @@ def _prune(args: argparse.Namespace, serving_target: Any, arch_file: Any, study:
 def _run_from_study(args: argparse.Namespace) -> int:
     """``--from-study``: the chosen trial's architecture, cut with the importance the trial used."""
     from autocompress_opt.arch.architecture import Architecture
-    from autocompress_opt.search.study.run import group_members, load_records, resolve_storage
+    from autocompress_opt.search.study import group_members, load_records, resolve_storage
 
     trial = _trial_choice(args.trial)
     _check_out(Path(args.out).expanduser(), force=args.force)
@@ -314,36 +314,29 @@ def _pick_trial(records: Any, number: int | None, name: str) -> Any:
 def _export_trial(
     args: argparse.Namespace, model: str, inner: dict[str, Any], arch: Any, name: str, record: Any
 ) -> int:
-    """A weights-mode trial: its parent context (model, importance, data) as the trial had it."""
-    from autocompress_opt.prune.export import export_model
-    from autocompress_opt.prune.plan import plan_pruning
-    from autocompress_opt.prune.slicing import materialize
-    from autocompress_opt.search.study.weights_trial import DEFAULT_CACHE_DIR, TrialConfig, parent_context
+    """A weights-mode trial: its parent context (model, importance, data) as the trial had it
+    (:func:`~autocompress_opt.search.study.export.export_trial`)."""
+    from autocompress_opt.search.study import export_trial, trial_parent
 
     overrides = {k: v for k, v in (("device", args.device), ("compute_dtype", args.compute_dtype)) if v is not None}
-    config = TrialConfig.from_dict({**inner, **overrides} or None)
-    context, _ = parent_context(model, config, DEFAULT_CACHE_DIR.resolve())
-    decilm = _decilm_for(args, arch)
-    plan = plan_pruning(context.architecture, context.importance, arch)
+    context, config = trial_parent(model, {**inner, **overrides})
     card = {
         "recipe": {"mode": "study-trial", "study": name, "trial": record.number, "inner": config.to_dict()},
         "study_result": {"quality": record.quality, "metrics": record.metrics, "selection": record.selection},
-        "kept_parent_layers": [lp.parent_index for lp in plan.layers],
-        "importance": {"method": context.importance.meta.method, "data_id": context.importance.meta.data_id},
     }
-    out = export_model(
-        materialize(context.model, plan),
-        plan.architecture,
+    exported = export_trial(
+        context,
+        arch,
         args.out,
         parent={"model": model, "num_params": context.architecture.num_params},
         card=card,
-        tokenizer=context.tokenizer,
         force=args.force,
-        decilm=decilm,
+        decilm=_decilm_for(args, arch),
     )
+    built = exported.plan.architecture
     print(
-        f"study {name}, trial {record.number}: {plan.architecture.summary()} "
-        f"({plan.architecture.num_params / context.architecture.num_params:.1%} of the parent)\nwrote {out}"
+        f"study {name}, trial {record.number}: {built.summary()} "
+        f"({built.num_params / context.architecture.num_params:.1%} of the parent)\nwrote {exported.path}"
     )
     return 0
 

@@ -331,7 +331,7 @@ def build_config(values: dict[str, Any]) -> Any:
     from autocompress_opt.arch.catalog import load_architecture
     from autocompress_opt.arch.search_space import default_space, load_search_space
     from autocompress_opt.errors import check_int
-    from autocompress_opt.search.study.run import Objective, StudyConfig
+    from autocompress_opt.search.study import Objective, StudyConfig
     from autocompress_opt.serving.targets import Target
 
     profiles = _hardware_profiles(values.get("hardware_file"))  # registered before the targets name them
@@ -429,23 +429,18 @@ def _hardware_profiles(raw: Any) -> tuple[dict[str, Any], ...]:
 
 
 def _inner(raw: Any, values: dict[str, Any]) -> dict[str, Any]:
-    """``{steps: 24}`` from YAML, or ``["steps=24"]`` from flags; ``--device`` / ``--compute-dtype``
-    (weights mode only) join them as the trials' ``device`` / ``compute_dtype``."""
-    from autocompress_opt.errors import ConfigError
+    """``{steps: 24}`` from YAML, or ``["steps=24"]`` from flags (or a YAML list), with ``--device`` /
+    ``--compute-dtype``: :func:`~autocompress_opt.search.study.config.inner_settings`."""
+    from autocompress_opt.search.study import inner_settings
 
-    inner = {} if not raw else dict(raw) if isinstance(raw, dict) else setting_options(list(raw), "--inner")
-    for key, flag in (("device", "--device"), ("compute_dtype", "--compute-dtype")):
-        if values.get(key) is not None:
-            if str(values.get("mode")) != "weights":
-                raise ConfigError(
-                    f"{flag} applies to weights mode (trials on the real model); this is {values['mode']} mode"
-                )
-            inner[key] = str(values[key])
-    return inner
+    pairs = None if not raw else raw if isinstance(raw, dict) else setting_options(list(raw), "--inner")
+    return inner_settings(
+        pairs, mode=str(values.get("mode")), device=values.get("device"), compute_dtype=values.get("compute_dtype")
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
-    from autocompress_opt.search.study.run import StudyInterrupted, binding_constraints, run_study, shared_answers
+    from autocompress_opt.search.study import StudyInterrupted, binding_constraints, run_study, shared_answers
 
     try:
         config = build_config(_merged(args))
@@ -576,7 +571,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
-    from autocompress_opt.search.study.run import default_storage, delete_studies, group_members
+    from autocompress_opt.search.study import default_storage, delete_studies, group_members
 
     url = args.storage or default_storage(args.name.split(".")[0])
     names = group_members(args.name, url)
@@ -628,7 +623,7 @@ def _state(record: Any) -> str:
 
 def _failures(records: Any) -> dict[str, list[int]]:
     """FAIL trials grouped by their error's first line, in trial order."""
-    from autocompress_opt.search.study.run import first_line
+    from autocompress_opt.search.study import first_line
 
     out: dict[str, list[int]] = {}
     for r in sorted(records, key=lambda r: r.number):

@@ -13,7 +13,7 @@ from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import default_space
 from autocompress_opt.cli import main
 from autocompress_opt.prune.export import load_exported
-from autocompress_opt.search.study.run import StudyConfig, load_records, run_study
+from autocompress_opt.search.study import StudyConfig, load_records, run_study
 from autocompress_opt.search.study.weights_trial import DEFAULT_CACHE_DIR, TrialConfig, heldout_quality, parent_context
 from autocompress_opt.serving.targets import Target
 

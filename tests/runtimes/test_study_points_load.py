@@ -14,7 +14,7 @@ from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import load_search_space
 from autocompress_opt.cli import main
 from autocompress_opt.prune.loadability import loadable_problems
-from autocompress_opt.search.study.run import Objective, StudyConfig, load_records, pareto_front, run_study
+from autocompress_opt.search.study import Objective, StudyConfig, load_records, pareto_front, run_study
 from autocompress_opt.serving.targets import Target
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autocompress_opt.search.study.run import make_storage, repair_orphans
+from autocompress_opt.search.study import make_storage, repair_orphans
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).parent
@@ -99,14 +99,22 @@ def test_two_drivers_on_a_new_sqlite_study_reach_exactly_the_count_then_resume_t
 
 
 # ----------------------------------------------------------------------- heartbeat repair
-def _running_trial(study: optuna.Study, driver: dict, heartbeat: bool) -> optuna.trial.Trial:
+def _trial_id(storage: optuna.storages.RDBStorage, study: optuna.Study, trial: optuna.trial.Trial) -> int:
+    """``trial``'s storage id, by Optuna's public storage API."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    return storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+
+
+def _running_trial(
+    study: optuna.Study, storage: optuna.storages.RDBStorage, driver: dict, heartbeat: bool
+) -> optuna.trial.Trial:
     with warnings.catch_warnings():  # "heartbeat ... supposed to be used with Study.optimize"
         warnings.simplefilter("ignore")
         trial = study.ask({"x": optuna.distributions.IntDistribution(0, 1000)})
     trial.set_user_attr("driver", driver)
     if heartbeat:
-        study._storage.record_heartbeat(trial._trial_id)
-        study._storage.set_trial_system_attr(trial._trial_id, "heartbeat", True)
+        storage.record_heartbeat(_trial_id(storage, study, trial))
+        storage.set_trial_system_attr(_trial_id(storage, study, trial), "heartbeat", True)
     return trial
 
 
@@ -119,12 +127,12 @@ def test_orphans_are_found_by_heartbeat_not_by_host(tmp_path: Path, monkeypatch:
     study = optuna.create_study(study_name="hb", storage=storage)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    elsewhere = _running_trial(study, {"host": "another-host.example", "pid": os.getpid()}, heartbeat=True)
-    gone_here = _running_trial(study, {"host": socket.gethostname(), "pid": dead.pid}, heartbeat=True)
-    assert repair_orphans(study) == [gone_here.number]
-    assert repair_orphans(study) == []  # already FAIL: not failed or re-queued again
+    elsewhere = _running_trial(study, storage, {"host": "another-host.example", "pid": os.getpid()}, heartbeat=True)
+    gone_here = _running_trial(study, storage, {"host": socket.gethostname(), "pid": dead.pid}, heartbeat=True)
+    assert repair_orphans(study, storage) == [gone_here.number]
+    assert repair_orphans(study, storage) == []  # already FAIL: not failed or re-queued again
     time.sleep(7.5)  # the other host's driver stopped beating (as if it had died)
-    assert repair_orphans(study) == [elsewhere.number]
+    assert repair_orphans(study, storage) == [elsewhere.number]
     trials = study.get_trials(deepcopy=False)
     assert [t.state.name for t in trials[:2]] == ["FAIL", "FAIL"]
     assert all("orphaned" in t.user_attrs["error"] for t in trials[:2])
@@ -136,11 +144,11 @@ def test_a_live_heartbeat_keeps_a_trial_of_another_host(tmp_path: Path, monkeypa
     monkeypatch.setenv("AUTOCOMPRESS_HEARTBEAT_S", "1")
     storage = make_storage(f"sqlite:///{tmp_path}/hb.db", heartbeat=True)
     study = optuna.create_study(study_name="hb", storage=storage)
-    trial = _running_trial(study, {"host": "another-host.example", "pid": 1}, heartbeat=True)
+    trial = _running_trial(study, storage, {"host": "another-host.example", "pid": 1}, heartbeat=True)
     for _ in range(8):
         time.sleep(1)
-        storage.record_heartbeat(trial._trial_id)
-        assert repair_orphans(study) == []
+        storage.record_heartbeat(_trial_id(storage, study, trial))
+        assert repair_orphans(study, storage) == []
 
 
 # ---------------------------------------------------------------------------- PostgreSQL

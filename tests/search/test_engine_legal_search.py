@@ -20,11 +20,11 @@ from autocompress_opt.prune.loadability import loadable_problems, parent_problem
 from autocompress_opt.search.inner.budget import Budget
 from autocompress_opt.search.inner.discretise import discretise, shape_problems
 from autocompress_opt.search.inner.relaxation import ParentMasks
-from autocompress_opt.search.study.run import (
+from autocompress_opt.search.study import (
     Objective,
     StudyConfig,
-    _init_ray,
     check_config,
+    init_ray,
     load_records,
     pareto_front,
     run_study,
@@ -41,7 +41,7 @@ def local_ray():
     """One local Ray for the studies of this module, shut down after them (later study tests start their own)."""
     import ray
 
-    _init_ray(None, 2, ())
+    init_ray(None, 2, ())
     yield
     ray.shutdown()
 

@@ -125,9 +125,9 @@ def test_first_ctrl_c_stops_the_whole_run_consistently_and_the_same_command_resu
 
 _HANDLER_SCRIPT = """
 import os, signal, sys, time
-from autocompress_opt.search.study.run import _Interrupt, _sigint
-state = _Interrupt(stop=lambda: time.sleep(60))  # a graceful stop that takes a minute
-with _sigint(state):
+from autocompress_opt.search.study.signals import InterruptState, handle_sigint
+state = InterruptState(stop=lambda: time.sleep(60))  # a graceful stop that takes a minute
+with handle_sigint(state):
     print("ready", flush=True)
     time.sleep(60)
 print("graceful end", flush=True)

@@ -19,6 +19,7 @@ import pytest
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import load_search_space
 from autocompress_opt.errors import ConfigError
+from autocompress_opt.search.study import StudyConfig, run_study
 from autocompress_opt.search.study.placement import (
     NodeResources,
     check_gpus_per_trial,
@@ -28,7 +29,7 @@ from autocompress_opt.search.study.placement import (
     plan_placement,
     trial_device,
 )
-from autocompress_opt.search.study.run import StudyConfig, _placement, run_study
+from autocompress_opt.search.study.ray_runtime import study_placement
 from autocompress_opt.serving.targets import Target
 
 TESTS = Path(__file__).parent
@@ -214,8 +215,8 @@ def test_concurrent_trials_get_distinct_gpus_and_compute_on_their_own(
     config = study_config(tmp_path, model="parent.json", gpus_per_trial=1, cache_dir="cache")
     # each trial holds its GPU for 4 s, so the two running at once overlap even on a loaded machine
     config = replace(config, inner={**config.inner, "sleep_s": 4.0})
-    assert _placement(config).concurrency == 2  # the cluster's 2 GPUs / 1
-    assert _placement(replace(config, gpus_per_trial=0.5)).concurrency == 4
+    assert study_placement(config).concurrency == 2  # the cluster's 2 GPUs / 1
+    assert study_placement(replace(config, gpus_per_trial=0.5)).concurrency == 4
     outcomes = run_study(config, progress=False)
     assert [o.complete for o in outcomes] == [4]
     trials = [json.loads(line) for line in (tmp_path / "trials.jsonl").read_text().splitlines()]
@@ -264,9 +265,9 @@ def test_a_worker_with_fewer_cpus_than_the_head_gets_trials(small_worker, tmp_pa
     config = replace(config, inner={**config.inner, "sleep_s": 4.0})
     outcomes = run_study(config, progress=False)
     assert [o.complete for o in outcomes] == [6]
-    placement = _placement(config)
+    placement = study_placement(config)
     assert (placement.cpus_per_trial, placement.capacity) == (1, 3)
-    assert _placement(replace(config, concurrency=None)).cpus_per_trial == 1  # one trial: still fits the worker
+    assert study_placement(replace(config, concurrency=None)).cpus_per_trial == 1  # one trial: still fits the worker
     trials = [json.loads(line) for line in (tmp_path / "trials.jsonl").read_text().splitlines()]
     assert all(t["cpus"] == 1 for t in trials)
     assert len({t["node"] for t in trials}) == 2  # the 1-CPU worker ran trials too
@@ -278,10 +279,10 @@ def test_a_study_without_an_address_starts_its_own_ray_beside_a_running_cluster(
     attach (and refuse num_cpus); a study without --address starts a new local Ray instead."""
     import ray
 
-    from autocompress_opt.search.study.run import _init_ray
+    from autocompress_opt.search.study import init_ray
 
     ray.shutdown()
-    _init_ray(None, 1)
+    init_ray(None, 1)
     try:
         assert len([n for n in ray.nodes() if n["Alive"]]) == 1  # not the cluster's head + worker
     finally:

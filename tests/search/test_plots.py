@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from autocompress_opt.search.study import plots
-from autocompress_opt.search.study.run import TrialRecord
+from autocompress_opt.search.study import TrialRecord, plots
 
 METRICS = {"ttft_ms": 10.0, "tpot_ms": 2.0, "output_throughput_tok_s": 500.0, "peak_memory_gib": 1.0}
 

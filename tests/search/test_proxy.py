@@ -14,8 +14,8 @@ import pytest
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import CHOICES, load_search_space
 from autocompress_opt.errors import ConfigError
+from autocompress_opt.search.study import StudyConfig, enqueue_proxy_points
 from autocompress_opt.search.study.proxy import PROXY_ATTR, Proxy, maximal
-from autocompress_opt.search.study.run import StudyConfig, enqueue_proxy_points
 from autocompress_opt.search.study.searcher import GroupSearcher, StudySearcher
 from autocompress_opt.serving.targets import Target, parent_metrics
 
@@ -237,7 +237,7 @@ def test_the_group_searcher_takes_the_targets_in_turn_and_routes_each_trial_back
 
 
 def test_a_per_target_scheduler_routes_trials_without_an_index_to_the_first_target(tmp_path: Path) -> None:
-    from autocompress_opt.search.study.run import per_target_scheduler
+    from autocompress_opt.search.study import per_target_scheduler
 
     seen: list[tuple[str, str]] = []
 

@@ -24,16 +24,16 @@ from weights_helpers import INNER, TARGET
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import default_space, load_search_space
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search.study.progress import FALLBACK, INFEASIBLE_PENALTY, SCORE, STEP
-from autocompress_opt.search.study.run import (
+from autocompress_opt.search.study import (
     Objective,
     StudyConfig,
     TrialRecord,
-    _init_ray,
+    init_ray,
     load_records,
     make_scheduler,
     run_study,
 )
+from autocompress_opt.search.study.progress import FALLBACK, INFEASIBLE_PENALTY, SCORE, STEP
 from autocompress_opt.search.study.studyio import export_rows, load_group
 from autocompress_opt.serving.targets import Target
 
@@ -63,7 +63,7 @@ def local_ray():
     """A local Ray with the test plugins importable in its workers, shut down afterwards."""
     import ray
 
-    _init_ray(None, 1, ("progress_plugins",))
+    init_ray(None, 1, ("progress_plugins",))
     yield
     ray.shutdown()
 
@@ -306,7 +306,7 @@ def test_kill_9_mid_study_with_asha_then_the_same_command_loses_nothing(tmp_path
         import sys
         sys.path.insert(0, {str(TESTS)!r})
         from autocompress_opt.arch.search_space import load_search_space
-        from autocompress_opt.search.study.run import StudyConfig, run_study
+        from autocompress_opt.search.study import StudyConfig, run_study
         from autocompress_opt.serving.targets import Target
         cfg = StudyConfig(name="a", model="smollm2-135m", targets=(Target("h100-sxm", "datacenter"),),
                           space=load_search_space("smollm2-135m"), trials=10, storage={cfg.storage_url!r},
@@ -333,7 +333,7 @@ def test_kill_9_mid_study_with_asha_then_the_same_command_loses_nothing(tmp_path
     import ray
 
     try:
-        _init_ray(None, 1, ("progress_plugins",))
+        init_ray(None, 1, ("progress_plugins",))
         [outcome] = run_study(replace(cfg), progress=False)
     finally:
         ray.shutdown()

@@ -7,7 +7,7 @@ from typing import Any
 
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import uniform_allocation
-from autocompress_opt.search.study.run import (
+from autocompress_opt.search.study import (
     TargetOutcome,
     TrialRecord,
     best_feasible,

@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import load_search_space
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search.study.run import (
+from autocompress_opt.search.study import (
     SEEDED_BASELINES,
     Objective,
     StudyConfig,
     TrialRecord,
-    _init_ray,
     baseline_seeds,
+    init_ray,
     load_records,
     pareto_front,
     run_study,
@@ -43,7 +43,7 @@ def local_ray():
     """One local Ray for the module, with the test plugins importable in workers."""
     import ray
 
-    _init_ray(None, 2, ("study_plugins",))
+    init_ray(None, 2, ("study_plugins",))
     yield
     ray.shutdown()
 
@@ -137,7 +137,7 @@ def test_kill_9_mid_study_then_same_command_loses_nothing(tmp_path: Path) -> Non
         import sys
         sys.path.insert(0, {str(TESTS)!r})
         from autocompress_opt.arch.search_space import load_search_space
-        from autocompress_opt.search.study.run import StudyConfig, run_study
+        from autocompress_opt.search.study import StudyConfig, run_study
         from autocompress_opt.serving.targets import Target
         cfg = StudyConfig(name="k", model="smollm2-135m", targets=(Target("h100-sxm", "datacenter"),),
                           space=load_search_space("smollm2-135m"), trials=14, storage={storage!r},

@@ -21,9 +21,9 @@ ENTRY = "- name: {name}\n  memory_gib: {memory}\n  bandwidth_gb_s: 900\n  peak_t
 def local_ray() -> Iterator[None]:
     import ray
 
-    from autocompress_opt.search.study.run import _init_ray
+    from autocompress_opt.search.study import init_ray
 
-    _init_ray(None, 2, ())
+    init_ray(None, 2, ())
     yield
     ray.shutdown()
 

@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search.study.run import make_storage, resolve_storage
+from autocompress_opt.search.study import make_storage, resolve_storage
 
 TESTS = Path(__file__).parent
 
@@ -20,9 +20,9 @@ def local_ray():
     """One local Ray for the tests that run studies, with the test plugins importable in workers."""
     import ray
 
-    from autocompress_opt.search.study.run import _init_ray
+    from autocompress_opt.search.study import init_ray
 
-    _init_ray(None, 2, ("study_plugins",))
+    init_ray(None, 2, ("study_plugins",))
     yield
     ray.shutdown()
 
@@ -145,7 +145,7 @@ def test_a_half_created_study_is_replaced_not_blocking_the_name(tmp_path: Path, 
     from dataclasses import replace
 
     from autocompress_opt.arch.search_space import load_search_space
-    from autocompress_opt.search.study.run import StudyConfig, load_records, run_study
+    from autocompress_opt.search.study import StudyConfig, load_records, run_study
     from autocompress_opt.serving.targets import Target
 
     storage = f"sqlite:///{tmp_path}/h.db"
@@ -234,7 +234,7 @@ def test_a_finished_study_rerun_exits_0_and_partial_failures_are_reported(
     from dataclasses import replace
 
     from autocompress_opt.arch.search_space import load_search_space
-    from autocompress_opt.search.study.run import StudyConfig, run_study
+    from autocompress_opt.search.study import StudyConfig, run_study
     from autocompress_opt.serving.targets import Target
 
     space = replace(load_search_space("smollm2-135m"), sampler="random")
@@ -318,7 +318,7 @@ def test_zero_lengths_and_concurrency_are_errors_as_in_cost_not_the_workload_def
 
 
 def test_a_resumed_progress_bar_counts_the_feasible_trials_and_best_quality_already_stored(tmp_path: Path) -> None:
-    from autocompress_opt.search.study.run import _Progress
+    from autocompress_opt.search.study import ProgressBar
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/p.db", directions=["maximize"])
     for quality, violation in ((0.9, 0.5), (0.7, -0.1), (0.8, 0.0), (0.95, 0.2)):
@@ -327,7 +327,7 @@ def test_a_resumed_progress_bar_counts_the_feasible_trials_and_best_quality_alre
         trial.set_constraint("tpot_ms <= 1x", violation)
         study.tell(trial, [quality])
     study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)
-    bar = _Progress("p", total=10, initial=4, enabled=False)
+    bar = ProgressBar("p", total=10, initial=4, enabled=False)
     bar.count_existing(study)
     assert (bar.feasible, bar.best, bar.failed) == (2, 0.8, 0)  # 0.7 and 0.8 feasible; infeasible 0.95 not best
     bar.close()

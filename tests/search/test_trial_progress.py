@@ -22,6 +22,7 @@ from autocompress_opt.prune.importance import estimate_importance
 from autocompress_opt.search.inner.budget import Budget, CostGoal
 from autocompress_opt.search.inner.inner_search import InnerConfig, search
 from autocompress_opt.search.inner.teacher import teacher_log_probs
+from autocompress_opt.search.study import ProgressBar
 from autocompress_opt.search.study.progress import (
     INFEASIBLE_PENALTY,
     PHASES,
@@ -31,7 +32,6 @@ from autocompress_opt.search.study.progress import (
     report,
     reporting,
 )
-from autocompress_opt.search.study.run import _Progress
 from autocompress_opt.search.study.weights_trial import clear_trial_cache, run_weights_trial
 from autocompress_opt.serving.targets import Target
 
@@ -155,7 +155,7 @@ def test_a_weights_trial_reports_its_phases_in_order_with_a_step_counter_that_ne
 
 
 def test_the_progress_bar_shows_what_each_running_trial_is_doing_on_one_line() -> None:
-    bar = _Progress("demo.rtx5070", total=10, initial=2, enabled=True)  # on stderr, captured
+    bar = ProgressBar("demo.rtx5070", total=10, initial=2, enabled=True)  # on stderr, captured
     bar.update_running(5, TrialProgress("inner search", 12, 24, 2.31, 0.0).describe())
     bar.update_running(6, TrialProgress("teacher").describe())
     text = bar.text()
@@ -177,12 +177,12 @@ def test_intermediate_results_reach_the_study_through_ray_tune(tmp_path: Path, m
 
     from autocompress_opt.arch.catalog import load_architecture
     from autocompress_opt.arch.search_space import default_space
-    from autocompress_opt.search.study.run import StudyConfig, _init_ray, load_records, run_study
+    from autocompress_opt.search.study import StudyConfig, init_ray, load_records, run_study
 
     monkeypatch.chdir(tmp_path)  # the trials' caches (.autocompress/) go here
     model_dir = save_hf_dir(tiny_lm_model("llama", num_hidden_layers=4), tmp_path / "llama")
     shown: list[tuple[int, str]] = []
-    monkeypatch.setattr(_Progress, "update_running", lambda self, number, what: shown.append((number, what)))
+    monkeypatch.setattr(ProgressBar, "update_running", lambda self, number, what: shown.append((number, what)))
     cfg = StudyConfig(
         name="p",
         model=str(model_dir),
@@ -197,7 +197,7 @@ def test_intermediate_results_reach_the_study_through_ray_tune(tmp_path: Path, m
     )
     assert cfg.scheduler_name == "none"
     try:
-        _init_ray(None, 1)
+        init_ray(None, 1)
         [outcome] = run_study(cfg, progress=False)
     finally:
         ray.shutdown()

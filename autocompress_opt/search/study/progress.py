@@ -15,6 +15,9 @@ quality alone. Every result a study's trial sends carries :data:`STEP` and :data
 Tune's strict metric check wants the scheduler's metric in every result); the step counter never
 decreases within a trial.
 
+The driver shows them in one progress bar per target (:class:`ProgressBar`) and counts the trials
+evaluated (:func:`finished_trials`: COMPLETE or stopped early).
+
 No torch, no Ray: the driver reads results with it too.
 """
 
@@ -27,6 +30,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from autocompress_opt.search.study.records import trial_record
+
 __all__ = [
     "FALLBACK",
     "INFEASIBLE_PENALTY",
@@ -34,7 +39,9 @@ __all__ = [
     "SCORE",
     "STEP",
     "STOPPED_EARLY",
+    "ProgressBar",
     "TrialProgress",
+    "finished_trials",
     "is_stopped_early",
     "report",
     "reporting",
@@ -172,3 +179,83 @@ def report(progress: TrialProgress) -> None:
     reporter = _REPORTER.get()
     if reporter is not None:
         reporter(progress)
+
+
+class ProgressBar:
+    """One tqdm bar per target, one line: trials evaluated (COMPLETE or stopped early), feasible,
+    failed, stopped early, best feasible quality so far, and what each running trial is doing
+    (``trial 5: inner step 12/24, val KL 2.31``)."""
+
+    def __init__(self, desc: str, total: int, initial: int, enabled: bool, position: int | None = None):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(
+            total=total, initial=initial, desc=desc, disable=not enabled, unit="trial", leave=True, position=position
+        )
+        self.feasible, self.failed, self.stopped = 0, 0, 0
+        self.best: float | None = None
+        self.running: dict[int, str] = {}  # trial number -> what it last reported
+
+    def count_existing(self, study: Any) -> None:
+        """Start from the study's finished trials (a resumed study): feasible count, best quality,
+        trials stopped early."""
+        import optuna
+
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            record = trial_record(study.study_name, trial)
+            self.feasible += record.feasible
+            if record.feasible and record.quality is not None and (self.best is None or record.quality > self.best):
+                self.best = record.quality
+        self.stopped = finished_trials(study)[1]
+        if self.feasible or self.stopped:
+            self._post()
+
+    def text(self) -> str:
+        """The bar's postfix."""
+        best = "-" if self.best is None else f"{self.best:.3f}"
+        stopped = f", stopped early {self.stopped}" if self.stopped else ""
+        text = f"feasible {self.feasible}, failed {self.failed}{stopped}, best quality {best}"
+        running = "; ".join(f"trial {n}: {what}" for n, what in sorted(self.running.items()))
+        return text + (f" | {running}" if running else "")
+
+    def _post(self) -> None:
+        self.bar.set_postfix_str(self.text())
+
+    def update_running(self, number: int, what: str) -> None:
+        self.running[number] = what
+        self._post()
+
+    def update_complete(self, feasible: bool, quality: float, number: int | None = None) -> None:
+        if number is not None:
+            self.running.pop(number, None)
+        self.feasible += feasible
+        if feasible and (self.best is None or quality > self.best):
+            self.best = quality
+        self.bar.update(1)
+        self._post()
+
+    def update_pruned(self, number: int) -> None:
+        self.running.pop(number, None)
+        self.stopped += 1
+        self.bar.update(1)
+        self._post()
+
+    def update_fail(self, number: int | None = None) -> None:
+        if number is not None:
+            self.running.pop(number, None)
+        self.failed += 1
+        self._post()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def finished_trials(study: Any) -> tuple[int, int]:
+    """``(complete, stopped)``: the study's COMPLETE trials and those the scheduler stopped early
+    (:func:`~autocompress_opt.search.study.progress.is_stopped_early`); together, the trials evaluated,
+    which ``StudyConfig.trials`` counts."""
+    import optuna
+
+    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
+    complete = sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    return complete, sum(is_stopped_early(t) for t in trials)

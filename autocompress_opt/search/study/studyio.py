@@ -15,14 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.search.study.run import (
-    TrialRecord,
-    default_storage,
-    group_members,
-    load_records,
-    make_storage,
-    pareto_front,
-)
+from autocompress_opt.search.study.records import TrialRecord, pareto_front
+from autocompress_opt.search.study.storage import default_storage, group_members, load_records, make_storage
 from autocompress_opt.search.study.trials import quality_label
 
 __all__ = ["StudyView", "export_rows", "list_studies", "load_group", "quality_label_of", "rows_to_csv"]
