@@ -131,11 +131,14 @@ def _shrink_moves(layers: list[DiscreteLayer], v: _Values) -> list[_Move]:
     return moves
 
 
-def _grow_moves(layers: list[DiscreteLayer], v: _Values, parent: Architecture, sizes: torch.Tensor) -> list[_Move]:
-    """Every one-step addition the parent allows."""
+def _grow_moves(
+    layers: list[DiscreteLayer], v: _Values, parent: Architecture, sizes: Sequence[tuple[int, ...]]
+) -> list[_Move]:
+    """Every one-step addition the parent allows (``sizes``: the masks' KV groups, query heads per
+    group and FFN units of each layer)."""
     moves: list[_Move] = []
     for i, (d, p) in enumerate(zip(layers, parent.layers)):
-        g_n, r_n, u_n = (int(x) for x in sizes[i])
+        g_n, r_n, u_n = sizes[i]
         if p.ffn:
             if not d.ffn:
                 moves.append(("add-ffn", i, replace(d, ffn=True, ffn_units=1), v.ffn[i][0]))
@@ -202,17 +205,11 @@ class _Evaluator:
             self._window[i] if attn else FULL_WINDOW,
         )
 
-    def __call__(
-        self,
-        layers: Sequence[DiscreteLayer],
-        changes: Sequence[tuple[int, DiscreteLayer]] | None = None,
-        *,
-        feasible_only: bool = False,
-    ) -> np.ndarray:
-        """``(N, K)`` violations of ``layers`` with each of ``changes`` (layer, new state) applied on
-        its own, or ``(1, K)`` of ``layers`` as they are. ``feasible_only``: the goal is evaluated
-        only on rows within every budget; the others get ``+inf`` goal violations (they are
-        infeasible either way)."""
+    def pack(
+        self, layers: Sequence[DiscreteLayer], changes: Sequence[tuple[int, DiscreteLayer]] | None = None
+    ) -> _Packed:
+        """``layers`` with each of ``changes`` (layer, new state) applied on its own (``N`` rows), or
+        ``layers`` as they are (one row), packed, with their budget violations."""
         block = np.array([self.column(i, d) for i, d in enumerate(layers)]).T  # (7, L)
         if changes is None:
             rows = block[:, None, :]  # (7, 1, L)
@@ -220,8 +217,7 @@ class _Evaluator:
             rows = np.repeat(block[:, None, :], len(changes), axis=1)  # (7, N, L)
             where = np.array([i for i, _ in changes])
             rows[:, np.arange(len(changes)), where] = np.array([self.column(i, d) for i, d in changes]).T
-        per_layer = dict(zip(self._FIELDS, rows))  # each (N, L), C-contiguous
-        a = per_layer
+        a = dict(zip(self._FIELDS, rows))  # each (N, L), C-contiguous
         # sums of whole numbers: exact in float64, equal to budget.totals_of of each architecture
         totals = {
             "budget:num_layers": (a["attn"] + a["ffn"]).sum(-1) / 2,
@@ -229,22 +225,38 @@ class _Evaluator:
             "budget:num_heads": a["heads"].sum(-1),
             "budget:num_kv_heads": a["kv_heads"].sum(-1),
         }
-        budget = self.budget.violations(totals)
-        out = np.full((rows.shape[1], len(self.names)), np.inf)
-        for k, name in enumerate(budget):
-            out[:, k] = budget[name]
-        if self.goal is not None:
-            keep = np.all(out[:, : len(budget)] <= 0, axis=1) if feasible_only else np.ones(len(out), dtype=bool)
-            if keep.any():
-                n = int(keep.sum())
-                arrays = ArchArrays(
-                    **{k: np.full(n, v) for k, v in self._per_arch.items()},
-                    **{k: v if n == len(keep) else v[keep] for k, v in per_layer.items()},
-                )
-                goal = self.goal.violations(self.goal.metrics(arrays))
-                for k, name in enumerate(self.names[len(budget) :], start=len(budget)):
-                    out[keep, k] = np.asarray(goal[name], dtype=float).reshape(-1)
-        return out
+        return _Packed(a, np.stack(list(self.budget.violations(totals).values()), axis=1))
+
+    def goal_violations(self, packed: _Packed, rows: np.ndarray | None = None) -> np.ndarray:
+        """``(len(rows), K - B)`` goal violations of ``packed``'s ``rows`` (default all); ``(n, 0)``
+        without a goal. A row's values do not depend on the other rows evaluated with it."""
+        per_layer = packed.per_layer if rows is None else {k: v[rows] for k, v in packed.per_layer.items()}
+        n = len(per_layer["attn"])
+        if self.goal is None or n == 0:
+            return np.zeros((n, 0))
+        arrays = ArchArrays(**{k: np.full(n, v) for k, v in self._per_arch.items()}, **per_layer)
+        goal = self.goal.violations(self.goal.metrics(arrays))
+        return np.stack([np.asarray(goal[k], dtype=float).reshape(-1) for k in self.names[packed.n_budgets :]], 1)
+
+    def __call__(
+        self, layers: Sequence[DiscreteLayer], changes: Sequence[tuple[int, DiscreteLayer]] | None = None
+    ) -> np.ndarray:
+        """``(N, K)`` violations of :meth:`pack` ``(layers, changes)``: budgets, then the goal."""
+        packed = self.pack(layers, changes)
+        return np.concatenate([packed.budget, self.goal_violations(packed)], axis=1)
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """Candidate rows of :class:`_Evaluator`: the per-layer fields ``(N, L)`` and the budget
+    violations ``(N, B)``."""
+
+    per_layer: dict[str, np.ndarray]
+    budget: np.ndarray
+
+    @property
+    def n_budgets(self) -> int:
+        return int(self.budget.shape[1])
 
 
 @dataclass(frozen=True)
@@ -562,24 +574,59 @@ def _fill(
 ) -> tuple[list[DiscreteLayer], int]:
     """Greedy: add the unit with the most importance per unit of slack used while all constraints hold."""
     current = evaluate(layers)[0]
+    sizes = [tuple(int(x) for x in row) for row in masks.sizes.tolist()]
     moves, cap = 0, 8 * len(layers)
     while moves < cap:
-        candidates = (
-            _grow_moves(layers, values, masks.parent, masks.sizes)
-            if legal is None
-            else legal.grow_moves(layers, values)
-        )
+        if legal is None:
+            candidates = _grow_moves(layers, values, masks.parent, sizes)
+        else:
+            candidates = legal.grow_moves(layers, values)
         if not candidates:
             break
-        # a row over a budget is infeasible whatever the goal says, so the goal skips it
-        viol = evaluate(layers, [(c[1], c[2]) for c in candidates], feasible_only=True)
-        ok = np.all(viol <= 0, axis=1)
-        if not ok.any():
-            break
+        packed = evaluate.pack(layers, [(c[1], c[2]) for c in candidates])
         gained = np.array([c[3] for c in candidates])
-        used = np.maximum(viol - current[None, :], 0).sum(1)
-        score = np.where(ok, gained / np.maximum(used, 1e-12), -np.inf)
+        score, viol = _fill_scores(packed, gained, current, evaluate)
         best = int(np.argmax(score))
+        if score[best] == -np.inf:
+            break  # no candidate keeps every constraint
         layers, current = _applied(layers, candidates[best][1], candidates[best][2]), viol[best]
         moves += 1
     return layers, moves
+
+
+_FIRST_ROWS = 16  # candidates whose goal is evaluated first in a fill move; then twice as many each round
+
+
+def _fill_scores(
+    packed: _Packed, gained: np.ndarray, current: np.ndarray, evaluate: _Evaluator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each candidate's score ``gained / used`` (``used``: total rise of the violations; ``-inf``
+    where one is violated) and violations (``+inf`` goal columns where not evaluated), with the
+    goal evaluated only where it can decide the argmax.
+
+    The budget columns alone bound a score from above: ``used`` sums the rises of every column, the
+    budgets' first, and a rise is never negative. Candidates are evaluated in the order of their
+    bounds, and the rest skipped once the next bound is below the best exact score, so the argmax
+    (first index among equal maxima) is the one over every exact score. A row over a budget is
+    infeasible whatever the goal says and is never evaluated."""
+    nb = packed.n_budgets
+    n, k = len(gained), len(evaluate.names)
+    viol = np.full((n, k), np.inf)
+    viol[:, :nb] = packed.budget
+    score = np.full(n, -np.inf)
+    within = np.all(packed.budget <= 0, axis=1)
+    # (1 - 1e-9): the full sum of non-negative rises never falls below the budgets' share, rounding included
+    used_budgets = np.maximum(packed.budget - current[None, :nb], 0).sum(1) * (1 - 1e-9)
+    bound = np.where(gained >= 0, gained / np.maximum(used_budgets, 1e-12), 0.0)  # a loss scores <= 0
+    bound = np.where(within, bound, -np.inf)
+    order = np.argsort(-bound, kind="stable")
+    start, size, best = 0, _FIRST_ROWS, -np.inf
+    while start < n and bound[order[start]] > -np.inf and bound[order[start]] >= best:
+        rows = np.sort(order[start : start + size])
+        viol[rows, nb:] = evaluate.goal_violations(packed, rows)
+        ok = np.all(viol[rows] <= 0, axis=1)
+        used = np.maximum(viol[rows] - current[None, :], 0).sum(1)
+        score[rows] = np.where(ok, gained[rows] / np.maximum(used, 1e-12), -np.inf)
+        best = max(best, float(score[rows].max()))
+        start, size = start + size, 2 * size
+    return score, viol
