@@ -13,12 +13,14 @@ result is the uniform model of the trial's global choices on the layers the gate
 
 Every move changes one layer, so a move's candidates are scored as rows of packed cost-model arrays
 (:class:`_Evaluator`): the current layers' row repeated, the changed layer's column replaced, one
-numpy :func:`~autocompress_opt.serving.costmodel.estimate_batch` for all of them. No
-:class:`Architecture` is built per candidate: a move costs ``O(L)`` in Python and one
-``(candidates, L)`` array evaluation, where building and packing every candidate cost ``O(L²)``
-in Python (``benchmarks/bench_discretise.py``). The rows are exactly what
+numpy :func:`~autocompress_opt.serving.costmodel.estimate_batch` for the rows that need it. No
+:class:`Architecture` is built per candidate: a move costs ``O(L)`` in Python plus array work,
+where building and packing every candidate cost ``O(L²)`` in Python. The budgets are exact sums
+over the rows; a fill move evaluates the target's cost model only on the candidates whose
+budget-only bound can still win (:func:`_fill_scores`). The rows are exactly what
 ``ArchArrays.from_architectures`` packs for those architectures, so every violation, and every
-choice made from them, is the same.
+choice made from them, is the one the per-candidate architectures gave
+(``tests/search/test_discretise_equivalence.py``; timings: ``benchmarks/bench_discretise.py``).
 """
 
 from __future__ import annotations
