@@ -10,12 +10,24 @@ DeciLM readers), every attention layer keeps the trial's query heads (only the K
 ``kv_groups · q_per_group`` fixed), the first kept layer keeps its attention where the engine needs
 it, and where it loads no per-layer shapes for this parent (:attr:`ShapeRules.heterogeneous`) the
 result is the uniform model of the trial's global choices on the layers the gates rank highest.
+
+Every move changes one layer, so a move's candidates are scored as rows of packed cost-model arrays
+(:class:`_Evaluator`): the current layers' row repeated, the changed layer's column replaced, one
+numpy :func:`~autocompress_opt.serving.costmodel.estimate_batch` for the rows that need it. No
+:class:`Architecture` is built per candidate: a move costs ``O(L)`` in Python plus array work,
+where building and packing every candidate cost ``O(L²)`` in Python. The budgets are exact sums
+over the rows; a fill move evaluates the target's cost model only on the candidates whose
+budget-only bound can still win (:func:`_fill_scores`). The rows are exactly what
+``ArchArrays.from_architectures`` packs for those architectures, so every violation, and every
+choice made from them, is the one the per-candidate architectures gave
+(``tests/search/test_discretise_equivalence.py``; timings: ``benchmarks/bench_discretise.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from itertools import islice
 
 import numpy as np
 import torch
@@ -25,9 +37,9 @@ from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.export import decilm_problems
 from autocompress_opt.prune.importance import Importance, ranked
 from autocompress_opt.prune.loadability import ShapeRules
-from autocompress_opt.search.inner.budget import Budget, CostGoal, exact_violations, totals_of
+from autocompress_opt.search.inner.budget import Budget, CostGoal, exact_violations
 from autocompress_opt.search.inner.relaxation import DiscreteLayer, ParentMasks
-from autocompress_opt.serving.costmodel import ArchArrays
+from autocompress_opt.serving.costmodel import FULL_WINDOW, ArchArrays
 from autocompress_opt.serving.targets import all_satisfied
 
 __all__ = ["Discrete", "discretise", "shape_problems"]
@@ -77,15 +89,23 @@ def _ffn_value(v: _Values, i: int, d: DiscreteLayer) -> float:
     return sum(v.ffn[i][: d.ffn_units]) if d.ffn else 0.0
 
 
-def _shrink_moves(layers: list[DiscreteLayer], v: _Values) -> list[tuple[str, list[DiscreteLayer], float]]:
-    """Every one-step removal: (description, new layers, importance lost)."""
+# One move: (kind, layer index, the layer's new state, importance it loses or gains).
+_Move = tuple[str, int, DiscreteLayer, float]
+
+
+def _applied(layers: list[DiscreteLayer], i: int, new: DiscreteLayer) -> list[DiscreteLayer]:
+    return layers[:i] + [new] + layers[i + 1 :]
+
+
+def _shrink_moves(layers: list[DiscreteLayer], v: _Values) -> list[_Move]:
+    """Every one-step removal."""
     active = sum(d.attention or d.ffn for d in layers)
-    moves = []
+    moves: list[_Move] = []
 
     def add(name: str, i: int, new: DiscreteLayer, lost: float) -> None:
         if not (new.attention or new.ffn) and active <= 1:
             return  # keep at least one layer computing something
-        moves.append((f"{name}@{i}", layers[:i] + [new] + layers[i + 1 :], lost))
+        moves.append((name, i, new, lost))
 
     for i, d in enumerate(layers):
         if d.ffn:
@@ -114,56 +134,131 @@ def _shrink_moves(layers: list[DiscreteLayer], v: _Values) -> list[tuple[str, li
 
 
 def _grow_moves(
-    layers: list[DiscreteLayer], v: _Values, parent: Architecture, sizes: torch.Tensor
-) -> list[tuple[str, list[DiscreteLayer], float]]:
-    """Every one-step addition the parent allows: (description, new layers, importance gained)."""
-    moves = []
+    layers: list[DiscreteLayer], v: _Values, parent: Architecture, sizes: Sequence[tuple[int, ...]]
+) -> list[_Move]:
+    """Every one-step addition the parent allows (``sizes``: the masks' KV groups, query heads per
+    group and FFN units of each layer)."""
+    moves: list[_Move] = []
     for i, (d, p) in enumerate(zip(layers, parent.layers)):
-        g_n, r_n, u_n = (int(x) for x in sizes[i])
-
-        def add(name: str, new: DiscreteLayer, gained: float, i: int = i) -> None:
-            moves.append((f"{name}@{i}", layers[:i] + [new] + layers[i + 1 :], gained))
-
+        g_n, r_n, u_n = sizes[i]
         if p.ffn:
             if not d.ffn:
-                add("add-ffn", replace(d, ffn=True, ffn_units=1), v.ffn[i][0])
+                moves.append(("add-ffn", i, replace(d, ffn=True, ffn_units=1), v.ffn[i][0]))
             elif d.ffn_units < u_n:
-                add("ffn-unit", replace(d, ffn_units=d.ffn_units + 1), v.ffn[i][d.ffn_units])
+                moves.append(("ffn-unit", i, replace(d, ffn_units=d.ffn_units + 1), v.ffn[i][d.ffn_units]))
         if p.attention:
             if not d.attention:
                 r = max(1, min(d.q_per_group, r_n))
-                add("add-attn", replace(d, attention=True, kv_groups=1, q_per_group=r), sum(v.heads[i][0][:r]))
+                new = replace(d, attention=True, kv_groups=1, q_per_group=r)
+                moves.append(("add-attn", i, new, sum(v.heads[i][0][:r])))
             else:
                 if d.kv_groups < g_n:
-                    add(
-                        "kv-group", replace(d, kv_groups=d.kv_groups + 1), sum(v.heads[i][d.kv_groups][: d.q_per_group])
-                    )
+                    gained = sum(v.heads[i][d.kv_groups][: d.q_per_group])
+                    moves.append(("kv-group", i, replace(d, kv_groups=d.kv_groups + 1), gained))
                 if d.q_per_group < r_n:
-                    add(
-                        "q-head",
-                        replace(d, q_per_group=d.q_per_group + 1),
-                        sum(v.heads[i][g][d.q_per_group] for g in range(d.kv_groups)),
-                    )
+                    gained = sum(v.heads[i][g][d.q_per_group] for g in range(d.kv_groups))
+                    moves.append(("q-head", i, replace(d, q_per_group=d.q_per_group + 1), gained))
     return moves
 
 
 class _Evaluator:
-    """Violations of many candidate architectures at once (numpy :func:`estimate_batch`: the same
-    equations as :func:`estimate_cost`, which judges the final answer)."""
+    """Violations (the budgets', then the goal's, in :attr:`names` order) of the current layers and
+    of one-layer changes to them, by the numpy :func:`estimate_batch` (the same equations as
+    :func:`estimate_cost`, which judges the final answer).
+
+    A layer is packed as one column of the seven per-layer fields of :class:`ArchArrays` — exactly
+    what ``ArchArrays.from_architectures`` packs for that layer of ``masks.architecture(layers)`` —
+    so ``N`` candidates are the current ``(7, L)`` block repeated ``N`` times with one column each
+    replaced: ``O(N + L)`` Python, no :class:`Architecture` per candidate, and the same numbers
+    (hence the same violations, bit for bit) as packing every candidate's architecture."""
+
+    _FIELDS = ("attn", "heads", "kv_heads", "head_dim", "ffn", "ffn_width", "window")
 
     def __init__(self, masks: ParentMasks, budget: Budget, goal: CostGoal | None) -> None:
-        self.masks, self.budget, self.goal = masks, budget, goal
+        self.budget, self.goal = budget, goal
         self.names = list(budget.limits()) + (list(goal.violations(goal.parent_metrics)) if goal else [])
+        parent = masks.parent
+        self._ffn_unit = masks.ffn_unit
+        self._head_dim = [float(p.head_dim) for p in parent.layers]
+        self._window = [float(p.window or FULL_WINDOW) for p in parent.layers]
+        # the per-architecture fields of masks.architecture(...): the parent's, at the trial's hidden size
+        self._per_arch = {
+            "vocab": float(parent.vocab_size),
+            "hidden": float(masks.hidden_size),
+            "tied": float(parent.tie_embeddings),
+            "qkv_bias": float(parent.qkv_bias),
+            "o_bias": float(parent.o_bias),
+            "mlp_bias": float(parent.mlp_bias),
+            "qk_norm": float(parent.qk_norm),
+        }
 
-    def __call__(self, candidates: Sequence[list[DiscreteLayer]]) -> np.ndarray:
-        archs = [self.masks.architecture(c) for c in candidates]
-        rows = [self.budget.violations(totals_of(a)) for a in archs]
-        if self.goal is not None:
-            metrics = self.goal.metrics(ArchArrays.from_architectures(archs))
-            for n, row in enumerate(rows):
-                one = {k: float(np.asarray(m).reshape(-1)[n]) for k, m in metrics.items()}
-                row.update(self.goal.violations(one))
-        return np.array([[float(r[k]) for k in self.names] for r in rows])  # (N, K)
+    def column(self, i: int, d: DiscreteLayer) -> tuple[float, ...]:
+        """Layer ``i`` in state ``d`` as :data:`_FIELDS` (:meth:`ParentMasks.architecture`'s rules:
+        a sub-block needs one unit; a dropped attention has no heads, head size or window)."""
+        attn = d.attention and d.kv_groups >= 1 and d.q_per_group >= 1
+        ffn = d.ffn and d.ffn_units >= 1
+        return (
+            float(attn),
+            float(d.kv_groups * d.q_per_group) if attn else 0.0,
+            float(d.kv_groups) if attn else 0.0,
+            self._head_dim[i] if attn else 0.0,
+            float(ffn),
+            float(d.ffn_units * self._ffn_unit) if ffn else 0.0,
+            self._window[i] if attn else FULL_WINDOW,
+        )
+
+    def pack(
+        self, layers: Sequence[DiscreteLayer], changes: Sequence[tuple[int, DiscreteLayer]] | None = None
+    ) -> _Packed:
+        """``layers`` with each of ``changes`` (layer, new state) applied on its own (``N`` rows), or
+        ``layers`` as they are (one row), packed, with their budget violations."""
+        block = np.array([self.column(i, d) for i, d in enumerate(layers)]).T  # (7, L)
+        if changes is None:
+            rows = block[:, None, :]  # (7, 1, L)
+        else:
+            rows = np.repeat(block[:, None, :], len(changes), axis=1)  # (7, N, L)
+            where = np.array([i for i, _ in changes])
+            rows[:, np.arange(len(changes)), where] = np.array([self.column(i, d) for i, d in changes]).T
+        a = dict(zip(self._FIELDS, rows))  # each (N, L), C-contiguous
+        # sums of whole numbers: exact in float64, equal to budget.totals_of of each architecture
+        totals = {
+            "budget:num_layers": (a["attn"] + a["ffn"]).sum(-1) / 2,
+            "budget:ffn_width": a["ffn_width"].sum(-1),
+            "budget:num_heads": a["heads"].sum(-1),
+            "budget:num_kv_heads": a["kv_heads"].sum(-1),
+        }
+        return _Packed(a, np.stack(list(self.budget.violations(totals).values()), axis=1))
+
+    def goal_violations(self, packed: _Packed, rows: np.ndarray | None = None) -> np.ndarray:
+        """``(len(rows), K - B)`` goal violations of ``packed``'s ``rows`` (default all); ``(n, 0)``
+        without a goal. A row's values do not depend on the other rows evaluated with it."""
+        per_layer = packed.per_layer if rows is None else {k: v[rows] for k, v in packed.per_layer.items()}
+        n = len(per_layer["attn"])
+        if self.goal is None or n == 0:
+            return np.zeros((n, 0))
+        arrays = ArchArrays(**{k: np.full(n, v) for k, v in self._per_arch.items()}, **per_layer)
+        goal = self.goal.violations(self.goal.metrics(arrays))
+        return np.stack([np.asarray(goal[k], dtype=float).reshape(-1) for k in self.names[packed.n_budgets :]], 1)
+
+    def __call__(
+        self, layers: Sequence[DiscreteLayer], changes: Sequence[tuple[int, DiscreteLayer]] | None = None
+    ) -> np.ndarray:
+        """``(N, K)`` violations of :meth:`pack` ``(layers, changes)``: budgets, then the goal."""
+        packed = self.pack(layers, changes)
+        return np.concatenate([packed.budget, self.goal_violations(packed)], axis=1)
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """Candidate rows of :class:`_Evaluator`: the per-layer fields ``(N, L)`` and the budget
+    violations ``(N, B)``."""
+
+    per_layer: dict[str, np.ndarray]
+    budget: np.ndarray
+
+    @property
+    def n_budgets(self) -> int:
+        return int(self.budget.shape[1])
 
 
 @dataclass(frozen=True)
@@ -199,7 +294,7 @@ def discretise(
     evaluate = _Evaluator(masks, budget, goal)
     layers, repaired = _repair(layers, values, evaluate, legal)
     filled = 0
-    if fill and np.all(evaluate([layers])[0] <= 0):
+    if fill and np.all(evaluate(layers)[0] <= 0):
         layers, filled = _fill(layers, values, evaluate, masks, legal)
     arch = masks.architecture(layers)
     if rules is not None and shape_problems(arch, rules):  # never expected: the moves keep the rules
@@ -314,17 +409,32 @@ class _Legal:
                 out[i] = replace(d, ffn=False)
         return out
 
-    def shrink_moves(self, layers: list[DiscreteLayer], v: _Values) -> list[tuple[str, list[DiscreteLayer], float]]:
+    def keeps_first(self, layers: list[DiscreteLayer]) -> Callable[[int, DiscreteLayer], bool]:
+        """Whether ``layers`` with layer ``i`` set to ``new`` is :meth:`ok`, as a test of ``(i, new)``
+        in ``O(1)``: only the first two computing layers of ``layers`` can become the first."""
+        if not self.rules.first_layer_attention:
+            return lambda i, new: True
+        first = list(islice((j for j, d in enumerate(layers) if d.attention or d.ffn), 2)) + [len(layers)] * 2
+
+        def ok(i: int, new: DiscreteLayer) -> bool:
+            if i <= first[0] and (new.attention or new.ffn):
+                return new.attention  # the changed layer computes first
+            j = first[1] if i == first[0] else first[0]  # the change drops the first, or is after it
+            return j >= len(layers) or layers[j].attention
+
+        return ok
+
+    def shrink_moves(self, layers: list[DiscreteLayer], v: _Values) -> list[_Move]:
         """Every legal one-step removal (:func:`_shrink_moves` in legal steps)."""
         active = sum(d.attention or d.ffn for d in layers)
-        moves = []
+        ok = self.keeps_first(layers)
+        moves: list[_Move] = []
 
         def add(name: str, i: int, new: DiscreteLayer, lost: float) -> None:
             if not (new.attention or new.ffn) and active <= 1:
                 return
-            changed = layers[:i] + [new] + layers[i + 1 :]
-            if self.ok(changed):
-                moves.append((f"{name}@{i}", changed, lost))
+            if ok(i, new):
+                moves.append((name, i, new, lost))
 
         for i, d in enumerate(layers):
             if d.ffn:
@@ -342,15 +452,15 @@ class _Legal:
                 add("drop-layer", i, replace(d, attention=False, ffn=False), _attn_value(v, i, d) + _ffn_value(v, i, d))
         return moves
 
-    def grow_moves(self, layers: list[DiscreteLayer], v: _Values) -> list[tuple[str, list[DiscreteLayer], float]]:
+    def grow_moves(self, layers: list[DiscreteLayer], v: _Values) -> list[_Move]:
         """Every legal one-step addition the parent allows (:func:`_grow_moves` in legal steps)."""
-        moves = []
+        ok = self.keeps_first(layers)
+        moves: list[_Move] = []
         for i, (d, p) in enumerate(zip(layers, self.parent.layers)):
 
             def add(name: str, new: DiscreteLayer, gained: float, i: int = i) -> None:
-                changed = layers[:i] + [new] + layers[i + 1 :]
-                if self.ok(changed):
-                    moves.append((f"{name}@{i}", changed, gained))
+                if ok(i, new):
+                    moves.append((name, i, new, gained))
 
             if p.ffn and self.ffn_max[i] >= self.ffn_step:
                 if not d.ffn:
@@ -409,14 +519,14 @@ def _repair(
     (``1 + 8·excess`` of them, at most :data:`_BATCH_MOVES`), so a far-off start does not cost one
     cost-model sweep per unit; near the boundary it is one unit at a time.
     """
-    current = evaluate([layers])[0]
+    current = evaluate(layers)[0]
     moves = 0
     while np.any(current > 0):
         candidates = _shrink_moves(layers, values) if legal is None else legal.shrink_moves(layers, values)
         if not candidates:
             break  # nothing left to remove: infeasible
-        viol = evaluate([c[1] for c in candidates])  # (N, K)
-        lost = np.array([c[2] for c in candidates]) + 1e-12
+        viol = evaluate(layers, [(c[1], c[2]) for c in candidates])  # (N, K)
+        lost = np.array([c[3] for c in candidates]) + 1e-12
         over = current > 0
         gain = np.maximum(current, 0).sum() - np.maximum(viol, 0).sum(1)
         if np.any(gain > 1e-12):
@@ -431,18 +541,18 @@ def _repair(
         if batch > 1:
             combined, applied = _combine(layers, candidates, np.argsort(score, kind="stable"), score, batch)
             if applied > 1 and (legal is None or legal.ok(combined)):
-                after = evaluate([combined])[0]
+                after = evaluate(combined)[0]
                 if np.maximum(after, 0).sum() < np.maximum(viol[best], 0).sum():
                     layers, current, moves = combined, after, moves + applied
                     continue
-        layers, current = candidates[best][1], viol[best]
+        layers, current = _applied(layers, candidates[best][1], candidates[best][2]), viol[best]
         moves += 1
     return layers, moves
 
 
 def _combine(
     layers: list[DiscreteLayer],
-    candidates: list[tuple[str, list[DiscreteLayer], float]],
+    candidates: list[_Move],
     order: np.ndarray,
     score: np.ndarray,
     limit: int,
@@ -452,10 +562,10 @@ def _combine(
     for j in order:
         if len(touched) >= limit or not np.isfinite(score[j]):
             break
-        i = int(candidates[j][0].rsplit("@", 1)[1])
+        _, i, new, _ = candidates[j]
         if i not in touched:
             touched.add(i)
-            combined[i] = candidates[j][1][i]
+            combined[i] = new
     if not any(d.attention or d.ffn for d in combined):
         return layers, 0  # never remove the last computing layer
     return combined, len(touched)
@@ -465,24 +575,60 @@ def _fill(
     layers: list[DiscreteLayer], values: _Values, evaluate: _Evaluator, masks: ParentMasks, legal: _Legal | None = None
 ) -> tuple[list[DiscreteLayer], int]:
     """Greedy: add the unit with the most importance per unit of slack used while all constraints hold."""
-    current = evaluate([layers])[0]
+    current = evaluate(layers)[0]
+    sizes = [tuple(int(x) for x in row) for row in masks.sizes.tolist()]
     moves, cap = 0, 8 * len(layers)
     while moves < cap:
-        candidates = (
-            _grow_moves(layers, values, masks.parent, masks.sizes)
-            if legal is None
-            else legal.grow_moves(layers, values)
-        )
+        if legal is None:
+            candidates = _grow_moves(layers, values, masks.parent, sizes)
+        else:
+            candidates = legal.grow_moves(layers, values)
         if not candidates:
             break
-        viol = evaluate([c[1] for c in candidates])
-        ok = np.all(viol <= 0, axis=1)
-        if not ok.any():
-            break
-        gained = np.array([c[2] for c in candidates])
-        used = np.maximum(viol - current[None, :], 0).sum(1)
-        score = np.where(ok, gained / np.maximum(used, 1e-12), -np.inf)
+        packed = evaluate.pack(layers, [(c[1], c[2]) for c in candidates])
+        gained = np.array([c[3] for c in candidates])
+        score, viol = _fill_scores(packed, gained, current, evaluate)
         best = int(np.argmax(score))
-        layers, current = candidates[best][1], viol[best]
+        if score[best] == -np.inf:
+            break  # no candidate keeps every constraint
+        layers, current = _applied(layers, candidates[best][1], candidates[best][2]), viol[best]
         moves += 1
     return layers, moves
+
+
+_FIRST_ROWS = 16  # candidates whose goal is evaluated first in a fill move; then twice as many each round
+
+
+def _fill_scores(
+    packed: _Packed, gained: np.ndarray, current: np.ndarray, evaluate: _Evaluator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each candidate's score ``gained / used`` (``used``: total rise of the violations; ``-inf``
+    where one is violated) and violations (``+inf`` goal columns where not evaluated), with the
+    goal evaluated only where it can decide the argmax.
+
+    The budget columns alone bound a score from above: ``used`` sums the rises of every column, the
+    budgets' first, and a rise is never negative. Candidates are evaluated in the order of their
+    bounds, and the rest skipped once the next bound is below the best exact score, so the argmax
+    (first index among equal maxima) is the one over every exact score. A row over a budget is
+    infeasible whatever the goal says and is never evaluated."""
+    nb = packed.n_budgets
+    n, k = len(gained), len(evaluate.names)
+    viol = np.full((n, k), np.inf)
+    viol[:, :nb] = packed.budget
+    score = np.full(n, -np.inf)
+    within = np.all(packed.budget <= 0, axis=1)
+    # (1 - 1e-9): the full sum of non-negative rises never falls below the budgets' share, rounding included
+    used_budgets = np.maximum(packed.budget - current[None, :nb], 0).sum(1) * (1 - 1e-9)
+    bound = np.where(gained >= 0, gained / np.maximum(used_budgets, 1e-12), 0.0)  # a loss scores <= 0
+    bound = np.where(within, bound, -np.inf)
+    order = np.argsort(-bound, kind="stable")
+    start, size, best = 0, _FIRST_ROWS, -np.inf
+    while start < n and bound[order[start]] > -np.inf and bound[order[start]] >= best:
+        rows = np.sort(order[start : start + size])
+        viol[rows, nb:] = evaluate.goal_violations(packed, rows)
+        ok = np.all(viol[rows] <= 0, axis=1)
+        used = np.maximum(viol[rows] - current[None, :], 0).sum(1)
+        score[rows] = np.where(ok, gained[rows] / np.maximum(used, 1e-12), -np.inf)
+        best = max(best, float(score[rows].max()))
+        start, size = start + size, 2 * size
+    return score, viol

@@ -1,0 +1,155 @@
+"""Discretisation (round, repair, fill) of one inner search at 30, 80 and 126 layers, old vs new.
+
+The parent is Llama-3.1-70B-shaped (hidden 8192; 64 query heads of 128 channels in 8 KV groups;
+FFN 28672, i.e. 448 units of 64; vocabulary 128256) at 30, 80 (Llama-3.1-70B itself) and 126
+(Llama-3.1-405B's depth) layers, architecture only: random importance scores and random masks,
+as the tests build them. The trial's global choices bind (three quarters of the layers, FFN 16384,
+4 KV groups of 8 query heads) and so does a latency limit (vLLM on 8 H100s, ``tpot_ms <= 0.6x``).
+Each depth is timed by the code under test and by the implementation before moves were scored
+on packed rows (commit :data:`OLD_COMMIT`, extracted with ``git archive``), each in its own
+process (``--worker``); the architectures and move counts both return are compared.
+Writes ``results/discretise.json``: per depth the median seconds (old, new), their ratio and
+whether the outputs are identical.
+
+    .venv/bin/python benchmarks/bench_discretise.py              # about 10 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_discretise.py --depths 30  # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _util import provenance, write
+
+ROOT = Path(__file__).resolve().parent.parent
+OLD_COMMIT = "c4314df15d4567258e574f6b9260e912b7fb13c7"  # discretise building an Architecture per candidate
+DEPTHS = (30, 80, 126)
+TARGET_S = 2.0  # the goal: one discretisation of a 126-layer parent within 2 s on 2 cores
+
+
+def _case(depth: int, seed: int = 0) -> tuple[Any, ...]:
+    """(masks, importance, budget, goal) of a synthetic Llama-3.1-70B-shaped parent (module doc)."""
+    import torch
+
+    from autocompress_opt.arch.architecture import Architecture, LayerSpec
+    from autocompress_opt.prune.importance import Importance, ImportanceMeta
+    from autocompress_opt.search.inner.budget import Budget, CostGoal
+    from autocompress_opt.search.inner.relaxation import ParentMasks
+    from autocompress_opt.serving.targets import Target
+
+    layer = LayerSpec(True, 64, 8, 128, True, 28672)
+    parent = Architecture(family="llama", vocab_size=128256, hidden_size=8192, layers=(layer,) * depth, name="synth")
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(n: int) -> torch.Tensor:
+        return torch.rand(n, generator=gen, dtype=torch.float64)
+
+    importance = Importance(
+        parent,
+        tuple(rand(s.num_heads) for s in parent.layers),
+        tuple(rand(s.num_kv_heads) for s in parent.layers),
+        tuple(rand(s.ffn_width) for s in parent.layers),
+        rand(parent.hidden_size),
+        rand(depth),
+        rand(depth),
+        ImportanceMeta("synthetic", "none", "minitron", 1, 1, 1),
+    )
+    masks = ParentMasks(parent, importance, hidden_size=parent.hidden_size)
+    with torch.no_grad():
+        for p in (masks.kv_keep, masks.q_keep, masks.ffn_keep):
+            p.copy_(torch.rand(depth, generator=gen))
+        masks.attn_log_alpha.copy_(torch.randn(depth, generator=gen) * 3)
+        masks.ffn_log_alpha.copy_(torch.randn(depth, generator=gen) * 3)
+    budget = Budget(num_layers=depth * 3 // 4, hidden_size=8192, ffn_width=16384, num_kv_heads=4, q_per_kv=8)
+    goal = CostGoal.for_target(Target("h100-sxm", "datacenter", tp=8, constraints={"tpot_ms": "0.6x"}), parent)
+    return masks, importance, budget, goal
+
+
+def worker(depth: int, repeats: int) -> dict[str, Any]:
+    """Time ``repeats`` discretisations of the ``depth``-layer case with whatever
+    ``autocompress_opt`` this process imports; the result's layers and moves."""
+    from autocompress_opt.search.inner.discretise import discretise
+
+    masks, importance, budget, goal = _case(depth)
+    seconds, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = discretise(masks, importance, budget, goal)
+        seconds.append(time.perf_counter() - start)
+    assert out is not None
+    layers = [[s.num_heads, s.num_kv_heads, s.ffn_width] for s in out.architecture.layers]
+    return {"seconds": seconds, "layers": layers, "moves": out.moves, "feasible": out.feasible}
+
+
+def _run(code: Path, depth: int, repeats: int) -> dict[str, Any]:
+    """:func:`worker` in a fresh process importing the package from ``code``."""
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    cmd = [sys.executable, __file__, "--worker", str(depth), "--repeats", str(repeats)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=code)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(depths: list[int], repeats: int, old_repeats: int) -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp)
+        archive = subprocess.run(["git", "archive", OLD_COMMIT, "autocompress_opt"], cwd=ROOT, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+        for depth in depths:
+            new = _run(ROOT, depth, repeats)
+            # the old code is timed fewer times beyond 30 layers: minutes per run
+            before = _run(old, depth, old_repeats if depth > 30 else repeats)
+            old_s, new_s = statistics.median(before["seconds"]), statistics.median(new["seconds"])
+            identical = all(before[k] == new[k] for k in ("layers", "moves", "feasible"))
+            rows.append(
+                {
+                    "depth": depth,
+                    "old_s": round(old_s, 4),
+                    "new_s": round(new_s, 4),
+                    "ratio": round(old_s / new_s, 2),
+                    "identical": identical,
+                    "moves": new["moves"],
+                    "feasible": new["feasible"],
+                    "old_runs": len(before["seconds"]),
+                    "new_runs": len(new["seconds"]),
+                }
+            )
+            print(
+                f"{depth:4d} layers: old {old_s:8.2f} s  new {new_s:6.3f} s  x{old_s / new_s:7.1f}  "
+                f"identical={identical}  moves={new['moves']}",
+                flush=True,
+            )
+    write(
+        "discretise",
+        {
+            "case": "Llama-3.1-70B-shaped parent, random masks; budgets 3/4 layers, FFN 16384, 4x8 heads; "
+            "vLLM on 8 H100 (datacenter, tpot_ms <= 0.6x)",
+            "target_s_at_126": TARGET_S,
+            "old_code": OLD_COMMIT,
+            "provenance": provenance(masks=0),
+            "depths": rows,
+        },
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--depths", type=int, nargs="+", default=list(DEPTHS))
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of the new code (median)")
+    parser.add_argument("--old-repeats", type=int, default=1, help="timed runs of the old code beyond 30 layers")
+    parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        print(json.dumps(worker(args.worker, args.repeats)))
+    else:
+        main(args.depths, args.repeats, args.old_repeats)

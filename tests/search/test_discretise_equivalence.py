@@ -1,0 +1,154 @@
+"""Discretisation returns exactly what it returned before it scored moves on packed rows.
+
+``discretise_golden.json`` holds, for every case of :func:`cases`, the architecture and move counts
+the earlier implementation returned (the one that built an ``Architecture`` per candidate move and
+packed it with ``ArchArrays.from_architectures``; commit c4314df). The cases are random parents and
+masks at several depths, budgets that bind in each way (the per-layer budgets, a latency limit, a
+memory limit, both kinds at once), with and without a serving engine's shape rules. Regenerate the
+file only from that implementation: ``PYTHONPATH=<checkout of c4314df> python
+tests/search/test_discretise_equivalence.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from autocompress_opt.arch.architecture import Architecture, LayerSpec
+from autocompress_opt.prune.importance import Importance, ImportanceMeta
+from autocompress_opt.prune.loadability import shape_rules
+from autocompress_opt.search.inner.budget import Budget, CostGoal
+from autocompress_opt.search.inner.discretise import discretise
+from autocompress_opt.search.inner.relaxation import ParentMasks
+from autocompress_opt.serving.targets import Target
+
+GOLDEN = Path(__file__).with_name("discretise_golden.json")
+
+
+@dataclass(frozen=True)
+class Case:
+    parent: str  # "dense" or "mixed" (see _parent)
+    depth: int
+    binds: str  # "budget", "latency", "memory" or "both"
+    rules: str | None  # a serving engine whose shape rules apply, or None
+    full: bool  # masks that keep most of the parent (repair works hard) or anything (fill does)
+    seed: int
+
+    @property
+    def name(self) -> str:
+        start = "full" if self.full else "random"
+        return f"{self.parent}-{self.depth}-{self.binds}-{self.rules or 'free'}-{start}-{self.seed}"
+
+
+def cases() -> Iterator[Case]:
+    for depth in (6, 12, 24):
+        for binds in ("budget", "latency", "memory", "both"):
+            for full in (False, True):
+                yield Case("mixed", depth, binds, None, full, depth)
+                yield Case("dense", depth, binds, "vllm" if full else "llamacpp", full, depth + 2)
+            yield Case("dense", depth, binds, None, False, depth + 1)
+
+
+def _parent(kind: str, depth: int) -> Architecture:
+    """``dense``: 8 query heads of 32 channels in 4 KV groups and FFN 1024 in every layer (room for
+    DeciLM's 256-channel rules). ``mixed``: FFN widths 512/768/1024, GQA of 2 or 4 KV groups,
+    every third layer sliding (window 96), an attention-free layer, QKV biases, tied embeddings."""
+    if kind == "dense":
+        layer = LayerSpec(True, 8, 4, 32, True, 1024)
+        return Architecture(family="llama", vocab_size=512, hidden_size=256, layers=(layer,) * depth, name="dense")
+    layers = []
+    for i in range(depth):
+        kv = 2 if i % 2 else 4
+        window = 96 if i % 3 == 2 else None
+        layers.append(LayerSpec(i != 1, 8, kv, 32, True, (512, 768, 1024)[i % 3], window))
+    return Architecture(
+        family="llama",
+        vocab_size=512,
+        hidden_size=256,
+        layers=tuple(layers),
+        tie_embeddings=True,
+        qkv_bias=True,
+        name="mixed",
+    )
+
+
+def _masks(parent: Architecture, seed: int, full: bool) -> tuple[ParentMasks, Importance]:
+    """Random importance and random masks: rounding lands anywhere, often far off the budgets
+    (``full``: most gates open and widths over half the parent's)."""
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda n: torch.rand(n, generator=gen, dtype=torch.float64)
+    n = parent.num_layers
+    specs = parent.layers
+    importance = Importance(
+        parent,
+        tuple(rand(s.num_heads) if s.attention else None for s in specs),
+        tuple(rand(s.num_kv_heads) if s.attention else None for s in specs),
+        tuple(rand(s.ffn_width) for s in specs),
+        rand(parent.hidden_size),
+        rand(n),
+        rand(n),
+        ImportanceMeta("synthetic", "none", "minitron", 1, 1, 1),
+    )
+    masks = ParentMasks(parent, importance, hidden_size=parent.hidden_size)
+    with torch.no_grad():
+        for p in (masks.kv_keep, masks.q_keep, masks.ffn_keep):
+            p.copy_(torch.rand(n, generator=gen) / (2 if full else 1) + (0.5 if full else 0.0))
+        for p in (masks.attn_log_alpha, masks.ffn_log_alpha):
+            p.copy_(torch.randn(n, generator=gen) * 3 + (4.0 if full else 0.0))
+    return masks, importance
+
+
+# The limits of each kind, relative to the parent (the budgets in layer equivalents and widths).
+_LATENCY = Target("h100-sxm", "datacenter", constraints={"tpot_ms": "0.75x"})
+_MEMORY = Target("rtx5070", "local-coding", constraints={"peak_memory_gib": "0.7x", "ttft_ms": "5x", "tpot_ms": "5x"})
+
+
+def run(case: Case) -> dict[str, Any]:
+    """What :func:`discretise` returns for ``case``: per layer (query heads, KV heads, FFN width),
+    0 where dropped; the move counts; feasibility."""
+    parent = _parent(case.parent, case.depth)
+    masks, importance = _masks(parent, case.seed, case.full)
+    loose = Budget.of(parent)
+    tight = Budget(num_layers=case.depth * 2 // 3, hidden_size=256, ffn_width=512, num_kv_heads=2, q_per_kv=2)
+    budget = tight if case.binds in ("budget", "both") else loose
+    target = {"budget": None, "latency": _LATENCY, "memory": _MEMORY, "both": _LATENCY}[case.binds]
+    goal = CostGoal.for_target(target, parent) if target else None
+    rules = None
+    if case.rules:
+        heads = budget.num_kv_heads * budget.q_per_kv if budget is tight else 8
+        rules = shape_rules(case.rules, parent, hidden_size=256, query_heads=heads)
+    out = discretise(masks, importance, budget, goal, rules=rules)
+    layers = [[s.num_heads, s.num_kv_heads, s.ffn_width] for s in out.architecture.layers]
+    return {"layers": layers, "moves": out.moves, "feasible": out.feasible}
+
+
+def _golden() -> dict[str, Any]:
+    return json.loads(GOLDEN.read_text())
+
+
+def test_the_golden_file_covers_every_case_and_every_way_of_binding() -> None:
+    golden = _golden()
+    assert sorted(golden) == sorted(c.name for c in cases())
+    # the cases exercise repair and fill, feasible and not, under each kind of limit
+    assert sum(g["moves"]["repair"] > 0 for g in golden.values()) >= 10
+    assert sum(g["moves"]["fill"] > 0 for g in golden.values()) >= 10
+    for binds in ("budget", "latency", "memory", "both"):
+        assert any(g["moves"]["repair"] > 0 for name, g in golden.items() if f"-{binds}-" in name), binds
+
+
+@pytest.mark.parametrize("case", list(cases()), ids=lambda c: c.name)
+def test_discretise_returns_the_golden_architecture_and_moves(case: Case) -> None:
+    assert run(case) == _golden()[case.name]
+
+
+if __name__ == "__main__":  # regenerate from the reference implementation (module doc)
+    results = {case.name: run(case) for case in cases()}
+    GOLDEN.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(results)} cases to {GOLDEN}", file=sys.stderr)
