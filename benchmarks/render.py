@@ -369,6 +369,26 @@ def performance() -> str:
     return table(["what", "result", "reproduce"], rows)
 
 
+def discretise() -> str:
+    """The inner search's discretisation at three parent depths, the code before and after in one run."""
+    s = need("discretise")
+    rows = [
+        [
+            d["depth"],
+            f"{d['old_s']:.2f} s ({d['old_runs']} run{'s' if d['old_runs'] > 1 else ''})",
+            f"{d['new_s']:.2f} s (median of {d['new_runs']})",
+            f"{d['ratio']:.1f}×",
+            "yes" if d["identical"] else "**no**",
+            f"{d['moves']['repair']} / {d['moves']['fill']}",
+        ]
+        for d in s["depths"]
+    ]
+    return (
+        f"{s['case']}; {s['machine']['cpus']} CPU cores; target ≤ {s['target_s_at_126']:g} s at 126 layers.\n\n"
+        + table(["layers", "before", "after", "speed-up", "same architecture", "repair / fill moves"], rows)
+    )
+
+
 # ------------------------------------------------------------------------------------- demo
 def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
@@ -433,6 +453,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "engine-calibration": engine_calibration,
     "cpu-calibration": cpu_calibration,
     "performance": performance,
+    "discretise": discretise,
     "demo": demo,
     "demo-line": demo_line,
 }
