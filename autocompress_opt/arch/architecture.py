@@ -339,7 +339,7 @@ class Architecture:
             if problem is None and family(self.family).architecture_only:
                 problem = f"{self.family} layers"
             self._cache["dense_problem"] = problem
-        return self._cache["dense_problem"]  # type: ignore[no-any-return]
+        return self._cache["dense_problem"]
 
     def require_dense(self, action: str) -> None:
         """Raise :class:`ConfigError` when :meth:`dense_problem` finds something ``action`` (e.g.
@@ -580,12 +580,9 @@ class Architecture:
                 f"{suggest(model_type, names)}; supported: {', '.join(names)}"
             )
         if fam.config_reader is not None:  # experts / Mamba-2 / per-layer kinds
-            data = read_config(cfg, fam)
-            return cls(
-                **{**data, "layers": tuple(LayerSpec(**layer) for layer in data["layers"])},
-                name=name or str(cfg.get("_name_or_path", "") or ""),
-                **config_biases(cfg, fam.name),
-            )
+            data: dict[str, Any] = {**read_config(cfg, fam), **config_biases(cfg, fam.name)}
+            data["layers"] = tuple(LayerSpec(**layer) for layer in data["layers"])
+            return cls(**data, name=name or str(cfg.get("_name_or_path", "") or ""))
         required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
         missing = [k for k in required if cfg.get(k) is None]
         if missing:

@@ -124,26 +124,26 @@ class _Config:
             cfg = {**dict.fromkeys(_EXPERT_COUNT_KEYS, next(iter(present.values()))), **cfg}
         self.cfg, self.fam, self.defaults = cfg, fam, DEFAULTS.get(fam.name, {})
 
-    def int(self, key: str, *, null: int | None = None, absent: int | None = None, minimum: int = 1) -> int:
+    def size(self, key: str, *, null: int | None = None, absent: int | None = None, minimum: int = 1) -> int:
         """``cfg[key]`` (the class default when absent), a positive int (``minimum=0`` allows 0)."""
         value = self.cfg.get(key, self.defaults.get(key) if absent is None else absent)
         value = null if value is None else value
         where = f"{self.fam.name} config {key}"
         return check_int(value, where, minimum, maximum=MAX_LAYERS if key.endswith("layers") else None)
 
-    def bool(self, key: str, default: bool) -> bool:
+    def flag(self, key: str, default: bool) -> bool:
         value = self.cfg.get(key)
         return default if value is None else check_bool(value, f"{self.fam.name} config {key}")
 
     def attention(self) -> dict[str, int]:
         """Heads, KV heads and head size of an attention layer (head_dim: the config's, else the
         family's default, else hidden / heads, as each modeling file does)."""
-        heads, hidden = self.int("num_attention_heads"), self.int("hidden_size")
+        heads, hidden = self.size("num_attention_heads"), self.size("hidden_size")
         fam = self.fam
         return dict(
             num_heads=heads,
-            num_kv_heads=self.int("num_key_value_heads", null=heads, absent=fam.default_kv_heads or heads),
-            head_dim=self.int("head_dim", null=hidden // heads or None, absent=fam.default_head_dim or hidden // heads),
+            num_kv_heads=self.size("num_key_value_heads", null=heads, absent=fam.default_kv_heads or heads),
+            head_dim=self.size("head_dim", null=hidden // heads, absent=fam.default_head_dim or hidden // heads),
         )
 
 
@@ -151,13 +151,13 @@ def _architecture(c: _Config, layers: Sequence[Layer]) -> dict[str, Any]:
     """Architecture keyword arguments (its bias flags are the caller's: ``config_biases``)."""
     max_context = c.cfg.get("max_position_embeddings")
     return dict(
-        vocab_size=c.int("vocab_size"),
-        hidden_size=c.int("hidden_size"),
+        vocab_size=c.size("vocab_size"),
+        hidden_size=c.size("hidden_size"),
         layers=list(layers),
-        tie_embeddings=c.bool("tie_word_embeddings", c.fam.default_tied),
+        tie_embeddings=c.flag("tie_word_embeddings", c.fam.default_tied),
         family=c.fam.name,
         qk_norm=c.fam.qk_norm,
-        max_context=None if max_context is None else c.int("max_position_embeddings"),
+        max_context=None if max_context is None else c.size("max_position_embeddings"),
     )
 
 
@@ -168,38 +168,38 @@ def _windowed(c: _Config, layers: list[Layer]) -> list[Layer]:
 
 
 def _read_mixtral(c: _Config) -> dict[str, Any]:
-    moe = MoESpec(c.int("num_local_experts"), c.int("num_experts_per_tok"), c.int("intermediate_size"))
+    moe = MoESpec(c.size("num_local_experts"), c.size("num_experts_per_tok"), c.size("intermediate_size"))
     layer = dict(attention=True, ffn=False, moe=moe, **c.attention())
-    return _architecture(c, _windowed(c, [layer] * c.int("num_hidden_layers")))
+    return _architecture(c, _windowed(c, [layer] * c.size("num_hidden_layers")))
 
 
 def _read_qwen3_moe(c: _Config) -> dict[str, Any]:
-    experts = c.int("num_experts", minimum=0)
-    step = c.int("decoder_sparse_step")
+    experts = c.size("num_experts", minimum=0)
+    step = c.size("decoder_sparse_step")
     dense_only = c.cfg.get("mlp_only_layers") or []
     if not isinstance(dense_only, Sequence) or isinstance(dense_only, str):
         raise ConfigError(f"qwen3_moe config mlp_only_layers must be a list of layer indices, got {dense_only!r}")
     attention = c.attention()
     layers = []
-    for i in range(c.int("num_hidden_layers")):
+    for i in range(c.size("num_hidden_layers")):
         if i not in dense_only and experts > 0 and (i + 1) % step == 0:  # Qwen3MoeDecoderLayer's rule
-            moe = MoESpec(experts, c.int("num_experts_per_tok"), c.int("moe_intermediate_size"))
+            moe = MoESpec(experts, c.size("num_experts_per_tok"), c.size("moe_intermediate_size"))
             layers.append(dict(attention=True, ffn=False, moe=moe, **attention))
         else:
-            layers.append(dict(attention=True, ffn=True, ffn_width=c.int("intermediate_size"), **attention))
+            layers.append(dict(attention=True, ffn=True, ffn_width=c.size("intermediate_size"), **attention))
     return _architecture(c, _windowed(c, layers))
 
 
 def _read_gpt_oss(c: _Config) -> dict[str, Any]:
     moe = MoESpec(
-        c.int("num_local_experts"),
-        c.int("num_experts_per_tok"),
-        c.int("intermediate_size"),
+        c.size("num_local_experts"),
+        c.size("num_experts_per_tok"),
+        c.size("intermediate_size"),
         router_bias=True,  # GptOssTopKRouter.bias
         expert_bias=True,  # GptOssExperts.gate_up_proj_bias, down_proj_bias
     )
     layer = dict(attention=True, ffn=False, moe=moe, **c.attention())
-    return _architecture(c, _windowed(c, [layer] * c.int("num_hidden_layers")))
+    return _architecture(c, _windowed(c, [layer] * c.size("num_hidden_layers")))
 
 
 def _kinds(c: _Config, default: Sequence[str] | None) -> list[str]:
@@ -218,7 +218,7 @@ def _kinds(c: _Config, default: Sequence[str] | None) -> list[str]:
             raise ConfigError(f"{where} hybrid_override_pattern has {bad}; valid characters: {', '.join(_PATTERN)}")
         return [_PATTERN[ch] for ch in str(pattern)]
     if default is None:
-        return ["linear_attention"] * c.int("num_hidden_layers")  # GraniteMoeHybridConfig's default
+        return ["linear_attention"] * c.size("num_hidden_layers")  # GraniteMoeHybridConfig's default
     return list(default)
 
 
@@ -239,27 +239,27 @@ def _read_nemotron_h(c: _Config) -> dict[str, Any]:
         if old in c.cfg and new not in c.cfg:
             c = _Config({**c.cfg, new: c.cfg[old]}, c.fam)
     mamba = MambaSpec(
-        c.int("mamba_num_heads"),
-        c.int("mamba_head_dim"),
-        c.int("ssm_state_size"),
-        c.int("n_groups"),
-        c.int("conv_kernel"),
-        conv_bias=c.bool("use_conv_bias", True),
-        proj_bias=c.bool("use_bias", False),  # NemotronHMamba2Mixer: in_proj/out_proj bias=config.use_bias
+        c.size("mamba_num_heads"),
+        c.size("mamba_head_dim"),
+        c.size("ssm_state_size"),
+        c.size("n_groups"),
+        c.size("conv_kernel"),
+        conv_bias=c.flag("use_conv_bias", True),
+        proj_bias=c.flag("use_bias", False),  # NemotronHMamba2Mixer: in_proj/out_proj bias=config.use_bias
     )
     by_kind: dict[str, Callable[[], Layer]] = {
         "linear_attention": lambda: dict(attention=False, ffn=False, mamba=mamba),
         "full_attention": lambda: dict(attention=True, ffn=False, **c.attention()),
-        "mlp": lambda: dict(attention=False, ffn=True, ffn_width=c.int("intermediate_size")),
+        "mlp": lambda: dict(attention=False, ffn=True, ffn_width=c.size("intermediate_size")),
         "moe": lambda: dict(
             attention=False,
             ffn=False,
             moe=MoESpec(
-                c.int("n_routed_experts"),
-                c.int("num_experts_per_tok"),
-                c.int("moe_intermediate_size"),
-                shared_width=c.int("moe_shared_expert_intermediate_size"),
-                latent_width=c.int("moe_latent_size", null=0, absent=0, minimum=0),
+                c.size("n_routed_experts"),
+                c.size("num_experts_per_tok"),
+                c.size("moe_intermediate_size"),
+                shared_width=c.size("moe_shared_expert_intermediate_size"),
+                latent_width=c.size("moe_latent_size", null=0, absent=0, minimum=0),
                 gated=False,  # NemotronHExperts: up, relu², down
             ),
         ),
@@ -271,23 +271,23 @@ def _read_nemotron_h(c: _Config) -> dict[str, Any]:
 def _read_granitemoehybrid(c: _Config) -> dict[str, Any]:
     kinds = _kinds(c, None)
     _check_kinds(c, kinds, ("linear_attention", "full_attention"))
-    hidden, heads = c.int("hidden_size"), c.int("mamba_n_heads")
+    hidden, heads = c.size("hidden_size"), c.size("mamba_n_heads")
     head_dim = c.cfg.get("mamba_d_head", "auto")
     if head_dim in (None, "auto"):  # GraniteMoeHybridConfig: mamba_expand * hidden_size // mamba_n_heads
-        head_dim = c.int("mamba_expand") * hidden // heads
+        head_dim = c.size("mamba_expand") * hidden // heads
     mamba = MambaSpec(
         heads,
         check_int(head_dim, f"{c.fam.name} config mamba_d_head"),
-        c.int("mamba_d_state"),
-        c.int("mamba_n_groups"),
-        c.int("mamba_d_conv"),
-        conv_bias=c.bool("mamba_conv_bias", True),
-        proj_bias=c.bool("mamba_proj_bias", False),
+        c.size("mamba_d_state"),
+        c.size("mamba_n_groups"),
+        c.size("mamba_d_conv"),
+        conv_bias=c.flag("mamba_conv_bias", True),
+        proj_bias=c.flag("mamba_proj_bias", False),
     )
-    experts = c.int("num_local_experts", null=0, minimum=0)
-    shared = c.int("shared_intermediate_size")
+    experts = c.size("num_local_experts", null=0, minimum=0)
+    shared = c.size("shared_intermediate_size")
     ffn: dict[str, Any] = (
-        dict(ffn=False, moe=MoESpec(experts, c.int("num_experts_per_tok"), c.int("intermediate_size"), shared))
+        dict(ffn=False, moe=MoESpec(experts, c.size("num_experts_per_tok"), c.size("intermediate_size"), shared))
         if experts > 0
         else dict(ffn=True, ffn_width=shared)  # GraniteMoeHybridDecoderLayer: the shared MLP alone
     )
