@@ -14,6 +14,9 @@ import torch
 from autocompress_opt.arch.architecture import Architecture, LayerSpec
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+# The architecture-only families (no adapter yet, issue 30): tiny models of them check the config
+# reader's exact counts against transformers, and that every weights path refuses them.
+ARCHITECTURE_ONLY = ("mixtral", "qwen3_moe", "gpt_oss", "nemotron_h", "granitemoehybrid")
 VOCAB = 97
 
 # 3 layers, hidden 48, 6 query heads of 8 channels in 2 KV groups of 3,
@@ -41,6 +44,38 @@ FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
         sliding_window=4,
         query_pre_attn_scalar=12,
         final_logit_softcapping=5.0,
+    ),
+    # 4 experts, 2 per token, everywhere; one dense layer (qwen3_moe), a 4-token window (gpt_oss), every
+    # Nemotron-H block kind with a latent MoE and every bias switched on, Granite's Mamba-2 and attention.
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "qwen3_moe": dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, mlp_only_layers=[1], attention_bias=True
+    ),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=4),
+    "nemotron_h": dict(
+        layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
+        mamba_num_heads=4,
+        mamba_head_dim=8,
+        ssm_state_size=8,
+        n_groups=2,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+        moe_shared_expert_intermediate_size=32,
+        moe_latent_size=16,
+        mlp_bias=True,
+        use_bias=True,
+    ),
+    "granitemoehybrid": dict(
+        layer_types=["mamba", "attention", "mamba"],
+        mamba_n_heads=4,
+        mamba_d_head=24,
+        mamba_n_groups=2,
+        mamba_d_state=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        shared_intermediate_size=32,
+        attention_bias=True,
     ),
 }
 

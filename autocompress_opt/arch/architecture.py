@@ -8,6 +8,21 @@ Its parameter count is exact: for a config that transformers can build it equals
 ``sum(p.numel() for p in model.parameters())`` (tested per family: llama, mistral, qwen2, qwen3 and
 gemma3_text, whose four norms per layer are a family trait, not a field).
 
+**Mixtures of experts and Mamba-2 mixers** (issue 30) extend a layer *additively*: a layer has a
+mixer (``attention``, ``mamba``, or none) and an FFN (``ffn`` dense, ``moe``, or none). The dense
+fields keep their meaning exactly (``ffn``/``ffn_width`` is the dense gated MLP, ``attention`` and
+its heads the attention), and two optional fields, ``LayerSpec.moe`` (a
+:class:`~autocompress_opt.arch.moe.MoESpec`) and ``LayerSpec.mamba`` (a
+:class:`~autocompress_opt.arch.moe.MambaSpec`), default None, describe the new kinds; a layer has at
+most one mixer and one FFN. This choice keeps every dense architecture, its JSON/YAML (the new keys
+are written only when set), its cache keys, its counts and every dense code path byte-identical,
+and a dense consumer that reads ``ffn_width`` of a MoE layer sees 0, never a wrong width. Code that
+cannot handle the new kinds yet refuses them by name (:meth:`Architecture.require_dense`: "MoE
+layers are described but not yet costed: issue 30"), never treats them as dense. The families that
+have them are architecture-only (:attr:`~autocompress_opt.arch.families.Family.architecture_only`),
+read by :mod:`autocompress_opt.arch.moe_configs`. Parameters: :attr:`Architecture.num_params` is
+the exact total; :meth:`Architecture.active_params` the parameters one token touches.
+
 A layer may attend to a sliding window of the last ``LayerSpec.window`` tokens instead of the whole
 context (Gemma 3: five of every six layers; Mistral: every layer; Qwen2/3 with
 ``use_sliding_window``). The window changes what the layer caches and computes, not its parameters.
@@ -29,13 +44,28 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.arch.families import FAMILIES, WindowRule, family, family_for_model_type, family_names
+from autocompress_opt.arch.families import (
+    FAMILIES,
+    architecture_only_families,
+    family,
+    family_for_model_type,
+    family_names,
+)
+from autocompress_opt.arch.moe import MambaSpec, MoESpec
+from autocompress_opt.arch.moe_configs import MAX_LAYERS, read_config
+from autocompress_opt.arch.windows import FULL as _FULL
+from autocompress_opt.arch.windows import SLIDING as _SLIDING
+from autocompress_opt.arch.windows import hf_layer_windows
+from autocompress_opt.arch.windows import layer_windows as _layer_windows
 from autocompress_opt.errors import ConfigError, check_bool, check_int, reject_unknown_keys, suggest, yaml_problem
 
 __all__ = [
+    "ARCHITECTURE_ONLY_FAMILIES",
     "SUPPORTED_FAMILIES",
     "Architecture",
     "LayerSpec",
+    "MambaSpec",
+    "MoESpec",
     "default_layer_order",
     "hf_layer_windows",
     "reference_layer",
@@ -44,11 +74,10 @@ __all__ = [
 
 
 # The families' facts (biases, norms, config defaults, window rules) are their registry entries.
-SUPPORTED_FAMILIES: tuple[str, ...] = family_names()  # the built-in families, in registration order
-
-
-# More layers than any decoder has: a config asking for more is a typo (1e12 would exhaust memory).
-MAX_LAYERS = 10_000
+# The built-in families the whole package supports (weights, pruning, cost), in registration order;
+# the architecture-only ones (mixtures of experts, hybrids) are read and counted only (issue 30).
+ARCHITECTURE_ONLY_FAMILIES: tuple[str, ...] = architecture_only_families()
+SUPPORTED_FAMILIES: tuple[str, ...] = tuple(n for n in family_names() if n not in ARCHITECTURE_ONLY_FAMILIES)
 
 
 def _config_int(
@@ -70,6 +99,16 @@ def _config_int(
     if maximum is not None and value > maximum:
         raise ConfigError(f"{where} must be at most {maximum:,}, got {value!r}")
     return int(value)
+
+
+def config_biases(cfg: Mapping[str, Any], family_name: str) -> dict[str, bool]:
+    """The Architecture bias flags a config of ``family_name`` sets (its entry's ``biases``: a
+    config key, read with the family's ``default_bias``, or a constant)."""
+    fam = family(family_name)
+    return {
+        flag: _config_bool(cfg, src, fam.default_bias, fam.name) if isinstance(src, str) else src
+        for flag, src in fam.biases.items()
+    }
 
 
 def _config_bool(cfg: Mapping[str, Any], key: str, default: bool, model_type: str) -> bool:
@@ -99,6 +138,8 @@ class LayerSpec:
             (transformers' ``sliding_window``: query ``t`` sees keys ``t - window < s <= t``), so
             the layer caches at most ``window`` tokens; None = full causal attention. It does not
             change the parameter count.
+        moe: the layer's FFN is this mixture of experts (then ``ffn`` is False); None: no MoE.
+        mamba: the layer's mixer is this Mamba-2 (then ``attention`` is False); None: no Mamba.
     """
 
     attention: bool = True
@@ -108,10 +149,13 @@ class LayerSpec:
     ffn: bool = True
     ffn_width: int = 0
     window: int | None = None
+    moe: MoESpec | None = None
+    mamba: MambaSpec | None = None
 
     def __post_init__(self) -> None:
         for name in ("attention", "ffn"):
             check_bool(getattr(self, name), f"LayerSpec.{name}")
+        self._check_kinds()
         for name in ("num_heads", "num_kv_heads", "head_dim", "ffn_width"):
             check_int(getattr(self, name), f"LayerSpec.{name}", minimum=0)
         if self.window is not None:
@@ -126,6 +170,27 @@ class LayerSpec:
             raise ConfigError(f"a layer with an FFN needs ffn_width >= 1, got ffn_width={self.ffn_width}")
         if not self.ffn:
             object.__setattr__(self, "ffn_width", 0)
+
+    def _check_kinds(self) -> None:
+        """The optional sub-blocks have their types, and a layer has at most one mixer and one FFN."""
+        if self.moe is not None and not isinstance(self.moe, MoESpec):
+            raise ConfigError(f"LayerSpec.moe must be a MoESpec or None, got {type(self.moe).__name__}")
+        if self.mamba is not None and not isinstance(self.mamba, MambaSpec):
+            raise ConfigError(f"LayerSpec.mamba must be a MambaSpec or None, got {type(self.mamba).__name__}")
+        if self.moe is not None and self.ffn:
+            raise ConfigError("a layer has one FFN: a MoE layer needs ffn=False (the dense FFN is the other kind)")
+        if self.mamba is not None and self.attention:
+            raise ConfigError("a layer has one mixer: a Mamba-2 layer needs attention=False")
+
+    @property
+    def mixer(self) -> str:
+        """``"attention"``, ``"mamba2"`` or ``"none"``."""
+        return "attention" if self.attention else "mamba2" if self.mamba is not None else "none"
+
+    @property
+    def ffn_kind(self) -> str:
+        """``"dense"``, ``"moe"`` or ``"none"``."""
+        return "dense" if self.ffn else "moe" if self.moe is not None else "none"
 
     def _check_attention(self) -> None:
         if self.num_heads < 1 or self.num_kv_heads < 1 or self.head_dim < 1:
@@ -142,8 +207,8 @@ class LayerSpec:
 
     @property
     def is_noop(self) -> bool:
-        """True when the layer is dropped entirely (no attention and no FFN)."""
-        return not self.attention and not self.ffn
+        """True when the layer is dropped entirely (no mixer and no FFN of any kind)."""
+        return self.mixer == "none" and self.ffn_kind == "none"
 
     @classmethod
     def dropped(cls) -> LayerSpec:
@@ -153,7 +218,30 @@ class LayerSpec:
 
 def _sizes(layer: LayerSpec) -> tuple[Any, ...]:
     """A layer's sizes, its window left out (what :attr:`Architecture.is_uniform` compares)."""
-    return (layer.attention, layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.ffn, layer.ffn_width)
+    dense = (layer.attention, layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.ffn, layer.ffn_width)
+    return dense if layer.moe is None and layer.mamba is None else (*dense, layer.moe, layer.mamba)
+
+
+# Layer keys to_dict writes only when set (a dense full-attention layer serialises as before they existed).
+_WRITTEN_WHEN_SET = ("window", "moe", "mamba")
+
+
+def _sub_blocks(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A serialised layer's ``moe`` / ``mamba`` mappings as :class:`MoESpec` / :class:`MambaSpec`
+    (unknown keys rejected with a suggestion)."""
+    out: dict[str, Any] = {}
+    for key, spec in (("moe", MoESpec), ("mamba", MambaSpec)):
+        value = raw.get(key)
+        if value is None or isinstance(value, spec):
+            continue
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}.{key} must be a mapping, got {value!r}")
+        reject_unknown_keys(value, spec.__dataclass_fields__, f"{where}.{key}")
+        try:
+            out[key] = spec(**value)
+        except TypeError as exc:  # a required size missing
+            raise ConfigError(f"{where}.{key}: {exc}") from None
+    return out
 
 
 @dataclass(frozen=True)
@@ -234,6 +322,36 @@ class Architecture:
             )
         return bool(self._cache["is_uniform"])
 
+    def dense_problem(self) -> str | None:
+        """What dense-only code cannot take in this architecture (``"MoE layers"``, ``"Mamba-2
+        layers"``, or an architecture-only family), or None when every layer is a dense one of a
+        fully supported family."""
+        if "dense_problem" not in self._cache:
+            kinds = [
+                what
+                for what, present in (
+                    ("MoE layers", any(layer.moe is not None for layer in self.layers)),
+                    ("Mamba-2 layers", any(layer.mamba is not None for layer in self.layers)),
+                )
+                if present
+            ]
+            problem = " and ".join(kinds) or None
+            if problem is None and family(self.family).architecture_only:
+                problem = f"{self.family} layers"
+            self._cache["dense_problem"] = problem
+        return self._cache["dense_problem"]
+
+    def require_dense(self, action: str) -> None:
+        """Raise :class:`ConfigError` when :meth:`dense_problem` finds something ``action`` (e.g.
+        ``"costed"``, ``"pruned"``, ``"exported"``) cannot handle yet, naming it; else nothing."""
+        problem = self.dense_problem()
+        if problem is not None:
+            raise ConfigError(
+                f"{self.name or self.family}: {problem} are described but not yet {action}: issue 30 "
+                f"(the {self.family!r} family is architecture-only: its parameters are counted, "
+                f"nothing else takes it yet)"
+            )
+
     def active(self) -> Architecture:
         """The same model with fully dropped layers removed from the stack (same parameter count).
 
@@ -249,8 +367,12 @@ class Architecture:
         ``post_attention_layernorm`` before the FFN), as in DeciLM; a family with post-norms
         (Gemma 3) adds one more RMSNorm(D) on each present sub-block's output.
         """
-        layer, d_model = self.layers[i], self.hidden_size
-        norms_per_block = 2 if family(self.family).post_norms else 1
+        return self._layer_params(i, active=False)
+
+    def _layer_params(self, i: int, *, active: bool) -> int:
+        """Layer ``i``'s parameters: all of them, or (``active``) those one token touches."""
+        layer, d_model, fam = self.layers[i], self.hidden_size, family(self.family)
+        norms_per_block = 2 if fam.post_norms else 1
         total = 0
         if layer.attention:
             q, kv = layer.num_heads * layer.head_dim, layer.num_kv_heads * layer.head_dim
@@ -259,10 +381,17 @@ class Architecture:
             total += (q + 2 * kv) if self.qkv_bias else 0
             total += d_model if self.o_bias else 0
             total += 2 * layer.head_dim if self.qk_norm else 0
+            total += layer.num_heads if fam.attention_sinks else 0  # gpt-oss: one sink logit per head
+        if layer.mamba is not None:
+            total += norms_per_block * d_model + layer.mamba.params(d_model)
         if layer.ffn:
+            gated = fam.gated_ffn  # gate, up, down (Nemotron-H's relu² MLP: up, down)
             total += norms_per_block * d_model  # pre-FFN norm (+ Gemma's post_feedforward_layernorm)
-            total += 3 * d_model * layer.ffn_width  # gate, up, down
-            total += (2 * layer.ffn_width + d_model) if self.mlp_bias else 0
+            total += (3 if gated else 2) * d_model * layer.ffn_width
+            total += ((2 if gated else 1) * layer.ffn_width + d_model) if self.mlp_bias else 0
+        if layer.moe is not None:
+            count = layer.moe.active_params if active else layer.moe.params
+            total += norms_per_block * d_model + count(d_model, self.mlp_bias)
         return total
 
     @property
@@ -284,6 +413,30 @@ class Architecture:
         Never rises when a layer's ``ffn_width`` or ``num_heads`` shrinks.
         """
         return self.non_embedding_params + self.embedding_params
+
+    def active_params(self, *, count_embedding: bool = True) -> int:
+        """Parameters one token touches: every dense part, and in each MoE layer the router, the
+        latent projections, the shared expert and ``experts_per_token`` of the routed experts.
+
+        ``count_embedding`` counts the whole input-embedding matrix (the convention of Mixtral's,
+        Qwen3-MoE's and Nemotron 3's published "active" figures); False counts only the LM head of
+        an untied model, since a lookup reads one row (OpenAI's gpt-oss figure). Tied embeddings
+        are the LM head, counted either way. Equals :attr:`num_params` for a dense architecture
+        (with ``count_embedding``).
+        """
+        key = f"active_{count_embedding}"
+        if key not in self._cache:
+            layers = sum(self._layer_params(i, active=True) for i in range(self.num_layers)) + self.hidden_size
+            embedding = self.embedding_params
+            if not count_embedding and not self.tie_embeddings:
+                embedding -= self.vocab_size * self.hidden_size
+            self._cache[key] = layers + embedding
+        return int(self._cache[key])
+
+    def state_elements_per_sequence(self) -> int:
+        """Elements each sequence keeps in its Mamba-2 layers, whatever its length (SSM state plus
+        convolution window, :meth:`MambaSpec.state_elements`); 0 without Mamba-2 layers."""
+        return sum(layer.mamba.state_elements() for layer in self.layers if layer.mamba is not None)
 
     def kv_elements_per_token(self) -> int:
         """K and V elements one token adds to the cache of every attention layer: ``2·Σ_i g_i·d_i``.
@@ -316,12 +469,14 @@ class Architecture:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON/YAML-safe data; :meth:`from_dict` inverts it exactly.
 
-        A layer's ``window`` is written only when set, so a full-attention architecture serialises
-        (and hashes, in cache keys) as it did before windows existed; a missing key reads as None.
+        A layer's ``window``, ``moe`` and ``mamba`` are written only when set, so a dense
+        full-attention architecture serialises (and hashes, in cache keys) as it did before they
+        existed; a missing key reads as None.
         """
         data = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
         data["layers"] = [
-            {k: v for k, v in asdict(layer).items() if k != "window" or v is not None} for layer in self.layers
+            {k: v for k, v in asdict(layer).items() if k not in _WRITTEN_WHEN_SET or v is not None}
+            for layer in self.layers
         ]
         return data
 
@@ -340,7 +495,7 @@ class Architecture:
             if not isinstance(raw, Mapping):
                 raise ConfigError(f"Architecture.layers[{i}] must be a mapping, got {raw!r}")
             reject_unknown_keys(raw, layer_fields, f"Architecture.layers[{i}]")
-            layers.append(LayerSpec(**raw))
+            layers.append(LayerSpec(**{**raw, **_sub_blocks(raw, f"Architecture.layers[{i}]")}))
         return cls(**{**data, "layers": tuple(layers)})
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -405,7 +560,9 @@ class Architecture:
         """Build from a transformers ``PretrainedConfig`` or its dict (``config.json``).
 
         Supports ``model_type`` llama (SmolLM2 is llama), mistral, qwen2, qwen3 and gemma3_text
-        (a multimodal Gemma 3 config is read through its ``text_config``). Keys a
+        (a multimodal Gemma 3 config is read through its ``text_config``), and the
+        architecture-only mixtral, qwen3_moe, gpt_oss, nemotron_h and granitemoehybrid (their
+        family's ``config_reader``, :mod:`autocompress_opt.arch.moe_configs`). Keys a
         ``config.json`` omits take the transformers config class's default, so the count stays
         exact. Each layer's ``window`` follows :func:`hf_layer_windows`. A config that is not a
         decoder LLM of these families raises :class:`ConfigError` naming its model_type.
@@ -422,6 +579,10 @@ class Architecture:
                 f"model_type {model_type or '(missing)'!r} is not a supported decoder LLM"
                 f"{suggest(model_type, names)}; supported: {', '.join(names)}"
             )
+        if fam.config_reader is not None:  # experts / Mamba-2 / per-layer kinds
+            data: dict[str, Any] = {**read_config(cfg, fam), **config_biases(cfg, fam.name)}
+            data["layers"] = tuple(LayerSpec(**layer) for layer in data["layers"])
+            return cls(**data, name=name or str(cfg.get("_name_or_path", "") or ""))
         required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
         missing = [k for k in required if cfg.get(k) is None]
         if missing:
@@ -444,10 +605,7 @@ class Architecture:
             qk_norm=fam.qk_norm,
             max_context=None if max_context is None else size("max_position_embeddings"),
             name=name or str(cfg.get("_name_or_path", "") or ""),
-            **{
-                flag: _config_bool(cfg, src, False, model_type) if isinstance(src, str) else src
-                for flag, src in fam.biases.items()
-            },
+            **config_biases(cfg, fam.name),
         )
         windows = _layer_windows(cfg, model_type, arch.num_layers)
         return replace(arch, layers=tuple(replace(layer, window=w) for layer, w in zip(arch.layers, windows)))
@@ -456,10 +614,12 @@ class Architecture:
         """A transformers config that builds a model with exactly :attr:`num_params` parameters and
         the layers' windows (``layer_types`` + ``sliding_window``; Mistral's model-wide window).
 
-        Raises :class:`ConfigError` for a heterogeneous architecture, for bias/QK-norm flags the
+        Raises :class:`ConfigError` for MoE or Mamba-2 layers or an architecture-only family
+        (:meth:`require_dense`), for a heterogeneous architecture, for bias/QK-norm flags the
         family's config cannot express (e.g. ``o_bias`` on qwen2), or for windows it cannot
         express (any window on llama; two window sizes; on mistral, sliding and full layers mixed).
         """
+        self.require_dense("exported (no config of them is written)")
         if not self.is_uniform:
             raise ConfigError("a heterogeneous architecture has no plain Hugging Face config; export it as DeciLM")
         from transformers import AutoConfig
@@ -527,10 +687,18 @@ class Architecture:
         heads = sorted({layer.num_heads for layer in active if layer.attention})
         ffn = sorted({layer.ffn_width for layer in active if layer.ffn})
         span = lambda v: "-" if not v else (str(v[0]) if len(v) == 1 else f"{v[0]}..{v[-1]}")
-        return (
+        text = (
             f"{self.name or self.family}: {len(active)}/{self.num_layers} layers, hidden {self.hidden_size}, "
             f"heads {span(heads)}, ffn {span(ffn)}, {self.num_params / 1e6:.1f}M params"
         )
+        moe = [layer.moe for layer in active if layer.moe is not None]
+        mamba = sum(layer.mamba is not None for layer in active)
+        if not moe and not mamba:
+            return text  # a dense architecture's line, as before
+        experts = sorted({(m.num_experts, m.experts_per_token) for m in moe})
+        parts = [f"{len(moe)} MoE layers ({', '.join(f'{e} experts, top-{k}' for e, k in experts)})"] if moe else []
+        parts += [f"{mamba} Mamba-2 layers"] if mamba else []
+        return f"{text} ({self.active_params() / 1e6:.1f}M active); {', '.join(parts)}"
 
 
 # ----------------------------------------------------------------- uniform children
@@ -538,8 +706,10 @@ def reference_layer(parent: Architecture) -> LayerSpec:
     """The first layer with attention and an FFN: the sizes a uniform child starts from and the
     limits of a search space (its window is irrelevant: each kept layer keeps its own).
 
-    Raises :class:`ConfigError` when no layer has both.
+    Raises :class:`ConfigError` when no layer has both, or for MoE / Mamba-2 layers and
+    architecture-only families (:meth:`Architecture.require_dense`: not yet pruned).
     """
+    parent.require_dense("pruned")
     for layer in parent.layers:
         if layer.attention and layer.ffn:
             return layer
@@ -605,51 +775,3 @@ def uniform_child(
         layers=tuple(by_window[spec.window] if i in kept else dropped for i, spec in enumerate(parent.layers)),
         name=f"{parent.name or parent.family}-pruned" if name is None else name,
     )
-
-
-# ------------------------------------------------------------------------ windows
-# Which layers slide is each family's WindowRule (arch/families.py, with its sources): a layer attends
-# within ``config.sliding_window`` iff its ``layer_types`` entry is "sliding_attention" (Qwen2/3 only
-# when ``use_sliding_window``), or every layer does (Mistral), or none (Llama).
-_SLIDING, _FULL = "sliding_attention", "full_attention"
-_DEFAULT_WINDOW = 4096  # sliding_window when a config omits it (every windowed transformers config)
-
-
-def hf_layer_windows(config: Any) -> tuple[int | None, ...]:
-    """Each layer's attention window (None = full attention) under a transformers config or its dict,
-    as that family's transformers model applies it (its :class:`~autocompress_opt.arch.families.WindowRule`);
-    full attention everywhere for a model_type of no registered family."""
-    cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
-    return _layer_windows(cfg, str(cfg.get("model_type", "")).lower(), int(cfg["num_hidden_layers"]))
-
-
-def _layer_windows(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> tuple[int | None, ...]:
-    fam = family_for_model_type(model_type)
-    rule = fam.windows if fam is not None else WindowRule()
-    window = cfg.get("sliding_window", _DEFAULT_WINDOW)
-    if rule.switch is not None and not cfg.get(rule.switch, False):
-        window = None
-    if rule.kind == "none" or window is None:
-        return (None,) * num_layers
-    check_int(window, f"{model_type} config sliding_window")
-    if rule.kind == "every_layer":
-        return (int(window),) * num_layers
-    kinds = cfg.get("layer_types")
-    if kinds is None and rule.default_pattern is not None:
-        pattern = check_int(
-            cfg.get("sliding_window_pattern", rule.default_pattern), f"{model_type} config sliding_window_pattern"
-        )
-        kinds = [_SLIDING if (i + 1) % pattern else _FULL for i in range(num_layers)]
-    elif kinds is None:
-        first = check_int(
-            cfg.get("max_window_layers", rule.default_max_window_layers),
-            f"{model_type} config max_window_layers",
-            minimum=0,
-        )
-        kinds = [_SLIDING if i >= first else _FULL for i in range(num_layers)]
-    if not isinstance(kinds, Sequence) or isinstance(kinds, str):
-        raise ConfigError(f"{model_type} config layer_types must be a list, got {kinds!r}")
-    if len(kinds) != num_layers:
-        raise ConfigError(f"{model_type} config has {len(kinds)} layer_types for {num_layers} layers")
-    return tuple(int(window) if kind == _SLIDING else None for kind in kinds)

@@ -98,7 +98,11 @@ class BlockConfig:
 
     @classmethod
     def from_layer(cls, layer: LayerSpec) -> BlockConfig:
-        """The block of ``layer`` (its ``window`` is the attention's ``window_length``)."""
+        """The block of ``layer`` (its ``window`` is the attention's ``window_length``); a MoE or
+        Mamba-2 layer has no DeciLM block yet (:class:`ConfigError`, issue 30)."""
+        if layer.moe is not None or layer.mamba is not None:
+            kind = "MoE" if layer.moe is not None else "Mamba-2"
+            raise ConfigError(f"{kind} layers are described but not yet exported as block_configs: issue 30")
         return cls(
             AttentionBlock(not layer.attention, layer.num_heads, layer.num_kv_heads, layer.window),
             FFNBlock(not layer.ffn, layer.ffn_width),

@@ -8,9 +8,13 @@ it. :data:`FAMILIES` holds them (a :class:`~autocompress_opt.registry.Registry`)
 :func:`register_family` adds one, refusing a name, model_type or GGUF architecture already claimed.
 
 Adding a family is one entry in :data:`_BUILTIN_FAMILIES` plus its adapter in
-``hf/adapters.py`` (docs/adding-a-family.md). The architecture reader
-(:mod:`~autocompress_opt.arch.architecture`), the GGUF reader (:mod:`~autocompress_opt.arch.gguf`),
-the adapters and the engine rules (:mod:`~autocompress_opt.prune.loadability`) all read this table.
+``hf/adapters.py`` (docs/adding-a-family.md). The mixture-of-experts and hybrid Mamba-2 families
+(:data:`_ARCHITECTURE_ONLY`: Mixtral, Qwen3-MoE, gpt-oss, Nemotron-H, Granite-MoE-Hybrid) have no
+adapter yet: they are *architecture-only* (:attr:`Family.architecture_only`), read by their
+``config_reader`` and counted exactly, refused by the weights paths and the cost model (issue 30).
+The architecture reader (:mod:`~autocompress_opt.arch.architecture`), the GGUF reader
+(:mod:`~autocompress_opt.arch.gguf`), the adapters and the engine rules
+(:mod:`~autocompress_opt.prune.loadability`) all read this table.
 This module is the architecture layer's: it names the adapter and the engines by string and
 imports neither (``tests/arch/test_families.py`` checks that every name resolves).
 """
@@ -32,6 +36,7 @@ __all__ = [
     "Family",
     "Loads",
     "WindowRule",
+    "architecture_only_families",
     "family",
     "family_for_gguf_arch",
     "family_for_model_type",
@@ -56,19 +61,22 @@ class WindowRule:
         kind: ``"none"``: every layer attends fully, a config cannot express a window (Llama);
             ``"every_layer"``: the model-wide ``sliding_window`` (null: none) applies to every
             layer and ``layer_types`` is ignored (Mistral); ``"layer_types"``: the window applies
-            to the ``"sliding_attention"`` entries of ``layer_types`` (Qwen2/3, Gemma 3).
+            to the ``"sliding_attention"`` entries of ``layer_types`` (Qwen2/3, Gemma 3, gpt-oss).
         switch: a config key that must be true (default false) for any layer to slide
-            (Qwen2/3: ``use_sliding_window``); None: always on.
+            (Qwen2/3 and Qwen3-MoE: ``use_sliding_window``); None: always on.
         default_pattern: ``layer_types`` absent, every ``sliding_window_pattern``-th layer (default
             this) is full, the others slide (Gemma 3: 6).
         default_max_window_layers: ``layer_types`` absent, layers ``i >= max_window_layers``
             (default this) slide (Qwen2/3: 28).
+        default_window: ``sliding_window`` when a config omits it (the config class's default:
+            4096 for Mistral and Qwen, 128 for gpt-oss, None for Mixtral).
     """
 
     kind: Literal["none", "every_layer", "layer_types"] = "none"
     switch: str | None = None
     default_pattern: int | None = None
     default_max_window_layers: int | None = None
+    default_window: int | None = 4096
 
     def __post_init__(self) -> None:
         if self.kind not in ("none", "every_layer", "layer_types"):
@@ -79,8 +87,10 @@ class WindowRule:
                 "a 'layer_types' WindowRule needs exactly one of default_pattern and "
                 f"default_max_window_layers (the layers that slide when layer_types is absent), got {self}"
             )
-        if self.kind != "layer_types" and (defaults or self.switch is not None):
-            raise ConfigError(f"only a 'layer_types' WindowRule takes a switch or layer defaults, got {self}")
+        if self.kind != "layer_types" and defaults:
+            raise ConfigError(f"only a 'layer_types' WindowRule takes layer defaults, got {self}")
+        if self.kind == "none" and self.switch is not None:
+            raise ConfigError(f"a 'none' WindowRule has no window to switch on, got {self}")
 
 
 @dataclass(frozen=True)
@@ -93,9 +103,13 @@ class Family:
         model_types: every Hugging Face ``model_type`` read as this family; the first is ``name``.
         gguf_archs: GGUF ``general.architecture`` values read as this family (llama.cpp writes
             Mistral models as ``llama``, which stays Llama; Gemma 3's text decoder as ``gemma3``).
-        adapter: the registry name of its adapter in ``autocompress_opt.hf.adapters.ADAPTERS``.
+        adapter: the registry name of its adapter in ``autocompress_opt.hf.adapters.ADAPTERS``; None
+            makes the family **architecture-only**: its configs are read and counted exactly (total
+            and active parameters), but no weights path (loading, importance, slicing, export) and
+            no cost model takes it yet (issue 30), so every engine's ``serving`` must be ``"none"``.
         biases: each Architecture bias flag (:data:`BIAS_FLAGS`) -> the config key that switches it
-            (read with default false) or a constant when the family hard-codes it.
+            (read with default ``default_bias``) or a constant when the family hard-codes it.
+        default_bias: a bias key's value when a config omits it (gpt-oss: ``attention_bias`` true).
         qk_norm: RMSNorm(head_dim) on q and on k.
         post_norms: an RMSNorm(D) on each sub-block's output too ("sandwich" norms, Gemma 2/3).
         default_kv_heads: ``num_key_value_heads`` when a config omits it (None: ``num_attention_heads``).
@@ -110,12 +124,18 @@ class Family:
             llama.cpp's ``deci``) that heterogeneous exports take for the serving engines.
         serving: each serving engine (``prune.loadability.ENGINE_RULES``) -> what it loads of the
             family (:data:`Loads`). ``"heterogeneous"`` in an engine that reads DeciLM needs ``decilm``.
+        config_reader: the reader of a config whose layers are not all alike
+            (``autocompress_opt.arch.moe_configs.READERS``: experts, Mamba-2 mixers, per-layer
+            kinds); None: the dense reader of ``Architecture.from_hf_config``.
+        attention_sinks: each attention layer has one learned sink logit per query head (gpt-oss).
+        gated_ffn: the dense FFN (and shared expert) is gated, ``down(act(gate(x)) * up(x))``;
+            false: ``down(act(up(x)))`` (Nemotron-H's relu² MLP).
     """
 
     name: str
     model_types: tuple[str, ...]
     gguf_archs: tuple[str, ...]
-    adapter: str
+    adapter: str | None
     biases: Mapping[str, str | bool]
     serving: Mapping[str, Loads]
     qk_norm: bool = False
@@ -126,6 +146,10 @@ class Family:
     windows: WindowRule = field(default_factory=WindowRule)
     heads_divide_hidden: bool = False
     decilm: bool = False
+    default_bias: bool = False
+    config_reader: str | None = None
+    attention_sinks: bool = False
+    gated_ffn: bool = True
 
     def __post_init__(self) -> None:
         where = f"family {self.name!r}"
@@ -135,16 +159,27 @@ class Family:
             raise ConfigError(f"{where}: model_types must start with the name, got {self.model_types!r}")
         if any(t != t.lower() for t in self.model_types):
             raise ConfigError(f"{where}: model_types must be lower case, got {self.model_types!r}")
-        if not self.adapter:
-            raise ConfigError(f"{where}: adapter must name an entry of hf.adapters.ADAPTERS")
+        if self.adapter is not None and not self.adapter:
+            raise ConfigError(f"{where}: adapter must name an entry of hf.adapters.ADAPTERS (None: architecture-only)")
         if set(self.biases) != set(BIAS_FLAGS):
             raise ConfigError(f"{where}: biases must give each of {', '.join(BIAS_FLAGS)}, got {sorted(self.biases)}")
         bad = {engine: loads for engine, loads in self.serving.items() if loads not in LOADS}
         if bad or not self.serving:
             raise ConfigError(f"{where}: serving maps each engine to one of {', '.join(LOADS)}, got {bad or '{}'}")
+        loaded = sorted(engine for engine, loads in self.serving.items() if loads != "none")
+        if self.adapter is None and loaded:
+            raise ConfigError(
+                f"{where} is architecture-only (no adapter): nothing of it can be exported yet, so every "
+                f"engine's serving must be 'none', got {', '.join(loaded)}"
+            )
         # Read-only views, so a registered entry cannot be changed through its mappings.
         object.__setattr__(self, "biases", MappingProxyType(dict(self.biases)))
         object.__setattr__(self, "serving", MappingProxyType(dict(self.serving)))
+
+    @property
+    def architecture_only(self) -> bool:
+        """True when the family has no adapter: described and counted, not yet pruned or costed."""
+        return self.adapter is None
 
     def loads(self, engine: str) -> Loads:
         """What ``engine`` loads of this family; ``"none"`` for an engine the entry does not name."""
@@ -231,9 +266,90 @@ _BUILTIN_FAMILIES: tuple[Family, ...] = (
     ),
 )
 
+# Architecture-only families (issue 30): mixtures of experts and hybrid Mamba-2 decoders, read from their
+# configs and counted exactly (arch/moe_configs.py), refused by every weights path and by the cost model
+# until expert/SSM slicing and costing exist. What the engines load of them is "none" for now: no
+# export of a pruned one can be written yet (vLLM and llama.cpp load the parents, which matters once
+# slicing lands). No GGUF names yet: the GGUF reader does not read expert or SSM metadata (llama.cpp
+# writes these as qwen3moe, gpt-oss, nemotron_h_moe, granitehybrid, and Mixtral as "llama" with
+# llama.expert_count, which arch/gguf.py refuses).
+# Source: transformers 5.24 configuration_{family}.py (defaults) and modeling_{family}.py (parameters):
+#   mixtral: no biases anywhere; 8 KV heads; sliding_window (default None) on every layer; router (E, D).
+#   qwen3_moe: q,k,v,o biased iff attention_bias, q/k RMSNorm, 4 KV heads, head_dim from the config or
+#     hidden/heads; sliding_window (default 4096) on every layer iff use_sliding_window.
+#   gpt_oss: q,k,v,o biased iff attention_bias (default true), one sink logit per query head, 8 KV
+#     heads, head_dim 64; layer_types default: even layers slide over sliding_window (default 128).
+#   nemotron_h: one block per layer (Mamba-2, attention, MoE or MLP), attention never biased, MLP,
+#     shared expert and latent projections biased iff mlp_bias, relu² MLPs (not gated); 8 KV heads,
+#     head_dim 128; no sliding windows.
+#   granitemoehybrid: q,k,v,o biased iff attention_bias; a Mamba-2 or attention mixer then MoE + a
+#     gated shared MLP in every layer, no MLP biases; no sliding windows.
+_NOWHERE: Mapping[str, Loads] = {**dict.fromkeys(_DECILM_ENGINES, "none"), "transformers": "none"}
+_NO_BIASES: Mapping[str, str | bool] = {"qkv_bias": False, "o_bias": False, "mlp_bias": False}
+_ARCHITECTURE_ONLY: tuple[Family, ...] = (
+    Family(
+        "mixtral",
+        model_types=("mixtral",),
+        gguf_archs=(),
+        adapter=None,
+        biases=_NO_BIASES,
+        serving=_NOWHERE,
+        default_kv_heads=8,
+        windows=WindowRule("every_layer", default_window=None),
+        config_reader="mixtral",
+    ),
+    Family(
+        "qwen3_moe",
+        model_types=("qwen3_moe",),
+        gguf_archs=(),
+        adapter=None,
+        biases={"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": False},
+        serving=_NOWHERE,
+        qk_norm=True,
+        default_kv_heads=4,
+        windows=WindowRule("every_layer", switch="use_sliding_window"),
+        config_reader="qwen3_moe",
+    ),
+    Family(
+        "gpt_oss",
+        model_types=("gpt_oss",),
+        gguf_archs=(),
+        adapter=None,
+        biases={"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": False},
+        serving=_NOWHERE,
+        default_kv_heads=8,
+        default_head_dim=64,
+        windows=WindowRule("layer_types", default_pattern=2, default_window=128),
+        default_bias=True,
+        config_reader="gpt_oss",
+        attention_sinks=True,
+    ),
+    Family(
+        "nemotron_h",
+        model_types=("nemotron_h",),
+        gguf_archs=(),
+        adapter=None,
+        biases={"qkv_bias": False, "o_bias": False, "mlp_bias": "mlp_bias"},
+        serving=_NOWHERE,
+        default_kv_heads=8,
+        default_head_dim=128,
+        config_reader="nemotron_h",
+        gated_ffn=False,
+    ),
+    Family(
+        "granitemoehybrid",
+        model_types=("granitemoehybrid",),
+        gguf_archs=(),
+        adapter=None,
+        biases={"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": False},
+        serving=_NOWHERE,
+        config_reader="granitemoehybrid",
+    ),
+)
+
 
 def _register_builtins(registry: Registry[Family]) -> None:
-    for entry in _BUILTIN_FAMILIES:
+    for entry in (*_BUILTIN_FAMILIES, *_ARCHITECTURE_ONLY):
         _register(registry, entry, replace=False)
 
 
@@ -271,6 +387,11 @@ def family_names() -> tuple[str, ...]:
     """Every registered family's name, in registration order (the built-ins first)."""
     names = FAMILIES.names()  # registers the built-ins on first use
     return (*_ORDER, *(name for name in names if name not in _ORDER))  # + any registered around register_family
+
+
+def architecture_only_families() -> tuple[str, ...]:
+    """The registered families without an adapter (described and counted, not yet pruned or costed)."""
+    return tuple(name for name in family_names() if family(name).architecture_only)
 
 
 def family(name: str) -> Family:

@@ -89,6 +89,12 @@ def _gguf_to_hf_config(
             raise ConfigError(f"GGUF {path} has per-layer {arch}.{key}; heterogeneous GGUFs are not supported")
         return value
 
+    experts = scalar("expert_count", None)
+    if experts:  # llama.cpp writes Mixtral as "llama" with llama.expert_count: not a dense Llama
+        raise ConfigError(
+            f"GGUF {path} is a mixture of experts ({arch}.expert_count={experts}): MoE GGUFs are described "
+            "but not yet read: issue 30; read its config.json instead"
+        )
     hidden, heads = int(scalar("embedding_length")), int(scalar("attention.head_count"))
     window = scalar("attention.sliding_window", None)
     return {

@@ -35,7 +35,7 @@ from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture, LayerSpec, hf_layer_windows
 from autocompress_opt.arch.block_configs import MODEL_TYPE as HETERO_MODEL_TYPE  # its adapter's name too
-from autocompress_opt.arch.families import family, family_for_model_type, family_names
+from autocompress_opt.arch.families import Family, family, family_for_model_type, family_names
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.registry import Registry
 
@@ -350,8 +350,19 @@ for _adapter in (
 
 def family_adapter(name: str) -> FamilyAdapter:
     """The adapter of the family called ``name`` (its entry's ``adapter``); :class:`UnknownNameError`
-    for a name of no family, or when the entry names an adapter nobody registered."""
-    return ADAPTERS.get(family(name).adapter)
+    for a name of no family, or when the entry names an adapter nobody registered;
+    :class:`ConfigError` for an architecture-only family (no adapter yet)."""
+    return _adapter_of(family(name))
+
+
+def _adapter_of(fam: Family) -> FamilyAdapter:
+    if fam.adapter is None:
+        raise ConfigError(
+            f"the {fam.name!r} family is architecture-only: its MoE / Mamba-2 layers are described and "
+            "counted but not yet loaded, scored, pruned or exported: issue 30; families with weights "
+            f"support: {', '.join(n for n in family_names() if not family(n).architecture_only)}"
+        )
+    return ADAPTERS.get(fam.adapter)
 
 
 def model_type_of(model_or_config: Any) -> str:
@@ -365,12 +376,13 @@ def adapter_for(model_or_config: Any) -> FamilyAdapter:
     family's adapter, or the heterogeneous one for the package's own class.
 
     Raises :class:`UnknownNameError` naming the model_type and listing the supported families
-    (e.g. ``gpt2`` is not a supported decoder).
+    (e.g. ``gpt2`` is not a supported decoder), :class:`ConfigError` for an architecture-only
+    family (``mixtral``: no adapter yet, issue 30).
     """
     model_type = model_type_of(model_or_config)
     fam = family_for_model_type(model_type)
     if fam is not None:
-        return ADAPTERS.get(fam.adapter)
+        return _adapter_of(fam)
     if model_type == HETERO_MODEL_TYPE:
         return ADAPTERS.get(HETERO_MODEL_TYPE)
     raise UnknownNameError(

@@ -39,6 +39,7 @@ import torch
 
 from autocompress_opt.arch.architecture import SUPPORTED_FAMILIES, Architecture
 from autocompress_opt.arch.catalog import known_architectures, known_weights, register_weights, weights_locator
+from autocompress_opt.arch.families import family_for_model_type
 from autocompress_opt.arch.gguf import GGUF_ARCH_TO_FAMILY
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.hf.device import check_gpus, placement_kwargs
@@ -365,6 +366,13 @@ def _check_family(model_type: str, path: Path) -> None:
         import autocompress_opt.hf.hetero_model  # noqa: F401
 
         return
+    fam = family_for_model_type(model_type)
+    if fam is not None and fam.architecture_only:
+        raise ConfigError(
+            f"cannot load {str(path)!r}: the {fam.name!r} family is architecture-only (its MoE / Mamba-2 "
+            "layers are described and counted, not yet loaded or pruned: issue 30); "
+            f"`autocompress arch --model {str(path)!r}` reads its parameters"
+        )
     if model_type.lower() not in SUPPORTED_FAMILIES:
         raise ConfigError(
             f"cannot load {str(path)!r}: model_type {model_type or '(missing)'!r} is not a supported decoder LLM "

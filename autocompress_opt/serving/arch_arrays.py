@@ -54,9 +54,16 @@ class ArchArrays:
 
     @classmethod
     def from_architectures(cls, archs: Sequence[Architecture], backend: str = "numpy") -> ArchArrays:
-        """Pack architectures into arrays (``backend`` = ``"numpy"`` or ``"torch"``, float64)."""
+        """Pack architectures into arrays (``backend`` = ``"numpy"`` or ``"torch"``, float64).
+
+        Raises :class:`ConfigError` for an architecture with MoE or Mamba-2 layers, or of an
+        architecture-only family: the arrays have no fields for them, and costing them as dense
+        would be wrong (issue 30).
+        """
         if not archs:
             raise ConfigError("need at least one architecture")
+        for arch in archs:
+            arch.require_dense("costed")
         n, depth = len(archs), max(a.num_layers for a in archs)
         per_layer = {k: np.zeros((n, depth)) for k in ("attn", "heads", "kv_heads", "head_dim", "ffn", "ffn_width")}
         per_layer["window"] = np.full((n, depth), FULL_WINDOW)

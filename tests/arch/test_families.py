@@ -14,7 +14,12 @@ import tiny_families
 from tiny_families import hetero_arch, num_params, tiny_model
 
 from autocompress_opt.arch import families as families_module
-from autocompress_opt.arch.architecture import SUPPORTED_FAMILIES, Architecture, hf_layer_windows
+from autocompress_opt.arch.architecture import (
+    ARCHITECTURE_ONLY_FAMILIES,
+    SUPPORTED_FAMILIES,
+    Architecture,
+    hf_layer_windows,
+)
 from autocompress_opt.arch.block_configs import MODEL_TYPE as HETERO_MODEL_TYPE
 from autocompress_opt.arch.families import (
     BIAS_FLAGS,
@@ -60,6 +65,14 @@ def test_heterogeneous_in_a_decilm_engine_needs_the_decilm_form(fam: Family) -> 
 
 
 def test_adapter_is_registered_and_builds_the_family(fam: Family) -> None:
+    if fam.architecture_only:  # no adapter yet: every weights path refuses it by name
+        assert fam.name in tiny_families.ARCHITECTURE_ONLY, "add a tiny model of the family to tests/tiny_families.py"
+        refused = rf"the '{fam.name}' family is architecture-only.*issue 30"
+        with pytest.raises(ConfigError, match=refused):
+            family_adapter(fam.name)
+        with pytest.raises(ConfigError, match=refused):
+            adapter_for(tiny_model(fam.name))
+        return
     adapter = family_adapter(fam.name)
     assert adapter is ADAPTERS.get(fam.adapter) and not adapter.heterogeneous
     assert fam.name in tiny_families.FAMILIES, "add a tiny model of the family to tests/tiny_families.py"
@@ -67,7 +80,7 @@ def test_adapter_is_registered_and_builds_the_family(fam: Family) -> None:
 
 def test_every_adapter_belongs_to_a_family() -> None:
     """No orphan adapter: each is a family's, or the package's own heterogeneous class's."""
-    named = {family(name).adapter for name in family_names()}
+    named = {family(name).adapter for name in family_names()} - {None}
     assert set(ADAPTERS.names()) == named | {HETERO_MODEL_TYPE}
 
 
@@ -75,6 +88,14 @@ def test_tiny_model_is_read_the_same_by_config_adapter_and_parameters(fam: Famil
     """The config reader, the adapter (module shapes) and the model's parameter count agree, and
     the architecture survives a round trip through its own HF config."""
     model = tiny_model(fam.name)
+    if fam.architecture_only:  # the config reader alone: exact counts, and no config written back
+        arch = Architecture.from_hf_config(model.config)
+        assert arch.family == fam.name and arch.qk_norm == fam.qk_norm
+        assert arch.num_params == num_params(model)
+        assert Architecture.from_hf_config(model.config.to_dict()) == arch
+        with pytest.raises(ConfigError, match="described but not yet exported.*issue 30"):
+            arch.to_hf_config()
+        return
     adapter = adapter_for(model)
     assert adapter is family_adapter(fam.name)
     from_config, from_modules = Architecture.from_hf_config(model.config), adapter.architecture(model)
@@ -95,6 +116,9 @@ def test_engines_load_the_tiny_model_as_the_entry_says(fam: Family) -> None:
     for engine in ENGINE_RULES:
         refused = f"{engine} does not serve the {fam.name!r} family"
         assert (refused in loadable_problems(uniform, engine)) == (fam.loads(engine) == "none")
+        if fam.architecture_only:  # nothing of it can be exported yet, whatever its layers
+            assert any("issue 30" in p for p in loadable_problems(hetero, engine))
+            continue
         if engine in DECILM_ENGINES:
             not_llama = any("not Llama-like" in p for p in loadable_problems(hetero, engine))
             assert not_llama == (not fam.decilm)
@@ -107,7 +131,8 @@ def test_engines_load_the_tiny_model_as_the_entry_says(fam: Family) -> None:
 def test_the_registry_reproduces_the_tables_it_replaced() -> None:
     """The values of _FAMILIES, GGUF_ARCH_TO_FAMILY and _DIVISIBLE_HEADS_FAMILIES before the registry
     (and export.decilm_problems' Llama-like set), so moving them changed nothing."""
-    assert SUPPORTED_FAMILIES == family_names() == ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+    assert SUPPORTED_FAMILIES == ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+    assert family_names() == (*SUPPORTED_FAMILIES, *ARCHITECTURE_ONLY_FAMILIES)
     assert GGUF_ARCH_TO_FAMILY == {
         "llama": "llama",
         "mistral": "mistral",
@@ -115,12 +140,12 @@ def test_the_registry_reproduces_the_tables_it_replaced() -> None:
         "qwen3": "qwen3",
         "gemma3": "gemma3_text",
     }
-    assert [n for n in family_names() if family(n).heads_divide_hidden] == ["llama", "gemma3_text"]
-    assert [n for n in family_names() if family(n).decilm] == ["llama", "mistral"]
-    assert [n for n in family_names() if family(n).qk_norm] == ["qwen3", "gemma3_text"]
-    assert [n for n in family_names() if family(n).post_norms] == ["gemma3_text"]
+    assert [n for n in SUPPORTED_FAMILIES if family(n).heads_divide_hidden] == ["llama", "gemma3_text"]
+    assert [n for n in SUPPORTED_FAMILIES if family(n).decilm] == ["llama", "mistral"]
+    assert [n for n in SUPPORTED_FAMILIES if family(n).qk_norm] == ["qwen3", "gemma3_text"]
+    assert [n for n in SUPPORTED_FAMILIES if family(n).post_norms] == ["gemma3_text"]
     defaults = {
-        n: (family(n).default_kv_heads, family(n).default_head_dim, family(n).default_tied) for n in family_names()
+        n: (family(n).default_kv_heads, family(n).default_head_dim, family(n).default_tied) for n in SUPPORTED_FAMILIES
     }
     assert defaults == {
         "llama": (None, None, False),
@@ -129,7 +154,7 @@ def test_the_registry_reproduces_the_tables_it_replaced() -> None:
         "qwen3": (32, 128, False),
         "gemma3_text": (4, 256, True),
     }
-    assert {n: family(n).windows.kind for n in family_names()} == {
+    assert {n: family(n).windows.kind for n in SUPPORTED_FAMILIES} == {
         "llama": "none",
         "mistral": "every_layer",
         "qwen2": "layer_types",
@@ -185,8 +210,11 @@ def test_an_incomplete_entry_is_refused(change: dict[str, Any], message: str) ->
 def test_window_rules_are_checked() -> None:
     with pytest.raises(ConfigError, match="exactly one of default_pattern and default_max_window_layers"):
         WindowRule("layer_types")
-    with pytest.raises(ConfigError, match="only a 'layer_types' WindowRule takes a switch"):
-        WindowRule("every_layer", switch="use_sliding_window")
+    with pytest.raises(ConfigError, match="only a 'layer_types' WindowRule takes layer defaults"):
+        WindowRule("every_layer", default_pattern=2)
+    with pytest.raises(ConfigError, match="a 'none' WindowRule has no window to switch on"):
+        WindowRule("none", switch="use_sliding_window")
+    assert WindowRule("every_layer", switch="use_sliding_window").switch == "use_sliding_window"  # Qwen3-MoE
 
 
 # ------------------------------------------------------------------ adding a family
@@ -241,4 +269,4 @@ def test_a_new_family_is_one_entry_plus_its_adapter(scratch_registry: None) -> N
 
 def test_scratch_registrations_do_not_leak() -> None:
     """Runs after the test above in file order: the built-ins only."""
-    assert family_names() == SUPPORTED_FAMILIES and "smollm3" not in ADAPTERS
+    assert family_names() == (*SUPPORTED_FAMILIES, *ARCHITECTURE_ONLY_FAMILIES) and "smollm3" not in ADAPTERS

@@ -75,7 +75,13 @@ def test_arch_json_reports_params_and_layers(capsys: pytest.CaptureFixture[str])
     code, out, _ = run_cli(capsys, "arch", "--model", "smollm2-135m", "--json")
     data = json.loads(out)
     assert code == 0
-    assert data["params"] == {"total": 134515008, "non_embedding": 134515008 - 49152 * 576}
+    # dense and tied: every parameter is active, and the tied embedding is the LM head (counted either way)
+    assert data["params"] == {
+        "total": 134515008,
+        "non_embedding": 134515008 - 49152 * 576,
+        "active": 134515008,
+        "active_without_embedding_lookup": 134515008,
+    }
     assert len(data["layers"]) == 30 and data["kv_bytes_per_token"] == 2 * 2 * 3 * 64 * 30
 
 
