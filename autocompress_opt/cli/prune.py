@@ -459,8 +459,8 @@ def _baseline(
     args: argparse.Namespace, loaded: Any, importance: Any, serving_target: Any, parent: Any, metric: str
 ) -> tuple[Any, dict[str, Any]]:
     """The architecture ``--baseline`` chooses (named after --out) and the recipe record; prints why."""
+    from autocompress_opt.data.textdata import calibration_batches
     from autocompress_opt.prune.baselines import make_baseline, masked_kl_scorer, target_feasibility
-    from autocompress_opt.quality.textdata import calibration_batches
 
     samples = 8 if args.score_samples is None else args.score_samples
     score, score_record = None, None
@@ -520,8 +520,8 @@ def _announced(score: Any, *, quiet: bool) -> Any:
 
 def _importance(args: argparse.Namespace, loaded: Any, adapter: Any) -> Any:
     """Scores of the parent on calibration text, from the cache when this (model, data) was seen."""
+    from autocompress_opt.data.textdata import calibration_batches
     from autocompress_opt.prune.importance import estimate_importance, tokens_id
-    from autocompress_opt.quality.textdata import calibration_batches
 
     tokens = calibration_batches(loaded.tokenizer, n_samples=args.samples, seq_len=args.seq_len, seed=args.seed)
     passes = -(-args.samples // args.batch_size) * (len(adapter.all_layer_parts(loaded.model)) + 1)

@@ -21,7 +21,7 @@ from autocompress_opt.prune.importance import Importance, estimate_importance
 from autocompress_opt.prune.plan import plan_pruning
 from autocompress_opt.prune.slicing import materialize
 from autocompress_opt.quality.metrics import cache_teacher_logits, kl_divergence, perplexity
-from autocompress_opt.quality.textdata import text_batches
+from autocompress_opt.data.textdata import text_batches
 from autocompress_opt.recover.distill import DistillRecipe, distill
 from autocompress_opt.search.study.weights_trial import (
     TrialConfig,

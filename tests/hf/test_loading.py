@@ -185,7 +185,7 @@ def test_gemma3_270m_loads_with_its_exact_count_and_scores(gemma3_gguf):
     """Integration: the Gemma 3 270M GGUF (assembled from its PyPI chunk wheels) loads offline by name as a
     dense float32 Gemma3ForCausalLM, counts exactly, and scores finitely on held-out text."""
     from autocompress_opt.quality.metrics import perplexity
-    from autocompress_opt.quality.textdata import evaluation_batches
+    from autocompress_opt.data.textdata import evaluation_batches
 
     loaded = load_model("gemma3-270m")
     assert type(loaded.model).__name__ == "Gemma3ForCausalLM" and loaded.path == gemma3_gguf.resolve()

@@ -34,7 +34,7 @@ def test_prune_export_reload_on_the_real_gemma3(gemma3_gguf, tmp_path: Path) -> 
     from autocompress_opt.prune.plan import plan_pruning
     from autocompress_opt.prune.slicing import materialize
     from autocompress_opt.quality.metrics import perplexity
-    from autocompress_opt.quality.textdata import calibration_batches, evaluation_batches
+    from autocompress_opt.data.textdata import calibration_batches, evaluation_batches
 
     start = time.perf_counter()
     loaded = load_model("gemma3-270m")

@@ -25,7 +25,7 @@ def test_prune_export_reload_on_the_real_model(smollm2_loaded, tmp_path: Path) -
     from autocompress_opt.prune.plan import plan_pruning
     from autocompress_opt.prune.slicing import materialize
     from autocompress_opt.quality.metrics import perplexity
-    from autocompress_opt.quality.textdata import calibration_batches, evaluation_batches
+    from autocompress_opt.data.textdata import calibration_batches, evaluation_batches
 
     parent, tokenizer, arch = smollm2_loaded.model, smollm2_loaded.tokenizer, smollm2_loaded.architecture
     calib = calibration_batches(tokenizer, n_samples=4, seq_len=64, seed=0)

@@ -109,7 +109,7 @@ def fake_loading(monkeypatch: pytest.MonkeyPatch) -> Any:
         return tokens(n_samples, seq_len, seed)
 
     monkeypatch.setattr("autocompress_opt.hf.loading.load_model", lambda ref, **kw: loaded)
-    monkeypatch.setattr("autocompress_opt.quality.textdata.calibration_batches", calibration_batches)
+    monkeypatch.setattr("autocompress_opt.data.textdata.calibration_batches", calibration_batches)
     return parent
 
 

@@ -133,7 +133,7 @@ def test_data_order_depends_only_on_seed_and_step() -> None:
 
 def test_calibration_rows_are_prefix_stable() -> None:
     """What resume and equal budgets rely on: drawing more rows never changes the first ones."""
-    from autocompress_opt.quality.textdata import calibration_batches
+    from autocompress_opt.data.textdata import calibration_batches
 
     few = calibration_batches(byte_tokenizer(), n_samples=3, seq_len=16, seed=4)
     more = calibration_batches(byte_tokenizer(), n_samples=8, seq_len=16, seed=4)

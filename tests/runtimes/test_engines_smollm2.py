@@ -26,7 +26,7 @@ def smollm2_exports(smollm2_loaded: Any, tmp_path_factory: pytest.TempPathFactor
     from autocompress_opt.prune.importance import estimate_importance
     from autocompress_opt.prune.plan import plan_pruning
     from autocompress_opt.prune.slicing import materialize
-    from autocompress_opt.quality.textdata import calibration_batches
+    from autocompress_opt.data.textdata import calibration_batches
 
     missing = install.status()
     if all(state != "installed" for state in missing.values()):  # nothing to serve it: skip before pruning
