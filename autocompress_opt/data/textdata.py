@@ -575,15 +575,13 @@ def text_batches(
     domain: str = "mixed",
     sources: Sequence[str | TextSource] | None = None,
     weights: Sequence[float] | None = None,
-    data: Sequence[str] | None = None,
     split_seed: int = DEFAULT_SPLIT_SEED,
     test_fraction: float = TEST_FRACTION,
     selection_fraction: float = SELECTION_FRACTION,
 ) -> TextBatches:
     """``n_samples`` rows of ``seq_len`` tokens of ``role`` text, with their record.
 
-    ``data``: a user's ``--data`` specs (:func:`autocompress_opt.data.user.resolve_data`; their sources
-    and weights), instead of ``sources`` / ``weights``. ``weights``: one per source, with
+    A user's ``--data`` specs: :func:`autocompress_opt.data.user.data_batches`. ``weights``: one per source, with
     ``domain="mixed"`` only: rows are shared by source in those proportions. Without weights,
     ``domain="mixed"`` shares rows equally among the domains present (built-ins: ``ceil(n/2)`` code
     rows and ``floor(n/2)`` prose rows, interleaved).
@@ -596,12 +594,6 @@ def text_batches(
     check_int(n_samples, "n_samples")
     check_int(seq_len, "seq_len", minimum=2)
     check_int(seed, "seed", minimum=None)
-    if data:
-        if sources is not None or weights is not None:
-            raise ConfigError("give either data specs or sources/weights, not both")
-        from autocompress_opt.data.user import resolve_data
-
-        sources, weights = resolve_data(data)
     resolved = _resolve_sources(sources)
     split = _split(resolved, split_seed, test_fraction, selection_fraction)
     groups = _groups(resolved, domain, weights)

@@ -34,10 +34,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.data.textdata import TextSource, text_sources
+from autocompress_opt.data.textdata import TextBatches, TextSource, text_batches, text_sources
 from autocompress_opt.errors import ConfigError, check_number
 
-__all__ = ["DataSpec", "DatasetSource", "FolderSource", "load_source", "parse_data_spec", "resolve_data"]
+__all__ = [
+    "DataSpec",
+    "DatasetSource",
+    "FolderSource",
+    "data_batches",
+    "load_source",
+    "parse_data_spec",
+    "resolve_data",
+]
 
 USER_DOMAIN = "user"
 # Files a folder source reads: prose and the common code languages (the rest — binaries, data — is skipped).
@@ -130,6 +138,15 @@ def resolve_data(specs: Sequence[str]) -> tuple[tuple[TextSource, ...], tuple[fl
         raise ConfigError(f"give a weight to every --data spec or to none; no weight on: {', '.join(missing)}")
     sources = tuple(load_source(p.source) for p in parsed)
     return sources, (tuple(float(p.weight) for p in parsed if p.weight is not None) if all(weighted) else None)
+
+
+def data_batches(tokenizer: Any, *, data: Sequence[str] | None = None, **kwargs: Any) -> TextBatches:
+    """:func:`~autocompress_opt.data.textdata.text_batches` of the user's ``data`` specs (their sources
+    and weights); without specs, of ``kwargs``' sources (the built-in ones by default)."""
+    if not data:
+        return text_batches(tokenizer, **kwargs)
+    sources, weights = resolve_data(data)
+    return text_batches(tokenizer, sources=sources, weights=weights, **kwargs)
 
 
 def load_source(spec: str) -> TextSource:

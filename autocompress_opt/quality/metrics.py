@@ -437,7 +437,9 @@ def evaluate(
         for dom in ("code", "prose")
     }
     if data:
-        data_rows["data"] = text_batches(
+        from autocompress_opt.data.user import data_batches
+
+        data_rows["data"] = data_batches(
             tokenizer, role="test", n_samples=n_samples, seq_len=seq_len, seed=seed, data=data, split_seed=split_seed
         )
     timings = {"data": time.perf_counter() - start}

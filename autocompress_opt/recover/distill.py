@@ -378,7 +378,7 @@ class _Run:
     ) -> _Run:
         from transformers import AutoTokenizer
 
-        from autocompress_opt.data.textdata import text_batches
+        from autocompress_opt.data.user import data_batches
         from autocompress_opt.hf.loading import load_model
 
         teacher = load_model(teacher_ref, cache=False, device=device, dtype=options.dtype)
@@ -388,7 +388,7 @@ class _Run:
         # Text is always tokenised by the starting student's tokenizer, so a resume draws the same rows.
         tokenizer = AutoTokenizer.from_pretrained(student_dir, local_files_only=True)
         data = options.data or None  # the user's --data specs, else the built-in sources
-        pool = text_batches(
+        pool = data_batches(
             tokenizer,
             role="calibration",
             n_samples=_pool_rows(recipe),
@@ -396,7 +396,7 @@ class _Run:
             seed=recipe.seed,
             data=data,
         )
-        held_out = text_batches(  # reported only (the KL before/after), so from the test split
+        held_out = data_batches(  # reported only (the KL before/after), so from the test split
             tokenizer, role="test", n_samples=recipe.n_eval_rows, seq_len=recipe.seq_len, seed=recipe.seed, data=data
         )
         identity = {

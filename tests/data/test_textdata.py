@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_lm import byte_tokenizer
 
-from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.data.textdata import (
     DEFAULT_SOURCES,
     BibleKJVSource,
@@ -21,11 +20,12 @@ from autocompress_opt.data.textdata import (
     StdlibSource,
     calibration_batches,
     data_split,
-    test_batches,
     parse_bible_output,
+    test_batches,
     text_batches,
     text_sources,
 )
+from autocompress_opt.errors import ConfigError, UnknownNameError
 
 
 @pytest.fixture(scope="module")

@@ -250,7 +250,7 @@ def _parent_id(path: Path, arch: Architecture) -> str:
 def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[ParentContext, bool]:
     """The context of parent ``ref`` under ``config``'s data settings (cached per process; importance
     and teacher log-probs also on disk under ``cache_dir``), and whether it was built by this call."""
-    from autocompress_opt.data.textdata import text_batches
+    from autocompress_opt.data.user import data_batches
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.quality.metrics import cache_teacher_logits
     from autocompress_opt.search.study.placement import trial_gpus
@@ -277,7 +277,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
     began = time.perf_counter()
     report(TrialProgress("importance", 0, config.inner.steps))
     data = _data_kwargs(config)
-    imp_rows = text_batches(
+    imp_rows = data_batches(
         tokenizer,
         role="calibration",
         n_samples=config.importance_samples,
@@ -302,7 +302,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
     # The inner search holds out its first val_samples rows to choose among its candidates: they are
     # selection rows; the rest, its training rows, are calibration rows.
     parts = [
-        text_batches(tokenizer, role=role, n_samples=n, seq_len=inner.seq_len, seed=config.data_seed, **data)
+        data_batches(tokenizer, role=role, n_samples=n, seq_len=inner.seq_len, seed=config.data_seed, **data)
         for role, n in (("selection", inner.val_samples), ("calibration", inner.n_samples - inner.val_samples))
         if n
     ]
@@ -319,7 +319,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
 
     began = time.perf_counter()
     evals = {
-        dom: text_batches(
+        dom: data_batches(
             tokenizer,
             role="selection",
             n_samples=config.eval_samples,
@@ -399,7 +399,7 @@ def workload_domain(workload: str) -> str:
 
 
 def _data_kwargs(config: TrialConfig) -> dict[str, Any]:
-    """:func:`~autocompress_opt.data.textdata.text_batches` arguments of the trial's calibration text."""
+    """:func:`~autocompress_opt.data.user.data_batches` arguments of the trial's calibration text."""
     if config.data:
         return {"data": config.data}
     return {"domain": config.data_domain if config.data_domain in ("code", "prose") else "mixed"}
