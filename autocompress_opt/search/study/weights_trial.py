@@ -198,6 +198,13 @@ class TrialConfig:
             return self
         return replace(self, data_domain=workload_domain(workload) if workload else "mixed")
 
+    def data_label(self) -> str:
+        """Which text the trials read, in words (``study show`` prints it)."""
+        if self.data:
+            return f"your data ({', '.join(self.data)})"
+        what = {"code": "built-in code (python-stdlib)", "prose": "built-in prose (pydoc-topics)"}
+        return what.get(self.data_domain, "built-in code and prose (python-stdlib, pydoc-topics)")
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(out.pop("inner"))
@@ -632,12 +639,15 @@ def evaluate_architecture(
     *,
     inner: Mapping[str, Any] | None = None,
     cache_dir: str | Path | None = None,
+    workload: str | None = None,
 ) -> dict[str, Any]:
     """Held-out quality of any sub-architecture of ``parent_model`` (e.g. a baseline), measured exactly as a
     weights trial measures its result (same data, importance and quality cache): ``quality``,
-    ``kl_to_parent``, ``kl_code``, ``kl_prose``, ``ppl_code``, ``ppl_prose``, ``quality_cached``."""
+    ``kl_to_parent``, ``kl_<domain>`` and ``ppl_<domain>`` (:func:`objective_domains`), ``quality_cached``.
+    ``workload``: the target's, which picks the built-in text as for that target's trials
+    (:meth:`TrialConfig.for_workload`; None: code and prose)."""
 
-    config = TrialConfig.from_dict(inner)
+    config = TrialConfig.from_dict(inner).for_workload(workload)
     cache = Path(cache_dir or DEFAULT_CACHE_DIR)
     parent, _ = parent_context(str(parent_model), config, cache)
     plan = plan_pruning(parent.architecture, parent.importance, arch)
