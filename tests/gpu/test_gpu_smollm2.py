@@ -67,7 +67,7 @@ def rows(smollm2: dict[str, LoadedModel]) -> dict[str, torch.Tensor]:
     tokenizer = smollm2["fp32"].tokenizer
     return {
         "calibration": text_batches(tokenizer, role="calibration", n_samples=4, seq_len=128, seed=0).tokens,
-        "evaluation": text_batches(tokenizer, role="evaluation", n_samples=8, seq_len=128, seed=0).tokens,
+        "evaluation": text_batches(tokenizer, role="test", n_samples=8, seq_len=128, seed=0).tokens,
     }
 
 

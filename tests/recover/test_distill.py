@@ -148,7 +148,7 @@ def test_loss_falls_and_held_out_kl_drops_on_a_perturbed_student(
     assert result.complete and len(result.losses) == 8
     assert result.losses[-1] < 0.7 * result.losses[0]
     assert result.final_kl is not None and result.final_kl < result.initial_kl
-    assert result.data["role"] == "calibration" and result.eval_data["role"] == "evaluation"
+    assert result.data["role"] == "calibration" and result.eval_data["role"] == "test"
 
 
 def test_a_student_equal_to_its_teacher_starts_at_zero_kl(teacher: Any, teacher_dir: Path, tmp_path: Path) -> None:
