@@ -125,7 +125,8 @@ def points_for(target: Target, context: Any, wanted: list[str], serve_as: str = 
     engine = config.serve_as_for(target)
     out: dict[str, dict[str, int]] = {}
     if "minitron" in wanted:
-        rows = context.tokens[: TrialConfig().inner.val_samples]
+        val = TrialConfig().inner.val_samples  # calibration rows, as seeding.seed_scoring scores them
+        rows = context.tokens[val : 2 * val]
         score = masked_kl_scorer(context.model, context.importance, rows)
         seeds = baseline_seeds(config, target, parent, importance=context.importance, score=score, layer_order=order)
         if "point" in seeds.get("minitron", {}):

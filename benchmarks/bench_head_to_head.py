@@ -428,8 +428,10 @@ def main(argv: list[str] | None = None) -> None:
     tasks = task_table(parent_report)
     context, _ = parent_context(args.model, TrialConfig(), CACHE)
     parent = context.architecture
-    # the baselines' candidate score: held-out calibration KL, exactly as the study's seeding scores them
-    score = masked_kl_scorer(context.model, context.importance, context.tokens[: TrialConfig().inner.val_samples])
+    # the baselines' candidate score: KL on calibration rows, exactly as the study's seeding scores them
+    # (search.study.seeding.seed_scoring: the val_samples rows after the inner search's selection rows)
+    val = TrialConfig().inner.val_samples
+    score = masked_kl_scorer(context.model, context.importance, context.tokens[val : 2 * val])
     rows = []
     for target in targets:
         feasible = target_feasibility(target, parent)

@@ -28,6 +28,20 @@ def add_hardware_file(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_data_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--data SPEC[:WEIGHT]`` (repeatable): the user's text instead of the built-in sources."""
+    parser.add_argument(
+        "--data",
+        action="append",
+        default=None,
+        metavar="SPEC[:WEIGHT]",
+        help=f"your text for {what}, repeatable with row weights (code.jsonl:0.7 --data chat.parquet:0.3): "
+        "a .jsonl/.json/.parquet file (a text field or chat messages), a save_to_disk folder, a folder of "
+        "text/code files, hf:NAME[:CONFIG][:SPLIT][:FIELD], or a built-in source; split by document into "
+        "calibration / selection / test (default: the built-in Python code and prose)",
+    )
+
+
 def add_compute_args(parser: argparse.ArgumentParser, *, note: str = "") -> None:
     """``--device`` and ``--compute-dtype`` (resolved by :func:`compute_of`)."""
     parser.add_argument(

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.cli._common import add_verb, check_output_dir, check_positive, print_json
+from autocompress_opt.cli._common import add_data_arg, add_verb, check_output_dir, check_positive, print_json
 from autocompress_opt.errors import ConfigError
 
 
@@ -52,6 +52,7 @@ checkpoint made with other settings is refused naming the setting, unless --rest
     p.add_argument("--out", metavar="DIR", help="output checkpoint directory (default: <student>-distilled)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"rows per update (default {d.batch_size})")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"tokens per row (default {d.seq_len})")
+    add_data_arg(p, "distillation (its calibration split; the KL before/after on its test split)")
     p.add_argument("--lr", type=float, default=d.lr, help=f"peak AdamW learning rate (default {d.lr:g})")
     p.add_argument(
         "--warmup-steps",
@@ -133,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         restart=args.restart,
         force=args.force,
+        data=tuple(args.data or ()),
         device=args.device,
         bf16=args.bf16,
         compute_dtype=args.compute_dtype,

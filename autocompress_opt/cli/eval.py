@@ -9,6 +9,7 @@ from typing import Any
 
 from autocompress_opt.cli._common import (
     add_compute_args,
+    add_data_arg,
     add_verb,
     check_output_file,
     check_positive,
@@ -74,6 +75,7 @@ def add_parser(sub: Any) -> None:
         help="held-out rows per domain (default 16), also for the heldout-perplexity task",
     )
     p.add_argument("--seq-len", type=int, default=256, help="tokens per row (default 256)")
+    add_data_arg(p, "perplexity and KL (its test split, reported beside the built-in code and prose)")
     p.add_argument(
         "--seed",
         type=int,
@@ -116,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         batch_size=args.batch_size or _PPL_BATCH_SIZE,
         progress=not args.no_progress,
+        data=args.data,
     )
     result = {
         "model": model.source,
@@ -182,11 +185,16 @@ def _print_table(model: str, parent: str | None, report: Any) -> None:
     rows = [
         ["code", f"{report.ppl_code:.3f}", kl(report.kl_code), f"{report.timings_s['code']:.1f}"],
         ["prose", f"{report.ppl_prose:.3f}", kl(report.kl_prose), f"{report.timings_s['prose']:.1f}"],
+        *(
+            [["data", f"{report.ppl_data:.3f}", kl(report.kl_data), f"{report.timings_s['data']:.1f}"]]
+            if report.ppl_data is not None
+            else []
+        ),
         ["all", "", kl(report.kl_to_parent), f"{report.timings_s['total']:.1f}"],
     ]
     print(
         f"model:  {model}\nparent: {parent or '(none)'}\n"
-        f"held-out: {report.n_samples} rows x {report.seq_len} tokens per domain, seed {report.seed}"
+        f"test split: {report.n_samples} rows x {report.seq_len} tokens per domain, seed {report.seed}"
     )
     print(table(rows, ["domain", "perplexity", "KL(parent||model) nats", "seconds"]))
 

@@ -21,7 +21,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.cli._common import add_compute_args, add_verb, check_output_dir, check_positive, compute_of
+from autocompress_opt.cli._common import (
+    add_compute_args,
+    add_data_arg,
+    add_verb,
+    check_output_dir,
+    check_positive,
+    compute_of,
+)
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.baselines import BASELINE_WIDTHS, BASELINES
 from autocompress_opt.prune.importance import LAYER_METRICS
@@ -118,6 +125,7 @@ the export is the model the trial measured; a plan-mode trial is cut like --arch
     )
     p.add_argument("--seq-len", type=int, default=128, help="tokens per calibration sequence (default 128)")
     p.add_argument("--seed", type=int, default=0, help="calibration sampling seed (default 0)")
+    add_data_arg(p, "importance and a baseline's candidate scoring (their calibration split)")
     p.add_argument("--batch-size", type=int, default=4, help="sequences per forward pass (default 4)")
     p.add_argument(
         "--layer-metric",
@@ -232,6 +240,7 @@ def _prune(args: argparse.Namespace, serving_target: Any, arch_file: Any, study:
             "data_id": importance.meta.data_id,
             "base_loss": importance.meta.base_loss,
         },
+        **({"data": args.data_record} if getattr(args, "data_record", None) else {}),
         **({"study_result": study["result"]} if study is not None else {}),
     }
     parent_record = {"model": str(args.model), "source": loaded.source, "num_params": parent.num_params}
@@ -279,7 +288,8 @@ def _run_from_study(args: argparse.Namespace) -> int:
     if identity.get("mode") != "weights":
         args.model, args.arch = model, None
         return _export_architecture(args, replace(arch, name=Path(args.out).name), name, record)
-    return _export_trial(args, model, dict(identity.get("inner") or {}), arch, name, record)
+    workload = (identity.get("target") or {}).get("workload")
+    return _export_trial(args, model, dict(identity.get("inner") or {}), arch, name, record, workload)
 
 
 def _trial_choice(text: str | None) -> int | None:
@@ -312,17 +322,46 @@ def _pick_trial(records: Any, number: int | None, name: str) -> Any:
 
 
 def _export_trial(
-    args: argparse.Namespace, model: str, inner: dict[str, Any], arch: Any, name: str, record: Any
+    args: argparse.Namespace,
+    model: str,
+    inner: dict[str, Any],
+    arch: Any,
+    name: str,
+    record: Any,
+    workload: str | None = None,
 ) -> int:
     """A weights-mode trial: its parent context (model, importance, data) as the trial had it
-    (:func:`~autocompress_opt.search.study.export.export_trial`)."""
+    (:func:`~autocompress_opt.search.study.export.export_trial`). The card carries the trial's
+    result (measured on the selection split, which chose it) and the model's quality on the test
+    split (``test``: never used to choose anything)."""
+    from autocompress_opt.prune.plan import plan_pruning
+    from autocompress_opt.prune.slicing import materialize
+    from autocompress_opt.quality.metrics import evaluate
     from autocompress_opt.search.study import export_trial, trial_parent
 
     overrides = {k: v for k, v in (("device", args.device), ("compute_dtype", args.compute_dtype)) if v is not None}
-    context, config = trial_parent(model, {**inner, **overrides})
+    context, config = trial_parent(model, {**inner, **overrides}, workload=workload)
+    child = materialize(context.model, plan_pruning(context.architecture, context.importance, arch))
+    test = evaluate(
+        child,
+        context.tokenizer,
+        parent=context.model,
+        n_samples=config.eval_samples,
+        seq_len=config.eval_seq_len,
+        seed=config.eval_seed,
+        data=config.data or None,
+        progress=False,
+    )
+    del child
     card = {
         "recipe": {"mode": "study-trial", "study": name, "trial": record.number, "inner": config.to_dict()},
-        "study_result": {"quality": record.quality, "metrics": record.metrics, "selection": record.selection},
+        "study_result": {
+            "split": "selection",
+            "quality": record.quality,
+            "metrics": record.metrics,
+            "selection": record.selection,
+        },
+        "test": {"split": "test", **test.to_dict()},
     }
     exported = export_trial(
         context,
@@ -336,7 +375,9 @@ def _export_trial(
     built = exported.plan.architecture
     print(
         f"study {name}, trial {record.number}: {built.summary()} "
-        f"({built.num_params / context.architecture.num_params:.1%} of the parent)\nwrote {exported.path}"
+        f"({built.num_params / context.architecture.num_params:.1%} of the parent)\n"
+        f"test split: KL to parent {test.kl_to_parent:.5f} nats, perplexity code {test.ppl_code:.3f}, "
+        f"prose {test.ppl_prose:.3f}\nwrote {exported.path}"
     )
     return 0
 
@@ -459,13 +500,20 @@ def _baseline(
     args: argparse.Namespace, loaded: Any, importance: Any, serving_target: Any, parent: Any, metric: str
 ) -> tuple[Any, dict[str, Any]]:
     """The architecture ``--baseline`` chooses (named after --out) and the recipe record; prints why."""
+    from autocompress_opt.data.user import data_batches
     from autocompress_opt.prune.baselines import make_baseline, masked_kl_scorer, target_feasibility
-    from autocompress_opt.quality.textdata import calibration_batches
 
     samples = 8 if args.score_samples is None else args.score_samples
     score, score_record = None, None
     if samples:
-        rows = calibration_batches(loaded.tokenizer, n_samples=samples, seq_len=args.seq_len, seed=args.seed + 1)
+        rows = data_batches(
+            loaded.tokenizer,
+            data=args.data,
+            role="calibration",
+            n_samples=samples,
+            seq_len=args.seq_len,
+            seed=args.seed + 1,
+        ).tokens
         kl = masked_kl_scorer(loaded.model, importance, rows, layer_metric=metric, batch_size=args.batch_size)
         score = _announced(kl, quiet=args.no_progress)
         score_record = {
@@ -520,10 +568,19 @@ def _announced(score: Any, *, quiet: bool) -> Any:
 
 def _importance(args: argparse.Namespace, loaded: Any, adapter: Any) -> Any:
     """Scores of the parent on calibration text, from the cache when this (model, data) was seen."""
+    from autocompress_opt.data.user import data_batches
     from autocompress_opt.prune.importance import estimate_importance, tokens_id
-    from autocompress_opt.quality.textdata import calibration_batches
 
-    tokens = calibration_batches(loaded.tokenizer, n_samples=args.samples, seq_len=args.seq_len, seed=args.seed)
+    batches = data_batches(
+        loaded.tokenizer,
+        data=args.data,
+        role="calibration",
+        n_samples=args.samples,
+        seq_len=args.seq_len,
+        seed=args.seed,
+    )
+    args.data_record = batches.to_dict()  # the card's record of the text (sources' SHA-256, rows per source)
+    tokens = batches.tokens
     passes = -(-args.samples // args.batch_size) * (len(adapter.all_layer_parts(loaded.model)) + 1)
     if not args.no_progress:
         print(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from autocompress_opt._data import REPO_SEARCH_SPACES
 from autocompress_opt.cli._common import (
+    add_data_arg,
     add_hardware_file,
     add_verb,
     concurrency,
@@ -164,6 +165,7 @@ def add_parser(sub: Any) -> None:
         help="plan mode: an importance record of the parent (saved by "
         "'autocompress prune' under .autocompress/importance/) → quality = retained importance",
     )
+    add_data_arg(run, "weights-mode trials (same as the YAML key data: [code.jsonl:0.7, chat.parquet:0.3])")
     run.add_argument(
         "--inner",
         action="append",
@@ -276,6 +278,7 @@ _RUN_KEYS = (
     "address",
     "plugin",
     "inner",
+    "data",
     "importance",
     "seed_baselines",
     "scheduler",
@@ -431,12 +434,24 @@ def _hardware_profiles(raw: Any) -> tuple[dict[str, Any], ...]:
 def _inner(raw: Any, values: dict[str, Any]) -> dict[str, Any]:
     """``{steps: 24}`` from YAML, or ``["steps=24"]`` from flags (or a YAML list), with ``--device`` /
     ``--compute-dtype``: :func:`~autocompress_opt.search.study.config.inner_settings`."""
+    from autocompress_opt.errors import ConfigError
     from autocompress_opt.search.study import inner_settings
 
     pairs = None if not raw else raw if isinstance(raw, dict) else setting_options(list(raw), "--inner")
-    return inner_settings(
+    inner = inner_settings(
         pairs, mode=str(values.get("mode")), device=values.get("device"), compute_dtype=values.get("compute_dtype")
     )
+    data = values.get("data")
+    if data:  # --data (a list) or the YAML key (a spec or a list of them): the trials' text
+        specs = [data] if isinstance(data, str) else data
+        if not isinstance(specs, list) or not all(isinstance(s, str) for s in specs):
+            raise ConfigError(f"data must be a spec or a list of specs such as [code.jsonl:0.7], got {data!r}")
+        if values.get("mode") != "weights":
+            raise ConfigError(
+                f"--data applies to weights mode (trials on the real model); this is {values.get('mode')} mode"
+            )
+        inner["data"] = list(specs)
+    return inner
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -511,6 +526,22 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_line(view: Any) -> str | None:
+    """A weights study's text: the user's --data, or the built-in text its target's workload picks;
+    and which split decided what (None for a plan-mode study, which reads no text)."""
+    from autocompress_opt.search.study.weights_trial import TrialConfig
+
+    identity = view.attrs.get("identity") or {}
+    if identity.get("mode") != "weights":
+        return None
+    config = TrialConfig.from_dict(identity.get("inner") or None).for_workload(view.target.get("workload"))
+    return (
+        f"{config.data_label()} for the {view.target.get('workload')} workload; importance and inner-search training "
+        "on its calibration split, the inner search's choice and the quality column on its selection split "
+        "(the test split is for reported numbers: prune --from-study cards, eval)"
+    )
+
+
 def _show(args: argparse.Namespace) -> int:
     from autocompress_opt.search.study.studyio import load_group
 
@@ -543,6 +574,9 @@ def _show(args: argparse.Namespace) -> int:
         for reason, numbers in _failures(view.records).items():
             print(f"   failed ({len(numbers)}): {reason} (trials {', '.join(f'#{n}' for n in numbers)})")
         print(f"   quality: {view.quality_label} (higher is better; 1.0 = the parent)")
+        data = _data_line(view)
+        if data:
+            print(f"   data: {data}")
         counts = view.candidate_counts()
         if counts:
             picked = ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))

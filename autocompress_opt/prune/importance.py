@@ -268,7 +268,7 @@ def estimate_importance(
     Raises :class:`ConfigError` for bad tokens, a cache entry made for another architecture, or a
     cache without a model id; :class:`UnknownNameError` for an unknown method or model family.
     """
-    from autocompress_opt.quality.textdata import check_token_ids
+    from autocompress_opt.data.textdata import check_token_ids
 
     estimator = ESTIMATORS.get(method)
     adapter = adapter or adapter_for(model)

@@ -9,7 +9,7 @@ differently for another ``batch_size``: expect ~1e-6 relative differences, never
 - :func:`kl_divergence`: mean over all ``L`` positions of ``KL(teacher ‖ student)`` of the
   next-token distributions, in nats. Zero for a model against itself; never negative.
 - :func:`kl_and_perplexity`: both of a student against cached teacher logits, in one student pass.
-- :func:`evaluate`: both on the held-out code and prose of :mod:`autocompress_opt.quality.textdata`.
+- :func:`evaluate`: both on the held-out code and prose of :mod:`autocompress_opt.data.textdata`.
 
 The two tensor-level building blocks are the one definition of the KL in the package; the inner
 mask search (a differentiable mean over a batch), the weights trial and distillation (with a
@@ -33,14 +33,14 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import torch
 
+from autocompress_opt.data.textdata import DEFAULT_SPLIT_SEED, TextBatches, check_token_ids, text_batches
 from autocompress_opt.errors import ConfigError, check_int
-from autocompress_opt.quality.textdata import DEFAULT_SPLIT_SEED, TextBatches, check_token_ids, text_batches
 
 __all__ = [
     "QualityReport",
@@ -362,9 +362,10 @@ class QualityReport:
     """Held-out quality of one model (and its distance to a parent).
 
     Attributes:
-        ppl_code / ppl_prose: perplexity on held-out code / prose.
-        kl_to_parent: mean per-position KL(parent ‖ model) in nats over code and prose rows
-            together; None without a parent. ``kl_code`` / ``kl_prose``: the same per domain.
+        ppl_code / ppl_prose: perplexity on test-split code / prose.
+        kl_to_parent: mean per-position KL(parent ‖ model) in nats over every row (code, prose and
+            the user's data) together; None without a parent. ``kl_code`` / ``kl_prose``: the same per domain.
+        ppl_data / kl_data: the same on the test split of the user's ``--data`` (None without it).
         n_samples / seq_len / seed: rows per domain, tokens per row, sampling seed.
         data: the :meth:`TextBatches.to_dict` record of the code and the prose rows.
         timings_s: wall-clock seconds of ``data`` (tokenising), ``code``, ``prose`` and ``total``.
@@ -380,6 +381,8 @@ class QualityReport:
     seed: int
     data: dict[str, Any] = field(repr=False)
     timings_s: dict[str, float] = field(repr=False)
+    ppl_data: float | None = None
+    kl_data: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe copy of every field."""
@@ -389,6 +392,8 @@ class QualityReport:
             "kl_to_parent": self.kl_to_parent,
             "kl_code": self.kl_code,
             "kl_prose": self.kl_prose,
+            "ppl_data": self.ppl_data,
+            "kl_data": self.kl_data,
             "n_samples": self.n_samples,
             "seq_len": self.seq_len,
             "seed": self.seed,
@@ -408,19 +413,21 @@ def evaluate(
     batch_size: int = DEFAULT_BATCH_SIZE,
     split_seed: int = DEFAULT_SPLIT_SEED,
     progress: bool = True,
+    data: Sequence[str] | None = None,
 ) -> QualityReport:
-    """Perplexity on held-out code and prose, and KL to ``parent`` when given.
+    """Perplexity on test-split code and prose (and the user's ``data``), and KL to ``parent`` when given.
 
-    ``n_samples`` rows of ``seq_len`` tokens per domain come from evaluation documents only (see
-    :mod:`autocompress_opt.quality.textdata`; never a calibration document for the same ``split_seed``).
+    ``n_samples`` rows of ``seq_len`` tokens per domain (and of ``data``, its specs' weights sharing
+    them) come from test documents only (see :mod:`autocompress_opt.data.textdata`; never a
+    calibration or selection document for the same ``split_seed``).
     ``model`` and ``parent`` must share ``tokenizer``'s vocabulary. Each row costs one forward
     pass of the model (and one of the parent). Deterministic given the arguments.
     """
     start = time.perf_counter()
-    data = {
+    data_rows = {
         dom: text_batches(
             tokenizer,
-            role="evaluation",
+            role="test",
             n_samples=n_samples,
             seq_len=seq_len,
             seed=seed,
@@ -429,9 +436,15 @@ def evaluate(
         )
         for dom in ("code", "prose")
     }
+    if data:
+        from autocompress_opt.data.user import data_batches
+
+        data_rows["data"] = data_batches(
+            tokenizer, role="test", n_samples=n_samples, seq_len=seq_len, seed=seed, data=data, split_seed=split_seed
+        )
     timings = {"data": time.perf_counter() - start}
     totals = {}
-    for dom, batches in data.items():
+    for dom, batches in data_rows.items():
         began = time.perf_counter()
         totals[dom] = _score(
             model, batches.tokens, teacher=parent, batch_size=batch_size, progress=progress, desc=f"eval {dom}"
@@ -451,8 +464,10 @@ def evaluate(
         n_samples=n_samples,
         seq_len=seq_len,
         seed=seed,
-        data={dom: b.to_dict() for dom, b in data.items()},
+        data={dom: b.to_dict() for dom, b in data_rows.items()},
         timings_s=timings,
+        ppl_data=totals["data"].perplexity if data else None,
+        kl_data=kl(totals["data"]) if data else None,
     )
 
 

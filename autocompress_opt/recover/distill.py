@@ -29,12 +29,12 @@ format as an unsharded run, so a checkpoint resumes with or without sharding (ea
 it whole and keeps its shard).
 
 **Budget.** A run is ``steps × batch_size × seq_len`` tokens, all of them calibration text
-(:mod:`autocompress_opt.quality.textdata`; never a held-out document). The :class:`DistillRecipe` and the
+(:mod:`autocompress_opt.data.textdata`; never a held-out document). The :class:`DistillRecipe` and the
 data record are written into every checkpoint and the result, so two arms of a comparison can be
 shown to have had identical budgets.
 
 **Data order.** Row ``k`` of the run's stream (``k = step·batch_size + j``) is, for ``k < P``, row
-``k`` of the calibration rows :func:`~autocompress_opt.quality.textdata.text_batches` draws with the
+``k`` of the calibration rows :func:`~autocompress_opt.data.textdata.text_batches` draws with the
 recipe's ``seq_len`` and ``seed`` (its rows are prefix-stable: asking for more never changes the
 first ones), where ``P = min(steps·batch_size, POOL_TOKENS / seq_len)`` rows are drawn once. A run
 longer than the pool revisits it, pass ``p ≥ 1`` in an order permuted by ``(seed, p)``. So the batch
@@ -64,6 +64,7 @@ import json
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -245,6 +246,7 @@ def distill(
     gradient_checkpointing: bool = False,
     kl_chunk: int | None = None,
     fsdp: bool = False,
+    data: Sequence[str] = (),
 ) -> DistillResult:
     """Distil ``teacher_ref`` into the student in directory ``student_ref``; write the result to ``out_dir``.
 
@@ -271,6 +273,9 @@ def distill(
         fsdp: shard the student with FSDP2 over the initialised ``torch.distributed`` process
             group (see the module docstring); every process calls :func:`distill` alike. On CUDA
             each process uses GPU ``LOCAL_RANK`` (torchrun sets it).
+        data: the user's ``--data`` specs (:mod:`autocompress_opt.data.user`): the pool comes from
+            their calibration split and the KL before/after from their test split; empty: the
+            built-in sources. Their record (SHA-256, rows) is part of the run's identity.
 
     Deterministic given its arguments on a given device; the caller's torch RNG state is restored
     on return. Raises :class:`ConfigError` for a missing student, ``out_dir`` equal to it, a
@@ -296,7 +301,11 @@ def distill(
         torch_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(torch_device)
     options = _Options(
-        dtype=dtype, gradient_checkpointing=bool(gradient_checkpointing), kl_chunk=kl_chunk, world_size=world
+        dtype=dtype,
+        gradient_checkpointing=bool(gradient_checkpointing),
+        kl_chunk=kl_chunk,
+        world_size=world,
+        data=tuple(data),
     )
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"output path {str(out)!r} exists and is not a directory")
@@ -323,6 +332,7 @@ class _Options:
     gradient_checkpointing: bool = False
     kl_chunk: int | None = None
     world_size: int = 1  # > 1: the student is FSDP-sharded over that many processes
+    data: tuple[str, ...] = ()  # the user's --data specs (the text, not how memory is used: kept here for brevity)
 
     @property
     def rank(self) -> int:
@@ -368,8 +378,8 @@ class _Run:
     ) -> _Run:
         from transformers import AutoTokenizer
 
+        from autocompress_opt.data.user import data_batches
         from autocompress_opt.hf.loading import load_model
-        from autocompress_opt.quality.textdata import text_batches
 
         teacher = load_model(teacher_ref, cache=False, device=device, dtype=options.dtype)
         teacher.model.requires_grad_(False).eval()
@@ -377,11 +387,17 @@ class _Run:
         _check_compatible(student, teacher, student_dir, teacher_ref, recipe.seq_len)
         # Text is always tokenised by the starting student's tokenizer, so a resume draws the same rows.
         tokenizer = AutoTokenizer.from_pretrained(student_dir, local_files_only=True)
-        pool = text_batches(
-            tokenizer, role="calibration", n_samples=_pool_rows(recipe), seq_len=recipe.seq_len, seed=recipe.seed
+        data = options.data or None  # the user's --data specs, else the built-in sources
+        pool = data_batches(
+            tokenizer,
+            role="calibration",
+            n_samples=_pool_rows(recipe),
+            seq_len=recipe.seq_len,
+            seed=recipe.seed,
+            data=data,
         )
-        held_out = text_batches(
-            tokenizer, role="evaluation", n_samples=recipe.n_eval_rows, seq_len=recipe.seq_len, seed=recipe.seed
+        held_out = data_batches(  # reported only (the KL before/after), so from the test split
+            tokenizer, role="test", n_samples=recipe.n_eval_rows, seq_len=recipe.seq_len, seed=recipe.seed, data=data
         )
         identity = {
             "recipe": recipe.to_dict(),

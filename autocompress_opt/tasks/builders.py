@@ -99,7 +99,7 @@ def build_task(name: str, *, n_items: int = 200, seed: int = 0, data_dir: str | 
     if name == PERPLEXITY_TASK:
         raise ConfigError(
             f"{PERPLEXITY_TASK!r} has no items: it is scored by the perplexity evaluator on "
-            "held-out text from autocompress_opt.quality.textdata, not built here"
+            "held-out text from autocompress_opt.data.textdata, not built here"
         )
     if name not in TASK_BUILDERS:
         raise UnknownNameError("task", name, TASK_NAMES)

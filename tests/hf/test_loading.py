@@ -184,8 +184,8 @@ def test_smollm2_loads_with_its_exact_count_and_scores(smollm2_loaded):
 def test_gemma3_270m_loads_with_its_exact_count_and_scores(gemma3_gguf):
     """Integration: the Gemma 3 270M GGUF (assembled from its PyPI chunk wheels) loads offline by name as a
     dense float32 Gemma3ForCausalLM, counts exactly, and scores finitely on held-out text."""
+    from autocompress_opt.data.textdata import test_batches
     from autocompress_opt.quality.metrics import perplexity
-    from autocompress_opt.quality.textdata import evaluation_batches
 
     loaded = load_model("gemma3-270m")
     assert type(loaded.model).__name__ == "Gemma3ForCausalLM" and loaded.path == gemma3_gguf.resolve()
@@ -194,6 +194,6 @@ def test_gemma3_270m_loads_with_its_exact_count_and_scores(gemma3_gguf):
     config = loaded.model.config
     assert config.head_dim == 256 and config.sliding_window == 512 and config.layer_types.count("full_attention") == 3
     assert next(loaded.model.parameters()).dtype == torch.float32
-    ids = evaluation_batches(loaded.tokenizer, n_samples=2, seq_len=64, seed=0)
+    ids = test_batches(loaded.tokenizer, n_samples=2, seq_len=64, seed=0)
     ppl = perplexity(loaded.model, ids, batch_size=1, progress=False)
     assert math.isfinite(ppl) and 1.0 < ppl < 200.0  # a trained model, far below V=262144

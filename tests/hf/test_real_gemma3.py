@@ -27,6 +27,7 @@ def sixty_percent_target(arch):
 
 
 def test_prune_export_reload_on_the_real_gemma3(gemma3_gguf, tmp_path: Path) -> None:
+    from autocompress_opt.data.textdata import calibration_batches, test_batches
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.prune.export import export_model
     from autocompress_opt.prune.importance import estimate_importance
@@ -34,7 +35,6 @@ def test_prune_export_reload_on_the_real_gemma3(gemma3_gguf, tmp_path: Path) -> 
     from autocompress_opt.prune.plan import plan_pruning
     from autocompress_opt.prune.slicing import materialize
     from autocompress_opt.quality.metrics import perplexity
-    from autocompress_opt.quality.textdata import calibration_batches, evaluation_batches
 
     start = time.perf_counter()
     loaded = load_model("gemma3-270m")
@@ -65,7 +65,7 @@ def test_prune_export_reload_on_the_real_gemma3(gemma3_gguf, tmp_path: Path) -> 
     assert type(pruned).__name__ == "AutocompressDeciLMForCausalLM"  # per-layer FFN widths
     assert sum(p.numel() for p in pruned.parameters()) == target.num_params
 
-    ids = evaluation_batches(tokenizer, n_samples=1, seq_len=64, seed=0)
+    ids = test_batches(tokenizer, n_samples=1, seq_len=64, seed=0)
     with torch.inference_mode():
         with apply_masks(parent, plan.masks()):
             masked = parent(ids).logits
@@ -86,7 +86,7 @@ def test_prune_export_reload_on_the_real_gemma3(gemma3_gguf, tmp_path: Path) -> 
     with torch.inference_mode():
         torch.testing.assert_close(reloaded.model(ids).logits, sliced, atol=1e-5, rtol=1e-5)
 
-    held_out = evaluation_batches(tokenizer, n_samples=4, seq_len=128, seed=1)
+    held_out = test_batches(tokenizer, n_samples=4, seq_len=128, seed=1)
     start = time.perf_counter()
     ppl_parent = perplexity(parent, held_out, batch_size=1, progress=False)
     ppl_pruned = perplexity(reloaded.model, held_out, batch_size=1, progress=False)

@@ -18,6 +18,7 @@ def test_prune_export_reload_on_the_real_model(smollm2_loaded, tmp_path: Path) -
     """Importance on a small calibration set, a heterogeneous target (dropped layers, per-layer
     FFN widths and heads, smaller hidden), export, reload through load_model: identical logits;
     held-out perplexity finite and worse than the parent's."""
+    from autocompress_opt.data.textdata import calibration_batches, test_batches
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.prune.export import export_model
     from autocompress_opt.prune.importance import estimate_importance
@@ -25,7 +26,6 @@ def test_prune_export_reload_on_the_real_model(smollm2_loaded, tmp_path: Path) -
     from autocompress_opt.prune.plan import plan_pruning
     from autocompress_opt.prune.slicing import materialize
     from autocompress_opt.quality.metrics import perplexity
-    from autocompress_opt.quality.textdata import calibration_batches, evaluation_batches
 
     parent, tokenizer, arch = smollm2_loaded.model, smollm2_loaded.tokenizer, smollm2_loaded.architecture
     calib = calibration_batches(tokenizer, n_samples=4, seq_len=64, seed=0)
@@ -47,7 +47,7 @@ def test_prune_export_reload_on_the_real_model(smollm2_loaded, tmp_path: Path) -
     pruned = materialize(parent, plan)
     assert sum(p.numel() for p in pruned.parameters()) == target.active().num_params
 
-    ids = evaluation_batches(tokenizer, n_samples=2, seq_len=64, seed=0)
+    ids = test_batches(tokenizer, n_samples=2, seq_len=64, seed=0)
     with torch.inference_mode():
         with apply_masks(parent, plan.masks()):
             masked = parent(ids).logits
@@ -68,7 +68,7 @@ def test_prune_export_reload_on_the_real_model(smollm2_loaded, tmp_path: Path) -
     with torch.inference_mode():
         torch.testing.assert_close(reloaded.model(ids).logits, sliced, atol=1e-5, rtol=1e-5)
 
-    held_out = evaluation_batches(tokenizer, n_samples=4, seq_len=128, seed=1)
+    held_out = test_batches(tokenizer, n_samples=4, seq_len=128, seed=1)
     ppl_parent = perplexity(parent, held_out, batch_size=2, progress=False)
     ppl_pruned = perplexity(reloaded.model, held_out, batch_size=2, progress=False)
     assert torch.isfinite(torch.tensor(ppl_pruned)) and ppl_pruned > ppl_parent

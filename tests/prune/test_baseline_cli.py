@@ -7,10 +7,10 @@ import json
 import re
 import types
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import torch
 from tiny_families import tiny_model, tokens
 
 from autocompress_opt.cli import main
@@ -94,7 +94,7 @@ def test_baseline_choices_are_checked_by_argparse(no_loading: None, tmp_path: Pa
 
 @pytest.fixture
 def fake_loading(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Stand-ins for loading.load_model / textdata.calibration_batches: a tiny llama and random tokens
+    """Stand-ins for loading.load_model / data.user.data_batches: a tiny llama and random tokens
     (the real functions are replaced, so a renamed API fails here)."""
     parent = tiny_model("llama")
     loaded = types.SimpleNamespace(
@@ -105,11 +105,12 @@ def fake_loading(monkeypatch: pytest.MonkeyPatch) -> Any:
         architecture=adapter_for(parent).architecture(parent),
     )
 
-    def calibration_batches(tokenizer: Any, *, n_samples: int, seq_len: int, seed: int) -> torch.Tensor:
-        return tokens(n_samples, seq_len, seed)
+    def data_batches(tokenizer: Any, *, data: Any, role: str, n_samples: int, seq_len: int, seed: int) -> Any:
+        assert role == "calibration"
+        return SimpleNamespace(tokens=tokens(n_samples, seq_len, seed), to_dict=lambda: {"role": role, "seed": seed})
 
     monkeypatch.setattr("autocompress_opt.hf.loading.load_model", lambda ref, **kw: loaded)
-    monkeypatch.setattr("autocompress_opt.quality.textdata.calibration_batches", calibration_batches)
+    monkeypatch.setattr("autocompress_opt.data.user.data_batches", data_batches)
     return parent
 
 

@@ -7,6 +7,7 @@ import json
 import types
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -275,7 +276,7 @@ def test_bad_block_configs_name_the_entry(blocks: list[Any], match: str) -> None
 # -------------------------------------------------------------------------- the CLI verb
 @pytest.fixture
 def fake_loading(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Stand-ins for loading.load_model / textdata.calibration_batches (the real functions are replaced,
+    """Stand-ins for loading.load_model / data.user.data_batches (the real functions are replaced,
     so a renamed API fails here): a tiny llama and random tokens."""
     parent = tiny_model("llama")
     loaded = types.SimpleNamespace(
@@ -286,11 +287,12 @@ def fake_loading(monkeypatch: pytest.MonkeyPatch) -> Any:
         architecture=adapter_for(parent).architecture(parent),
     )
 
-    def calibration_batches(tokenizer: Any, *, n_samples: int, seq_len: int, seed: int) -> torch.Tensor:
-        return tokens(n_samples, seq_len, seed)
+    def data_batches(tokenizer: Any, *, data: Any, role: str, n_samples: int, seq_len: int, seed: int) -> Any:
+        assert role == "calibration"
+        return SimpleNamespace(tokens=tokens(n_samples, seq_len, seed), to_dict=lambda: {"role": role, "seed": seed})
 
     monkeypatch.setattr("autocompress_opt.hf.loading.load_model", lambda ref, **kw: loaded)
-    monkeypatch.setattr("autocompress_opt.quality.textdata.calibration_batches", calibration_batches)
+    monkeypatch.setattr("autocompress_opt.data.user.data_batches", data_batches)
     return parent
 
 

@@ -3,6 +3,7 @@ cut with the trial's own importance), so the export is the model whose quality t
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from weights_helpers import INNER as WEIGHTS_INNER
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import default_space
 from autocompress_opt.cli import main
-from autocompress_opt.prune.export import load_exported
+from autocompress_opt.prune.export import CARD_FILE, load_exported
 from autocompress_opt.search.study import StudyConfig, load_records, run_study
 from autocompress_opt.search.study.weights_trial import DEFAULT_CACHE_DIR, TrialConfig, heldout_quality, parent_context
 from autocompress_opt.serving.targets import Target
@@ -84,10 +85,17 @@ def test_from_study_exports_the_model_the_trial_measured(
     assert [(s.num_heads, s.num_kv_heads, s.ffn_width, s.attention, s.ffn) for s in built.layers if not s.is_noop] == [
         (s.num_heads, s.num_kv_heads, s.ffn_width, s.attention, s.ffn) for s in trial_arch.layers if not s.is_noop
     ]
-    # the same model: its held-out KL is the one the study stored for the trial
-    context, _ = parent_context(str(model_dir), TrialConfig.from_dict(INNER), DEFAULT_CACHE_DIR.resolve())
+    # the same model: its selection-split KL is the one the study stored for the trial (the trials of a
+    # datacenter target read the built-in prose)
+    trial_config = TrialConfig.from_dict(INNER).for_workload(target.workload)
+    context, _ = parent_context(str(model_dir), trial_config, DEFAULT_CACHE_DIR.resolve())
     kl = heldout_quality(context, exported)["kl_to_parent"]
     assert kl == pytest.approx(-math.log(best.quality), rel=1e-4, abs=1e-6)
+    # the card reports the model on the test split, which chose nothing, beside the trial's selection result
+    extra = json.loads((out / CARD_FILE).read_text())["extra"]
+    assert extra["study_result"]["split"] == "selection" and extra["test"]["split"] == "test"
+    assert extra["test"]["data"]["code"]["role"] == extra["test"]["data"]["prose"]["role"] == "test"
+    assert extra["test"]["kl_to_parent"] >= 0 and extra["test"]["ppl_prose"] > 1
 
     # an explicit trial number, and one that does not exist
     other = min(r.number for r in records if r.state == "COMPLETE")

@@ -193,10 +193,10 @@ def test_evaluate_reports_both_domains_and_kl(model, perturbed, tokenizer):
     assert min(pruned.kl_code, pruned.kl_prose) <= pruned.kl_to_parent <= max(pruned.kl_code, pruned.kl_prose)
 
 
-def test_evaluate_record_is_json_and_held_out(model, tokenizer):
+def test_evaluate_record_is_json_and_on_the_test_split(model, tokenizer):
     report = evaluate(model, tokenizer, n_samples=2, seq_len=16, seed=4, progress=False)
     data = json.loads(json.dumps(report.to_dict()))
-    assert data["data"]["code"]["role"] == data["data"]["prose"]["role"] == "evaluation"
+    assert data["data"]["code"]["role"] == data["data"]["prose"]["role"] == "test"
     assert data["data"]["code"]["n_tokens"] == 32 and data["seed"] == 4
     assert set(data["timings_s"]) == {"data", "code", "prose", "total"}
 

@@ -133,7 +133,7 @@ def test_data_order_depends_only_on_seed_and_step() -> None:
 
 def test_calibration_rows_are_prefix_stable() -> None:
     """What resume and equal budgets rely on: drawing more rows never changes the first ones."""
-    from autocompress_opt.quality.textdata import calibration_batches
+    from autocompress_opt.data.textdata import calibration_batches
 
     few = calibration_batches(byte_tokenizer(), n_samples=3, seq_len=16, seed=4)
     more = calibration_batches(byte_tokenizer(), n_samples=8, seq_len=16, seed=4)
@@ -148,7 +148,7 @@ def test_loss_falls_and_held_out_kl_drops_on_a_perturbed_student(
     assert result.complete and len(result.losses) == 8
     assert result.losses[-1] < 0.7 * result.losses[0]
     assert result.final_kl is not None and result.final_kl < result.initial_kl
-    assert result.data["role"] == "calibration" and result.eval_data["role"] == "evaluation"
+    assert result.data["role"] == "calibration" and result.eval_data["role"] == "test"
 
 
 def test_a_student_equal_to_its_teacher_starts_at_zero_kl(teacher: Any, teacher_dir: Path, tmp_path: Path) -> None:

@@ -22,11 +22,11 @@ def smollm2_exports(smollm2_loaded: Any, tmp_path_factory: pytest.TempPathFactor
     query heads of 64 channels everywhere (DeciLM's and llama.cpp's rule). KV heads stay 3: pruning
     removes a KV group with its query heads, so per-layer KV heads would change the query heads,
     which DeciLM cannot express (the tiny tests vary KV heads on random weights instead)."""
+    from autocompress_opt.data.textdata import calibration_batches
     from autocompress_opt.prune.export import export_model
     from autocompress_opt.prune.importance import estimate_importance
     from autocompress_opt.prune.plan import plan_pruning
     from autocompress_opt.prune.slicing import materialize
-    from autocompress_opt.quality.textdata import calibration_batches
 
     missing = install.status()
     if all(state != "installed" for state in missing.values()):  # nothing to serve it: skip before pruning

@@ -462,7 +462,9 @@ def test_a_weights_study_seeds_kl_scored_baselines_and_records_the_inner_candida
             assert r.selection["val_kl"][r.selection["chosen"]] == min(measured)
     assert any("architecture" in seeds[n] for n in SEEDED_BASELINES if "point" in seeds[n])
     assert main(["study", "show", "w", "--storage", cfg.storage_url, "--all"]) == 0
-    assert "inner search returned:" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "inner search returned:" in shown
+    assert "data: built-in prose (pydoc-topics) for the datacenter workload" in shown  # workload-matched default
     assert main(["study", "export", "w", "--storage", cfg.storage_url, "--format", "json"]) == 0
     rows = [r for r in json.loads(capsys.readouterr().out) if r["state"] == "COMPLETE"]
     assert all(r["candidate"] in set(CANDIDATES) | set(SEEDED_BASELINES) and "val_kl[uniform]" in r for r in rows)

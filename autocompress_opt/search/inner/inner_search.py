@@ -37,8 +37,9 @@ Around the training (:func:`search`):
    everything still holds).
 3. **Select** among the candidates — the trained point, the start point, and the trial's
    uniform allocation itself (``init``) when the exact cost model finds it feasible — feasible
-   first, then the lowest KL to the parent on calibration rows held out of training
-   (``val_samples``): with a few dozen noisy steps the search must never return worse than where
+   first, then the lowest KL to the parent on the first ``val_samples`` rows, held out of training
+   (a study trial passes selection-split rows there, never calibration or test documents:
+   :mod:`autocompress_opt.data.textdata`): with a few dozen noisy steps the search must never return worse than where
    it started, nor worse than the uniform model of its own global choices.
 
 If no repair satisfies everything the result says infeasible and lists the violated amounts;
@@ -101,8 +102,8 @@ class InnerConfig:
         steps: Adam steps (0: no training; the start point is discretised and repaired).
         batch_size / seq_len / n_samples: rows per step, tokens per calibration row (the caller
             builds the rows), calibration rows.
-        val_samples: calibration rows held out of training to choose between the trained and the
-            start point (0: always the trained one).
+        val_samples: the leading rows held out of training to choose between the candidates (0:
+            always the trained one); a study trial's are selection-split rows.
         lr: Adam step on the width keep-fractions (fractions of the parent layer's units).
         gate_lr: Adam step on the gates' log α.
         tau_start / tau_end: softness of the width steps, in units, annealed geometrically.
@@ -298,15 +299,17 @@ def search(
        and fill the result.
     3. *Select* among the trained point, the start point and ``init`` as it is (when it meets every
        budget and constraint by the exact cost model, whatever ``config.init``): feasible first,
-       then the lowest KL to the parent on ``config.val_samples`` calibration rows held out of
-       training (never evaluation data); ties go to the earlier of :data:`CANDIDATES`.
+       then the lowest KL to the parent on the first ``config.val_samples`` rows, held out of
+       training (the caller's selection rows, never test data); ties go to the earlier of :data:`CANDIDATES`.
        So with ``init`` the trial's uniform allocation, the result is never worse on that KL than
        the uniform model of the trial's global choices, when that model is feasible.
 
     Args:
         model: the parent (frozen while the masks train; hooks and flags are restored afterwards).
         parent / importance: its architecture and importance scores.
-        tokens: calibration rows ``(n, T)``; ``teacher``: the parent's log-probs on them ``(n, T, V)``,
+        tokens: rows ``(n, T)``: the first ``config.val_samples`` choose among the candidates (a
+            trial's selection rows), the rest train the masks (calibration rows).
+            ``teacher``: the parent's log-probs on them ``(n, T, V)``,
             or its top-k :class:`~autocompress_opt.quality.metrics.TeacherTargets` (``shape`` ``(n, T, k)``).
         budget: the trial's global choices; ``goal``: hardware constraints (None: budgets only).
         config: steps, batch, learning rates, schedule, seed.

@@ -33,15 +33,17 @@ class ExportedTrial:
 
 
 def trial_parent(
-    model: str, inner: Mapping[str, Any], *, cache_dir: str | Path = DEFAULT_CACHE_DIR
+    model: str, inner: Mapping[str, Any], *, cache_dir: str | Path = DEFAULT_CACHE_DIR, workload: str | None = None
 ) -> tuple[ParentContext, TrialConfig]:
     """The parent ``model`` as a weights-mode trial with ``inner`` settings (a study's
     :attr:`~autocompress_opt.search.study.config.StudyConfig.inner`) had it: loaded, with its
     importance scores and calibration data from the trial caches under ``cache_dir`` (built there
-    when missing). Returns the context and the trial settings it was built with."""
+    when missing). ``workload``: the study target's, which picks the built-in text when the study
+    gave no data (:meth:`TrialConfig.for_workload`), as it did for the trials.
+    Returns the context and the trial settings it was built with."""
     from autocompress_opt.search.study.weights_trial import TrialConfig, parent_context
 
-    config = TrialConfig.from_dict(dict(inner) or None)
+    config = TrialConfig.from_dict(dict(inner) or None).for_workload(workload)
     context, _ = parent_context(model, config, Path(cache_dir).resolve())
     return context, config
 

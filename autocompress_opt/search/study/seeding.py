@@ -125,7 +125,7 @@ def seed_study(
 
 def seed_scoring(config: StudyConfig) -> tuple[Any, Any]:
     """``(importance, score)`` for :func:`baseline_seeds`: in weights mode the trials' own importance
-    and the inner search's held-out KL on its held-out calibration rows (the parent is loaded here,
+    and the inner search's KL on ``val_samples`` of its calibration (training) rows (the parent is loaded here,
     then released); in plan mode the ``importance`` record if any, unscored; else neither."""
     if config.mode == "weights":
         from autocompress_opt.prune.baselines import masked_kl_scorer
@@ -133,7 +133,11 @@ def seed_scoring(config: StudyConfig) -> tuple[Any, Any]:
 
         trial = TrialConfig.from_dict(config.inner, seed=config.seed)
         context, _ = parent_context(config.model, trial, Path(driver_cache_dir(config.cache_dir)))
-        rows = context.tokens[: trial.inner.val_samples]
+        # A baseline's own choice among its candidates is part of the baseline (its calibration), so it
+        # scores them on the search's calibration rows (after its val_samples selection rows); the
+        # comparison of the seeded baselines is the trials' objective, on selection rows.
+        val = trial.inner.val_samples
+        rows = context.tokens[val : 2 * val]
         score = masked_kl_scorer(context.model, context.importance, rows) if rows.shape[0] else None
         clear_trial_cache()  # the scorer holds what it needs
         return context.importance, score

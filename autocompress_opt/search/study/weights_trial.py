@@ -73,7 +73,7 @@ import torch
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import SearchSpace, uniform_allocation
 from autocompress_opt.cache import cache_key, content_digest, fetch
-from autocompress_opt.errors import ConfigError, check_int, check_number, suggest
+from autocompress_opt.errors import ConfigError, check_choice, check_int, check_number, suggest
 from autocompress_opt.hf.adapters import architecture_mismatch
 from autocompress_opt.hf.device import dtype_name, resolve_compute_dtype, resolve_device
 from autocompress_opt.hf.memory import DEFAULT_TEACHER_BUDGET_GIB
@@ -99,15 +99,19 @@ __all__ = [
     "evaluate_architecture",
     "heldout_quality",
     "inner_search",
+    "objective_domains",
     "parent_context",
     "run_weights_trial",
+    "workload_domain",
 ]
 
+# With the built-in sources: both domains, or the one a workload serves (workload_domain).
+DATA_DOMAINS = ("auto", "mixed", "code", "prose")
 DEFAULT_CACHE_DIR = Path(CACHE_DIR_NAME)  # the name is search.placement's (the driver resolves it there)
 QUALITY_KIND = "exp_neg_kl"
 # The version of the held-out quality's computation (materialise + heldout_quality), part of every
 # quality cache key: bump it when their numbers change. (1: keys without a version.)
-QUALITY_CACHE_VERSION = "quality/2"
+QUALITY_CACHE_VERSION = "quality/3"  # 3: the objective on selection rows (was the evaluation rows)
 _WEIGHT_FILES = (".json", ".safetensors")  # what identifies a parent's weights (config, tokenizer, tensors)
 
 
@@ -117,9 +121,20 @@ class TrialConfig:
 
     Attributes:
         inner: the inner search (steps, batch, seq_len, calibration rows, ...).
-        eval_samples / eval_seq_len / eval_seed: held-out rows per domain (code and prose).
+        eval_samples / eval_seq_len / eval_seed: selection rows per domain (code and prose, or the
+            ``data_domain``, or the user's ``data``) on which the trial's objective is measured.
         importance_samples / importance_seq_len: calibration rows that score importance.
-        data_seed: seed of the calibration rows (search and importance).
+        data_seed: seed of the search's rows (calibration for training, selection for its choice) and
+            of importance's.
+        data: the user's ``--data`` specs (:mod:`autocompress_opt.data.user`); empty: the built-in sources.
+        data_domain: with the built-in sources, which of them: ``mixed`` (code and prose), ``code``,
+            ``prose``, or ``auto``: the target's workload's (:func:`workload_domain`, resolved by
+            :meth:`for_workload`; ``mixed`` where no workload is known).
+
+    The three roles of :mod:`autocompress_opt.data.textdata` never share a document: importance and
+    the inner search's training steps read calibration rows; the inner search's choice among its
+    candidates (its first ``val_samples`` rows) and the trial's objective read selection rows; no
+    trial reads the test split.
         device / compute_dtype: where the parent computes and in which dtype
             (:mod:`autocompress_opt.hf.device`: ``auto`` is the first CUDA GPU in bf16 when torch sees
             one, else the CPU in fp32); masks, KL and the Lagrangian stay fp32. Resolved where the
@@ -138,6 +153,8 @@ class TrialConfig:
     importance_samples: int = 8
     importance_seq_len: int = 128
     data_seed: int = 0
+    data: tuple[str, ...] = ()
+    data_domain: str = "auto"
     device: str = "auto"
     compute_dtype: str = "auto"
     teacher_budget_gib: float = DEFAULT_TEACHER_BUDGET_GIB
@@ -147,8 +164,12 @@ class TrialConfig:
 
         object.__setattr__(self, "device", check_device(self.device))
         object.__setattr__(self, "compute_dtype", check_compute_dtype(self.compute_dtype))
+        if isinstance(self.data, str) or not all(isinstance(d, str) for d in self.data):
+            raise ConfigError(f"inner.data must be a list of --data specs (strings), got {self.data!r}")
+        object.__setattr__(self, "data", tuple(self.data))
+        check_choice(self.data_domain, "inner.data_domain", DATA_DOMAINS)
         for f in fields(self):
-            if f.name in ("inner", "device", "compute_dtype", "teacher_budget_gib"):
+            if f.name in ("inner", "device", "compute_dtype", "teacher_budget_gib", "data", "data_domain"):
                 continue
             value, minimum = getattr(self, f.name), (0 if f.name.endswith("seed") else 1 if "samples" in f.name else 2)
             check_int(value, f"inner.{f.name}", minimum)
@@ -170,6 +191,19 @@ class TrialConfig:
         if seed is not None:
             inner["seed"] = int(seed)
         return cls(inner=InnerConfig.from_dict(inner), **{k: v for k, v in data.items() if k in own})
+
+    def for_workload(self, workload: str | None) -> TrialConfig:
+        """This config with ``data_domain="auto"`` resolved for ``workload`` (None: ``mixed``)."""
+        if self.data_domain != "auto":
+            return self
+        return replace(self, data_domain=workload_domain(workload) if workload else "mixed")
+
+    def data_label(self) -> str:
+        """Which text the trials read, in words (``study show`` prints it)."""
+        if self.data:
+            return f"your data ({', '.join(self.data)})"
+        what = {"code": "built-in code (python-stdlib)", "prose": "built-in prose (pydoc-topics)"}
+        return what.get(self.data_domain, "built-in code and prose (python-stdlib, pydoc-topics)")
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -223,9 +257,9 @@ def _parent_id(path: Path, arch: Architecture) -> str:
 def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[ParentContext, bool]:
     """The context of parent ``ref`` under ``config``'s data settings (cached per process; importance
     and teacher log-probs also on disk under ``cache_dir``), and whether it was built by this call."""
+    from autocompress_opt.data.user import data_batches
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.quality.metrics import cache_teacher_logits
-    from autocompress_opt.quality.textdata import text_batches
     from autocompress_opt.search.study.placement import trial_gpus
 
     settings = config.to_dict()
@@ -249,12 +283,14 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
 
     began = time.perf_counter()
     report(TrialProgress("importance", 0, config.inner.steps))
-    imp_rows = text_batches(
+    data = _data_kwargs(config)
+    imp_rows = data_batches(
         tokenizer,
         role="calibration",
         n_samples=config.importance_samples,
         seq_len=config.importance_seq_len,
         seed=config.data_seed,
+        **data,
     )
     importance = estimate_importance(
         model,
@@ -270,14 +306,19 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
     began = time.perf_counter()
     report(TrialProgress("teacher", 0, config.inner.steps))
     inner = config.inner
-    rows = text_batches(
-        tokenizer, role="calibration", n_samples=inner.n_samples, seq_len=inner.seq_len, seed=config.data_seed
-    )
+    # The inner search holds out its first val_samples rows to choose among its candidates: they are
+    # selection rows; the rest, its training rows, are calibration rows.
+    parts = [
+        data_batches(tokenizer, role=role, n_samples=n, seq_len=inner.seq_len, seed=config.data_seed, **data)
+        for role, n in (("selection", inner.val_samples), ("calibration", inner.n_samples - inner.val_samples))
+        if n
+    ]
+    search_rows = torch.cat([p.tokens for p in parts])
     teacher = teacher_log_probs(
         model,
-        rows.tokens,
+        search_rows,
         parent_id=parent_id,
-        data_id=_digest(rows.to_dict()),
+        data_id=_digest([p.to_dict() for p in parts]),
         cache_dir=cache_dir / "teacher",
         budget_gib=config.teacher_budget_gib,
     )
@@ -285,15 +326,15 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
 
     began = time.perf_counter()
     evals = {
-        dom: text_batches(
+        dom: data_batches(
             tokenizer,
-            role="evaluation",
+            role="selection",
             n_samples=config.eval_samples,
             seq_len=config.eval_seq_len,
             seed=config.eval_seed,
-            domain=dom,
+            **({"data": config.data} if dom == "data" else {"domain": dom}),
         )
-        for dom in ("code", "prose")
+        for dom in objective_domains(config)
     }
     eval_teacher = {dom: cache_teacher_logits(model, b.tokens, progress=False) for dom, b in evals.items()}
     seconds["eval_teacher"] = time.perf_counter() - began
@@ -303,7 +344,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
         arch,
         parent_id,
         importance,
-        rows.tokens,
+        search_rows,
         teacher,
         {d: b.tokens for d, b in evals.items()},
         eval_teacher,
@@ -318,6 +359,9 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
 
 # The settings that decide what a parent context holds (the rest only steer the search).
 _CONTEXT_KEYS = (
+    "val_samples",
+    "data",
+    "data_domain",
     "n_samples",
     "seq_len",
     "eval_samples",
@@ -334,15 +378,38 @@ _CONTEXT_KEYS = (
 
 # ----------------------------------------------------------------------------- quality
 def heldout_quality(parent: ParentContext, model: Any) -> dict[str, float]:
-    """Held-out KL to the parent and perplexity of any ``model`` with the parent's tokenizer (a child
-    cut from it, or one recovered by distillation): ``kl_code``, ``ppl_code``, ``kl_prose``,
-    ``ppl_prose`` and ``kl_to_parent`` (their mean), on the trial's evaluation rows."""
+    """KL to the parent and perplexity of any ``model`` with the parent's tokenizer (a child cut from
+    it, or one recovered by distillation) on the trial's selection rows: ``kl_<domain>`` and
+    ``ppl_<domain>`` for each of :func:`objective_domains` (``code`` and ``prose`` by default) and
+    ``kl_to_parent``, their mean (the trial's objective)."""
     out: dict[str, float] = {}
     for dom, tokens in parent.eval_tokens.items():
         out[f"kl_{dom}"], out[f"ppl_{dom}"] = kl_and_perplexity(model, tokens, parent.eval_teacher[dom], progress=False)
-    # Both domains have the same number of positions: the token-weighted mean is the plain mean.
-    out["kl_to_parent"] = (out["kl_code"] + out["kl_prose"]) / 2
+    # Every domain has the same number of positions: the token-weighted mean is the plain mean.
+    out["kl_to_parent"] = sum(out[f"kl_{dom}"] for dom in parent.eval_tokens) / len(parent.eval_tokens)
     return out
+
+
+def objective_domains(config: TrialConfig) -> tuple[str, ...]:
+    """The row groups of a trial's objective: ``("data",)`` with the user's data, else the built-in
+    domains ``data_domain`` names (``mixed``: code and prose)."""
+    if config.data:
+        return ("data",)
+    return (config.data_domain,) if config.data_domain in ("code", "prose") else ("code", "prose")
+
+
+def workload_domain(workload: str) -> str:
+    """The built-in text a workload's trials calibrate and select on when the user gives no data:
+    ``code`` for a coding assistant (``local-coding``), ``prose`` for chat and dialogue (every other
+    workload: ``in-game``, ``datacenter``, ...; pydoc-topics is the built-in prose)."""
+    return "code" if workload == "local-coding" else "prose"
+
+
+def _data_kwargs(config: TrialConfig) -> dict[str, Any]:
+    """:func:`~autocompress_opt.data.user.data_batches` arguments of the trial's calibration text."""
+    if config.data:
+        return {"data": config.data}
+    return {"domain": config.data_domain if config.data_domain in ("code", "prose") else "mixed"}
 
 
 def _quality(
@@ -420,7 +487,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     parent_arch = Architecture.from_dict(request["parent"])
     target = Target.from_dict(request["target"])
     seed = int(request.get("seed", 0))
-    config = TrialConfig.from_dict(request.get("inner"), seed=seed)
+    config = TrialConfig.from_dict(request.get("inner"), seed=seed).for_workload(target.workload)
     cache_dir = Path(request.get("cache_dir") or DEFAULT_CACHE_DIR)
     ref = str(request.get("parent_model") or parent_arch.name)
     if not ref:
@@ -572,12 +639,15 @@ def evaluate_architecture(
     *,
     inner: Mapping[str, Any] | None = None,
     cache_dir: str | Path | None = None,
+    workload: str | None = None,
 ) -> dict[str, Any]:
     """Held-out quality of any sub-architecture of ``parent_model`` (e.g. a baseline), measured exactly as a
     weights trial measures its result (same data, importance and quality cache): ``quality``,
-    ``kl_to_parent``, ``kl_code``, ``kl_prose``, ``ppl_code``, ``ppl_prose``, ``quality_cached``."""
+    ``kl_to_parent``, ``kl_<domain>`` and ``ppl_<domain>`` (:func:`objective_domains`), ``quality_cached``.
+    ``workload``: the target's, which picks the built-in text as for that target's trials
+    (:meth:`TrialConfig.for_workload`; None: code and prose)."""
 
-    config = TrialConfig.from_dict(inner)
+    config = TrialConfig.from_dict(inner).for_workload(workload)
     cache = Path(cache_dir or DEFAULT_CACHE_DIR)
     parent, _ = parent_context(str(parent_model), config, cache)
     plan = plan_pruning(parent.architecture, parent.importance, arch)

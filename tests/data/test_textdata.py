@@ -1,4 +1,4 @@
-"""textdata: document-level split that never leaks, deterministic sampling, clear errors for missing text."""
+"""textdata: document-level three-way split that never leaks, deterministic sampling, clear errors for missing text."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_lm import byte_tokenizer
 
-from autocompress_opt.errors import ConfigError, UnknownNameError
-from autocompress_opt.quality.textdata import (
+from autocompress_opt.data.textdata import (
     DEFAULT_SOURCES,
     BibleKJVSource,
     PydocTopicsSource,
@@ -21,11 +20,12 @@ from autocompress_opt.quality.textdata import (
     StdlibSource,
     calibration_batches,
     data_split,
-    evaluation_batches,
     parse_bible_output,
+    test_batches,
     text_batches,
     text_sources,
 )
+from autocompress_opt.errors import ConfigError, UnknownNameError
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +39,15 @@ def _files(documents) -> set[str]:
 
 # ------------------------------------------------------------------------ split
 def test_split_is_by_whole_document_and_covers_everything():
-    """Every stdlib file and pydoc topic is on exactly one side; about EVAL_FRACTION are held out."""
+    """Every stdlib file and pydoc topic is in exactly one role; about TEST_FRACTION are test and
+    SELECTION_FRACTION selection."""
     split = data_split()
-    calibration, evaluation = set(split.calibration), set(split.evaluation)
-    assert not calibration & evaluation
+    calibration, selection, test = set(split.calibration), set(split.selection), set(split.test)
+    assert not calibration & test and not calibration & selection and not selection & test
     everything = {f"{s.name}:{k}" for s in (StdlibSource(), PydocTopicsSource()) for k in s.keys()}  # noqa: SIM118 (a source, not a dict)
-    assert calibration | evaluation == everything
-    assert 0.12 < len(evaluation) / len(everything) < 0.28
+    assert calibration | selection | test == everything
+    assert 0.12 < len(test) / len(everything) < 0.28
+    assert 0.09 < len(selection) / len(everything) < 0.21
 
 
 def test_stdlib_source_is_module_code_only():
@@ -60,36 +62,37 @@ def test_stdlib_source_is_module_code_only():
 
 
 @settings(max_examples=25, deadline=None)
-@given(split_seed=st.integers(0, 2**31), eval_fraction=st.floats(0.05, 0.95))
-def test_any_split_is_a_partition(split_seed, eval_fraction):
-    split = data_split(split_seed=split_seed, eval_fraction=eval_fraction)
-    assert not set(split.calibration) & set(split.evaluation)
-    assert len(split.calibration) + len(split.evaluation) == sum(s.n_documents for s in split.sources)
+@given(split_seed=st.integers(0, 2**31), test_fraction=st.floats(0.05, 0.45), selection_fraction=st.floats(0.05, 0.5))
+def test_any_split_is_a_partition(split_seed, test_fraction, selection_fraction):
+    split = data_split(split_seed=split_seed, test_fraction=test_fraction, selection_fraction=selection_fraction)
+    roles = [set(split.documents(role)) for role in ("calibration", "selection", "test")]
+    assert not roles[0] & roles[1] and not roles[0] & roles[2] and not roles[1] & roles[2]
+    assert sum(map(len, roles)) == sum(s.n_documents for s in split.sources)
 
 
 def test_rows_come_only_from_their_side_of_the_split(tokenizer):
-    """Calibration rows drawn with one seed and evaluation rows with another never share a file."""
+    """Calibration rows drawn with one seed and test rows with another never share a file."""
     cal = text_batches(tokenizer, role="calibration", n_samples=6, seq_len=512, seed=1)
-    ev = text_batches(tokenizer, role="evaluation", n_samples=6, seq_len=512, seed=2)
+    ev = text_batches(tokenizer, role="test", n_samples=6, seq_len=512, seed=2)
     assert cal.split == ev.split  # the partition does not depend on the sampling seed
     assert set(cal.documents) <= set(cal.split.calibration)
-    assert set(ev.documents) <= set(ev.split.evaluation)
+    assert set(ev.documents) <= set(ev.split.test)
     assert not _files(cal.documents) & _files(ev.documents)
     assert {d.split(":")[0] for d in ev.documents} == set(DEFAULT_SOURCES)
 
 
 def test_another_split_seed_moves_documents():
-    assert data_split(split_seed=0).evaluation != data_split(split_seed=1).evaluation
+    assert data_split(split_seed=0).test != data_split(split_seed=1).test
 
 
 # --------------------------------------------------------------------- sampling
 @pytest.mark.parametrize("domain", ["code", "prose", "mixed"])
 def test_same_seed_gives_identical_tensors(tokenizer, domain):
-    a = evaluation_batches(tokenizer, n_samples=4, seq_len=64, seed=7, domain=domain)
-    b = evaluation_batches(tokenizer, n_samples=4, seq_len=64, seed=7, domain=domain)
+    a = test_batches(tokenizer, n_samples=4, seq_len=64, seed=7, domain=domain)
+    b = test_batches(tokenizer, n_samples=4, seq_len=64, seed=7, domain=domain)
     assert a.dtype == torch.long and a.shape == (4, 64)
     assert torch.equal(a, b)
-    assert not torch.equal(a, evaluation_batches(tokenizer, n_samples=4, seq_len=64, seed=8, domain=domain))
+    assert not torch.equal(a, test_batches(tokenizer, n_samples=4, seq_len=64, seed=8, domain=domain))
 
 
 def test_rows_are_the_tokenized_text(tokenizer):
@@ -102,7 +105,7 @@ def test_rows_are_the_tokenized_text(tokenizer):
 
 
 def test_mixed_interleaves_code_and_prose(tokenizer):
-    kwargs = dict(role="evaluation", seq_len=32, seed=3)
+    kwargs = dict(role="test", seq_len=32, seed=3)
     mixed = text_batches(tokenizer, n_samples=5, domain="mixed", **kwargs).tokens
     code = text_batches(tokenizer, n_samples=3, domain="code", **kwargs).tokens
     prose = text_batches(tokenizer, n_samples=2, domain="prose", **kwargs).tokens
@@ -111,7 +114,7 @@ def test_mixed_interleaves_code_and_prose(tokenizer):
 
 def test_rows_spread_over_many_documents(tokenizer):
     """Each document gives one seq_len piece per pass, so 8 rows draw on at least 8 documents."""
-    batches = text_batches(tokenizer, role="evaluation", n_samples=8, seq_len=256, seed=0, domain="code")
+    batches = text_batches(tokenizer, role="test", n_samples=8, seq_len=256, seed=0, domain="code")
     assert len(batches.documents) >= 8
 
 
@@ -123,7 +126,7 @@ def test_bos_is_prepended_when_the_tokenizer_adds_one():
 
 
 def test_record_is_json_and_names_what_was_used(tokenizer):
-    record = text_batches(tokenizer, role="evaluation", n_samples=2, seq_len=32, seed=5, domain="prose").to_dict()
+    record = text_batches(tokenizer, role="test", n_samples=2, seq_len=32, seed=5, domain="prose").to_dict()
     json.dumps(record)
     assert record["n_tokens"] == 64 and record["seed"] == 5 and record["domain"] == "prose"
     assert record["split"]["split_seed"] == 0 and len(record["split"]["assignment_sha256"]) == 64
@@ -135,21 +138,22 @@ def test_record_is_json_and_names_what_was_used(tokenizer):
 def test_too_much_text_requested_says_how_much_there_is(tokenizer):
     with pytest.raises(
         ConfigError,
-        match=r"evaluation prose text holds [\d,]+ tokens from \d+ documents; "
+        match=r"test prose text holds [\d,]+ tokens from \d+ documents; "
         r"100000 rows of 512 need 51,200,000",
     ):
-        evaluation_batches(tokenizer, n_samples=100_000, seq_len=512, seed=0, domain="prose")
+        test_batches(tokenizer, n_samples=100_000, seq_len=512, seed=0, domain="prose")
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(domain="poetry"), r"domain must be one of code, prose, mixed, got 'poetry'"),
+        (dict(domain="poetry"), r"domain must be one of code, prose, user, mixed, got 'poetry'"),
         (dict(n_samples=0), r"n_samples must be a positive int, got 0"),
         (dict(seq_len=1), r"seq_len must be an int >= 2, got 1"),
-        (dict(eval_fraction=1.5), r"eval_fraction must be a number in \(0, 1\), got 1.5"),
+        (dict(test_fraction=1.5), r"test_fraction must be a number in \(0, 1\), got 1.5"),
+        (dict(test_fraction=0.5, selection_fraction=0.5), r"leave no calibration documents"),
         (dict(sources=["python-stdlib", "python-stdlib"]), r"listed twice: python-stdlib"),
-        (dict(sources=["python-stdlib"], domain="prose"), r"no prose documents.*add a prose source"),
+        (dict(sources=["python-stdlib"], domain="prose"), r"no prose documents.*add prose text"),
     ],
 )
 def test_invalid_arguments_name_the_value(tokenizer, kwargs, message):
@@ -182,8 +186,8 @@ def test_python_docs_source_reads_a_sources_tree(tmp_path, tokenizer):
         (tmp_path / name).write_text(f"{name}\n=====\n\nSome prose about {name}. " * 40)
     docs = PythonDocsSource(root=tmp_path)
     assert docs.available() and docs.keys() == ("library/os.rst.txt", "tutorial/index.rst.txt", "whatsnew/3.11.rst.txt")
-    split = data_split([docs], eval_fraction=0.5)
-    assert len(split.calibration) + len(split.evaluation) == 3
+    split = data_split([docs], test_fraction=0.3, selection_fraction=0.3)
+    assert len(split.calibration) + len(split.selection) + len(split.test) == 3
 
 
 _BIBLE_SAMPLE = """Ge1:1 In the beginning God created the heaven and the earth.

@@ -1,7 +1,8 @@
-"""Offline calibration and held-out evaluation text, built at run time from what is installed.
+"""Calibration, selection and test text: built-in sources read from what is installed, or a user's data.
 
-Nothing is downloaded and nothing is copied into the repository: every token comes from a
-:class:`TextSource` that reads an installed package.
+By default nothing is downloaded and nothing is copied into the repository: every token comes from a
+:class:`TextSource` that reads an installed package. A user's files and datasets (``--data``) are
+sources too (:mod:`autocompress_opt.data.user`, domain ``user``).
 
 ========================  ======  ===========================================  ===============
 source                    domain  what                                         licence
@@ -21,12 +22,25 @@ The defaults (:data:`DEFAULT_SOURCES`) ship with every Python, so numbers are co
 machines; the optional sources are used only when named, and naming one that is not installed
 raises a :class:`ConfigError` saying how to install it — never a silent fallback.
 
-**Split.** Every *document* (a module file, a topic, a book) goes wholly to calibration or to
-evaluation, decided by a hash of ``(split_seed, source, key)``: the two never share a file.
-``split_seed`` is separate from the sampling ``seed`` so that calibration drawn with one seed and
-evaluation drawn with another still never overlap; keep the default unless you mean to re-split.
+**Split.** Every *document* (a module file, a topic, a book, a row of a user's dataset) goes wholly
+to one of three roles, decided by a hash ``u = hash(split_seed, source, key)`` in ``[0, 1)``:
+``test`` when ``u < test_fraction``, ``selection`` when ``u < test_fraction + selection_fraction``,
+else ``calibration``. The roles never share a document:
 
-**Sampling.** Documents of the role and domain are ordered by a hash of ``(seed, source, key)``;
+- ``calibration``: importance, the inner search's training steps, a baseline's own candidate scoring,
+  distillation;
+- ``selection``: every choice among candidates (the inner search's pick, a trial's objective, the
+  comparison of seeded baselines);
+- ``test``: what is reported (``eval``, exported models' cards), never used to choose anything.
+
+``split_seed`` is separate from the sampling ``seed`` so that rows drawn with different seeds still
+never cross roles; keep the default unless you mean to re-split. (The test documents are those the
+two-way split of earlier versions held out for "evaluation"; selection takes a slice of what was
+calibration.)
+
+**Sampling.** Rows are shared among groups (the domains present, equally, by default; one group per
+source with ``weights``) by largest remainder, ties to the earlier group. Within a group, documents
+of the role are ordered by a hash of ``(seed, source, key)``;
 each is tokenised and cut into ``seq_len``-token pieces (in a per-document hashed order). Pass
 ``k`` appends piece ``k`` of every document, separated by ``"\\n\\n"``, until the stream holds
 enough tokens; the stream is then cut into consecutive rows (each led by BOS when the tokenizer
@@ -36,6 +50,7 @@ the installed files, the tokenizer and the seeds.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import itertools
@@ -46,6 +61,7 @@ import subprocess
 import sys
 import sysconfig
 import tokenize
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,15 +70,16 @@ from typing import Any
 
 import torch
 
-from autocompress_opt.errors import ConfigError, check_choice, check_fraction, check_int
+from autocompress_opt.errors import ConfigError, check_choice, check_fraction, check_int, check_number
 from autocompress_opt.registry import Registry
 
 __all__ = [
     "DEFAULT_SOURCES",
     "DEFAULT_SPLIT_SEED",
     "DOMAINS",
-    "EVAL_FRACTION",
     "ROLES",
+    "SELECTION_FRACTION",
+    "TEST_FRACTION",
     "BibleKJVSource",
     "DataSplit",
     "PydocTopicsSource",
@@ -74,19 +91,22 @@ __all__ = [
     "calibration_batches",
     "check_token_ids",
     "data_split",
-    "evaluation_batches",
+    "test_batches",
     "text_batches",
     "text_sources",
 ]
 
-DOMAINS: tuple[str, ...] = ("code", "prose")
-ROLES: tuple[str, ...] = ("calibration", "evaluation")
+# code / prose: the built-in sources; user: a user's data (--data), whatever it holds.
+DOMAINS: tuple[str, ...] = ("code", "prose", "user")
+ROLES: tuple[str, ...] = ("calibration", "selection", "test")
 DEFAULT_SOURCES: tuple[str, ...] = ("python-stdlib", "pydoc-topics")
 DEFAULT_SPLIT_SEED = 0
-# A fifth of the documents is held out: ~146 stdlib files (~0.7M tokens) and ~16 pydoc topics
-# (~20-30k tokens) — enough for a few hundred 256-token evaluation rows, leaving most text for
-# calibration.
-EVAL_FRACTION = 0.2
+# A fifth of the documents is held out for test: ~146 stdlib files (~0.7M tokens) and ~16 pydoc
+# topics (~20-30k tokens) — enough for a few hundred 256-token test rows. Selection takes 15%:
+# ~110 stdlib files and ~12 topics (~15-25k tokens), enough for the trials' 8-16 selection rows of
+# 128 tokens per domain; calibration keeps 65%.
+TEST_FRACTION = 0.2
+SELECTION_FRACTION = 0.15
 _PIECE_SEPARATOR = "\n\n"
 
 
@@ -123,6 +143,15 @@ class TextSource(ABC):
     @abstractmethod
     def read(self, key: str) -> str:
         """Text of one document."""
+
+    def text(self, key: str, tokenizer: Any) -> str:
+        """The text of one document as the model sees it (a chat source renders it with
+        ``tokenizer``'s chat template); plain sources return :meth:`read`."""
+        return self.read(key)
+
+    def content_sha256(self) -> str:
+        """SHA-256 of every document's key and text, in key order: equal digests mean equal data."""
+        return _content_sha256(self)
 
     def require(self) -> None:
         """Raise :class:`ConfigError` naming the source and the fix when it is not available."""
@@ -316,6 +345,19 @@ def parse_bible_output(text: str) -> dict[str, str]:
     return {book: "\n".join(verses) for book, verses in books.items()}
 
 
+# source -> digest, computed once per process (reading every document of a built-in source takes ~0.3 s)
+_CONTENT_SHA: weakref.WeakKeyDictionary[TextSource, str] = weakref.WeakKeyDictionary()
+
+
+def _content_sha256(source: TextSource) -> str:
+    if source not in _CONTENT_SHA:
+        digest = hashlib.sha256()
+        for key in source.keys():  # noqa: SIM118 (a TextSource, not a dict)
+            digest.update(f"{key}\x1f{source.read(key)}\x1e".encode("utf-8", errors="replace"))
+        _CONTENT_SHA[source] = digest.hexdigest()
+    return _CONTENT_SHA[source]
+
+
 _SOURCES: Registry[TextSource] = Registry("text source")
 for _source in (StdlibSource(), PydocTopicsSource(), PythonDocsSource(), BibleKJVSource()):
     _SOURCES.register(_source.name, _source)
@@ -353,50 +395,58 @@ def _unit(*parts: object) -> float:
 
 @dataclass(frozen=True)
 class SourceInfo:
-    """What a split drew from one source (for records)."""
+    """What a split drew from one source (for records).
+
+    Attributes:
+        n_documents: the source's documents (a user dataset's rows, a folder's files).
+        sha256: :meth:`TextSource.content_sha256`, so a record names the exact data.
+    """
 
     name: str
     domain: str
     licence: str
     origin: str
     n_documents: int
+    sha256: str
 
 
 @dataclass(frozen=True)
 class DataSplit:
-    """The partition of every document into calibration and evaluation.
+    """The partition of every document into calibration, selection and test.
 
     Attributes:
         split_seed: seed of the partition hash.
-        eval_fraction: probability that a document is held out for evaluation.
+        test_fraction / selection_fraction: probability that a document is test / selection.
         sources: the sources split.
-        calibration / evaluation: ``"source:key"`` of each document in the role, sorted; disjoint.
+        calibration / selection / test: ``"source:key"`` of each document in the role, sorted; disjoint.
     """
 
     split_seed: int
-    eval_fraction: float
+    test_fraction: float
+    selection_fraction: float
     sources: tuple[SourceInfo, ...]
     calibration: tuple[str, ...] = field(repr=False)
-    evaluation: tuple[str, ...] = field(repr=False)
+    selection: tuple[str, ...] = field(repr=False)
+    test: tuple[str, ...] = field(repr=False)
 
     def documents(self, role: str) -> tuple[str, ...]:
-        """Documents of ``role`` (``calibration`` or ``evaluation``)."""
+        """Documents of ``role`` (one of :data:`ROLES`)."""
         check_choice(role, "role", ROLES)
-        return self.calibration if role == "calibration" else self.evaluation
+        return {"calibration": self.calibration, "selection": self.selection, "test": self.test}[role]
 
     @property
     def assignment_sha256(self) -> str:
-        """Fingerprint of the whole partition: equal digests mean the same documents on each side."""
-        return _digest("calibration", *self.calibration, "evaluation", *self.evaluation)
+        """Fingerprint of the whole partition: equal digests mean the same documents in each role."""
+        return _digest("calibration", *self.calibration, "selection", *self.selection, "test", *self.test)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe record (the document lists are summarised by their digest)."""
+        """JSON-safe record (the document lists are summarised by their counts and digest)."""
         return {
             "split_seed": self.split_seed,
-            "eval_fraction": self.eval_fraction,
+            "test_fraction": self.test_fraction,
+            "selection_fraction": self.selection_fraction,
             "sources": [vars(s).copy() for s in self.sources],
-            "n_calibration_documents": len(self.calibration),
-            "n_evaluation_documents": len(self.evaluation),
+            **{f"n_{role}_documents": len(self.documents(role)) for role in ROLES},
             "assignment_sha256": self.assignment_sha256,
         }
 
@@ -405,30 +455,51 @@ def data_split(
     sources: Sequence[str | TextSource] | None = None,
     *,
     split_seed: int = DEFAULT_SPLIT_SEED,
-    eval_fraction: float = EVAL_FRACTION,
+    test_fraction: float = TEST_FRACTION,
+    selection_fraction: float = SELECTION_FRACTION,
 ) -> DataSplit:
     """Partition the documents of ``sources`` (default :data:`DEFAULT_SOURCES`) by document.
 
-    Pure: the same installed files and ``split_seed`` give the same split. A document is held out
-    when ``hash(split_seed, source, key) < eval_fraction``.
+    Pure: the same data and ``split_seed`` give the same split; see the module doc for the rule.
     """
-    return _split(_resolve_sources(sources), split_seed, eval_fraction)
+    return _split(_resolve_sources(sources), split_seed, test_fraction, selection_fraction)
 
 
-def _split(sources: Sequence[TextSource], split_seed: int, eval_fraction: float) -> DataSplit:
-    check_fraction(eval_fraction, "eval_fraction", one=False)
+def _split(
+    sources: Sequence[TextSource], split_seed: int, test_fraction: float, selection_fraction: float
+) -> DataSplit:
+    check_fraction(test_fraction, "test_fraction", one=False)
+    check_fraction(selection_fraction, "selection_fraction", one=False)
     check_int(split_seed, "split_seed", minimum=None)
-    calibration: list[str] = []
-    evaluation: list[str] = []
+    if test_fraction + selection_fraction >= 1:
+        raise ConfigError(
+            f"test_fraction={test_fraction} + selection_fraction={selection_fraction} leave no calibration "
+            "documents; their sum must be below 1"
+        )
+    roles: dict[str, list[str]] = {role: [] for role in ROLES}
     infos = []
     for source in sources:
         keys = source.keys()
-        infos.append(SourceInfo(source.name, source.domain, source.licence, source.origin(), len(keys)))
+        info = SourceInfo(
+            source.name, source.domain, source.licence, source.origin(), len(keys), source.content_sha256()
+        )
+        infos.append(info)
         for key in keys:
-            side = evaluation if _unit(split_seed, source.name, key) < eval_fraction else calibration
-            side.append(f"{source.name}:{key}")
+            u = _unit(split_seed, source.name, key)
+            role = (
+                "test"
+                if u < test_fraction
+                else "selection"
+                if u < test_fraction + selection_fraction
+                else "calibration"
+            )
+            roles[role].append(f"{source.name}:{key}")
     return DataSplit(
-        split_seed, float(eval_fraction), tuple(infos), tuple(sorted(calibration)), tuple(sorted(evaluation))
+        split_seed,
+        float(test_fraction),
+        float(selection_fraction),
+        tuple(infos),
+        *(tuple(sorted(roles[role])) for role in ROLES),
     )
 
 
@@ -439,12 +510,15 @@ class TextBatches:
 
     Attributes:
         tokens: ``(n_samples, seq_len)`` int64 token ids.
-        role: ``calibration`` or ``evaluation``.
-        domain: ``code``, ``prose`` or ``mixed`` (rows alternate code, prose, code...).
+        role: one of :data:`ROLES`.
+        domain: ``code``, ``prose``, ``user`` or ``mixed`` (rows of each group interleaved).
         seed: the sampling seed.
         split: the partition the documents came from.
         documents: ``"source:key"`` of every document that contributed, in order of first use.
+        row_documents: for each row, the documents its tokens come from (row identities: tests trace
+            them to show that no document crosses roles).
         tokenizer: the tokenizer's ``name_or_path`` and vocabulary size.
+        weights: the groups' row weights (``{source: weight}`` with user weights, else by domain).
     """
 
     tokens: torch.Tensor = field(repr=False)
@@ -454,6 +528,8 @@ class TextBatches:
     split: DataSplit
     documents: tuple[str, ...] = field(repr=False)
     tokenizer: str
+    row_documents: tuple[tuple[str, ...], ...] = field(repr=False, default=())
+    weights: tuple[tuple[str, float], ...] = ()
 
     @property
     def n_samples(self) -> int:
@@ -462,6 +538,14 @@ class TextBatches:
     @property
     def seq_len(self) -> int:
         return int(self.tokens.shape[1])
+
+    def rows_by_source(self) -> dict[str, int]:
+        """How many rows hold tokens of each source (a row spanning two sources counts for both)."""
+        counts = {info.name: 0 for info in self.split.sources}
+        for docs in self.row_documents:
+            for name in {d.split(":", 1)[0] for d in docs}:
+                counts[name] += 1
+        return counts
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe record every result can embed (no tensors, document list as a digest)."""
@@ -474,6 +558,8 @@ class TextBatches:
             "n_tokens": self.n_samples * self.seq_len,
             "n_documents": len(self.documents),
             "documents_sha256": _digest(*self.documents),
+            "rows_by_source": self.rows_by_source(),
+            "weights": dict(self.weights),
             "tokenizer": self.tokenizer,
             "split": self.split.to_dict(),
         }
@@ -488,14 +574,19 @@ def text_batches(
     seed: int,
     domain: str = "mixed",
     sources: Sequence[str | TextSource] | None = None,
+    weights: Sequence[float] | None = None,
     split_seed: int = DEFAULT_SPLIT_SEED,
-    eval_fraction: float = EVAL_FRACTION,
+    test_fraction: float = TEST_FRACTION,
+    selection_fraction: float = SELECTION_FRACTION,
 ) -> TextBatches:
     """``n_samples`` rows of ``seq_len`` tokens of ``role`` text, with their record.
 
-    Deterministic: the same installed files, tokenizer and arguments give identical tensors.
-    ``domain="mixed"`` gives ``ceil(n/2)`` code rows and ``floor(n/2)`` prose rows, interleaved.
-    Raises :class:`ConfigError` for an invalid argument, a source that is not installed, a
+    A user's ``--data`` specs: :func:`autocompress_opt.data.user.data_batches`. ``weights``: one per source, with
+    ``domain="mixed"`` only: rows are shared by source in those proportions. Without weights,
+    ``domain="mixed"`` shares rows equally among the domains present (built-ins: ``ceil(n/2)`` code
+    rows and ``floor(n/2)`` prose rows, interleaved).
+    Deterministic: the same data, tokenizer and arguments give identical tensors.
+    Raises :class:`ConfigError` for an invalid argument, a source that is not available, a
     domain with no selected source, or too little text for the request (saying how much there is).
     """
     check_choice(role, "role", ROLES)
@@ -504,20 +595,61 @@ def text_batches(
     check_int(seq_len, "seq_len", minimum=2)
     check_int(seed, "seed", minimum=None)
     resolved = _resolve_sources(sources)
-    split = _split(resolved, split_seed, eval_fraction)
+    split = _split(resolved, split_seed, test_fraction, selection_fraction)
+    groups = _groups(resolved, domain, weights)
     by_name = {s.name: s for s in resolved}
-    counts = {"code": (n_samples + 1) // 2, "prose": n_samples // 2} if domain == "mixed" else {domain: n_samples}
-    rows: dict[str, list[list[int]]] = {}
+    rows: list[list[tuple[list[int], tuple[str, ...]]]] = []
     used: list[str] = []
-    for dom, count in counts.items():
-        if count:
-            docs = [d for d in split.documents(role) if by_name[d.split(":", 1)[0]].domain == dom]
-            rows[dom], dom_used = _domain_rows(tokenizer, docs, by_name, count, seq_len, seed, role, dom)
-            used += dom_used
-    ordered = _interleave([rows.get("code", []), rows.get("prose", [])]) if domain == "mixed" else rows[domain]
-    tokens = torch.tensor(ordered, dtype=torch.long)
+    for (label, members, _), count in zip(groups, _shares(n_samples, [w for _, _, w in groups])):
+        if not count:
+            rows.append([])
+            continue
+        docs = [d for d in split.documents(role) if d.split(":", 1)[0] in members]
+        group_rows, group_used = _group_rows(tokenizer, docs, by_name, count, seq_len, seed, role, label)
+        rows.append(group_rows)
+        used += group_used
+    ordered = _interleave(rows)
+    tokens = torch.tensor([r for r, _ in ordered], dtype=torch.long)
     name = f"{getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__} (vocab {len(tokenizer)})"
-    return TextBatches(tokens, role, domain, seed, split, tuple(used), name)
+    return TextBatches(
+        tokens,
+        role,
+        domain,
+        seed,
+        split,
+        tuple(used),
+        name,
+        tuple(d for _, d in ordered),
+        tuple((label, float(w)) for label, _, w in groups),
+    )
+
+
+def _groups(
+    sources: Sequence[TextSource], domain: str, weights: Sequence[float] | None
+) -> list[tuple[str, frozenset[str], float]]:
+    """``(label, source names, weight)`` of each group rows are shared among."""
+    if weights is not None:
+        if domain != "mixed":
+            raise ConfigError(f"source weights need domain='mixed', got domain={domain!r}")
+        if len(weights) != len(sources):
+            raise ConfigError(f"{len(weights)} weights given for {len(sources)} sources; give one per source")
+        for w in weights:
+            check_number(w, "data weight")
+        return [(s.name, frozenset({s.name}), float(w)) for s, w in zip(sources, weights)]
+    present = [d for d in DOMAINS if any(s.domain == d for s in sources)]
+    if domain != "mixed":
+        present = [domain]
+    return [(d, frozenset(s.name for s in sources if s.domain == d), 1.0) for d in present]
+
+
+def _shares(n: int, weights: Sequence[float]) -> list[int]:
+    """``n`` split in proportion to ``weights`` by largest remainder, ties to the earlier entry."""
+    total = sum(weights)
+    exact = [n * w / total for w in weights]
+    counts = [int(x) for x in exact]
+    for i in sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))[: n - sum(counts)]:
+        counts[i] += 1
+    return counts
 
 
 def calibration_batches(
@@ -529,16 +661,19 @@ def calibration_batches(
     ).tokens
 
 
-def evaluation_batches(
+def test_batches(
     tokenizer: Any, *, n_samples: int, seq_len: int, seed: int, domain: str = "mixed", **kwargs: Any
 ) -> torch.Tensor:
-    """``(n_samples, seq_len)`` int64 held-out tokens, never from a calibration document."""
+    """``(n_samples, seq_len)`` int64 test tokens, never from a calibration or selection document."""
     return text_batches(
-        tokenizer, role="evaluation", n_samples=n_samples, seq_len=seq_len, seed=seed, domain=domain, **kwargs
+        tokenizer, role="test", n_samples=n_samples, seq_len=seq_len, seed=seed, domain=domain, **kwargs
     ).tokens
 
 
-def _domain_rows(
+test_batches.__test__ = False  # type: ignore[attr-defined]  # pytest: not a test despite the name
+
+
+def _group_rows(
     tokenizer: Any,
     docs: Sequence[str],
     sources: dict[str, TextSource],
@@ -546,13 +681,13 @@ def _domain_rows(
     seq_len: int,
     seed: int,
     role: str,
-    domain: str,
-) -> tuple[list[list[int]], list[str]]:
-    """Rows of one domain built by the piece-per-pass scheme of the module docstring."""
+    label: str,
+) -> tuple[list[tuple[list[int], tuple[str, ...]]], list[str]]:
+    """Rows of one group, each with its documents, built by the piece-per-pass scheme of the module doc."""
     if not docs:
         raise ConfigError(
-            f"no {domain} documents in the {role} split; add a {domain} source "
-            f"(available: {', '.join(n for n, s in text_sources().items() if s.domain == domain)})"
+            f"no {label} documents in the {role} split; add {label} text "
+            f"(built-in sources: {', '.join(n for n, s in text_sources().items())}; or --data)"
         )
     bos = _bos_id(tokenizer)
     body = seq_len - (bos is not None)
@@ -560,15 +695,17 @@ def _domain_rows(
     order = sorted(docs, key=lambda d: _digest(seed, "order", d))
     pieces: dict[str, list[list[int]]] = {}
     stream: list[int] = []
-    used: dict[str, None] = {}  # insertion-ordered set
+    starts: list[int] = []  # stream offset where each appended piece begins
+    owners: list[str] = []  # ... and its document
     for round_ in itertools.count():
         progressed = False
         for doc in order:
             if doc not in pieces:
                 pieces[doc] = _pieces(tokenizer, sources, doc, seq_len, seed)
             if round_ < len(pieces[doc]):
+                starts.append(len(stream))
+                owners.append(doc)
                 stream += pieces[doc][round_] + separator
-                used.setdefault(doc)
                 progressed = True
             if len(stream) >= need:
                 break
@@ -576,17 +713,21 @@ def _domain_rows(
             break
     if len(stream) < need:
         raise ConfigError(
-            f"the {role} {domain} text holds {len(stream):,} tokens from {len(docs)} documents; "
-            f"{n_rows} rows of {seq_len} need {need:,}: ask for fewer or shorter rows"
+            f"the {role} {label} text holds {len(stream):,} tokens from {len(docs)} documents; "
+            f"{n_rows} rows of {seq_len} need {need:,}: ask for fewer or shorter rows, or give more data"
         )
     head = [] if bos is None else [bos]
-    return [head + stream[i * body : (i + 1) * body] for i in range(n_rows)], list(used)
+    rows = []
+    for i in range(n_rows):
+        first, last = bisect.bisect_right(starts, i * body) - 1, bisect.bisect_left(starts, (i + 1) * body)
+        rows.append((head + stream[i * body : (i + 1) * body], tuple(dict.fromkeys(owners[first:last]))))
+    return rows, list(dict.fromkeys(owners))
 
 
 def _pieces(tokenizer: Any, sources: dict[str, TextSource], doc: str, size: int, seed: int) -> list[list[int]]:
     """A document's tokens cut into ``size``-token pieces, in a hashed (seeded) order."""
     source, key = doc.split(":", 1)
-    ids = _encode(tokenizer, sources[source].read(key))
+    ids = _encode(tokenizer, sources[source].text(key, tokenizer))
     chunks = [ids[i : i + size] for i in range(0, len(ids), size)]
     ranks = sorted(range(len(chunks)), key=lambda i: _digest(seed, "piece", doc, i))
     return [chunks[i] for i in ranks]
@@ -606,9 +747,9 @@ def _bos_id(tokenizer: Any) -> int | None:
     return int(bos) if ids and ids[0] == bos else None
 
 
-def _interleave(groups: Sequence[Sequence[list[int]]]) -> list[list[int]]:
-    """Round-robin over ``groups`` (code, prose, code, ...), then the rest of the longer one."""
-    out: list[list[int]] = []
+def _interleave(groups: Sequence[Sequence[Any]]) -> list[Any]:
+    """Round-robin over ``groups`` (code, prose, code, ...), then the rest of the longer ones."""
+    out: list[Any] = []
     for i in range(max(len(g) for g in groups)):
         out += [g[i] for g in groups if i < len(g)]
     return out
