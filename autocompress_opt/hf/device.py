@@ -8,9 +8,9 @@
 ``fp32``, ``bf16`` or ``fp16``: the dtype the parent's weights are loaded in and its forward passes
 run in. A GPU older than Ampere (compute capability < 8.0: V100, T4) has no bf16 arithmetic; there
 ``auto`` falls back to fp16 (or to fp32 where the caller cannot use fp16, e.g. training) with a
-warning naming the GPU, and an explicit ``bf16`` runs (emulated, slowly) with the same warning. Masks, KL divergences and
-the Lagrangian stay in fp32 whatever it is. This is not the *serving* format (``--dtype`` of the
-cost model: the weight format the engine would serve, e.g. ``q4_k_m``).
+warning naming the GPU, and an explicit ``bf16`` runs (emulated, slowly) with the same warning.
+Masks, KL divergences and the Lagrangian stay in fp32 whatever it is. This is not the *serving*
+format (``--dtype`` of the cost model: the weight format the engine would serve, e.g. ``q4_k_m``).
 
 ``gpus``: how many GPUs a model is spread over, layer by layer, from ``device`` on (``cuda:N`` to
 ``cuda:N+gpus-1``); 1 keeps it whole on ``device``. :func:`placement_kwargs` turns a device and a GPU
@@ -109,9 +109,7 @@ def bf16_supported(device: torch.device) -> bool:
     return major >= _BF16_MIN_CAPABILITY
 
 
-def resolve_compute_dtype(
-    spec: str, device: torch.device, *, without_bf16: torch.dtype = torch.float16
-) -> torch.dtype:
+def resolve_compute_dtype(spec: str, device: torch.device, *, without_bf16: torch.dtype = torch.float16) -> torch.dtype:
     """The floating dtype of ``spec`` on ``device``.
 
     ``auto``: bf16 on a CUDA GPU with native bf16 (:func:`bf16_supported`), else ``without_bf16``
