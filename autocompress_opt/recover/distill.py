@@ -494,7 +494,7 @@ class _Run:
                     self.optimizer,
                     learning_rate(recipe, step),
                     recipe,
-                    self._autocast,
+                    self.precision,
                     self.options.kl_chunk,
                 )
                 loss = _mean_over_processes(loss, self.options.world_size)
@@ -509,12 +509,6 @@ class _Run:
                 if done == recipe.steps or done % recipe.save_every == 0:
                     self._save(done, final_kl, self.train_s_total + session_s)
         return self._result(len(self.losses), final_kl, session_s)
-
-    @property
-    def _autocast(self) -> bool:
-        """bf16 autocast around the forwards: bf16 compute over fp32 weights on one process (a
-        sharded run gets the same from FSDP2's mixed-precision policy instead)."""
-        return self.precision in ("bf16-autocast", "bf16-mixed") and self.options.world_size == 1
 
     def _record(self, steps_done: int, final_kl: float | None, train_s: float) -> dict[str, Any]:
         """The ``distillation`` entry of the model card."""
@@ -665,11 +659,17 @@ def _train_step(
     optimizer: torch.optim.Optimizer,
     lr: float,
     recipe: DistillRecipe,
-    bf16_autocast: bool,
+    precision: str,
     kl_chunk: int | None = None,
 ) -> float:
-    """One AdamW update on ``tokens`` (B, L); returns the loss (nats, before the update)."""
-    autocast = torch.autocast(tokens.device.type, dtype=torch.bfloat16, enabled=bf16_autocast)
+    """One AdamW update on ``tokens`` (B, L); returns the loss (nats, before the update).
+
+    ``bf16-autocast`` and ``bf16-mixed`` run the forwards under bf16 autocast: over fp32 weights
+    that is the bf16 compute; over the bf16 copies FSDP2's mixed-precision policy all-gathers it
+    changes nothing but keeps autocast's float32 ops (softmax, norms) in float32."""
+    autocast = torch.autocast(
+        tokens.device.type, dtype=torch.bfloat16, enabled=precision in ("bf16-autocast", "bf16-mixed")
+    )
     for group in optimizer.param_groups:
         group["lr"] = lr
     with torch.no_grad(), autocast:
