@@ -134,5 +134,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         lines = ["skip budget exceeded (tests/skip_budget.py lists the allowed reasons):", *problems]
         if reporter is not None:
-            reporter.write_line("\n".join(lines), red=True)
+            reporter.write_line("")  # after the progress line
+            reporter.section("skip budget", sep="=", red=True, bold=True)
+            for line in lines:
+                reporter.write_line(line, red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
