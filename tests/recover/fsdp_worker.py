@@ -5,7 +5,8 @@ rank 0 writes the result record to RESULT_JSON, with each process's observations
 ``"ranks"``: whether the student was still on the meta device when it was sharded, and which
 models that process loaded. MODE: ``crash`` interrupts every process in its third update (after
 the step-2 checkpoint) and makes the same call again, which resumes; ``bf16`` trains with
-``compute_dtype="bf16"`` (fp32 master weights, bf16 compute); ``bf16-crash`` both.
+``compute_dtype="bf16"`` (fp32 master weights, bf16 compute); ``bf16-crash`` both; ``mismatch``
+calls it with another learning rate on OUT's checkpoint and records each process's error.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 import autocompress_opt.hf.loading as loading_module
 import autocompress_opt.recover.distill as distill_module
-from autocompress_opt.recover.distill import distill
+from autocompress_opt.recover.distill import RecipeMismatchError, distill
 
 # The recipe of test_distill_fsdp.RECIPE (kept here so the worker needs no test imports).
 RECIPE = {"steps": 4, "batch_size": 4, "seq_len": 16, "lr": 3e-3, "save_every": 2, "n_eval_rows": 2}
@@ -68,14 +69,23 @@ def main(student: str, teacher: str, out: str, result_json: str, mode: str = "")
     seen: dict[str, list[Any]] = {"devices_at_shard": [], "loaded": []}
     _observe(seen)
     options = OPTIONS | ({"compute_dtype": "bf16"} if mode.startswith("bf16") else {})
+    recipe = DistillRecipe(**RECIPE | ({"lr": 2 * RECIPE["lr"]} if mode == "mismatch" else {}))
     try:
-        run = lambda: distill(student, teacher, out, DistillRecipe(**RECIPE), progress=False, fsdp=True, **options)
-        result = _interrupted_then_resumed(run) if mode.endswith("crash") else run()
+        run = lambda: distill(student, teacher, out, recipe, progress=False, fsdp=True, **options)
+        record: dict[str, Any] = {}
+        if mode == "mismatch":
+            try:
+                run()
+            except RecipeMismatchError as exc:  # rank 0 found it; every process must raise it
+                seen["error"] = [str(exc)]
+        else:
+            result = _interrupted_then_resumed(run) if mode.endswith("crash") else run()
+            record = result.to_dict()
         ranks: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, seen)
         if dist.get_rank() == 0:
             with open(result_json, "w", encoding="utf-8") as handle:
-                json.dump(result.to_dict() | {"ranks": ranks}, handle, default=str)
+                json.dump(record | {"ranks": ranks}, handle, default=str)
     finally:
         dist.destroy_process_group()
 

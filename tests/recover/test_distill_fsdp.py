@@ -113,6 +113,10 @@ def test_an_interrupted_sharded_run_resumes_sharded(models: tuple[Path, Path], t
     resumed = _sharded(models, tmp_path / "resumed", "crash")
     assert resumed["resumed_from_step"] == 2
     _assert_trains_as(resumed, single, tmp_path / "resumed", tmp_path / "single")
+    # Another recipe on that checkpoint: rank 0 finds the mismatch, and every process raises it.
+    refused = _sharded(models, tmp_path / "resumed", "mismatch")
+    for seen in refused["ranks"]:
+        assert "was made with lr=0.003" in seen["error"][0]
 
 
 def test_fsdp_without_a_process_group_is_refused(models: tuple[Path, Path], tmp_path: Path) -> None:
