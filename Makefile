@@ -54,9 +54,13 @@ demo-plan: $(STAMP)
 # `data` first: the task builders' tests on the real sources need them (they skip, with the hint, only
 # where the sources cannot be installed). `engines` too: the real-engine tests (tests/runtimes) load
 # exports in vLLM and llama.cpp and time them; a built llama.cpp and an installed .venv-vllm are
-# reused, so only the first run pays (about 9 minutes on 2 cores). `make test ENGINES=` skips them.
+# reused, so only the first run pays (about 9 minutes on 2 cores). `make test ENGINES= SKIP_BUDGET=0`
+# skips them. tests/gpu runs on the CPU here (AUTOCOMPRESS_GPU_SUITE_DEVICE=cpu: the GPU code paths in
+# bf16 and fp32), and the skip budget fails the run when tests skip beyond the reasons and counts
+# tests/skip_budget.py lists (a missing engine or data set, a GPU suite that skipped), naming them.
+SKIP_BUDGET ?= 1
 test: $(STAMP) data engines lint
-	$(PY) -m pytest -q --durations=25
+	AUTOCOMPRESS_GPU_SUITE_DEVICE=cpu AUTOCOMPRESS_SKIP_BUDGET=$(SKIP_BUDGET) $(PY) -m pytest -q --durations=25
 
 # The tests not marked slow (pyproject [tool.pytest.ini_options] markers): no real-engine install, no
 # task data (tests that need them skip, naming the command), under 5 minutes on 2 cores.

@@ -85,3 +85,57 @@ def smollm2_loaded(smollm2_gguf: Path) -> Any:
     from autocompress_opt.hf.loading import load_model
 
     return load_model(smollm2_gguf)
+
+
+# ---------------------------------------------------------------------------------- skip budget
+# `make test` sets AUTOCOMPRESS_SKIP_BUDGET=1: the run fails when tests skip beyond tests/skip_budget.py.
+_SKIPS: list[str] = []
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--skip-budget",
+        action="store_true",
+        help="fail the run when tests skip beyond tests/skip_budget.py (env AUTOCOMPRESS_SKIP_BUDGET=1)",
+    )
+
+
+def _skip_budget_on(config: pytest.Config) -> bool:
+    import os
+
+    from skip_budget import ENV
+
+    try:
+        flag = bool(config.getoption("--skip-budget"))
+    except ValueError:  # this conftest was not loaded when the command line was parsed
+        flag = False
+    return flag or os.environ.get(ENV, "") not in ("", "0")
+
+
+def skip_message(report: pytest.TestReport) -> str:
+    """The message a skipped test gave (``longrepr`` is ``(file, line, "Skipped: message")``)."""
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPS.append(skip_message(report))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not _skip_budget_on(session.config) or session.config.option.collectonly:
+        return
+    from skip_budget import over_budget
+
+    problems = over_budget(_SKIPS)
+    if problems:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = ["skip budget exceeded (tests/skip_budget.py lists the allowed reasons):", *problems]
+        if reporter is not None:
+            reporter.write_line("")  # after the progress line
+            reporter.section("skip budget", sep="=", red=True, bold=True)
+            for line in lines:
+                reporter.write_line(line, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

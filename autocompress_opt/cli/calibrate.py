@@ -27,6 +27,7 @@ heterogeneous, exported as the engine reads them; half of them held out of the f
   autocompress calibrate --engine llamacpp --archs 32                  # llama-bench pp/tg, f16 GGUF
   autocompress calibrate --engine llamacpp --gguf-type q4_k_m --threads 2
   autocompress calibrate --engine vllm --archs 32 --concurrency 1 --concurrency 8
+  autocompress calibrate --engine vllm --vllm-python /opt/vllm-cuda/bin/python --hardware h100-sxm
 then `autocompress cost --hardware cpu --engine llamacpp ...` uses the fitted profile.""",
     )
     p.add_argument(
@@ -83,6 +84,18 @@ then `autocompress cost --hardware cpu --engine llamacpp ...` uses the fitted pr
         "--vllm-eager",
         action="store_true",
         help="vLLM: time it with enforce_eager (no compilation; faster to load, not vLLM's default)",
+    )
+    engine.add_argument(
+        "--vllm-python",
+        metavar="PATH",
+        help="vLLM: a Python that imports vllm, e.g. a CUDA vLLM environment's bin/python "
+        "(env AUTOCOMPRESS_VLLM_PYTHON; default: the one `make engines` installs)",
+    )
+    engine.add_argument(
+        "--llamacpp-dir",
+        metavar="DIR",
+        help="llama.cpp: a built llama.cpp (convert_hf_to_gguf.py, build/bin/llama-*) "
+        "(env LLAMACPP_DIR; default: the tools on PATH, else the one `make engines` builds)",
     )
     engine.add_argument(
         "--concurrency",
@@ -167,7 +180,9 @@ def _check_hardware_and_out(args: argparse.Namespace) -> None:
 def _run_engine(args: argparse.Namespace) -> int:
     """``--engine llamacpp|vllm``: :func:`~autocompress_opt.runtimes.calibration.calibrate_engine`."""
     from autocompress_opt.runtimes.calibration import calibrate_engine
+    from autocompress_opt.runtimes.install import use_engines
 
+    use_engines(args.vllm_python, args.llamacpp_dir)
     check_positive(args, "--prompt-len", "--repetitions", "--passes", "--threads")
     check_positive(args, "--archs", "--gen-len", minimum=2)  # one model held out and one fitted; a decode step
     check_positive(args, "--seed", minimum=0)

@@ -24,11 +24,16 @@ def add_parser(sub: Any) -> None:
       --seq-len 256 --lr 2e-4 --warmup-steps 100 --save-every 200 --out distilled/smollm2-0.6 --json
   autocompress distill --student pruned/hetero --teacher smollm2-135m --steps 1000 --device cuda --bf16
   torchrun --nproc_per_node 8 $(which autocompress) distill --student pruned/llama-6b --teacher llama-3.1-8b \\
-      --steps 2000 --device cuda --bf16 --fsdp --gradient-checkpointing --kl-chunk 32
+      --steps 2000 --device cuda --compute-dtype bf16 --fsdp --gradient-checkpointing --kl-chunk 32
 
-Memory (see 'autocompress memory --mode distill'): --compute-dtype bf16 keeps student and teacher
-in bf16; --gradient-checkpointing recomputes each layer's activations in backward; --kl-chunk N
-computes the KL N positions at a time; --fsdp shards the student over the processes torchrun starts.
+Precision: --compute-dtype bf16 computes in bf16 over float32 master weights (the student's
+weights, gradients and AdamW moments; the teacher is held in bf16); --pure-bf16 keeps the student
+in bf16 too (half the memory, updates under ~0.4% of a weight are lost).
+Memory (see 'autocompress memory --mode distill'): --pure-bf16; --gradient-checkpointing recomputes
+each layer's activations in backward; --kl-chunk N computes the KL N positions at a time; --fsdp
+shards the student over the processes torchrun starts (NCCL on GPUs; the student is built on the
+meta device and only rank 0 reads the weights and the output directory, so --out need only be on
+rank 0's disk).
 
 The loss is T^2 * KL(teacher || student) of next-token distributions on calibration text (never the
 held-out split); the run is exactly steps x batch-size x seq-len tokens, and that recipe is written
@@ -86,7 +91,13 @@ checkpoint made with other settings is refused naming the setting, unless --rest
     p.add_argument(
         "--compute-dtype",
         default="fp32",
-        help="weights of student and teacher: fp32 (default), bf16, or auto (bf16 on CUDA, else fp32)",
+        help="compute dtype: fp32 (default), bf16 (bf16 compute over fp32 master weights), or auto "
+        "(bf16 on a CUDA GPU with native bf16, else fp32)",
+    )
+    p.add_argument(
+        "--pure-bf16",
+        action="store_true",
+        help="with --compute-dtype bf16: keep the student's weights, gradients and AdamW moments in bf16 too",
     )
     p.add_argument(
         "--gradient-checkpointing", action="store_true", help="recompute activations in backward (less memory)"
@@ -138,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         bf16=args.bf16,
         compute_dtype=args.compute_dtype,
+        pure_bf16=args.pure_bf16,
         gradient_checkpointing=args.gradient_checkpointing,
         kl_chunk=args.kl_chunk,
         fsdp=args.fsdp,
@@ -164,7 +176,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start_processes(args: argparse.Namespace) -> int:
-    """Join the process group torchrun set up (nccl on CUDA, gloo on the CPU); returns this rank."""
+    """Join the process group torchrun set up (nccl on CUDA, gloo on the CPU); returns this rank.
+
+    Under NCCL this process's GPU (``LOCAL_RANK``) is made current first and bound to the group, so
+    NCCL never guesses a device (every collective then runs on it: recover/fsdp.py)."""
     import os
 
     import torch.distributed as dist
@@ -176,7 +191,12 @@ def _start_processes(args: argparse.Namespace) -> int:
         )
     import torch
 
-    dist.init_process_group("nccl" if args.device != "cpu" and torch.cuda.is_available() else "gloo")
+    if args.device != "cpu" and torch.cuda.is_available():
+        gpu = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(gpu)
+        dist.init_process_group("nccl", device_id=gpu)
+    else:
+        dist.init_process_group("gloo")
     return dist.get_rank()
 
 

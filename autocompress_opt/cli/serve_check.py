@@ -19,6 +19,7 @@ def add_parser(sub: Any) -> None:
         "top-1 agreement and max |Δ log p|. A heterogeneous export is served in DeciLM form.",
         """
   autocompress serve-check out/smollm2-pruned --engine vllm
+  autocompress serve-check out/smollm2-pruned --engine vllm --vllm-python /opt/vllm-cuda/bin/python
   autocompress serve-check out/smollm2-pruned --engine llamacpp --gguf q8_0 --json
   autocompress serve-check out/hetero --engine llamacpp --decilm-out out/hetero-decilm --keep-gguf out/hetero.gguf""",
     )
@@ -43,12 +44,26 @@ def add_parser(sub: Any) -> None:
         help="vLLM: run with enforce_eager (no compilation; faster to load, not vLLM's default)",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--vllm-python",
+        metavar="PATH",
+        help="vLLM: a Python that imports vllm, e.g. a CUDA vLLM environment's bin/python "
+        "(env AUTOCOMPRESS_VLLM_PYTHON; default: the one `make engines` installs)",
+    )
+    p.add_argument(
+        "--llamacpp-dir",
+        metavar="DIR",
+        help="llama.cpp: a built llama.cpp (convert_hf_to_gguf.py, build/bin/llama-*) "
+        "(env LLAMACPP_DIR; default: the tools on PATH, else the one `make engines` builds)",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from autocompress_opt.runtimes.install import use_engines
     from autocompress_opt.runtimes.serve_check import serve_check
 
+    use_engines(args.vllm_python, args.llamacpp_dir)
     result = serve_check(
         args.model,
         args.engine,

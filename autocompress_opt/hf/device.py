@@ -4,10 +4,13 @@
 ``device``: ``auto`` (the first CUDA GPU when torch sees one, else the CPU), ``cpu``, ``cuda`` or
 ``cuda:N``. CUDA asked for but absent is an error, never a silent fall-back to the CPU.
 
-``compute_dtype``: ``auto`` (bf16 on CUDA, fp32 on the CPU), ``fp32``, ``bf16`` or ``fp16``: the
-dtype the parent's weights are loaded in and its forward passes run in. Masks, KL divergences and
-the Lagrangian stay in fp32 whatever it is. This is not the *serving* format (``--dtype`` of the
-cost model: the weight format the engine would serve, e.g. ``q4_k_m``).
+``compute_dtype``: ``auto`` (bf16 on a CUDA GPU that computes in bf16 natively, fp32 on the CPU),
+``fp32``, ``bf16`` or ``fp16``: the dtype the parent's weights are loaded in and its forward passes
+run in. A GPU older than Ampere (compute capability < 8.0: V100, T4) has no bf16 arithmetic; there
+``auto`` falls back to fp16 (or to fp32 where the caller cannot use fp16, e.g. training) with a
+warning naming the GPU, and an explicit ``bf16`` runs (emulated, slowly) with the same warning.
+Masks, KL divergences and the Lagrangian stay in fp32 whatever it is. This is not the *serving*
+format (``--dtype`` of the cost model: the weight format the engine would serve, e.g. ``q4_k_m``).
 
 ``gpus``: how many GPUs a model is spread over, layer by layer, from ``device`` on (``cuda:N`` to
 ``cuda:N+gpus-1``); 1 keeps it whole on ``device``. :func:`placement_kwargs` turns a device and a GPU
@@ -19,6 +22,7 @@ ever staged in host memory.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +34,7 @@ __all__ = [
     "COMPUTE_DTYPES",
     "DEVICES",
     "WEIGHT_SHARE",
+    "bf16_supported",
     "check_compute_dtype",
     "check_device",
     "check_gpus",
@@ -90,12 +95,53 @@ def resolve_device(spec: str) -> torch.device:
     return torch.device("cuda", index)
 
 
-def resolve_compute_dtype(spec: str, device: torch.device) -> torch.dtype:
-    """The floating dtype of ``spec`` on ``device`` (``auto``: bf16 on CUDA, fp32 elsewhere)."""
+# bf16 arithmetic in hardware starts with Ampere (sm_80); torch.cuda.is_bf16_supported(including_emulation=False)
+# applies the same rule to the current device only, so the rule is applied here to the device asked for.
+_BF16_MIN_CAPABILITY = 8
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """Whether ``device`` computes in bf16 natively: the CPU and ROCm GPUs always, a CUDA GPU from
+    compute capability 8.0 (Ampere) on. Asks the driver about that GPU only."""
+    if device.type != "cuda" or torch.version.hip:
+        return True
+    major, _ = torch.cuda.get_device_capability(device.index or 0)
+    return major >= _BF16_MIN_CAPABILITY
+
+
+def resolve_compute_dtype(spec: str, device: torch.device, *, without_bf16: torch.dtype = torch.float16) -> torch.dtype:
+    """The floating dtype of ``spec`` on ``device``.
+
+    ``auto``: bf16 on a CUDA GPU with native bf16 (:func:`bf16_supported`), else ``without_bf16``
+    (fp16 by default; fp32 for a caller that cannot use fp16, e.g. training without loss scaling)
+    with a ``UserWarning`` naming the GPU; fp32 on the CPU. An explicit ``bf16`` on such a GPU is
+    kept (torch emulates it) with a warning saying so.
+    """
     text = check_compute_dtype(spec)
+    wants_bf16 = text == "bf16" or (text == "auto" and device.type == "cuda")
+    if wants_bf16 and device.type == "cuda" and not bf16_supported(device):
+        gpu = _gpu_name(device)
+        if text == "auto":
+            warnings.warn(
+                f"{gpu} has no native bf16 (compute capability < {_BF16_MIN_CAPABILITY}.0): compute dtype "
+                f"'auto' uses {dtype_name(without_bf16)}; pass --compute-dtype to choose",
+                stacklevel=2,
+            )
+            return without_bf16
+        warnings.warn(
+            f"{gpu} has no native bf16 (compute capability < {_BF16_MIN_CAPABILITY}.0): bf16 is emulated "
+            "and slow there; fp16 or fp32 (--compute-dtype) run at the GPU's speed",
+            stacklevel=2,
+        )
     if text == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return COMPUTE_DTYPES[text]
+
+
+def _gpu_name(device: torch.device) -> str:
+    index = device.index or 0
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"{str(device)!r} ({torch.cuda.get_device_name(index)}, sm_{major}{minor})"
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -101,8 +101,11 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
 
 
 def _restore(model: Any, optimizer: torch.optim.Optimizer, out: Path, state: Mapping[str, Any]) -> None:
-    """Load the AdamW state and RNG states of the checkpoint in ``out`` (weights are already loaded)."""
-    from safetensors.torch import load_file
+    """Load the AdamW state and RNG states of the checkpoint in ``out`` (weights are already loaded).
+
+    A sharded (FSDP2) model: rank 0 alone reads the files (the other processes may not see ``out``)
+    and broadcasts the moments, each process keeping its shard, and the RNG states."""
+    from safetensors import safe_open
 
     names = [name for name, _ in model.named_parameters()]
     if names != state["param_names"]:
@@ -110,33 +113,53 @@ def _restore(model: Any, optimizer: torch.optim.Optimizer, out: Path, state: Map
             f"the checkpoint in {str(out)!r} does not match its own model's parameters; "
             "pass restart=True (--restart) to start over"
         )
-    tensors = load_file(str(out / STATE_DIR / _STATE_TENSORS))
-    per_param = {
-        i: {key: tensors[f"optimizer/{name}/{key}"] for key in ("step", "exp_avg", "exp_avg_sq")}
-        for i, name in enumerate(names)
-        if f"optimizer/{name}/step" in tensors
-    }
-    if hasattr(model, "reshard"):  # FSDP2: every process hands in the full moments and keeps its shard
-        _restore_sharded(model, optimizer, {names[i]: moments for i, moments in per_param.items()})
+    sharded = hasattr(model, "reshard")
+    world = torch.distributed.get_world_size() if sharded else 1
+    path = str(out / STATE_DIR / _STATE_TENSORS)
+    per_param: dict[str, dict[str, torch.Tensor]] = {}
+    if not sharded or torch.distributed.get_rank() == 0:
+        with safe_open(path, framework="pt") as handle:
+            stored = set(handle.keys())
+            for name in names:
+                if f"optimizer/{name}/step" in stored:
+                    per_param[name] = {
+                        key: handle.get_tensor(f"optimizer/{name}/{key}") for key in ("step", "exp_avg", "exp_avg_sq")
+                    }
+    if sharded:
+        _restore_sharded(model, optimizer, per_param)
     else:
-        optimizer.load_state_dict({"state": per_param, "param_groups": optimizer.state_dict()["param_groups"]})
-    torch.set_rng_state(tensors["rng/cpu"])
+        by_index = {names.index(name): moments for name, moments in per_param.items()}
+        optimizer.load_state_dict({"state": by_index, "param_groups": optimizer.state_dict()["param_groups"]})
+    from autocompress_opt.recover.fsdp import _from_rank0
+
+    rng = _from_rank0(lambda: _read_rng(path), world)
+    torch.set_rng_state(rng["rng/cpu"])
     if torch.cuda.is_available():
-        cuda = [tensors[f"rng/cuda/{i}"] for i in range(torch.cuda.device_count()) if f"rng/cuda/{i}" in tensors]
+        cuda = [rng[f"rng/cuda/{i}"] for i in range(torch.cuda.device_count()) if f"rng/cuda/{i}" in rng]
         if len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
 
 
-def _restore_sharded(model: Any, optimizer: torch.optim.Optimizer, by_name: dict[str, Any]) -> None:
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_optimizer_state_dict,
-        set_optimizer_state_dict,
-    )
+def _read_rng(path: str) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
 
-    full = StateDictOptions(full_state_dict=True)
-    groups = get_optimizer_state_dict(model, optimizer, options=full)["param_groups"]
-    set_optimizer_state_dict(model, optimizer, {"state": by_name, "param_groups": groups}, options=full)
+    with safe_open(path, framework="pt") as handle:
+        keys = handle.keys()  # a safe_open handle is not iterable
+        return {key: handle.get_tensor(key) for key in keys if key.startswith("rng/")}
+
+
+def _restore_sharded(model: Any, optimizer: torch.optim.Optimizer, by_name: dict[str, Any]) -> None:
+    """Rank 0's full moments ``by_name`` (empty on the other ranks) broadcast, each process keeping its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    # The groups in the full-state-dict form (parameters by name), without gathering any moment.
+    fqn = {id(param): name for name, param in model.named_parameters()}
+    groups = [
+        {**{k: v for k, v in group.items() if k != "params"}, "params": [fqn[id(p)] for p in group["params"]]}
+        for group in optimizer.param_groups
+    ]
+    broadcast = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_optimizer_state_dict(model, optimizer, {"state": by_name, "param_groups": groups}, options=broadcast)
 
 
 def _replace_dir(staging: Path, out: Path) -> None:

@@ -7,26 +7,38 @@ Hugging Face safetensors directory) to match a frozen *teacher*'s next-token dis
 
 (Hinton et al. 2015, "Distilling the Knowledge in a Neural Network": the T² keeps gradient
 magnitudes comparable across temperatures). AdamW, linear warmup then cosine decay to
-:data:`MIN_LR_RATIO` of the peak rate, gradient-norm clipping, float32 weights (bf16 autocast only
-on CUDA, on request).
+:data:`MIN_LR_RATIO` of the peak rate, gradient-norm clipping.
+
+**Precision.** The student's weights, gradients and AdamW moments are float32 (the master
+weights) unless ``pure_bf16``. ``compute_dtype="bf16"`` computes in bf16 over them: the teacher
+is loaded in bf16, the student's forward and backward run under bf16 autocast (one process) or on
+bf16 copies FSDP2 all-gathers (``MixedPrecisionPolicy``, sharded); the loss is float32. An update
+below bf16's resolution (~0.4 % of a weight) is kept, which pure bf16 weights would round away.
+``pure_bf16=True`` keeps the student in bf16 too (weights, gradients, moments: half the memory),
+on request only.
 
 **Memory** (for 8B-class models; :mod:`autocompress_opt.hf.memory` predicts the peak): on request,
-student and teacher in bf16 (``compute_dtype="bf16"``: weights, gradients and AdamW moments in
-bf16, the loss in float32), activation checkpointing (``gradient_checkpointing``: each decoder
+pure bf16 (above), activation checkpointing (``gradient_checkpointing``: each decoder
 layer's activations are recomputed in backward instead of kept) and a chunked KL (``kl_chunk``:
 the loss and its gradient w.r.t. the logits are computed ``kl_chunk`` positions at a time, so the
 ``(B, L, V)`` float32 log-probabilities never exist at once; same loss up to float rounding). The
 defaults keep all three off.
 
 **Sharding** (``fsdp=True``, under ``torchrun`` with an initialised process group of ``W``
-processes): every decoder layer and then the whole student are wrapped with FSDP2's
-``fully_shard``, so its weights, gradients and AdamW moments are split ``W`` ways; each process
+processes; :mod:`autocompress_opt.recover.fsdp` after torchtune's distributed recipe): every
+process builds the student on the ``meta`` device, wraps every decoder layer and then the whole
+student with FSDP2's ``fully_shard`` and allocates its shard only; rank 0 reads the weights into
+host memory and broadcasts them, each process keeping its shard, so its weights, gradients and
+AdamW moments are split ``W`` ways and no GPU ever holds the whole student; each process
 trains on rows ``rank, rank + W, ...`` of the step's batch (``batch_size`` must divide by ``W``)
 against its own replica of the teacher; FSDP averages the gradients, so an update is that of the
 whole batch on one process (up to float rounding), and the reported loss is the mean over the
-processes. Rank 0 gathers the full weights and moments to write each checkpoint, in the same
-format as an unsharded run, so a checkpoint resumes with or without sharding (each process reads
-it whole and keeps its shard).
+processes. Every collective runs on the process group's device (the GPU under NCCL, the CPU
+under gloo). Rank 0 gathers the full weights and moments, shard by shard into host memory, to write
+each checkpoint, in the same format as an unsharded run, so a checkpoint resumes with or without
+sharding. Only rank 0 looks at the output directory (checkpoint or not, which step) and reads a
+checkpoint; it broadcasts what it found, the weights and the moments, so the processes agree
+even when each node has its own disk (the output directory need only be on rank 0's node).
 
 **Budget.** A run is ``steps × batch_size × seq_len`` tokens, all of them calibration text
 (:mod:`autocompress_opt.data.textdata`; never a held-out document). The :class:`DistillRecipe` and the
@@ -57,7 +69,6 @@ result without training.
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import json
@@ -87,7 +98,22 @@ from autocompress_opt.recover.checkpoint import (
     _rng_tensors,
     _student_card,
 )
-from autocompress_opt.recover.fsdp import _mean_over_processes, _shard, _world_size
+from autocompress_opt.recover.fsdp import (
+    _barrier,
+    _from_rank0,
+    _load_sharded,
+    _mean_over_processes,
+    _shard,
+    _skeleton,
+    _world_size,
+)
+from autocompress_opt.recover.preflight import (
+    check_compatible,
+    checkpoint_layers,
+    resolve_student_dir,
+    training_device,
+    training_dtypes,
+)
 from autocompress_opt.recover.recipe import MIN_LR_RATIO, DistillRecipe, learning_rate
 
 __all__ = [
@@ -177,7 +203,8 @@ class DistillResult:
         train_s: seconds this call spent in updates; ``seconds_per_step`` and ``tokens_per_s`` are
             over this call's updates (None when it made none).
         data / eval_data: records of the calibration pool and the held-out rows.
-        device / precision: where and how it trained (``fp32``, ``bf16-autocast`` or ``bf16``).
+        device / precision: where and how it trained (``fp32``, ``bf16-autocast``, ``bf16-mixed``:
+            bf16 compute over fp32 master weights, or ``bf16``: pure bf16 weights).
         gradient_checkpointing / kl_chunk: the memory options it trained with.
     """
 
@@ -243,6 +270,7 @@ def distill(
     device: str = "cpu",
     bf16: bool = False,
     compute_dtype: str = "fp32",
+    pure_bf16: bool = False,
     gradient_checkpointing: bool = False,
     kl_chunk: int | None = None,
     fsdp: bool = False,
@@ -262,10 +290,12 @@ def distill(
         force: replace a non-empty ``out_dir`` that holds no distillation checkpoint.
         device: ``cpu``, ``cuda`` (or ``cuda:N``) or ``auto`` (CUDA when available).
         bf16: bf16 autocast for the forward passes (CUDA only); weights and the loss stay float32.
-        compute_dtype: ``fp32`` (default), ``bf16`` (student and teacher weights, gradients and
-            AdamW moments in bf16; the loss in float32; CPU or CUDA) or ``auto`` (bf16 on CUDA,
-            fp32 on the CPU; :mod:`autocompress_opt.hf.device`). ``fp16`` is refused (it would
+        compute_dtype: ``fp32`` (default), ``bf16`` (bf16 compute over float32 master weights,
+            see the module docstring; CPU or CUDA) or ``auto`` (bf16 on a CUDA GPU with native
+            bf16, else fp32; :mod:`autocompress_opt.hf.device`). ``fp16`` is refused (it would
             need loss scaling).
+        pure_bf16: with ``compute_dtype`` bf16, keep the student's weights, gradients and AdamW
+            moments in bf16 too (half the memory; updates under ~0.4 % of a weight are lost).
         gradient_checkpointing: recompute each decoder layer's activations in backward instead
             of keeping them (transformers' ``activation_checkpointing_enable``, or the same
             non-reentrant ``torch.utils.checkpoint`` per layer for a heterogeneous student).
@@ -283,16 +313,14 @@ def distill(
     :class:`~autocompress_opt.prune.export.OutputExistsError` for an unrelated non-empty ``out_dir``
     without ``force``; :class:`RecipeMismatchError` naming the field that differs from the checkpoint.
     """
-    from autocompress_opt.prune.export import OutputExistsError
-
     if not isinstance(recipe, DistillRecipe):
         raise ConfigError(f"recipe must be a DistillRecipe, got {type(recipe).__name__}")
-    student_dir = _student_dir(student_ref)
+    student_dir = resolve_student_dir(student_ref)
     out = Path(out_dir).expanduser().resolve()
     if out == student_dir:
         raise ConfigError(f"the output directory must differ from the student's ({str(out)!r})")
-    torch_device, precision = _device(device, bf16)
-    dtype, precision = _compute_dtype(compute_dtype, torch_device, precision)
+    torch_device, precision = training_device(device, bf16)
+    dtype, teacher_dtype, precision = training_dtypes(compute_dtype, torch_device, precision, pure_bf16)
     check_int(kl_chunk, "kl_chunk (positions per piece)", also=(None,))
     world = _world_size(fsdp, recipe)
     if world > 1 and torch_device.type == "cuda":  # one GPU per process: torchrun's LOCAL_RANK
@@ -302,11 +330,26 @@ def distill(
         torch.cuda.set_device(torch_device)
     options = _Options(
         dtype=dtype,
+        teacher_dtype=teacher_dtype,
         gradient_checkpointing=bool(gradient_checkpointing),
         kl_chunk=kl_chunk,
         world_size=world,
         data=tuple(data),
     )
+    # Rank 0 alone looks at `out` (node-local disks may differ) and hands its finding to every process.
+    state = _from_rank0(lambda: _checkpoint_in(out, recipe, student_dir, restart, force), world)
+    with torch.random.fork_rng(devices=[torch_device] if torch_device.type == "cuda" else []):
+        run = _Run.start(student_dir, teacher_ref, out, recipe, state, torch_device, precision, options)
+        return run.train(progress)
+
+
+def _checkpoint_in(
+    out: Path, recipe: DistillRecipe, student_dir: Path, restart: bool, force: bool
+) -> dict[str, Any] | None:
+    """The ``state.json`` of the checkpoint of this run in ``out`` to resume (None: start afresh);
+    raises when ``out`` cannot take the run's checkpoint or holds another run's."""
+    from autocompress_opt.prune.export import OutputExistsError
+
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"output path {str(out)!r} exists and is not a directory")
     ours = (out / STATE_DIR / _STATE_JSON).is_file()
@@ -318,17 +361,16 @@ def distill(
     state = _read_state(out) if ours and not restart else None
     if state is not None:
         _check_same(state["identity"], {"recipe": recipe.to_dict(), "student": str(student_dir)}, out)
-    with torch.random.fork_rng(devices=[torch_device] if torch_device.type == "cuda" else []):
-        run = _Run.start(student_dir, teacher_ref, out, recipe, state, torch_device, precision, options)
-        return run.train(progress)
+    return state
 
 
 # ------------------------------------------------------------------------------ internals
 @dataclass(frozen=True)
 class _Options:
-    """How a run uses memory: the weights' dtype, activation checkpointing, the KL's chunk."""
+    """How a run uses memory: the weights' dtypes, activation checkpointing, the KL's chunk."""
 
-    dtype: torch.dtype = torch.float32
+    dtype: torch.dtype = torch.float32  # the student's (master) weights, gradients and moments
+    teacher_dtype: torch.dtype = torch.float32
     gradient_checkpointing: bool = False
     kl_chunk: int | None = None
     world_size: int = 1  # > 1: the student is FSDP-sharded over that many processes
@@ -357,7 +399,7 @@ class _Run:
     device: torch.device
     precision: str
     options: _Options
-    shadow: Any  # rank 0 of a sharded run: an unsharded host copy the gathered weights are exported from
+    shadow: Any  # rank 0 of a sharded run: the unsharded host copy the gathered weights are exported from
     initial_kl: float
     final_kl: float | None
     start_step: int
@@ -381,10 +423,16 @@ class _Run:
         from autocompress_opt.data.user import data_batches
         from autocompress_opt.hf.loading import load_model
 
-        teacher = load_model(teacher_ref, cache=False, device=device, dtype=options.dtype)
+        teacher = load_model(teacher_ref, cache=False, device=device, dtype=options.teacher_dtype)
         teacher.model.requires_grad_(False).eval()
-        student = load_model(out if state is not None else student_dir, cache=False, device=device, dtype=options.dtype)
-        _check_compatible(student, teacher, student_dir, teacher_ref, recipe.seq_len)
+        source = out if state is not None else student_dir
+        if options.world_size > 1:  # the whole student only on rank 0, in host memory
+            student = load_model(source, cache=False, dtype=options.dtype) if options.rank == 0 else None
+            model = _skeleton(student_dir, options.dtype)  # on the meta device
+        else:
+            student = load_model(source, cache=False, device=device, dtype=options.dtype)
+            model = student.model
+        check_compatible(model, teacher.model, student_dir, teacher_ref, recipe.seq_len)
         # Text is always tokenised by the starting student's tokenizer, so a resume draws the same rows.
         tokenizer = AutoTokenizer.from_pretrained(student_dir, local_files_only=True)
         data = options.data or None  # the user's --data specs, else the built-in sources
@@ -408,13 +456,14 @@ class _Run:
         }
         if state is not None:
             _check_same(state["identity"], identity, out)
-        model = student.model.train()
+        model.train()
         if options.gradient_checkpointing:
-            _checkpoint_layers(model)
+            checkpoint_layers(model)
         shadow = None
         if options.world_size > 1:
-            shadow = copy.deepcopy(model).to("cpu") if options.rank == 0 else None
-            _shard(model, device, options.world_size)
+            shadow = student.model if student is not None else None
+            _shard(model, device, options.world_size, precision)
+            _load_sharded(model, shadow, device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
         if state is None:
             torch.manual_seed(recipe.seed)
@@ -518,12 +567,13 @@ class _Run:
             model, moments = self._gathered()
             if model is not None:
                 self._write(model, moments, steps_done, final_kl, train_s)
-            torch.distributed.barrier()
+            _barrier(self.options.world_size)
             return
         self._write(self.model, _optimizer_tensors(self.model, self.optimizer), steps_done, final_kl, train_s)
 
     def _gathered(self) -> tuple[Any, dict[str, torch.Tensor]]:
-        """All processes gather the sharded student's full weights and AdamW state; rank 0 gets its
+        """All processes gather the sharded student's full weights and AdamW state, one tensor at a
+        time into rank 0's host memory (``cpu_offload``: no GPU holds the whole); rank 0 gets its
         host copy holding those weights and the moments by name (the others: ``None, {}``)."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -632,8 +682,14 @@ def _train_step(
     precision: str,
     kl_chunk: int | None = None,
 ) -> float:
-    """One AdamW update on ``tokens`` (B, L); returns the loss (nats, before the update)."""
-    autocast = torch.autocast(tokens.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-autocast")
+    """One AdamW update on ``tokens`` (B, L); returns the loss (nats, before the update).
+
+    ``bf16-autocast`` and ``bf16-mixed`` run the forwards under bf16 autocast: over fp32 weights
+    that is the bf16 compute; over the bf16 copies FSDP2's mixed-precision policy all-gathers it
+    changes nothing but keeps autocast's float32 ops (softmax, norms) in float32."""
+    autocast = torch.autocast(
+        tokens.device.type, dtype=torch.bfloat16, enabled=precision in ("bf16-autocast", "bf16-mixed")
+    )
     for group in optimizer.param_groups:
         group["lr"] = lr
     with torch.no_grad(), autocast:
@@ -704,80 +760,3 @@ class _OutsideInferenceMode:
     def __call__(self, **kwargs: Any) -> Any:
         with torch.inference_mode(False), torch.no_grad():
             return self.model(**kwargs)
-
-
-# ------------------------------------------------------------------------------- checks
-def _student_dir(ref: str | Path) -> Path:
-    path = Path(ref).expanduser()
-    if not path.is_dir():
-        raise ConfigError(
-            f"student directory {str(ref)!r} does not exist; pass a checkpoint directory "
-            "(e.g. the --out of `autocompress prune`)"
-        )
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"student directory {str(ref)!r} has no config.json; expected an exported checkpoint")
-    return path.resolve()
-
-
-def _device(device: str, bf16: bool) -> tuple[torch.device, str]:
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {device!r}") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for but CUDA is not available")
-    if bf16 and resolved.type != "cuda":
-        raise ConfigError(f"bf16 autocast is for CUDA only; on {device!r} training runs in float32")
-    return resolved, "bf16-autocast" if bf16 else "fp32"
-
-
-def _compute_dtype(spec: str, device: torch.device, precision: str) -> tuple[torch.dtype, str]:
-    """The weights' dtype of ``compute_dtype`` on ``device`` and the run's precision label."""
-    from autocompress_opt.hf.device import resolve_compute_dtype
-
-    dtype = resolve_compute_dtype(spec, device)
-    if dtype == torch.float16:
-        raise ConfigError(
-            f"compute dtype {spec!r} (fp16) is not supported for training (it needs loss scaling); use bf16 or fp32"
-        )
-    if dtype == torch.float32:
-        return dtype, precision
-    if precision == "bf16-autocast":
-        raise ConfigError(
-            "pass either bf16=True (--bf16: autocast, float32 weights) or compute_dtype='bf16' (bf16 weights), not both"
-        )
-    return dtype, "bf16"
-
-
-def _checkpoint_layers(model: Any) -> None:
-    """Activation checkpointing of every decoder layer (non-reentrant ``torch.utils.checkpoint``):
-    transformers' own switch where the model has it, else each layer's forward wrapped alike."""
-    import functools
-
-    from torch.utils.checkpoint import checkpoint
-
-    if getattr(model, "supports_gradient_checkpointing", False):
-        model.activation_checkpointing_enable()
-        return
-    from autocompress_opt.hf.adapters import adapter_for
-
-    for part in adapter_for(model).all_layer_parts(model):
-        layer = part.layer
-        layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
-
-
-def _check_compatible(student: Any, teacher: Any, student_dir: Path, teacher_ref: str | Path, seq_len: int) -> None:
-    vocab_s = student.model.get_output_embeddings().weight.shape[0]
-    vocab_t = teacher.model.get_output_embeddings().weight.shape[0]
-    if vocab_s != vocab_t:
-        raise ConfigError(
-            f"teacher {str(teacher_ref)!r} has a vocabulary of {vocab_t:,} tokens but student "
-            f"{str(student_dir)!r} has {vocab_s:,}; distillation compares next-token distributions, "
-            "so both must share one tokenizer"
-        )
-    for who, loaded in (("student", student), ("teacher", teacher)):
-        context = getattr(loaded.model.config, "max_position_embeddings", None)
-        if context is not None and seq_len > context:
-            raise ConfigError(f"seq_len {seq_len} exceeds the {who}'s context of {context} positions")

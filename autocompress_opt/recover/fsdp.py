@@ -1,14 +1,41 @@
-"""Sharded distillation (FSDP2): how many processes a run spans, sharding the student over them,
-and averaging a number across them. Private helpers of :mod:`autocompress_opt.recover.distill`."""
+"""Sharded distillation (FSDP2): how many processes a run spans, building the student sharded,
+and the collectives the run makes. Private helpers of :mod:`autocompress_opt.recover.distill`.
+
+The recipe follows torchtune's full-finetune distributed recipe (``recipes/full_finetune_distributed.py``):
+
+* **Meta-device init, sharded load.** Every process builds the student's modules on the ``meta``
+  device from its ``config.json`` (no memory), wraps each decoder layer and then the whole model
+  with ``fully_shard``, allocates only its own shard on its device (``to_empty``), and rank 0,
+  the one process that reads the weights (into host memory), broadcasts them tensor by tensor
+  (``set_model_state_dict(..., broadcast_from_rank0=True)``); each process keeps its shard. No
+  process ever holds the full student on its GPU.
+* **fp32 master weights, bf16 compute.** The sharded parameters, their gradients and the AdamW
+  moments stay float32; with a bf16 precision FSDP2 all-gathers them as bf16 for the forward and
+  backward and reduce-scatters the gradients in float32 (``MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=fp32)``).
+* **Collectives on the backend's device.** NCCL only moves CUDA tensors (a CPU tensor fails with
+  "No backend type associated with device type cpu"), gloo moves CPU ones: every collective here
+  goes through :func:`_collective_device`.
+* **Rank 0 decides.** With node-local disks the processes can see different output directories,
+  so only rank 0 looks at it (checkpoint or not, which step) and broadcasts what it found
+  (:func:`_from_rank0`); rank 0 alone reads the checkpoint's weights and moments and broadcasts them.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.recover.recipe import DistillRecipe
+
+_T = TypeVar("_T")
+
+# Backends whose collectives take CUDA tensors only (torch.distributed's Backend names).
+_CUDA_ONLY_BACKENDS = frozenset({"nccl", "xccl"})
 
 
 def _world_size(fsdp: bool, recipe: DistillRecipe) -> int:
@@ -28,7 +55,82 @@ def _world_size(fsdp: bool, recipe: DistillRecipe) -> int:
     return world
 
 
-def _shard(model: Any, device: torch.device, world: int) -> None:
+def _collective_device() -> torch.device:
+    """Where the default process group's collectives take their tensors: this process's current
+    CUDA device under NCCL, the CPU under gloo (or a ``cpu:gloo,cuda:nccl`` group's CPU part)."""
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend()).lower()
+    if backend in _CUDA_ONLY_BACKENDS:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _mean_over_processes(value: float, world: int) -> float:
+    """The mean of ``value`` over the ``world`` processes (``value`` itself when there is one)."""
+    if world == 1:
+        return value
+    total = torch.tensor(value, dtype=torch.float64, device=_collective_device())
+    torch.distributed.all_reduce(total)
+    return float(total) / world
+
+
+def _barrier(world: int) -> None:
+    """Wait for every process; under NCCL on this process's GPU (else NCCL guesses one and warns)."""
+    if world == 1:
+        return
+    device = _collective_device()
+    if device.type == "cuda":
+        torch.distributed.barrier(device_ids=[device.index or 0])
+    else:
+        torch.distributed.barrier()
+
+
+def _from_rank0(decide: Callable[[], _T], world: int) -> _T:
+    """``decide()`` run on rank 0 alone, its result (a picklable object) handed to every process.
+
+    An exception raised by ``decide`` is raised on every process, so no process goes on to wait in
+    a collective the others never reach."""
+    if world == 1:
+        return decide()
+    import torch.distributed as dist
+
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("ok", decide())
+        except Exception as exc:  # handed to the others, then raised here too
+            box[0] = ("error", exc)
+    dist.broadcast_object_list(box, src=0, device=_collective_device())
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+def _mixed_precision(precision: str) -> Any:
+    """FSDP2's policy for a run's precision label: bf16 compute over fp32 master weights for
+    ``bf16-mixed`` and ``bf16-autocast``; None (the parameters' own dtype) otherwise."""
+    if precision not in ("bf16-mixed", "bf16-autocast"):
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    # Gradients reduce-scattered in fp32: averaging W bf16 gradients would round each partial sum.
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def _skeleton(student_dir: Path, dtype: torch.dtype) -> Any:
+    """The student's modules on the ``meta`` device (shapes, no storage), from its ``config.json``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import autocompress_opt.hf.hetero_model  # noqa: F401  (registers the heterogeneous student's class)
+
+    config = AutoConfig.from_pretrained(student_dir, local_files_only=True)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def _shard(model: Any, device: torch.device, world: int, precision: str = "fp32") -> None:
     """FSDP2: each decoder layer is its own unit (all-gathered for its forward and backward), then the rest."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -36,14 +138,30 @@ def _shard(model: Any, device: torch.device, world: int) -> None:
     from autocompress_opt.hf.adapters import adapter_for
 
     mesh = init_device_mesh(device.type, (world,))
+    policy = _mixed_precision(precision)
+    kwargs = {"mesh": mesh} | ({"mp_policy": policy} if policy is not None else {})
     for part in adapter_for(model).all_layer_parts(model):
-        fully_shard(part.layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(part.layer, **kwargs)
+    fully_shard(model, **kwargs)
 
 
-def _mean_over_processes(value: float, world: int) -> float:
-    if world == 1:
-        return value
-    total = torch.tensor(value, dtype=torch.float64)
-    torch.distributed.all_reduce(total)
-    return float(total) / world
+def _load_sharded(model: Any, full: Any | None, device: torch.device) -> None:
+    """Give the sharded meta-device ``model`` its storage on ``device`` and the weights of ``full``
+    (rank 0's host copy of the whole student; None on the other ranks), each rank keeping its shard.
+
+    Buffers are not sharded: rank 0's are broadcast whole, non-persistent ones (rotary
+    frequencies) included, which no state dict carries."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model.to_empty(device=device)
+    weights = full.state_dict() if full is not None else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, weights, options=options)
+    theirs: Mapping[str, torch.Tensor] = dict(full.named_buffers()) if full is not None else {}
+    for name, buffer in model.named_buffers():
+        staged = buffer.to(_collective_device())
+        if full is not None:
+            staged.copy_(theirs[name])
+        dist.broadcast(staged, src=0)
+        buffer.copy_(staged)

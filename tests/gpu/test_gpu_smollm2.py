@@ -270,9 +270,9 @@ def test_smollm2_export_reloads_on_the_device_with_the_trials_kl(
 def test_smollm2_distill_steps_on_the_device(
     exported: Path, suite_device: torch.device, tmp_path: Path, peak_memory: Any, gpu_record: Any
 ) -> None:
-    """Three bf16 distillation steps of the exported child from SmolLM2 on the device, with
-    activation checkpointing and the chunked KL: finite losses, a held-out KL that falls, and a
-    checkpoint that reloads in bf16 on the device."""
+    """Three distillation steps (bf16 compute over fp32 master weights) of the exported child from
+    SmolLM2 on the device, with activation checkpointing and the chunked KL: finite losses, a
+    held-out KL that falls, and a checkpoint that reloads in bf16 on the device."""
     recipe = DistillRecipe(steps=3, batch_size=2, seq_len=64, lr=3e-4, save_every=3, n_eval_rows=2)
     with peak_memory() as peak:
         result = distill(
@@ -286,7 +286,7 @@ def test_smollm2_distill_steps_on_the_device(
             gradient_checkpointing=True,
             kl_chunk=32,
         )
-    assert (result.device, result.precision, result.complete) == (str(suite_device), "bf16", True)
+    assert (result.device, result.precision, result.complete) == (str(suite_device), "bf16-mixed", True)
     assert all(math.isfinite(loss) for loss in result.losses)
     assert result.final_kl is not None and result.final_kl < result.initial_kl
     back = load_model(result.out_dir, device=suite_device, dtype=BF16, cache=False)

@@ -159,10 +159,23 @@ def test_tiny_distill_steps_on_the_device(
             kl_chunk=8,
             **options,
         )
-    assert (bf16.device, bf16.precision) == (str(suite_device), "bf16")
+    # bf16 compute over fp32 master weights: the checkpoint holds the fp32 weights.
+    assert (bf16.device, bf16.precision) == (str(suite_device), "bf16-mixed")
     assert all(math.isfinite(loss) for loss in bf16.losses) and bf16.losses[-1] < 0.8 * bf16.losses[0]
     assert bf16.final_kl is not None and bf16.final_kl < bf16.initial_kl
-    saved = load_model(bf16.out_dir, cache=False, dtype=BF16, device=suite_device).model
+    saved = load_model(bf16.out_dir, cache=False, device=suite_device).model
+    assert {p.dtype for p in saved.parameters()} == {torch.float32}
+    pure = distill(
+        student_dir,
+        parent_dir,
+        tmp_path / "pure",
+        replace(recipe, steps=1),
+        compute_dtype="bf16",
+        pure_bf16=True,
+        **options,
+    )
+    assert pure.precision == "bf16" and math.isfinite(pure.losses[0])
+    saved = load_model(pure.out_dir, cache=False, dtype=BF16, device=suite_device).model
     assert {p.dtype for p in saved.parameters()} == {BF16}
     fp32 = distill(student_dir, parent_dir, tmp_path / "fp32", replace(recipe, steps=1), **options)
     assert fp32.precision == "fp32" and bf16.initial_kl == pytest.approx(fp32.initial_kl, rel=0.1)

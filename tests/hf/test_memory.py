@@ -230,14 +230,15 @@ def test_bad_arguments_are_config_errors() -> None:
 def test_distill_stages_within_10_percent_of_a_measured_distill_step(checkpointing: bool, chunk: int | None) -> None:
     """distill's own update (teacher forward, student forward and backward, clipping, AdamW with its
     moments from the step before) against the larger of the predicted train and optimizer steps."""
-    from autocompress_opt.recover.distill import _checkpoint_layers, _train_step
+    from autocompress_opt.recover.distill import _train_step
+    from autocompress_opt.recover.preflight import checkpoint_layers
     from autocompress_opt.recover.recipe import DistillRecipe
 
     student, arch = _llama("cpu", "fp32")
     teacher, _ = _llama("cpu", "fp32")
     teacher.eval().requires_grad_(False)
     if checkpointing:
-        _checkpoint_layers(student)
+        checkpoint_layers(student)
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3)
     recipe = DistillRecipe(steps=2, batch_size=2, seq_len=64)
     tokens = torch.randint(0, arch.vocab_size, (2, 64))

@@ -1,8 +1,12 @@
 """One process of a 2-process FSDP distillation (run by ``torchrun`` from ``test_distill_fsdp.py``).
 
-Usage: ``torchrun --standalone --nproc_per_node 2 fsdp_worker.py STUDENT TEACHER OUT RESULT_JSON [crash]``;
-rank 0 writes the result record to RESULT_JSON. With ``crash``, every process is interrupted in
-its third update (after the step-2 checkpoint) and the same call is made again, which resumes.
+Usage: ``torchrun --standalone --nproc_per_node 2 fsdp_worker.py STUDENT TEACHER OUT RESULT_JSON [MODE]``;
+rank 0 writes the result record to RESULT_JSON, with each process's observations under
+``"ranks"``: whether the student was still on the meta device when it was sharded, and which
+models that process loaded. MODE: ``crash`` interrupts every process in its third update (after
+the step-2 checkpoint) and makes the same call again, which resumes; ``bf16`` trains with
+``compute_dtype="bf16"`` (fp32 master weights, bf16 compute); ``bf16-crash`` both; ``mismatch``
+calls it with another learning rate on OUT's checkpoint and records each process's error.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+import autocompress_opt.hf.loading as loading_module
 import autocompress_opt.recover.distill as distill_module
-from autocompress_opt.recover.distill import distill
+from autocompress_opt.recover.distill import RecipeMismatchError, distill
 
 # The recipe of test_distill_fsdp.RECIPE (kept here so the worker needs no test imports).
 RECIPE = {"steps": 4, "batch_size": 4, "seq_len": 16, "lr": 3e-3, "save_every": 2, "n_eval_rows": 2}
@@ -41,16 +46,46 @@ def _interrupted_then_resumed(run: Any) -> Any:
     return run()
 
 
+def _observe(seen: dict[str, list[Any]]) -> None:
+    """Record, in ``seen``, the student's devices when it is sharded and the refs this process loads."""
+    real_shard, real_load = distill_module._shard, loading_module.load_model
+
+    def shard(model: Any, *args: Any) -> None:
+        seen["devices_at_shard"].append(sorted({p.device.type for p in model.parameters()}))
+        real_shard(model, *args)
+
+    def load(ref: Any, **kwargs: Any) -> Any:
+        seen["loaded"].append(str(ref))
+        return real_load(ref, **kwargs)
+
+    distill_module._shard = shard
+    loading_module.load_model = load  # type: ignore[assignment]
+
+
 def main(student: str, teacher: str, out: str, result_json: str, mode: str = "") -> None:
     from autocompress_opt.recover.recipe import DistillRecipe
 
     dist.init_process_group("gloo")
+    seen: dict[str, list[Any]] = {"devices_at_shard": [], "loaded": []}
+    _observe(seen)
+    options = OPTIONS | ({"compute_dtype": "bf16"} if mode.startswith("bf16") else {})
+    recipe = DistillRecipe(**RECIPE | ({"lr": 2 * RECIPE["lr"]} if mode == "mismatch" else {}))
     try:
-        run = lambda: distill(student, teacher, out, DistillRecipe(**RECIPE), progress=False, fsdp=True, **OPTIONS)
-        result = _interrupted_then_resumed(run) if mode == "crash" else run()
+        run = lambda: distill(student, teacher, out, recipe, progress=False, fsdp=True, **options)
+        record: dict[str, Any] = {}
+        if mode == "mismatch":
+            try:
+                run()
+            except RecipeMismatchError as exc:  # rank 0 found it; every process must raise it
+                seen["error"] = [str(exc)]
+        else:
+            result = _interrupted_then_resumed(run) if mode.endswith("crash") else run()
+            record = result.to_dict()
+        ranks: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, seen)
         if dist.get_rank() == 0:
             with open(result_json, "w", encoding="utf-8") as handle:
-                json.dump(result.to_dict(), handle, default=str)
+                json.dump(record | {"ranks": ranks}, handle, default=str)
     finally:
         dist.destroy_process_group()
 

@@ -1,7 +1,9 @@
 """FSDP2-sharded distillation: 2 processes under torchrun with the gloo backend on the CPU, with
-activation checkpointing and the chunked KL on, train a tiny student as one plain process does
-(same loss curve, same weights within float rounding) and write a checkpoint in the unsharded
-format."""
+activation checkpointing and the chunked KL on, build the student on the meta device (only rank 0
+reads its weights), train it as one plain process does (same loss curve, same weights within float
+rounding), write a checkpoint in the unsharded format, and resume an interrupted run; in bf16
+compute over fp32 master weights too. The collectives' device is checked against a faked NCCL
+backend (this machine has no GPU)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import adapter_for
 from autocompress_opt.hf.loading import load_model
 from autocompress_opt.prune.export import CARD_FILE, export_model
+from autocompress_opt.recover import fsdp
 from autocompress_opt.recover.distill import STATE_DIR, DistillRecipe, distill
 
 RECIPE = DistillRecipe(**WORKER_RECIPE)
@@ -47,7 +50,9 @@ def _sharded(models: tuple[Path, Path], out: Path, *mode: str) -> dict[str, Any]
     student_dir, teacher_dir = models
     worker = Path(__file__).with_name("fsdp_worker.py")
     record = out.with_suffix(".json")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    # This checkout's package first (the installed one may be another checkout's), then the caller's path.
+    path = [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     args = [str(student_dir), str(teacher_dir), str(out), str(record), *mode]
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker), *args],
@@ -72,6 +77,16 @@ def _assert_trains_as(sharded: dict[str, Any], single: Any, sharded_dir: Path, s
     assert worst <= 2e-5, worst
 
 
+def _assert_built_sharded(record: dict[str, Any], student_dir: Path) -> None:
+    """Every process sharded a meta-device student, and only rank 0 read the student's weights."""
+    ranks = record["ranks"]
+    assert len(ranks) == 2
+    for seen in ranks:
+        assert seen["devices_at_shard"] and all(devices == ["meta"] for devices in seen["devices_at_shard"])
+    assert any(ref == str(student_dir) for ref in ranks[0]["loaded"])
+    assert all(ref != str(student_dir) for ref in ranks[1]["loaded"])  # rank 1: the teacher only
+
+
 @pytest.mark.slow
 def test_two_sharded_processes_train_as_one(models: tuple[Path, Path], tmp_path: Path) -> None:
     student_dir, teacher_dir = models
@@ -85,6 +100,7 @@ def test_two_sharded_processes_train_as_one(models: tuple[Path, Path], tmp_path:
     for key, value in reference.items():
         if key.startswith("optimizer/"):
             assert moments[key].shape == value.shape, key
+    _assert_built_sharded(sharded, student_dir)
     card = json.loads((tmp_path / "sharded" / CARD_FILE).read_text())
     record = card["extra"]["distillation"]
     assert record["fsdp_processes"] == 2 and record["gradient_checkpointing"] and record["kl_chunk"] == 5
@@ -97,9 +113,106 @@ def test_an_interrupted_sharded_run_resumes_sharded(models: tuple[Path, Path], t
     resumed = _sharded(models, tmp_path / "resumed", "crash")
     assert resumed["resumed_from_step"] == 2
     _assert_trains_as(resumed, single, tmp_path / "resumed", tmp_path / "single")
+    # Another recipe on that checkpoint: rank 0 finds the mismatch, and every process raises it.
+    refused = _sharded(models, tmp_path / "resumed", "mismatch")
+    for seen in refused["ranks"]:
+        assert "was made with lr=0.003" in seen["error"][0]
 
 
 def test_fsdp_without_a_process_group_is_refused(models: tuple[Path, Path], tmp_path: Path) -> None:
     student_dir, teacher_dir = models
     with pytest.raises(ConfigError, match="torchrun"):
         distill(student_dir, teacher_dir, tmp_path / "out", RECIPE, progress=False, fsdp=True)
+
+
+@pytest.mark.slow
+def test_sharded_bf16_compute_keeps_fp32_master_weights_and_resumes_to_the_same_weights(
+    models: tuple[Path, Path], tmp_path: Path
+) -> None:
+    student_dir, teacher_dir = models
+    single = distill(student_dir, teacher_dir, tmp_path / "single", RECIPE, progress=False)
+    whole = _sharded(models, tmp_path / "whole", "bf16")
+    resumed = _sharded(models, tmp_path / "resumed", "bf16-crash")
+    assert whole["precision"] == resumed["precision"] == "bf16-mixed"
+    assert resumed["resumed_from_step"] == 2 and resumed["complete"]
+    _assert_built_sharded(whole, student_dir)
+    # Stopped and resumed, the run ends with exactly the weights of the uninterrupted one.
+    assert resumed["losses"] == whole["losses"]
+    got = load_model(tmp_path / "resumed", cache=False).model.state_dict()
+    want = load_model(tmp_path / "whole", cache=False).model.state_dict()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+    # The saved master weights are float32 and keep updates finer than bf16 can hold.
+    start = load_model(student_dir, cache=False).model.state_dict()
+    assert all(value.dtype == torch.float32 for value in got.values())
+    fine = sum(
+        int((((got[n] - start[n]).abs() > 0) & ((got[n] - start[n]).abs() < start[n].abs() * 2.0**-8)).sum())
+        for n in start
+    )
+    assert fine > 100, fine
+    # bf16 compute follows the fp32 run's loss curve within bf16 rounding.
+    for a, b in zip(whole["losses"], single.losses):
+        assert a == pytest.approx(b, rel=0.05)
+
+
+# ------------------------------------------------------------------ the collectives' device
+class _Collectives:
+    """torch.distributed's collectives replaced by recorders (a world of two equal processes)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+        import torch.distributed as dist
+
+        self.devices: dict[str, Any] = {}
+        monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
+        monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+        real_tensor = torch.tensor
+
+        def tensor(data: Any, *, device: Any = None, **kwargs: Any) -> torch.Tensor:
+            self.devices["tensor"] = torch.device(device) if device is not None else torch.device("cpu")
+            return real_tensor(data, **kwargs)  # on the CPU: this machine may have no GPU
+
+        def all_reduce(total: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+            total.mul_(2)  # two processes with the same value
+
+        def barrier(*args: Any, device_ids: list[int] | None = None, **kwargs: Any) -> None:
+            self.devices["barrier"] = device_ids
+
+        def broadcast_object_list(objects: list[Any], src: int = 0, group: Any = None, device: Any = None) -> None:
+            self.devices["broadcast_object_list"] = torch.device(device)
+
+        monkeypatch.setattr(fsdp.torch, "tensor", tensor)
+        monkeypatch.setattr(dist, "all_reduce", all_reduce)
+        monkeypatch.setattr(dist, "barrier", barrier)
+        monkeypatch.setattr(dist, "broadcast_object_list", broadcast_object_list)
+
+
+def test_collectives_run_on_this_process_gpu_under_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _Collectives(monkeypatch, "nccl").devices
+    assert fsdp._collective_device() == torch.device("cuda", 3)
+    assert fsdp._mean_over_processes(1.5, 2) == 1.5
+    assert seen["tensor"] == torch.device("cuda", 3)  # NCCL has no CPU tensors
+    fsdp._barrier(2)
+    assert seen["barrier"] == [3]
+    assert fsdp._from_rank0(lambda: {"step": 2}, 2) == {"step": 2}
+    assert seen["broadcast_object_list"] == torch.device("cuda", 3)
+
+
+def test_collectives_run_on_the_cpu_under_gloo(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _Collectives(monkeypatch, "gloo").devices
+    assert fsdp._collective_device() == torch.device("cpu")
+    assert fsdp._mean_over_processes(0.25, 2) == 0.25 and seen["tensor"] == torch.device("cpu")
+    fsdp._barrier(2)
+    assert seen["barrier"] is None
+    fsdp._from_rank0(lambda: None, 2)
+    assert seen["broadcast_object_list"] == torch.device("cpu")
+
+
+def test_an_error_rank_0_finds_is_raised_on_every_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    _Collectives(monkeypatch, "gloo")
+
+    def refuse() -> None:
+        raise ConfigError("the checkpoint in 'out' was made with lr=0.1")
+
+    with pytest.raises(ConfigError, match="lr=0.1"):
+        fsdp._from_rank0(refuse, 2)

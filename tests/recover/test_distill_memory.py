@@ -123,10 +123,10 @@ def test_checkpointing_and_chunked_kl_train_as_the_plain_run(
 
 def test_checkpointing_is_used_by_the_plain_transformers_student(student_dir: Path, teacher_dir: Path) -> None:
     """The switch reaches the model: transformers' layers run under torch.utils.checkpoint."""
-    from autocompress_opt.recover.distill import _checkpoint_layers
+    from autocompress_opt.recover.preflight import checkpoint_layers
 
     model = load_model(student_dir, cache=False).model.train()
-    _checkpoint_layers(model)
+    checkpoint_layers(model)
     assert model.is_activation_checkpointing
 
 
@@ -150,17 +150,38 @@ def test_a_heterogeneous_student_trains_with_checkpointing(teacher_dir: Path, tm
     assert ckpt.final_kl is not None and ckpt.final_kl < ckpt.initial_kl
 
 
-def test_bf16_student_and_teacher_train_on_the_cpu(student_dir: Path, teacher_dir: Path, tmp_path: Path) -> None:
-    fp32 = distill(student_dir, teacher_dir, tmp_path / "fp32", replace(RECIPE, steps=6), progress=False)
-    bf16 = distill(
-        student_dir, teacher_dir, tmp_path / "bf16", replace(RECIPE, steps=6), progress=False, compute_dtype="bf16"
+def test_bf16_compute_keeps_fp32_master_weights_and_pure_bf16_is_asked_for(
+    student_dir: Path, teacher_dir: Path, tmp_path: Path
+) -> None:
+    recipe = replace(RECIPE, steps=6)
+    fp32 = distill(student_dir, teacher_dir, tmp_path / "fp32", recipe, progress=False)
+    mixed = distill(student_dir, teacher_dir, tmp_path / "mixed", recipe, progress=False, compute_dtype="bf16")
+    pure = distill(
+        student_dir, teacher_dir, tmp_path / "pure", recipe, progress=False, compute_dtype="bf16", pure_bf16=True
     )
-    assert bf16.precision == "bf16" and fp32.precision == "fp32"
-    assert bf16.losses[-1] < 0.8 * bf16.losses[0]
-    # bf16 rounding moves the held-out KL, not its scale.
-    assert bf16.initial_kl == pytest.approx(fp32.initial_kl, rel=0.1)
-    saved = load_model(tmp_path / "bf16", cache=False, dtype=torch.bfloat16).model
+    assert (fp32.precision, mixed.precision, pure.precision) == ("fp32", "bf16-mixed", "bf16")
+    for run in (mixed, pure):
+        assert run.losses[-1] < 0.8 * run.losses[0]
+        # bf16 rounding moves the held-out KL, not its scale.
+        assert run.initial_kl == pytest.approx(fp32.initial_kl, rel=0.1)
+    start = load_model(student_dir, cache=False).model.state_dict()
+    master = load_model(tmp_path / "mixed", cache=False).model.state_dict()
+    # fp32 master weights keep updates smaller than half a bf16 step of the weight, which bf16
+    # weights would round away: there are many such moves in the mixed run's saved weights.
+    kept = 0
+    for name, before in start.items():
+        moved = (master[name] - before).abs()
+        half_ulp = before.abs() * 2.0**-8  # bf16 keeps 8 significant bits
+        kept += int(((moved > 0) & (moved < half_ulp)).sum())
+    assert kept > 100, kept
+    assert next(load_model(tmp_path / "mixed", cache=False).model.parameters()).dtype == torch.float32
+    saved = load_model(tmp_path / "pure", cache=False, dtype=torch.bfloat16).model
     assert next(saved.parameters()).dtype == torch.bfloat16
+
+
+def test_pure_bf16_without_bf16_compute_is_refused(student_dir: Path, teacher_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="pure_bf16.*needs compute_dtype 'bf16'"):
+        distill(student_dir, teacher_dir, tmp_path / "out", RECIPE, progress=False, pure_bf16=True)
 
 
 @pytest.mark.parametrize(
@@ -206,7 +227,9 @@ def test_cli_memory_flags_reach_the_run(
     lean = ["--gradient-checkpointing", "--kl-chunk", "4", "--compute-dtype", "bf16"]
     assert main([*argv, "--out", out, *lean, "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
-    assert record["gradient_checkpointing"] and record["kl_chunk"] == 4 and record["precision"] == "bf16"
+    assert record["gradient_checkpointing"] and record["kl_chunk"] == 4 and record["precision"] == "bf16-mixed"
+    assert main([*argv, "--out", str(tmp_path / "pure"), *lean, "--pure-bf16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["precision"] == "bf16"
     for bad, needle in (
         (["--kl-chunk", "0"], "--kl-chunk"),
         (["--compute-dtype", "fp64"], "'fp64'"),

@@ -1,0 +1,66 @@
+"""The skip budget of ``make test``: which reasons a test may skip for in the full run, and how often.
+
+``make test`` installs the engines and the task data and runs ``tests/gpu`` on the CPU
+(``AUTOCOMPRESS_GPU_SUITE_DEVICE=cpu``), so almost nothing should skip there. With
+``AUTOCOMPRESS_SKIP_BUDGET=1`` (the Makefile's test target sets it) or ``--skip-budget``, the hook in
+``tests/conftest.py`` fails the run when a test skips for a reason not listed here, or when one of
+these reasons skips more tests than its count: a missing engine, missing data or a GPU suite that
+silently skipped would otherwise pass CI. ``make test-fast`` (no engines, no data) does not use it.
+
+A reason matches a skip whose message starts with it. Raise a count, or add a reason, in the same
+change that adds the skipping test, saying where it comes from.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["ALLOWED", "ENV", "Allowance", "over_budget"]
+
+ENV = "AUTOCOMPRESS_SKIP_BUDGET"
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """Up to ``count`` tests may skip with a message starting with ``reason``; ``where`` says which."""
+
+    reason: str
+    count: int
+    where: str
+
+
+ALLOWED: tuple[Allowance, ...] = (
+    # A CPU-only CI machine (tests/gpu itself runs on the CPU there, so its "needs a CUDA GPU: torch
+    # ... sees none" skips are not in this count).
+    Allowance("needs a CUDA GPU", 1, "tests/hf/test_loading_devices.py: a load straight onto cuda:0"),
+    Allowance("needs two CUDA GPUs", 1, "tests/hf/test_loading_devices.py: a model spread over two GPUs"),
+    # A machine with a GPU skips the two no-GPU checks instead.
+    Allowance("this machine has a CUDA GPU", 2, "tests/hf/test_device.py: auto and cuda without a GPU"),
+    # CI containers run as root, which may write into read-only folders.
+    Allowance(
+        "root writes into read-only folders anyway", 7, "tests/cli/test_bad_inputs.py: one per verb of READ_ONLY"
+    ),
+)
+
+
+def over_budget(reasons: Iterable[str], allowed: Iterable[Allowance] = ALLOWED) -> list[str]:
+    """One line per budget ``reasons`` (the messages of the run's skips) break: a reason skipping
+    more tests than its count, or a skip no allowance covers (its message, how many). Empty: within."""
+    allowances = tuple(allowed)
+    used: Counter[str] = Counter()
+    unexpected: Counter[str] = Counter()
+    for message in reasons:
+        match = next((a for a in allowances if message.startswith(a.reason)), None)
+        if match is None:
+            unexpected[message] += 1
+        else:
+            used[match.reason] += 1
+    problems = [
+        f"{used[a.reason]} tests skipped with {a.reason!r}, {a.count} allowed ({a.where})"
+        for a in allowances
+        if used[a.reason] > a.count
+    ]
+    problems += [f"{n} test(s) skipped with an unlisted reason: {message}" for message, n in unexpected.items()]
+    return problems
