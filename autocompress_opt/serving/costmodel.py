@@ -115,6 +115,7 @@ METRICS: tuple[str, ...] = (
     "output_throughput_tok_s",
     "ttft_floor_ms",
     "tpot_floor_ms",
+    "active_params",
 )
 
 
@@ -175,6 +176,7 @@ class CostEstimate:
     output_throughput_tok_s: float
     ttft_floor_ms: float
     tpot_floor_ms: float
+    active_params: float
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -283,7 +285,7 @@ def estimate_batch(
     dt = get_weight_dtype(scenario.dtype)
     kv_bytes = kv_dtype_bytes(scenario.kv_dtype or eng.default_kv_dtype(dt.name))
     ops = _Ops(arrays.hidden)
-    s = _structure(arrays, dt, kv_bytes, ops)
+    s = _structure(arrays, dt, kv_bytes, kv_dtype_bytes(eng.mamba_state_dtype), ops)
     tp, p_len, o_len = scenario.tp, scenario.input_len, scenario.output_len
     if arrays.window is None:  # every layer full
         window = kv_window = FULL_WINDOW
@@ -295,7 +297,8 @@ def estimate_batch(
     # A layer caches min(S, w_i) of a sequence's S reserved tokens.
     seq_tokens = eng.kv_tokens_per_sequence(p_len, o_len)
     kv_seq_bytes = (s.kv_layer_bytes * ops.min(kv_window, float(seq_tokens))).sum(-1)  # (N,) one sequence, all devices
-    kv_seq = kv_seq_bytes / tp
+    # A Mamba-2 layer keeps a constant-size state per sequence instead (in the same pool in vLLM).
+    kv_seq = (kv_seq_bytes + s.state_layer_bytes.sum(-1)) / tp
     fixed_gib = (eng.framework_gib + eng.cuda_graph_gib) * GIB
 
     def activation_bytes(batch: Array) -> Array:
@@ -354,6 +357,7 @@ def estimate_batch(
     out["kv_bytes_per_token"] = kv_seq_bytes / seq_tokens  # mean over the S reserved tokens (module doc)
     out["peak_memory_gib"] = peak_memory / GIB
     out["max_concurrency"] = max_conc
+    out["active_params"] = s.active_params
     return out if bounds else {k: out[k] for k in METRICS}
 
 
