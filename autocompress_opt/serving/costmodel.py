@@ -81,7 +81,7 @@ from autocompress_opt.serving.engine_models import GIB, Engine, get_engine
 from autocompress_opt.serving.hardware import Hardware, get_hardware
 from autocompress_opt.serving.profiles import CostProfile, get_profile
 from autocompress_opt.serving.regimes import _burst, _poisson, _Shape, _steady
-from autocompress_opt.serving.roofline import _Ops, _rates, _Setup, _structure
+from autocompress_opt.serving.roofline import _Ops, _rates, _Setup, _structure, experts_touched
 
 # The equations live in three modules (this doc covers them all): serving.arch_arrays (the input
 # arrays), serving.roofline (one phase's time) and serving.regimes (the arrival regimes); this one
@@ -97,6 +97,7 @@ __all__ = [
     "describe_regime",
     "estimate_batch",
     "estimate_cost",
+    "experts_touched",
     "regime_of",
 ]
 
