@@ -36,6 +36,20 @@ sliding layer (see :func:`estimate_batch`). The ``kv_bytes_per_token`` metric is
 sequence divided by ``S``: the mean bytes a reserved token costs at the scenario's length. Without
 windows that is the familiar ``2·b_kv·d·Σ_i g_i``; a sliding layer adds ``2·b_kv·g_i·d·min(1, ⌈w_i⌉/S)``.
 
+Mixture-of-experts and Mamba-2 layers (issue 30; :class:`ArchArrays` columns that are zero in a
+dense layer, so dense costs are unchanged bit for bit). A MoE layer of ``E`` routed experts of
+``p_e`` parameters, ``k`` per token, and ``p_s`` parameters every token runs (router, latent
+projections, shared expert) computes ``2·(p_s + k·p_e)`` FLOPs per token (grouped GEMM) and, in a
+step of ``T`` tokens (a decode step: the batch ``B``; a prefill step: its chunk of prompt tokens),
+reads ``p_s + E·(1 − (1 − k/E)^T)·p_e`` parameters: the expected distinct experts the step's
+tokens touch (:func:`experts_touched`; ``k`` at ``T = 1``, all ``E`` as ``T`` grows). Every expert
+is resident. A Mamba-2 mixer's projections are GEMMs every token runs; its scan and depthwise
+convolution (``5·H·P·N + 2·C·K`` FLOPs per token) and the read and write of each sequence's
+state in every step are timed like attention; the state (``H·P·N + C·(K − 1)`` elements per
+layer, at ``Engine.mamba_state_dtype``, float32 by default) is held per sequence beside the KV
+cache, which only attention layers have. ``active_params`` is the parameters one token touches
+(:meth:`Architecture.active_params`; all of them in a dense model).
+
 Arrival regimes (``Scenario.arrival``; DESIGN.md §3), with ``B`` sequences running at once
 (``concurrency``, or the memory limit for ``"max"``), ``Pf(b)`` the time to prefill a wave of ``b``
 prompts together (in ``chunk_tokens`` steps) and ``T_w(b) = Pf(b) + (O − 1)·TPOT(b)`` the wave's time

@@ -208,3 +208,15 @@ def test_cli_cost_text_shows_experts_read_at_the_batch(capsys: pytest.CaptureFix
     touched = experts_touched(128, 8, 16)  # 128·(1 − (120/128)^16) ≈ 82.0
     assert f"experts read per decode step at batch 16: {touched:,.2f} of 128 (top-8) in each of 48 MoE layers" in text
     assert "active_params" in text and "3,353,032,704" in text
+
+
+def test_active_params_is_a_constraint_of_a_target() -> None:
+    """``active_params`` is constrained like any metric, relative to the parent or absolute."""
+    from autocompress_opt.serving.targets import Target, parent_metrics
+
+    parent = tiny_moe(16, 4, 64)
+    target = Target("h100-sxm", "datacenter", constraints={"active_params": "0.85x"})
+    reference = parent_metrics(parent, target)
+    fewer_per_token = _with_moe(parent, experts_per_token=2)
+    assert target.violations(target.cost_metrics(parent), reference)["active_params <= 0.85x"] > 0
+    assert target.violations(target.cost_metrics(fewer_per_token), reference)["active_params <= 0.85x"] <= 0
