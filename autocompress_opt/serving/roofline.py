@@ -80,7 +80,7 @@ class _Structure:
     """Per-layer parameter groups and per-architecture byte counts, shared by every phase."""
 
     lin: Array  # (N, L) GEMM parameters every token runs per layer (attention, FFN, Mamba-2, MoE's shared part)
-    expert_lin: Array  # (N, L) parameters of one routed expert (0 in a dense layer)
+    expert_lin: Array  # (N, L) parameters of one routed expert, times the MoE keep gate (0 in a dense layer)
     experts: Array  # (N, L) routed experts E of each MoE layer (0 in a dense layer)
     experts_per_token: Array  # (N, L) experts k each token runs (0 in a dense layer)
     weight_bytes: Array  # (N,) all weights, at their storage formats
@@ -102,9 +102,9 @@ def _structure(a: ArchArrays, dt: WeightDtype, kv_bytes: float, state_bytes: flo
     # Every token runs a MoE layer's router, latent projections and shared expert and a Mamba-2
     # mixer's projections; the columns hold norms, biases and the conv too (a few D), counted as GEMM.
     lin_always = moe * a.moe_shared_params + mamba * a.mamba_params
-    expert_lin = moe * a.expert_params
-    experts = moe * a.experts * expert_lin
-    active_experts = moe * a.experts_per_token * expert_lin
+    expert_lin = moe * a.expert_params  # the gate once, here: E and k below are plain counts
+    experts = a.experts * expert_lin
+    active_experts = a.experts_per_token * expert_lin
     small = a.attn * (
         d_model
         + a.qkv_bias[:, None] * hd * (a.heads + 2 * a.kv_heads)
@@ -130,8 +130,8 @@ def _structure(a: ArchArrays, dt: WeightDtype, kv_bytes: float, state_bytes: flo
     return _Structure(
         lin=lin_attn + lin_ffn + lin_always,
         expert_lin=expert_lin,
-        experts=moe * a.experts,
-        experts_per_token=moe * a.experts_per_token,
+        experts=a.experts,
+        experts_per_token=a.experts_per_token,
         weight_bytes=weight_bytes,
         active_params=dense_body + active_experts.sum(-1) + embed + head,
         head_read_bytes=embed * head_bits / 8,
