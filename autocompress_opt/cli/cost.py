@@ -35,7 +35,9 @@ def add_parser(sub: Any) -> None:
   autocompress cost --model llama-3.1-8b --hardware h100-sxm --engine vllm --dtype bf16 --concurrency 32 \
       --arrival steady --input-len 1000 --output-len 100                     # 32 always in flight
   autocompress cost --model qwen3-8b --hardware rtx5090 --engine llamacpp --dtype q8_0 --arrival poisson \
-      --rate 0.2 --input-len 512 --output-len 128""",
+      --rate 0.2 --input-len 512 --output-len 128
+  autocompress cost --model nemotron-3-super-120b-a12b --hardware b200 --engine vllm --dtype bf16 \
+      --input-len 130048 --output-len 1024   # MoE + Mamba-2: active params, experts read per step, SSM state""",
     )
     p.add_argument("--model", required=True, help="known name, HF directory, config.json, .gguf or architecture file")
     p.add_argument("--hardware", required=True, help="catalog name (see 'autocompress hardware list')")
@@ -88,7 +90,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object: the metric keys, fits, arrival, regime, then <metric>_low/_high and confidence",
+        help="print one JSON object: the metric keys, fits, arrival, regime, then <metric>_low/_high and confidence; "
+        "for a MoE or Mamba-2 model also 'sparse' (experts touched per decode step, KV and state per sequence)",
     )
     add_hardware_file(p)
     p.set_defaults(run=run)
@@ -128,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         k: None if v is None else float(v)
         for k, v in cost_intervals(cost.to_dict(), scenario, profile, args.confidence).items()
     }
+    sparse = _sparse_report(arch, engine, scenario, cost) if arch.dense_problem() else None
     if args.json:
         values = {**cost.to_dict(), **bounds}
         finite = {k: (v if v is None or math.isfinite(v) else None) for k, v in values.items()}  # null: unbounded
@@ -141,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
                 "regime": regime,
                 **intervals,
                 "confidence": args.confidence,
+                **({"sparse": sparse} if sparse is not None else {}),
             }
         )
         return 0
@@ -153,7 +158,10 @@ def run(args: argparse.Namespace) -> int:
     for key, value in cost.to_dict().items():
         low, high = bounds.get(f"{key}_low"), bounds.get(f"{key}_high")
         band = f"   [{low:,.3f} .. {high:,.3f}] at {level}" if low is not None and high is not None else ""
-        print(f"  {key:<26} {value:>14,.3f}{band}" if isinstance(value, float) else f"  {key:<26} {value:>14,}")
+        whole = not isinstance(value, float) or key == "active_params"
+        print(f"  {key:<26} {int(value):>14,}" if whole else f"  {key:<26} {value:>14,.3f}{band}")
+    if sparse is not None:
+        _print_sparse(sparse)
     if all(v is None for v in bounds.values()):
         print(f"  (no interval: the {engine.name} profile for {hardware.name} holds no held-out residuals)")
     if not fits:
@@ -162,6 +170,58 @@ def run(args: argparse.Namespace) -> int:
             f"{hardware.name}'s {hardware.memory_gib:g} GiB; the figures above are not reachable"
         )
     return 0
+
+
+def _decode_batch(scenario: Any, cost: Any) -> int:
+    """Sequences decoding together in the scenario: its concurrency (a burst's wave at most), the
+    memory limit for ``max``, and at least 1."""
+    if scenario.concurrency == "max":
+        batch = cost.max_concurrency
+    else:
+        batch = min(int(scenario.concurrency), scenario.requests or int(scenario.concurrency))
+    return max(int(batch), 1)
+
+
+def _sparse_report(arch: Any, engine: Any, scenario: Any, cost: Any) -> dict[str, Any]:
+    """What a MoE / Mamba-2 model adds to the report: per distinct MoE shape (experts, top-k) the
+    expected experts a decode step of the scenario's batch reads
+    (:func:`~autocompress_opt.serving.costmodel.experts_touched`), and one sequence's KV cache and
+    Mamba-2 state at the scenario's reserved length."""
+    from autocompress_opt.serving.costmodel import experts_touched
+    from autocompress_opt.serving.dtypes import kv_dtype_bytes
+
+    batch = _decode_batch(scenario, cost)
+    shapes: dict[tuple[int, int], int] = {}
+    for layer in arch.layers:
+        if layer.moe is not None:
+            key = (layer.moe.num_experts, layer.moe.experts_per_token)
+            shapes[key] = shapes.get(key, 0) + 1
+    seq_tokens = engine.kv_tokens_per_sequence(scenario.input_len, scenario.output_len)
+    state_bytes = arch.state_elements_per_sequence() * kv_dtype_bytes(engine.mamba_state_dtype)
+    return {
+        "decode_batch": batch,
+        "experts_touched_per_step": [
+            {"moe_layers": n, "experts": e, "experts_per_token": k, "touched": float(experts_touched(e, k, batch))}
+            for (e, k), n in sorted(shapes.items())
+        ],
+        "sequence_tokens": seq_tokens,
+        "kv_gib_per_sequence": cost.kv_bytes_per_token * seq_tokens / 2**30,
+        "state_mib_per_sequence": state_bytes / 2**20,
+        "mamba_state_dtype": engine.mamba_state_dtype,
+    }
+
+
+def _print_sparse(sparse: dict[str, Any]) -> None:
+    batch = sparse["decode_batch"]
+    for row in sparse["experts_touched_per_step"]:
+        print(
+            f"  experts read per decode step at batch {batch}: {row['touched']:,.2f} of {row['experts']} "
+            f"(top-{row['experts_per_token']}) in each of {row['moe_layers']} MoE layers"
+        )
+    print(
+        f"  per sequence of {sparse['sequence_tokens']:,} tokens: KV {sparse['kv_gib_per_sequence']:,.3f} GiB, "
+        f"Mamba-2 state {sparse['state_mib_per_sequence']:,.1f} MiB ({sparse['mamba_state_dtype']})"
+    )
 
 
 def _check_tp(arch: Any, tp: int) -> None:

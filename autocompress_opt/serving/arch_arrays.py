@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.architecture import Architecture, LayerSpec
+from autocompress_opt.arch.families import family
+from autocompress_opt.arch.moe import MambaSpec
 from autocompress_opt.errors import ConfigError
 
 __all__ = ["FULL_WINDOW", "ArchArrays", "Array"]
@@ -35,6 +37,27 @@ class ArchArrays:
     padding layers have both gates at 0. Widths may be non-integer in the torch path. ``window``
     is each layer's attention window in tokens (:data:`FULL_WINDOW` for full attention; a
     constant, not a search variable); None means every layer attends to the whole context.
+
+    Mixture-of-experts and Mamba-2 layers (issue 30) have their own per-layer columns, zero in a
+    dense layer (so a dense cost is bit-identical to one computed without them); a caller building
+    dense arrays by hand may leave them None (filled with zeros on construction):
+
+    * ``moe`` — the layer's FFN is a mixture of experts (keep gate); ``experts`` routed experts
+      ``E``, ``experts_per_token`` ``k``, ``expert_params`` one routed expert's parameters,
+      ``moe_shared_params`` what every token runs (router, latent projections, shared expert, the
+      pre-FFN norm), ``moe_act`` the block's per-token activation elements (``k`` experts' hidden
+      activations plus the shared expert's).
+    * ``mamba`` — the layer's mixer is a Mamba-2 (keep gate); ``mamba_params`` its parameters (its
+      pre-norm included), ``mamba_state`` the elements one sequence keeps in it
+      (:meth:`MambaSpec.state_elements`), ``mamba_scan_flops`` its non-GEMM FLOPs per token (the
+      scan and the depthwise convolution), ``mamba_act`` its ``in_proj`` output width per token.
+
+    Two per-architecture columns describe family details: ``ffn_matrices`` (3 for a gated dense
+    FFN, 2 for Nemotron-H's relu² one; None fills 3) and ``attention_sinks`` (1 when each head
+    has a sink logit, gpt-oss; None fills 0). Gemma's post-norms (one RMSNorm(D) per dense
+    sub-block) are not counted, as before MoE: the cost model's weights and ``active_params`` fall
+    short of :attr:`Architecture.num_params` by ``D`` per dense sub-block there (0.01 % of Gemma 3
+    270M).
     """
 
     vocab: Array
@@ -51,24 +74,44 @@ class ArchArrays:
     mlp_bias: Array
     qk_norm: Array
     window: Array | None = None
+    moe: Array = None  # None: filled on construction (class doc)
+    experts: Array = None  # None: filled on construction (class doc)
+    experts_per_token: Array = None  # None: filled on construction (class doc)
+    expert_params: Array = None  # None: filled on construction (class doc)
+    moe_shared_params: Array = None  # None: filled on construction (class doc)
+    moe_act: Array = None  # None: filled on construction (class doc)
+    mamba: Array = None  # None: filled on construction (class doc)
+    mamba_params: Array = None  # None: filled on construction (class doc)
+    mamba_state: Array = None  # None: filled on construction (class doc)
+    mamba_scan_flops: Array = None  # None: filled on construction (class doc)
+    mamba_act: Array = None  # None: filled on construction (class doc)
+    ffn_matrices: Array = None  # None: filled on construction (class doc)
+    attention_sinks: Array = None  # None: filled on construction (class doc)
+
+    def __post_init__(self) -> None:
+        """Fill the optional columns a caller left None (a dense batch built by hand, e.g. the inner
+        search's) with their dense value in their shape and backend: 0, or 3 for ``ffn_matrices``."""
+        for name in _PER_ARCH_COLUMNS + _MOE_COLUMNS + _MAMBA_COLUMNS:
+            if getattr(self, name) is None:
+                like = self.hidden if name in _PER_ARCH_COLUMNS else self.attn
+                like = like.detach() if hasattr(like, "detach") else like  # a constant: no gradient
+                object.__setattr__(self, name, like * 0 + _DEFAULTS.get(name, 0.0))
 
     @classmethod
     def from_architectures(cls, archs: Sequence[Architecture], backend: str = "numpy") -> ArchArrays:
         """Pack architectures into arrays (``backend`` = ``"numpy"`` or ``"torch"``, float64).
 
-        Raises :class:`ConfigError` for an architecture with MoE or Mamba-2 layers, or of an
-        architecture-only family: the arrays have no fields for them, and costing them as dense
-        would be wrong (issue 30).
+        MoE and Mamba-2 layers fill their columns (class doc); every column is zero in a dense layer.
         """
         if not archs:
             raise ConfigError("need at least one architecture")
-        for arch in archs:
-            arch.require_dense("costed")
         n, depth = len(archs), max(a.num_layers for a in archs)
         per_layer = {k: np.zeros((n, depth)) for k in ("attn", "heads", "kv_heads", "head_dim", "ffn", "ffn_width")}
+        per_layer |= {k: np.zeros((n, depth)) for k in _MOE_COLUMNS + _MAMBA_COLUMNS}
         per_layer["window"] = np.full((n, depth), FULL_WINDOW)
         for i, arch in enumerate(archs):
             for j, layer in enumerate(arch.layers):
+                _fill_moe_mamba(per_layer, i, j, arch, layer)
                 per_layer["window"][i, j] = layer.window or FULL_WINDOW
                 per_layer["attn"][i, j] = layer.attention
                 per_layer["heads"][i, j] = layer.num_heads if layer.attention else 0
@@ -88,6 +131,8 @@ class ArchArrays:
                 ("qk_norm", "qk_norm"),
             )
         }
+        per_arch["ffn_matrices"] = np.array([3.0 if family(a.family).gated_ffn else 2.0 for a in archs])
+        per_arch["attention_sinks"] = np.array([float(family(a.family).attention_sinks) for a in archs])
         arrays = {**per_arch, **per_layer}
         if backend == "torch":
             import torch
@@ -96,3 +141,43 @@ class ArchArrays:
         elif backend != "numpy":
             raise ConfigError(f"backend must be 'numpy' or 'torch', got {backend!r}")
         return cls(**arrays)
+
+
+_PER_ARCH_COLUMNS = ("ffn_matrices", "attention_sinks")
+_DEFAULTS = {"ffn_matrices": 3.0}
+_MOE_COLUMNS = ("moe", "experts", "experts_per_token", "expert_params", "moe_shared_params", "moe_act")
+_MAMBA_COLUMNS = ("mamba", "mamba_params", "mamba_state", "mamba_scan_flops", "mamba_act")
+
+
+def _mamba_scan_flops(spec: MambaSpec) -> int:
+    """Non-GEMM FLOPs of one token through a Mamba-2 mixer, in its recurrent form (Dao & Gu 2024,
+    "Transformers are SSMs", eq. 2 with scalar A per head): per head the state update
+    ``h ← exp(Δ·A)·h + Δ·x·Bᵀ`` costs 3·P·N (scale, outer product, add) and the read-out
+    ``y = h·C`` 2·P·N; the depthwise causal convolution 2·K per channel. Prefill's chunked SSD
+    kernel does this work in matrix form; the count is the same order, timed at the BF16 rate."""
+    return 5 * spec.inner_width * spec.state_size + 2 * spec.conv_channels * spec.conv_width
+
+
+def _fill_moe_mamba(cols: dict[str, np.ndarray], i: int, j: int, arch: Architecture, layer: LayerSpec) -> None:
+    """Layer ``j`` of architecture ``i``'s MoE and Mamba-2 columns (class doc); a dense layer's stay 0.
+
+    Each parameter column counts the sub-block's pre-norm too (``norms_per_block`` RMSNorms of
+    ``D``), so the weights sum to :attr:`Architecture.num_params` exactly."""
+    d_model = arch.hidden_size
+    norms = d_model * (2 if family(arch.family).post_norms else 1)
+    if layer.moe is not None:
+        moe, per_expert = layer.moe, layer.moe.expert_params(d_model)
+        widths = 2 if moe.gated else 1  # hidden activations per channel: gate and up, or up alone
+        cols["moe"][i, j] = 1.0
+        cols["experts"][i, j] = moe.num_experts
+        cols["experts_per_token"][i, j] = moe.experts_per_token
+        cols["expert_params"][i, j] = per_expert
+        cols["moe_shared_params"][i, j] = norms + moe.params(d_model, arch.mlp_bias) - moe.num_experts * per_expert
+        cols["moe_act"][i, j] = widths * (moe.experts_per_token * moe.expert_width + moe.shared_width)
+    if layer.mamba is not None:
+        mamba = layer.mamba
+        cols["mamba"][i, j] = 1.0
+        cols["mamba_params"][i, j] = norms + mamba.params(d_model)
+        cols["mamba_state"][i, j] = mamba.state_elements()
+        cols["mamba_scan_flops"][i, j] = _mamba_scan_flops(mamba)
+        cols["mamba_act"][i, j] = mamba.inner_width + mamba.conv_channels + mamba.num_heads

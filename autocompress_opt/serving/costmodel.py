@@ -36,6 +36,20 @@ sliding layer (see :func:`estimate_batch`). The ``kv_bytes_per_token`` metric is
 sequence divided by ``S``: the mean bytes a reserved token costs at the scenario's length. Without
 windows that is the familiar ``2·b_kv·d·Σ_i g_i``; a sliding layer adds ``2·b_kv·g_i·d·min(1, ⌈w_i⌉/S)``.
 
+Mixture-of-experts and Mamba-2 layers (issue 30; :class:`ArchArrays` columns that are zero in a
+dense layer, so dense costs are unchanged bit for bit). A MoE layer of ``E`` routed experts of
+``p_e`` parameters, ``k`` per token, and ``p_s`` parameters every token runs (router, latent
+projections, shared expert) computes ``2·(p_s + k·p_e)`` FLOPs per token (grouped GEMM) and, in a
+step of ``T`` tokens (a decode step: the batch ``B``; a prefill step: its chunk of prompt tokens),
+reads ``p_s + E·(1 − (1 − k/E)^T)·p_e`` parameters: the expected distinct experts the step's
+tokens touch (:func:`experts_touched`; ``k`` at ``T = 1``, all ``E`` as ``T`` grows). Every expert
+is resident. A Mamba-2 mixer's projections are GEMMs every token runs; its scan and depthwise
+convolution (``5·H·P·N + 2·C·K`` FLOPs per token) and the read and write of each sequence's
+state in every step are timed like attention; the state (``H·P·N + C·(K − 1)`` elements per
+layer, at ``Engine.mamba_state_dtype``, float32 by default) is held per sequence beside the KV
+cache, which only attention layers have. ``active_params`` is the parameters one token touches
+(:meth:`Architecture.active_params`; all of them in a dense model).
+
 Arrival regimes (``Scenario.arrival``; DESIGN.md §3), with ``B`` sequences running at once
 (``concurrency``, or the memory limit for ``"max"``), ``Pf(b)`` the time to prefill a wave of ``b``
 prompts together (in ``chunk_tokens`` steps) and ``T_w(b) = Pf(b) + (O − 1)·TPOT(b)`` the wave's time
@@ -81,7 +95,7 @@ from autocompress_opt.serving.engine_models import GIB, Engine, get_engine
 from autocompress_opt.serving.hardware import Hardware, get_hardware
 from autocompress_opt.serving.profiles import CostProfile, get_profile
 from autocompress_opt.serving.regimes import _burst, _poisson, _Shape, _steady
-from autocompress_opt.serving.roofline import _Ops, _rates, _Setup, _structure
+from autocompress_opt.serving.roofline import _Ops, _rates, _Setup, _structure, experts_touched
 
 # The equations live in three modules (this doc covers them all): serving.arch_arrays (the input
 # arrays), serving.roofline (one phase's time) and serving.regimes (the arrival regimes); this one
@@ -97,6 +111,7 @@ __all__ = [
     "describe_regime",
     "estimate_batch",
     "estimate_cost",
+    "experts_touched",
     "regime_of",
 ]
 
@@ -115,6 +130,7 @@ METRICS: tuple[str, ...] = (
     "output_throughput_tok_s",
     "ttft_floor_ms",
     "tpot_floor_ms",
+    "active_params",
 )
 
 
@@ -175,6 +191,7 @@ class CostEstimate:
     output_throughput_tok_s: float
     ttft_floor_ms: float
     tpot_floor_ms: float
+    active_params: float
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -283,7 +300,7 @@ def estimate_batch(
     dt = get_weight_dtype(scenario.dtype)
     kv_bytes = kv_dtype_bytes(scenario.kv_dtype or eng.default_kv_dtype(dt.name))
     ops = _Ops(arrays.hidden)
-    s = _structure(arrays, dt, kv_bytes, ops)
+    s = _structure(arrays, dt, kv_bytes, kv_dtype_bytes(eng.mamba_state_dtype), ops)
     tp, p_len, o_len = scenario.tp, scenario.input_len, scenario.output_len
     if arrays.window is None:  # every layer full
         window = kv_window = FULL_WINDOW
@@ -295,7 +312,8 @@ def estimate_batch(
     # A layer caches min(S, w_i) of a sequence's S reserved tokens.
     seq_tokens = eng.kv_tokens_per_sequence(p_len, o_len)
     kv_seq_bytes = (s.kv_layer_bytes * ops.min(kv_window, float(seq_tokens))).sum(-1)  # (N,) one sequence, all devices
-    kv_seq = kv_seq_bytes / tp
+    # A Mamba-2 layer keeps a constant-size state per sequence instead (in the same pool in vLLM).
+    kv_seq = (kv_seq_bytes + s.state_layer_bytes.sum(-1)) / tp
     fixed_gib = (eng.framework_gib + eng.cuda_graph_gib) * GIB
 
     def activation_bytes(batch: Array) -> Array:
@@ -354,6 +372,7 @@ def estimate_batch(
     out["kv_bytes_per_token"] = kv_seq_bytes / seq_tokens  # mean over the S reserved tokens (module doc)
     out["peak_memory_gib"] = peak_memory / GIB
     out["max_concurrency"] = max_conc
+    out["active_params"] = s.active_params
     return out if bounds else {k: out[k] for k in METRICS}
 
 

@@ -58,6 +58,10 @@ class Engine:
             weight matrix dequantised to FP16 and multiplied by cuBLAS (earlier builds for batches
             over 32 tokens, or ``GGML_CUDA_FORCE_CUBLAS``): an extra pass reading the quantised
             matrix and writing an FP16 copy, once per prefill step.
+        mamba_state_dtype: the format of a Mamba-2 layer's per-sequence state (SSM state and conv
+            window), a KV-cache dtype name. float32 by default: vLLM's ``mamba_ssm_cache_dtype``
+            is float32 for Nemotron-H (its model config asks for it) and llama.cpp keeps its
+            recurrent state (``r_l``/``s_l``) in F32.
         options: engine options a user may override (``--engine-option k=v``).
     """
 
@@ -79,6 +83,7 @@ class Engine:
     context_tokens: int = 0  # llama.cpp n_ctx; 0 = input + output rounded up to kv_block_tokens
     fp16_accumulate: bool = False
     mmq: int = 1
+    mamba_state_dtype: str = "fp32"
     options: tuple[str, ...] = field(default=("memory_fraction", "max_seqs", "chunk_tokens", "context_tokens"))
 
     def with_options(self, **values: Any) -> Engine:

@@ -67,9 +67,10 @@ def _wave(setup: _Setup, rates: _Rates, shape: _Shape, b: Array) -> tuple[Array,
         kv_read_tokens=b[:, None] * 0.0,
         logits_tokens=prompt_tokens if eng.logits_all_tokens else b,
         steps=steps,
+        sequences=b + steps - 1,  # (prompt, step) pairs: each chunk boundary splits at most one prompt
     )
     context = b[:, None] * shape.context(ops)  # (N, L)
-    decode = _Phase(tokens=b, pairs=context, kv_read_tokens=context, logits_tokens=b, steps=b * 0 + 1.0)
+    decode = _Phase(tokens=b, pairs=context, kv_read_tokens=context, logits_tokens=b, steps=b * 0 + 1.0, sequences=b)
     prefill_ms = _phase_ms(setup, rates, prefill)
     staggered = 1.0 if eng.chunk_tokens == 0 else (b + 1) / (2 * b)
     return prefill_ms, prefill_ms * staggered, _phase_ms(setup, rates, decode)
@@ -123,17 +124,21 @@ def _steady(setup: _Setup, rates: _Rates, shape: _Shape, batch: Array) -> _Timin
         kv_read_tokens=carried,
         logits_tokens=logits_per_prompt + k * beside,
         steps=k,
+        sequences=k * (1.0 + beside),
     )
     running = 1.0 + beside
     one = batch * 0 + 1.0
     read = running[:, None] * ctx
-    decode = _Phase(tokens=running, pairs=read, kv_read_tokens=read, logits_tokens=running, steps=one)
+    decode = _Phase(
+        tokens=running, pairs=read, kv_read_tokens=read, logits_tokens=running, steps=one, sequences=running
+    )
     mixed = _Phase(
         tokens=running + chunk,
         pairs=read + pairs / k[:, None],
         kv_read_tokens=read,
         logits_tokens=running + (chunk if eng.logits_all_tokens else 1.0),
         steps=one,
+        sequences=running + 1.0,
     )
     ttft = _phase_ms(setup, rates, prefill)
     tpot = share * _phase_ms(setup, rates, mixed) + (1 - share) * _phase_ms(setup, rates, decode)

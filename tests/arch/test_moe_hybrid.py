@@ -28,7 +28,6 @@ from autocompress_opt.arch.gguf import _gguf_to_hf_config
 from autocompress_opt.cli import main
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.loadability import loadable_problems
-from autocompress_opt.serving.arch_arrays import ArchArrays
 from autocompress_opt.serving.costmodel import Scenario, estimate_cost
 
 # ------------------------------------------------------------------ counts against transformers
@@ -208,18 +207,19 @@ MOE = "MoE layers are described but not yet"
 
 
 @pytest.mark.parametrize("name", ["mixtral-8x7b", "nemotron-3-nano-30b-a3b"])
-def test_cost_model_refuses_them(name: str) -> None:
+def test_cost_model_costs_them(name: str) -> None:
+    """Costed since issue 30's cost-model slice (tests/serving/test_moe_mamba_cost.py): every weight
+    counted, the active parameters reported."""
     arch = load_architecture(name)
-    with pytest.raises(ConfigError, match=f"{name}: MoE layers .*are described but not yet costed: issue 30"):
-        ArchArrays.from_architectures([arch])
-    with pytest.raises(ConfigError, match="costed: issue 30"):
-        estimate_cost(arch, "h100", "vllm", Scenario("bf16", 512, 64, 1))
+    cost = estimate_cost(arch, "h100", "vllm", Scenario("bf16", 512, 64, 1))
+    assert cost.weights_gib * 2**30 == 2 * arch.num_params
+    assert cost.active_params == arch.active_params()
 
 
-def test_cost_cli_refuses_them(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cost_cli_costs_them(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--hardware", "h100", "--engine", "vllm", "--dtype", "bf16", "--input-len", "512", "--output-len", "64"]
     code = main(["cost", "--model", "qwen3-30b-a3b", *argv])
-    assert code != 0 and "not yet costed: issue 30" in capsys.readouterr().err
+    assert code == 0 and "experts read per decode step" in capsys.readouterr().out
 
 
 def test_pruning_export_and_search_refuse_them() -> None:
@@ -247,8 +247,8 @@ def test_a_dense_layer_of_an_architecture_only_family_is_refused_too() -> None:
         tiny_config("granitemoehybrid", num_local_experts=0, num_hidden_layers=1, layer_types=["attention"])
     )
     assert arch.layers[0].ffn_kind == "dense"
-    with pytest.raises(ConfigError, match="granitemoehybrid layers are described but not yet costed"):
-        ArchArrays.from_architectures([arch])
+    with pytest.raises(ConfigError, match="granitemoehybrid layers are described but not yet pruned"):
+        reference_layer(arch)
 
 
 def test_loading_weights_refuses_them(tmp_path: Path) -> None:
