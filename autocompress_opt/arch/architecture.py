@@ -17,8 +17,9 @@ its heads the attention), and two optional fields, ``LayerSpec.moe`` (a
 most one mixer and one FFN. This choice keeps every dense architecture, its JSON/YAML (the new keys
 are written only when set), its cache keys, its counts and every dense code path byte-identical,
 and a dense consumer that reads ``ffn_width`` of a MoE layer sees 0, never a wrong width. Code that
-cannot handle the new kinds yet refuses them by name (:meth:`Architecture.require_dense`: "MoE
-layers are described but not yet costed: issue 30"), never treats them as dense. The families that
+cannot handle the new kinds yet (pruning, slicing, export, the inner search) refuses them by name
+(:meth:`Architecture.require_dense`, naming issue 30), never treats them as dense; the serving cost
+model costs them (:mod:`autocompress_opt.serving.roofline`). The families that
 have them are architecture-only (:attr:`~autocompress_opt.arch.families.Family.architecture_only`),
 read by :mod:`autocompress_opt.arch.moe_configs`. Parameters: :attr:`Architecture.num_params` is
 the exact total; :meth:`Architecture.active_params` the parameters one token touches.

@@ -178,7 +178,7 @@ class Family:
 
     @property
     def architecture_only(self) -> bool:
-        """True when the family has no adapter: described and counted, not yet pruned or costed."""
+        """True when the family has no adapter: described, counted and costed, not yet pruned."""
         return self.adapter is None
 
     def loads(self, engine: str) -> Loads:
