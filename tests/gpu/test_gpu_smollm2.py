@@ -241,12 +241,18 @@ def test_smollm2_weights_trial_on_the_device(
     assert abs(kl16 - kl32) <= 0.1 * kl32
 
 
+def _trial_config(request: dict[str, Any]) -> TrialConfig:
+    """The trial's config as the trial resolved it: its workload picks the built-in text (prose for
+    datacenter), so importance and the selection rows are the trial's own."""
+    return TrialConfig.from_dict(request["inner"]).for_workload(Target.from_dict(request["target"]).workload)
+
+
 @pytest.fixture(scope="module")
 def exported(trials: dict[str, Any], suite_device: torch.device, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bf16 trial's architecture cut from the bf16 parent on the device with the trial's own
     importance (what ``autocompress prune --from-study`` exports), written with its tokenizer."""
     request = trials["bf16"]["request"]
-    context, _ = parent_context(MODEL, TrialConfig.from_dict(request["inner"]), Path(request["cache_dir"]))
+    context, _ = parent_context(MODEL, _trial_config(request), Path(request["cache_dir"]))
     arch = Architecture.from_dict(trials["bf16"]["result"]["architecture"])
     child = materialize(context.model, plan_pruning(context.architecture, context.importance, arch))
     out = tmp_path_factory.mktemp("smollm2-export") / "child"
@@ -262,7 +268,7 @@ def test_smollm2_export_reloads_on_the_device_with_the_trials_kl(
     back = load_model(exported, device=suite_device, dtype=BF16, cache=False)
     assert not architecture_mismatch(back.architecture, Architecture.from_dict(result["architecture"]).active())
     assert {p.device for p in back.model.parameters()} == {suite_device}
-    context, _ = parent_context(MODEL, TrialConfig.from_dict(request["inner"]), Path(request["cache_dir"]))
+    context, _ = parent_context(MODEL, _trial_config(request), Path(request["cache_dir"]))
     assert heldout_quality(context, back.model)["kl_to_parent"] == pytest.approx(result["kl_to_parent"], abs=1e-3)
     clear_trial_cache()
 
