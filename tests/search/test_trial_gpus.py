@@ -46,6 +46,7 @@ def test_the_weights_trial_loads_its_parent_over_the_gpus_ray_assigned(monkeypat
 
     monkeypatch.setattr(placement, "assigned_gpus", lambda: ["2", "6"])
     monkeypatch.setattr(weights_trial, "resolve_device", lambda spec: torch.device("cuda", 0))
+    monkeypatch.setattr("autocompress_opt.hf.device.bf16_supported", lambda device: True)  # an Ampere-or-newer GPU
     monkeypatch.setattr("autocompress_opt.hf.loading.load_model", load_model)
     with pytest.raises(Loaded):
         parent_context("some-parent", TrialConfig(), Path("unused"))
