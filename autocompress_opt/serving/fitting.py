@@ -50,6 +50,9 @@ _BOUNDS: dict[str, str] = {
 DERIVED_METRICS: tuple[str, ...] = tuple(_BOUNDS)
 _EFFICIENCIES = ("mfu", "mbu")
 
+# The fit's unconstrained parameters stay within ±this (sigmoid(-40) ≈ 4e-18, exp(40) ≈ 2e17).
+_THETA_BOUND = 40.0
+
 
 @dataclass(frozen=True)
 class Observation:
@@ -139,6 +142,10 @@ def fit_profile(
         by_dtype: dict[str, Any] = dict(start.mfu_by_dtype)
         for name, raw in zip(names, t):
             is_eff = name in _EFFICIENCIES or name.startswith("mfu_by_dtype.")
+            # θ is held to ±_THETA_BOUND: a parameter the observations cannot pin down (an mfu when
+            # every timed step is overhead-bound) would otherwise drift until sigmoid/exp underflow to
+            # exactly 0 in float64, which no profile may hold (seen: mfu 0.0 from 4 tiny models).
+            raw = raw.clamp(-_THETA_BOUND, _THETA_BOUND)
             value = torch.sigmoid(raw) if is_eff else torch.exp(raw)
             if name.startswith("mfu_by_dtype."):
                 by_dtype[name.split(".")[1]] = value
