@@ -40,6 +40,17 @@ def _hf_param_count(config: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _token_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """text_batches' default on-disk token cache goes to a session folder, not the user's ~/.cache
+    (processes a test starts, such as Ray workers, still use the user's folder)."""
+    from autocompress_opt.data import tokens
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tokens, "DEFAULT_TOKEN_CACHE", str(tmp_path_factory.mktemp("token-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_hf_config() -> Callable[..., Any]:
     """``tiny_hf_config(family, **overrides)``: a tiny transformers config of that family."""

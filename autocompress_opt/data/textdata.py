@@ -70,6 +70,7 @@ from typing import Any
 
 import torch
 
+from autocompress_opt.data import tokens as _tokens
 from autocompress_opt.errors import ConfigError, check_choice, check_fraction, check_int, check_number
 from autocompress_opt.registry import Registry
 
@@ -578,6 +579,7 @@ def text_batches(
     split_seed: int = DEFAULT_SPLIT_SEED,
     test_fraction: float = TEST_FRACTION,
     selection_fraction: float = SELECTION_FRACTION,
+    token_cache: str | Path | bool = True,
 ) -> TextBatches:
     """``n_samples`` rows of ``seq_len`` tokens of ``role`` text, with their record.
 
@@ -586,6 +588,10 @@ def text_batches(
     ``domain="mixed"`` shares rows equally among the domains present (built-ins: ``ceil(n/2)`` code
     rows and ``floor(n/2)`` prose rows, interleaved).
     Deterministic: the same data, tokenizer and arguments give identical tensors.
+    ``token_cache``: where documents' token ids are kept between calls and processes
+    (:mod:`~autocompress_opt.data.tokens`): True (default) the per-user folder
+    :data:`~autocompress_opt.data.tokens.DEFAULT_TOKEN_CACHE`, a path that folder, False this process
+    only. Cached or not, the tokens are identical.
     Raises :class:`ConfigError` for an invalid argument, a source that is not available, a
     domain with no selected source, or too little text for the request (saying how much there is).
     """
@@ -598,6 +604,7 @@ def text_batches(
     split = _split(resolved, split_seed, test_fraction, selection_fraction)
     groups = _groups(resolved, domain, weights)
     by_name = {s.name: s for s in resolved}
+    store = _tokens.TokenStore(tokenizer, _token_folder(token_cache))
     rows: list[list[tuple[list[int], tuple[str, ...]]]] = []
     used: list[str] = []
     for (label, members, _), count in zip(groups, _shares(n_samples, [w for _, _, w in groups])):
@@ -605,9 +612,10 @@ def text_batches(
             rows.append([])
             continue
         docs = [d for d in split.documents(role) if d.split(":", 1)[0] in members]
-        group_rows, group_used = _group_rows(tokenizer, docs, by_name, count, seq_len, seed, role, label)
+        group_rows, group_used = _group_rows(store, docs, by_name, count, seq_len, seed, role, label)
         rows.append(group_rows)
         used += group_used
+    store.save()
     ordered = _interleave(rows)
     tokens = torch.tensor([r for r, _ in ordered], dtype=torch.long)
     name = f"{getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__} (vocab {len(tokenizer)})"
@@ -622,6 +630,16 @@ def text_batches(
         tuple(d for _, d in ordered),
         tuple((label, float(w)) for label, _, w in groups),
     )
+
+
+def _token_folder(token_cache: str | Path | bool) -> str | Path | None:
+    if token_cache is True:
+        return _tokens.DEFAULT_TOKEN_CACHE  # read when called: tests point it elsewhere
+    if token_cache is False:
+        return None
+    if not isinstance(token_cache, (str, Path)) or not str(token_cache):
+        raise ConfigError(f"token_cache must be True, False or a folder path, got {token_cache!r}")
+    return token_cache
 
 
 def _groups(
@@ -674,7 +692,7 @@ test_batches.__test__ = False  # type: ignore[attr-defined]  # pytest: not a tes
 
 
 def _group_rows(
-    tokenizer: Any,
+    store: _tokens.TokenStore,
     docs: Sequence[str],
     sources: dict[str, TextSource],
     n_rows: int,
@@ -689,9 +707,10 @@ def _group_rows(
             f"no {label} documents in the {role} split; add {label} text "
             f"(built-in sources: {', '.join(n for n, s in text_sources().items())}; or --data)"
         )
+    tokenizer = store.tokenizer
     bos = _bos_id(tokenizer)
     body = seq_len - (bos is not None)
-    need, separator = n_rows * body, _encode(tokenizer, _PIECE_SEPARATOR)
+    need, separator = n_rows * body, _tokens.encode(tokenizer, _PIECE_SEPARATOR)
     order = sorted(docs, key=lambda d: _digest(seed, "order", d))
     pieces: dict[str, list[list[int]]] = {}
     stream: list[int] = []
@@ -701,7 +720,7 @@ def _group_rows(
         progressed = False
         for doc in order:
             if doc not in pieces:
-                pieces[doc] = _pieces(tokenizer, sources, doc, seq_len, seed)
+                pieces[doc] = _pieces(store, sources, doc, seq_len, seed)
             if round_ < len(pieces[doc]):
                 starts.append(len(stream))
                 owners.append(doc)
@@ -724,18 +743,15 @@ def _group_rows(
     return rows, list(dict.fromkeys(owners))
 
 
-def _pieces(tokenizer: Any, sources: dict[str, TextSource], doc: str, size: int, seed: int) -> list[list[int]]:
+def _pieces(
+    store: _tokens.TokenStore, sources: dict[str, TextSource], doc: str, size: int, seed: int
+) -> list[list[int]]:
     """A document's tokens cut into ``size``-token pieces, in a hashed (seeded) order."""
     source, key = doc.split(":", 1)
-    ids = _encode(tokenizer, sources[source].text(key, tokenizer))
+    ids = store.ids(source, sources[source].text(key, store.tokenizer))
     chunks = [ids[i : i + size] for i in range(0, len(ids), size)]
     ranks = sorted(range(len(chunks)), key=lambda i: _digest(seed, "piece", doc, i))
     return [chunks[i] for i in ranks]
-
-
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of ``text`` without special tokens (no length warning: documents are cut later)."""
-    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
 
 def _bos_id(tokenizer: Any) -> int | None:
