@@ -20,9 +20,12 @@ from the safetensors file to the GPU and no copy of the model is staged in host 
 that move activations between GPUs; inputs go to the embedding's device). A GGUF is dequantised on
 the host, as a whole, and then moved to its device (one device only).
 
-Loads are cached per process (key: resolved path, file size and mtime, dtype, device, GPUs). Every call
+By default nothing is kept: each call loads afresh and the caller holds the only copy. With
+``cache=True`` loads are cached per process (key: resolved path, the SHA-256 of the weight and config
+files' bytes — :func:`autocompress_opt.cache.content_digest` —, dtype, device, GPUs) and every call
 returns its own deep copy of the cached model, so pruning one result in place never changes the
-parent another caller holds; the tokenizer is shared (treat it as read-only).
+parent another caller holds (the process then holds the cached copy besides the caller's); the
+tokenizer is shared (treat it as read-only).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from autocompress_opt.arch.architecture import SUPPORTED_FAMILIES, Architecture
 from autocompress_opt.arch.catalog import known_architectures, known_weights, register_weights, weights_locator
 from autocompress_opt.arch.families import family_for_model_type
 from autocompress_opt.arch.gguf import GGUF_ARCH_TO_FAMILY
+from autocompress_opt.cache import content_digest
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.hf.device import check_gpus, placement_kwargs
 
@@ -65,7 +69,7 @@ class LoadedModel:
         architecture: exact structure; ``architecture.num_params`` equals the model's count.
         source: one line saying what was loaded from where (for reports).
         path: the directory or ``.gguf`` file the weights came from.
-        load_time_s: wall-clock seconds this call took (a cache hit only costs the copy).
+        load_time_s: wall-clock seconds this call took (a ``cache=True`` hit only costs the copy).
     """
 
     model: Any
@@ -87,7 +91,7 @@ def load_model(
     *,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
-    cache: bool = True,
+    cache: bool = False,
     gpus: int = 1,
 ) -> LoadedModel:
     """Load weights, tokenizer and architecture of ``ref`` without touching a model hub.
@@ -98,9 +102,10 @@ def load_model(
             holding exactly one ``.gguf`` and no ``config.json``).
         dtype: floating dtype of the returned weights (GGUF blocks are dequantised to it).
         device: where the model lives (a directory's weights are read straight onto it).
-        cache: keep the loaded model for later calls in this process (each call still gets its own
-            deep copy, so a cached load holds two copies); ``False`` loads afresh and keeps nothing:
-            what a one-shot command or a trial that keeps its own copy wants.
+        cache: ``False`` (default): load afresh and keep nothing, so the returned model is the only
+            copy. ``True``: keep the loaded model for later calls in this process; each call gets its
+            own deep copy (free to prune in place), so a cached load holds two copies — for callers
+            that load one parent many times and can afford the second copy.
         gpus: spread the model over this many CUDA GPUs from ``device`` on (``cuda:N`` to
             ``cuda:N+gpus-1``), about ``1/gpus`` of its layers on each; 1 (default): all on
             ``device``. Hugging Face directories only.
@@ -121,12 +126,11 @@ def load_model(
             f"gpus={gpus}: {str(path)!r} is a GGUF, which loads on one device (dequantised on the host); "
             "spread a Hugging Face directory instead, or use one GPU"
         )
-    key = _cache_key(path, dtype, torch.device(device), gpus)
     start = time.perf_counter()
     if not cache:
         loaded = _load_uncached(path, dtype, str(torch.device(device)), gpus)
         return replace(loaded, load_time_s=time.perf_counter() - start)
-    pristine = _load_cached(*key)
+    pristine = _load_cached(*_cache_key(path, dtype, torch.device(device), gpus))
     return replace(pristine, model=copy.deepcopy(pristine.model), load_time_s=time.perf_counter() - start)
 
 
@@ -187,15 +191,15 @@ def clear_model_cache() -> None:
 
 
 def _cache_key(path: Path, dtype: torch.dtype, device: torch.device, gpus: int) -> tuple[Any, ...]:
-    """Identity of a load: a rewritten file (new size or mtime) is a different model."""
-    files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors")) if path.is_dir() else [path]
-    stamps = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)
-    return path, stamps, dtype, str(device), gpus
+    """Identity of a load: files with other bytes are another model, a touched but equal file is not
+    (the digest is memoised per file state, so each file is hashed once per process)."""
+    digest = content_digest(path, (".json", ".safetensors"), recursive=False) if path.is_dir() else content_digest(path)
+    return path, digest, dtype, str(device), gpus
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cached(path: Path, stamps: tuple[Any, ...], dtype: torch.dtype, device: str, gpus: int) -> LoadedModel:
-    """Cached body of :func:`load_model`; ``stamps`` (file sizes and mtimes) only key the cache."""
+def _load_cached(path: Path, digest: str, dtype: torch.dtype, device: str, gpus: int) -> LoadedModel:
+    """Cached body of :func:`load_model`; ``digest`` (the files' content) only keys the cache."""
     return _load_uncached(path, dtype, device, gpus)
 
 

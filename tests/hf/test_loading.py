@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
+import os
+import shutil
+import weakref
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,7 @@ from tiny_lm import VOCAB, save_hf_dir, tiny_model, write_qwen2_gguf
 
 from autocompress_opt.arch.catalog import known_weights, load_architecture
 from autocompress_opt.errors import ConfigError, UnknownNameError
-from autocompress_opt.hf.loading import clear_model_cache, load_model
+from autocompress_opt.hf.loading import _load_cached, clear_model_cache, load_model
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +93,41 @@ def test_dtype_and_source_description(qwen2_dir):
 def test_cache_hands_out_independent_copies(qwen2_dir):
     """Two cached loads share nothing mutable: pruning one in place leaves the other as loaded."""
     clear_model_cache()
-    first, second = load_model(qwen2_dir), load_model(qwen2_dir)
+    first, second = load_model(qwen2_dir, cache=True), load_model(qwen2_dir, cache=True)
     assert first.model is not second.model
     with torch.no_grad():
         first.model.model.embed_tokens.weight.zero_()
     assert second.model.model.embed_tokens.weight.abs().sum() > 0
-    assert load_model(qwen2_dir).model.model.embed_tokens.weight.abs().sum() > 0
+    assert load_model(qwen2_dir, cache=True).model.model.embed_tokens.weight.abs().sum() > 0
+    clear_model_cache()
+
+
+def test_default_load_keeps_no_second_copy(qwen2_dir):
+    """Without ``cache=True`` the caller's model is the only copy: nothing is cached, and once the
+    caller drops it, its parameters are freed (no reference to them is left anywhere)."""
+    clear_model_cache()
+    loaded = load_model(qwen2_dir)
+    assert _load_cached.cache_info().currsize == 0
+    weight = weakref.ref(loaded.model.model.embed_tokens.weight)
+    model = weakref.ref(loaded.model)
+    del loaded
+    gc.collect()
+    assert model() is None and weight() is None
+
+
+def test_cache_is_keyed_by_content_not_modification_time(qwen2_dir, tmp_path):
+    """A file touched but unchanged is the same cached model; rewritten with other bytes, another one."""
+    clear_model_cache()
+    copy_dir = Path(shutil.copytree(qwen2_dir, tmp_path / "copy"))
+    first = load_model(copy_dir, cache=True)
+    config = copy_dir / "config.json"
+    os.utime(config, ns=(0, 0))
+    load_model(copy_dir, cache=True)
+    assert _load_cached.cache_info().hits == 1 and _load_cached.cache_info().currsize == 1
+    config.write_text(json.dumps({**json.loads(config.read_text()), "rms_norm_eps": 1e-5}))
+    changed = load_model(copy_dir, cache=True)
+    assert _load_cached.cache_info().currsize == 2
+    assert changed.model.config.rms_norm_eps == 1e-5 != first.model.config.rms_norm_eps
     clear_model_cache()
 
 
@@ -187,7 +220,7 @@ def test_gemma3_270m_loads_with_its_exact_count_and_scores(gemma3_gguf):
     from autocompress_opt.data.textdata import test_batches
     from autocompress_opt.quality.metrics import perplexity
 
-    loaded = load_model("gemma3-270m")
+    loaded = load_model("gemma3-270m", cache=True)
     assert type(loaded.model).__name__ == "Gemma3ForCausalLM" and loaded.path == gemma3_gguf.resolve()
     assert loaded.num_params == loaded.architecture.num_params == load_architecture("gemma3-270m").num_params
     assert loaded.architecture.num_params == 268_098_176 and loaded.architecture.family == "gemma3_text"

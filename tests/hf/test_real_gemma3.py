@@ -37,7 +37,7 @@ def test_prune_export_reload_on_the_real_gemma3(gemma3_gguf, tmp_path: Path) -> 
     from autocompress_opt.quality.metrics import perplexity
 
     start = time.perf_counter()
-    loaded = load_model("gemma3-270m")
+    loaded = load_model("gemma3-270m", cache=True)
     parent, tokenizer, arch = loaded.model, loaded.tokenizer, loaded.architecture
     seconds = {"load": time.perf_counter() - start}
 
@@ -110,7 +110,7 @@ def test_gemma3_270m_windows_match_the_real_model(gemma3_gguf) -> None:
     expected = ([512] * 5 + [None]) * 3
     assert [s.window for s in load_architecture("gemma3-270m").layers] == expected
     assert [s.window for s in architecture_from_gguf(gemma3_gguf).layers] == expected
-    loaded = load_model("gemma3-270m")
+    loaded = load_model("gemma3-270m", cache=True)
     config = loaded.model.config
     assert [512 if t == "sliding_attention" else None for t in config.layer_types] == expected
     assert config.sliding_window == 512
