@@ -18,6 +18,7 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = ["HUB_PROBE_TIMEOUT_S", "hub_offline_unless_reachable", "hub_reachable"]
@@ -50,7 +51,7 @@ def hub_offline_unless_reachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> Iter
     The flags are restored on exit."""
     from huggingface_hub import constants
 
-    modules = [constants]
+    modules: list[Any] = [constants]
     try:
         from datasets import config as datasets_config
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from autocompress_opt.errors import ConfigError, one_line, suggest
 from autocompress_opt.tasks.lmeval import import_lmeval, lmeval_model
@@ -298,6 +298,7 @@ def _scores(output: dict[str, Any], requested: set[str]) -> list[LmEvalScore]:
         cfg = configs.get(name, {})
         dataset = ":".join(str(cfg[k]) for k in ("dataset_path", "dataset_name") if cfg.get(k)) or None
         shots = n_shot.get(name)
+        num_fewshot = int(shots) if _is_number(shots) else None
         for key, value in result.items():
             metric, comma, filt = key.partition(",")
             if not comma or "_stderr" in metric or not _is_number(value):
@@ -311,7 +312,7 @@ def _scores(output: dict[str, Any], requested: set[str]) -> list[LmEvalScore]:
                     value=float(value),
                     stderr=float(stderr) if _is_number(stderr) else None,
                     n=n,
-                    num_fewshot=int(shots) if _is_number(shots) else None,
+                    num_fewshot=num_fewshot,
                     dataset=dataset,
                     requested=name in requested,
                 )
@@ -325,5 +326,5 @@ def _leaves(name: str, children: dict[str, list[str]], depth: int = 0) -> list[s
     return [leaf for child in children[name] for leaf in _leaves(child, children, depth + 1)]
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
