@@ -28,8 +28,15 @@ heterogeneous, exported as the engine reads them; half of them held out of the f
   autocompress calibrate --engine llamacpp --gguf-type q4_k_m --threads 2
   autocompress calibrate --engine vllm --archs 32 --concurrency 1 --concurrency 8
   autocompress calibrate --engine vllm --vllm-python /opt/vllm-cuda/bin/python --hardware h100-sxm
-then `autocompress cost --hardware cpu --engine llamacpp ...` uses the fitted profile.""",
+then `autocompress cost --hardware cpu --engine llamacpp ...` uses the fitted profile.
+
+no --data: calibrate times synthetic random-weight architectures on fixed random token ids, and a dense
+decoder does the same work whichever tokens it reads; what sets a timing is the shape, which
+--prompt-len, --decode-context and --batch (--gen-len, --concurrency for the engines) choose.
+Your text matters where quality is measured: --data on prune, distill, eval and study run.""",
     )
+    # not in --help (the description says why): a --data given anyway is told why, not "unrecognized"
+    p.add_argument("--data", action=_NoData, help=argparse.SUPPRESS)
     p.add_argument(
         "--engine",
         default="torch-eager",
@@ -109,6 +116,18 @@ then `autocompress cost --hardware cpu --engine llamacpp ...` uses the fitted pr
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run)
+
+
+class _NoData(argparse.Action):
+    """``calibrate --data``: a one-line usage error saying why timings take no text."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        parser.error(
+            f"calibrate takes no --data (got {values!r}): it times synthetic random-weight architectures on "
+            "fixed random token ids, and a dense decoder does the same work whichever tokens it reads; set the "
+            "timed shape with --prompt-len, --decode-context and --batch. --data applies to prune, distill, "
+            "eval and study run"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

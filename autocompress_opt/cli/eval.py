@@ -21,6 +21,8 @@ from autocompress_opt.errors import ConfigError
 
 _PPL_BATCH_SIZE = 4  # quality.DEFAULT_BATCH_SIZE: long rows, full-vocabulary logits
 _TASK_BATCH_SIZE = 16  # scoring.DEFAULT_BATCH_SIZE: short requests
+_ITEMS = 200  # items per built-in task
+_LMEVAL_PREFIX = "lm-eval:"  # tasks.lmeval_tasks.LMEVAL_PREFIX (not imported: --help stays light)
 
 
 def add_parser(sub: Any) -> None:
@@ -34,7 +36,10 @@ def add_parser(sub: Any) -> None:
   autocompress eval --model smollm2-135m --samples 64 --seq-len 512 --seed 1 --out eval.json
   autocompress eval --list-tasks                                    # tasks, metrics, installed sources, install hints
   autocompress eval --model smollm2-135m --tasks all --items 200 --out tasks.json
-  autocompress eval --model pruned/ --tasks wordnet-define,bible-cloze --items 50 --evaluator lm-eval""",
+  autocompress eval --model pruned/ --tasks wordnet-define,bible-cloze --items 50 --evaluator lm-eval
+  autocompress eval --model pruned/ --tasks lm-eval:mmlu,arc_challenge,hellaswag    # lm-eval's own tasks, by name
+  autocompress eval --model pruned/ --tasks all,lm-eval:arc_easy --items 100 --json  # ours and lm-eval's together
+  autocompress eval --model pruned/ --tasks lm-eval:my_task --lm-eval-include my_tasks/  # your own task YAMLs""",
     )
     p.add_argument(
         "--model",
@@ -47,9 +52,25 @@ def add_parser(sub: Any) -> None:
         default=None,
         metavar="NAMES",
         help="comma-separated tasks or 'all' (see --list-tasks): zero-shot accuracy scored like "
-        "lm-evaluation-harness; without it, the perplexity/KL report",
+        "lm-evaluation-harness; 'lm-eval:' before a name makes it and the names after it lm-eval's own tasks, "
+        "groups, tags or globs (lm-eval:mmlu,arc_challenge; `lm-eval ls tasks` lists them; their datasets come "
+        "from the Hugging Face Hub or its local cache); without --tasks, the perplexity/KL report",
     )
-    p.add_argument("--items", type=int, default=200, help="items per task (default 200)")
+    p.add_argument(
+        "--items",
+        type=int,
+        default=None,
+        help=f"items per task (default {_ITEMS}); for lm-eval tasks, the first N documents of each "
+        "(default: all, as lm-eval reports them)",
+    )
+    p.add_argument(
+        "--lm-eval-include",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="a folder of your own lm-eval task YAMLs, named in --tasks lm-eval:NAME (repeatable)",
+    )
     p.add_argument(
         "--evaluator",
         default="builtin",
@@ -147,14 +168,19 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if args.tasks is not None:
         if args.parent:
             raise ConfigError("--parent applies to the perplexity/KL report, not to --tasks")
-        _check_task_names(_task_names(args.tasks))
+        ours, theirs = _split_tasks(args.tasks)
+        _check_task_names(ours)
+        if args.lm_eval_include and not theirs:
+            raise ConfigError("--lm-eval-include applies to lm-eval tasks: name them in --tasks lm-eval:NAME")
+    elif args.lm_eval_include:
+        raise ConfigError("--lm-eval-include applies to --tasks lm-eval:NAME")
     if args.data_dir is not None and not args.data_dir.is_dir():
         raise ConfigError(f"--data-dir {str(args.data_dir)!r} is not a directory")
     from autocompress_opt.hf.loading import model_limits
     from autocompress_opt.tasks.items import PERPLEXITY_TASK
 
     # --seq-len is the row length of the perplexity report, and of the heldout-perplexity task
-    uses_seq_len = args.tasks is None or PERPLEXITY_TASK in _task_names(args.tasks)
+    uses_seq_len = args.tasks is None or PERPLEXITY_TASK in _split_tasks(args.tasks)[0]
     for flag in ("--model", "--parent"):
         ref = getattr(args, flag[2:])
         if ref:
@@ -200,15 +226,29 @@ def _print_table(model: str, parent: str | None, report: Any) -> None:
 
 
 # ------------------------------------------------------------------- tasks
-def _task_names(text: str) -> list[str]:
+def _split_tasks(text: str) -> tuple[list[str], list[str]]:
+    """``--tasks`` as (our task names, lm-eval task names): ``lm-eval:`` before a name makes it and
+    every name after it lm-eval's; ``all`` among ours is the eight built-in tasks."""
     from autocompress_opt.tasks.builders import TASK_NAMES
 
-    if text.strip().lower() == "all":
-        return list(TASK_NAMES)
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    if not names:
-        raise ConfigError(f"--tasks needs task names or 'all', got {text!r}")
-    return names
+    ours: list[str] = []
+    theirs: list[str] = []
+    for raw in text.split(","):
+        name = raw.strip()
+        if name.lower().startswith(_LMEVAL_PREFIX):
+            name = name[len(_LMEVAL_PREFIX) :].strip()
+            theirs.append(name)
+            if not name:
+                raise ConfigError(f"--tasks {text!r}: '{_LMEVAL_PREFIX}' needs a task name after it")
+        elif name and theirs:
+            theirs.append(name)
+        elif name.lower() == "all":
+            ours.extend(n for n in TASK_NAMES if n not in ours)
+        elif name:
+            ours.append(name)
+    if not ours and not theirs:
+        raise ConfigError(f"--tasks needs task names, 'all' or {_LMEVAL_PREFIX}NAMES, got {text!r}")
+    return ours, theirs
 
 
 def _run_tasks(args: argparse.Namespace) -> int:
@@ -217,27 +257,56 @@ def _run_tasks(args: argparse.Namespace) -> int:
 
     if args.parent:
         raise ConfigError("--parent applies to the perplexity/KL report, not to --tasks")
-    names = _task_names(args.tasks)
+    names, lmeval_names = _split_tasks(args.tasks)
+    lmeval_tasks = None
+    if lmeval_names:  # names resolved and datasets fetched before the model loads
+        from autocompress_opt.tasks.lmeval_tasks import load_lmeval_tasks
+
+        lmeval_tasks = load_lmeval_tasks(lmeval_names, include=args.lm_eval_include or ())
     model = load_model(args.model, **compute_of(args), cache=False)  # one copy of the parent, not two
-    report = evaluate_tasks(
-        model.model,
-        model.tokenizer,
-        names,
-        n_items=args.items,
-        seed=args.seed,
-        batch_size=args.batch_size or _TASK_BATCH_SIZE,
-        progress=not args.no_progress,
-        data_dir=args.data_dir,
-        ppl_samples=args.samples,
-        ppl_seq_len=args.seq_len,
-        evaluator=args.evaluator,
-    )
-    result = {"model": model.source, "num_params": model.num_params, **report.to_dict()}
+    result: dict[str, Any] = {"model": model.source, "num_params": model.num_params}
+    report = None
+    if names:
+        report = evaluate_tasks(
+            model.model,
+            model.tokenizer,
+            names,
+            n_items=args.items or _ITEMS,
+            seed=args.seed,
+            batch_size=args.batch_size or _TASK_BATCH_SIZE,
+            progress=not args.no_progress,
+            data_dir=args.data_dir,
+            ppl_samples=args.samples,
+            ppl_seq_len=args.seq_len,
+            evaluator=args.evaluator,
+        )
+        result.update(report.to_dict())
+    lmeval_report = None
+    if lmeval_tasks is not None:
+        from autocompress_opt.tasks.lmeval_tasks import evaluate_lmeval_tasks
+
+        lmeval_report = evaluate_lmeval_tasks(
+            model.model,
+            model.tokenizer,
+            lmeval_tasks,
+            limit=args.items,
+            batch_size=args.batch_size or _TASK_BATCH_SIZE,
+        )
+        result["lm_eval"] = lmeval_report.to_dict()
     _write(args, result)
     if args.json:
         print_json(result)
         return 0
-    print(f"model: {model.source}\n{args.items} items per task, seed {args.seed}, evaluator {args.evaluator}")
+    print(f"model: {model.source}")
+    if report is not None:
+        _print_suite(args, names, report)
+    if lmeval_report is not None:
+        _print_lmeval(lmeval_report)
+    return 0
+
+
+def _print_suite(args: argparse.Namespace, names: list[str], report: Any) -> None:
+    print(f"{args.items or _ITEMS} items per task, seed {args.seed}, evaluator {args.evaluator}")
     print(
         table(
             _task_rows(names, report), ["task", "metric", "score %", "± stderr", "chance %", "n", "seconds", "source"]
@@ -250,7 +319,37 @@ def _run_tasks(args: argparse.Namespace) -> int:
             f"average accuracy: {100 * report.average_accuracy:.1f}% over {len(report.averaged_tasks)} tasks "
             f"({', '.join(report.averaged_tasks)})"
         )
-    return 0
+
+
+def _print_lmeval(report: Any) -> None:
+    """lm-eval's scores of the names asked for (a group's members are in the JSON report)."""
+    docs = "all documents" if report.limit is None else f"the first {report.limit} documents"
+    offline = ", Hugging Face Hub offline" if report.offline else ""
+    print(f"lm-eval {report.lm_eval_version}: {docs} of each task, its own few-shot setting{offline}")
+    rows = [
+        [
+            s.task,
+            s.metric,
+            _lmeval_number(s.metric, s.value),
+            "" if s.stderr is None else "± " + _lmeval_number(s.metric, s.stderr),
+            str(s.n),
+            "" if s.num_fewshot is None else str(s.num_fewshot),
+            s.dataset or ("(group)" if s.kind == "group" else ""),
+        ]
+        for s in report.scores
+        if s.requested
+    ]
+    print(table(rows, ["lm-eval task", "metric", "score", "± stderr", "n", "shots", "dataset"]))
+
+
+# lm-eval metrics that are fractions of documents, shown as percentages; others (perplexities, BLEU) as they are
+_FRACTION_METRICS = frozenset({"acc", "acc_norm", "acc_bytes", "acc_mutual_info", "exact_match", "mc1", "mc2", "em"})
+
+
+def _lmeval_number(metric: str, value: float) -> str:
+    if metric.split(" ")[0] in _FRACTION_METRICS:
+        return f"{100 * value:.1f}%"
+    return f"{value:.4g}"
 
 
 def _task_rows(names: list[str], report: Any) -> list[list[str]]:

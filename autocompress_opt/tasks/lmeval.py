@@ -29,6 +29,8 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,7 @@ from autocompress_opt.errors import ConfigError
 from autocompress_opt.tasks.items import TaskSpec
 from autocompress_opt.tasks.scoring import DEFAULT_BATCH_SIZE, ItemResult, TaskResult
 
-__all__ = ["LMEVAL_INSTALL_HINT", "score_task_lmeval", "write_lmeval_task"]
+__all__ = ["LMEVAL_INSTALL_HINT", "import_lmeval", "lmeval_model", "score_task_lmeval", "write_lmeval_task"]
 
 LMEVAL_INSTALL_HINT = "the lm-eval evaluator needs lm-evaluation-harness: pip install 'lm-eval>=0.4.13'"
 _TASK_PREFIX = "autocompress_"  # our local tasks never shadow one of lm-eval's bundled tasks
@@ -94,6 +96,38 @@ def write_lmeval_task(spec: TaskSpec, directory: Path) -> str:
     return name
 
 
+def import_lmeval() -> Any:
+    """The ``lm_eval`` module, or a :class:`ConfigError` saying how to install it."""
+    try:
+        import lm_eval
+        import lm_eval.models.huggingface  # HFLM: a missing extra fails here, not mid-run
+        import lm_eval.tasks
+    except ImportError:
+        raise ConfigError(LMEVAL_INSTALL_HINT) from None
+    return lm_eval
+
+
+@contextmanager
+def lmeval_model(model: Any, tokenizer: Any, batch_size: int) -> Iterator[Any]:
+    """lm-eval's ``HFLM`` over an already loaded ``model``, for ``simple_evaluate(model=...)``.
+
+    The tokenizer is copied (HFLM may add a pad token to it); the model's training flag and the
+    ``lm_eval`` logger's level are put back on exit. HFLM's warning that ``pretrained`` is a model
+    object, not a name, is silenced: that is the point here.
+    """
+    from lm_eval.models.huggingface import HFLM
+
+    was_training = model.training
+    logger = logging.getLogger("lm_eval")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield HFLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=batch_size)
+    finally:
+        model.train(was_training)
+        logger.setLevel(level)
+
+
 def score_task_lmeval(
     model: Any, tokenizer: Any, spec: TaskSpec, *, batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = True
 ) -> TaskResult:
@@ -104,37 +138,28 @@ def score_task_lmeval(
     a pad token to it); the global random seeds and the model's training flag are left as they were.
     lm-eval draws its own progress bars whatever ``progress`` says.
     """
-    try:
-        import lm_eval
-        from lm_eval.models.huggingface import HFLM
-        from lm_eval.tasks import TaskManager
-    except ImportError:
-        raise ConfigError(LMEVAL_INSTALL_HINT) from None
+    lm_eval = import_lmeval()
+    from lm_eval.tasks import TaskManager
+
     del progress
     start = time.perf_counter()
-    was_training = model.training
-    logger = logging.getLogger("lm_eval")
-    level = logger.level
-    logger.setLevel(logging.ERROR)  # it warns that `pretrained` is a model object: that is the point here
-    try:
-        with tempfile.TemporaryDirectory(prefix="autocompress-lmeval-") as tmp:
-            name = write_lmeval_task(spec, Path(tmp))
-            lm = HFLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=batch_size)
-            # include_defaults=False: index only our task, not the ~10k YAMLs lm-eval ships (seconds)
-            tasks = TaskManager(include_path=tmp, include_defaults=False)
-            output = lm_eval.simple_evaluate(
-                model=lm,
-                tasks=[name],
-                task_manager=tasks,
-                log_samples=True,
-                bootstrap_iters=0,
-                random_seed=None,
-                numpy_random_seed=None,
-                torch_random_seed=None,
-            )
-    finally:
-        model.train(was_training)
-        logger.setLevel(level)
+    with (
+        tempfile.TemporaryDirectory(prefix="autocompress-lmeval-") as tmp,
+        lmeval_model(model, tokenizer, batch_size) as lm,
+    ):
+        name = write_lmeval_task(spec, Path(tmp))
+        # include_defaults=False: index only our task, not the ~10k YAMLs lm-eval ships (seconds)
+        tasks = TaskManager(include_path=tmp, include_defaults=False)
+        output = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=[name],
+            task_manager=tasks,
+            log_samples=True,
+            bootstrap_iters=0,
+            random_seed=None,
+            numpy_random_seed=None,
+            torch_random_seed=None,
+        )
     samples = sorted(output["samples"][name], key=lambda s: s["doc_id"])
     if len(samples) != len(spec.items):
         raise ConfigError(f"lm-eval scored {len(samples)} of task {spec.name!r}'s {len(spec.items)} items")

@@ -110,3 +110,17 @@ def test_distill_trains_on_chat_data_through_the_template(
     more = [*argv, "--data", files["jsonl"]]
     assert main(more) == 2
     assert "data" in capsys.readouterr().err
+
+
+def test_calibrate_refuses_data_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    """calibrate times random token ids on random-weight architectures: --data is refused by name
+    (one line, exit 2, before any timing), and --help explains it where the examples are."""
+    with pytest.raises(SystemExit) as info:
+        main(["calibrate", "--hardware", "cpu", "--data", "notes.jsonl"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "calibrate takes no --data (got 'notes.jsonl')" in err and "--prompt-len" in err
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--help"])
+    out = capsys.readouterr().out
+    assert "no --data:" in out and "random token ids" in out and "--data" not in out.split("options:")[1]
