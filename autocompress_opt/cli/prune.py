@@ -330,18 +330,34 @@ def _export_trial(
     record: Any,
     workload: str | None = None,
 ) -> int:
-    """A weights-mode trial: its parent context (model, importance, data) as the trial had it
-    (:func:`~autocompress_opt.search.study.export.export_trial`). The card carries the trial's
+    """A weights-mode trial: the parent loaded as the trial had it, cut with the kept indices the
+    trial stored (:func:`~autocompress_opt.search.study.export.export_trial`): the trial's model on
+    any device and in any dtype. A trial stored without them (before trials recorded them) is cut by
+    importance recomputed here from its settings, with a warning. The card carries the trial's
     result (measured on the selection split, which chose it) and the model's quality on the test
     split (``test``: never used to choose anything)."""
-    from autocompress_opt.prune.plan import plan_pruning
+    from autocompress_opt.prune.plan import plan_from_kept, plan_pruning
     from autocompress_opt.prune.slicing import materialize
     from autocompress_opt.quality.metrics import evaluate
-    from autocompress_opt.search.study import export_trial, trial_parent
+    from autocompress_opt.search.study import export_trial, trial_model, trial_parent
 
     overrides = {k: v for k, v in (("device", args.device), ("compute_dtype", args.compute_dtype)) if v is not None}
-    context, config = trial_parent(model, {**inner, **overrides}, workload=workload)
-    child = materialize(context.model, plan_pruning(context.architecture, context.importance, arch))
+    context: Any
+    if record.kept:
+        context, config = trial_model(model, {**inner, **overrides}, workload=workload)
+        plan = plan_from_kept(context.architecture, arch, record.kept)
+    else:
+        context, config = trial_parent(model, {**inner, **overrides}, workload=workload)
+        weight = next(context.model.parameters())
+        print(
+            f"warning: trial {record.number} of {name!r} stores no kept indices (it ran before trials recorded "
+            f"them): its channels are chosen again by importance computed here ({weight.device}, "
+            f"{str(weight.dtype).removeprefix('torch.')}), which picks the trial's channels only where it "
+            "ranks them as the trial's device and dtype did",
+            file=sys.stderr,
+        )
+        plan = plan_pruning(context.architecture, context.importance, arch)
+    child = materialize(context.model, plan)
     test = evaluate(
         child,
         context.tokenizer,
@@ -367,6 +383,7 @@ def _export_trial(
         context,
         arch,
         args.out,
+        kept=record.kept or None,
         parent={"model": model, "num_params": context.architecture.num_params},
         card=card,
         force=args.force,

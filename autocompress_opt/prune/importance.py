@@ -20,7 +20,9 @@ no gradients. What is scored (all scores: higher = more important):
 :func:`estimate_importance` runs under ``torch.inference_mode`` and is deterministic: the same
 model, tokens and ``batch_size`` give bit-identical scores. It returns an :class:`Importance`
 record that saves as safetensors + a JSON sidecar (never pickle) and is cached on disk
-(:mod:`autocompress_opt.cache`) keyed by (model id, data id, method) and :data:`CACHE_VERSION`.
+(:mod:`autocompress_opt.cache`) keyed by (model id, data id, method, the weights' dtype) and
+:data:`CACHE_VERSION`: computed once per parent, data and dtype, by the first of the processes of a
+host that want it (the others wait and read it).
 """
 
 from __future__ import annotations
@@ -64,8 +66,9 @@ _FORMAT = "autocompress-importance/1"
 _TENSORS_FILE, _META_FILE = "importance.safetensors", "importance.json"
 LAYER_METRICS: tuple[str, ...] = ("skip_loss", "block_influence")
 # The version of the scores' computation, part of every cache key: bump it when an estimator's
-# numbers change, and cached scores are recomputed. (1: keys of (model, data, method) alone.)
-CACHE_VERSION = "importance/2"
+# numbers change, and cached scores are recomputed. (1: keys of (model, data, method) alone;
+# 2: without the dtype: a bf16 parent read an fp32 parent's scores unless its model id said bf16.)
+CACHE_VERSION = "importance/3"
 
 
 @dataclass(frozen=True)
@@ -227,10 +230,11 @@ def tokens_id(tokens: torch.Tensor) -> str:
     return f"tokens-sha256:{digest[:16]}:{tokens.shape[0]}x{tokens.shape[1]}"
 
 
-def cache_path(cache_dir: str | Path, model_id: str, data_id: str, method: str) -> Path:
-    """The folder that caches the scores of (model_id, data_id, method) under ``cache_dir``
-    (computed by :data:`CACHE_VERSION` of the code: :func:`~autocompress_opt.cache.cache_key`)."""
-    return Path(cache_dir) / f"{method}-{cache_key(CACHE_VERSION, model_id, data_id, method)}"
+def cache_path(cache_dir: str | Path, model_id: str, data_id: str, method: str, dtype: str = "fp32") -> Path:
+    """The folder that caches the scores of (model_id, data_id, method) computed with weights in
+    ``dtype`` (``fp32``, ``bf16``, ``fp16``: :func:`~autocompress_opt.hf.device.dtype_name`) under
+    ``cache_dir`` (by :data:`CACHE_VERSION` of the code: :func:`~autocompress_opt.cache.cache_key`)."""
+    return Path(cache_dir) / f"{method}-{cache_key(CACHE_VERSION, model_id, data_id, method, dtype)}"
 
 
 def estimate_importance(
@@ -259,9 +263,10 @@ def estimate_importance(
         batch_size: sequences per forward pass (peak memory ~ batch·seq_len·vocab float32 logits,
             about three copies during the loss: with Gemma 3's 262k vocabulary, 2 × 64 tokens
             already take ~400 MB).
-        cache_dir: when given, reuse ``cache_path(cache_dir, model_id, data_id, method)`` if it
-            exists, else compute and publish it whole (:func:`~autocompress_opt.cache.fetch`: the
-            processes of one host that want the same entry at once compute it once).
+        cache_dir: when given, reuse ``cache_path(cache_dir, model_id, data_id, method, dtype)``
+            (``dtype``: the model's weights') if it exists, else compute and publish it whole
+            (:func:`~autocompress_opt.cache.fetch`: the processes of one host that want the same
+            entry at once compute it once).
         progress: show a tqdm progress bar.
 
     Returns an :class:`Importance`; the model's weights are not changed and no hook is left behind.
@@ -291,8 +296,11 @@ def estimate_importance(
     compute = lambda: estimator(model, tokens, adapter=adapter, meta=meta, progress=progress)
     if cache_dir is None:
         return compute()
+    from autocompress_opt.hf.device import dtype_name
+
+    dtype = dtype_name(next(model.parameters()).dtype)  # bf16 scores rank channels unlike fp32 ones
     result, _ = fetch(
-        cache_path(cache_dir, model_id, data_id, method),
+        cache_path(cache_dir, model_id, data_id, method, dtype),
         compute,
         lambda imp, tmp: imp.save(tmp),
         lambda path: _load_cached(path, arch),

@@ -141,6 +141,17 @@ def test_cache_is_reused_for_the_same_key(tmp_path: Path) -> None:
     assert not torch.equal(fresh.ffn[0], first.ffn[0])
 
 
+def test_cache_key_includes_the_weights_dtype(tmp_path: Path) -> None:
+    """The same model id and data in bf16 is another entry: its scores are computed in bf16, never
+    read from the fp32 entry (bf16 may rank channels differently)."""
+    model, ids = tiny_model("llama"), tokens(4, 10)
+    fp32 = score(model, ids, cache_dir=tmp_path)
+    bf16 = score(model.to(torch.bfloat16), ids, cache_dir=tmp_path)
+    assert (cache_path(tmp_path, "tiny", tokens_id(ids), "minitron", "bf16") / "importance.safetensors").is_file()
+    assert len(list(tmp_path.glob("minitron-*"))) == 2
+    assert not torch.equal(bf16.hidden, fp32.hidden)
+
+
 def test_cache_entry_for_another_architecture_is_refused(tmp_path: Path) -> None:
     ids = tokens(2, 8)
     score(tiny_model("llama"), ids, cache_dir=tmp_path)

@@ -96,6 +96,18 @@ def test_from_study_exports_the_model_the_trial_measured(
     assert extra["study_result"]["split"] == "selection" and extra["test"]["split"] == "test"
     assert extra["test"]["data"]["code"]["role"] == extra["test"]["data"]["prose"]["role"] == "test"
     assert extra["test"]["kl_to_parent"] >= 0 and extra["test"]["ppl_prose"] > 1
+    # cut with the kept indices the study stored with the trial, not with importance computed here
+    assert best.kept is not None and extra["kept_from"] == "trial" and "importance" not in extra
+
+    # a trial stored before trials recorded their indices: recomputed importance, with a warning
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "w.db") as db:
+        db.execute("DELETE FROM trial_user_attributes WHERE key = 'kept'")
+    legacy = tmp_path / "legacy"
+    assert main(["prune", "--from-study", "w", "--storage", config.storage_url, "--out", str(legacy)]) == 0
+    assert "stores no kept indices" in capsys.readouterr().err
+    assert json.loads((legacy / CARD_FILE).read_text())["extra"]["kept_from"] == "importance"
 
     # an explicit trial number, and one that does not exist
     other = min(r.number for r in records if r.state == "COMPLETE")

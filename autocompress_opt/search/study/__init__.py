@@ -22,7 +22,7 @@ from autocompress_opt.search.study.config import (
     sampler_seed,
 )
 from autocompress_opt.search.study.coordination import Coordination, driver_identity, open_study, repair_orphans
-from autocompress_opt.search.study.export import ExportedTrial, export_trial, trial_parent
+from autocompress_opt.search.study.export import ExportedTrial, export_trial, trial_model, trial_parent
 from autocompress_opt.search.study.progress import ProgressBar, finished_trials
 from autocompress_opt.search.study.ray_runtime import init_ray
 from autocompress_opt.search.study.records import (
@@ -86,5 +86,6 @@ __all__ = [
     "sampler_seed",
     "seed_study",
     "shared_answers",
+    "trial_model",
     "trial_parent",
 ]

@@ -1,6 +1,12 @@
-"""A weights-mode trial's model, exported: its architecture cut from the parent with the importance
-scores the trial used (the same calibration data and settings, from the same trial caches), saved
-as a loadable checkpoint (:func:`~autocompress_opt.prune.export.export_model`).
+"""A weights-mode trial's model, exported: its architecture cut from the parent with the very heads,
+KV groups, FFN and hidden channels and layers the trial measured (the kept indices the study stores
+with the trial, :meth:`~autocompress_opt.prune.plan.PrunePlan.kept`), saved as a loadable
+checkpoint (:func:`~autocompress_opt.prune.export.export_model`). With those indices the export
+needs no importance: the parent is only loaded (:func:`trial_model`), on any device and in any
+dtype, and the export is the trial's model even where importance recomputed there would rank
+channels differently (bf16 on a GPU vs fp32 on a CPU). A trial stored before trials recorded their
+indices is cut with importance recomputed from the trial's settings (:func:`trial_parent`), which
+matches the trial only where that importance is the trial's.
 
 ``autocompress prune --from-study`` and ``benchmarks/bench_head_to_head.py`` both export with
 :func:`export_trial`. Loads torch when called, not when imported.
@@ -17,10 +23,11 @@ from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.search.study.placement import DEFAULT_CACHE_DIR
 
 if TYPE_CHECKING:
+    from autocompress_opt.hf.loading import LoadedModel
     from autocompress_opt.prune.plan import PrunePlan
     from autocompress_opt.search.study.weights_trial import ParentContext, TrialConfig
 
-__all__ = ["ExportedTrial", "export_trial", "trial_parent"]
+__all__ = ["ExportedTrial", "export_trial", "trial_model", "trial_parent"]
 
 
 @dataclass(frozen=True)
@@ -48,33 +55,63 @@ def trial_parent(
     return context, config
 
 
+def trial_model(
+    model: str, inner: Mapping[str, Any], *, workload: str | None = None
+) -> tuple[LoadedModel, TrialConfig]:
+    """The parent ``model`` loaded as a weights-mode trial with ``inner`` settings loads it (its
+    ``device`` and ``compute_dtype``; :func:`~.weights_trial.load_parent`), and nothing else: no
+    importance, no teacher targets. What :func:`export_trial` needs for a trial's stored kept
+    indices. Returns the loaded parent and the trial settings (for ``workload``, as :func:`trial_parent`)."""
+    from autocompress_opt.search.study.weights_trial import TrialConfig, load_parent
+
+    config = TrialConfig.from_dict(dict(inner) or None).for_workload(workload)
+    return load_parent(model, config), config
+
+
 def export_trial(
-    context: ParentContext,
+    context: ParentContext | LoadedModel,
     arch: Architecture,
     out: str | Path,
     *,
+    kept: Mapping[str, Any] | None = None,
     parent: Mapping[str, Any] | None = None,
     card: Mapping[str, Any] | None = None,
     force: bool = False,
     decilm: bool = False,
 ) -> ExportedTrial:
-    """Cut ``arch`` from ``context``'s parent with its importance scores (the plan the inner search
-    built it with: :func:`~autocompress_opt.prune.plan.plan_pruning`) and export it to ``out``.
+    """Cut ``arch`` from ``context``'s parent and export it to ``out``: with ``kept`` (a trial's
+    stored :meth:`~autocompress_opt.prune.plan.PrunePlan.kept` record), exactly those indices
+    (:func:`~autocompress_opt.prune.plan.plan_from_kept`; ``context`` may be a plain loaded parent,
+    :func:`trial_model`); without, by ``context``'s importance scores (the plan the inner search
+    built it with: :func:`~autocompress_opt.prune.plan.plan_pruning`; ``context`` must be a
+    :class:`~.weights_trial.ParentContext`, :func:`trial_parent`).
 
     ``parent`` and ``card`` go to :func:`~autocompress_opt.prune.export.export_model` (the card
-    gains ``kept_parent_layers`` and the ``importance`` method and data id); ``force`` replaces an
-    existing ``out``; ``decilm`` writes the DeciLM config vLLM loads. Deterministic: the same
-    context and architecture give the same weights."""
+    gains ``kept_parent_layers`` and ``kept_from``: ``"trial"``, or the ``importance`` method and
+    data id it was cut by); ``force`` replaces an existing ``out``; ``decilm`` writes the DeciLM
+    config vLLM loads. Deterministic: the same parent, architecture and indices give the same
+    weights. Raises :class:`~autocompress_opt.errors.ConfigError` for ``kept`` that does not fit
+    ``arch`` and the parent, or neither ``kept`` nor importance scores."""
+    from autocompress_opt.errors import ConfigError
     from autocompress_opt.prune.export import export_model
-    from autocompress_opt.prune.plan import plan_pruning
+    from autocompress_opt.prune.plan import plan_from_kept, plan_pruning
     from autocompress_opt.prune.slicing import materialize
 
-    plan = plan_pruning(context.architecture, context.importance, arch)
-    full_card = {
-        **(card or {}),
-        "kept_parent_layers": [lp.parent_index for lp in plan.layers],
-        "importance": {"method": context.importance.meta.method, "data_id": context.importance.meta.data_id},
-    }
+    importance = getattr(context, "importance", None)
+    if kept is not None:
+        plan = plan_from_kept(context.architecture, arch, kept)
+        source: dict[str, Any] = {"kept_from": "trial"}
+    elif importance is not None:
+        plan = plan_pruning(context.architecture, importance, arch)
+        source = {
+            "kept_from": "importance",
+            "importance": {"method": importance.meta.method, "data_id": importance.meta.data_id},
+        }
+    else:
+        raise ConfigError(
+            "export_trial needs the trial's kept indices (kept=) or a parent context with importance scores"
+        )
+    full_card = {**(card or {}), "kept_parent_layers": [lp.parent_index for lp in plan.layers], **source}
     path = export_model(
         materialize(context.model, plan),
         plan.architecture,

@@ -23,7 +23,7 @@ from autocompress_opt.search.study.placement import (
 )
 from autocompress_opt.search.study.trials import run_trial
 
-__all__ = ["init_ray", "study_placement", "trainable"]
+__all__ = ["init_ray", "study_placement", "trainable", "usable_cpus"]
 
 
 def trainable(config: dict[str, Any]) -> dict[str, Any]:
@@ -77,10 +77,11 @@ def _plugin_paths(plugins: Sequence[str]) -> list[str]:
 
 def init_ray(address: str | None, concurrency: int | None, plugins: Sequence[str] = ()) -> None:
     """Connect to the Ray cluster at ``address`` (else at ``RAY_ADDRESS`` when set), or start a new
-    local Ray with this machine's CPUs and GPUs (at least ``concurrency`` CPUs); nothing when Ray is
-    already up. Without an address the local Ray is always a new one (``address="local"``): Ray's own
-    default would attach to whatever cluster another process on this machine last started (its
-    ``/tmp/ray/ray_current_cluster``), a test's two-node cluster included."""
+    local Ray with the CPUs this process may use (:func:`usable_cpus`, at least ``concurrency``) and
+    this machine's GPUs; nothing when Ray is already up. Without an address the local Ray is always a
+    new one (``address="local"``): Ray's own default would attach to whatever cluster another process
+    on this machine last started (its ``/tmp/ray/ray_current_cluster``), a test's two-node cluster
+    included."""
     import logging
 
     import ray
@@ -98,7 +99,18 @@ def init_ray(address: str | None, concurrency: int | None, plugins: Sequence[str
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(address="local", num_cpus=max(concurrency or 1, os.cpu_count() or 1), **kwargs)
+        ray.init(address="local", num_cpus=max(concurrency or 1, usable_cpus()), **kwargs)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (``os.sched_getaffinity``, which honours
+    ``taskset``, cgroup cpusets and a Slurm/Kubernetes allocation), else ``os.cpu_count()`` where the
+    platform has no affinity call (macOS); at least 1. ``os.cpu_count()`` alone counts the host's
+    cores: on a shared GPU node given 16 of 128 cores, a local Ray would plan 128 CPUs of trials."""
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    if getaffinity is not None:
+        return max(1, len(getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
 
 
 def study_placement(config: StudyConfig, progress: bool = False) -> Placement:

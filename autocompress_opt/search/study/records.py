@@ -47,7 +47,9 @@ class TrialRecord:
     violations of a point it kept from running (PRUNED); ``proxy_rank``: the rank of a point the
     proxy enqueued (:mod:`~autocompress_opt.search.study.proxy`). ``timings_s`` (weights mode): where a
     completed trial's seconds went (``parent``: loading it, when this trial's process did;
-    ``search``: the inner search; ``quality``: the held-out measurement(s); ``total``).
+    ``search``: the inner search; ``quality``: the held-out measurement(s); ``total``). ``kept``
+    (weights mode): the parent layers, heads, KV groups, FFN and hidden channels the trial's model
+    kept (:meth:`~autocompress_opt.prune.plan.PrunePlan.kept`; None for trials stored before it was).
     """
 
     study: str
@@ -69,6 +71,7 @@ class TrialRecord:
     proxy_infeasible: dict[str, Any] | None = None  # the proxy's violations of a point it kept from running
     proxy_rank: int | None = None  # the proxy's rank of a point it enqueued (1 = best)
     timings_s: dict[str, float] | None = None  # weights mode: parent / search / quality / total seconds
+    kept: dict[str, Any] | None = None  # weights mode: the kept indices the trial measured (PrunePlan.kept)
 
     def arch(self) -> Architecture | None:
         return Architecture.from_dict(self.architecture) if self.architecture else None
@@ -98,6 +101,7 @@ def trial_record(study_name: str, trial: Any) -> TrialRecord:
         proxy_infeasible=attrs.get("proxy_infeasible"),
         proxy_rank=attrs.get("proxy_rank"),
         timings_s=attrs.get("timings_s"),
+        kept=attrs.get("kept"),
     )
 
 

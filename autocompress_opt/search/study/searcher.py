@@ -373,6 +373,8 @@ class StudySearcher(Searcher):
         trial.set_user_attr("architecture", payload["architecture"])
         trial.set_user_attr("node", payload.get("node"))
         trial.set_user_attr("gpu_ids", payload.get("gpu_ids", []))  # the GPUs Ray assigned the trial
+        if "kept" in payload:  # weights mode: the kept indices it measured, what prune --from-study exports
+            trial.set_user_attr("kept", payload["kept"])
         if "selection" in payload:  # weights mode: the inner-search candidate returned, each one's KL
             trial.set_user_attr("selection", payload["selection"])
         if "timings_s" in payload:  # weights mode: where the trial's time went (parent, search, quality)

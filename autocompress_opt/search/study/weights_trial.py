@@ -10,13 +10,19 @@
                                           # works for known names ("smollm2-135m"), not for paths
                "cache_dir": str,          # on-disk caches (default ".autocompress")
                "baselines": {name: Architecture dict}}  # more candidates: a seeded baseline's own model
-    result  = {"architecture": dict, "metrics": {...}, "quality": exp(-KL), "quality_kind": "exp_neg_kl",
+    result  = {"architecture": dict, "kept": {...}, "metrics": {...}, "quality": exp(-KL), "quality_kind": "exp_neg_kl",
                "kl_to_parent": nats, "kl_code", "kl_prose", "ppl_code", "ppl_prose",
                "quality_cached": bool, "inner": {...search summary...}, "timings_s": {...},
                "selection": {"chosen": "trained" | "start" | "uniform" | a baseline's name,
                              "val_kl": {candidate: nats | None}, "feasible": {candidate: bool}},
                "compute": {"device": "cpu" | "cuda:0" | ..., "dtype": "fp32" | "bf16" | "fp16", "devices": [...]},
                "teacher": {"form": "full" | "top-k", "k": int | None, "bytes": int, "bytes_per_token": int}}
+
+``kept`` is the plan the trial measured, as kept indices (:meth:`~autocompress_opt.prune.plan.PrunePlan.kept`:
+the parent layer, heads, KV groups and FFN channels of each built layer and the hidden channels, as
+hex bitmasks, ~12 KB for SmolLM2-135M): the study stores it, and ``prune --from-study`` exports
+exactly those channels (:func:`~autocompress_opt.prune.plan.plan_from_kept`) on any machine, device
+and dtype, rather than choosing them again from importance recomputed there.
 
 ``selection`` says which candidate of the inner search the trial returned — the trained masks,
 the greedy start point, or the uniform allocation of the trial's global choices (considered
@@ -66,7 +72,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -79,7 +85,7 @@ from autocompress_opt.hf.device import dtype_name, resolve_compute_dtype, resolv
 from autocompress_opt.hf.memory import DEFAULT_TEACHER_BUDGET_GIB
 from autocompress_opt.prune.importance import Importance, estimate_importance
 from autocompress_opt.prune.loadability import shape_rules
-from autocompress_opt.prune.plan import plan_pruning
+from autocompress_opt.prune.plan import PrunePlan, plan_pruning
 from autocompress_opt.quality.metrics import Teacher, kl_and_perplexity
 from autocompress_opt.search.inner.budget import Budget, CostGoal
 from autocompress_opt.search.inner.inner_search import InnerConfig, InnerResult, StepListener, search
@@ -91,6 +97,9 @@ from autocompress_opt.search.study.trials import legal_point
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
 
+if TYPE_CHECKING:
+    from autocompress_opt.hf.loading import LoadedModel
+
 __all__ = [
     "DEFAULT_CACHE_DIR",
     "ParentContext",
@@ -99,6 +108,7 @@ __all__ = [
     "evaluate_architecture",
     "heldout_quality",
     "inner_search",
+    "load_parent",
     "objective_domains",
     "parent_context",
     "run_weights_trial",
@@ -254,13 +264,28 @@ def _parent_id(path: Path, arch: Architecture) -> str:
     return f"{path.name}:{_digest(content_digest(path, _WEIGHT_FILES, recursive=False), arch.to_dict())}"
 
 
+def load_parent(ref: str, config: TrialConfig) -> LoadedModel:
+    """Parent ``ref`` as a trial with ``config`` loads it, frozen in eval mode: on ``config.device``
+    (under Ray: the first GPU it assigned the trial, spread over all of them when it assigned
+    several; :func:`~autocompress_opt.search.study.placement.trial_device`) in ``config.compute_dtype``,
+    a fresh copy no other cache holds."""
+    from autocompress_opt.hf.loading import load_model
+    from autocompress_opt.search.study.placement import trial_gpus
+
+    device = resolve_device(trial_device(config.device))
+    dtype = resolve_compute_dtype(config.compute_dtype, device)
+    loaded = load_model(ref, cache=False, dtype=dtype, device=device, gpus=trial_gpus(device))
+    loaded.model.eval()
+    for p in loaded.model.parameters():
+        p.requires_grad_(False)
+    return loaded
+
+
 def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[ParentContext, bool]:
     """The context of parent ``ref`` under ``config``'s data settings (cached per process; importance
     and teacher log-probs also on disk under ``cache_dir``), and whether it was built by this call."""
     from autocompress_opt.data.user import data_batches
-    from autocompress_opt.hf.loading import load_model
     from autocompress_opt.quality.metrics import cache_teacher_logits
-    from autocompress_opt.search.study.placement import trial_gpus
 
     settings = config.to_dict()
     key = _digest(ref, str(cache_dir), {k: settings[k] for k in _CONTEXT_KEYS})
@@ -270,13 +295,9 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
     seconds: dict[str, float] = {}
     began = time.perf_counter()
     report(TrialProgress("load parent", 0, config.inner.steps))
-    device = resolve_device(trial_device(config.device))  # under Ray: the first GPU it assigned (placement)
-    dtype = resolve_compute_dtype(config.compute_dtype, device)
-    gpus = trial_gpus(device)  # k > 1 GPUs assigned: the parent is spread over all of them
-    loaded = load_model(ref, cache=False, dtype=dtype, device=device, gpus=gpus)  # this cache holds it: no 2nd copy
-    model, tokenizer, arch = loaded.model.eval(), loaded.tokenizer, loaded.architecture
-    for p in model.parameters():
-        p.requires_grad_(False)
+    loaded = load_parent(ref, config)
+    model, tokenizer, arch = loaded.model, loaded.tokenizer, loaded.architecture
+    dtype = next(model.parameters()).dtype
     # importance, teacher and quality caches are keyed by it: a bf16 parent is another parent
     parent_id = _parent_id(loaded.path, arch) + ("" if dtype == torch.float32 else f":{dtype_name(dtype)}")
     seconds["load"] = time.perf_counter() - began
@@ -539,8 +560,8 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     searched = time.perf_counter()
 
     on_phase = lambda phase: say(replace(last[0], phase=phase, inner_step=steps, stale=True))
-    arch = result.architecture
-    quality, cached = _quality(parent, arch, result.plan, cache_dir, on_phase=on_phase)
+    arch, plan = result.architecture, result.plan
+    quality, cached = _quality(parent, arch, plan, cache_dir, on_phase=on_phase)
     selection = result.choice()
     # A seeded baseline's own model, when feasible, also competes on the study's objective (held-out
     # evaluation KL): the trial of its point then never scores worse than the baseline itself.
@@ -550,16 +571,17 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     if rivals:
         heldout = {selection["chosen"]: quality["kl_to_parent"]}
         for name, other in rivals.items():
-            q, c = _quality(parent, other, plan_pruning(parent.architecture, parent.importance, other), cache_dir)
+            other_plan = plan_pruning(parent.architecture, parent.importance, other)
+            q, c = _quality(parent, other, other_plan, cache_dir)
             heldout[name] = q["kl_to_parent"]
             if q["kl_to_parent"] < quality["kl_to_parent"]:
-                arch, quality, cached = other, q, c
+                arch, plan, quality, cached = other, other_plan, q, c
                 selection["chosen"] = name
         selection["heldout_kl"] = heldout
     done = time.perf_counter()
     timings.update({"search": searched - searching, "quality": done - searched, "total": done - began})
     return {
-        **_payload(parent, arch, target, quality, cached, selection, timings),
+        **_payload(parent, arch, plan, target, quality, cached, selection, timings),
         "inner": {**result.summary(), "config": config.to_dict()},
     }
 
@@ -567,16 +589,19 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
 def _payload(
     parent: ParentContext,
     arch: Architecture,
+    plan: PrunePlan,
     target: Target,
     quality: Mapping[str, Any],
     cached: bool,
     selection: dict[str, Any],
     timings: Mapping[str, float],
 ) -> dict[str, Any]:
-    """A weights trial's result for ``arch`` (module doc), its held-out ``quality`` measured."""
+    """A weights trial's result for ``arch`` (module doc), cut by ``plan``, its held-out ``quality``
+    measured."""
     metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
     return {
         "architecture": arch.to_dict(),
+        "kept": plan.kept(),
         "metrics": metrics,
         "quality": math.exp(-quality["kl_to_parent"]),
         "quality_kind": QUALITY_KIND,
@@ -606,7 +631,7 @@ def _baseline_fallback(
 
     reference = parent_metrics(parent.architecture, target)
     heldout: dict[str, float] = {}
-    best: tuple[float, str, Architecture, dict[str, Any], bool] | None = None
+    best: tuple[float, str, Architecture, PrunePlan, dict[str, Any], bool] | None = None
     for name, arch in baselines.items():
         if not target.feasible(arch, reference):
             continue
@@ -614,14 +639,14 @@ def _baseline_fallback(
         quality, cached = _quality(parent, arch, plan, cache_dir)
         heldout[name] = quality["kl_to_parent"]
         if best is None or quality["kl_to_parent"] < best[0]:
-            best = (quality["kl_to_parent"], name, arch, quality, cached)
+            best = (quality["kl_to_parent"], name, arch, plan, quality, cached)
     if best is None:
         return None
-    _, name, arch, quality, cached = best
+    _, name, arch, plan, quality, cached = best
     now = time.perf_counter()
     selection = {"chosen": name, "heldout_kl": heldout, "stopped_at_step": None}
     spent = {"baseline": now - began - timings["parent"], "total": now - began}
-    return _payload(parent, arch, target, quality, cached, selection, {**timings, **spent})
+    return _payload(parent, arch, plan, target, quality, cached, selection, {**timings, **spent})
 
 
 def _compute(parent: ParentContext) -> dict[str, Any]:
