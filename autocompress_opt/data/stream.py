@@ -125,7 +125,9 @@ class _Group:
 
     def read(self, body: int) -> tuple[list[int], tuple[tuple[str, int, int], ...]]:
         """The next ``body`` tokens and the document spans they come from."""
-        cursor, out, spans = self.cursor, [], []
+        cursor = self.cursor
+        out: list[int] = []
+        spans: list[tuple[str, int, int]] = []
         while len(out) < body:
             if cursor.document == len(self.documents):
                 self._next_pass()

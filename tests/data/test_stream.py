@@ -10,21 +10,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from tiny_lm import byte_tokenizer
+from tiny_lm import byte_tokenizer, text_folder
 
 from autocompress_opt.data.stream import TextRepeatsWarning, TokenStream, data_stream
 from autocompress_opt.data.textdata import _encode
 from autocompress_opt.errors import ConfigError
-
-
-def corpus(root: Path, n_files: int, size: int, name: str = "corpus") -> Path:
-    """``n_files`` documents of about ``size`` bytes each (distinct text, so every token is traceable)."""
-    folder = root / name
-    folder.mkdir()
-    for i in range(n_files):
-        line = f"document {i} says {'abcdefghij'[i % 10] * (i % 7 + 1)}. "
-        (folder / f"doc{i:03d}.txt").write_text((line * (size // len(line) + 1))[:size], encoding="utf-8")
-    return folder
 
 
 def stream(folder: Path, **kwargs: object) -> TokenStream:
@@ -36,7 +26,7 @@ def positions(rows_spans: object) -> list[tuple[str, int]]:
 
 
 def test_rows_hold_the_documents_own_tokens_and_no_position_twice_within_a_pass(tmp_path: Path) -> None:
-    folder = corpus(tmp_path, 30, 200)
+    folder = text_folder(tmp_path, 30, 200)
     reader = stream(folder)
     ids = {d: _encode(byte_tokenizer(), (folder / d.split(":", 1)[1]).read_text()) for d in reader.split.calibration}
     total = sum(len(v) for v in ids.values())
@@ -53,7 +43,7 @@ def test_rows_hold_the_documents_own_tokens_and_no_position_twice_within_a_pass(
 
 
 def test_a_corpus_smaller_than_the_budget_repeats_warns_and_counts_passes(tmp_path: Path) -> None:
-    folder = corpus(tmp_path, 10, 40)
+    folder = text_folder(tmp_path, 10, 40)
     reader = stream(folder)
     n_docs = len(reader.split.calibration)
     with pytest.warns(TextRepeatsWarning, match=rf"calibration user text \({n_docs} documents, .* pass 2") as caught:
@@ -74,7 +64,7 @@ def test_a_corpus_smaller_than_the_budget_repeats_warns_and_counts_passes(tmp_pa
 
 
 def test_a_seeked_stream_reads_what_an_uninterrupted_one_does(tmp_path: Path) -> None:
-    folder = corpus(tmp_path, 10, 40)
+    folder = text_folder(tmp_path, 10, 40)
     straight = stream(folder, quiet=True).take(50)
     first = stream(folder, quiet=True)
     head = first.take(23)  # stops mid-pass, mid-document
@@ -90,7 +80,7 @@ def test_a_seeked_stream_reads_what_an_uninterrupted_one_does(tmp_path: Path) ->
 
 
 def test_groups_share_rows_by_weight_and_each_is_read_in_its_own_stream(tmp_path: Path) -> None:
-    code, prose = corpus(tmp_path, 20, 200, "code"), corpus(tmp_path, 20, 200, "prose")
+    code, prose = text_folder(tmp_path, 20, 200, "code"), text_folder(tmp_path, 20, 200, "prose")
     reader = data_stream(
         byte_tokenizer(), data=[f"{code}:3", f"{prose}:1"], role="calibration", seq_len=16, seed=0, quiet=True
     )
@@ -103,7 +93,7 @@ def test_groups_share_rows_by_weight_and_each_is_read_in_its_own_stream(tmp_path
 
 def test_ranks_slices_of_a_batch_are_disjoint_and_cover_it(tmp_path: Path) -> None:
     """What a sharded run does: every process reads the same stream and keeps rows rank, rank + W, ..."""
-    folder = corpus(tmp_path, 30, 200)
+    folder = text_folder(tmp_path, 30, 200)
     world, batch = 2, 4
     streams = [stream(folder, quiet=rank > 0) for rank in range(world)]
     whole = stream(folder).take(3 * batch)
@@ -115,7 +105,7 @@ def test_ranks_slices_of_a_batch_are_disjoint_and_cover_it(tmp_path: Path) -> No
 
 
 def test_bad_positions_and_empty_text_are_refused(tmp_path: Path) -> None:
-    reader = stream(corpus(tmp_path, 10, 40))
+    reader = stream(text_folder(tmp_path, 10, 40))
     with pytest.raises(ConfigError, match="not a position of this stream"):
         reader.seek({"groups": {"code": {}}})
     position = reader.position()
