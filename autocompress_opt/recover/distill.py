@@ -308,8 +308,8 @@ def distill(
             group (see the module docstring); every process calls :func:`distill` alike. On CUDA
             each process uses GPU ``LOCAL_RANK`` (torchrun sets it).
         data: the user's ``--data`` specs (:mod:`autocompress_opt.data.user`): the training rows
-            are streamed from their calibration split and the KL before/after from their test split; empty: the
-            built-in sources. Their record (SHA-256, rows) is part of the run's identity.
+            are streamed from their calibration split and the KL before/after comes from their test
+            split; empty: the built-in sources. Their record (SHA-256, groups) is part of the run's identity.
 
     Deterministic given its arguments on a given device; the caller's torch RNG state is restored
     on return. Raises :class:`ConfigError` for a missing student, ``out_dir`` equal to it, a
