@@ -3,6 +3,7 @@
 - :func:`byte_tokenizer`: a byte-level ``PreTrainedTokenizerFast`` (token id = byte value, 256 ids).
 - :func:`tiny_model`: a random 2-layer, hidden-32 causal LM of a family, vocabulary :data:`VOCAB`.
 - :func:`save_hf_dir`: model + tokenizer as a Hugging Face directory (safetensors).
+- :func:`text_folder`: a folder of small distinct text files, a ``--data`` corpus of a chosen size.
 - :func:`write_qwen2_gguf`: a Qwen2 model as an F32 GGUF, written with ``gguf.GGUFWriter`` the way
   llama.cpp names tensors, with a byte-level BPE tokenizer in its metadata.
 """
@@ -64,6 +65,19 @@ def save_hf_dir(model: Any, path: Path, tokenizer: Any | None = None) -> Path:
     model.save_pretrained(path)
     (tokenizer or byte_tokenizer()).save_pretrained(path)
     return path
+
+
+def text_folder(root: Path, n_files: int, size: int, name: str = "corpus") -> Path:
+    """``root/name`` holding ``n_files`` documents of ``size`` ASCII bytes (no newline), each text distinct.
+
+    The split hashes the folder's name and the file names, so the same arguments give the same
+    calibration / selection / test documents wherever ``root`` is."""
+    folder = root / name
+    folder.mkdir()
+    for i in range(n_files):
+        line = f"document {i} says {'abcdefghij'[i % 10] * (i % 7 + 1)}. "
+        (folder / f"doc{i:03d}.txt").write_text((line * (size // len(line) + 1))[:size], encoding="utf-8")
+    return folder
 
 
 # transformers parameter name → llama.cpp GGUF tensor name (gguf-py MODEL_TENSOR for qwen2).

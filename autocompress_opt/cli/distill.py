@@ -37,9 +37,13 @@ rank 0's disk).
 
 The loss is T^2 * KL(teacher || student) of next-token distributions on calibration text (never the
 held-out split); the run is exactly steps x batch-size x seq-len tokens, and that recipe is written
-into the output's model card. The output directory is a checkpoint in the student's own format
-(load_model(out) loads it) and is rewritten every --save-every steps: running the same command again
-after an interruption continues from the last checkpoint and ends with the same weights. A
+into the output's model card. The rows stream from the calibration documents of --data (else the
+built-in text, which holds ~70k prose tokens: give long runs your own corpus), tokenised as they
+are reached; no token is trained on twice until all of the text has been, after which it is read
+again in a new order with a warning, and the passes are reported (data_passes) and recorded.
+The output directory is a checkpoint in the student's own format (load_model(out) loads it) and is
+rewritten every --save-every steps: running the same command again after an interruption continues
+from the last checkpoint (the stream's position included) and ends with the same weights. A
 checkpoint made with other settings is refused naming the setting, unless --restart.""",
     )
     p.add_argument(

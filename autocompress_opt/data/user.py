@@ -200,7 +200,9 @@ class DatasetSource(TextSource):
         self.name = name
         self._origin = origin
         self.field = _pick_field(dataset.column_names, field, origin)
-        self._rows = list(dataset[self.field])
+        # The Arrow-backed column (memory-mapped from the datasets cache), read a row at a time:
+        # the corpus is never copied into Python objects as a whole.
+        self._rows = dataset.select_columns([self.field])
         self._width = len(str(max(len(self._rows) - 1, 0)))
 
     def available(self) -> bool:
@@ -216,7 +218,7 @@ class DatasetSource(TextSource):
         return tuple(f"{i:0{self._width}d}" for i in range(len(self._rows)))
 
     def read(self, key: str) -> str:
-        value = self._rows[int(key)]
+        value = self._row(key)
         return value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
 
     def text(self, key: str, tokenizer: Any) -> str:
@@ -228,7 +230,10 @@ class DatasetSource(TextSource):
                 f"{getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__!r} has no chat template; "
                 "give a text field instead, or a model whose tokenizer has one"
             )
-        return str(tokenizer.apply_chat_template(self._rows[int(key)], tokenize=False))
+        return str(tokenizer.apply_chat_template(self._row(key), tokenize=False))
+
+    def _row(self, key: str) -> Any:
+        return self._rows[int(key)][self.field]
 
 
 class FolderSource(TextSource):

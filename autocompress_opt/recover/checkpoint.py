@@ -2,7 +2,9 @@
 run writes beside its student weights, and the checks that a resumed run is the same run.
 
 ``<out>/distill_state/`` holds ``state.json`` (format, steps done, the run's identity: recipe,
-teacher, student, data) and ``state.safetensors`` (AdamW moments by parameter name, RNG states).
+teacher, student, data; the position of the calibration stream after those steps,
+:meth:`~autocompress_opt.data.stream.TokenStream.position`) and ``state.safetensors`` (AdamW moments
+by parameter name, RNG states).
 A checkpoint is written to a staging folder and swapped in whole (:func:`_replace_dir`), so an
 interrupted save leaves the previous one intact.
 """
@@ -25,7 +27,8 @@ __all__ = ["STATE_DIR", "RecipeMismatchError"]
 STATE_DIR = "distill_state"
 _STATE_JSON = "state.json"
 _STATE_TENSORS = "state.safetensors"
-_STATE_FORMAT = "autocompress-distill-state/1"
+# /2: the rows come from a token stream whose position is saved (/1 cycled a fixed pool of rows).
+_STATE_FORMAT = "autocompress-distill-state/2"
 
 
 class RecipeMismatchError(ConfigError):
@@ -66,7 +69,12 @@ def _read_state(out: Path) -> dict[str, Any] | None:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{str(path)!r} is not valid JSON ({exc}); pass restart=True (--restart)") from None
-    if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+    if isinstance(state, dict) and state.get("format") == "autocompress-distill-state/1":
+        raise ConfigError(
+            f"{str(path)!r} was written by an earlier version that read its text in another order, so it "
+            "cannot be resumed to the same weights; pass restart=True (--restart) to start over"
+        )
+    if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT or "stream" not in state:
         raise ConfigError(f"{str(path)!r} is not a {_STATE_FORMAT} checkpoint; pass restart=True (--restart)")
     return state
 

@@ -45,13 +45,14 @@ even when each node has its own disk (the output directory need only be on rank 
 data record are written into every checkpoint and the result, so two arms of a comparison can be
 shown to have had identical budgets.
 
-**Data order.** Row ``k`` of the run's stream (``k = step·batch_size + j``) is, for ``k < P``, row
-``k`` of the calibration rows :func:`~autocompress_opt.data.textdata.text_batches` draws with the
-recipe's ``seq_len`` and ``seed`` (its rows are prefix-stable: asking for more never changes the
-first ones), where ``P = min(steps·batch_size, POOL_TOKENS / seq_len)`` rows are drawn once. A run
-longer than the pool revisits it, pass ``p ≥ 1`` in an order permuted by ``(seed, p)``. So the batch
-of step ``i`` depends only on ``(seed, i)`` for a given ``batch_size`` and ``seq_len``, and a resumed
-run needs no data-loader state.
+**Data order.** The rows are read from a :class:`~autocompress_opt.data.stream.TokenStream` of the
+calibration documents (the user's ``data``, else the built-in sources) with the recipe's
+``seq_len`` and ``seed``: step ``i`` trains on its next ``batch_size`` rows. Documents are tokenised
+as the stream reaches them (one per group in memory, however large the corpus), and no token of
+the text is trained on twice until all of it has been; then the stream begins another pass in a
+new order, warns once (:class:`~autocompress_opt.data.stream.TextRepeatsWarning`), and the passes
+are counted in the result and the model card (``data_passes``, ``stream``). The stream's position
+is part of every checkpoint, so a resumed run reads the rows an uninterrupted one would.
 
 **Checkpoints.** Every ``save_every`` steps and at the end, the output directory is replaced by a
 complete checkpoint written beside it and renamed into place (the previous one is renamed aside
@@ -69,8 +70,6 @@ result without training.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import shutil
 import time
@@ -118,7 +117,6 @@ from autocompress_opt.recover.recipe import MIN_LR_RATIO, DistillRecipe, learnin
 
 __all__ = [
     "MIN_LR_RATIO",
-    "POOL_TOKENS",
     "STATE_DIR",
     "DistillRecipe",
     "DistillResult",
@@ -128,11 +126,6 @@ __all__ = [
     "distillation_loss",
     "learning_rate",
 ]
-
-# Most calibration tokens drawn per run. 2^17: the mixed pool is half prose, and the prose
-# calibration split of the default sources holds ~84k SmolLM2 tokens (pydoc topics, 62 documents),
-# so 65k prose tokens fit at any seq_len; longer runs revisit the pool in a new order.
-POOL_TOKENS = 2**17
 
 
 def distillation_loss(
@@ -202,10 +195,14 @@ class DistillResult:
         losses: training loss of every update, in order.
         train_s: seconds this call spent in updates; ``seconds_per_step`` and ``tokens_per_s`` are
             over this call's updates (None when it made none).
-        data / eval_data: records of the calibration pool and the held-out rows.
+        data / eval_data: records of the calibration stream and the held-out rows.
         device / precision: where and how it trained (``fp32``, ``bf16-autocast``, ``bf16-mixed``:
             bf16 compute over fp32 master weights, or ``bf16``: pure bf16 weights).
         gradient_checkpointing / kl_chunk: the memory options it trained with.
+        data_passes: passes over the calibration text begun by the group that began the most
+            (1: no token trained on twice; more: the text ran out and was read again).
+        stream: the stream's :meth:`~autocompress_opt.data.stream.TokenStream.summary` at the end of
+            this call (rows; per group passes, document tokens read, tokens of one whole pass).
     """
 
     out_dir: Path
@@ -227,6 +224,8 @@ class DistillResult:
     precision: str
     gradient_checkpointing: bool = False
     kl_chunk: int | None = None
+    data_passes: int = 1
+    stream: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def complete(self) -> bool:
@@ -240,8 +239,13 @@ class DistillResult:
             else ""
         )
         after = f"{self.final_kl:.4f}" if self.final_kl is not None else "(incomplete)"
+        passes = (
+            "1 pass over the calibration text"
+            if self.data_passes == 1
+            else f"{self.data_passes} passes over the calibration text: it repeats"
+        )
         return (
-            f"{self.steps_done}/{self.recipe.steps} steps, {self.tokens_seen:,} tokens{speed}; "
+            f"{self.steps_done}/{self.recipe.steps} steps, {self.tokens_seen:,} tokens ({passes}){speed}; "
             f"held-out KL {self.initial_kl:.4f} -> {after} nats; wrote {self.out_dir}"
         )
 
@@ -303,9 +307,9 @@ def distill(
         fsdp: shard the student with FSDP2 over the initialised ``torch.distributed`` process
             group (see the module docstring); every process calls :func:`distill` alike. On CUDA
             each process uses GPU ``LOCAL_RANK`` (torchrun sets it).
-        data: the user's ``--data`` specs (:mod:`autocompress_opt.data.user`): the pool comes from
-            their calibration split and the KL before/after from their test split; empty: the
-            built-in sources. Their record (SHA-256, rows) is part of the run's identity.
+        data: the user's ``--data`` specs (:mod:`autocompress_opt.data.user`): the training rows
+            are streamed from their calibration split and the KL before/after comes from their test
+            split; empty: the built-in sources. Their record (SHA-256, groups) is part of the run's identity.
 
     Deterministic given its arguments on a given device; the caller's torch RNG state is restored
     on return. Raises :class:`ConfigError` for a missing student, ``out_dir`` equal to it, a
@@ -390,7 +394,7 @@ class _Run:
     teacher: Any  # LoadedModel of the teacher, frozen, eval mode
     model: Any
     optimizer: torch.optim.Optimizer
-    pool: torch.Tensor  # (P, seq_len) calibration rows
+    stream: Any  # TokenStream of the calibration rows, at the position of start_step
     eval_tokens: torch.Tensor  # (n_eval_rows, seq_len) held-out rows
     identity: dict[str, Any]  # recipe, student, teacher, data records: what a resume must match
     card: dict[str, Any]  # the student's model card ({} when it has none)
@@ -420,6 +424,7 @@ class _Run:
     ) -> _Run:
         from transformers import AutoTokenizer
 
+        from autocompress_opt.data.stream import data_stream
         from autocompress_opt.data.user import data_batches
         from autocompress_opt.hf.loading import load_model
 
@@ -436,13 +441,9 @@ class _Run:
         # Text is always tokenised by the starting student's tokenizer, so a resume draws the same rows.
         tokenizer = AutoTokenizer.from_pretrained(student_dir, local_files_only=True)
         data = options.data or None  # the user's --data specs, else the built-in sources
-        pool = data_batches(
-            tokenizer,
-            role="calibration",
-            n_samples=_pool_rows(recipe),
-            seq_len=recipe.seq_len,
-            seed=recipe.seed,
-            data=data,
+        # Every process reads the whole stream (and keeps its own rows of each batch); one warns.
+        stream = data_stream(
+            tokenizer, data=data, role="calibration", seq_len=recipe.seq_len, seed=recipe.seed, quiet=options.rank > 0
         )
         held_out = data_batches(  # reported only (the KL before/after), so from the test split
             tokenizer, role="test", n_samples=recipe.n_eval_rows, seq_len=recipe.seq_len, seed=recipe.seed, data=data
@@ -451,7 +452,7 @@ class _Run:
             "recipe": recipe.to_dict(),
             "student": str(student_dir),
             "teacher": str(teacher.path),
-            "data": pool.to_dict(),
+            "data": stream.record(),
             "eval_data": held_out.to_dict(),
         }
         if state is not None:
@@ -471,6 +472,7 @@ class _Run:
             state = {"step": 0, "losses": [], "train_s_total": 0.0, "final_kl": None}
         else:
             _restore(model, optimizer, out, state)
+            stream.seek(state["stream"])
             initial_kl = state["initial_kl"]
         return cls(
             recipe=recipe,
@@ -478,7 +480,7 @@ class _Run:
             teacher=teacher,
             model=model,
             optimizer=optimizer,
-            pool=pool.tokens,
+            stream=stream,
             eval_tokens=held_out.tokens,
             identity=identity,
             card=_student_card(student_dir),
@@ -505,12 +507,12 @@ class _Run:
         with bar:
             for step in range(self.start_step, recipe.steps):
                 began = time.perf_counter()
-                rows = _step_rows(recipe.seed, step, recipe.batch_size, len(self.pool))
-                rows = rows[self.options.rank :: self.options.world_size]  # this process's share
+                batch = self.stream.take(recipe.batch_size).tokens  # (batch_size, seq_len)
+                rows = batch[self.options.rank :: self.options.world_size]  # this process's share
                 loss = _train_step(
                     self.model,
                     self.teacher.model,
-                    self.pool[rows].to(self.device),
+                    rows.to(self.device),
                     self.optimizer,
                     learning_rate(recipe, step),
                     recipe,
@@ -543,6 +545,8 @@ class _Run:
             "budget_tokens": self.recipe.budget_tokens,
             "steps_done": steps_done,
             "tokens_seen": steps_done * self.recipe.batch_size * self.recipe.seq_len,
+            "data_passes": self.stream.passes,
+            "stream": self.stream.summary(),
             "complete": steps_done == self.recipe.steps,
             "held_out_kl": {"initial": self.initial_kl, "final": final_kl, "n_rows": self.recipe.n_eval_rows},
             "first_loss": self.losses[0] if self.losses else None,
@@ -608,6 +612,7 @@ class _Run:
             "tokens_seen": steps_done * self.recipe.batch_size * self.recipe.seq_len,
             "initial_kl": self.initial_kl,
             "final_kl": final_kl,
+            "stream": self.stream.position(),
             "losses": self.losses,
             "train_s_total": train_s,
             "param_names": [name for name, _ in model.named_parameters()],
@@ -669,6 +674,8 @@ class _Run:
             precision=self.precision,
             gradient_checkpointing=self.options.gradient_checkpointing,
             kl_chunk=self.options.kl_chunk,
+            data_passes=self.stream.passes,
+            stream=self.stream.summary(),
         )
 
 
@@ -702,27 +709,6 @@ def _train_step(
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
     optimizer.step()
     return float(loss.detach())
-
-
-def _pool_rows(recipe: DistillRecipe) -> int:
-    """Calibration rows drawn for a run: the whole budget, at most ``POOL_TOKENS`` tokens (>= one batch)."""
-    return min(recipe.steps * recipe.batch_size, max(recipe.batch_size, POOL_TOKENS // recipe.seq_len))
-
-
-def _step_rows(seed: int, step: int, batch_size: int, pool_rows: int) -> torch.Tensor:
-    """Pool rows of update ``step``: stream entries ``step·B .. step·B + B - 1`` (see the module docstring)."""
-    rows = []
-    for k in range(step * batch_size, (step + 1) * batch_size):
-        pass_, within = divmod(k, pool_rows)
-        rows.append(within if pass_ == 0 else int(_permutation(seed, pass_, pool_rows)[within]))
-    return torch.tensor(rows, dtype=torch.long)
-
-
-@functools.lru_cache(maxsize=2)
-def _permutation(seed: int, pass_: int, size: int) -> torch.Tensor:
-    """The order of pool rows in pass ``pass_ >= 1`` (SHA-256 of the seed and pass seeds the generator)."""
-    digest = hashlib.sha256(f"distill-order\x1f{seed}\x1f{pass_}".encode()).hexdigest()
-    return torch.randperm(size, generator=torch.Generator().manual_seed(int(digest[:15], 16)))
 
 
 def _held_out_kl(model: Any, teacher: Any, tokens: torch.Tensor, batch_size: int) -> float:

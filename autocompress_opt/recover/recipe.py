@@ -28,7 +28,7 @@ class DistillRecipe:
         warmup_steps: updates of linear warmup before the cosine decay (0 = none).
         weight_decay: AdamW decoupled weight decay.
         temperature: softmax temperature of both distributions; the loss is scaled by its square.
-        seed: sampling seed of the calibration pool, the data order and the torch RNG.
+        seed: seed of the calibration stream's document order, the held-out rows and the torch RNG.
         save_every: checkpoint every this many updates (and at the end); may change on resume.
         grad_clip: maximum global gradient L2 norm (0 = no clipping).
         n_eval_rows: held-out rows (of ``seq_len`` tokens) on which the KL before/after is measured.

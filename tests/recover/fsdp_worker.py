@@ -2,9 +2,10 @@
 
 Usage: ``torchrun --standalone --nproc_per_node 2 fsdp_worker.py STUDENT TEACHER OUT RESULT_JSON [MODE]``;
 rank 0 writes the result record to RESULT_JSON, with each process's observations under
-``"ranks"``: whether the student was still on the meta device when it was sharded, and which
-models that process loaded. MODE: ``crash`` interrupts every process in its third update (after
-the step-2 checkpoint) and makes the same call again, which resumes; ``bf16`` trains with
+``"ranks"``: whether the student was still on the meta device when it was sharded, which
+models that process loaded, and the token rows it trained on in each update. MODE: ``crash``
+interrupts every process in its third update (after the step-2 checkpoint) and makes the same call
+again, which resumes; ``bf16`` trains with
 ``compute_dtype="bf16"`` (fp32 master weights, bf16 compute); ``bf16-crash`` both; ``mismatch``
 calls it with another learning rate on OUT's checkpoint and records each process's error.
 """
@@ -47,8 +48,9 @@ def _interrupted_then_resumed(run: Any) -> Any:
 
 
 def _observe(seen: dict[str, list[Any]]) -> None:
-    """Record, in ``seen``, the student's devices when it is sharded and the refs this process loads."""
-    real_shard, real_load = distill_module._shard, loading_module.load_model
+    """Record, in ``seen``, the student's devices when it is sharded, the refs this process loads and
+    the rows it trains on."""
+    real_shard, real_load, real_step = distill_module._shard, loading_module.load_model, distill_module._train_step
 
     def shard(model: Any, *args: Any) -> None:
         seen["devices_at_shard"].append(sorted({p.device.type for p in model.parameters()}))
@@ -58,7 +60,12 @@ def _observe(seen: dict[str, list[Any]]) -> None:
         seen["loaded"].append(str(ref))
         return real_load(ref, **kwargs)
 
+    def train_step(model: Any, teacher: Any, tokens: Any, *args: Any) -> float:
+        seen["trained"].append(tokens.tolist())
+        return real_step(model, teacher, tokens, *args)
+
     distill_module._shard = shard
+    distill_module._train_step = train_step
     loading_module.load_model = load  # type: ignore[assignment]
 
 
@@ -66,7 +73,7 @@ def main(student: str, teacher: str, out: str, result_json: str, mode: str = "")
     from autocompress_opt.recover.recipe import DistillRecipe
 
     dist.init_process_group("gloo")
-    seen: dict[str, list[Any]] = {"devices_at_shard": [], "loaded": []}
+    seen: dict[str, list[Any]] = {"devices_at_shard": [], "loaded": [], "trained": []}
     _observe(seen)
     options = OPTIONS | ({"compute_dtype": "bf16"} if mode.startswith("bf16") else {})
     recipe = DistillRecipe(**RECIPE | ({"lr": 2 * RECIPE["lr"]} if mode == "mismatch" else {}))

@@ -121,16 +121,6 @@ def test_distillation_loss_is_the_quality_kl_and_scales_with_t_squared() -> None
     assert hot == pytest.approx(4 * float(distillation_loss(student / 2, teacher / 2)), rel=1e-6)
 
 
-def test_data_order_depends_only_on_seed_and_step() -> None:
-    """The first pass reads the pool in order; later passes are seeded permutations (no repeats within one)."""
-    rows = torch.cat([distill_module._step_rows(0, step, 3, 12) for step in range(12)])  # three passes of 12
-    assert rows[:12].tolist() == list(range(12))
-    assert sorted(rows[12:24].tolist()) == sorted(rows[24:].tolist()) == list(range(12))
-    assert rows[12:24].tolist() != rows[24:].tolist()
-    assert torch.equal(distill_module._step_rows(0, 5, 3, 12), rows[15:18])
-    assert not torch.equal(distill_module._step_rows(1, 4, 3, 12), rows[12:15])
-
-
 def test_calibration_rows_are_prefix_stable() -> None:
     """What resume and equal budgets rely on: drawing more rows never changes the first ones."""
     from autocompress_opt.data.textdata import calibration_batches

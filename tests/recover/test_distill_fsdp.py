@@ -77,6 +77,22 @@ def _assert_trains_as(sharded: dict[str, Any], single: Any, sharded_dir: Path, s
     assert worst <= 2e-5, worst
 
 
+def _assert_each_rank_trained_on_its_rows(record: dict[str, Any], student_dir: Path) -> None:
+    """Rank ``r`` trained on rows ``r, r + 2`` of each global batch of the calibration stream: the two
+    slices are disjoint and together the batch one process trains on."""
+    from transformers import AutoTokenizer
+
+    from autocompress_opt.data.stream import data_stream
+
+    tokenizer = AutoTokenizer.from_pretrained(student_dir)
+    stream = data_stream(tokenizer, role="calibration", seq_len=RECIPE.seq_len, seed=RECIPE.seed)
+    trained = [seen["trained"] for seen in record["ranks"]]
+    assert len(trained[0]) == len(trained[1]) == RECIPE.steps
+    for step in range(RECIPE.steps):
+        batch = stream.take(RECIPE.batch_size).tokens.tolist()
+        assert trained[0][step] == batch[0::2] and trained[1][step] == batch[1::2], step
+
+
 def _assert_built_sharded(record: dict[str, Any], student_dir: Path) -> None:
     """Every process sharded a meta-device student, and only rank 0 read the student's weights."""
     ranks = record["ranks"]
@@ -101,6 +117,7 @@ def test_two_sharded_processes_train_as_one(models: tuple[Path, Path], tmp_path:
         if key.startswith("optimizer/"):
             assert moments[key].shape == value.shape, key
     _assert_built_sharded(sharded, student_dir)
+    _assert_each_rank_trained_on_its_rows(sharded, student_dir)
     card = json.loads((tmp_path / "sharded" / CARD_FILE).read_text())
     record = card["extra"]["distillation"]
     assert record["fsdp_processes"] == 2 and record["gradient_checkpointing"] and record["kl_chunk"] == 5
