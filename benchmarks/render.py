@@ -439,7 +439,44 @@ def demo() -> str:
     return "\n".join(lines)
 
 
+def _hybrid_point(q: dict[str, Any]) -> list[str]:
+    return [
+        f"trial {q['trial']}",
+        f"{q['params'] / 1e9:.1f}B ({q['active_params'] / 1e9:.1f}B active)",
+        f"{q['layers']}",
+        f"{q['hidden_size']}",
+        f"{q['experts']}, top-{q['experts_per_token']}, width {q['expert_width']}",
+        f"{q['mamba_heads']}",
+        f"{q['quality']:.3f}",
+        f"{q['peak_memory_gib']:.1f}",
+        f"{q['tpot_ms']:.2f}",
+    ]
+
+
+def hybrid_plan() -> str:
+    """README / docs: the Nemotron 3 Super plan study (benchmarks/bench_hybrid_plan.py)."""
+    s = load("nemotron3_super_plan")
+    if s is None:
+        return f"Nemotron 3 Super plan study: {NOT_MEASURED} (run `python benchmarks/bench_hybrid_plan.py`)."
+    m, t = s["machine"], s["timings_s"]
+    parent = s["parent"]
+    picked = [("best feasible", s["best"]), (f"best at <= {s['limit_params'] / 1e9:.0f}B", s["best_under_limit"])]
+    rows = [[label, *_hybrid_point(q)] for label, q in picked if q]
+    header = ["", "trial", "params", "layers", "hidden", "experts", "Mamba heads", "quality", "memory GiB", "TPOT ms"]
+    return "\n".join(
+        [
+            f"Parent {parent['params'] / 1e9:.1f}B ({parent['active_params'] / 1e9:.1f}B active). "
+            f"{s['trials']} trials, {s['feasible']} feasible, study {t['study_run']:.0f} s on {m['cores']} cores "
+            f"({m['cpu_model']}), code {s['code_version']} (`{s['command']}`); quality is the retained-parameter "
+            "stand-in (plan mode has no weights).",
+            "",
+            table(header, rows),
+        ]
+    )
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "hybrid-plan": hybrid_plan,
     "h2h-summary": h2h_summary,
     "h2h-smollm2": h2h_tables("head_to_head"),
     "h2h-smollm2-findings": h2h_findings("head_to_head"),

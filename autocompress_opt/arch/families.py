@@ -166,11 +166,12 @@ class Family:
         bad = {engine: loads for engine, loads in self.serving.items() if loads not in LOADS}
         if bad or not self.serving:
             raise ConfigError(f"{where}: serving maps each engine to one of {', '.join(LOADS)}, got {bad or '{}'}")
-        loaded = sorted(engine for engine, loads in self.serving.items() if loads != "none")
-        if self.adapter is None and loaded:
+        per_layer = sorted(engine for engine, loads in self.serving.items() if loads == "heterogeneous")
+        if self.adapter is None and per_layer:
             raise ConfigError(
-                f"{where} is architecture-only (no adapter): nothing of it can be exported yet, so every "
-                f"engine's serving must be 'none', got {', '.join(loaded)}"
+                f"{where} is architecture-only (no adapter): no per-layer export of it exists, so no "
+                f"engine's serving may be 'heterogeneous' (plan mode sizes its plain config: 'uniform'), "
+                f"got {', '.join(per_layer)}"
             )
         # Read-only views, so a registered entry cannot be changed through its mappings.
         object.__setattr__(self, "biases", MappingProxyType(dict(self.biases)))
@@ -268,9 +269,12 @@ _BUILTIN_FAMILIES: tuple[Family, ...] = (
 
 # Architecture-only families (issue 30): mixtures of experts and hybrid Mamba-2 decoders, read from their
 # configs and counted exactly (arch/moe_configs.py), refused by every weights path and by the cost model
-# until expert/SSM slicing and costing exist. What the engines load of them is "none" for now: no
-# export of a pruned one can be written yet (vLLM and llama.cpp load the parents, which matters once
-# slicing lands). No GGUF names yet: the GGUF reader does not read expert or SSM metadata (llama.cpp
+# until expert/SSM slicing exists (the cost model and plan mode take them: arch/hybrid.py). What the
+# engines load of them is their plain config, which holds one size per layer kind ("uniform": every
+# MoE layer alike, every Mamba-2 layer alike): vLLM's mixtral/qwen3_moe/gpt_oss/nemotron_h models,
+# SGLang's and TensorRT-LLM's of the same names, llama.cpp's converters (below), transformers' own
+# classes. vLLM's per-layer NemotronHPuzzle form (block_configs) is not written yet, so nothing loads
+# per-layer shapes of them here. No GGUF names yet: the GGUF reader does not read expert or SSM metadata (llama.cpp
 # writes these as qwen3moe, gpt-oss, nemotron_h_moe, granitehybrid, and Mixtral as "llama" with
 # llama.expert_count, which arch/gguf.py refuses).
 # Source: transformers 5.24 configuration_{family}.py (defaults) and modeling_{family}.py (parameters):
@@ -284,7 +288,7 @@ _BUILTIN_FAMILIES: tuple[Family, ...] = (
 #     head_dim 128; no sliding windows.
 #   granitemoehybrid: q,k,v,o biased iff attention_bias; a Mamba-2 or attention mixer then MoE + a
 #     gated shared MLP in every layer, no MLP biases; no sliding windows.
-_NOWHERE: Mapping[str, Loads] = {**dict.fromkeys(_DECILM_ENGINES, "none"), "transformers": "none"}
+_SPARSE_UNIFORM: Mapping[str, Loads] = {**dict.fromkeys(_DECILM_ENGINES, "uniform"), "transformers": "uniform"}
 _NO_BIASES: Mapping[str, str | bool] = {"qkv_bias": False, "o_bias": False, "mlp_bias": False}
 _ARCHITECTURE_ONLY: tuple[Family, ...] = (
     Family(
@@ -293,7 +297,7 @@ _ARCHITECTURE_ONLY: tuple[Family, ...] = (
         gguf_archs=(),
         adapter=None,
         biases=_NO_BIASES,
-        serving=_NOWHERE,
+        serving=_SPARSE_UNIFORM,
         default_kv_heads=8,
         windows=WindowRule("every_layer", default_window=None),
         config_reader="mixtral",
@@ -304,7 +308,7 @@ _ARCHITECTURE_ONLY: tuple[Family, ...] = (
         gguf_archs=(),
         adapter=None,
         biases={"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": False},
-        serving=_NOWHERE,
+        serving=_SPARSE_UNIFORM,
         qk_norm=True,
         default_kv_heads=4,
         windows=WindowRule("every_layer", switch="use_sliding_window"),
@@ -316,7 +320,7 @@ _ARCHITECTURE_ONLY: tuple[Family, ...] = (
         gguf_archs=(),
         adapter=None,
         biases={"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": False},
-        serving=_NOWHERE,
+        serving=_SPARSE_UNIFORM,
         default_kv_heads=8,
         default_head_dim=64,
         windows=WindowRule("layer_types", default_pattern=2, default_window=128),
@@ -330,7 +334,7 @@ _ARCHITECTURE_ONLY: tuple[Family, ...] = (
         gguf_archs=(),
         adapter=None,
         biases={"qkv_bias": False, "o_bias": False, "mlp_bias": "mlp_bias"},
-        serving=_NOWHERE,
+        serving=_SPARSE_UNIFORM,
         default_kv_heads=8,
         default_head_dim=128,
         config_reader="nemotron_h",
@@ -342,7 +346,7 @@ _ARCHITECTURE_ONLY: tuple[Family, ...] = (
         gguf_archs=(),
         adapter=None,
         biases={"qkv_bias": "attention_bias", "o_bias": "attention_bias", "mlp_bias": False},
-        serving=_NOWHERE,
+        serving=_SPARSE_UNIFORM,
         config_reader="granitemoehybrid",
     ),
 )

@@ -30,11 +30,13 @@ from typing import Any
 
 from autocompress_opt._data import REPO_SEARCH_SPACES
 from autocompress_opt.arch.architecture import Architecture, default_layer_order, reference_layer, uniform_child
+from autocompress_opt.arch.hybrid import SPARSE_CHOICES, hybrid_child, is_sparse, sparse_limits
 from autocompress_opt.errors import ConfigError, check_int, suggest
 
 __all__ = [
     "CHOICES",
     "SAMPLERS",
+    "SPARSE_CHOICES",
     "Choice",
     "SearchSpace",
     "default_space",
@@ -103,8 +105,29 @@ class SearchSpace:
                 f"unknown sampler {self.sampler!r}{suggest(self.sampler, SAMPLERS)}; valid: {', '.join(SAMPLERS)}"
             )
         names = [c.name for c in self.choices]
-        if sorted(names) != sorted(CHOICES):
-            raise ConfigError(f"search space needs exactly the choices {', '.join(CHOICES)}; got {', '.join(names)}")
+        if not self.is_sparse:
+            if sorted(names) != sorted(CHOICES):
+                raise ConfigError(
+                    f"search space needs exactly the choices {', '.join(CHOICES)}; got {', '.join(names)}"
+                )
+            return
+        unknown = [n for n in names if n not in CHOICES + SPARSE_CHOICES]
+        if unknown or len(set(names)) != len(names) or not {"num_layers", "hidden_size"} <= set(names):
+            raise ConfigError(
+                "a MoE / hybrid search space needs num_layers and hidden_size, each choice once, from "
+                f"{', '.join(CHOICES + SPARSE_CHOICES)}; got {', '.join(names)}"
+            )
+
+    @property
+    def is_sparse(self) -> bool:
+        """True when the space sizes MoE or Mamba-2 layers (any of :data:`SPARSE_CHOICES`); its dense
+        choices are then optional (a parent without attention or dense FFNs has nothing for them)."""
+        return any(c.name in SPARSE_CHOICES for c in self.choices)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The space's choices, in order."""
+        return tuple(c.name for c in self.choices)
 
     def __getitem__(self, name: str) -> Choice:
         return next(c for c in self.choices if c.name == name)
@@ -119,7 +142,12 @@ class SearchSpace:
 
     # ---------------------------------------------------------------- validation
     def check_parent(self, parent: Architecture) -> None:
-        """Raise when a choice exceeds what the parent has (nothing can be grown by pruning)."""
+        """Raise when a choice exceeds what the parent has (nothing can be grown by pruning), or, for a
+        MoE / hybrid parent, when the space lacks a choice the parent has a sub-block for or has one
+        it has none for."""
+        if is_sparse(parent) or self.is_sparse:
+            self._check_sparse_parent(parent)
+            return
         ref = reference_layer(parent)
         limits = {
             "num_layers": parent.num_active_layers,
@@ -134,6 +162,35 @@ class SearchSpace:
                 raise ConfigError(
                     f"search space: {name} choice {largest} is larger than the parent's {limit} "
                     f"({parent.name or parent.family}); valid values are <= {limit}"
+                )
+
+    def _check_sparse_parent(self, parent: Architecture) -> None:
+        limits = sparse_limits(parent) if is_sparse(parent) else {}
+        who = parent.name or parent.family
+        if not limits:
+            raise ConfigError(
+                f"search space sizes MoE / Mamba-2 layers ({', '.join(n for n in self.names if n in SPARSE_CHOICES)}) "
+                f"but {who} has none; drop those choices"
+            )
+        missing, extra = sorted(set(limits) - set(self.names)), sorted(set(self.names) - set(limits))
+        if missing or extra:
+            raise ConfigError(
+                f"search space for {who} must have exactly the choices {', '.join(limits)} (its sub-blocks); "
+                + "; ".join(
+                    p
+                    for p in (
+                        missing and f"missing {', '.join(missing)}",
+                        extra and f"no sub-block for {', '.join(extra)}",
+                    )
+                    if p
+                )
+            )
+        for name, limit in limits.items():
+            largest = max(self[name].values)
+            if largest > limit:
+                raise ConfigError(
+                    f"search space: {name} choice {largest} is larger than the parent's {limit} ({who}); "
+                    f"valid values are <= {limit}"
                 )
 
     # ------------------------------------------------------------------ optuna
@@ -179,16 +236,17 @@ class SearchSpace:
     def from_dict(cls, data: Mapping[str, Any]) -> SearchSpace:
         if not isinstance(data, Mapping):
             raise ConfigError(f"a search space must be a mapping, got {type(data).__name__}")
-        valid = set(CHOICES) | {"sampler"}
+        valid = set(CHOICES) | set(SPARSE_CHOICES) | {"sampler"}
         for key in data:
             if key not in valid:
                 raise ConfigError(
                     f"unknown search-space key {key!r}{suggest(str(key), valid)}; valid: {', '.join(sorted(valid))}"
                 )
+        names = [c for c in CHOICES + SPARSE_CHOICES if c in data]
         missing = [c for c in CHOICES if c not in data]
-        if missing:
+        if missing and not any(c in data for c in SPARSE_CHOICES):
             raise ConfigError(f"search space lacks {', '.join(missing)}")
-        return cls(tuple(Choice.parse(c, data[c]) for c in CHOICES), sampler=str(data.get("sampler", "tpe")))
+        return cls(tuple(Choice.parse(c, data[c]) for c in names), sampler=str(data.get("sampler", "tpe")))
 
 
 def uniform_allocation(
@@ -205,7 +263,8 @@ def uniform_allocation(
     the last one kept). Raises :class:`ConfigError` when a choice is missing or ``num_layers`` is
     outside ``1..`` the parent's present layers.
     """
-    missing = [c for c in CHOICES if c not in params]
+    sparse = is_sparse(parent)
+    missing = [c for c in (("num_layers", "hidden_size") if sparse else CHOICES) if c not in params]
     if missing:
         raise ConfigError(f"point lacks {', '.join(missing)}")
     n = int(params["num_layers"])
@@ -219,6 +278,8 @@ def uniform_allocation(
         raise ConfigError(f"num_layers={n} is outside 1..{active} (the parent's active layers)")
     if len(present) < n:
         raise ConfigError(f"layer_order ranks {len(present)} present layers of the parent; num_layers={n} needs {n}")
+    if sparse:
+        return hybrid_child(parent, kept_layers=sorted(present[:n]), point=params)
     return uniform_child(
         parent,
         kept_layers=sorted(present[:n]),
@@ -230,7 +291,10 @@ def uniform_allocation(
 
 
 def default_space(parent: Architecture, sampler: str = "tpe") -> SearchSpace:
-    """A space derived from the parent: depth from ~1/3 up, widths in hardware-friendly steps."""
+    """A space derived from the parent: depth from ~1/3 up, widths in hardware-friendly steps (a MoE /
+    hybrid parent: :func:`_sparse_space`)."""
+    if is_sparse(parent):
+        return _sparse_space(parent, sampler)
     ref = reference_layer(parent)
     depth = parent.num_active_layers
     hidden_step = 64 if parent.hidden_size % 64 == 0 else ref.head_dim
@@ -260,6 +324,42 @@ def default_space(parent: Architecture, sampler: str = "tpe") -> SearchSpace:
         ),
         sampler=sampler,
     )
+
+
+def _sparse_space(parent: Architecture, sampler: str) -> SearchSpace:
+    """The default space of a MoE / hybrid parent: a choice per sub-block kind it has
+    (:func:`~autocompress_opt.arch.hybrid.sparse_limits`). Depth from ~2/3 up and hidden size from
+    3/4 up (the axes that cost most quality, ModelOpt's Qwen3-30B-A3B sweep); routed experts from
+    1/4 up in 1/16 steps (the cheapest axis there); expert and shared widths from 1/2 up in 1/16 steps
+    (multiples of 64 where they divide); top-k from 1/2 up; Mamba heads from 1/2 up in multiples of
+    the groups."""
+    limits = sparse_limits(parent)
+    mamba = next((layer.mamba for layer in parent.layers if layer.mamba is not None), None)
+
+    def fraction_steps(top: int, lowest: float, parts: int = 16, multiple: int = 1) -> tuple[int, ...]:
+        step = max(multiple, top // parts // multiple * multiple)
+        return _down_from(top, step, max(1, int(top * lowest)))
+
+    ranges: dict[str, tuple[int, ...]] = {
+        "num_layers": tuple(range(max(1, limits["num_layers"] * 2 // 3), limits["num_layers"] + 1)),
+        "hidden_size": fraction_steps(
+            limits["hidden_size"], 0.75, multiple=64 if limits["hidden_size"] % 64 == 0 else 1
+        ),
+    }
+    for name in ("num_kv_heads", "q_per_kv"):
+        if name in limits:
+            ranges[name] = tuple(k for k in range(1, limits[name] + 1) if limits[name] % k == 0)
+    for name in ("ffn_width", "expert_width", "shared_width"):
+        if name in limits:
+            ranges[name] = fraction_steps(limits[name], 0.5, multiple=64 if limits[name] % 64 == 0 else 1)
+    if "num_experts" in limits:
+        ranges["num_experts"] = fraction_steps(limits["num_experts"], 0.25)
+        top_k = limits["experts_per_token"]
+        ranges["experts_per_token"] = tuple(range(max(1, top_k // 2), top_k + 1))
+    if mamba is not None:
+        ranges["mamba_heads"] = fraction_steps(mamba.num_heads, 0.5, multiple=mamba.groups)
+    order = [name for name in CHOICES + SPARSE_CHOICES if name in ranges]  # the YAML form's order
+    return SearchSpace(tuple(Choice(name, ranges[name]) for name in order), sampler=sampler)
 
 
 def _down_from(top: int, step: int, floor: int) -> tuple[int, ...]:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from autocompress_opt.arch.architecture import Architecture, reference_layer, uniform_child
 from autocompress_opt.arch.families import Family, family, family_names
+from autocompress_opt.arch.hybrid import is_kind_uniform, is_sparse
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.prune.export import DECILM_FFN_MULTIPLE, decilm_problems
 
@@ -114,9 +115,6 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
     fam, problems = family(arch.family), []
     if fam.loads(engine) == "none":
         problems.append(f"{engine} does not serve the {arch.family!r} family")
-    dense = arch.dense_problem()
-    if dense is not None:  # no export of these exists yet: nothing below applies to them
-        return [*problems, f"{dense} are described but not yet exported: issue 30"]
     attn = [layer for layer in arch.layers if layer.attention]
     head_dims = sorted({layer.head_dim for layer in attn})
     if rules.head_sizes is not None:
@@ -126,6 +124,16 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
                 f"head size {', '.join(map(str, bad))} is not one {engine}'s attention takes "
                 f"({', '.join(map(str, rules.head_sizes))}{'; ' + rules.note if rules.note else ''})"
             )
+    if is_sparse(arch):  # MoE / hybrid: the family's plain config, one size per layer kind
+        if not is_kind_uniform(arch):
+            problems.append(
+                f"{engine} loads {arch.family} models with one size per layer kind only (the family's config; "
+                "the per-layer Puzzle form is not written yet)"
+            )
+        return problems
+    dense = arch.dense_problem()
+    if dense is not None:  # dense layers of an architecture-only family: no export of them exists yet
+        return [*problems, f"{dense} are described but not yet exported: issue 30"]
     if rules.own_class:
         return problems if arch.is_uniform else [*problems, *_uniform_only(fam, rules)]
     if arch.is_uniform:
@@ -185,7 +193,10 @@ def rules_engine_for(cost_engine: str) -> str:
 
 
 def _uniform_form(parent: Architecture) -> Architecture:
-    """The parent as a uniform model of its reference layer's sizes (every present layer kept)."""
+    """The parent as a uniform model of its reference layer's sizes (every present layer kept); a MoE /
+    hybrid parent as itself (its uniform child at its own sizes is itself where its kinds are alike)."""
+    if is_sparse(parent):
+        return parent
     ref = reference_layer(parent)
     return uniform_child(
         parent,

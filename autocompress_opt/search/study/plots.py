@@ -148,7 +148,10 @@ def plot_pareto(studies: Sequence[dict[str, Any]], stem: Path, title: str = "") 
 
 
 def plot_structure(arch: Architecture, parent: Architecture, stem: Path, title: str = "") -> list[Path]:
-    """Per-layer FFN width and heads of ``arch`` (filled) over the parent's (outline)."""
+    """Per-layer FFN width and heads of ``arch`` (filled) over the parent's (outline); for a MoE /
+    hybrid parent, :func:`_plot_sparse_structure`."""
+    if any(layer.moe is not None or layer.mamba is not None for layer in parent.layers):
+        return _plot_sparse_structure(arch, parent, stem, title)
     plt = _plt()
     n = parent.num_layers
     idx = list(range(n))
@@ -193,5 +196,40 @@ def plot_structure(arch: Architecture, parent: Architecture, stem: Path, title: 
     ax_heads.legend(fontsize=8, loc="upper right")
     ax_heads.set_xticks(idx[:: max(1, n // 30)])
     fig.suptitle(title or f"{arch.summary()}\nvs parent {parent.summary()}", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, stem)
+
+
+def _plot_sparse_structure(arch: Architecture, parent: Architecture, stem: Path, title: str = "") -> list[Path]:
+    """Per layer of a MoE / hybrid model, one panel per sub-block kind, the child (filled) over the
+    parent (outline): routed experts kept (experts per token and expert width in the legend), Mamba-2
+    heads, attention query and KV heads; a red x marks a dropped layer."""
+    plt = _plt()
+    n = parent.num_layers
+    idx = list(range(n))
+    layers = list(arch.layers) + [None] * (n - arch.num_layers)
+    panels: list[tuple[str, Any, str]] = [
+        ("routed experts", lambda l: l.moe.num_experts if l is not None and l.moe is not None else 0, "tab:purple"),
+        ("Mamba-2 heads", lambda l: l.mamba.num_heads if l is not None and l.mamba is not None else 0, "tab:cyan"),
+        ("query heads", lambda l: l.num_heads if l is not None and l.attention else 0, "tab:orange"),
+    ]
+    panels = [p for p in panels if any(p[1](l) for l in parent.layers)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 0.14 * n + 3), 1.9 * len(panels) + 1), sharex=True)
+    axes = axes if len(panels) > 1 else [axes]
+    dropped = [i for i, l in enumerate(layers) if l is None or l.is_noop]
+    moe = next((l.moe for l in arch.layers if l.moe is not None), None)
+    for ax, (label, size, colour) in zip(axes, panels, strict=True):
+        ax.bar(idx, [size(l) for l in parent.layers], color="none", edgecolor="0.4", linewidth=0.6, label="parent")
+        kept = "pruned"
+        if label == "routed experts" and moe is not None:
+            kept = f"pruned (top-{moe.experts_per_token}, expert width {moe.expert_width})"
+        ax.bar(idx, [size(l) for l in layers], color=colour, alpha=0.85, label=kept)
+        if dropped:
+            ax.scatter(dropped, [0] * len(dropped), marker="x", color="tab:red", zorder=5, s=12, label="layer dropped")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1].set_xlabel("layer")
+    axes[-1].set_xticks(idx[:: max(1, n // 30)])
+    fig.suptitle(title or f"{arch.summary()}\nvs parent {parent.summary()}", fontsize=9)
     fig.tight_layout()
     return _save(fig, stem)
