@@ -43,11 +43,11 @@ from autocompress_opt.data.textdata import (
     TextSource,
     _bos_id,
     _digest,
-    _encode,
     _groups,
     _resolve_sources,
     _split,
 )
+from autocompress_opt.data.tokens import encode as _encode  # uncached: a stream holds one document per group
 from autocompress_opt.data.user import resolve_data
 from autocompress_opt.errors import ConfigError, check_choice, check_int
 

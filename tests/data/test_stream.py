@@ -13,7 +13,7 @@ import pytest
 from tiny_lm import byte_tokenizer, text_folder
 
 from autocompress_opt.data.stream import TextRepeatsWarning, TokenStream, data_stream
-from autocompress_opt.data.textdata import _encode
+from autocompress_opt.data.tokens import encode as _encode
 from autocompress_opt.errors import ConfigError
 
 
