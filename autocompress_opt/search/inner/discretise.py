@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from itertools import islice
+from itertools import chain, islice
 
 import numpy as np
 import torch
 
-from autocompress_opt.arch.architecture import Architecture, uniform_child
+from autocompress_opt.arch.architecture import Architecture, LayerSpec, uniform_child
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.export import decilm_problems
 from autocompress_opt.prune.importance import Importance, ranked
@@ -133,31 +133,28 @@ def _shrink_moves(layers: list[DiscreteLayer], v: _Values) -> list[_Move]:
     return moves
 
 
-def _grow_moves(
-    layers: list[DiscreteLayer], v: _Values, parent: Architecture, sizes: Sequence[tuple[int, ...]]
-) -> list[_Move]:
-    """Every one-step addition the parent allows (``sizes``: the masks' KV groups, query heads per
-    group and FFN units of each layer)."""
+def _grow_layer(i: int, d: DiscreteLayer, v: _Values, p: LayerSpec, size: tuple[int, ...]) -> list[_Move]:
+    """Every one-step addition to layer ``i`` (state ``d``) its parent layer ``p`` allows (``size``:
+    the masks' KV groups, query heads per group and FFN units of the layer)."""
+    g_n, r_n, u_n = size
     moves: list[_Move] = []
-    for i, (d, p) in enumerate(zip(layers, parent.layers)):
-        g_n, r_n, u_n = sizes[i]
-        if p.ffn:
-            if not d.ffn:
-                moves.append(("add-ffn", i, replace(d, ffn=True, ffn_units=1), v.ffn[i][0]))
-            elif d.ffn_units < u_n:
-                moves.append(("ffn-unit", i, replace(d, ffn_units=d.ffn_units + 1), v.ffn[i][d.ffn_units]))
-        if p.attention:
-            if not d.attention:
-                r = max(1, min(d.q_per_group, r_n))
-                new = replace(d, attention=True, kv_groups=1, q_per_group=r)
-                moves.append(("add-attn", i, new, sum(v.heads[i][0][:r])))
-            else:
-                if d.kv_groups < g_n:
-                    gained = sum(v.heads[i][d.kv_groups][: d.q_per_group])
-                    moves.append(("kv-group", i, replace(d, kv_groups=d.kv_groups + 1), gained))
-                if d.q_per_group < r_n:
-                    gained = sum(v.heads[i][g][d.q_per_group] for g in range(d.kv_groups))
-                    moves.append(("q-head", i, replace(d, q_per_group=d.q_per_group + 1), gained))
+    if p.ffn:
+        if not d.ffn:
+            moves.append(("add-ffn", i, replace(d, ffn=True, ffn_units=1), v.ffn[i][0]))
+        elif d.ffn_units < u_n:
+            moves.append(("ffn-unit", i, replace(d, ffn_units=d.ffn_units + 1), v.ffn[i][d.ffn_units]))
+    if p.attention:
+        if not d.attention:
+            r = max(1, min(d.q_per_group, r_n))
+            new = replace(d, attention=True, kv_groups=1, q_per_group=r)
+            moves.append(("add-attn", i, new, sum(v.heads[i][0][:r])))
+        else:
+            if d.kv_groups < g_n:
+                gained = sum(v.heads[i][d.kv_groups][: d.q_per_group])
+                moves.append(("kv-group", i, replace(d, kv_groups=d.kv_groups + 1), gained))
+            if d.q_per_group < r_n:
+                gained = sum(v.heads[i][g][d.q_per_group] for g in range(d.kv_groups))
+                moves.append(("q-head", i, replace(d, q_per_group=d.q_per_group + 1), gained))
     return moves
 
 
@@ -207,36 +204,46 @@ class _Evaluator:
             self._window[i] if attn else FULL_WINDOW,
         )
 
+    def block(self, layers: Sequence[DiscreteLayer]) -> np.ndarray:
+        """``layers`` as a ``(7, L)`` block of :meth:`column` s."""
+        return np.array([self.column(i, d) for i, d in enumerate(layers)]).T
+
     def pack(
         self, layers: Sequence[DiscreteLayer], changes: Sequence[tuple[int, DiscreteLayer]] | None = None
     ) -> _Packed:
         """``layers`` with each of ``changes`` (layer, new state) applied on its own (``N`` rows), or
         ``layers`` as they are (one row), packed, with their budget violations."""
-        block = np.array([self.column(i, d) for i, d in enumerate(layers)]).T  # (7, L)
         if changes is None:
-            rows = block[:, None, :]  # (7, 1, L)
-        else:
-            rows = np.repeat(block[:, None, :], len(changes), axis=1)  # (7, N, L)
-            where = np.array([i for i, _ in changes])
-            rows[:, np.arange(len(changes)), where] = np.array([self.column(i, d) for i, d in changes]).T
-        a = dict(zip(self._FIELDS, rows))  # each (N, L), C-contiguous
-        # sums of whole numbers: exact in float64, equal to budget.totals_of of each architecture
+            return self.packed(self.block(layers), None, None)
+        where = np.array([i for i, _ in changes], dtype=np.intp)
+        columns = np.array([self.column(i, d) for i, d in changes]).reshape(len(changes), 7).T
+        return self.packed(self.block(layers), where, columns)
+
+    def packed(self, block: np.ndarray, where: np.ndarray | None, columns: np.ndarray | None) -> _Packed:
+        """The rows of ``block`` ``(7, L)`` with column ``where[n]`` replaced by ``columns[:, n]``
+        ``(7, N)`` (or ``block`` itself: one row), with their budget violations. The budgets are
+        sums of whole numbers, exact in float64: the block's sums with one column's difference are
+        the sums of each row (what ``budget.totals_of`` gives each architecture), in ``O(N + L)``."""
+        sums = block.sum(-1)  # (7,)
+        change = np.zeros((7, 1)) if where is None else columns - block[:, where]  # (7, N)
+        t = dict(zip(self._FIELDS, sums[:, None] + change))
         totals = {
-            "budget:num_layers": (a["attn"] + a["ffn"]).sum(-1) / 2,
-            "budget:ffn_width": a["ffn_width"].sum(-1),
-            "budget:num_heads": a["heads"].sum(-1),
-            "budget:num_kv_heads": a["kv_heads"].sum(-1),
+            "budget:num_layers": (t["attn"] + t["ffn"]) / 2,
+            "budget:ffn_width": t["ffn_width"],
+            "budget:num_heads": t["heads"],
+            "budget:num_kv_heads": t["kv_heads"],
         }
-        return _Packed(a, np.stack(list(self.budget.violations(totals).values()), axis=1))
+        return _Packed(block, where, columns, np.stack(list(self.budget.violations(totals).values()), axis=1))
 
     def goal_violations(self, packed: _Packed, rows: np.ndarray | None = None) -> np.ndarray:
         """``(len(rows), K - B)`` goal violations of ``packed``'s ``rows`` (default all); ``(n, 0)``
         without a goal. A row's values do not depend on the other rows evaluated with it."""
-        per_layer = packed.per_layer if rows is None else {k: v[rows] for k, v in packed.per_layer.items()}
-        n = len(per_layer["attn"])
+        if rows is None:
+            rows = np.arange(packed.n_rows)
+        n = len(rows)
         if self.goal is None or n == 0:
             return np.zeros((n, 0))
-        arrays = ArchArrays(**{k: np.full(n, v) for k, v in self._per_arch.items()}, **per_layer)
+        arrays = ArchArrays(**{k: np.full(n, v) for k, v in self._per_arch.items()}, **packed.per_layer(rows))
         goal = self.goal.violations(self.goal.metrics(arrays))
         return np.stack([np.asarray(goal[k], dtype=float).reshape(-1) for k in self.names[packed.n_budgets :]], 1)
 
@@ -250,15 +257,32 @@ class _Evaluator:
 
 @dataclass(frozen=True)
 class _Packed:
-    """Candidate rows of :class:`_Evaluator`: the per-layer fields ``(N, L)`` and the budget
-    violations ``(N, B)``."""
+    """Candidate rows of :class:`_Evaluator`: the current layers' block ``(7, L)``, each row's
+    changed layer ``where`` ``(N,)`` and its column ``(7, N)`` (None: the block itself, one row),
+    and the budget violations ``(N, B)``."""
 
-    per_layer: dict[str, np.ndarray]
+    block: np.ndarray
+    where: np.ndarray | None
+    columns: np.ndarray | None
     budget: np.ndarray
 
     @property
     def n_budgets(self) -> int:
         return int(self.budget.shape[1])
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.budget.shape[0])
+
+    def per_layer(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The seven per-layer fields of ``rows``, each ``(len(rows), L)`` and C-contiguous: the
+        block repeated, each row's changed column replaced."""
+        n = len(rows)
+        out = np.repeat(self.block[:, None, :], n, axis=1)  # (7, n, L)
+        if self.where is not None:
+            assert self.columns is not None
+            out[:, np.arange(n), self.where[rows]] = self.columns[:, rows]
+        return dict(zip(_Evaluator._FIELDS, out))
 
 
 @dataclass(frozen=True)
@@ -452,32 +476,27 @@ class _Legal:
                 add("drop-layer", i, replace(d, attention=False, ffn=False), _attn_value(v, i, d) + _ffn_value(v, i, d))
         return moves
 
-    def grow_moves(self, layers: list[DiscreteLayer], v: _Values) -> list[_Move]:
-        """Every legal one-step addition the parent allows (:func:`_grow_moves` in legal steps)."""
-        ok = self.keeps_first(layers)
-        moves: list[_Move] = []
-        for i, (d, p) in enumerate(zip(layers, self.parent.layers)):
-
-            def add(name: str, new: DiscreteLayer, gained: float, i: int = i) -> None:
-                if ok(i, new):
-                    moves.append((name, i, new, gained))
-
-            if p.ffn and self.ffn_max[i] >= self.ffn_step:
-                if not d.ffn:
-                    add("add-ffn", replace(d, ffn=True, ffn_units=self.ffn_step), sum(v.ffn[i][: self.ffn_step]))
-                elif d.ffn_units + self.ffn_step <= self.ffn_max[i]:
-                    gained = sum(v.ffn[i][d.ffn_units : d.ffn_units + self.ffn_step])
-                    add("ffn-unit", replace(d, ffn_units=d.ffn_units + self.ffn_step), gained)
-            if p.attention and self.heads[i]:
-                if not d.attention:
-                    g, r = self.heads[i][0]
-                    new = replace(d, attention=True, kv_groups=g, q_per_group=r)
-                    add("add-attn", new, _attn_value(v, i, new))
-                else:
-                    more = [o for o in self.heads[i] if o[0] > d.kv_groups]
-                    if more:
-                        new = replace(d, kv_groups=more[0][0], q_per_group=more[0][1])
-                        add("kv-group", new, _attn_value(v, i, new) - _attn_value(v, i, d))
+    def grow_layer(self, i: int, d: DiscreteLayer, v: _Values) -> list[_Move]:
+        """Every legal one-step addition to layer ``i`` (state ``d``) the parent allows
+        (:func:`_grow_layer` in legal steps), before :meth:`keeps_first`."""
+        p, moves = self.parent.layers[i], list[_Move]()
+        if p.ffn and self.ffn_max[i] >= self.ffn_step:
+            if not d.ffn:
+                new = replace(d, ffn=True, ffn_units=self.ffn_step)
+                moves.append(("add-ffn", i, new, sum(v.ffn[i][: self.ffn_step])))
+            elif d.ffn_units + self.ffn_step <= self.ffn_max[i]:
+                gained = sum(v.ffn[i][d.ffn_units : d.ffn_units + self.ffn_step])
+                moves.append(("ffn-unit", i, replace(d, ffn_units=d.ffn_units + self.ffn_step), gained))
+        if p.attention and self.heads[i]:
+            if not d.attention:
+                g, r = self.heads[i][0]
+                new = replace(d, attention=True, kv_groups=g, q_per_group=r)
+                moves.append(("add-attn", i, new, _attn_value(v, i, new)))
+            else:
+                more = [o for o in self.heads[i] if o[0] > d.kv_groups]
+                if more:
+                    new = replace(d, kv_groups=more[0][0], q_per_group=more[0][1])
+                    moves.append(("kv-group", i, new, _attn_value(v, i, new) - _attn_value(v, i, d)))
         return moves
 
 
@@ -574,24 +593,41 @@ def _combine(
 def _fill(
     layers: list[DiscreteLayer], values: _Values, evaluate: _Evaluator, masks: ParentMasks, legal: _Legal | None = None
 ) -> tuple[list[DiscreteLayer], int]:
-    """Greedy: add the unit with the most importance per unit of slack used while all constraints hold."""
+    """Greedy: add the unit with the most importance per unit of slack used while all constraints hold.
+
+    A move changes one layer, so only that layer's candidates (and its column of the packed block)
+    are built again; the candidates stay in layer order, so ties fall as over a fresh list."""
     current = evaluate(layers)[0]
     sizes = [tuple(int(x) for x in row) for row in masks.sizes.tolist()]
+    layers = list(layers)
+    block = evaluate.block(layers)
+
+    def grown(i: int) -> list[tuple[_Move, tuple[float, ...]]]:  # layer i's candidates with their columns
+        if legal is None:
+            moves = _grow_layer(i, layers[i], values, masks.parent.layers[i], sizes[i])
+        else:
+            moves = legal.grow_layer(i, layers[i], values)
+        return [(m, evaluate.column(i, m[2])) for m in moves]
+
+    per_layer = [grown(i) for i in range(len(layers))]
     moves, cap = 0, 8 * len(layers)
     while moves < cap:
-        if legal is None:
-            candidates = _grow_moves(layers, values, masks.parent, sizes)
-        else:
-            candidates = legal.grow_moves(layers, values)
-        if not candidates:
+        pairs = list(chain.from_iterable(per_layer))
+        if legal is not None:
+            ok = legal.keeps_first(layers)
+            pairs = [c for c in pairs if ok(c[0][1], c[0][2])]
+        if not pairs:
             break
-        packed = evaluate.pack(layers, [(c[1], c[2]) for c in candidates])
-        gained = np.array([c[3] for c in candidates])
+        where = np.array([m[1] for m, _ in pairs], dtype=np.intp)
+        packed = evaluate.packed(block, where, np.array([col for _, col in pairs]).T)
+        gained = np.array([m[3] for m, _ in pairs])
         score, viol = _fill_scores(packed, gained, current, evaluate)
         best = int(np.argmax(score))
         if score[best] == -np.inf:
             break  # no candidate keeps every constraint
-        layers, current = _applied(layers, candidates[best][1], candidates[best][2]), viol[best]
+        (_, i, new, _), column = pairs[best]
+        layers[i], block[:, i], current = new, column, viol[best]
+        per_layer[i] = grown(i)
         moves += 1
     return layers, moves
 
