@@ -596,18 +596,20 @@ def _fill(
     """Greedy: add the unit with the most importance per unit of slack used while all constraints hold.
 
     A move changes one layer, so only that layer's candidates (and its column of the packed block)
-    are built again; the candidates stay in layer order, so ties fall as over a fresh list."""
+    are built again; the candidates stay in layer order, so ties fall as over a fresh list. Each
+    candidate keeps its last exact score: the best few of those are evaluated first in the next
+    move (:func:`_fill_scores`; the rest of the stack barely moves a layer's score)."""
     current = evaluate(layers)[0]
     sizes = [tuple(int(x) for x in row) for row in masks.sizes.tolist()]
     layers = list(layers)
     block = evaluate.block(layers)
 
-    def grown(i: int) -> list[tuple[_Move, tuple[float, ...]]]:  # layer i's candidates with their columns
+    def grown(i: int) -> list[_Candidate]:
         if legal is None:
             moves = _grow_layer(i, layers[i], values, masks.parent.layers[i], sizes[i])
         else:
             moves = legal.grow_layer(i, layers[i], values)
-        return [(m, evaluate.column(i, m[2])) for m in moves]
+        return [_Candidate(m, evaluate.column(i, m[2])) for m in moves]
 
     per_layer = [grown(i) for i in range(len(layers))]
     moves, cap = 0, 8 * len(layers)
@@ -615,38 +617,56 @@ def _fill(
         pairs = list(chain.from_iterable(per_layer))
         if legal is not None:
             ok = legal.keeps_first(layers)
-            pairs = [c for c in pairs if ok(c[0][1], c[0][2])]
+            pairs = [c for c in pairs if ok(c.move[1], c.move[2])]
         if not pairs:
             break
-        where = np.array([m[1] for m, _ in pairs], dtype=np.intp)
-        packed = evaluate.packed(block, where, np.array([col for _, col in pairs]).T)
-        gained = np.array([m[3] for m, _ in pairs])
-        score, viol = _fill_scores(packed, gained, current, evaluate)
+        where = np.array([c.move[1] for c in pairs], dtype=np.intp)
+        packed = evaluate.packed(block, where, np.array([c.column for c in pairs]).T)
+        gained = np.array([c.move[3] for c in pairs])
+        prior = np.array([c.score for c in pairs])
+        likely = np.argsort(-prior, kind="stable")[: np.isfinite(prior).sum()][:_LIKELY_ROWS]
+        score, viol = _fill_scores(packed, gained, current, evaluate, likely)
+        for r in np.flatnonzero(np.isfinite(score)).tolist():
+            pairs[r].score = float(score[r])
         best = int(np.argmax(score))
         if score[best] == -np.inf:
             break  # no candidate keeps every constraint
-        (_, i, new, _), column = pairs[best]
+        (_, i, new, _), column = pairs[best].move, pairs[best].column
         layers[i], block[:, i], current = new, column, viol[best]
         per_layer[i] = grown(i)
         moves += 1
     return layers, moves
 
 
-_FIRST_ROWS = 16  # candidates whose goal is evaluated first in a fill move; then twice as many each round
+_LIKELY_ROWS = 8  # candidates with the best last scores evaluated first in a fill move
+
+
+@dataclass
+class _Candidate:
+    """A fill move with its :meth:`_Evaluator.column` and its last exact score (nan: none yet)."""
+
+    move: _Move
+    column: tuple[float, ...]
+    score: float = float("nan")
+
+
+_FIRST_ROWS = 16  # candidates whose goal is evaluated first in a fill move without a likely best
 
 
 def _fill_scores(
-    packed: _Packed, gained: np.ndarray, current: np.ndarray, evaluate: _Evaluator
+    packed: _Packed, gained: np.ndarray, current: np.ndarray, evaluate: _Evaluator, likely: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each candidate's score ``gained / used`` (``used``: total rise of the violations; ``-inf``
     where one is violated) and violations (``+inf`` goal columns where not evaluated), with the
     goal evaluated only where it can decide the argmax.
 
     The budget columns alone bound a score from above: ``used`` sums the rises of every column, the
-    budgets' first, and a rise is never negative. Candidates are evaluated in the order of their
-    bounds, and the rest skipped once the next bound is below the best exact score, so the argmax
-    (first index among equal maxima) is the one over every exact score. A row over a budget is
-    infeasible whatever the goal says and is never evaluated."""
+    budgets' first, and a rise is never negative. The goal is evaluated in two rounds: first the
+    ``likely`` best rows (default: the :data:`_FIRST_ROWS` highest bounds), then every other row
+    whose bound reaches the best exact score of the first. The best exact score only rises, so
+    every row that could reach it is evaluated and the argmax (first index among equal maxima) is
+    the one over every exact score; ``likely`` decides how many rows that takes, never which wins.
+    A row over a budget is infeasible whatever the goal says and is never evaluated."""
     nb = packed.n_budgets
     n, k = len(gained), len(evaluate.names)
     viol = np.full((n, k), np.inf)
@@ -657,14 +677,21 @@ def _fill_scores(
     used_budgets = np.maximum(packed.budget - current[None, :nb], 0).sum(1) * (1 - 1e-9)
     bound = np.where(gained >= 0, gained / np.maximum(used_budgets, 1e-12), 0.0)  # a loss scores <= 0
     bound = np.where(within, bound, -np.inf)
-    order = np.argsort(-bound, kind="stable")
-    start, size, best = 0, _FIRST_ROWS, -np.inf
-    while start < n and bound[order[start]] > -np.inf and bound[order[start]] >= best:
-        rows = np.sort(order[start : start + size])
+    first = np.unique(likely[within[likely]]) if likely is not None else likely
+    if first is None or not len(first):
+        first = np.sort(np.argsort(-bound, kind="stable")[:_FIRST_ROWS])
+        first = first[within[first]]
+    best = -np.inf
+    for rows in (first, None):
+        if rows is None:  # the second round: what can still reach the best
+            todo = within & (bound >= best)
+            todo[first] = False
+            rows = np.flatnonzero(todo)
+        if not len(rows):
+            continue
         viol[rows, nb:] = evaluate.goal_violations(packed, rows)
         ok = np.all(viol[rows] <= 0, axis=1)
         used = np.maximum(viol[rows] - current[None, :], 0).sum(1)
         score[rows] = np.where(ok, gained[rows] / np.maximum(used, 1e-12), -np.inf)
         best = max(best, float(score[rows].max()))
-        start, size = start + size, 2 * size
     return score, viol
