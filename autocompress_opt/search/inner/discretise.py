@@ -16,8 +16,9 @@ Every move changes one layer, so a move's candidates are scored as rows of packe
 numpy :func:`~autocompress_opt.serving.costmodel.estimate_batch` for the rows that need it. No
 :class:`Architecture` is built per candidate: a move costs ``O(L)`` in Python plus array work,
 where building and packing every candidate cost ``O(L²)`` in Python. The budgets are exact sums
-over the rows; a fill move evaluates the target's cost model only on the candidates whose
-budget-only bound can still win (:func:`_fill_scores`). The rows are exactly what
+(the block's, with one column's difference); fill rebuilds only the moved layer's candidates, and
+evaluates the target's cost model in two rounds: the candidates that scored best at the last move,
+then only those whose budget-only bound can still beat them (:func:`_fill_scores`). The rows are exactly what
 ``ArchArrays.from_architectures`` packs for those architectures, so every violation, and every
 choice made from them, is the one the per-candidate architectures gave
 (``tests/search/test_discretise_equivalence.py``; timings: ``benchmarks/bench_discretise.py``).
