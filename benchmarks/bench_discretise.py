@@ -1,17 +1,21 @@
-"""Discretisation (round, repair, fill) of one inner search at 30, 80 and 126 layers, old vs new.
+"""Discretisation (round, repair, fill) of one inner search at 30, 80 and 126 layers, before vs after.
 
 The parent is Llama-3.1-70B-shaped (hidden 8192; 64 query heads of 128 channels in 8 KV groups;
 FFN 28672, i.e. 448 units of 64; vocabulary 128256) at 30, 80 (Llama-3.1-70B itself) and 126
 (Llama-3.1-405B's depth) layers, architecture only: random importance scores and random masks,
 as the tests build them. The trial's global choices bind (three quarters of the layers, FFN 16384,
 4 KV groups of 8 query heads) and so does a latency limit (vLLM on 8 H100s, ``tpot_ms <= 0.6x``).
-Each depth is timed by the code under test and by the implementation before moves were scored
-on packed rows (commit :data:`OLD_COMMIT`, extracted with ``git archive``), each in its own
-process (``--worker``); the architectures and move counts both return are compared.
-Writes ``results/discretise.json``: per depth the median seconds (old, new), their ratio and
-whether the outputs are identical.
+Each depth is timed by the code under test and by an earlier implementation (extracted with
+``git archive``), each in its own process (``--worker``), one after the other in the same run;
+the architectures and move counts both return are compared. Wall-clock and CPU seconds (the
+process's own, less sensitive to a shared machine's load) are recorded, with the load average.
 
-    .venv/bin/python benchmarks/bench_discretise.py              # about 10 minutes on 2 cores
+Writes ``results/discretise.json``. By default the earlier code is :data:`PREVIOUS_COMMIT` (moves
+scored on packed rows, every candidate rebuilt and its goal evaluated in doubling rounds) and the
+rows go to ``after``; ``--original`` times :data:`OLD_COMMIT` (an ``Architecture`` built per
+candidate; minutes a run beyond 30 layers) and rewrites ``depths``. Each mode keeps the other's rows.
+
+    .venv/bin/python benchmarks/bench_discretise.py              # about 5 minutes on 2 idle cores
     .venv/bin/python benchmarks/bench_discretise.py --depths 30  # a quick look
 """
 
@@ -25,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,7 @@ from _util import provenance, write
 
 ROOT = Path(__file__).resolve().parent.parent
 OLD_COMMIT = "c4314df15d4567258e574f6b9260e912b7fb13c7"  # discretise building an Architecture per candidate
+PREVIOUS_COMMIT = "82dbf5cb4e6c942e6530bd939a7c9ba70ecbe5f0"  # packed rows, all candidates rebuilt each move
 DEPTHS = (30, 80, 126)
 TARGET_S = 2.0  # the goal: one discretisation of a 126-layer parent within 2 s on 2 cores
 
@@ -81,14 +87,15 @@ def worker(depth: int, repeats: int) -> dict[str, Any]:
     from autocompress_opt.search.inner.discretise import discretise
 
     masks, importance, budget, goal = _case(depth)
-    seconds, out = [], None
+    seconds, cpu, out = [], [], None
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         out = discretise(masks, importance, budget, goal)
         seconds.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     assert out is not None
     layers = [[s.num_heads, s.num_kv_heads, s.ffn_width] for s in out.architecture.layers]
-    return {"seconds": seconds, "layers": layers, "moves": out.moves, "feasible": out.feasible}
+    return {"seconds": seconds, "cpu": cpu, "layers": layers, "moves": out.moves, "feasible": out.feasible}
 
 
 def _run(code: Path, depth: int, repeats: int) -> dict[str, Any]:
@@ -99,47 +106,57 @@ def _run(code: Path, depth: int, repeats: int) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main(depths: list[int], repeats: int, old_repeats: int) -> None:
-    rows = []
+def _row(depth: int, before: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    old_s, new_s = statistics.median(before["seconds"]), statistics.median(new["seconds"])
+    return {
+        "depth": depth,
+        "old_s": round(old_s, 4),
+        "new_s": round(new_s, 4),
+        "ratio": round(old_s / new_s, 2),
+        "old_cpu_s": round(statistics.median(before["cpu"]), 4) if "cpu" in before else None,
+        "new_cpu_s": round(statistics.median(new["cpu"]), 4),
+        "identical": all(before[k] == new[k] for k in ("layers", "moves", "feasible")),
+        "moves": new["moves"],
+        "feasible": new["feasible"],
+        "old_runs": len(before["seconds"]),
+        "new_runs": len(new["seconds"]),
+    }
+
+
+def main(depths: list[int], repeats: int, old_repeats: int, original: bool) -> None:
+    commit = OLD_COMMIT if original else PREVIOUS_COMMIT
+    rows, load = [], [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp)
-        archive = subprocess.run(["git", "archive", OLD_COMMIT, "autocompress_opt"], cwd=ROOT, capture_output=True)
+        archive = subprocess.run(["git", "archive", commit, "autocompress_opt"], cwd=ROOT, capture_output=True)
         subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
         for depth in depths:
             new = _run(ROOT, depth, repeats)
-            # the old code is timed fewer times beyond 30 layers: minutes per run
-            before = _run(old, depth, old_repeats if depth > 30 else repeats)
-            old_s, new_s = statistics.median(before["seconds"]), statistics.median(new["seconds"])
-            identical = all(before[k] == new[k] for k in ("layers", "moves", "feasible"))
-            rows.append(
-                {
-                    "depth": depth,
-                    "old_s": round(old_s, 4),
-                    "new_s": round(new_s, 4),
-                    "ratio": round(old_s / new_s, 2),
-                    "identical": identical,
-                    "moves": new["moves"],
-                    "feasible": new["feasible"],
-                    "old_runs": len(before["seconds"]),
-                    "new_runs": len(new["seconds"]),
-                }
-            )
+            # the original code is timed fewer times beyond 30 layers: minutes per run
+            before = _run(old, depth, old_repeats if original and depth > 30 else repeats)
+            rows.append(_row(depth, before, new))
+            load.append(os.getloadavg()[0])
+            r = rows[-1]
             print(
-                f"{depth:4d} layers: old {old_s:8.2f} s  new {new_s:6.3f} s  x{old_s / new_s:7.1f}  "
-                f"identical={identical}  moves={new['moves']}",
+                f"{depth:4d} layers: old {r['old_s']:8.2f} s  new {r['new_s']:6.3f} s  x{r['ratio']:7.1f}  "
+                f"cpu {r['old_cpu_s']} -> {r['new_cpu_s']} s  identical={r['identical']}  moves={r['moves']}",
                 flush=True,
             )
-    write(
-        "discretise",
-        {
-            "case": "Llama-3.1-70B-shaped parent, random masks; budgets 3/4 layers, FFN 16384, 4x8 heads; "
-            "vLLM on 8 H100 (datacenter, tpot_ms <= 0.6x)",
-            "target_s_at_126": TARGET_S,
-            "old_code": OLD_COMMIT,
-            "provenance": provenance(masks=0),
-            "depths": rows,
-        },
-    )
+    path = ROOT / "benchmarks" / "results" / "discretise.json"
+    kept = json.loads(path.read_text()) if path.exists() else {}
+    run = {"old_code": commit, "provenance": provenance(masks=0), "load_average_1min": load, "depths": rows}
+    data = {
+        "case": "Llama-3.1-70B-shaped parent, random masks; budgets 3/4 layers, FFN 16384, 4x8 heads; "
+        "vLLM on 8 H100 (datacenter, tpot_ms <= 0.6x)",
+        "target_s_at_126": TARGET_S,
+    }
+    if original:
+        data |= {**run, "after": kept.get("after")}
+    else:
+        data |= {k: kept.get(k) for k in ("old_code", "provenance", "depths")}
+        data["date_original"] = kept.get("date_original", kept.get("date"))
+        data["after"] = {**run, "date": f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"}
+    write("discretise", data)
 
 
 if __name__ == "__main__":
@@ -147,9 +164,10 @@ if __name__ == "__main__":
     parser.add_argument("--depths", type=int, nargs="+", default=list(DEPTHS))
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of the new code (median)")
     parser.add_argument("--old-repeats", type=int, default=1, help="timed runs of the old code beyond 30 layers")
+    parser.add_argument("--original", action="store_true", help="time OLD_COMMIT instead of PREVIOUS_COMMIT")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
         print(json.dumps(worker(args.worker, args.repeats)))
     else:
-        main(args.depths, args.repeats, args.old_repeats)
+        main(args.depths, args.repeats, args.old_repeats, args.original)

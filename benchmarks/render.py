@@ -383,9 +383,32 @@ def discretise() -> str:
         ]
         for d in s["depths"]
     ]
-    return (
+    out = (
         f"{s['case']}; {s['machine']['cpus']} CPU cores; target ≤ {s['target_s_at_126']:g} s at 126 layers.\n\n"
         + table(["layers", "before", "after", "speed-up", "same architecture", "repair / fill moves"], rows)
+    )
+    after = s.get("after")
+    if not after:
+        return out
+    later = [
+        [
+            d["depth"],
+            f"{d['old_s']:.2f} s / {d['old_cpu_s']:.2f} s",
+            f"{d['new_s']:.2f} s / {d['new_cpu_s']:.2f} s (median of {d['new_runs']})",
+            f"{d['ratio']:.1f}× / {d['old_cpu_s'] / d['new_cpu_s']:.1f}×",
+            "yes" if d["identical"] else "**no**",
+        ]
+        for d in after["depths"]
+    ]
+    load = ", ".join(f"{x:.1f}" for x in after["load_average_1min"])
+    heads = ["layers", "before (wall / CPU)", "after (wall / CPU)", "speed-up (wall / CPU)", "same architecture"]
+    return (
+        out
+        + "\n\nThen fill rebuilt only the moved layer's candidates and evaluated the goal in two rounds;"
+        + f" the code before and after in one run on {after['date'][:10]}, wall-clock / CPU seconds"
+        + f" (1-minute load average during the run: {load}; on a machine that loaded the wall-clock"
+        + " seconds are not comparable with the table above, the ratios within the run are).\n\n"
+        + table(heads, later)
     )
 
 

@@ -91,11 +91,16 @@ class ArchArrays:
     def __post_init__(self) -> None:
         """Fill the optional columns a caller left None (a dense batch built by hand, e.g. the inner
         search's) with their dense value in their shape and backend: 0, or 3 for ``ffn_matrices``."""
+        zeros: dict[str, Array] = {}  # one zero array per shape, shared by the columns left None (never written)
         for name in _PER_ARCH_COLUMNS + _MOE_COLUMNS + _MAMBA_COLUMNS:
             if getattr(self, name) is None:
-                like = self.hidden if name in _PER_ARCH_COLUMNS else self.attn
-                like = like.detach() if hasattr(like, "detach") else like  # a constant: no gradient
-                object.__setattr__(self, name, like * 0 + _DEFAULTS.get(name, 0.0))
+                shape = "hidden" if name in _PER_ARCH_COLUMNS else "attn"
+                if shape not in zeros:
+                    like = getattr(self, shape)
+                    like = like.detach() if hasattr(like, "detach") else like  # a constant: no gradient
+                    zeros[shape] = like * 0 + 0.0
+                default = _DEFAULTS.get(name)
+                object.__setattr__(self, name, zeros[shape] if default is None else zeros[shape] + default)
 
     @classmethod
     def from_architectures(cls, archs: Sequence[Architecture], backend: str = "numpy") -> ArchArrays:

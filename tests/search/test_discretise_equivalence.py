@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -146,6 +147,41 @@ def test_the_golden_file_covers_every_case_and_every_way_of_binding() -> None:
 @pytest.mark.parametrize("case", list(cases()), ids=lambda c: c.name)
 def test_discretise_returns_the_golden_architecture_and_moves(case: Case) -> None:
     assert run(case) == _golden()[case.name]
+
+
+@pytest.mark.parametrize("binds", ["latency", "both"])
+def test_fill_scores_pick_the_argmax_of_every_exact_score_whatever_is_evaluated_first(binds: str) -> None:
+    """The fill move's winner and its score are those of scoring every candidate with the exact
+    cost model, whichever rows are guessed likely (none, the worst, random ones)."""
+    from autocompress_opt.search.inner.discretise import _Evaluator, _fill_scores, _grow_layer, _repair, _unit_values
+
+    case = Case("mixed", 12, binds, None, False, 12)
+    parent = _parent(case.parent, case.depth)
+    masks, importance = _masks(parent, case.seed, case.full)
+    tight = Budget(num_layers=8, hidden_size=256, ffn_width=512, num_kv_heads=2, q_per_kv=2)
+    budget = tight if binds == "both" else Budget.of(parent)
+    goal = CostGoal.for_target(_LATENCY, parent)
+    values, evaluate = _unit_values(masks, importance), _Evaluator(masks, budget, goal)
+    # a start well inside the limits: repaired to half the latency the goal allows
+    stricter = CostGoal.for_target(replace(_LATENCY, constraints={"tpot_ms": "0.375x"}), parent)
+    layers, _ = _repair(masks.discrete(), values, _Evaluator(masks, budget, stricter))
+    sizes = [tuple(int(x) for x in row) for row in masks.sizes.tolist()]
+    moves = [m for i, d in enumerate(layers) for m in _grow_layer(i, d, values, parent.layers[i], sizes[i])]
+    changes = [(m[1], m[2]) for m in moves]
+    current = evaluate(layers)[0]
+    every = evaluate(layers, changes)  # (N, K): every candidate, exactly
+    gained = np.array([m[3] for m in moves])
+    used = np.maximum(every - current[None, :], 0).sum(1)
+    exact = np.where(np.all(every <= 0, axis=1), gained / np.maximum(used, 1e-12), -np.inf)
+    assert np.isfinite(exact).sum() >= 2  # a real choice
+    packed = evaluate.pack(layers, changes)
+    rng = np.random.default_rng(0)
+    guesses = [None, np.argsort(exact)[:3], rng.choice(len(moves), 5, replace=False), np.array([], dtype=int)]
+    for likely in guesses:
+        score, viol = _fill_scores(packed, gained, current, evaluate, likely)
+        best = int(np.argmax(score))
+        assert best == int(np.argmax(exact)) and score[best] == exact[best]
+        np.testing.assert_array_equal(viol[best], every[best])
 
 
 if __name__ == "__main__":  # regenerate from the reference implementation (module doc)

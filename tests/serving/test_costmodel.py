@@ -243,3 +243,17 @@ def test_bad_scenarios_name_the_value() -> None:
         estimate_cost(GOLD_ARCH, "rtx5090", "llamacpp", Scenario("bf16", 10, 10, 4))
     with pytest.raises(ConfigError, match="no option 'gpu_mem'"):
         get_engine("vllm").with_options(gpu_mem=0.5)
+
+
+def test_without_floors_every_other_metric_is_the_same_bit_for_bit() -> None:
+    """``floors=False`` (what a constraint check reads) drops only the two roofline floors; every
+    other metric is exactly what the full call gives, on numpy and torch; bounds need the floors."""
+    for backend in ("numpy", "torch"):
+        arrays = ArchArrays.from_architectures([GOLD_ARCH, dataclasses.replace(GOLD_ARCH, hidden_size=32)], backend)
+        full = estimate_batch(arrays, GOLD_HW, GOLD_ENGINE, GOLD_SCENARIO, GOLD_PROFILE)
+        lean = estimate_batch(arrays, GOLD_HW, GOLD_ENGINE, GOLD_SCENARIO, GOLD_PROFILE, floors=False)
+        assert set(full) - set(lean) == {"ttft_floor_ms", "tpot_floor_ms"}
+        for k, v in lean.items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(full[k])), k
+    with pytest.raises(ConfigError, match="bounds=True needs the floors"):
+        estimate_batch(arrays, GOLD_HW, GOLD_ENGINE, GOLD_SCENARIO, GOLD_PROFILE, bounds=True, floors=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -14,7 +15,8 @@ import torch
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError, check_int
 from autocompress_opt.search.inner.relaxation import ExpectedStructure
-from autocompress_opt.serving.costmodel import FULL_WINDOW, ArchArrays, estimate_batch
+from autocompress_opt.serving.costmodel import FULL_WINDOW, ArchArrays, Scenario, estimate_batch
+from autocompress_opt.serving.engine_models import Engine
 from autocompress_opt.serving.targets import Target, parent_metrics
 
 __all__ = ["Budget", "CostGoal", "cost_arrays", "exact_violations", "expected_of", "expected_totals", "totals_of"]
@@ -113,9 +115,19 @@ class CostGoal:
         return cls(target, parent_metrics(parent, target))
 
     def metrics(self, arrays: ArchArrays) -> dict[str, Any]:
-        """Every cost metric of ``arrays`` (numpy or torch) in the target's scenario."""
+        """The cost metrics of ``arrays`` (numpy or torch) in the target's scenario that
+        :meth:`violations` reads: every metric, less the roofline floors unless the target's
+        ``confidence`` bounds latencies by them (no constraint names a floor)."""
         t = self.target
-        return estimate_batch(arrays, t.hardware, t.engine_obj(), t.scenario())
+        return estimate_batch(arrays, t.hardware, self._engine, self._scenario, floors=t.confidence is not None)
+
+    @cached_property
+    def _engine(self) -> Engine:  # resolved once: a registry look-up per cost-model call adds up in discretise
+        return self.target.engine_obj()
+
+    @cached_property
+    def _scenario(self) -> Scenario:
+        return self.target.scenario()
 
     def violations(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """:meth:`Target.violations` of ``metrics`` (floats, numpy or torch arrays) against this parent;

@@ -16,8 +16,9 @@ Every move changes one layer, so a move's candidates are scored as rows of packe
 numpy :func:`~autocompress_opt.serving.costmodel.estimate_batch` for the rows that need it. No
 :class:`Architecture` is built per candidate: a move costs ``O(L)`` in Python plus array work,
 where building and packing every candidate cost ``O(L²)`` in Python. The budgets are exact sums
-over the rows; a fill move evaluates the target's cost model only on the candidates whose
-budget-only bound can still win (:func:`_fill_scores`). The rows are exactly what
+(the block's, with one column's difference); fill rebuilds only the moved layer's candidates, and
+evaluates the target's cost model in two rounds: the candidates that scored best at the last move,
+then only those whose budget-only bound can still beat them (:func:`_fill_scores`). The rows are exactly what
 ``ArchArrays.from_architectures`` packs for those architectures, so every violation, and every
 choice made from them, is the one the per-candidate architectures gave
 (``tests/search/test_discretise_equivalence.py``; timings: ``benchmarks/bench_discretise.py``).
@@ -27,12 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from itertools import islice
+from itertools import chain, islice
 
 import numpy as np
 import torch
 
-from autocompress_opt.arch.architecture import Architecture, uniform_child
+from autocompress_opt.arch.architecture import Architecture, LayerSpec, uniform_child
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.export import decilm_problems
 from autocompress_opt.prune.importance import Importance, ranked
@@ -133,31 +134,28 @@ def _shrink_moves(layers: list[DiscreteLayer], v: _Values) -> list[_Move]:
     return moves
 
 
-def _grow_moves(
-    layers: list[DiscreteLayer], v: _Values, parent: Architecture, sizes: Sequence[tuple[int, ...]]
-) -> list[_Move]:
-    """Every one-step addition the parent allows (``sizes``: the masks' KV groups, query heads per
-    group and FFN units of each layer)."""
+def _grow_layer(i: int, d: DiscreteLayer, v: _Values, p: LayerSpec, size: tuple[int, ...]) -> list[_Move]:
+    """Every one-step addition to layer ``i`` (state ``d``) its parent layer ``p`` allows (``size``:
+    the masks' KV groups, query heads per group and FFN units of the layer)."""
+    g_n, r_n, u_n = size
     moves: list[_Move] = []
-    for i, (d, p) in enumerate(zip(layers, parent.layers)):
-        g_n, r_n, u_n = sizes[i]
-        if p.ffn:
-            if not d.ffn:
-                moves.append(("add-ffn", i, replace(d, ffn=True, ffn_units=1), v.ffn[i][0]))
-            elif d.ffn_units < u_n:
-                moves.append(("ffn-unit", i, replace(d, ffn_units=d.ffn_units + 1), v.ffn[i][d.ffn_units]))
-        if p.attention:
-            if not d.attention:
-                r = max(1, min(d.q_per_group, r_n))
-                new = replace(d, attention=True, kv_groups=1, q_per_group=r)
-                moves.append(("add-attn", i, new, sum(v.heads[i][0][:r])))
-            else:
-                if d.kv_groups < g_n:
-                    gained = sum(v.heads[i][d.kv_groups][: d.q_per_group])
-                    moves.append(("kv-group", i, replace(d, kv_groups=d.kv_groups + 1), gained))
-                if d.q_per_group < r_n:
-                    gained = sum(v.heads[i][g][d.q_per_group] for g in range(d.kv_groups))
-                    moves.append(("q-head", i, replace(d, q_per_group=d.q_per_group + 1), gained))
+    if p.ffn:
+        if not d.ffn:
+            moves.append(("add-ffn", i, replace(d, ffn=True, ffn_units=1), v.ffn[i][0]))
+        elif d.ffn_units < u_n:
+            moves.append(("ffn-unit", i, replace(d, ffn_units=d.ffn_units + 1), v.ffn[i][d.ffn_units]))
+    if p.attention:
+        if not d.attention:
+            r = max(1, min(d.q_per_group, r_n))
+            new = replace(d, attention=True, kv_groups=1, q_per_group=r)
+            moves.append(("add-attn", i, new, sum(v.heads[i][0][:r])))
+        else:
+            if d.kv_groups < g_n:
+                gained = sum(v.heads[i][d.kv_groups][: d.q_per_group])
+                moves.append(("kv-group", i, replace(d, kv_groups=d.kv_groups + 1), gained))
+            if d.q_per_group < r_n:
+                gained = sum(v.heads[i][g][d.q_per_group] for g in range(d.kv_groups))
+                moves.append(("q-head", i, replace(d, q_per_group=d.q_per_group + 1), gained))
     return moves
 
 
@@ -207,36 +205,46 @@ class _Evaluator:
             self._window[i] if attn else FULL_WINDOW,
         )
 
+    def block(self, layers: Sequence[DiscreteLayer]) -> np.ndarray:
+        """``layers`` as a ``(7, L)`` block of :meth:`column` s."""
+        return np.array([self.column(i, d) for i, d in enumerate(layers)]).T
+
     def pack(
         self, layers: Sequence[DiscreteLayer], changes: Sequence[tuple[int, DiscreteLayer]] | None = None
     ) -> _Packed:
         """``layers`` with each of ``changes`` (layer, new state) applied on its own (``N`` rows), or
         ``layers`` as they are (one row), packed, with their budget violations."""
-        block = np.array([self.column(i, d) for i, d in enumerate(layers)]).T  # (7, L)
         if changes is None:
-            rows = block[:, None, :]  # (7, 1, L)
-        else:
-            rows = np.repeat(block[:, None, :], len(changes), axis=1)  # (7, N, L)
-            where = np.array([i for i, _ in changes])
-            rows[:, np.arange(len(changes)), where] = np.array([self.column(i, d) for i, d in changes]).T
-        a = dict(zip(self._FIELDS, rows))  # each (N, L), C-contiguous
-        # sums of whole numbers: exact in float64, equal to budget.totals_of of each architecture
+            return self.packed(self.block(layers), None, None)
+        where = np.array([i for i, _ in changes], dtype=np.intp)
+        columns = np.array([self.column(i, d) for i, d in changes]).reshape(len(changes), 7).T
+        return self.packed(self.block(layers), where, columns)
+
+    def packed(self, block: np.ndarray, where: np.ndarray | None, columns: np.ndarray | None) -> _Packed:
+        """The rows of ``block`` ``(7, L)`` with column ``where[n]`` replaced by ``columns[:, n]``
+        ``(7, N)`` (or ``block`` itself: one row), with their budget violations. The budgets are
+        sums of whole numbers, exact in float64: the block's sums with one column's difference are
+        the sums of each row (what ``budget.totals_of`` gives each architecture), in ``O(N + L)``."""
+        sums = block.sum(-1)  # (7,)
+        change = np.zeros((7, 1)) if where is None else columns - block[:, where]  # (7, N)
+        t = dict(zip(self._FIELDS, sums[:, None] + change))
         totals = {
-            "budget:num_layers": (a["attn"] + a["ffn"]).sum(-1) / 2,
-            "budget:ffn_width": a["ffn_width"].sum(-1),
-            "budget:num_heads": a["heads"].sum(-1),
-            "budget:num_kv_heads": a["kv_heads"].sum(-1),
+            "budget:num_layers": (t["attn"] + t["ffn"]) / 2,
+            "budget:ffn_width": t["ffn_width"],
+            "budget:num_heads": t["heads"],
+            "budget:num_kv_heads": t["kv_heads"],
         }
-        return _Packed(a, np.stack(list(self.budget.violations(totals).values()), axis=1))
+        return _Packed(block, where, columns, np.stack(list(self.budget.violations(totals).values()), axis=1))
 
     def goal_violations(self, packed: _Packed, rows: np.ndarray | None = None) -> np.ndarray:
         """``(len(rows), K - B)`` goal violations of ``packed``'s ``rows`` (default all); ``(n, 0)``
         without a goal. A row's values do not depend on the other rows evaluated with it."""
-        per_layer = packed.per_layer if rows is None else {k: v[rows] for k, v in packed.per_layer.items()}
-        n = len(per_layer["attn"])
+        if rows is None:
+            rows = np.arange(packed.n_rows)
+        n = len(rows)
         if self.goal is None or n == 0:
             return np.zeros((n, 0))
-        arrays = ArchArrays(**{k: np.full(n, v) for k, v in self._per_arch.items()}, **per_layer)
+        arrays = ArchArrays(**{k: np.full(n, v) for k, v in self._per_arch.items()}, **packed.per_layer(rows))
         goal = self.goal.violations(self.goal.metrics(arrays))
         return np.stack([np.asarray(goal[k], dtype=float).reshape(-1) for k in self.names[packed.n_budgets :]], 1)
 
@@ -250,15 +258,32 @@ class _Evaluator:
 
 @dataclass(frozen=True)
 class _Packed:
-    """Candidate rows of :class:`_Evaluator`: the per-layer fields ``(N, L)`` and the budget
-    violations ``(N, B)``."""
+    """Candidate rows of :class:`_Evaluator`: the current layers' block ``(7, L)``, each row's
+    changed layer ``where`` ``(N,)`` and its column ``(7, N)`` (None: the block itself, one row),
+    and the budget violations ``(N, B)``."""
 
-    per_layer: dict[str, np.ndarray]
+    block: np.ndarray
+    where: np.ndarray | None
+    columns: np.ndarray | None
     budget: np.ndarray
 
     @property
     def n_budgets(self) -> int:
         return int(self.budget.shape[1])
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.budget.shape[0])
+
+    def per_layer(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The seven per-layer fields of ``rows``, each ``(len(rows), L)`` and C-contiguous: the
+        block repeated, each row's changed column replaced."""
+        n = len(rows)
+        out = np.repeat(self.block[:, None, :], n, axis=1)  # (7, n, L)
+        if self.where is not None:
+            assert self.columns is not None
+            out[:, np.arange(n), self.where[rows]] = self.columns[:, rows]
+        return dict(zip(_Evaluator._FIELDS, out))
 
 
 @dataclass(frozen=True)
@@ -452,32 +477,27 @@ class _Legal:
                 add("drop-layer", i, replace(d, attention=False, ffn=False), _attn_value(v, i, d) + _ffn_value(v, i, d))
         return moves
 
-    def grow_moves(self, layers: list[DiscreteLayer], v: _Values) -> list[_Move]:
-        """Every legal one-step addition the parent allows (:func:`_grow_moves` in legal steps)."""
-        ok = self.keeps_first(layers)
-        moves: list[_Move] = []
-        for i, (d, p) in enumerate(zip(layers, self.parent.layers)):
-
-            def add(name: str, new: DiscreteLayer, gained: float, i: int = i) -> None:
-                if ok(i, new):
-                    moves.append((name, i, new, gained))
-
-            if p.ffn and self.ffn_max[i] >= self.ffn_step:
-                if not d.ffn:
-                    add("add-ffn", replace(d, ffn=True, ffn_units=self.ffn_step), sum(v.ffn[i][: self.ffn_step]))
-                elif d.ffn_units + self.ffn_step <= self.ffn_max[i]:
-                    gained = sum(v.ffn[i][d.ffn_units : d.ffn_units + self.ffn_step])
-                    add("ffn-unit", replace(d, ffn_units=d.ffn_units + self.ffn_step), gained)
-            if p.attention and self.heads[i]:
-                if not d.attention:
-                    g, r = self.heads[i][0]
-                    new = replace(d, attention=True, kv_groups=g, q_per_group=r)
-                    add("add-attn", new, _attn_value(v, i, new))
-                else:
-                    more = [o for o in self.heads[i] if o[0] > d.kv_groups]
-                    if more:
-                        new = replace(d, kv_groups=more[0][0], q_per_group=more[0][1])
-                        add("kv-group", new, _attn_value(v, i, new) - _attn_value(v, i, d))
+    def grow_layer(self, i: int, d: DiscreteLayer, v: _Values) -> list[_Move]:
+        """Every legal one-step addition to layer ``i`` (state ``d``) the parent allows
+        (:func:`_grow_layer` in legal steps), before :meth:`keeps_first`."""
+        p, moves = self.parent.layers[i], list[_Move]()
+        if p.ffn and self.ffn_max[i] >= self.ffn_step:
+            if not d.ffn:
+                new = replace(d, ffn=True, ffn_units=self.ffn_step)
+                moves.append(("add-ffn", i, new, sum(v.ffn[i][: self.ffn_step])))
+            elif d.ffn_units + self.ffn_step <= self.ffn_max[i]:
+                gained = sum(v.ffn[i][d.ffn_units : d.ffn_units + self.ffn_step])
+                moves.append(("ffn-unit", i, replace(d, ffn_units=d.ffn_units + self.ffn_step), gained))
+        if p.attention and self.heads[i]:
+            if not d.attention:
+                g, r = self.heads[i][0]
+                new = replace(d, attention=True, kv_groups=g, q_per_group=r)
+                moves.append(("add-attn", i, new, _attn_value(v, i, new)))
+            else:
+                more = [o for o in self.heads[i] if o[0] > d.kv_groups]
+                if more:
+                    new = replace(d, kv_groups=more[0][0], q_per_group=more[0][1])
+                    moves.append(("kv-group", i, new, _attn_value(v, i, new) - _attn_value(v, i, d)))
         return moves
 
 
@@ -574,43 +594,80 @@ def _combine(
 def _fill(
     layers: list[DiscreteLayer], values: _Values, evaluate: _Evaluator, masks: ParentMasks, legal: _Legal | None = None
 ) -> tuple[list[DiscreteLayer], int]:
-    """Greedy: add the unit with the most importance per unit of slack used while all constraints hold."""
+    """Greedy: add the unit with the most importance per unit of slack used while all constraints hold.
+
+    A move changes one layer, so only that layer's candidates (and its column of the packed block)
+    are built again; the candidates stay in layer order, so ties fall as over a fresh list. Each
+    candidate keeps its last exact score: the best few of those are evaluated first in the next
+    move (:func:`_fill_scores`; the rest of the stack barely moves a layer's score)."""
     current = evaluate(layers)[0]
     sizes = [tuple(int(x) for x in row) for row in masks.sizes.tolist()]
+    layers = list(layers)
+    block = evaluate.block(layers)
+
+    def grown(i: int) -> list[_Candidate]:
+        if legal is None:
+            moves = _grow_layer(i, layers[i], values, masks.parent.layers[i], sizes[i])
+        else:
+            moves = legal.grow_layer(i, layers[i], values)
+        return [_Candidate(m, evaluate.column(i, m[2])) for m in moves]
+
+    per_layer = [grown(i) for i in range(len(layers))]
     moves, cap = 0, 8 * len(layers)
     while moves < cap:
-        if legal is None:
-            candidates = _grow_moves(layers, values, masks.parent, sizes)
-        else:
-            candidates = legal.grow_moves(layers, values)
-        if not candidates:
+        pairs = list(chain.from_iterable(per_layer))
+        if legal is not None:
+            ok = legal.keeps_first(layers)
+            pairs = [c for c in pairs if ok(c.move[1], c.move[2])]
+        if not pairs:
             break
-        packed = evaluate.pack(layers, [(c[1], c[2]) for c in candidates])
-        gained = np.array([c[3] for c in candidates])
-        score, viol = _fill_scores(packed, gained, current, evaluate)
+        where = np.array([c.move[1] for c in pairs], dtype=np.intp)
+        packed = evaluate.packed(block, where, np.array([c.column for c in pairs]).T)
+        gained = np.array([c.move[3] for c in pairs])
+        prior = np.array([c.score for c in pairs])
+        likely = np.argsort(-prior, kind="stable")[: np.isfinite(prior).sum()][:_LIKELY_ROWS]
+        score, viol = _fill_scores(packed, gained, current, evaluate, likely)
+        for r in np.flatnonzero(np.isfinite(score)).tolist():
+            pairs[r].score = float(score[r])
         best = int(np.argmax(score))
         if score[best] == -np.inf:
             break  # no candidate keeps every constraint
-        layers, current = _applied(layers, candidates[best][1], candidates[best][2]), viol[best]
+        (_, i, new, _), column = pairs[best].move, pairs[best].column
+        layers[i], block[:, i], current = new, column, viol[best]
+        per_layer[i] = grown(i)
         moves += 1
     return layers, moves
 
 
-_FIRST_ROWS = 16  # candidates whose goal is evaluated first in a fill move; then twice as many each round
+_LIKELY_ROWS = 8  # candidates with the best last scores evaluated first in a fill move
+
+
+@dataclass
+class _Candidate:
+    """A fill move with its :meth:`_Evaluator.column` and its last exact score (nan: none yet)."""
+
+    move: _Move
+    column: tuple[float, ...]
+    score: float = float("nan")
+
+
+_FIRST_ROWS = 16  # candidates whose goal is evaluated first in a fill move without a likely best
 
 
 def _fill_scores(
-    packed: _Packed, gained: np.ndarray, current: np.ndarray, evaluate: _Evaluator
+    packed: _Packed, gained: np.ndarray, current: np.ndarray, evaluate: _Evaluator, likely: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each candidate's score ``gained / used`` (``used``: total rise of the violations; ``-inf``
     where one is violated) and violations (``+inf`` goal columns where not evaluated), with the
     goal evaluated only where it can decide the argmax.
 
     The budget columns alone bound a score from above: ``used`` sums the rises of every column, the
-    budgets' first, and a rise is never negative. Candidates are evaluated in the order of their
-    bounds, and the rest skipped once the next bound is below the best exact score, so the argmax
-    (first index among equal maxima) is the one over every exact score. A row over a budget is
-    infeasible whatever the goal says and is never evaluated."""
+    budgets' first, and a rise is never negative. The goal is evaluated in two rounds: first the
+    ``likely`` best rows (default: the :data:`_FIRST_ROWS` highest bounds), then every other row
+    whose bound reaches the best exact score of the first. The best exact score only rises, so
+    every row that could reach it is evaluated and the argmax (first index among equal maxima) is
+    the one over every exact score; ``likely`` decides how many rows that takes, never which wins.
+    A row over a budget is infeasible whatever the goal says and is never evaluated."""
     nb = packed.n_budgets
     n, k = len(gained), len(evaluate.names)
     viol = np.full((n, k), np.inf)
@@ -621,14 +678,21 @@ def _fill_scores(
     used_budgets = np.maximum(packed.budget - current[None, :nb], 0).sum(1) * (1 - 1e-9)
     bound = np.where(gained >= 0, gained / np.maximum(used_budgets, 1e-12), 0.0)  # a loss scores <= 0
     bound = np.where(within, bound, -np.inf)
-    order = np.argsort(-bound, kind="stable")
-    start, size, best = 0, _FIRST_ROWS, -np.inf
-    while start < n and bound[order[start]] > -np.inf and bound[order[start]] >= best:
-        rows = np.sort(order[start : start + size])
+    first = np.unique(likely[within[likely]]) if likely is not None else likely
+    if first is None or not len(first):
+        first = np.sort(np.argsort(-bound, kind="stable")[:_FIRST_ROWS])
+        first = first[within[first]]
+    best = -np.inf
+    for rows in (first, None):
+        if rows is None:  # the second round: what can still reach the best
+            todo = within & (bound >= best)
+            todo[first] = False
+            rows = np.flatnonzero(todo)
+        if not len(rows):
+            continue
         viol[rows, nb:] = evaluate.goal_violations(packed, rows)
         ok = np.all(viol[rows] <= 0, axis=1)
         used = np.maximum(viol[rows] - current[None, :], 0).sum(1)
         score[rows] = np.where(ok, gained[rows] / np.maximum(used, 1e-12), -np.inf)
         best = max(best, float(score[rows].max()))
-        start, size = start + size, 2 * size
     return score, viol
