@@ -99,9 +99,12 @@ __all__ = [
     "evaluate_architecture",
     "heldout_quality",
     "inner_search",
+    "load_parent",
     "objective_domains",
     "parent_context",
+    "parent_importance",
     "run_weights_trial",
+    "search_rows",
     "workload_domain",
 ]
 
@@ -258,65 +261,28 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
     """The context of parent ``ref`` under ``config``'s data settings (cached per process; importance
     and teacher log-probs also on disk under ``cache_dir``), and whether it was built by this call."""
     from autocompress_opt.data.user import data_batches
-    from autocompress_opt.hf.loading import load_model
     from autocompress_opt.quality.metrics import cache_teacher_logits
-    from autocompress_opt.search.study.placement import trial_gpus
 
     settings = config.to_dict()
     key = _digest(ref, str(cache_dir), {k: settings[k] for k in _CONTEXT_KEYS})
     if key in _PARENTS:
         _PARENTS.move_to_end(key)
         return _PARENTS[key], False
-    seconds: dict[str, float] = {}
-    began = time.perf_counter()
     report(TrialProgress("load parent", 0, config.inner.steps))
-    device = resolve_device(trial_device(config.device))  # under Ray: the first GPU it assigned (placement)
-    dtype = resolve_compute_dtype(config.compute_dtype, device)
-    gpus = trial_gpus(device)  # k > 1 GPUs assigned: the parent is spread over all of them
-    loaded = load_model(ref, cache=False, dtype=dtype, device=device, gpus=gpus)  # this cache holds it: no 2nd copy
-    model, tokenizer, arch = loaded.model.eval(), loaded.tokenizer, loaded.architecture
-    for p in model.parameters():
-        p.requires_grad_(False)
-    # importance, teacher and quality caches are keyed by it: a bf16 parent is another parent
-    parent_id = _parent_id(loaded.path, arch) + ("" if dtype == torch.float32 else f":{dtype_name(dtype)}")
-    seconds["load"] = time.perf_counter() - began
+    model, tokenizer, arch, parent_id, seconds = load_parent(ref, config)
 
     began = time.perf_counter()
     report(TrialProgress("importance", 0, config.inner.steps))
-    data = _data_kwargs(config)
-    imp_rows = data_batches(
-        tokenizer,
-        role="calibration",
-        n_samples=config.importance_samples,
-        seq_len=config.importance_seq_len,
-        seed=config.data_seed,
-        **data,
-    )
-    importance = estimate_importance(
-        model,
-        imp_rows.tokens,
-        model_id=parent_id,
-        data_id=_digest(imp_rows.to_dict()),
-        seed=config.data_seed,
-        cache_dir=cache_dir / "importance",
-        progress=False,
-    )
+    importance = parent_importance(model, tokenizer, parent_id, config, cache_dir)
     seconds["importance"] = time.perf_counter() - began
 
     began = time.perf_counter()
     report(TrialProgress("teacher", 0, config.inner.steps))
-    inner = config.inner
-    # The inner search holds out its first val_samples rows to choose among its candidates: they are
-    # selection rows; the rest, its training rows, are calibration rows.
-    parts = [
-        data_batches(tokenizer, role=role, n_samples=n, seq_len=inner.seq_len, seed=config.data_seed, **data)
-        for role, n in (("selection", inner.val_samples), ("calibration", inner.n_samples - inner.val_samples))
-        if n
-    ]
-    search_rows = torch.cat([p.tokens for p in parts])
+    parts = search_rows(tokenizer, config)
+    rows = torch.cat([p.tokens for p in parts])
     teacher = teacher_log_probs(
         model,
-        search_rows,
+        rows,
         parent_id=parent_id,
         data_id=_digest([p.to_dict() for p in parts]),
         cache_dir=cache_dir / "teacher",
@@ -344,7 +310,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
         arch,
         parent_id,
         importance,
-        search_rows,
+        rows,
         teacher,
         {d: b.tokens for d, b in evals.items()},
         eval_teacher,
@@ -374,6 +340,64 @@ _CONTEXT_KEYS = (
     "compute_dtype",
     "teacher_budget_gib",
 )
+
+
+def load_parent(ref: str, config: TrialConfig) -> tuple[Any, Any, Architecture, str, dict[str, float]]:
+    """``(model, tokenizer, architecture, parent_id, {"load": seconds})`` of parent ``ref`` on
+    ``config``'s device and compute dtype (no gradients; not cached here: :func:`parent_context` holds it)."""
+    from autocompress_opt.hf.loading import load_model
+    from autocompress_opt.search.study.placement import trial_gpus
+
+    began = time.perf_counter()
+    device = resolve_device(trial_device(config.device))  # under Ray: the first GPU it assigned (placement)
+    dtype = resolve_compute_dtype(config.compute_dtype, device)
+    gpus = trial_gpus(device)  # k > 1 GPUs assigned: the parent is spread over all of them
+    loaded = load_model(ref, cache=False, dtype=dtype, device=device, gpus=gpus)  # the caller holds it: no 2nd copy
+    model, tokenizer, arch = loaded.model.eval(), loaded.tokenizer, loaded.architecture
+    for p in model.parameters():
+        p.requires_grad_(False)
+    # importance, teacher and quality caches are keyed by it: a bf16 parent is another parent
+    parent_id = _parent_id(loaded.path, arch) + ("" if dtype == torch.float32 else f":{dtype_name(dtype)}")
+    return model, tokenizer, arch, parent_id, {"load": time.perf_counter() - began}
+
+
+def parent_importance(model: Any, tokenizer: Any, parent_id: str, config: TrialConfig, cache_dir: Path) -> Importance:
+    """The trials' importance of the parent under ``config``'s data settings: estimated on its
+    calibration rows, on disk under ``cache_dir/importance`` (one entry per parent and data, shared
+    by every trial and the study's seeding)."""
+    from autocompress_opt.data.user import data_batches
+
+    imp_rows = data_batches(
+        tokenizer,
+        role="calibration",
+        n_samples=config.importance_samples,
+        seq_len=config.importance_seq_len,
+        seed=config.data_seed,
+        **_data_kwargs(config),
+    )
+    return estimate_importance(
+        model,
+        imp_rows.tokens,
+        model_id=parent_id,
+        data_id=_digest(imp_rows.to_dict()),
+        seed=config.data_seed,
+        cache_dir=cache_dir / "importance",
+        progress=False,
+    )
+
+
+def search_rows(tokenizer: Any, config: TrialConfig) -> list[Any]:
+    """The inner search's rows as their batches: its first ``val_samples`` rows, which choose among its
+    candidates, are selection rows; the rest, its training rows, are calibration rows (either part
+    is left out when empty)."""
+    from autocompress_opt.data.user import data_batches
+
+    inner, data = config.inner, _data_kwargs(config)
+    return [
+        data_batches(tokenizer, role=role, n_samples=n, seq_len=inner.seq_len, seed=config.data_seed, **data)
+        for role, n in (("selection", inner.val_samples), ("calibration", inner.n_samples - inner.val_samples))
+        if n
+    ]
 
 
 # ----------------------------------------------------------------------------- quality
