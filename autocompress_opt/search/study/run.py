@@ -33,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from autocompress_opt.search.study.records import (
     trial_record,
 )
 from autocompress_opt.search.study.schedulers import make_scheduler
-from autocompress_opt.search.study.seeding import enqueue_proxy_points, make_proxy, seed_scoring, seed_study
+from autocompress_opt.search.study.seeding import SeedScoring, enqueue_proxy_points, make_proxy, seed_study
 from autocompress_opt.search.study.signals import InterruptState, StudyInterrupted, fit_until_stopped, handle_sigint
 from autocompress_opt.search.study.trials import Target
 
@@ -97,17 +98,13 @@ def _run_targets(
     init_ray(config.address, config.concurrency, config.plugins)
     placement = study_placement(config, progress)  # checked against the cluster before any study is created
     deadline = time.monotonic() + 60 * config.time_budget if config.time_budget else None
-    shared_scoring: list[tuple[Any, Any]] = []  # (importance, score) for seeds and proxy: built once, for all targets
-
-    def scoring() -> tuple[Any, Any]:
-        if not shared_scoring:
-            shared_scoring.append(seed_scoring(config))
-        return shared_scoring[0]
-
+    # (importance, score) for seeds and proxy: built once per data setting the targets share
+    scoring = SeedScoring(config)
     runs = [
-        _prepare_target(config, target, parent, layer_order, scoring, progress, index, deadline)
+        _prepare_target(config, target, parent, layer_order, partial(scoring, target), progress, index, deadline)
         for index, target in enumerate(config.targets)
     ]
+    scoring.release()  # the trials load their own parent: the driver keeps only the importance
     try:
         _run_group(config, [r for r in runs if r.searcher is not None], placement, state, interrupted)
     finally:
@@ -167,8 +164,9 @@ def _prepare_target(
     complete_before, stopped_before = finished_trials(study)
     done = complete_before + stopped_before  # trials evaluated: COMPLETE or stopped early
     if progress and config.seeds_baselines and done < config.trials and "baseline_seeds" not in study.user_attrs:
-        # Say what the silent minutes are: in weights mode the first target loads the parent and
-        # scores the Minitron and best-uniform candidates (shared by the later targets).
+        # Say what the silent minutes are: in weights mode the first target loads the parent, each
+        # workload's data its importance, and the Minitron and best-uniform candidates are scored
+        # (shared by the later targets of the same data).
         print(
             f"{config.study_name(target)}: choosing the {', '.join(SEEDED_BASELINES)} baselines to seed the study",
             file=sys.stderr,

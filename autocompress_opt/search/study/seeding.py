@@ -25,7 +25,7 @@ from autocompress_opt.search.study.config import SEEDED_BASELINES, StudyConfig
 from autocompress_opt.search.study.placement import driver_cache_dir
 from autocompress_opt.search.study.trials import Target
 
-__all__ = ["baseline_seeds", "enqueue_proxy_points", "make_proxy", "seed_scoring", "seed_study"]
+__all__ = ["SeedScoring", "baseline_seeds", "enqueue_proxy_points", "make_proxy", "seed_scoring", "seed_study"]
 
 _log = logging.getLogger(__name__)
 
@@ -98,12 +98,13 @@ def seed_study(
     calls (a resumed study) read them from there. Each distinct point is enqueued with
     ``skip_if_exists`` (a point the study already holds, in any state, is not added again) and the
     user attribute ``baseline`` naming the baseline(s) it comes from. ``scoring`` returns the
-    ``(importance, score)`` pair (default :func:`seed_scoring`); a study group passes one shared
-    by all its targets, so the parent is loaded and each candidate scored once per run.
+    ``(importance, score)`` pair of ``target`` (default :func:`seed_scoring`); a study group passes
+    its :class:`SeedScoring`'s, so the parent is loaded once per run and each candidate scored once per
+    data setting.
     """
     seeds = study.user_attrs.get("baseline_seeds")
     if seeds is None:
-        importance, score = (scoring or (lambda: seed_scoring(config)))()
+        importance, score = (scoring or (lambda: seed_scoring(config, target)))()
         seeds = baseline_seeds(config, target, parent, importance=importance, score=score, layer_order=layer_order)
         study.set_user_attr("baseline_seeds", seeds)
     by_point: dict[str, list[str]] = {}
@@ -123,29 +124,105 @@ def seed_study(
     return lines
 
 
-def seed_scoring(config: StudyConfig) -> tuple[Any, Any]:
-    """``(importance, score)`` for :func:`baseline_seeds`: in weights mode the trials' own importance
-    and the inner search's KL on ``val_samples`` of its calibration (training) rows (the parent is loaded here,
-    then released); in plan mode the ``importance`` record if any, unscored; else neither."""
-    if config.mode == "weights":
+SEED_SCORE_VERSION = "seed-score/1"  # part of every candidate score's cache key: bump when the score changes
+
+
+class SeedScoring:
+    """``(importance, score)`` for :func:`baseline_seeds` and the proxy of each target of a study group.
+
+    In weights mode, for a target: the importance its trials use (the parent's, on the calibration
+    rows of its workload's data, :meth:`TrialConfig.for_workload
+    <autocompress_opt.search.study.weights_trial.TrialConfig.for_workload>`; read from or written to the
+    trials' own disk cache, so the trials then find it there) and ``score``, the KL of a candidate to
+    the parent on the ``val_samples`` first calibration (training) rows of its inner search
+    (:func:`~autocompress_opt.prune.baselines.masked_kl_scorer`). Nothing else of a trial's context is
+    built: no teacher on the search's rows, none on the selection rows. A candidate's score depends on
+    the parent and the rows, not on the hardware (only the choice among candidates does), so targets
+    whose workloads read the same data share one pair, and each score is kept on disk
+    (``cache_dir/seed_scores``, keyed by the parent, the importance, the rows and the candidate): a
+    later study on the same parent and data scores a candidate it has seen without a forward pass.
+    The parent is loaded once, on first use, and held until :meth:`release`.
+
+    In plan mode: the ``importance`` record if the config names one, unscored; else neither.
+    """
+
+    def __init__(self, config: StudyConfig) -> None:
+        self.config = config
+        self._pairs: dict[str, tuple[Any, Any]] = {}  # data setting -> (importance, score)
+        self._parent: tuple[Any, Any, str] | None = None  # (model, tokenizer, parent_id)
+
+    def __call__(self, target: Target | None = None) -> tuple[Any, Any]:
+        """The pair for ``target`` (None: a config with no workload, whose trials read ``mixed`` data)."""
+        config = self.config
+        if config.mode != "weights":
+            if "plan" not in self._pairs:
+                from autocompress_opt.prune.importance import Importance
+
+                self._pairs["plan"] = (Importance.load(config.importance), None) if config.importance else (None, None)
+            return self._pairs["plan"]
+        from autocompress_opt.search.study.weights_trial import TrialConfig
+
+        trial = TrialConfig.from_dict(config.inner, seed=config.seed).for_workload(target.workload if target else None)
+        key = json.dumps([trial.data, trial.data_domain])  # the only data settings targets differ in
+        if key not in self._pairs:
+            self._pairs[key] = self._weights_pair(trial)
+        return self._pairs[key]
+
+    def release(self) -> None:
+        """Drop the parent model (the pairs' scores need it: call after the last score)."""
+        self._parent = None
+        self._pairs = {k: (imp, None) for k, (imp, _) in self._pairs.items()}
+
+    def _weights_pair(self, trial: Any) -> tuple[Any, Any]:
         from autocompress_opt.prune.baselines import masked_kl_scorer
-        from autocompress_opt.search.study.weights_trial import TrialConfig, clear_trial_cache, parent_context
+        from autocompress_opt.search.study.weights_trial import parent_importance, parent_parts, search_rows
 
-        trial = TrialConfig.from_dict(config.inner, seed=config.seed)
-        context, _ = parent_context(config.model, trial, Path(driver_cache_dir(config.cache_dir)))
+        cache = Path(driver_cache_dir(self.config.cache_dir))
+        if self._parent is None:
+            model, tokenizer, _, parent_id, _ = parent_parts(self.config.model, trial)
+            self._parent = (model, tokenizer, parent_id)
+        model, tokenizer, parent_id = self._parent
+        importance = parent_importance(model, tokenizer, parent_id, trial, cache)
         # A baseline's own choice among its candidates is part of the baseline (its calibration), so it
-        # scores them on the search's calibration rows (after its val_samples selection rows); the
+        # scores them on the search's calibration rows (its first val_samples training rows); the
         # comparison of the seeded baselines is the trials' objective, on selection rows.
-        val = trial.inner.val_samples
-        rows = context.tokens[val : 2 * val]
-        score = masked_kl_scorer(context.model, context.importance, rows) if rows.shape[0] else None
-        clear_trial_cache()  # the scorer holds what it needs
-        return context.importance, score
-    if config.importance:
-        from autocompress_opt.prune.importance import Importance
+        calibration = [p for p in search_rows(tokenizer, trial) if p.role == "calibration"]
+        rows = calibration[0].tokens[: trial.inner.val_samples] if calibration else None
+        if rows is None or not rows.shape[0]:
+            return importance, None
+        score = masked_kl_scorer(model, importance, rows)
+        return importance, _stored_scores(score, cache / "seed_scores", parent_id, importance, rows)
 
-        return Importance.load(config.importance), None
-    return None, None
+
+def _stored_scores(
+    score: Callable[[Architecture], float], folder: Path, parent_id: str, importance: Any, rows: Any
+) -> Callable[[Architecture], float]:
+    """``score`` with each architecture's value kept on disk under ``folder`` (:func:`~autocompress_opt.cache.fetch`),
+    keyed by the parent, the importance (which decides what is kept), the rows and the architecture
+    (its name aside); a stored value is returned without calling ``score``."""
+    from autocompress_opt.cache import cache_key, fetch
+    from autocompress_opt.prune.importance import tokens_id
+
+    meta = importance.meta
+    base = (parent_id, meta.data_id, meta.method, tokens_id(rows), "skip_loss")  # masked_kl_scorer's layer metric
+
+    def stored(arch: Architecture) -> float:
+        entry = folder / f"{cache_key(SEED_SCORE_VERSION, *base, {**arch.to_dict(), 'name': ''})}.json"
+        value, _ = fetch(
+            entry,
+            lambda: float(score(arch)),
+            lambda v, tmp: tmp.write_text(json.dumps({"kl": v}), encoding="utf-8"),
+            lambda path: float(json.loads(path.read_text(encoding="utf-8"))["kl"]),
+        )
+        return value
+
+    return stored
+
+
+def seed_scoring(config: StudyConfig, target: Target | None = None) -> tuple[Any, Any]:
+    """``(importance, score)`` of ``target`` for :func:`baseline_seeds`, built for this one call
+    (:class:`SeedScoring`; a study group shares one across its targets)."""
+    return SeedScoring(config)(target)
 
 
 def make_proxy(

@@ -111,7 +111,10 @@ __all__ = [
     "load_parent",
     "objective_domains",
     "parent_context",
+    "parent_importance",
+    "parent_parts",
     "run_weights_trial",
+    "search_rows",
     "workload_domain",
 ]
 
@@ -292,52 +295,21 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
     if key in _PARENTS:
         _PARENTS.move_to_end(key)
         return _PARENTS[key], False
-    seconds: dict[str, float] = {}
-    began = time.perf_counter()
     report(TrialProgress("load parent", 0, config.inner.steps))
-    loaded = load_parent(ref, config)
-    model, tokenizer, arch = loaded.model, loaded.tokenizer, loaded.architecture
-    dtype = next(model.parameters()).dtype
-    # importance, teacher and quality caches are keyed by it: a bf16 parent is another parent
-    parent_id = _parent_id(loaded.path, arch) + ("" if dtype == torch.float32 else f":{dtype_name(dtype)}")
-    seconds["load"] = time.perf_counter() - began
+    model, tokenizer, arch, parent_id, seconds = parent_parts(ref, config)
 
     began = time.perf_counter()
     report(TrialProgress("importance", 0, config.inner.steps))
-    data = _data_kwargs(config)
-    imp_rows = data_batches(
-        tokenizer,
-        role="calibration",
-        n_samples=config.importance_samples,
-        seq_len=config.importance_seq_len,
-        seed=config.data_seed,
-        **data,
-    )
-    importance = estimate_importance(
-        model,
-        imp_rows.tokens,
-        model_id=parent_id,
-        data_id=_digest(imp_rows.to_dict()),
-        seed=config.data_seed,
-        cache_dir=cache_dir / "importance",
-        progress=False,
-    )
+    importance = parent_importance(model, tokenizer, parent_id, config, cache_dir)
     seconds["importance"] = time.perf_counter() - began
 
     began = time.perf_counter()
     report(TrialProgress("teacher", 0, config.inner.steps))
-    inner = config.inner
-    # The inner search holds out its first val_samples rows to choose among its candidates: they are
-    # selection rows; the rest, its training rows, are calibration rows.
-    parts = [
-        data_batches(tokenizer, role=role, n_samples=n, seq_len=inner.seq_len, seed=config.data_seed, **data)
-        for role, n in (("selection", inner.val_samples), ("calibration", inner.n_samples - inner.val_samples))
-        if n
-    ]
-    search_rows = torch.cat([p.tokens for p in parts])
+    parts = search_rows(tokenizer, config)
+    rows = torch.cat([p.tokens for p in parts])
     teacher = teacher_log_probs(
         model,
-        search_rows,
+        rows,
         parent_id=parent_id,
         data_id=_digest([p.to_dict() for p in parts]),
         cache_dir=cache_dir / "teacher",
@@ -365,7 +337,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
         arch,
         parent_id,
         importance,
-        search_rows,
+        rows,
         teacher,
         {d: b.tokens for d, b in evals.items()},
         eval_teacher,
@@ -395,6 +367,57 @@ _CONTEXT_KEYS = (
     "compute_dtype",
     "teacher_budget_gib",
 )
+
+
+def parent_parts(ref: str, config: TrialConfig) -> tuple[Any, Any, Architecture, str, dict[str, float]]:
+    """``(model, tokenizer, architecture, parent_id, {"load": seconds})`` of parent ``ref`` loaded by
+    :func:`load_parent` (not cached here: :func:`parent_context` holds it)."""
+    began = time.perf_counter()
+    loaded = load_parent(ref, config)
+    model, tokenizer, arch = loaded.model, loaded.tokenizer, loaded.architecture
+    dtype = next(model.parameters()).dtype
+    # importance, teacher and quality caches are keyed by it: a bf16 parent is another parent
+    parent_id = _parent_id(loaded.path, arch) + ("" if dtype == torch.float32 else f":{dtype_name(dtype)}")
+    return model, tokenizer, arch, parent_id, {"load": time.perf_counter() - began}
+
+
+def parent_importance(model: Any, tokenizer: Any, parent_id: str, config: TrialConfig, cache_dir: Path) -> Importance:
+    """The trials' importance of the parent under ``config``'s data settings: estimated on its
+    calibration rows, on disk under ``cache_dir/importance`` (one entry per parent and data, shared
+    by every trial and the study's seeding)."""
+    from autocompress_opt.data.user import data_batches
+
+    imp_rows = data_batches(
+        tokenizer,
+        role="calibration",
+        n_samples=config.importance_samples,
+        seq_len=config.importance_seq_len,
+        seed=config.data_seed,
+        **_data_kwargs(config),
+    )
+    return estimate_importance(
+        model,
+        imp_rows.tokens,
+        model_id=parent_id,
+        data_id=_digest(imp_rows.to_dict()),
+        seed=config.data_seed,
+        cache_dir=cache_dir / "importance",
+        progress=False,
+    )
+
+
+def search_rows(tokenizer: Any, config: TrialConfig) -> list[Any]:
+    """The inner search's rows as their batches: its first ``val_samples`` rows, which choose among its
+    candidates, are selection rows; the rest, its training rows, are calibration rows (either part
+    is left out when empty)."""
+    from autocompress_opt.data.user import data_batches
+
+    inner, data = config.inner, _data_kwargs(config)
+    return [
+        data_batches(tokenizer, role=role, n_samples=n, seq_len=inner.seq_len, seed=config.data_seed, **data)
+        for role, n in (("selection", inner.val_samples), ("calibration", inner.n_samples - inner.val_samples))
+        if n
+    ]
 
 
 # ----------------------------------------------------------------------------- quality

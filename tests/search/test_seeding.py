@@ -1,0 +1,144 @@
+"""The study's seed scoring (search.study.seeding.SeedScoring): what it builds of the parent, what the
+targets of a group share, and what it keeps on disk for the trials and for later studies."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from tiny_lm import save_hf_dir, tiny_model
+from weights_helpers import INNER, PARAMS
+
+from autocompress_opt.arch.search_space import uniform_allocation
+from autocompress_opt.prune import baselines
+from autocompress_opt.prune import importance as importance_module
+from autocompress_opt.search.study import seeding, weights_trial
+from autocompress_opt.search.study.weights_trial import TrialConfig, parent_context
+from autocompress_opt.serving.targets import Target
+
+PROSE = Target("h100-sxm", "datacenter")  # datacenter and in-game trials read prose
+ALSO_PROSE = Target("rtx5070", "in-game")
+CODE = Target("rtx5080", "local-coding")
+
+
+@pytest.fixture(scope="module")
+def parent_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_hf_dir(tiny_model("llama", num_hidden_layers=4), tmp_path_factory.mktemp("seeding") / "llama")
+
+
+def _config(parent_dir: Path, cache: Path) -> Any:
+    return SimpleNamespace(mode="weights", inner=dict(INNER), seed=0, model=str(parent_dir), cache_dir=str(cache))
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the masked forward passes of every scorer seeding builds from now on."""
+    calls = [0]
+    real = baselines.masked_kl_scorer
+
+    def scorer(*args: Any, **kwargs: Any) -> Any:
+        score = real(*args, **kwargs)
+
+        def counted(arch: Any) -> float:
+            calls[0] += 1
+            return score(arch)
+
+        return counted
+
+    monkeypatch.setattr(baselines, "masked_kl_scorer", scorer)
+    return calls
+
+
+def test_targets_of_one_workload_data_share_a_pair_and_others_get_their_own(
+    parent_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two prose targets get the very same (importance, score); the coding target's importance is
+    estimated on code, so its calibration data (and its scores' rows) differ; the parent is loaded once."""
+    loads = [0]
+    real_load = weights_trial.load_parent
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        loads[0] += 1
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(weights_trial, "load_parent", load)
+    scoring = seeding.SeedScoring(_config(parent_dir, tmp_path / "cache"))
+    prose, also_prose, code = scoring(PROSE), scoring(ALSO_PROSE), scoring(CODE)
+    assert prose is also_prose
+    assert code[0].meta.data_id != prose[0].meta.data_id
+    assert loads[0] == 1
+    arch = uniform_allocation(PARAMS, _arch(parent_dir))
+    assert math.isfinite(prose[1](arch)) and math.isfinite(code[1](arch))
+
+
+def _arch(parent_dir: Path) -> Any:
+    from autocompress_opt.hf.loading import load_model
+
+    return load_model(parent_dir).architecture
+
+
+def test_seeding_builds_only_importance_and_its_rows_and_the_trials_reuse_the_importance(
+    parent_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seeding writes the trials' importance entry and no teacher targets; a trial of that workload then
+    reads the importance from disk (no second estimate) and gets the same scores."""
+    cache = tmp_path / "cache"
+    importance, _ = seeding.SeedScoring(_config(parent_dir, cache))(PROSE)
+    assert len([p for p in (cache / "importance").iterdir() if not p.name.startswith(".")]) == 1  # not lock files
+    assert not (cache / "teacher").exists()
+
+    estimates = [0]
+    monkeypatch.setattr(weights_trial, "estimate_importance", _spy(estimates, weights_trial.estimate_importance))
+    monkeypatch.setattr(importance_module.ESTIMATORS, "get", lambda name: _forbidden)
+    weights_trial.clear_trial_cache()
+    trial = TrialConfig.from_dict(INNER, seed=0).for_workload(PROSE.workload)
+    context, _ = parent_context(str(parent_dir), trial, cache)
+    weights_trial.clear_trial_cache()
+    assert estimates[0] == 1  # asked once, answered from the cache (the estimator itself is forbidden)
+    assert context.importance.meta == importance.meta
+    torch.testing.assert_close(context.importance.skip_loss, importance.skip_loss)
+
+
+def _spy(calls: list[int], real: Any) -> Any:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    return wrapped
+
+
+def _forbidden(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("importance was estimated again instead of read from the seeding's cache entry")
+
+
+def test_candidate_scores_are_kept_on_disk_and_equal_the_masked_kl(
+    parent_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A candidate scored once is not scored again by a later study's seeding on the same cache (no
+    masked forward pass), and the stored value is the scorer's own: the masked KL on the first
+    val_samples calibration rows of the search."""
+    cache = tmp_path / "cache"
+    calls = _counting(monkeypatch)
+    parent = _arch(parent_dir)
+    small = uniform_allocation(PARAMS, parent)
+    smaller = uniform_allocation({**PARAMS, "num_layers": 2}, parent)
+
+    _, first = seeding.SeedScoring(_config(parent_dir, cache))(CODE)
+    values = [first(small), first(smaller), first(small)]
+    assert calls[0] == 2 and values[0] == values[2] and values[0] != values[1]
+
+    _, again = seeding.SeedScoring(_config(parent_dir, cache))(CODE)
+    assert [again(small), again(smaller)] == values[:2]
+    assert calls[0] == 2  # both read back from disk
+
+    # the value is the masked KL on the search's first calibration rows, recomputed here by hand
+    trial = TrialConfig.from_dict(INNER, seed=0).for_workload(CODE.workload)
+    model, tokenizer, _, parent_id, _ = weights_trial.parent_parts(str(parent_dir), trial)
+    importance = weights_trial.parent_importance(model, tokenizer, parent_id, trial, cache)
+    rows = weights_trial.search_rows(tokenizer, trial)[-1].tokens[: trial.inner.val_samples]
+    monkeypatch.undo()
+    by_hand = baselines.masked_kl_scorer(model, importance, rows)(small)
+    assert values[0] == pytest.approx(by_hand, rel=1e-6)
