@@ -512,7 +512,7 @@ def _minitron(
         expert_frequency=tuple(None if r is None else r.cpu() / n_tokens for r in acts.routed),
         expert_output=tuple(None if o is None else o.cpu() / n_tokens for o in acts.expert_out),
         expert_ffn=tuple(
-            None if f is None else f.cpu() / r.cpu().clamp(min=1).unsqueeze(-1)
+            None if f is None or r is None else f.cpu() / r.cpu().clamp(min=1).unsqueeze(-1)
             for f, r in zip(acts.expert_ffn, acts.routed)
         ),
     )
