@@ -36,12 +36,14 @@ from typing import Any
 from autocompress_opt.arch.architecture import Architecture, LayerSpec, hf_layer_windows
 from autocompress_opt.arch.block_configs import MODEL_TYPE as HETERO_MODEL_TYPE  # its adapter's name too
 from autocompress_opt.arch.families import Family, family, family_for_model_type, family_names
+from autocompress_opt.arch.moe import MoESpec
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.registry import Registry
 
 __all__ = [
     "ADAPTERS",
     "GEMMA3_PATHS",
+    "MOE_ADAPTERS",
     "FamilyAdapter",
     "LayerParts",
     "ModulePaths",
@@ -52,6 +54,7 @@ __all__ = [
     "layer_input",
     "layer_output",
     "model_type_of",
+    "moe_adapter",
 ]
 
 
@@ -79,6 +82,12 @@ class ModulePaths:
     ffn_norm: str = "post_attention_layernorm"  # before the MLP (Llama's name)
     attn_out_norm: str | None = None  # on the attention output, before the residual add (Gemma 3)
     ffn_out_norm: str | None = None  # on the MLP output, before the residual add (Gemma 3)
+    # A sparse MoE block in place of the MLP (transformers 5 Qwen3-MoE / Mixtral names): its router, its
+    # experts module and the experts' stacked weights, gate_up (E, 2F, D: gate rows, then up rows), down (E, D, F).
+    router: str = "gate"
+    experts: str = "experts"
+    expert_gate_up: str = "gate_up_proj"
+    expert_down: str = "down_proj"
 
 
 # Gemma 3 (transformers' Gemma3DecoderLayer): four RMSNorms, two of them on the sub-block outputs.
@@ -92,12 +101,15 @@ GEMMA3_PATHS = ModulePaths(
 @dataclass(frozen=True)
 class LayerParts:
     """The modules of one decoder layer; the attention fields are None when it has no attention,
-    the MLP fields None when it has no FFN; ``attn_out_norm`` / ``ffn_out_norm`` are None in
-    families without post-norms.
+    the MLP fields None when it has no dense FFN; ``attn_out_norm`` / ``ffn_out_norm`` are None in
+    families without post-norms. A layer whose FFN is a mixture of experts has ``moe`` (the sparse
+    block), ``router`` and ``experts`` (the module holding the stacked expert weights) and its
+    ``ffn_norm``, and no ``mlp`` / projections.
 
     Shapes (``nn.Linear.weight`` is ``(out, in)``): ``q_proj`` ``(H·d, D)``, ``k_proj``/``v_proj``
     ``(G·d, D)``, ``o_proj`` ``(D, H·d)``, ``gate_proj``/``up_proj`` ``(F, D)``, ``down_proj``
-    ``(D, F)``, norms ``(D,)``, ``q_norm``/``k_norm`` ``(d,)``.
+    ``(D, F)``, norms ``(D,)``, ``q_norm``/``k_norm`` ``(d,)``; MoE: ``router.weight`` ``(E, D)``,
+    ``expert_gate_up`` ``(E, 2F, D)`` (gate rows ``0..F-1``, up rows ``F..2F-1``), ``expert_down`` ``(E, D, F)``.
     """
 
     layer: Any
@@ -117,6 +129,11 @@ class LayerParts:
     ffn_norm: Any = None
     ffn_out_norm: Any = None
     head_dim: int = 0
+    moe: Any = None
+    router: Any = None
+    experts: Any = None
+    expert_gate_up: Any = None
+    expert_down: Any = None
 
     @property
     def attn_residual(self) -> Any:
@@ -155,6 +172,27 @@ class LayerParts:
         """FFN channels F (0 without an FFN)."""
         return self.down_proj.in_features if self.mlp is not None else 0
 
+    @property
+    def num_experts(self) -> int:
+        """Routed experts E (0 without a MoE)."""
+        return int(self.expert_down.shape[0]) if self.moe is not None else 0
+
+    @property
+    def expert_width(self) -> int:
+        """Each routed expert's intermediate channels F (0 without a MoE)."""
+        return int(self.expert_down.shape[-1]) if self.moe is not None else 0
+
+    def moe_spec(self) -> MoESpec | None:
+        """This layer's :class:`MoESpec`, read from the module shapes and the router's ``top_k``."""
+        if self.moe is None:
+            return None
+        return MoESpec(
+            num_experts=self.num_experts,
+            experts_per_token=int(self.router.top_k),
+            expert_width=self.expert_width,
+            router_bias=getattr(self.router, "bias", None) is not None,
+        )
+
     def spec(self, window: int | None = None) -> LayerSpec:
         """This layer's :class:`LayerSpec`, read from the module shapes; ``window`` (from the config:
         modules do not show it) applies when the layer has attention."""
@@ -167,6 +205,7 @@ class LayerParts:
             ffn=self.mlp is not None,
             ffn_width=self.ffn_width,
             window=window,
+            moe=self.moe_spec(),
         )
 
 
@@ -265,7 +304,17 @@ class FamilyAdapter:
                     for k in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
                 },
             )
-        if mlp is not None:
+        if mlp is not None and hasattr(mlp, p.experts):  # a sparse MoE block (only the experts path's adapters)
+            experts = getattr(mlp, p.experts)
+            parts.update(
+                moe=mlp,
+                router=getattr(mlp, p.router),
+                experts=experts,
+                expert_gate_up=getattr(experts, p.expert_gate_up),
+                expert_down=getattr(experts, p.expert_down),
+                ffn_norm=getattr(layer, p.ffn_norm),
+            )
+        elif mlp is not None:
             parts.update(
                 mlp=mlp,
                 ffn_norm=getattr(layer, p.ffn_norm),
@@ -323,7 +372,7 @@ class FamilyAdapter:
         return dict(
             qkv_bias=any(p.q_proj.bias is not None for p in parts),
             o_bias=any(p.o_proj.bias is not None for p in parts),
-            mlp_bias=any(p.down_proj.bias is not None for p in parts),
+            mlp_bias=any(p.down_proj is not None and p.down_proj.bias is not None for p in parts),
             qk_norm=any(p.q_norm is not None for p in parts),
         )
 
@@ -346,6 +395,27 @@ for _adapter in (
     FamilyAdapter(HETERO_MODEL_TYPE, "this package's heterogeneous DeciLM-style decoder", heterogeneous=True),
 ):
     ADAPTERS.register(_adapter.name, _adapter)
+
+
+# The experts path (issue 30, first slice): adapters of the MoE families whose routed experts are scored
+# (prune/importance.py), masked (prune/masking.py), sliced and exported (prune/experts.py). Deliberately
+# neither in ADAPTERS nor named by the family entry: the family stays architecture-only for every other
+# weights path (plan_pruning, materialize, export_model, the inner search, studies), which cannot prune it yet.
+MOE_ADAPTERS: dict[str, FamilyAdapter] = {
+    "qwen3_moe": FamilyAdapter("qwen3_moe", "Qwen3-MoE (stacked experts, softmax-then-top-k router, q/k norm)"),
+}
+
+
+def moe_adapter(model_or_config: Any) -> FamilyAdapter:
+    """The experts path's adapter for a MoE model (or config), by ``config.model_type``; raises
+    :class:`ConfigError` naming the model_type and the families the experts path handles."""
+    model_type = model_type_of(model_or_config)
+    if model_type not in MOE_ADAPTERS:
+        raise ConfigError(
+            f"expert pruning does not handle model_type {model_type or '(none)'!r} yet; "
+            f"it handles: {', '.join(MOE_ADAPTERS)} (issue 30)"
+        )
+    return MOE_ADAPTERS[model_type]
 
 
 def family_adapter(name: str) -> FamilyAdapter:

@@ -16,6 +16,15 @@ no gradients. What is scored (all scores: higher = more important):
   ShortGPT, arXiv 2403.03853; used by Minitron for depth).
 * **skip_loss** — per layer: mean next-token cross-entropy with the layer skipped minus the
   unpruned model's (Minitron's LM-loss depth metric). Costs one extra pass over the data per layer.
+* Mixture-of-experts layers (``E`` routed experts of ``F`` channels, top-``k``; the experts path's
+  adapters, :func:`~autocompress_opt.hf.adapters.moe_adapter`), as the MoE extension of Minitron
+  does in NVIDIA ModelOpt (experts ranked by how much the router uses them, expert channels like FFN
+  channels): **expert_frequency** ``(E,)`` — the fraction of calibration tokens whose top-``k``
+  holds the expert (sums to ``k``; 0 for an expert never routed); **expert_output** ``(E,)`` — mean
+  over all tokens of ‖w·y_e‖₂, the expert's routing-weighted output (0 when never routed);
+  **expert_ffn** ``(E, F)`` — per expert, mean |act(gate(x))·up(x)|_c over the tokens routed to it
+  (the input of its down projection; zeros when never routed). Dense layers have None there, and a
+  dense model's scores are computed exactly as before.
 
 :func:`estimate_importance` runs under ``torch.inference_mode`` and is deterministic: the same
 model, tokens and ``batch_size`` give bit-identical scores. It returns an :class:`Importance`
@@ -39,6 +48,7 @@ from autocompress_opt.cache import cache_key, fetch
 from autocompress_opt.errors import ConfigError, UnknownNameError, check_int
 from autocompress_opt.hf.adapters import (
     FamilyAdapter,
+    LayerParts,
     adapter_for,
     architecture_mismatch,
     bypass_layer,
@@ -58,6 +68,7 @@ __all__ = [
     "ImportanceMeta",
     "cache_path",
     "estimate_importance",
+    "expert_forward",
     "ranked",
     "tokens_id",
 ]
@@ -65,6 +76,7 @@ __all__ = [
 _FORMAT = "autocompress-importance/1"
 _TENSORS_FILE, _META_FILE = "importance.safetensors", "importance.json"
 LAYER_METRICS: tuple[str, ...] = ("skip_loss", "block_influence")
+_EXPERT_KINDS = ("expert_frequency", "expert_output", "expert_ffn")
 # The version of the scores' computation, part of every cache key: bump it when an estimator's
 # numbers change, and cached scores are recomputed. (1: keys of (model, data, method) alone;
 # 2: without the dtype: a bf16 parent read an fp32 parent's scores unless its model id said bf16.)
@@ -101,7 +113,9 @@ class Importance:
 
     Per layer ``i`` of ``architecture`` (``None`` where the layer has no such sub-block):
     ``heads[i]`` ``(H_i,)``, ``kv_groups[i]`` ``(G_i,)``, ``ffn[i]`` ``(F_i,)``. Model-wide:
-    ``hidden`` ``(D,)``, ``block_influence`` ``(L,)``, ``skip_loss`` ``(L,)`` (nats).
+    ``hidden`` ``(D,)``, ``block_influence`` ``(L,)``, ``skip_loss`` ``(L,)`` (nats). Per MoE layer
+    (None elsewhere; an empty tuple reads as all None): ``expert_frequency[i]`` ``(E_i,)``,
+    ``expert_output[i]`` ``(E_i,)``, ``expert_ffn[i]`` ``(E_i, F_i)`` (module docstring).
     """
 
     architecture: Architecture
@@ -112,8 +126,14 @@ class Importance:
     block_influence: torch.Tensor
     skip_loss: torch.Tensor
     meta: ImportanceMeta
+    expert_frequency: tuple[torch.Tensor | None, ...] = ()
+    expert_output: tuple[torch.Tensor | None, ...] = ()
+    expert_ffn: tuple[torch.Tensor | None, ...] = ()
 
     def __post_init__(self) -> None:
+        for kind in _EXPERT_KINDS:  # a dense record leaves them out
+            if not getattr(self, kind):
+                object.__setattr__(self, kind, (None,) * self.architecture.num_layers)
         _check_shapes(self)
 
     def layer_scores(self, metric: str = "skip_loss") -> torch.Tensor:
@@ -160,11 +180,12 @@ class Importance:
             block_influence=tensors["block_influence"],
             skip_loss=tensors["skip_loss"],
             meta=ImportanceMeta(**sidecar["meta"]),
+            **{kind: per_layer(kind) for kind in _EXPERT_KINDS},
         )
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         out = {"hidden": self.hidden, "block_influence": self.block_influence, "skip_loss": self.skip_loss}
-        for kind in ("heads", "kv_groups", "ffn"):
+        for kind in ("heads", "kv_groups", "ffn", *_EXPERT_KINDS):
             for i, t in enumerate(getattr(self, kind)):
                 if t is not None:
                     out[f"layers.{i}.{kind}"] = t
@@ -191,13 +212,17 @@ def _check_shapes(imp: Importance) -> None:
         "block_influence": (arch.num_layers,),
         "skip_loss": (arch.num_layers,),
     }
-    for kind in ("heads", "kv_groups", "ffn"):
+    for kind in ("heads", "kv_groups", "ffn", *_EXPERT_KINDS):
         if len(getattr(imp, kind)) != arch.num_layers:
             raise ConfigError(f"Importance.{kind} has {len(getattr(imp, kind))} layers, architecture {arch.num_layers}")
     for i, layer in enumerate(arch.layers):
         expect[f"heads[{i}]"] = (layer.num_heads,) if layer.attention else None
         expect[f"kv_groups[{i}]"] = (layer.num_kv_heads,) if layer.attention else None
         expect[f"ffn[{i}]"] = (layer.ffn_width,) if layer.ffn else None
+        moe = layer.moe
+        expect[f"expert_frequency[{i}]"] = (moe.num_experts,) if moe is not None else None
+        expect[f"expert_output[{i}]"] = (moe.num_experts,) if moe is not None else None
+        expect[f"expert_ffn[{i}]"] = (moe.num_experts, moe.expert_width) if moe is not None else None
     for name, shape in expect.items():
         kind, _, idx = name.partition("[")
         tensor = getattr(imp, kind)[int(idx[:-1])] if idx else getattr(imp, kind)
@@ -328,6 +353,8 @@ class _Activations:
 
     Per layer: ``heads`` ``(H,)`` Σ‖o_h‖₂, ``ffn`` ``(F,)`` Σ|x_c| at ``down_proj``'s input,
     ``cos`` Σ cos(x_in, x_out); model-wide: ``hidden`` ``(D,)`` Σ|norm output| over all hidden norms.
+    Per MoE layer: ``routed`` ``(E,)`` tokens routed to each expert, ``expert_out`` ``(E,)`` Σ‖w·y_e‖₂,
+    ``expert_ffn`` ``(E, F)`` Σ|act(gate)·up| over the tokens routed to each expert.
     """
 
     def __init__(self, model: Any, adapter: FamilyAdapter) -> None:
@@ -344,6 +371,11 @@ class _Activations:
         self.ffn = [zeros(p.ffn_width, p.down_proj.weight.device) if p.mlp is not None else None for p in self.parts]
         self.hidden = zeros(adapter.embedding(model).embedding_dim)
         self.cos = zeros(len(self.parts))
+        moe = [p if p.moe is not None else None for p in self.parts]
+        on = lambda p: p.expert_down.device
+        self.routed = [zeros(p.num_experts, on(p)) if p else None for p in moe]
+        self.expert_out = [zeros(p.num_experts, on(p)) if p else None for p in moe]
+        self.expert_ffn = [zeros((p.num_experts, p.expert_width), on(p)) if p else None for p in moe]
         self._inputs: dict[int, torch.Tensor] = {}
         self.handles: list[Any] = []
 
@@ -355,6 +387,8 @@ class _Activations:
                 self.handles.append(parts.o_proj.register_forward_pre_hook(self._head_norms(i, parts.head_dim)))
             if parts.mlp is not None:
                 self.handles.append(parts.down_proj.register_forward_pre_hook(self._ffn_magnitude(i)))
+            if parts.moe is not None:
+                self.handles.append(parts.experts.register_forward_hook(self._expert_stats(i, parts)))
         for norm in self.norms:
             self.handles.append(norm.register_forward_hook(self._norm_magnitude))
         return self
@@ -393,8 +427,38 @@ class _Activations:
 
         return hook
 
+    def _expert_stats(self, i: int, parts: LayerParts) -> Callable[..., None]:
+        import torch
+
+        def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
+            x, top_k_index, top_k_weights = args[:3]  # (T, D), (T, k), (T, k): the experts module's call
+            for e in torch.unique(top_k_index).tolist():
+                token, slot = torch.where(top_k_index == e)  # the tokens routed to e, and where in their top-k
+                h, y = expert_forward(parts, e, x[token])  # (n, F), (n, D)
+                y = y.float() * top_k_weights[token, slot, None].float()
+                self.routed[i][e] += token.numel()  # type: ignore[index]
+                self.expert_out[i][e] += y.norm(dim=-1).double().sum()  # type: ignore[index]
+                self.expert_ffn[i][e] += h.float().abs().double().sum(dim=0)  # type: ignore[index]
+
+        return hook
+
     def _norm_magnitude(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
         self.hidden += output.float().abs().double().sum(dim=(0, 1)).to(self.hidden.device)  # (D,)
+
+
+def expert_forward(parts: LayerParts, expert: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routed expert ``expert`` of a MoE layer on tokens ``x`` ``(n, D)``: its intermediate activation
+    ``h = act(gate(x))·up(x)`` ``(n, F)`` and its output ``down(h)`` ``(n, D)``, unweighted.
+
+    The arithmetic of transformers 5's stacked-expert modules (``Qwen3MoeExperts``: ``gate_up_proj``
+    ``(E, 2F, D)`` chunked gate-then-up, ``down_proj`` ``(E, D, F)``); the experts module itself only
+    returns the routing-weighted sum, so the scores recompute each expert (tested against it).
+    """
+    import torch
+
+    gate, up = torch.nn.functional.linear(x, parts.expert_gate_up[expert]).chunk(2, dim=-1)
+    h = parts.experts.act_fn(gate) * up
+    return h, torch.nn.functional.linear(h, parts.expert_down[expert])
 
 
 def _batches(tokens: torch.Tensor, batch_size: int) -> Iterator[torch.Tensor]:
@@ -453,6 +517,12 @@ def _minitron(
         block_influence=1.0 - acts.cos.cpu() / n_tokens,
         skip_loss=skip,
         meta=replace(meta, base_loss=base),
+        expert_frequency=tuple(None if r is None else r.cpu() / n_tokens for r in acts.routed),
+        expert_output=tuple(None if o is None else o.cpu() / n_tokens for o in acts.expert_out),
+        expert_ffn=tuple(
+            None if f is None or r is None else f.cpu() / r.cpu().clamp(min=1).unsqueeze(-1)
+            for f, r in zip(acts.expert_ffn, acts.routed)
+        ),
     )
 
 

@@ -3,13 +3,20 @@ channels, removed sub-blocks, skipped layers and masked hidden channels, no weig
 (:func:`apply_masks`). All-ones masks reproduce the parent exactly; the masked parent's logits
 equal the sliced model's (:mod:`autocompress_opt.prune.slicing`) to float tolerance.
 
+Mixture-of-experts layers (the experts path, :func:`~autocompress_opt.hf.adapters.moe_adapter`):
+a dropped expert gets router logit ``-inf`` before the softmax and top-``k``, so tokens are routed
+among the kept experts exactly as the sliced model (whose router has only their rows) routes them;
+``experts_per_token`` changes the ``k``; a masked expert channel is a zeroed column of the expert's
+stacked down projection (a ``torch.nn.utils.parametrize`` view, so the stored weight is untouched),
+what slicing that channel away computes (:mod:`autocompress_opt.prune.experts`).
+
 A masked hidden norm computes its statistic over the kept channels, ``sum_c m_c x_c^2 / sum_c m_c``,
 so a hidden mask means *channel removal*, as slicing does (see :mod:`~autocompress_opt.prune.slicing`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from autocompress_opt.arch.architecture import Architecture
@@ -28,10 +35,17 @@ __all__ = ["LayerMask", "MaskHandle", "Masks", "apply_masks"]
 class LayerMask:
     """Masks of one parent layer. ``heads`` ``(H,)`` over query heads and ``ffn`` ``(F,)`` over FFN
     channels hold 1 (keep) or 0 (zero); ``None`` removes the sub-block (its output, bias
-    included, becomes zero). Both ``None`` skips the layer."""
+    included, becomes zero). Both ``None`` skips the layer.
+
+    A MoE layer (``ffn`` None there) has ``experts`` ``(E,)``: 1 = routed expert kept (None removes
+    the MoE block; with ``heads`` None too the layer is skipped), ``expert_ffn`` ``(E, F)``: 1 = the
+    expert's channel kept (None: all), ``experts_per_token``: the top-``k`` (None: the parent's)."""
 
     heads: torch.Tensor | None
     ffn: torch.Tensor | None
+    experts: torch.Tensor | None = None
+    expert_ffn: torch.Tensor | None = None
+    experts_per_token: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,10 +61,14 @@ class Masks:
         import torch
 
         ones = lambda n, present: torch.ones(n, dtype=torch.bool) if present else None
-        return cls(
-            layers=tuple(LayerMask(ones(s.num_heads, s.attention), ones(s.ffn_width, s.ffn)) for s in arch.layers),
-            hidden=torch.ones(arch.hidden_size, dtype=torch.bool),
-        )
+        layers = []
+        for s in arch.layers:
+            mask = LayerMask(ones(s.num_heads, s.attention), ones(s.ffn_width, s.ffn))
+            if s.moe is not None:
+                e, f = s.moe.num_experts, s.moe.expert_width
+                mask = replace(mask, experts=ones(e, True), expert_ffn=ones((e, f), True))
+            layers.append(mask)
+        return cls(layers=tuple(layers), hidden=torch.ones(arch.hidden_size, dtype=torch.bool))
 
 
 class MaskHandle:
@@ -114,11 +132,39 @@ def _check_masks(masks: Masks, parts: list[LayerParts], hidden_size: int) -> Non
                 raise ConfigError(
                     f"masks.layers[{i}].{name} has shape {tuple(tensor.shape)}, layer {i} needs ({size},)"
                 )
+        _check_expert_masks(i, p, mask)
+
+
+def _check_expert_masks(i: int, p: LayerParts, mask: LayerMask) -> None:
+    where = f"masks.layers[{i}]"
+    if p.moe is None:
+        set_ = [n for n in ("experts", "expert_ffn", "experts_per_token") if getattr(mask, n) is not None]
+        if set_:
+            raise ConfigError(f"{where}.{set_[0]} is set but layer {i} has no mixture of experts")
+        return
+    if mask.experts is None:
+        if mask.expert_ffn is not None or mask.experts_per_token is not None:
+            raise ConfigError(
+                f"{where}: experts is None (MoE removed), so expert_ffn and experts_per_token must be too"
+            )
+        return
+    e, f = p.num_experts, p.expert_width
+    for name, tensor, shape in (("experts", mask.experts, (e,)), ("expert_ffn", mask.expert_ffn, (e, f))):
+        if tensor is not None and tuple(tensor.shape) != shape:
+            raise ConfigError(f"{where}.{name} has shape {tuple(tensor.shape)}, layer {i} needs {shape}")
+    kept = int(mask.experts.sum())
+    k = int(p.router.top_k) if mask.experts_per_token is None else mask.experts_per_token
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= kept:
+        raise ConfigError(
+            f"{where}.experts_per_token={k} does not fit the {kept} experts kept in layer {i}; valid: 1..{kept}"
+        )
+    if mask.expert_ffn is not None and not bool(mask.expert_ffn[mask.experts.bool()].any(dim=-1).all()):
+        raise ConfigError(f"{where}.expert_ffn keeps no channel of a kept expert; drop that expert instead")
 
 
 def _layer_hooks(p: LayerParts, mask: LayerMask) -> list[Any]:
     has_attn, has_ffn = p.attention is not None, p.mlp is not None
-    if mask.heads is None and mask.ffn is None and (has_attn or has_ffn):
+    if mask.heads is None and mask.ffn is None and mask.experts is None and (has_attn or has_ffn or p.moe is not None):
         return [bypass_layer(p.layer)]
     handles = []
     if has_attn:
@@ -132,7 +178,72 @@ def _layer_hooks(p: LayerParts, mask: LayerMask) -> list[Any]:
             handles.append(p.mlp.register_forward_hook(_zero_output))
         elif not bool(mask.ffn.all()):
             handles.append(p.down_proj.register_forward_pre_hook(_scale_input(mask.ffn)))
+    if p.moe is not None:
+        handles += _expert_hooks(p, mask)
     return handles
+
+
+def _expert_hooks(p: LayerParts, mask: LayerMask) -> list[Any]:
+    """Reroute among the kept experts with the mask's top-k; zero masked expert channels."""
+    if mask.experts is None:
+        return [p.moe.register_forward_hook(_zero_output)]
+    handles: list[Any] = []
+    k = int(p.router.top_k) if mask.experts_per_token is None else mask.experts_per_token
+    if not bool(mask.experts.all()) or k != int(p.router.top_k):
+        handles.append(p.router.register_forward_hook(_reroute(mask.experts.bool(), k)))
+    if mask.expert_ffn is not None and not bool(mask.expert_ffn.all()):
+        handles.append(_ChannelMask.install(p.experts, _down_name(p), mask.expert_ffn))
+    return handles
+
+
+def _down_name(p: LayerParts) -> str:
+    return next(name for name, param in p.experts.named_parameters(recurse=False) if param is p.expert_down)
+
+
+def _reroute(keep: torch.Tensor, k: int) -> Any:
+    """A router hook: logits of dropped experts ``-inf``, then the router's own rule again (transformers'
+    ``Qwen3MoeTopKRouter``: softmax in float32, top-``k``, renormalised iff ``norm_topk_prob``, cast
+    back), so the kept experts' weights are what the sliced router gives them."""
+    import torch
+
+    def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
+        logits = output[0]  # (tokens, E)
+        logits = logits.masked_fill(~keep.to(logits.device), float("-inf"))
+        probs = torch.nn.functional.softmax(logits, dtype=torch.float, dim=-1)
+        top, index = torch.topk(probs, k, dim=-1)  # (tokens, k)
+        if getattr(module, "norm_topk_prob", False):
+            top = top / top.sum(dim=-1, keepdim=True)
+        return (logits, top.to(logits.dtype), index, *output[3:])
+
+    return hook
+
+
+class _ChannelMask:
+    """``experts.<down>`` ``(E, D, F)`` seen through ``weight · mask[:, None, :]`` while installed
+    (``torch.nn.utils.parametrize``; the stored parameter is untouched and comes back on ``remove``).
+    The product is recomputed on each access: one elementwise pass over the stacked weight per
+    expert the forward visits."""
+
+    def __init__(self, experts: Any, name: str) -> None:
+        self.experts, self.name = experts, name
+
+    @classmethod
+    def install(cls, experts: Any, name: str, expert_ffn: torch.Tensor) -> _ChannelMask:
+        import torch
+        from torch.nn.utils import parametrize
+
+        class _Mask(torch.nn.Module):
+            def forward(self, weight: torch.Tensor) -> torch.Tensor:
+                return weight * expert_ffn.to(device=weight.device, dtype=weight.dtype).unsqueeze(1)
+
+        parametrize.register_parametrization(experts, name, _Mask())
+        return cls(experts, name)
+
+    def remove(self) -> None:
+        from torch.nn.utils import parametrize
+
+        if parametrize.is_parametrized(self.experts, self.name):
+            parametrize.remove_parametrizations(self.experts, self.name, leave_parametrized=False)
 
 
 def _hidden_hooks(
