@@ -47,6 +47,7 @@ from autocompress_opt.search.study.storage import (
     make_storage,
     resolve_storage,
 )
+from autocompress_opt.search.study.testsplit import trial_test_quality
 
 __all__ = [
     "SCHEDULERS",
@@ -87,4 +88,5 @@ __all__ = [
     "seed_study",
     "shared_answers",
     "trial_parent",
+    "trial_test_quality",
 ]
