@@ -136,7 +136,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def result_name(model: str) -> str:
     """``head_to_head`` for the default model, ``head_to_head_<model>`` for another (one summary each)."""
-    return "head_to_head" if model == MODEL else f"head_to_head_{model}"
+    return "head_to_head" if model == MODEL else f"head_to_head_{Path(model).name}"  # a path: its folder's name
 
 
 # ---------------------------------------------------------------------------------- stages
@@ -619,6 +619,7 @@ def summarise(
                 [r for r in old["targets"] if r["hardware"] not in mine] + rows,
                 key=lambda r: order.index(r["hardware"]) if r["hardware"] in order else len(order),
             )
+    args.results.mkdir(parents=True, exist_ok=True)
     plot(rows, parent_report["average_accuracy"], args.results / f"{name}.png", parent.name)
     write(
         name,
