@@ -73,9 +73,11 @@ def code_hash(*parts: str) -> str:
     return digest.hexdigest()[:12]
 
 
-def write(name: str, data: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def write(name: str, data: dict[str, Any], results: Path | None = None) -> Path:
+    """Write ``data`` with the date and machine to ``<results>/<name>.json`` (default :data:`RESULTS`)."""
+    results = results or RESULTS
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{name}.json"
     payload = {
         "benchmark": name,
         "date": f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}",

@@ -21,11 +21,17 @@ by the same exact cost model, exported, recovered and evaluated identically:
 
 Each arm is recovered with the same distillation budget under ``--recovery-seeds`` (default 3
 seeds) and evaluated on the offline eight-task suite (seven accuracy tasks + held-out perplexity)
-plus the held-out KL to the parent before and after recovery. The difference in average accuracy,
-searched minus each baseline, gets a bootstrap 95 % interval over items (paired) and recovery seeds
-(:func:`~autocompress_opt.tasks.scoring.seeded_bootstrap`); a win or loss is claimed only where the
-interval excludes zero. Per task: its chance level, and a flag where the parent itself is at the
-floor (within 5 points of chance) or the ceiling (≥ 95 %).
+plus its KL to the parent and perplexity before and after recovery on the **test** split
+(``--test-rows`` rows of ``--test-seq-len`` tokens per domain, code and prose: documents that the
+study, the importance scores, the baselines' scoring and distillation never read; ``_h2h_test``).
+The difference in average accuracy, searched minus each baseline, gets a bootstrap 95 % interval
+over items (paired) and recovery seeds; the differences in test KL (nats) and perplexity (as a
+ratio) get one over test rows (paired) and recovery seeds — one bootstrap,
+:func:`~autocompress_opt.tasks.scoring.seeded_bootstrap`. A win or loss is claimed only where the
+interval excludes zero. Every reported KL and perplexity names its split (role, document counts,
+digests) in the JSON (``quality_split``); the KL the study chose by (selection rows) is kept apart
+as ``kl_before_selection``. Per task: its chance level, and a flag where the parent itself is at
+the floor (within 5 points of chance) or the ceiling (≥ 95 %).
 
 Every stage is cached under ``--work`` (git-ignored) in a folder per architecture, keyed by the
 hash of the package code that computes it (export: arch/hf/prune; recovery: recover/hf/quality;
@@ -55,6 +61,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _h2h_tables import ARMS, tables
+from _h2h_test import TestRows, differences
+from _h2h_test import summary as test_summary
 from _util import code_hash, provenance, write
 
 from autocompress_opt.arch.architecture import Architecture
@@ -64,9 +73,9 @@ from autocompress_opt.serving.targets import Target
 
 MODEL = "smollm2-135m"
 TARGETS = (("rtx5070", "in-game"), ("rtx5080", "local-coding"), ("h100-sxm", "datacenter"), ("b200", "datacenter"))
-ROOT = Path(__file__).parent / "results" / "h2h-v2"
+RESULTS = Path(__file__).parent / "results"
+ROOT = RESULTS / "h2h-v2"
 CACHE = Path(".autocompress")
-ARMS = ("searched", "minitron", "depth", "best-uniform")
 BASELINES = ARMS[1:]
 LABELS = {
     "searched": "study's best (hardware-guided search)",
@@ -93,10 +102,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--task-seed", type=int, default=0, help="seed of the task builders")
     p.add_argument("--boot", type=int, default=10000, help="bootstrap resamples")
     p.add_argument(
+        "--test-rows", type=int, default=32, help="test-split rows per domain (code, prose) for KL/perplexity"
+    )
+    p.add_argument("--test-seq-len", type=int, default=128, help="tokens per test row")
+    p.add_argument("--test-seed", type=int, default=0, help="seed of the test rows")
+    p.add_argument(
         "--work",
         type=Path,
         default=None,
         help=f"cache of every stage; default {ROOT} for {MODEL}, {ROOT}-MODEL for another model",
+    )
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help="where the summary JSON and plot go (a scratch folder for a trial run, so the committed one stays)",
     )
     p.add_argument("--no-study", action="store_true", help="use the study storage as it is (no study run)")
     p.add_argument(
@@ -116,7 +136,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def result_name(model: str) -> str:
     """``head_to_head`` for the default model, ``head_to_head_<model>`` for another (one summary each)."""
-    return "head_to_head" if model == MODEL else f"head_to_head_{model}"
+    return "head_to_head" if model == MODEL else f"head_to_head_{Path(model).name}"  # a path: its folder's name
 
 
 # ---------------------------------------------------------------------------------- stages
@@ -218,11 +238,24 @@ def export_arm(args: argparse.Namespace, context: Any, arch: Architecture, where
     )
 
 
-def recover_and_score(args: argparse.Namespace, context: Any, where: Path, seed: int) -> dict[str, Any]:
-    """Distil the export with ``seed``, then score it: the eight tasks and the held-out KL/perplexity."""
+def test_before(test_rows: TestRows, where: Path) -> dict[str, Any]:
+    """The export (before recovery) scored on the test rows, per row (its own stage)."""
+    from autocompress_opt.hf.loading import load_model
+
+    export_key = json.loads((where / "export.json").read_text(encoding="utf-8"))["key"]
+    key = _key("test-before", export_key, code_hash("quality", "data", "hf"), test_rows.key())
+
+    def compute() -> dict[str, Any]:
+        loaded = load_model(str(where / "export"))
+        return {"test": test_rows.score(loaded.model)}
+
+    return _stage(where / "test-before.json", key, compute)
+
+
+def recover_and_score(args: argparse.Namespace, test_rows: TestRows, where: Path, seed: int) -> dict[str, Any]:
+    """Distil the export with ``seed``, then score it: the eight tasks and, per test row, KL and CE."""
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.recover.distill import DistillRecipe, distill
-    from autocompress_opt.search.study.weights_trial import heldout_quality
 
     recipe = DistillRecipe(
         steps=args.distill_steps,
@@ -235,10 +268,11 @@ def recover_and_score(args: argparse.Namespace, context: Any, where: Path, seed:
     key = _key(
         "recover+score",
         export_key,
-        code_hash("recover", "hf", "quality", "tasks"),
+        code_hash("recover", "hf", "quality", "tasks", "data"),
         recipe.to_dict(),
         args.items,
         args.task_seed,
+        test_rows.key(),
     )
 
     def compute() -> dict[str, Any]:
@@ -248,7 +282,8 @@ def recover_and_score(args: argparse.Namespace, context: Any, where: Path, seed:
         t1 = time.perf_counter()
         loaded = load_model(str(out))
         report = suite(args, loaded, progress=False)
-        after = heldout_quality(context, loaded.model)
+        t2 = time.perf_counter()
+        test = test_rows.score(loaded.model)
         del loaded
         gc.collect()
         if not args.keep_models:
@@ -259,9 +294,9 @@ def recover_and_score(args: argparse.Namespace, context: Any, where: Path, seed:
                 "first_loss": result.losses[0] if result.losses else None,
                 "last_loss": result.losses[-1] if result.losses else None,
             },
-            "after": after,
+            "test": test,
             "report": report,
-            "seconds": {"distill": t1 - t0, "score": time.perf_counter() - t1},
+            "seconds": {"distill": t1 - t0, "tasks": t2 - t1, "test": time.perf_counter() - t2},
         }
 
     return _stage(where / f"seed{seed}.json", key, compute)
@@ -284,6 +319,13 @@ def suite(args: argparse.Namespace, loaded: Any, *, progress: bool) -> dict[str,
         ppl_seq_len=256,
     )
     return report.to_dict()
+
+
+def parent_test(args: argparse.Namespace, test_rows: TestRows) -> dict[str, float]:
+    """The parent's perplexity on the test rows (its KL to itself is 0), cached like a stage."""
+    key = _key("parent-test", code_hash("quality", "data", "hf"), args.model, test_rows.key())
+    record = _stage(args.work / "parent-test.json", key, lambda: {"test": test_rows.score(test_rows.parent)})
+    return test_summary(record["test"])
 
 
 def parent_scores(args: argparse.Namespace) -> dict[str, Any]:
@@ -350,11 +392,24 @@ def servable(arch: Architecture, target: Target) -> str:
     return f"{engine}: loads ({form})" if not problems else f"{engine}: not loadable: {'; '.join(problems)}"
 
 
+def _scores(test: dict[str, Any]) -> dict[str, Any]:
+    """Per-row test scores without their timings."""
+    return {k: v for k, v in test.items() if k not in ("seconds", "teacher_s")}
+
+
 def arm_row(
-    arch: Architecture, built: Architecture, target: Target, export: dict[str, Any], runs: list[dict[str, Any]]
+    arch: Architecture,
+    built: Architecture,
+    target: Target,
+    export: dict[str, Any],
+    before: dict[str, Any],
+    runs: list[dict[str, Any]],
 ) -> dict[str, Any]:
+    """One arm's summary: KL and perplexity on the test rows before recovery (``before``: the export
+    scored) and after (``runs``: one per recovery seed), task accuracy, costs, and the per-row values."""
     reports = [r["report"] for r in runs]
     tasks = sorted({t["name"] for t in reports[0]["tasks"]})
+    test_before, test_after = test_summary(before), [test_summary(r["test"]) for r in runs]
     return {
         "summary": arch.summary(),
         "params": arch.num_params,
@@ -362,16 +417,18 @@ def arm_row(
         "servable": servable(arch, target),
         "costs": costs(built, target),
         "kept_parent_layers": export["kept_parent_layers"],
-        "kl_before": export["before"]["kl_to_parent"],
-        "ppl_before": {k: export["before"][k] for k in ("ppl_code", "ppl_prose")},
-        "kl_after": _spread([r["after"]["kl_to_parent"] for r in runs]),
-        "ppl_after": {k: _spread([r["after"][k] for r in runs]) for k in ("ppl_code", "ppl_prose")},
+        "kl_before_selection": export["before"]["kl_to_parent"],  # selection rows: what the study chose by
+        "kl_before": test_before["kl_to_parent"],  # this and the next three: the test rows
+        "ppl_before": {k: test_before[k] for k in ("ppl_code", "ppl_prose")},
+        "kl_after": _spread([t["kl_to_parent"] for t in test_after]),
+        "ppl_after": {k: _spread([t[k] for t in test_after]) for k in ("ppl_code", "ppl_prose")},
         "average_accuracy": _spread([r["report"]["average_accuracy"] for r in runs]),
         "tasks": {
             n: _spread([next(t["score"] for t in rep["tasks"] if t["name"] == n) for rep in reports]) for n in tasks
         },
         "seeds": [r["seed"] for r in runs],
-        "seconds": [r["seconds"] for r in runs],
+        "seconds": [{**r["seconds"], "test_score": r["test"]["seconds"]} for r in runs],
+        "test_rows": {"before": _scores(before), "after": [_scores(r["test"]) for r in runs]},
     }
 
 
@@ -408,7 +465,7 @@ def plot(rows: list[dict[str, Any]], parent_accuracy: float, path: Path, model: 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.tables:
-        path = Path(__file__).parent / "results" / f"{result_name(args.model)}.json"
+        path = args.results / f"{result_name(args.model)}.json"
         if not path.is_file():
             raise SystemExit(f"no summary at {path}: run the benchmark for --model {args.model} first")
         print(tables(json.loads(path.read_text(encoding="utf-8"))))
@@ -432,6 +489,11 @@ def main(argv: list[str] | None = None) -> None:
     # (search.study.seeding.seed_scoring: the val_samples rows after the inner search's selection rows)
     val = TrialConfig().inner.val_samples
     score = masked_kl_scorer(context.model, context.importance, context.tokens[val : 2 * val])
+    test_rows = TestRows(
+        context.model, context.tokenizer, rows=args.test_rows, seq_len=args.test_seq_len, seed=args.test_seed
+    )
+    args.quality_split = test_rows.record()
+    args.parent_test = parent_test(args, test_rows)
     rows = []
     for target in targets:
         feasible = target_feasibility(target, parent)
@@ -454,32 +516,35 @@ def main(argv: list[str] | None = None) -> None:
             "arms": {},
         }
         runs: dict[str, list[dict[str, Any]]] = {}
+        befores: dict[str, dict[str, Any]] = {}
         for arm, arch in archs.items():
             where = args.work / "models" / _arch_key(arch)
             export = export_arm(args, context, arch, where)
+            befores[arm] = test_before(test_rows, where)["test"]
+            kl_before = test_summary(befores[arm])["kl_to_parent"]
             runs[arm] = []
             for seed in args.seeds:
                 t0 = time.perf_counter()
-                run = recover_and_score(args, context, where, seed)
+                run = recover_and_score(args, test_rows, where, seed)
                 runs[arm].append(run)
                 print(
                     f"{target.hardware:9s} {arm:12s} seed {seed}: acc {run['report']['average_accuracy']:.4f} "
-                    f"KL {export['before']['kl_to_parent']:.3f} -> {run['after']['kl_to_parent']:.3f} "
+                    f"test KL {kl_before:.3f} -> {test_summary(run['test'])['kl_to_parent']:.3f} "
                     f"({time.perf_counter() - t0:.0f}s)  {arch.summary()}",
                     flush=True,
                 )
             built = Architecture.from_dict(export["built"])
             row["arms"][arm] = {
-                **arm_row(arch, built, target, export, runs[arm]),
+                **arm_row(arch, built, target, export, befores[arm], runs[arm]),
                 "feasible_as_built": feasible(built),
                 "same_model_as": [a for a in row["arms"] if _arch_key(archs[a]) == _arch_key(arch)],
             }
-        before = {arm: row["arms"][arm]["kl_before"] for arm in row["arms"]}
+        before = {arm: row["arms"][arm]["kl_before_selection"] for arm in row["arms"]}
         best_baseline = min((before[a] for a in BASELINES if a in before), default=math.inf)
         # the study starts from the depth and minitron picks and its inner search keeps the uniform
         # allocation as a candidate: before recovery its best should not be worse than the baselines
         row["searched_no_worse_before_recovery"] = before["searched"] <= best_baseline + 1e-9
-        row["differences_points"] = {}
+        row["differences_points"], row["differences_test"] = {}, {}
         for name in BASELINES:
             if name not in runs:
                 continue
@@ -490,7 +555,18 @@ def main(argv: list[str] | None = None) -> None:
                 seed=0,
             )
             row["differences_points"][name] = {"mean": diff, "ci95": [lo, hi], "verdict": verdict(lo, hi)}
-            print(f"{target.hardware:9s} searched - {name}: {diff:+.2f} pts [{lo:+.2f}, {hi:+.2f}]", flush=True)
+            row["differences_test"][name] = {
+                "before": differences([befores["searched"]], [befores[name]], n_boot=args.boot),
+                "after": differences(
+                    [r["test"] for r in runs["searched"]], [r["test"] for r in runs[name]], n_boot=args.boot
+                ),
+            }
+            kl = row["differences_test"][name]["after"]["kl"]
+            print(
+                f"{target.hardware:9s} searched - {name}: {diff:+.2f} pts [{lo:+.2f}, {hi:+.2f}]; test KL after "
+                f"{kl['mean']:+.3f} nats [{kl['ci95'][0]:+.3f}, {kl['ci95'][1]:+.3f}]",
+                flush=True,
+            )
         rows.append(row)
         summarise(
             args,
@@ -516,7 +592,8 @@ def summarise(
     """Write the summary JSON and plot after every target (``"complete": false`` until the last);
     targets of an earlier run with the same budgets that this run does not cover are kept."""
     name = result_name(args.model)
-    budgets = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    skip = ("quality_split", "parent_test", "results")
+    budgets = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in skip}
     same = (
         "items",
         "task_seed",
@@ -526,8 +603,11 @@ def summarise(
         "distill_lr",
         "recovery_seeds",
         "trials",
+        "test_rows",
+        "test_seq_len",
+        "test_seed",
     )
-    earlier = Path(__file__).parent / "results" / f"{name}.json"
+    earlier = args.results / f"{name}.json"
     if earlier.is_file():
         old = json.loads(earlier.read_text(encoding="utf-8"))
         if "arms" in (old.get("targets") or [{}])[0] and all(
@@ -539,7 +619,8 @@ def summarise(
                 [r for r in old["targets"] if r["hardware"] not in mine] + rows,
                 key=lambda r: order.index(r["hardware"]) if r["hardware"] in order else len(order),
             )
-    plot(rows, parent_report["average_accuracy"], Path(__file__).parent / "results" / f"{name}.png", parent.name)
+    args.results.mkdir(parents=True, exist_ok=True)
+    plot(rows, parent_report["average_accuracy"], args.results / f"{name}.png", parent.name)
     write(
         name,
         {
@@ -553,73 +634,15 @@ def summarise(
                 "params": parent.num_params,
                 "average_accuracy": parent_report["average_accuracy"],
                 "perplexity": parent_report.get("heldout_perplexity"),
+                "test": args.parent_test,
             },
+            "quality_split": args.quality_split,
             "tasks": tasks,
             "targets": rows,
             "seconds": seconds,
         },
+        args.results,
     )
-
-
-# ---------------------------------------------------------------------------------- tables
-def _pts(value: float) -> str:
-    return f"{value:+.1f}"
-
-
-def _arm_line(name: str, arm: dict[str, Any], diff: dict[str, Any] | None, lifted: bool = False) -> str:
-    """One markdown row: architecture, KL before -> after, perplexity after, accuracy, difference;
-    ``lifted``: the baseline's search ran with its limits lifted (none feasible within them)."""
-    label = name + (" (limits lifted: none feasible within them)" if lifted else "")
-    label += f" (same model as {', '.join(arm['same_model_as'])})" if arm["same_model_as"] else ""
-    shape = arm["summary"].split(": ", 1)[-1]
-    after, ppl, acc = arm["kl_after"], arm["ppl_after"], arm["average_accuracy"]
-    kl = f"{arm['kl_before']:.2f} → {after['mean']:.2f}" + (f" ± {after['sd']:.2f}" if len(after["values"]) > 1 else "")
-    accuracy = f"{100 * acc['mean']:.1f}" + (f" ± {100 * acc['sd']:.1f}" if len(acc["values"]) > 1 else "") + " %"
-    if diff is None:
-        versus = "—"
-    else:
-        lo, hi = diff["ci95"]
-        claim = f"{_pts(diff['mean'])} pts"
-        versus = f"{f'**{claim}**' if lo > 0 or hi < 0 else claim} [{_pts(lo)}, {_pts(hi)}]"
-    perplexity = f"{ppl['ppl_code']['mean']:.1f} / {ppl['ppl_prose']['mean']:.1f}"
-    return f"| {label} | {shape} | {kl} | {perplexity} | {accuracy} | {versus} |"
-
-
-def tables(summary: dict[str, Any]) -> str:
-    """The README's head-to-head tables, one per target, from a summary JSON (:func:`summarise`)."""
-    seeds = len(summary["seeds"]["recovery"])
-    trials = summary["budgets"]["trials"]
-    out = [
-        f"Code {summary['code']['commit'][:7]}{' (dirty)' if summary['code']['dirty'] else ''}, "
-        f"{summary['parent']['summary'].split(':')[0]}; parent average accuracy "
-        f"{100 * summary['parent']['average_accuracy']:.1f} %; recovery seeds "
-        f"{', '.join(map(str, summary['seeds']['recovery']))}; "
-        + ("complete." if summary["complete"] else "INCOMPLETE (later targets still to run).")
-    ]
-    for row in summary["targets"]:
-        study = row["study"]
-        point = f"{study['baseline']} point" if study.get("baseline") else "sampled point"
-        chosen = (study.get("selection") or {}).get("chosen", "?")
-        no_worse = "yes" if row["searched_no_worse_before_recovery"] else "NO"
-        out += [
-            "",
-            f"**{row['hardware']} {row['workload']}** ({', '.join(row['constraints'])}); study best: trial "
-            f"{study['trial']} ({point}, inner search returned `{chosen}`), {study['n_complete']} complete of "
-            f"{trials}; searched no worse before recovery: {no_worse}",
-            "",
-            "| arm | architecture | KL before → after recovery | perplexity after (code / prose) | "
-            f"avg accuracy ({seeds} seed{'s' if seeds > 1 else ''}) | searched − arm, 95 % CI |",
-            "|---|---|---|---|---|---|",
-        ]
-        for name in ARMS:
-            if name in row["arms"]:
-                diff = None if name == "searched" else row["differences_points"].get(name)
-                lifted = bool(row["baseline_findings"].get(name, {}).get("lifted_from"))
-                out.append(_arm_line(name, row["arms"][name], diff, lifted))
-            else:
-                finding = row["baseline_findings"].get(name, {}).get("finding", "not run")
-                out.append(f"| {name} | {finding} | — | — | — | — |")
-    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -79,55 +79,68 @@ def shape(summary: str) -> str:
     return summary.split(": ", 1)[-1]
 
 
-def ci(diff: dict[str, Any]) -> str:
-    """A difference in points with its 95 % interval, bold when the interval excludes zero."""
-    lo, hi = diff["ci95"]
-    claim = f"{diff['mean']:+.1f}"
-    return f"{f'**{claim}**' if lo > 0 or hi < 0 else claim} [{lo:+.1f}, {hi:+.1f}]"
-
-
 # ------------------------------------------------------------------------- head-to-head
 def _h2h_protocol(s: dict[str, Any], commit: bool = True) -> str:
+    from _h2h_tables import split_words
+
     b = s["budgets"]
     seeds = len(s["seeds"]["recovery"])
+    parent_ppl = (s["parent"].get("test") or s["parent"]["perplexity"]) if "quality_split" in s else None
+    ppl = parent_ppl or s["parent"]["perplexity"]
     return (
         f"{s['parent']['summary'].split(':')[0]}{f', measured at {commit_of(s)}' if commit else ''}: "
         f"a {b['trials']}-trial weights-mode "
         f"study per target; every arm recovered with `autocompress distill` ({b['distill_steps']} steps × "
         f"{b['distill_batch']} rows × {b['distill_seq_len']} tokens, lr {b['distill_lr']:g}) under {seeds} "
         f"seed{'s' if seeds > 1 else ''} and scored on seven accuracy tasks ({b['items']} items each); "
-        f"differences bootstrapped ({b['boot']:,} resamples). The parent scores "
-        f"{pct(s['parent']['average_accuracy'])} (perplexity {s['parent']['perplexity']['ppl_code']:.1f} code / "
-        f"{s['parent']['perplexity']['ppl_prose']:.1f} prose)."
+        f"differences bootstrapped ({b['boot']:,} resamples). {split_words(s)}. The parent scores "
+        f"{pct(s['parent']['average_accuracy'])} (perplexity {ppl['ppl_code']:.1f} code / "
+        f"{ppl['ppl_prose']:.1f} prose{' on the test rows' if parent_ppl else ''})."
     )
 
 
 def h2h_summary() -> str:
-    """README: one row per target, the searched model against the three baselines."""
+    """README: one row per target, the searched model against the three baselines: on the test split
+    (KL after recovery, paired intervals) when the JSON has it, else as measured before the split."""
     s = need("head_to_head")
+    from _h2h_tables import accuracy_ci, kl_ci
     from bench_head_to_head import BASELINES
 
+    new = "quality_split" in s
     rows = []
     for row in s["targets"]:
         arms, diffs = row["arms"], row["differences_points"]
-        kl = " / ".join(f"{arms[a]['kl_before']:.2f}" if a in arms else "—" for a in ("searched", *BASELINES))
-        versus = " · ".join(f"{a} {ci(diffs[a])}" for a in BASELINES if a in diffs)
+        versus = " · ".join(f"{a} {accuracy_ci(diffs[a])}" for a in BASELINES if a in diffs)
         searched = arms["searched"]
+        if new:
+            tests = row["differences_test"]
+            kl = f"{searched['kl_after']['mean']:.2f}"
+            kl_versus = " · ".join(f"{a} {kl_ci(tests[a]['after']['kl'])}" for a in BASELINES if a in tests)
+            cells = [kl, kl_versus]
+        else:
+            cells = [" / ".join(f"{arms[a]['kl_before']:.2f}" if a in arms else "—" for a in ("searched", *BASELINES))]
         rows.append(
             [
                 f"{row['hardware']} {row['workload']}",
                 shape(searched["summary"]),
-                kl,
+                *cells,
                 pct(searched["average_accuracy"]["mean"]),
                 versus,
             ]
         )
+    if new:
+        kl_header = [
+            "test KL after recovery, searched (nats)",
+            "searched − baseline, test KL after recovery (nats, 95 % CI paired over test rows and seeds)",
+        ]
+    else:
+        kl_header = ["KL before recovery on the study's selection rows: searched / minitron / depth / best-uniform"]
     header = [
         "target",
         "searched model",
-        "held-out KL before recovery: searched / minitron / depth / best-uniform",
+        *kl_header,
         "accuracy after recovery",
-        "searched − baseline, points [95 % CI]",
+        "searched − baseline, accuracy points [95 % CI]",
     ]
     return _h2h_protocol(s) + "\n\n" + table(header, rows)
 
@@ -143,15 +156,25 @@ def h2h_findings(name: str) -> Callable[[], str]:
             for row in s["targets"]
         )
         n = len(s["targets"])
-        lines.append(f"- Lowest held-out KL before recovery (ties included): {lowest} of {n} targets.")
+        where = "test KL" if "quality_split" in s else "KL on the study's selection rows"
+        lines.append(f"- Lowest {where} before recovery (ties included): {lowest} of {n} targets.")
         for a in BASELINES:
             diffs = [row["differences_points"][a] for row in s["targets"] if a in row["differences_points"]]
             won = sum(d["ci95"][0] > 0 for d in diffs)
             lost = sum(d["ci95"][1] < 0 for d in diffs)
-            lines.append(
+            line = (
                 f"- Against {a}, in average accuracy: better on {won}, worse on {lost}, "
-                f"not resolved on {len(diffs) - won - lost} of {len(diffs)} targets."
+                f"not resolved on {len(diffs) - won - lost} of {len(diffs)} targets"
             )
+            tested = [row["differences_test"] for row in s["targets"] if a in row.get("differences_test", {})]
+            tests = [t[a]["after"]["kl"] for t in tested]
+            if tests:
+                lower, higher = sum(d["ci95"][1] < 0 for d in tests), sum(d["ci95"][0] > 0 for d in tests)
+                line += (
+                    f"; in test KL after recovery: lower on {lower}, higher on {higher}, "
+                    f"not resolved on {len(tests) - lower - higher}"
+                )
+            lines.append(line + ".")
         return "\n".join(lines)
 
     return render

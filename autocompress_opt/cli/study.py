@@ -35,6 +35,7 @@ RUN_EXAMPLES = """
       --cache-dir /shared/autocompress --trials 40 --name gpu    # one trial per GPU of a Ray cluster
   autocompress study list
   autocompress study show demo
+  autocompress study show smollm2-weights --test   # weights mode: the Pareto points on the test split too
   autocompress study export demo --format csv --out demo.csv
   autocompress study delete demo --yes
 Running the same 'study run' command again continues each study to --trials trials."""
@@ -224,6 +225,18 @@ def add_parser(sub: Any) -> None:
     show.add_argument("--storage", help="storage URL (default sqlite:///studies/NAME.db)")
     show.add_argument("--all", action="store_true", help="every trial, not only the Pareto set")
     show.add_argument("--json", action="store_true")
+    show.add_argument(
+        "--test",
+        action="store_true",
+        help="weights mode: also score each Pareto point on the test split, which no trial read (the point's "
+        "model rebuilt as its trial built it; the first time loads the parent and cuts each point, then cached)",
+    )
+    show.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="the trials' caches, where --test finds the importance scores and keeps its results "
+        "(default .autocompress: as for study run)",
+    )
     show.set_defaults(run=_show)
 
     delete = actions.add_parser("delete", help="delete a study group (or one study) and its trials")
@@ -542,10 +555,45 @@ def _data_line(view: Any) -> str | None:
     )
 
 
+def _test_scores(view: Any, cache_dir: str | None) -> dict[int, dict[str, Any]]:
+    """``study show --test``: the test-split quality of each Pareto point of a weights study, by trial
+    number (:func:`~autocompress_opt.search.study.testsplit.trial_test_quality`: computed once, cached)."""
+    from autocompress_opt.search.study.placement import DEFAULT_CACHE_DIR
+    from autocompress_opt.search.study.testsplit import trial_test_quality
+
+    identity = view.attrs.get("identity") or {}
+    if identity.get("mode") != "weights" or not identity.get("model"):
+        return {}
+    out = {}
+    for record in view.pareto():
+        arch = record.arch()
+        if arch is None:
+            continue
+        out[record.number], _ = trial_test_quality(
+            identity["model"],
+            dict(identity.get("inner") or {}),
+            arch,
+            workload=view.target.get("workload"),
+            cache_dir=cache_dir or DEFAULT_CACHE_DIR,
+        )
+    return out
+
+
+def _test_line(scores: dict[int, dict[str, Any]]) -> str:
+    """Which rows the test column is on, in words."""
+    first = next(iter(scores.values()))
+    domains = ", ".join(first["objective_domains"])
+    return (
+        f"test quality: exp(-KL) on the test split ({first['n_samples']} rows x {first['seq_len']} tokens per "
+        f"domain; the objective's text: {domains}), documents no trial read; the Pareto points only"
+    )
+
+
 def _show(args: argparse.Namespace) -> int:
     from autocompress_opt.search.study.studyio import load_group
 
     views = load_group(args.name, args.storage)
+    tests = {v.name: _test_scores(v, args.cache_dir) if args.test else {} for v in views}
     if args.json:
         print_json(
             [
@@ -554,7 +602,11 @@ def _show(args: argparse.Namespace) -> int:
                     "target": v.target,
                     "objectives": v.attrs.get("objectives"),
                     "quality": v.quality_label,
-                    "pareto": [r.__dict__ for r in v.pareto()],
+                    "quality_split": "selection" if (v.attrs.get("identity") or {}).get("mode") == "weights" else None,
+                    "pareto": [
+                        {**r.__dict__, **({"test": tests[v.name][r.number]} if r.number in tests[v.name] else {})}
+                        for r in v.pareto()
+                    ],
                 }
                 for v in views
             ]
@@ -573,8 +625,14 @@ def _show(args: argparse.Namespace) -> int:
         print("   constraints: " + ("; ".join(constraints) or "none"))
         for reason, numbers in _failures(view.records).items():
             print(f"   failed ({len(numbers)}): {reason} (trials {', '.join(f'#{n}' for n in numbers)})")
-        print(f"   quality: {view.quality_label} (higher is better; 1.0 = the parent)")
         data = _data_line(view)
+        split = " on the selection split, which chose the points" if data else ""
+        print(f"   quality: {view.quality_label}{split} (higher is better; 1.0 = the parent)")
+        test = tests[view.name]
+        if test:
+            print(f"   {_test_line(test)}")
+        elif data:
+            print(f"   test split: `autocompress study show {view.name} --test` scores the Pareto points on it")
         if data:
             print(f"   data: {data}")
         counts = view.candidate_counts()
@@ -596,11 +654,13 @@ def _show(args: argparse.Namespace) -> int:
                 ),
                 "yes" if r.feasible else ("no" if r.state == "COMPLETE" else _state(r)),
                 *([_candidate(r.selection)] if counts else []),
+                *([f"{test[r.number]['quality']:.3f}" if r.number in test else "-"] if test else []),
             ]
             for r in shown
         ]
         header = ["#", "architecture", "quality", "ttft_ms", "tpot_ms", "tok/s", "mem_gib", "feasible"]
-        print(table(rows, header + (["inner (val KL)"] if counts else [])))
+        header[2] = "quality (selection)" if data else "quality"
+        print(table(rows, header + (["inner (val KL)"] if counts else []) + (["test quality"] if test else [])))
     return 0
 
 

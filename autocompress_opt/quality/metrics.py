@@ -9,6 +9,8 @@ differently for another ``batch_size``: expect ~1e-6 relative differences, never
 - :func:`kl_divergence`: mean over all ``L`` positions of ``KL(teacher ‖ student)`` of the
   next-token distributions, in nats. Zero for a model against itself; never negative.
 - :func:`kl_and_perplexity`: both of a student against cached teacher logits, in one student pass.
+- :func:`row_scores`: both per row (mean KL and mean CE of each row), for paired comparisons of two
+  models on the same rows; their means are the two numbers above.
 - :func:`evaluate`: both on the held-out code and prose of :mod:`autocompress_opt.data.textdata`.
 
 The two tensor-level building blocks are the one definition of the KL in the package; the inner
@@ -53,6 +55,7 @@ __all__ = [
     "kl_divergence",
     "log_probs",
     "perplexity",
+    "row_scores",
     "sparse_token_kl",
     "teacher_kl",
     "teacher_targets",
@@ -64,18 +67,22 @@ DEFAULT_BATCH_SIZE = 4  # rows per forward pass; (4, 512, 49152) fp32 logits are
 
 @dataclass
 class _Totals:
-    """Running sums of one scoring pass (nats and counts)."""
+    """Running sums of one scoring pass (nats and counts), and the same sums per row in row order."""
 
     ce_nats: float = 0.0
     n_targets: int = 0
     kl_nats: float = 0.0
     n_positions: int = 0
+    row_ce_nats: list[float] = field(default_factory=list)
+    row_kl_nats: list[float] = field(default_factory=list)
 
     def __iadd__(self, other: _Totals) -> _Totals:
         self.ce_nats += other.ce_nats
         self.n_targets += other.n_targets
         self.kl_nats += other.kl_nats
         self.n_positions += other.n_positions
+        self.row_ce_nats += other.row_ce_nats
+        self.row_kl_nats += other.row_kl_nats
         return self
 
     @property
@@ -303,6 +310,43 @@ def kl_and_perplexity(
     return totals.kl, totals.perplexity
 
 
+def row_scores(
+    model: Any,
+    batches: torch.Tensor | TextBatches,
+    *,
+    teacher: Any | None = None,
+    teacher_logits: torch.Tensor | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = False,
+) -> dict[str, list[float]]:
+    """Per-row quality of ``model`` on ``batches`` (``(n, L)`` token ids), in row order, one pass:
+    ``"ce"``, each row's mean next-token cross-entropy over its ``L-1`` targets (nats), and, with a
+    teacher (a live ``teacher`` model or its cached ``teacher_logits``, as for :func:`kl_divergence`),
+    ``"kl"``, each row's mean ``KL(teacher ‖ model)`` over its ``L`` positions (nats).
+
+    Every row has the same length, so ``mean(kl)`` is :func:`kl_divergence` and ``exp(mean(ce))``
+    is :func:`perplexity` on the same rows (up to float rounding): per-row values let two models
+    scored on the same rows be compared row by row (a paired interval over rows).
+    """
+    tokens = _tokens(batches)
+    if teacher_logits is not None:
+        _check_teacher_logits(teacher_logits, tokens)
+    totals = _score(
+        model,
+        tokens,
+        teacher=teacher,
+        teacher_logits=teacher_logits,
+        batch_size=batch_size,
+        progress=progress,
+        desc="per-row scores",
+    )
+    length = tokens.shape[1]
+    out = {"ce": [ce / (length - 1) for ce in totals.row_ce_nats]}
+    if teacher is not None or teacher_logits is not None:
+        out["kl"] = [kl / length for kl in totals.row_kl_nats]
+    return out
+
+
 def cache_teacher_logits(
     teacher: Any,
     batches: torch.Tensor | TextBatches,
@@ -521,15 +565,17 @@ def _logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def _cross_entropy(log_probs: torch.Tensor, tokens: torch.Tensor) -> _Totals:
-    """Summed CE of positions 0..L-2 predicting tokens 1..L-1."""
+    """Summed CE of positions 0..L-2 predicting tokens 1..L-1 (in all and per row)."""
     picked = log_probs[:, :-1].gather(-1, tokens[:, 1:, None])  # (B, L-1, 1)
-    return _Totals(ce_nats=-float(picked.sum(dtype=torch.float64)), n_targets=picked.numel())
+    rows = picked.sum(dim=(1, 2), dtype=torch.float64)  # (B,)
+    return _Totals(ce_nats=-float(rows.sum()), n_targets=picked.numel(), row_ce_nats=(-rows).tolist())
 
 
 def _kl_totals(student: torch.Tensor, teacher: torch.Tensor) -> _Totals:
-    """Summed ``KL(teacher ‖ student)`` over positions; both ``(B, L, V)`` log-probabilities."""
+    """Summed ``KL(teacher ‖ student)`` over positions (in all and per row); both ``(B, L, V)`` log-probabilities."""
     per_position = token_kl(student, teacher)  # (B, L)
-    return _Totals(kl_nats=float(per_position.sum(dtype=torch.float64)), n_positions=per_position.numel())
+    rows = per_position.sum(dim=1, dtype=torch.float64)  # (B,)
+    return _Totals(kl_nats=float(rows.sum()), n_positions=per_position.numel(), row_kl_nats=rows.tolist())
 
 
 def _chunks(tokens: torch.Tensor, batch_size: int, progress: bool, desc: str) -> Iterator[torch.Tensor]:

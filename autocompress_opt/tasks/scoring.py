@@ -651,12 +651,13 @@ def paired_bootstrap(
 
 
 def seeded_bootstrap(
-    a_runs: Sequence[Mapping[str, Sequence[bool]]],
-    b_runs: Sequence[Mapping[str, Sequence[bool]]],
+    a_runs: Sequence[Mapping[str, Sequence[float]]],
+    b_runs: Sequence[Mapping[str, Sequence[float]]],
     *,
     n_boot: int = 10_000,
     seed: int = 0,
     confidence: float = 0.95,
+    scale: float = 100.0,
 ) -> tuple[float, float, float]:
     """:func:`paired_bootstrap` over items *and* seeds: ``(difference, lo, hi)`` in points (×100) of
     the average accuracy, model A minus model B, each model's accuracy the mean over its runs.
@@ -666,6 +667,11 @@ def seeded_bootstrap(
     (the same items for both models: paired) and, independently for each model, its runs with
     replacement, so the interval carries the spread between seeds as well as between items. One run
     each gives :func:`paired_bootstrap`'s interval. Deterministic given ``seed``.
+
+    Items may carry any per-item value, not only correctness: with ``scale=1`` and per-row KL (nats)
+    under one key per text domain, the result is the difference of the mean KL over the domains
+    (each domain weighted equally, as tasks are), with its paired interval over rows and seeds.
+    ``scale`` multiplies the mean over tasks (100: points of accuracy).
     """
     if not a_runs or not b_runs:
         raise ConfigError(f"seeded_bootstrap needs at least one run per model, got {len(a_runs)} and {len(b_runs)}")
@@ -690,7 +696,7 @@ def seeded_bootstrap(
         b_item = np.take_along_axis(b[None, :, :], items[:, None, :], axis=2).mean(axis=2)
         replicates += np.take_along_axis(a_item, pick_a, axis=1).mean(axis=1)
         replicates -= np.take_along_axis(b_item, pick_b, axis=1).mean(axis=1)
-    scale = 100.0 / len(tasks)
+    per_task = scale / len(tasks)
     tail = (1 - confidence) / 2
-    lo, hi = np.quantile(replicates * scale, [tail, 1 - tail])
-    return float(observed * scale), float(lo), float(hi)
+    lo, hi = np.quantile(replicates * per_task, [tail, 1 - tail])
+    return float(observed * per_task), float(lo), float(hi)

@@ -20,6 +20,7 @@ from autocompress_opt.quality.metrics import (
     kl_divergence,
     log_probs,
     perplexity,
+    row_scores,
     token_kl,
 )
 
@@ -75,6 +76,34 @@ def test_training_flag_is_restored(model):
         assert model.training
     finally:
         model.eval()
+
+
+# ---------------------------------------------------------------------- per row
+def test_row_scores_are_per_row_ce_and_kl_by_hand(model, perturbed):
+    """Row r's ce is the mean CE of its 11 targets, its kl the mean KL of its 12 positions, by hand;
+    a ragged last batch (batch_size 2 over 5 rows) keeps the row order."""
+    with torch.no_grad():
+        student, teacher = log_probs(perturbed(BATCHES).logits), log_probs(model(BATCHES).logits)
+    ce = F.cross_entropy(student[:, :-1].transpose(1, 2), BATCHES[:, 1:], reduction="none").mean(1)  # (5,)
+    kl = token_kl(student, teacher).mean(1)  # (5,)
+    rows = row_scores(perturbed, BATCHES, teacher=model, batch_size=2)
+    assert rows["ce"] == pytest.approx(ce.tolist(), rel=1e-5)
+    assert rows["kl"] == pytest.approx(kl.tolist(), rel=1e-5)
+    assert len(set(rows["kl"])) == 5  # rows differ: a paired comparison has something to pair
+
+
+def test_row_scores_average_to_the_set_metrics(model, perturbed):
+    """mean(kl) is kl_divergence and exp(mean(ce)) is perplexity on the same rows; cached teacher
+    logits give the live teacher's values; without a teacher there is no kl."""
+    logits = cache_teacher_logits(model, BATCHES, batch_size=2, progress=False)
+    live = row_scores(perturbed, BATCHES, teacher=model, batch_size=2)
+    cached = row_scores(perturbed, BATCHES, teacher_logits=logits, batch_size=2)
+    assert cached == live
+    kl = kl_divergence(perturbed, model, BATCHES, batch_size=2, progress=False)
+    assert sum(live["kl"]) / 5 == pytest.approx(kl, rel=1e-9)
+    ppl = perplexity(perturbed, BATCHES, batch_size=2, progress=False)
+    assert math.exp(sum(live["ce"]) / 5) == pytest.approx(ppl, rel=1e-9)
+    assert set(row_scores(perturbed, BATCHES)) == {"ce"}
 
 
 # --------------------------------------------------------------------------- KL

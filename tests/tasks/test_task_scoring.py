@@ -411,6 +411,22 @@ def test_seeded_bootstrap_widens_with_the_spread_between_seeds() -> None:
     assert same[0] == 0.0 and same[1] < 0 < same[2]  # runs resampled independently: not zero width
 
 
+def test_seeded_bootstrap_pairs_continuous_values_over_rows() -> None:
+    """Per-row KL (nats) of two models on the same rows, scale 1: the difference of the mean over
+    domains (equal weights), by hand; a per-row shift shared by both models (hard rows) cancels, so
+    the paired interval is far narrower than the spread of the rows and excludes zero."""
+    rng = np.random.default_rng(7)
+    hard = {d: rng.gamma(2.0, 1.0, size=64) for d in ("code", "prose")}  # row difficulty, sd ~1.4 nats
+    b = {d: list(hard[d] + 0.5) for d in hard}
+    a = {d: list(hard[d] + 0.4 + rng.normal(0, 0.05, size=64)) for d in hard}  # ~0.1 nats better
+    diff, lo, hi = seeded_bootstrap([a], [b], n_boot=2000, seed=0, scale=1.0)
+    expected = np.mean([np.mean(a[d]) - np.mean(b[d]) for d in hard])
+    assert diff == pytest.approx(expected)
+    assert -0.12 < lo < diff < hi < -0.08
+    points = seeded_bootstrap([a], [b], n_boot=2000, seed=0)
+    assert points == pytest.approx((100 * diff, 100 * lo, 100 * hi))  # the default scale is points
+
+
 def test_seeded_bootstrap_refuses_mismatched_runs() -> None:
     with pytest.raises(ConfigError, match="at least one run"):
         seeded_bootstrap([], [{"t": [True]}])

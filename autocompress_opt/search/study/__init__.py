@@ -47,6 +47,7 @@ from autocompress_opt.search.study.storage import (
     make_storage,
     resolve_storage,
 )
+from autocompress_opt.search.study.testsplit import trial_test_quality
 
 __all__ = [
     "SCHEDULERS",
@@ -88,4 +89,5 @@ __all__ = [
     "shared_answers",
     "trial_model",
     "trial_parent",
+    "trial_test_quality",
 ]
