@@ -575,6 +575,7 @@ def _test_scores(view: Any, cache_dir: str | None) -> dict[int, dict[str, Any]]:
             arch,
             workload=view.target.get("workload"),
             cache_dir=cache_dir or DEFAULT_CACHE_DIR,
+            kept=record.kept,
         )
     return out
 

@@ -28,7 +28,7 @@ from autocompress_opt.search.study.placement import DEFAULT_CACHE_DIR
 __all__ = ["TEST_QUALITY_VERSION", "trial_test_quality"]
 
 # The version of the computation below, part of every cache key: bump it when its numbers change.
-TEST_QUALITY_VERSION = "test-quality/1"
+TEST_QUALITY_VERSION = "test-quality/2"
 
 
 def trial_test_quality(
@@ -38,6 +38,7 @@ def trial_test_quality(
     *,
     workload: str | None = None,
     cache_dir: str | Path = DEFAULT_CACHE_DIR,
+    kept: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """The test-split quality of ``arch`` cut from ``model`` as a weights trial with ``inner`` settings
     (a study's) for ``workload``'s target built it, and whether it came from the cache.
@@ -47,10 +48,13 @@ def trial_test_quality(
     domains of the trial's own objective (:func:`~autocompress_opt.search.study.weights_trial.objective_domains`:
     the workload's built-in text, or the user's data; the mean where there are two), and
     ``quality = exp(-kl_objective)``, the test counterpart of the study's quality column.
+    ``kept``: the trial's stored kept indices (:meth:`~autocompress_opt.prune.plan.PrunePlan.kept`),
+    cut exactly as ``prune --from-study`` cuts them; without, the architecture is cut by importance.
     Cached on disk under ``cache_dir/test-quality`` by the parent's weights, the importance data,
-    the architecture and the test rows; deterministic, so the cached value is the computed one.
+    the architecture, the kept indices and the test rows; deterministic, so the cached value is the
+    computed one.
     """
-    from autocompress_opt.prune.plan import plan_pruning
+    from autocompress_opt.prune.plan import plan_from_kept, plan_pruning
     from autocompress_opt.prune.slicing import materialize
     from autocompress_opt.quality.metrics import evaluate
     from autocompress_opt.search.study.export import trial_parent
@@ -68,10 +72,16 @@ def trial_test_quality(
         {**arch.to_dict(), "name": ""},
         rows,
         list(config.data),
+        dict(kept) if kept else None,
     )
 
     def compute() -> dict[str, Any]:
-        child = materialize(context.model, plan_pruning(context.architecture, context.importance, arch))
+        plan = (
+            plan_from_kept(context.architecture, arch, kept)
+            if kept
+            else plan_pruning(context.architecture, context.importance, arch)
+        )
+        child = materialize(context.model, plan)
         report = evaluate(
             child, context.tokenizer, parent=context.model, data=config.data or None, progress=False, **rows
         ).to_dict()
