@@ -209,7 +209,8 @@ class ParentMasks(torch.nn.Module):
         self.ffn_unit = ffn_unit_for(parent) if ffn_unit is None else int(ffn_unit)
         if self.ffn_unit < 1 or any(s.ffn and s.ffn_width % self.ffn_unit for s in parent.layers):
             raise ConfigError(f"ffn_unit={self.ffn_unit} must be positive and divide every FFN width of the parent")
-        self.register_buffer("hidden", hidden_mask(importance, self.hidden_size), persistent=False)
+        self._hidden_host = hidden_mask(importance, self.hidden_size)  # for install: no device read
+        self.register_buffer("hidden", self._hidden_host.clone(), persistent=False)
         self._build_orders(parent, importance)
         self._init_parameters(init or parent, init_log_alpha)
         if device is not None:
@@ -397,7 +398,9 @@ class ParentMasks(torch.nn.Module):
             raise ConfigError(f"the model is not the masks' parent ({mismatch})")
         ones = Masks.ones(self.parent)
         handles: list[Any] = [_Frozen(model)]
-        handles.append(apply_masks(model, Masks(layers=ones.layers, hidden=self.hidden), adapter=adapter))
+        # The host copy of the hidden mask: apply_masks tests it for all-ones without reading the
+        # device, and each of its hooks converts it to the activations' device once (not per pass).
+        handles.append(apply_masks(model, Masks(layers=ones.layers, hidden=self._hidden_host), adapter=adapter))
         try:
             for i, p in enumerate(adapter.all_layer_parts(model)):
                 if p.attention is not None:
