@@ -13,7 +13,8 @@ masks of :class:`~autocompress_opt.search.inner.relaxation.ParentMasks` with Ada
 * ``v_k`` — normalised constraint violations (``<= 0`` feasible): the target workload's
   constraints relative to the parent's metrics and the device-fit constraint, evaluated by the
   *differentiable* cost model (:func:`~autocompress_opt.serving.costmodel.estimate_batch` on torch
-  tensors built from the masks' expected per-layer structure, :func:`cost_arrays`); and the outer
+  tensors built from the masks' expected per-layer structure, :func:`cost_arrays`, on the parent's
+  device with the masks: float64 on the CPU, float32 on an accelerator, :func:`cost_dtype`); and the outer
   trial's global choices as budgets (:class:`Budget`). Hardware constraints get a small margin
   (``v + margin``) so that rounding lands inside. By default the violation *values* are those of
   the rounded masks and the *gradients* those of the relaxation (straight-through), so the
@@ -47,7 +48,8 @@ feasibility is always judged by :func:`~autocompress_opt.serving.costmodel.estim
 architecture, never by the relaxation.
 
 Determinism: the same inputs and ``InnerConfig.seed`` give the same result (batch sampling and
-gate noise come from one seeded generator; CPU kernels are deterministic at a fixed thread count),
+gate noise come from one seeded CPU generator, whatever the parent's device; CPU kernels are
+deterministic at a fixed thread count),
 with or without activation checkpointing (``InnerConfig.checkpoint_activations``: a rebuilt
 layer uses the masks its forward pass drew, never new noise).
 """

@@ -38,8 +38,13 @@ once per step (:meth:`ParentMasks.live`), never again on recompute. transformers
 (``activation_checkpointing_enable``) checkpoints only in training mode, and the frozen parent
 runs in eval mode.
 
+Device: the parameters, buffers and live masks sit on the parent's device (``device=``; the search
+passes the parent's), so a hook multiplies by a mask already beside its activations — no host-device
+copy per hook, gradients that stay on the device; the seeded gate noise is drawn on the CPU generator
+and moved once per step.
+
 :meth:`ParentMasks.expected` gives the expected per-layer structure as torch tensors — what the
-differentiable cost model consumes. A sub-block's keep probability is ``P(z > ½) = σ(log α)``
+differentiable cost model consumes (on the same device). A sub-block's keep probability is ``P(z > ½) = σ(log α)``
 (the probability the rounded gate keeps it), not the L0 norm ``P(z ≠ 0)``: the penalty then
 prices exactly what discretisation keeps.
 """
