@@ -267,17 +267,44 @@ def _zero_output(module: Any, args: tuple[Any, ...], output: Any) -> Any:
     return torch.zeros_like(output)
 
 
+class _Constant:
+    """A fixed mask, converted to each (device, dtype) it meets once, on first use: a hook then
+    multiplies by a tensor already beside its activations, so a bool mask held on the CPU costs one
+    host-to-device copy per hook for the whole life of the handle, not one per forward pass."""
+
+    def __init__(self, mask: torch.Tensor) -> None:
+        self._mask = mask
+        self._converted: dict[tuple[Any, Any], torch.Tensor] = {}
+
+    def like(self, x: torch.Tensor, dtype: Any = None) -> torch.Tensor:
+        """The mask on ``x``'s device in ``dtype`` (default ``x``'s)."""
+        import torch
+
+        key = (x.device, dtype or x.dtype)
+        out = self._converted.get(key)
+        if out is None:
+            # A normal tensor even when first met under torch.inference_mode(): a later forward
+            # with gradients may save it for backward, which an inference tensor refuses.
+            with torch.inference_mode(False):
+                out = self._converted[key] = self._mask.to(device=key[0], dtype=key[1])
+        return out
+
+
 def _scale_input(mask: torch.Tensor) -> Any:
+    constant = _Constant(mask)
+
     def hook(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
         x = args[0]  # (..., features)
-        return (x * mask.to(device=x.device, dtype=x.dtype), *args[1:])
+        return (x * constant.like(x), *args[1:])
 
     return hook
 
 
 def _scale_output(mask: torch.Tensor) -> Any:
+    constant = _Constant(mask)
+
     def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
-        return output * mask.to(device=output.device, dtype=output.dtype)
+        return output * constant.like(output)
 
     return hook
 
@@ -290,11 +317,13 @@ def _kept_channel_rmsnorm(mask: torch.Tensor, offset: float = 0.0) -> Any:
     """
     import torch
 
+    constant = _Constant(mask)
+
     def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
         x = args[0]  # (batch, time, D)
         eps = getattr(module, "variance_epsilon", None)
         eps = module.eps if eps is None else eps
-        m = mask.to(device=x.device, dtype=torch.float32)
+        m = constant.like(x, torch.float32)
         x32 = x.to(torch.float32)
         variance = (x32.pow(2) * m).sum(-1, keepdim=True) / m.sum()
         normed = x32 * torch.rsqrt(variance + eps)
@@ -302,6 +331,6 @@ def _kept_channel_rmsnorm(mask: torch.Tensor, offset: float = 0.0) -> Any:
             y = (normed * (offset + module.weight.float())).type_as(x)
         else:
             y = module.weight * normed.to(x.dtype)
-        return y * m.to(y.dtype)
+        return y * constant.like(y)
 
     return hook

@@ -29,19 +29,22 @@ class _Ops:
             import torch
 
             self._t = torch
+            # Constants join ``like``'s device and float dtype (float64 for an integer ``like``):
+            # the inner search's cost runs on the parent's device, in float32 on an accelerator.
+            dtype = like.dtype if like.is_floating_point() else torch.float64
+            self._as = {"dtype": dtype, "device": like.device}
+
+    def _tensor(self, a: Array) -> Array:
+        return self._t.as_tensor(a, **self._as)
 
     def max(self, a: Array, b: Array) -> Array:
         if self.torch:
-            return self._t.maximum(
-                self._t.as_tensor(a, dtype=self._t.float64), self._t.as_tensor(b, dtype=self._t.float64)
-            )
+            return self._t.maximum(self._tensor(a), self._tensor(b))
         return np.maximum(a, b)
 
     def min(self, a: Array, b: Array) -> Array:
         if self.torch:
-            return self._t.minimum(
-                self._t.as_tensor(a, dtype=self._t.float64), self._t.as_tensor(b, dtype=self._t.float64)
-            )
+            return self._t.minimum(self._tensor(a), self._tensor(b))
         return np.minimum(a, b)
 
     def amax(self, a: Array) -> Array:
@@ -55,9 +58,7 @@ class _Ops:
 
     def where(self, cond: Array, a: Array, b: Array) -> Array:
         if self.torch:
-            return self._t.where(
-                cond, self._t.as_tensor(a, dtype=self._t.float64), self._t.as_tensor(b, dtype=self._t.float64)
-            )
+            return self._t.where(cond, self._tensor(a), self._tensor(b))
         return np.where(cond, a, b)
 
 

@@ -190,6 +190,35 @@ def test_tiny_distill_steps_on_the_device(
     gpu_record(seconds_per_step=bf16.seconds_per_step, peak_bytes=peak["peak_bytes"])
 
 
+def test_tiny_inner_search_keeps_its_masks_and_cost_on_the_device(suite_device: torch.device, gpu_record: Any) -> None:
+    """The inner search with the fp32 parent on the device builds its masks there (every parameter,
+    buffer and gradient), prices the Lagrangian there (float32 off the CPU, float64 on it), and
+    returns a feasible architecture; on the CPU exactly the CPU search's, elsewhere within 0.05 nats
+    of its held-out KL (float32 cost, other kernels)."""
+    from inner_helpers import TIGHT, TinyParent
+
+    from autocompress_opt.search.inner.budget import CostGoal, cost_dtype
+    from autocompress_opt.serving.targets import Target
+
+    host = TinyParent()
+    goal = CostGoal.for_target(Target("h100-sxm", "datacenter", constraints={"tpot_ms": "0.9x"}), host.arch)
+    here = host.search(TIGHT, goal, steps=8)
+    device = copy.copy(host)
+    device.model = copy.deepcopy(host.model).to(suite_device)
+    there = device.search(TIGHT, goal, steps=8)
+    masks = there.learned
+    assert masks is not None and masks.device == suite_device
+    assert {t.device for t in (*masks.parameters(), *masks.buffers())} == {suite_device}
+    assert cost_dtype(suite_device) == (torch.float64 if suite_device.type == "cpu" else torch.float32)
+    assert there.feasible == here.feasible
+    chosen = lambda r: r.selection[r.selection["chosen"]]["val_kl"]
+    if suite_device.type == "cpu":
+        assert (there.architecture, there.history) == (here.architecture, here.history)
+    else:
+        assert abs(chosen(there) - chosen(here)) < 0.05
+    gpu_record(inner_train_s=there.seconds["train"], inner_train_cpu_s=here.seconds["train"])
+
+
 def test_calibrate_times_on_the_device(tmp_path: Path, suite_device: torch.device, capsys: Any) -> None:
     """``autocompress calibrate --device``: the sweep is timed on the device (a catalog GPU's
     datasheet figures on CUDA, the CPU's measured ones on the CPU), a profile is fitted and saved."""

@@ -102,9 +102,11 @@ def _call_hooks_on_meta(model: Any, hidden: int) -> int:
 
 
 def test_mask_hooks_follow_the_activations_device(parent: Parent) -> None:
-    """The masks live on the CPU (they are small; the cost model is there) while the parent may be on
-    a GPU: every hook moves its mask to the activations' device. Checked without a GPU by feeding the
-    hooks ``meta`` activations, which refuse a CPU operand as CUDA would."""
+    """Masks away from the activations still compute: the search builds them on the parent's device
+    (tests/search/test_inner_device.py), but a layer of a parent spread over several GPUs is on
+    another, and ParentMasks defaults to the CPU; a hook then moves its mask to the activations'
+    device, and a fixed bool mask is moved once. Checked without a GPU by feeding the hooks ``meta``
+    activations, which refuse a CPU operand as CUDA would."""
     import copy
 
     from autocompress_opt.prune.masking import apply_masks

@@ -19,7 +19,16 @@ from autocompress_opt.serving.costmodel import FULL_WINDOW, ArchArrays, Scenario
 from autocompress_opt.serving.engine_models import Engine
 from autocompress_opt.serving.targets import Target, parent_metrics
 
-__all__ = ["Budget", "CostGoal", "cost_arrays", "exact_violations", "expected_of", "expected_totals", "totals_of"]
+__all__ = [
+    "Budget",
+    "CostGoal",
+    "cost_arrays",
+    "cost_dtype",
+    "exact_violations",
+    "expected_of",
+    "expected_totals",
+    "totals_of",
+]
 
 
 # ----------------------------------------------------------------------------- budget
@@ -135,15 +144,33 @@ class CostGoal:
         return self.target.violations(metrics, self.parent_metrics)
 
 
-def cost_arrays(parent: Architecture, hidden_size: int, e: ExpectedStructure) -> ArchArrays:
-    """A batch of one torch :class:`ArchArrays` (float64) from expected per-layer structure.
+def cost_dtype(device: torch.device | str) -> torch.dtype:
+    """The float dtype of the differentiable cost and the Lagrangian terms on ``device``.
+
+    float64 on the CPU, where the search ran in float64 before its masks moved to the parent's
+    device: float32 there changes the per-step penalties in their last digits (the recorded step
+    history), though on the tiny seeded searches not which architecture comes out. float32 on an
+    accelerator, where float64 is slow or absent (Apple's MPS has none). Either way the exact
+    cost model (:func:`exact_violations`, numpy float64) judges feasibility.
+    """
+    return torch.float64 if torch.device(device).type == "cpu" else torch.float32
+
+
+def cost_arrays(
+    parent: Architecture, hidden_size: int, e: ExpectedStructure, dtype: torch.dtype | None = None
+) -> ArchArrays:
+    """A batch of one torch :class:`ArchArrays` from expected per-layer structure, on ``e``'s device
+    in ``dtype`` (default :func:`cost_dtype` of that device: float64 on the CPU).
 
     At a discrete point (gates 0/1, integer widths) it packs exactly what
     ``ArchArrays.from_architectures`` packs for that architecture, so the two agree. Windows are
     the parent layers' (a constant: the search never changes a layer's attention kind).
     """
-    one = lambda v: torch.tensor([float(v)], dtype=torch.float64)
-    row = lambda x: x.to(torch.float64)[None, :]
+    device = e.attn.device
+    dtype = dtype or cost_dtype(device)
+    one = lambda v: torch.tensor([float(v)], dtype=dtype, device=device)
+    per_layer = lambda v: torch.tensor([v], dtype=dtype, device=device)  # (1, L) constants
+    row = lambda x: x.to(dtype)[None, :]
     attn, ffn = row(e.attn), row(e.ffn)
     return ArchArrays(
         vocab=one(parent.vocab_size),
@@ -152,19 +179,20 @@ def cost_arrays(parent: Architecture, hidden_size: int, e: ExpectedStructure) ->
         attn=attn,
         heads=row(e.heads) * (attn > 0),
         kv_heads=row(e.kv_heads) * (attn > 0),
-        head_dim=torch.tensor([[float(s.head_dim) for s in parent.layers]], dtype=torch.float64) * (attn > 0),
+        head_dim=per_layer([float(s.head_dim) for s in parent.layers]) * (attn > 0),
         ffn=ffn,
         ffn_width=row(e.ffn_width) * (ffn > 0),
         qkv_bias=one(parent.qkv_bias),
         o_bias=one(parent.o_bias),
         mlp_bias=one(parent.mlp_bias),
         qk_norm=one(parent.qk_norm),
-        window=torch.tensor([[float(s.window or FULL_WINDOW) for s in parent.layers]], dtype=torch.float64),
+        window=per_layer([float(s.window or FULL_WINDOW) for s in parent.layers]),
     )
 
 
 def expected_of(arch: Architecture) -> ExpectedStructure:
-    """The (degenerate) expected structure of a discrete architecture: gates 0/1, exact widths."""
+    """The (degenerate) expected structure of a discrete architecture: gates 0/1, exact widths
+    (float64, on the CPU)."""
     t = lambda v: torch.tensor(v, dtype=torch.float64)
     return ExpectedStructure(
         attn=t([float(s.attention) for s in arch.layers]),

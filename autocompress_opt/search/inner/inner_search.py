@@ -13,7 +13,8 @@ masks of :class:`~autocompress_opt.search.inner.relaxation.ParentMasks` with Ada
 * ``v_k`` — normalised constraint violations (``<= 0`` feasible): the target workload's
   constraints relative to the parent's metrics and the device-fit constraint, evaluated by the
   *differentiable* cost model (:func:`~autocompress_opt.serving.costmodel.estimate_batch` on torch
-  tensors built from the masks' expected per-layer structure, :func:`cost_arrays`); and the outer
+  tensors built from the masks' expected per-layer structure, :func:`cost_arrays`, on the parent's
+  device with the masks: float64 on the CPU, float32 on an accelerator, :func:`cost_dtype`); and the outer
   trial's global choices as budgets (:class:`Budget`). Hardware constraints get a small margin
   (``v + margin``) so that rounding lands inside. By default the violation *values* are those of
   the rounded masks and the *gradients* those of the relaxation (straight-through), so the
@@ -47,7 +48,8 @@ feasibility is always judged by :func:`~autocompress_opt.serving.costmodel.estim
 architecture, never by the relaxation.
 
 Determinism: the same inputs and ``InnerConfig.seed`` give the same result (batch sampling and
-gate noise come from one seeded generator; CPU kernels are deterministic at a fixed thread count),
+gate noise come from one seeded CPU generator, whatever the parent's device; CPU kernels are
+deterministic at a fixed thread count),
 with or without activation checkpointing (``InnerConfig.checkpoint_activations``: a rebuilt
 layer uses the masks its forward pass drew, never new noise).
 """
@@ -71,7 +73,14 @@ from autocompress_opt.prune.loadability import ShapeRules
 from autocompress_opt.prune.masking import Masks, apply_masks
 from autocompress_opt.prune.plan import PrunePlan, plan_pruning
 from autocompress_opt.quality.metrics import Teacher, log_probs, teacher_kl
-from autocompress_opt.search.inner.budget import Budget, CostGoal, cost_arrays, exact_violations, expected_totals
+from autocompress_opt.search.inner.budget import (
+    Budget,
+    CostGoal,
+    cost_arrays,
+    cost_dtype,
+    exact_violations,
+    expected_totals,
+)
 from autocompress_opt.search.inner.discretise import Discrete, discretise
 from autocompress_opt.search.inner.relaxation import ExpectedStructure, LiveMasks, ParentMasks, ffn_unit_for
 from autocompress_opt.serving.targets import all_satisfied
@@ -353,6 +362,7 @@ def search(
         init=init if config.init == "budget" else None,
         init_log_alpha=config.init_log_alpha,
         ffn_unit=ffn_unit,
+        device=next(model.parameters()).device,  # beside the parent: no copy per hook (ParentMasks)
     )
     start = discretise(masks, importance, budget, goal, fill=config.fill, rules=rules)
     if start.feasible:
@@ -646,16 +656,18 @@ def _live_of(masks: ParentMasks, plan_masks: Masks) -> LiveMasks:
     """The 0/1 :class:`LiveMasks` of a pruning plan's bool masks: kept heads and FFN channels 1, a
     removed sub-block's gate 0 (its output, bias included, is zeroed, as :func:`apply_masks` does)."""
     ref = masks.live(1.0, sample=False)  # for the shapes, dtype and device only
-    heads, ffn = torch.zeros_like(ref.heads), torch.zeros_like(ref.ffn)
-    attn_gate, ffn_gate = torch.zeros_like(ref.attn_gate), torch.zeros_like(ref.ffn_gate)
+    # Built on the CPU (the plan's masks are there) and moved once, four tensors in all.
+    cpu = lambda t: torch.zeros(t.shape, dtype=t.dtype)
+    heads, ffn, attn_gate, ffn_gate = cpu(ref.heads), cpu(ref.ffn), cpu(ref.attn_gate), cpu(ref.ffn_gate)
     for i, layer in enumerate(plan_masks.layers):
         if layer.heads is not None:
-            heads[i, : layer.heads.numel()] = layer.heads.to(heads.dtype)
+            heads[i, : layer.heads.numel()] = layer.heads.cpu().to(heads.dtype)
             attn_gate[i] = 1.0
         if layer.ffn is not None:
-            ffn[i, : layer.ffn.numel()] = layer.ffn.to(ffn.dtype)
+            ffn[i, : layer.ffn.numel()] = layer.ffn.cpu().to(ffn.dtype)
             ffn_gate[i] = 1.0
-    return LiveMasks(attn_gate=attn_gate, ffn_gate=ffn_gate, heads=heads, ffn=ffn)
+    on = lambda t: t.to(ref.heads.device)
+    return LiveMasks(attn_gate=on(attn_gate), ffn_gate=on(ffn_gate), heads=on(heads), ffn=on(ffn))
 
 
 def objective(
@@ -688,10 +700,14 @@ def objective(
     violations = _violations(masks, tau, budget, goal, config.margin, config.straight_through)
     penalty = sum(
         (duals.get(k, 0.0) * v + config.penalty / 2 * torch.relu(v) ** 2 for k, v in violations.items()),
-        torch.zeros((), dtype=torch.float64),
+        torch.zeros((), dtype=cost_dtype(masks.device), device=masks.device),
     )
-    loss = kl + penalty.to(kl.dtype)
-    return loss, float(kl.detach()), {k: float(v.detach()) for k, v in violations.items()}
+    loss = kl + penalty.to(device=kl.device, dtype=kl.dtype)
+    # One read from the device for the multipliers and the history, not one per constraint.
+    values = torch.stack(
+        [kl.detach().to(device=penalty.device, dtype=penalty.dtype), *(v.detach() for v in violations.values())]
+    ).tolist()
+    return loss, values[0], dict(zip(violations, values[1:]))
 
 
 def _kl(logits: torch.Tensor, teacher: Teacher) -> torch.Tensor:
@@ -710,6 +726,7 @@ def _violations(
     by the torch cost model. With ``straight_through`` the *values* are those of the rounded masks
     (what discretisation will keep) and the *gradients* those of the relaxation, so the penalty
     and the multipliers see no relaxation gap (a gate at σ(−3) still costs 5 % of a layer otherwise)."""
+    dtype, device = cost_dtype(masks.device), masks.device  # float64 on the CPU, float32 on an accelerator
     e = masks.expected(tau)
     if straight_through:
         hard = masks.expected(tau, hard=True)
@@ -719,11 +736,10 @@ def _violations(
                 for k in ("attn", "ffn", "heads", "kv_heads", "ffn_width")
             }
         )
-    out = {
-        k: torch.as_tensor(v, dtype=torch.float64).reshape(()) for k, v in budget.violations(expected_totals(e)).items()
-    }
+    scalar = lambda v: torch.as_tensor(v, dtype=dtype, device=device).reshape(())
+    out = {k: scalar(v) for k, v in budget.violations(expected_totals(e)).items()}
     if goal is not None:
-        metrics = goal.metrics(cost_arrays(masks.parent, budget.hidden_size, e))
+        metrics = goal.metrics(cost_arrays(masks.parent, budget.hidden_size, e, dtype))
         for k, v in goal.violations(metrics).items():
-            out[k] = torch.as_tensor(v, dtype=torch.float64).reshape(()) + margin
+            out[k] = scalar(v) + margin
     return out

@@ -38,8 +38,13 @@ once per step (:meth:`ParentMasks.live`), never again on recompute. transformers
 (``activation_checkpointing_enable``) checkpoints only in training mode, and the frozen parent
 runs in eval mode.
 
+Device: the parameters, buffers and live masks sit on the parent's device (``device=``; the search
+passes the parent's), so a hook multiplies by a mask already beside its activations — no host-device
+copy per hook, gradients that stay on the device; the seeded gate noise is drawn on the CPU generator
+and moved once per step.
+
 :meth:`ParentMasks.expected` gives the expected per-layer structure as torch tensors — what the
-differentiable cost model consumes. A sub-block's keep probability is ``P(z > ½) = σ(log α)``
+differentiable cost model consumes (on the same device). A sub-block's keep probability is ``P(z > ½) = σ(log α)``
 (the probability the rounded gate keeps it), not the L0 norm ``P(z ≠ 0)``: the penalty then
 prices exactly what discretisation keeps.
 """
@@ -123,7 +128,7 @@ class ExpectedStructure:
 
     def to_dict(self) -> dict[str, list[float]]:
         return {
-            name: [round(float(v), 4) for v in getattr(self, name)]
+            name: [round(v, 4) for v in getattr(self, name).tolist()]
             for name in ("attn", "ffn", "heads", "kv_heads", "ffn_width")
         }
 
@@ -169,9 +174,14 @@ class ParentMasks(torch.nn.Module):
             layers (e.g. the outer trial's uniform allocation); default: the parent (all kept).
         init_log_alpha: ``|log α|`` of the initial gates (kept: +, dropped: −).
         ffn_unit: FFN granularity in channels (default :func:`ffn_unit_for`).
+        device: where the parameters, the buffers and so every :class:`LiveMasks` live: the parent's
+            device (:func:`~autocompress_opt.search.inner.inner_search.search` passes it), so a
+            hook multiplies by a mask already beside its activations, with no host-device copy
+            per hook and gradients that never leave the device. Default: the CPU.
 
-    Parameters are float32 tensors of shape ``(L,)``; ``clamp_()`` keeps them in a useful range
-    (call it after each optimiser step).
+    Parameters are float32 tensors of shape ``(L,)`` (the optimiser's state too, whatever the
+    parent's compute dtype; a hook casts its slice of the mask to the activations' dtype, on the
+    device); ``clamp_()`` keeps them in a useful range (call it after each optimiser step).
     """
 
     # Buffers (registered in __init__, not parameters; declared here for type checkers).
@@ -192,6 +202,7 @@ class ParentMasks(torch.nn.Module):
         init: Architecture | None = None,
         init_log_alpha: float = 3.0,
         ffn_unit: int | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         self._live: LiveMasks | None = None
@@ -203,9 +214,17 @@ class ParentMasks(torch.nn.Module):
         self.ffn_unit = ffn_unit_for(parent) if ffn_unit is None else int(ffn_unit)
         if self.ffn_unit < 1 or any(s.ffn and s.ffn_width % self.ffn_unit for s in parent.layers):
             raise ConfigError(f"ffn_unit={self.ffn_unit} must be positive and divide every FFN width of the parent")
-        self.register_buffer("hidden", hidden_mask(importance, self.hidden_size), persistent=False)
+        self._hidden_host = hidden_mask(importance, self.hidden_size)  # for install: no device read
+        self.register_buffer("hidden", self._hidden_host.clone(), persistent=False)
         self._build_orders(parent, importance)
         self._init_parameters(init or parent, init_log_alpha)
+        if device is not None:
+            self.to(device)  # built on the CPU, moved once: parameters and buffers alike
+
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters, buffers and live masks are."""
+        return self.attn_log_alpha.device
 
     # ------------------------------------------------------------------ construction
     def _build_orders(self, parent: Architecture, imp: Importance) -> None:
@@ -256,7 +275,7 @@ class ParentMasks(torch.nn.Module):
             (self.attn_log_alpha, self.ffn_log_alpha, self.kv_keep, self.q_keep, self.ffn_keep),
             self._start_values(init, init_log_alpha),
         ):
-            p.copy_(torch.tensor(values, dtype=p.dtype))
+            p.copy_(torch.tensor(values, dtype=p.dtype, device=p.device))
 
     def _start_values(self, init: Architecture, log_alpha: float) -> tuple[list[float], ...]:
         """Gates (±``log_alpha``) and keep fractions at ``init``'s unit counts (one unit beyond the
@@ -269,8 +288,9 @@ class ParentMasks(torch.nn.Module):
                 "(dropped ones as LayerSpec.dropped())"
             )
         kv, q, f, a_gate, f_gate = [], [], [], [], []
+        sizes = self.sizes.tolist()  # one read from the device, not one per layer
         for i, (p, s) in enumerate(zip(parent.layers, init.layers)):
-            g_n, r_n, u_n = (int(x) for x in self.sizes[i])
+            g_n, r_n, u_n = sizes[i]
             if p.attention:
                 kv_k = min(s.num_kv_heads, g_n) if s.attention else g_n
                 r_k = min(s.num_heads // s.num_kv_heads, r_n) if s.attention else r_n
@@ -335,16 +355,15 @@ class ParentMasks(torch.nn.Module):
     @torch.no_grad()
     def discrete(self) -> list[DiscreteLayer]:
         """Round every layer: gates at ½ (``log α > 0``), widths to the hard prefix (``τ → 0``)."""
-        kv, q, f = (m.sum(-1).round().long() for m in self.unit_steps(0.0))
+        # One read from the device: counts and gates as Python numbers (float32 values, exactly).
+        kv, q, f = (m.sum(-1).round().long().tolist() for m in self.unit_steps(0.0))
+        a_alpha, f_alpha = self.attn_log_alpha.tolist(), self.ffn_log_alpha.tolist()
         out = []
         for i, spec in enumerate(self.parent.layers):
-            attn = spec.attention and bool(self.attn_log_alpha[i] > 0) and int(kv[i]) >= 1 and int(q[i]) >= 1
-            ffn = spec.ffn and bool(self.ffn_log_alpha[i] > 0) and int(f[i]) >= 1
-            score = max(
-                float(self.attn_log_alpha[i]) if spec.attention else -math.inf,
-                float(self.ffn_log_alpha[i]) if spec.ffn else -math.inf,
-            )
-            out.append(DiscreteLayer(attn, int(kv[i]), int(q[i]), ffn, int(f[i]), score))
+            attn = spec.attention and a_alpha[i] > 0 and kv[i] >= 1 and q[i] >= 1
+            ffn = spec.ffn and f_alpha[i] > 0 and f[i] >= 1
+            score = max(a_alpha[i] if spec.attention else -math.inf, f_alpha[i] if spec.ffn else -math.inf)
+            out.append(DiscreteLayer(attn, kv[i], q[i], ffn, f[i], score))
         return out
 
     def architecture(self, layers: list[DiscreteLayer]) -> Architecture:
@@ -384,7 +403,9 @@ class ParentMasks(torch.nn.Module):
             raise ConfigError(f"the model is not the masks' parent ({mismatch})")
         ones = Masks.ones(self.parent)
         handles: list[Any] = [_Frozen(model)]
-        handles.append(apply_masks(model, Masks(layers=ones.layers, hidden=self.hidden), adapter=adapter))
+        # The host copy of the hidden mask: apply_masks tests it for all-ones without reading the
+        # device, and each of its hooks converts it to the activations' device once (not per pass).
+        handles.append(apply_masks(model, Masks(layers=ones.layers, hidden=self._hidden_host), adapter=adapter))
         try:
             for i, p in enumerate(adapter.all_layer_parts(model)):
                 if p.attention is not None:
@@ -436,20 +457,20 @@ class ParentMasks(torch.nn.Module):
         def hook(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
             x = args[0]  # (batch, time, H·d)
             mask = self._current().heads[i, :n_heads].repeat_interleave(head_dim)  # (H·d,)
-            return (x * mask.to(device=x.device, dtype=x.dtype), *args[1:])
+            return (x * _beside(mask, x), *args[1:])
 
         return hook
 
     def _ffn_hook(self, i: int, width: int) -> Any:
         def hook(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
             x = args[0]  # (batch, time, F)
-            return (x * self._current().ffn[i, :width].to(device=x.device, dtype=x.dtype), *args[1:])
+            return (x * _beside(self._current().ffn[i, :width], x), *args[1:])
 
         return hook
 
     def _gate_hook(self, i: int, which: str) -> Any:
         def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
-            return output * getattr(self._current(), which)[i].to(device=output.device, dtype=output.dtype)  # (B, T, D)
+            return output * _beside(getattr(self._current(), which)[i], output)  # (B, T, D)
 
         return hook
 
@@ -517,6 +538,16 @@ class _CheckpointedLayer:
         self._layer = None
 
 
+def _beside(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``mask`` in ``x``'s dtype on ``x``'s device. The masks live on the parent's device, so this is
+    the mask itself (float32 compute) or a cast on that device (bf16/fp16 compute: the gradient of
+    each slice comes back in float32); it moves only for a parent spread over several devices, one
+    device to another (a layer off the masks' device)."""
+    if mask.device != x.device or mask.dtype != x.dtype:
+        mask = mask.to(device=x.device, dtype=x.dtype)
+    return mask
+
+
 def _ranks(scores: torch.Tensor) -> torch.Tensor:
     """Rank of every entry (0 = highest score): its position in :func:`ranked`, the order
     :func:`~autocompress_opt.prune.plan.plan_pruning` keeps the top of."""
@@ -535,7 +566,7 @@ def _start_fraction(kept: int, n: int) -> float:
 
 def _soft_prefix(count: torch.Tensor, n_units: torch.Tensor, size: int, tau: float) -> torch.Tensor:
     """``(L, size)``: ``σ((count − j − ½)/τ)`` for units ``j < n_units`` (0 beyond); ``τ = 0`` is the hard step."""
-    j = torch.arange(size, dtype=count.dtype)
+    j = torch.arange(size, dtype=count.dtype, device=count.device)
     valid = (j[None, :] < n_units[:, None]).to(count.dtype)
     edge = count[:, None] - j[None, :] - 0.5
     step = (edge > 0).to(count.dtype) if tau <= 0 else torch.sigmoid(edge / tau)
@@ -545,7 +576,10 @@ def _soft_prefix(count: torch.Tensor, n_units: torch.Tensor, size: int, tau: flo
 def _hard_concrete(log_alpha: torch.Tensor, sample: bool, generator: torch.Generator | None) -> torch.Tensor:
     """Stretched, clamped binary concrete (Louizos et al. 2018, eq. 10-11); deterministic without ``sample``."""
     if sample:
-        u = torch.rand(log_alpha.shape, generator=generator).clamp(1e-6, 1 - 1e-6)
+        # Drawn where the generator is (the search's seeded CPU generator: the same noise whatever
+        # the masks' device), moved once per step: (L,) numbers, not a copy per hook.
+        on = generator.device if generator is not None else torch.device("cpu")
+        u = torch.rand(log_alpha.shape, generator=generator, device=on).to(log_alpha.device).clamp(1e-6, 1 - 1e-6)
         s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + log_alpha) / HC_BETA)
     else:
         s = torch.sigmoid(log_alpha)
