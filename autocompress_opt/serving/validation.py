@@ -13,6 +13,11 @@ and optionally ``arrival`` (burst, steady, poisson; default burst), ``requests``
 defaults) and ``url``. Rows with the same ``source`` text come from one publication: they are held
 out together in leave-one-source-out validation.
 
+A row whose shape columns (``layers`` … ``tied_embeddings``) are all empty names a known model in
+``model`` instead (``autocompress arch --model NAME``): how the mixture-of-experts and hybrid
+Mamba-2 rows (``qwen3-30b-a3b``, ``gpt-oss-120b``, ``nemotron-3-nano-30b-a3b`` …) give their
+architecture, which five dense columns cannot describe. A dense row describes its shape inline.
+
 Each row becomes an :class:`~autocompress_opt.serving.fitting.Observation`; :func:`validate` returns the
 prediction, the measurement, the signed error and whether the physical bound (roofline floor for a
 latency, ceiling for a throughput) is respected.
@@ -21,12 +26,15 @@ latency, ceiling for a throughput) is respected.
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from autocompress_opt._data import DATA_DIR
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving.costmodel import Scenario, regime_of
 from autocompress_opt.serving.engine_models import get_engine
@@ -37,14 +45,19 @@ from autocompress_opt.serving.profiles import FITTED_PARAMETERS, METRIC_PHASES, 
 __all__ = [
     "SHIPPED_MEASUREMENTS",
     "ValidationRow",
+    "family_of",
+    "fit_moe_efficiency",
     "fit_published",
     "free_parameters",
+    "is_moe",
     "leave_one_source_out",
     "load_measurements",
     "validate",
 ]
 
 SHIPPED_MEASUREMENTS = DATA_DIR / "measurements.csv"
+# The columns that describe a dense row's shape inline; all empty: ``model`` names a known model.
+SHAPE_COLUMNS = ("layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab", "tied_embeddings")
 REQUIRED_COLUMNS = (
     "id",
     "model",
@@ -95,25 +108,55 @@ def _family(model: str) -> str:
     return "llama"
 
 
+def _known_model(row: dict[str, str]) -> Architecture:
+    """The known architecture a shape-less row names; the error lists the names that are valid."""
+    known = known_architectures()
+    name = row["model"].strip().lower()
+    if name not in known:
+        raise ValueError(
+            f"model {row['model']!r} is not a known model and the row has no shape columns "
+            f"({', '.join(SHAPE_COLUMNS)}); known models: {', '.join(sorted(known))}"
+        )
+    return known[name]
+
+
+def row_architecture(row: dict[str, str]) -> Architecture:
+    """A measurements row's architecture: the known model it names when its shape columns are all
+    empty, else the dense shape they describe (a few filled and others empty is an error)."""
+    empty = [c for c in SHAPE_COLUMNS if not (row.get(c) or "").strip()]
+    if len(empty) == len(SHAPE_COLUMNS):
+        return _known_model(row)
+    if empty:
+        raise ValueError(
+            f"shape column(s) {', '.join(empty)} empty: fill all of {', '.join(SHAPE_COLUMNS)} "
+            "(a dense shape) or none (model names a known model)"
+        )
+    return _dense_architecture(row)
+
+
+def _dense_architecture(row: dict[str, str]) -> Architecture:
+    return Architecture.from_hf_config(
+        {
+            "model_type": _family(row["model"]),
+            "vocab_size": int(row["vocab"]),
+            "hidden_size": int(row["hidden"]),
+            "num_hidden_layers": int(row["layers"]),
+            "num_attention_heads": int(row["heads"]),
+            "num_key_value_heads": int(row["kv_heads"]),
+            "head_dim": int(row["head_dim"]),
+            "intermediate_size": int(row["ffn"]),
+            "tie_word_embeddings": row["tied_embeddings"].strip().lower() in ("true", "1", "yes"),
+            # The CSV has no window column: rows are full-attention models (without this key a
+            # mistral row would take MistralConfig's default 4096-token window).
+            "sliding_window": None,
+        },
+        name=row["model"],
+    )
+
+
 def _row_to_observation(row: dict[str, str], where: str) -> tuple[Observation, str]:
     try:
-        arch = Architecture.from_hf_config(
-            {
-                "model_type": _family(row["model"]),
-                "vocab_size": int(row["vocab"]),
-                "hidden_size": int(row["hidden"]),
-                "num_hidden_layers": int(row["layers"]),
-                "num_attention_heads": int(row["heads"]),
-                "num_key_value_heads": int(row["kv_heads"]),
-                "head_dim": int(row["head_dim"]),
-                "intermediate_size": int(row["ffn"]),
-                "tie_word_embeddings": row["tied_embeddings"].strip().lower() in ("true", "1", "yes"),
-                # The CSV has no window column: rows are full-attention models (without this key a
-                # mistral row would take MistralConfig's default 4096-token window).
-                "sliding_window": None,
-            },
-            name=row["model"],
-        )
+        arch = row_architecture(row)
         concurrency = row["concurrency"].strip()
         scenario = Scenario(
             dtype=row["weight_dtype"].strip(),
@@ -226,19 +269,38 @@ def _fit_engine(engine: str, observations: Sequence[Observation]) -> CostProfile
     return fit_profile(observations, start, free=free, free_mfu_dtypes=fp4)
 
 
+def is_moe(obs: Observation) -> bool:
+    """Whether a row's model has mixture-of-experts or Mamba-2 layers (what the engine-wide profiles
+    are *not* fitted to: their rows fit :func:`fit_moe_efficiency` instead)."""
+    return any(layer.moe is not None or layer.mamba is not None for layer in obs.arch.layers)
+
+
+def family_of(obs: Observation) -> str:
+    """The row's model family (``llama``, ``qwen3_moe``, ``gpt_oss``, ``nemotron_h`` …): errors are
+    reported per family."""
+    return obs.arch.family
+
+
 def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True) -> list[CostProfile]:
-    """One engine-wide profile per engine, fitted to that engine's rows (parameters:
-    :func:`free_parameters`, shared by every device and row of the engine).
+    """One engine-wide profile per engine, fitted to that engine's dense rows (parameters:
+    :func:`free_parameters`, shared by every device and row of the engine), and one
+    ``moe_efficiency`` fitted to the MoE/hybrid rows of every engine (:func:`fit_moe_efficiency`),
+    so the MoE rows leave the dense parameters exactly as the dense rows alone fit them.
 
     With ``holdout`` each engine is also refitted without each source in turn (leave-one-source-
     out: rows sharing a ``source`` text are held out together; an engine left with no rows falls
-    back to its prior), and the held-out rows' residuals are stored in ``fit["heldout"]``: what
-    :meth:`CostProfile.interval` turns into error bars.
+    back to its prior), and the held-out dense rows' residuals are stored in ``fit["heldout"]``:
+    what :meth:`CostProfile.interval` turns into error bars.
     """
+    dense = [(obs, src) for obs, src in rows if not is_moe(obs)]
+    moe = [(obs, src) for obs, src in rows if is_moe(obs)]
     by_engine: dict[str, list[tuple[Observation, str]]] = {}
-    for obs, source in rows:
+    for obs, source in dense:
         by_engine.setdefault(obs.engine.name, []).append((obs, source))
-    fitted = []
+    for obs, _ in moe:  # an engine with MoE rows only keeps its prior's dense parameters
+        by_engine.setdefault(obs.engine.name, [])
+    held_rows = {r.id: r for r in leave_one_source_out(rows)} if holdout else {}
+    fitted: dict[str, CostProfile] = {}
     for engine, items in sorted(by_engine.items()):
         observations = [o for o, _ in items]
         profile = _rounded(_fit_engine(engine, observations))
@@ -249,7 +311,6 @@ def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True)
             "rows": {o.label: round(float(e), 4) for o, e in zip(observations, relative_errors(observations, profile))},
         }
         if holdout:
-            held = [r for r in leave_one_source_out(items) if r.engine == engine]
             fit["heldout"] = [
                 {
                     "id": r.id,
@@ -257,24 +318,78 @@ def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True)
                     "phase": METRIC_PHASES[r.metric],
                     "time_ratio": round(time_ratio(r.metric, r.measured, r.predicted), 4),
                 }
-                for r in held
+                for r in (held_rows[o.label] for o in observations)
             ]
-        fitted.append(replace(profile, fit=fit))
-    return fitted
+        fitted[engine] = replace(profile, fit=fit)
+    if moe:
+        efficiency = float(f"{fit_moe_efficiency(moe, fitted):.4g}")
+        for engine, profile in fitted.items():
+            fit = dict(profile.fit)
+            fit["moe_efficiency"] = {"rows": [obs.label for obs, _ in moe], "method": _MOE_METHOD}
+            fitted[engine] = replace(profile, moe_efficiency=efficiency, fit=fit)
+    return [fitted[e] for e in sorted(fitted)]
+
+
+_MOE_METHOD = "one efficiency for every engine: log-space least squares, log-grid search, dense parameters fixed"
+# fit_moe_efficiency searches 0.01 to 1 in steps of 10 % of the logarithm, then 0.5 % around the best.
+_MOE_RANGE = (np.log(0.01), 0.0)
+_COARSE_STEP, _FINE_STEP = np.log(1.1), np.log(1.005)
+
+
+def fit_moe_efficiency(rows: Sequence[tuple[Observation, str]], profiles: Mapping[str, CostProfile]) -> float:
+    """The ``moe_efficiency`` (routed experts' grouped-GEMM rate / dense GEMM rate) that minimises the
+    squared log error of the MoE/hybrid ``rows``, each predicted with its engine's profile in
+    ``profiles`` (dense parameters held fixed). One value for every engine: the grouped-GEMM penalty
+    is a property of small per-expert matrices, and most engines have too few MoE sources to fit
+    their own. A grid search, coarse then fine (the error is not convex where a row turns memory
+    bound); the result lies in [0.01, 1]."""
+    if not rows:
+        raise ConfigError("fit_moe_efficiency needs at least one MoE/hybrid row")
+    by_engine: dict[str, list[Observation]] = {}
+    for obs, _ in rows:
+        by_engine.setdefault(obs.engine.name, []).append(obs)
+
+    def loss(log_eta: float) -> float:
+        total = 0.0
+        for engine, observations in by_engine.items():
+            base = profiles.get(engine) or PRIORS.get(engine, CostProfile(engine))
+            profile = base.with_parameters(moe_efficiency=float(np.exp(log_eta)))
+            predicted = np.log([float(p) for p, _ in predict(observations, profile)])
+            total += float(np.sum((predicted - np.log([o.value for o in observations])) ** 2))
+        return total
+
+    low, high = _MOE_RANGE
+    coarse = np.arange(high, low - 1e-9, -_COARSE_STEP)
+    best = coarse[int(np.argmin([loss(x) for x in coarse]))]
+    fine = np.clip(best + _FINE_STEP * np.arange(-20, 21), low, high)
+    return float(np.exp(fine[int(np.argmin([loss(x) for x in fine]))]))
 
 
 def leave_one_source_out(rows: Sequence[tuple[Observation, str]]) -> list[ValidationRow]:
-    """Each row predicted by its engine's profile refitted without the row's whole source (the
-    publication it came from): out-of-sample errors. Sources are grouped per engine."""
+    """Each row predicted with parameters fitted without the row's whole source (the publication it
+    came from): out-of-sample errors. A dense row: its engine's profile refitted to the engine's
+    other dense rows. A MoE/hybrid row: those profiles (each engine refitted without the source)
+    with ``moe_efficiency`` fitted to the other sources' MoE/hybrid rows (the prior's 1 when none)."""
+    dense = [(obs, src) for obs, src in rows if not is_moe(obs)]
+    moe = [(obs, src) for obs, src in rows if is_moe(obs)]
+    fits: dict[tuple[str, str], CostProfile] = {}
+
+    def profile_without(engine: str, source: str) -> CostProfile:
+        rest = [obs for obs, src in dense if obs.engine.name == engine and src != source]
+        key = (engine, source if any(src == source for obs, src in dense if obs.engine.name == engine) else "")
+        if key not in fits:
+            fits[key] = _fit_engine(engine, rest) if rest else PRIORS.get(engine, CostProfile(engine))
+        return fits[key]
+
     out: dict[str, ValidationRow] = {}
-    engines = sorted({obs.engine.name for obs, _ in rows})
-    for engine in engines:
-        items = [(obs, src) for obs, src in rows if obs.engine.name == engine]
-        for source in sorted({src for _, src in items}):
-            held = [(obs, src) for obs, src in items if src == source]
-            rest = [obs for obs, src in items if src != source]
-            profile = _fit_engine(engine, rest) if rest else PRIORS.get(engine, CostProfile(engine))
-            for row in validate(held, profile):
+    for source in sorted({src for _, src in rows}):
+        held = [(obs, src) for obs, src in rows if src == source]
+        profiles = {e: profile_without(e, source) for e in sorted({obs.engine.name for obs, _ in rows})}
+        others = [(obs, src) for obs, src in moe if src != source]
+        efficiency = fit_moe_efficiency(others, profiles) if others else 1.0
+        for engine in sorted({obs.engine.name for obs, _ in held}):
+            profile = profiles[engine].with_parameters(moe_efficiency=efficiency)
+            for row in validate([(obs, src) for obs, src in held if obs.engine.name == engine], profile):
                 out[row.id] = row
     return [out[obs.label] for obs, _ in rows if obs.label in out]
 
