@@ -30,7 +30,13 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autocompress_opt.serving.profiles import clear_cache, save_profile
-    from autocompress_opt.serving.validation import SHIPPED_MEASUREMENTS, fit_published, load_measurements, validate
+    from autocompress_opt.serving.validation import (
+        SHIPPED_MEASUREMENTS,
+        family_of,
+        fit_published,
+        load_measurements,
+        validate,
+    )
 
     source = args.measurements or SHIPPED_MEASUREMENTS
     if args.out is not None:
@@ -79,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
         table(body, ["id", "model", "hardware", "engine", "metric", "predicted", "measured", "error", "bound", "bound"])
     )
     errors = sorted(abs(r.error) for r in results)
+    families = {obs.label: family_of(obs) for obs, _ in rows}
+    for family in sorted({families[r.id] for r in results}):
+        mine = sorted(abs(r.error) for r in results if families[r.id] == family)
+        print(f"family {family:<12} {len(mine):>3} rows: median |error| {mine[len(mine) // 2]:.1%}, max {mine[-1]:.1%}")
     if errors:
         print(
             f"\n{len(errors)} rows: median |error| {errors[len(errors) // 2]:.1%}, max {errors[-1]:.1%}; "
