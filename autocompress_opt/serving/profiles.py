@@ -102,11 +102,6 @@ class CostProfile:
             engine's HTTP front end) spends outside the GPU's steps (HTTP, chat template and
             tokenisation, hand-off to the scheduler, streaming the first token back); added to TTFT
             and E2E, not to a run's throughput (the front end overlaps the GPU's work).
-        moe_efficiency: the rate of a mixture-of-experts layer's routed experts (a grouped GEMM of
-            ``E`` small matrices, each fed the few tokens routed to it, plus the permutation of
-            tokens to experts and back) as a fraction of the dense GEMM rate ``mfu`` gives, (0, 1].
-            1 for a dense model (no routed experts: it changes nothing); fitted to published MoE
-            rows of every engine at once (``serving.validation.fit_moe_efficiency``).
         reference: the device figures the efficiencies are fractions of, when they are not the
             hardware entry's: ``{"peak_tflops": {...}, "bandwidth_gb_s": ...}`` (optionally
             ``fp16_acc_tflops``). A real engine's profile of the host CPU carries the figures measured
@@ -127,14 +122,13 @@ class CostProfile:
     step_overhead_ms: float = 0.5
     allreduce_latency_us: float = 10.0
     request_overhead_ms: float = 0.0
-    moe_efficiency: float = 1.0
     reference: Mapping[str, Any] = field(default_factory=dict)
     fit: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Compared, not type-checked (errors.check_fraction): while a profile is fitted
         # (serving.fitting) its fields are 0-d tensors that carry gradients.
-        for name in ("mfu", "mbu", "moe_efficiency"):
+        for name in ("mfu", "mbu"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ConfigError(f"profile {self.engine}@{self.hardware}: {name} must be in (0, 1], got {value!r}")

@@ -154,7 +154,6 @@ class _Rates:
     step_s: float
     allreduce_s: float
     link_bytes_s: float  # one-way interconnect bytes/s
-    moe_efficiency: float  # routed experts' grouped-GEMM rate / the dense GEMM rate (CostProfile)
 
 
 def _is_block_quantised(dt: WeightDtype) -> bool:
@@ -185,7 +184,6 @@ def _rates(hw: Hardware, eng: Engine, dt: WeightDtype, profile: CostProfile, flo
         step_s=0.0 if floor else profile.step_overhead_ms * 1e-3,
         allreduce_s=0.0 if floor else profile.allreduce_latency_us * 1e-6,
         link_bytes_s=hw.interconnect_gb_s * 1e9 / 2,
-        moe_efficiency=1.0 if floor else profile.moe_efficiency,
     )
 
 
@@ -230,9 +228,7 @@ def _phase_ms(setup: _Setup, rates: _Rates, phase: _Phase) -> Array:
     tok, stp = phase.tokens[:, None], phase.steps[:, None]
     # GEMMs: 2 FLOPs per parameter per token; weights streamed once per step. A MoE layer runs k
     # experts per token (grouped GEMM) and reads, per step of tok/stp tokens, the experts they touch.
-    # The routed experts' grouped GEMM runs at moe_efficiency x the dense rate (CostProfile); a dense
-    # layer's expert_lin is 0, so its FLOPs are unchanged bit for bit.
-    run = s.lin + s.experts_per_token * s.expert_lin / rates.moe_efficiency
+    run = s.lin + s.experts_per_token * s.expert_lin
     read = s.lin + experts_touched(s.experts, s.experts_per_token, tok / stp) * s.expert_lin
     t_gemm = ops.max(2 * tok * run / (tp * rates.flops), stp * read * setup.dtype.body_bits / 8 / (tp * rates.bytes_s))
     eng = setup.engine

@@ -26,11 +26,9 @@ latency, ceiling for a throughput) is respected.
 from __future__ import annotations
 
 import csv
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-
-import numpy as np
 
 from autocompress_opt._data import DATA_DIR
 from autocompress_opt.arch.architecture import Architecture
@@ -46,7 +44,6 @@ __all__ = [
     "SHIPPED_MEASUREMENTS",
     "ValidationRow",
     "family_of",
-    "fit_moe_efficiency",
     "fit_published",
     "free_parameters",
     "is_moe",
@@ -270,8 +267,8 @@ def _fit_engine(engine: str, observations: Sequence[Observation]) -> CostProfile
 
 
 def is_moe(obs: Observation) -> bool:
-    """Whether a row's model has mixture-of-experts or Mamba-2 layers (what the engine-wide profiles
-    are *not* fitted to: their rows fit :func:`fit_moe_efficiency` instead)."""
+    """Whether a row's model has mixture-of-experts or Mamba-2 layers: the engine-wide profiles are
+    *not* fitted to these rows, which validate the dense-fitted profiles on another kind of model."""
     return any(layer.moe is not None or layer.mamba is not None for layer in obs.arch.layers)
 
 
@@ -283,9 +280,9 @@ def family_of(obs: Observation) -> str:
 
 def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True) -> list[CostProfile]:
     """One engine-wide profile per engine, fitted to that engine's dense rows (parameters:
-    :func:`free_parameters`, shared by every device and row of the engine), and one
-    ``moe_efficiency`` fitted to the MoE/hybrid rows of every engine (:func:`fit_moe_efficiency`),
-    so the MoE rows leave the dense parameters exactly as the dense rows alone fit them.
+    :func:`free_parameters`, shared by every device and row of the engine). The MoE/hybrid rows
+    (:func:`is_moe`) fit nothing: they score the dense-fitted profiles on routed experts and Mamba-2
+    mixers, which the roofline times from their FLOPs and bytes with no parameter of their own.
 
     With ``holdout`` each engine is also refitted without each source in turn (leave-one-source-
     out: rows sharing a ``source`` text are held out together; an engine left with no rows falls
@@ -321,57 +318,14 @@ def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True)
                 for r in (held_rows[o.label] for o in observations)
             ]
         fitted[engine] = replace(profile, fit=fit)
-    if moe:
-        efficiency = float(f"{fit_moe_efficiency(moe, fitted):.4g}")
-        for engine, profile in fitted.items():
-            fit = dict(profile.fit)
-            fit["moe_efficiency"] = {"rows": [obs.label for obs, _ in moe], "method": _MOE_METHOD}
-            fitted[engine] = replace(profile, moe_efficiency=efficiency, fit=fit)
     return [fitted[e] for e in sorted(fitted)]
 
 
-_MOE_METHOD = "one efficiency for every engine: log-space least squares, log-grid search, dense parameters fixed"
-# fit_moe_efficiency searches 0.01 to 1 in steps of 10 % of the logarithm, then 0.5 % around the best.
-_MOE_RANGE = (np.log(0.01), 0.0)
-_COARSE_STEP, _FINE_STEP = np.log(1.1), np.log(1.005)
-
-
-def fit_moe_efficiency(rows: Sequence[tuple[Observation, str]], profiles: Mapping[str, CostProfile]) -> float:
-    """The ``moe_efficiency`` (routed experts' grouped-GEMM rate / dense GEMM rate) that minimises the
-    squared log error of the MoE/hybrid ``rows``, each predicted with its engine's profile in
-    ``profiles`` (dense parameters held fixed). One value for every engine: the grouped-GEMM penalty
-    is a property of small per-expert matrices, and most engines have too few MoE sources to fit
-    their own. A grid search, coarse then fine (the error is not convex where a row turns memory
-    bound); the result lies in [0.01, 1]."""
-    if not rows:
-        raise ConfigError("fit_moe_efficiency needs at least one MoE/hybrid row")
-    by_engine: dict[str, list[Observation]] = {}
-    for obs, _ in rows:
-        by_engine.setdefault(obs.engine.name, []).append(obs)
-
-    def loss(log_eta: float) -> float:
-        total = 0.0
-        for engine, observations in by_engine.items():
-            base = profiles.get(engine) or PRIORS.get(engine, CostProfile(engine))
-            profile = base.with_parameters(moe_efficiency=float(np.exp(log_eta)))
-            predicted = np.log([float(p) for p, _ in predict(observations, profile)])
-            total += float(np.sum((predicted - np.log([o.value for o in observations])) ** 2))
-        return total
-
-    low, high = _MOE_RANGE
-    coarse = np.arange(high, low - 1e-9, -_COARSE_STEP)
-    best = coarse[int(np.argmin([loss(x) for x in coarse]))]
-    fine = np.clip(best + _FINE_STEP * np.arange(-20, 21), low, high)
-    return float(np.exp(fine[int(np.argmin([loss(x) for x in fine]))]))
-
-
 def leave_one_source_out(rows: Sequence[tuple[Observation, str]]) -> list[ValidationRow]:
-    """Each row predicted with parameters fitted without the row's whole source (the publication it
-    came from): out-of-sample errors. A dense row: its engine's profile refitted to the engine's
-    other dense rows. A MoE/hybrid row: those profiles (each engine refitted without the source)
-    with ``moe_efficiency`` fitted to the other sources' MoE/hybrid rows (the prior's 1 when none)."""
+    """Each row predicted by its engine's profile refitted to the engine's dense rows without the
+    row's whole source (the publication it came from): out-of-sample errors. A MoE/hybrid row's
+    source holds no dense rows, so it is predicted by the profile fitted to all of them."""
     dense = [(obs, src) for obs, src in rows if not is_moe(obs)]
-    moe = [(obs, src) for obs, src in rows if is_moe(obs)]
     fits: dict[tuple[str, str], CostProfile] = {}
 
     def profile_without(engine: str, source: str) -> CostProfile:
@@ -384,11 +338,8 @@ def leave_one_source_out(rows: Sequence[tuple[Observation, str]]) -> list[Valida
     out: dict[str, ValidationRow] = {}
     for source in sorted({src for _, src in rows}):
         held = [(obs, src) for obs, src in rows if src == source]
-        profiles = {e: profile_without(e, source) for e in sorted({obs.engine.name for obs, _ in rows})}
-        others = [(obs, src) for obs, src in moe if src != source]
-        efficiency = fit_moe_efficiency(others, profiles) if others else 1.0
         for engine in sorted({obs.engine.name for obs, _ in held}):
-            profile = profiles[engine].with_parameters(moe_efficiency=efficiency)
+            profile = profile_without(engine, source)
             for row in validate([(obs, src) for obs, src in held if obs.engine.name == engine], profile):
                 out[row.id] = row
     return [out[obs.label] for obs, _ in rows if obs.label in out]
