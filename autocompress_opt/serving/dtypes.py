@@ -137,6 +137,20 @@ for _dtype in (
         embed_format="BF16",
         head_format="BF16",
     ),
+    # MXFP4 weight-only (W4A16): 4-bit E2M1 values plus one E8M0 scale per 32 elements = 4.25 bits,
+    # dequantised for BF16 tensor math: gpt-oss's MoE checkpoint served on Hopper, which has no FP4
+    # tensor cores (vLLM's Marlin / triton_kernels MoE). The checkpoint keeps attention in BF16 (about
+    # 1 % of gpt-oss-120b's parameters), counted here at 4.25 bits like the experts.
+    WeightDtype(
+        "mxfp4",
+        4.25,
+        16,
+        16,
+        "bf16",
+        source="OCP Microscaling MXFP4: 32-element blocks with an E8M0 scale; gpt-oss model card",
+        embed_format="BF16",
+        head_format="BF16",
+    ),
     # llama.cpp file types. Kernels dequantise for the math (the FP16/BF16 tensor rate is modelled).
     # The K-quant mixes (_M) give attn_v and ffn_down of half the layers (use_more_bits) Q6_K;
     # output.weight is Q6_K unless the base type is Q8_0 (llama_tensor_get_type).

@@ -13,6 +13,11 @@ and optionally ``arrival`` (burst, steady, poisson; default burst), ``requests``
 defaults) and ``url``. Rows with the same ``source`` text come from one publication: they are held
 out together in leave-one-source-out validation.
 
+A row whose shape columns (``layers`` … ``tied_embeddings``) are all empty names a known model in
+``model`` instead (``autocompress arch --model NAME``): how the mixture-of-experts and hybrid
+Mamba-2 rows (``qwen3-30b-a3b``, ``gpt-oss-120b``, ``nemotron-3-nano-30b-a3b`` …) give their
+architecture, which five dense columns cannot describe. A dense row describes its shape inline.
+
 Each row becomes an :class:`~autocompress_opt.serving.fitting.Observation`; :func:`validate` returns the
 prediction, the measurement, the signed error and whether the physical bound (roofline floor for a
 latency, ceiling for a throughput) is respected.
@@ -27,6 +32,7 @@ from pathlib import Path
 
 from autocompress_opt._data import DATA_DIR
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving.costmodel import Scenario, regime_of
 from autocompress_opt.serving.engine_models import get_engine
@@ -37,14 +43,18 @@ from autocompress_opt.serving.profiles import FITTED_PARAMETERS, METRIC_PHASES, 
 __all__ = [
     "SHIPPED_MEASUREMENTS",
     "ValidationRow",
+    "family_of",
     "fit_published",
     "free_parameters",
+    "is_moe",
     "leave_one_source_out",
     "load_measurements",
     "validate",
 ]
 
 SHIPPED_MEASUREMENTS = DATA_DIR / "measurements.csv"
+# The columns that describe a dense row's shape inline; all empty: ``model`` names a known model.
+SHAPE_COLUMNS = ("layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab", "tied_embeddings")
 REQUIRED_COLUMNS = (
     "id",
     "model",
@@ -95,25 +105,55 @@ def _family(model: str) -> str:
     return "llama"
 
 
+def _known_model(row: dict[str, str]) -> Architecture:
+    """The known architecture a shape-less row names; the error lists the names that are valid."""
+    known = known_architectures()
+    name = row["model"].strip().lower()
+    if name not in known:
+        raise ValueError(
+            f"model {row['model']!r} is not a known model and the row has no shape columns "
+            f"({', '.join(SHAPE_COLUMNS)}); known models: {', '.join(sorted(known))}"
+        )
+    return known[name]
+
+
+def row_architecture(row: dict[str, str]) -> Architecture:
+    """A measurements row's architecture: the known model it names when its shape columns are all
+    empty, else the dense shape they describe (a few filled and others empty is an error)."""
+    empty = [c for c in SHAPE_COLUMNS if not (row.get(c) or "").strip()]
+    if len(empty) == len(SHAPE_COLUMNS):
+        return _known_model(row)
+    if empty:
+        raise ValueError(
+            f"shape column(s) {', '.join(empty)} empty: fill all of {', '.join(SHAPE_COLUMNS)} "
+            "(a dense shape) or none (model names a known model)"
+        )
+    return _dense_architecture(row)
+
+
+def _dense_architecture(row: dict[str, str]) -> Architecture:
+    return Architecture.from_hf_config(
+        {
+            "model_type": _family(row["model"]),
+            "vocab_size": int(row["vocab"]),
+            "hidden_size": int(row["hidden"]),
+            "num_hidden_layers": int(row["layers"]),
+            "num_attention_heads": int(row["heads"]),
+            "num_key_value_heads": int(row["kv_heads"]),
+            "head_dim": int(row["head_dim"]),
+            "intermediate_size": int(row["ffn"]),
+            "tie_word_embeddings": row["tied_embeddings"].strip().lower() in ("true", "1", "yes"),
+            # The CSV has no window column: rows are full-attention models (without this key a
+            # mistral row would take MistralConfig's default 4096-token window).
+            "sliding_window": None,
+        },
+        name=row["model"],
+    )
+
+
 def _row_to_observation(row: dict[str, str], where: str) -> tuple[Observation, str]:
     try:
-        arch = Architecture.from_hf_config(
-            {
-                "model_type": _family(row["model"]),
-                "vocab_size": int(row["vocab"]),
-                "hidden_size": int(row["hidden"]),
-                "num_hidden_layers": int(row["layers"]),
-                "num_attention_heads": int(row["heads"]),
-                "num_key_value_heads": int(row["kv_heads"]),
-                "head_dim": int(row["head_dim"]),
-                "intermediate_size": int(row["ffn"]),
-                "tie_word_embeddings": row["tied_embeddings"].strip().lower() in ("true", "1", "yes"),
-                # The CSV has no window column: rows are full-attention models (without this key a
-                # mistral row would take MistralConfig's default 4096-token window).
-                "sliding_window": None,
-            },
-            name=row["model"],
-        )
+        arch = row_architecture(row)
         concurrency = row["concurrency"].strip()
         scenario = Scenario(
             dtype=row["weight_dtype"].strip(),
@@ -226,19 +266,38 @@ def _fit_engine(engine: str, observations: Sequence[Observation]) -> CostProfile
     return fit_profile(observations, start, free=free, free_mfu_dtypes=fp4)
 
 
+def is_moe(obs: Observation) -> bool:
+    """Whether a row's model has mixture-of-experts or Mamba-2 layers: the engine-wide profiles are
+    *not* fitted to these rows, which validate the dense-fitted profiles on another kind of model."""
+    return any(layer.moe is not None or layer.mamba is not None for layer in obs.arch.layers)
+
+
+def family_of(obs: Observation) -> str:
+    """The row's model family (``llama``, ``qwen3_moe``, ``gpt_oss``, ``nemotron_h`` …): errors are
+    reported per family."""
+    return obs.arch.family
+
+
 def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True) -> list[CostProfile]:
-    """One engine-wide profile per engine, fitted to that engine's rows (parameters:
-    :func:`free_parameters`, shared by every device and row of the engine).
+    """One engine-wide profile per engine, fitted to that engine's dense rows (parameters:
+    :func:`free_parameters`, shared by every device and row of the engine). The MoE/hybrid rows
+    (:func:`is_moe`) fit nothing: they score the dense-fitted profiles on routed experts and Mamba-2
+    mixers, which the roofline times from their FLOPs and bytes with no parameter of their own.
 
     With ``holdout`` each engine is also refitted without each source in turn (leave-one-source-
     out: rows sharing a ``source`` text are held out together; an engine left with no rows falls
-    back to its prior), and the held-out rows' residuals are stored in ``fit["heldout"]``: what
-    :meth:`CostProfile.interval` turns into error bars.
+    back to its prior), and the held-out dense rows' residuals are stored in ``fit["heldout"]``:
+    what :meth:`CostProfile.interval` turns into error bars.
     """
+    dense = [(obs, src) for obs, src in rows if not is_moe(obs)]
+    moe = [(obs, src) for obs, src in rows if is_moe(obs)]
     by_engine: dict[str, list[tuple[Observation, str]]] = {}
-    for obs, source in rows:
+    for obs, source in dense:
         by_engine.setdefault(obs.engine.name, []).append((obs, source))
-    fitted = []
+    for obs, _ in moe:  # an engine with MoE rows only keeps its prior's dense parameters
+        by_engine.setdefault(obs.engine.name, [])
+    held_rows = {r.id: r for r in leave_one_source_out(rows)} if holdout else {}
+    fitted: dict[str, CostProfile] = {}
     for engine, items in sorted(by_engine.items()):
         observations = [o for o, _ in items]
         profile = _rounded(_fit_engine(engine, observations))
@@ -249,7 +308,6 @@ def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True)
             "rows": {o.label: round(float(e), 4) for o, e in zip(observations, relative_errors(observations, profile))},
         }
         if holdout:
-            held = [r for r in leave_one_source_out(items) if r.engine == engine]
             fit["heldout"] = [
                 {
                     "id": r.id,
@@ -257,24 +315,32 @@ def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True)
                     "phase": METRIC_PHASES[r.metric],
                     "time_ratio": round(time_ratio(r.metric, r.measured, r.predicted), 4),
                 }
-                for r in held
+                for r in (held_rows[o.label] for o in observations)
             ]
-        fitted.append(replace(profile, fit=fit))
-    return fitted
+        fitted[engine] = replace(profile, fit=fit)
+    return [fitted[e] for e in sorted(fitted)]
 
 
 def leave_one_source_out(rows: Sequence[tuple[Observation, str]]) -> list[ValidationRow]:
-    """Each row predicted by its engine's profile refitted without the row's whole source (the
-    publication it came from): out-of-sample errors. Sources are grouped per engine."""
+    """Each row predicted by its engine's profile refitted to the engine's dense rows without the
+    row's whole source (the publication it came from): out-of-sample errors. A MoE/hybrid row's
+    source holds no dense rows, so it is predicted by the profile fitted to all of them."""
+    dense = [(obs, src) for obs, src in rows if not is_moe(obs)]
+    fits: dict[tuple[str, str], CostProfile] = {}
+
+    def profile_without(engine: str, source: str) -> CostProfile:
+        rest = [obs for obs, src in dense if obs.engine.name == engine and src != source]
+        key = (engine, source if any(src == source for obs, src in dense if obs.engine.name == engine) else "")
+        if key not in fits:
+            fits[key] = _fit_engine(engine, rest) if rest else PRIORS.get(engine, CostProfile(engine))
+        return fits[key]
+
     out: dict[str, ValidationRow] = {}
-    engines = sorted({obs.engine.name for obs, _ in rows})
-    for engine in engines:
-        items = [(obs, src) for obs, src in rows if obs.engine.name == engine]
-        for source in sorted({src for _, src in items}):
-            held = [(obs, src) for obs, src in items if src == source]
-            rest = [obs for obs, src in items if src != source]
-            profile = _fit_engine(engine, rest) if rest else PRIORS.get(engine, CostProfile(engine))
-            for row in validate(held, profile):
+    for source in sorted({src for _, src in rows}):
+        held = [(obs, src) for obs, src in rows if src == source]
+        for engine in sorted({obs.engine.name for obs, _ in held}):
+            profile = profile_without(engine, source)
+            for row in validate([(obs, src) for obs, src in held if obs.engine.name == engine], profile):
                 out[row.id] = row
     return [out[obs.label] for obs, _ in rows if obs.label in out]
 

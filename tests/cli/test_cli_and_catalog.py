@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -201,6 +202,14 @@ def test_validate_verb_prints_every_row(capsys: pytest.CaptureFixture[str]) -> N
     rows = json.loads(out)
     assert code == 0 and [r["id"] for r in rows][:6] == ["pub1", "pub2", "pub3", "pub4", "pub5", "pub6"]  # then 51 more
     assert all({"predicted", "measured", "error", "bound"} <= set(r) for r in rows)
+
+
+def test_validate_verb_prints_the_error_per_model_family(capsys: pytest.CaptureFixture[str]) -> None:
+    """One line per family of the shipped rows, dense and MoE/hybrid, each with its row count."""
+    code, out, _ = run_cli(capsys, "validate")
+    lines = {line.split()[1]: line for line in out.splitlines() if line.startswith("family ")}
+    assert code == 0 and {"llama", "qwen3_moe", "gpt_oss", "nemotron_h"} <= set(lines)
+    assert re.search(r"nemotron_h +18 rows: median \|error\| \d+\.\d%, max \d+\.\d%", lines["nemotron_h"])
 
 
 def test_validate_rejects_a_csv_without_the_columns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -69,7 +69,7 @@ def test_fp8_kv_cache_halves_the_kv_bytes() -> None:
 
 
 def test_unknown_formats_list_the_valid_ones() -> None:
-    with pytest.raises(UnknownNameError, match=r"q3_k.*available: .*iq4_xs, q4_0, q4_k_m, q5_k_m, q6_k, q8_0"):
+    with pytest.raises(UnknownNameError, match=r"q3_k.*available: .*iq4_xs, mxfp4, q4_0, q4_k_m, q5_k_m, q6_k, q8_0"):
         get_weight_dtype("q3_k")
     with pytest.raises(UnknownNameError, match="available: .*fp8.*q8_0"):
         kv_dtype_bytes("int2")
