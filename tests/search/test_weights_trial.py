@@ -17,6 +17,7 @@ from autocompress_opt.search.inner.inner_search import CANDIDATES
 from autocompress_opt.search.study.trials import quality_label, run_trial
 from autocompress_opt.search.study.weights_trial import QUALITY_KIND, TrialConfig, clear_trial_cache, run_weights_trial
 from autocompress_opt.serving.costmodel import estimate_cost
+from autocompress_opt.serving.targets import Target
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +119,39 @@ def test_a_small_teacher_budget_gives_top_k_targets_and_the_result_says_so(paren
         run_weights_trial(request(parent_dir, tmp_path, inner={**INNER, "teacher_budget_gib": 128 * 300 / 2**30}))
     with pytest.raises(ConfigError, match="inner.teacher_budget_gib must be a finite number > 0, got -1"):
         TrialConfig.from_dict({"teacher_budget_gib": -1})
+
+
+def test_contexts_that_differ_only_by_data_share_one_loaded_parent(
+    parent_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A study group's targets take turns on one trial process: a datacenter target reads prose and a
+    local-coding one reads code. Alternating between them loads the parent once, and each data
+    context is built once (a later trial of it reports no parent timings); a third data setting evicts
+    the oldest context (two are kept) without a reload; another dtype is another parent and reloads."""
+    from autocompress_opt.search.study import weights_trial
+
+    loads: list[str] = []
+    real_load = weights_trial.load_parent
+    monkeypatch.setattr(weights_trial, "load_parent", lambda ref, config: loads.append(ref) or real_load(ref, config))
+    coding = Target("h100-sxm", "local-coding", constraints=dict(TARGET.constraints))
+    prose_req, code_req = request(parent_dir, tmp_path), request(parent_dir, tmp_path, target=coding.to_dict())
+
+    clear_trial_cache()
+    runs = [run_weights_trial(r) for r in (prose_req, code_req, prose_req, code_req)]
+    assert loads == [str(parent_dir)]
+    assert "kl_prose" in runs[0] and "kl_code" not in runs[0] and "kl_code" in runs[1] and "kl_prose" not in runs[1]
+    built = [sorted(k for k in r["timings_s"] if k.startswith("parent_")) for r in runs]
+    assert built[0] == ["parent_eval_teacher", "parent_importance", "parent_load", "parent_teacher"]
+    assert built[1] == ["parent_eval_teacher", "parent_importance", "parent_teacher"]  # new data, same model
+    assert built[2] == built[3] == []  # both contexts still held
+    assert runs[2]["architecture"] == runs[0]["architecture"] and runs[2]["quality"] == runs[0]["quality"]
+    assert runs[2]["selection"]["val_kl"] == runs[0]["selection"]["val_kl"]  # the shared model is unchanged
+
+    mixed = request(parent_dir, tmp_path, inner={**INNER, "data_domain": "mixed"})
+    assert "parent_importance" in run_weights_trial(mixed)["timings_s"]
+    assert "parent_importance" in run_weights_trial(prose_req)["timings_s"]  # the oldest, evicted
+    assert "parent_importance" not in run_weights_trial(mixed)["timings_s"]
+    assert loads == [str(parent_dir)]
+    run_weights_trial(request(parent_dir, tmp_path, inner={**INNER, "compute_dtype": "bf16"}))
+    assert len(loads) == 2
+    clear_trial_cache()

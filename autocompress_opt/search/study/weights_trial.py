@@ -227,10 +227,12 @@ class TrialConfig:
 # ------------------------------------------------------------------------- the parent
 @dataclass
 class ParentContext:
-    """Everything a trial needs from one parent and one data configuration (cached per process).
+    """Everything a trial needs from one parent and one data configuration (cached per process;
+    contexts of one parent share its ``model``: :func:`parent_context`).
 
-    ``seconds`` holds how long building it took: ``load``, ``importance``, ``teacher`` (calibration
-    log-probs) and ``eval_teacher`` (held-out rows and the parent's logits on them).
+    ``seconds`` holds how long building it took: ``load`` (only when building it loaded the model),
+    ``importance``, ``teacher`` (calibration log-probs) and ``eval_teacher`` (held-out rows and the
+    parent's logits on them).
     """
 
     model: Any
@@ -246,13 +248,27 @@ class ParentContext:
     seconds: dict[str, float]
 
 
-_PARENTS: OrderedDict[str, ParentContext] = OrderedDict()
-_PARENTS_SIZE = 1  # a parent plus its teacher caches is ~1 GB for SmolLM2
+@dataclass
+class _Loaded:
+    """The one parent model a process holds, and the data contexts built on it (most recent last)."""
+
+    key: str  # the reference, device and dtype it was loaded with
+    parts: tuple[Any, Any, Architecture, str]  # model, tokenizer, architecture, parent_id
+    contexts: OrderedDict[str, ParentContext] = field(default_factory=OrderedDict)
+
+
+_LOADED: list[_Loaded] = []  # at most one: a process holds one parent model
+# Data contexts kept beside it. A study group's targets read at most two data settings by default
+# (code for local-coding, prose for the others: workload_domain), and their trials take turns on the
+# same actors, so two contexts make a switch free. For SmolLM2-135M each costs ~0.45 GB (the fp16
+# calibration teacher, 20 x 128 x 49152 x 2 bytes = 0.25 GB, and the fp32 evaluation logits,
+# 8 x 128 x 49152 x 4 bytes = 0.2 GB) beside the 0.54 GB fp32 model: ~1.4 GB a process.
+_CONTEXTS_SIZE = 2
 
 
 def clear_trial_cache() -> None:
     """Forget the in-process parent cache (model, importance, teacher log-probs, evaluation data)."""
-    _PARENTS.clear()
+    _LOADED.clear()
 
 
 def _digest(*parts: Any) -> str:
@@ -285,18 +301,21 @@ def load_parent(ref: str, config: TrialConfig) -> LoadedModel:
 
 
 def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[ParentContext, bool]:
-    """The context of parent ``ref`` under ``config``'s data settings (cached per process; importance
-    and teacher log-probs also on disk under ``cache_dir``), and whether it was built by this call."""
+    """The context of parent ``ref`` under ``config``'s data settings, and whether it was built by this
+    call. Cached per process: one parent model (:func:`_loaded_parent`) and, beside it, the contexts
+    of the last :data:`_CONTEXTS_SIZE` data settings, which share that model (a switch between
+    them loads nothing); importance and teacher log-probs are also on disk under ``cache_dir``.
+    ``seconds`` of a context has ``load`` only when building it loaded the model."""
     from autocompress_opt.data.user import data_batches
     from autocompress_opt.quality.metrics import cache_teacher_logits
 
     settings = config.to_dict()
     key = _digest(ref, str(cache_dir), {k: settings[k] for k in _CONTEXT_KEYS})
-    if key in _PARENTS:
-        _PARENTS.move_to_end(key)
-        return _PARENTS[key], False
-    report(TrialProgress("load parent", 0, config.inner.steps))
-    model, tokenizer, arch, parent_id, seconds = parent_parts(ref, config)
+    loaded, seconds = _loaded_parent(ref, config)
+    if key in loaded.contexts:
+        loaded.contexts.move_to_end(key)
+        return loaded.contexts[key], False
+    model, tokenizer, arch, parent_id = loaded.parts
 
     began = time.perf_counter()
     report(TrialProgress("importance", 0, config.inner.steps))
@@ -344,10 +363,24 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
         _digest({d: b.to_dict() for d, b in evals.items()}),
         seconds,
     )
-    _PARENTS[key] = parent
-    while len(_PARENTS) > _PARENTS_SIZE:
-        _PARENTS.popitem(last=False)
+    loaded.contexts[key] = parent
+    while len(loaded.contexts) > _CONTEXTS_SIZE:
+        loaded.contexts.popitem(last=False)
     return parent, True
+
+
+def _loaded_parent(ref: str, config: TrialConfig) -> tuple[_Loaded, dict[str, float]]:
+    """The process's parent model for ``ref`` on ``config``'s device and dtype, loaded only when it
+    holds no such model (then it replaces the one held, with its contexts), and ``{"load": seconds}``
+    when it was loaded by this call, else ``{}``. Contexts that differ only by data share it."""
+    key = _digest(ref, config.device, config.compute_dtype)
+    if _LOADED and _LOADED[0].key == key:
+        return _LOADED[0], {}
+    _LOADED.clear()  # free the old model (and its contexts) before loading another
+    report(TrialProgress("load parent", 0, config.inner.steps))
+    model, tokenizer, arch, parent_id, seconds = parent_parts(ref, config)
+    _LOADED.append(_Loaded(key, (model, tokenizer, arch, parent_id)))
+    return _LOADED[0], seconds
 
 
 # The settings that decide what a parent context holds (the rest only steer the search).
