@@ -435,6 +435,11 @@ def discretise() -> str:
     )
 
 
+def _unlined(function: str) -> str:
+    """``"path.py:112(name)"`` -> ``"path.py(name)"``: the same function in another version of its file."""
+    return re.sub(r":\d+\(", "(", function)
+
+
 def trial_profile() -> str:
     """One weights trial on SmolLM2-135M, cold and warm, before and after: CPU seconds per phase and the
     functions with the most own CPU time."""
@@ -470,19 +475,32 @@ def trial_profile() -> str:
         + "\n\n"
         + "\n".join(f"- {n}" for n in notes)
     )
-    tops = []
-    for label in ("before", "after"):
-        if label in s:
-            for row in s[label]["cold"]["top_tottime"][:8]:
-                tops.append(
-                    [label, f"`{row['function']}`", row["calls"], f"{row['tottime_s']:.1f}", f"{row['cumtime_s']:.1f}"]
-                )
-    return (
-        out
-        + "\n\nThe cold trials' functions with the most own CPU time (all 25, and the top 25 by cumulative time, "
-        + "in `benchmarks/results/trial_profile.json`):\n\n"
-        + table(["code", "function", "calls", "own CPU s", "cumulative CPU s"], tops)
-    )
+    unprofiled = s.get("after", {}).get("load_parent_unprofiled")
+    if unprofiled:
+        out += (
+            f"\n- after, the parent's load alone without cProfile: {unprofiled['cpu_s']:.1f} CPU s "
+            f"({unprofiled['wall_s']:.1f} s wall-clock)"
+        )
+    if "before" not in s or "after" not in s:
+        return out
+    for kind in ("cold", "warm"):
+        before = {_unlined(r["function"]): r for r in s["before"][kind]["top_tottime"]}
+        tops = [
+            [
+                f"`{r['function']}`",
+                r["calls"],
+                f"{before[_unlined(r['function'])]['tottime_s']:.1f}" if _unlined(r["function"]) in before else "–",
+                f"{r['tottime_s']:.1f}",
+                f"{r['cumtime_s']:.1f}",
+            ]
+            for r in s["after"][kind]["top_tottime"][:8]
+        ]
+        out += (
+            f"\n\nThe {kind} trial's functions with the most own CPU time (the top 25 by own and by cumulative "
+            "time, before and after, are in `benchmarks/results/trial_profile.json`):\n\n"
+            + table(["function", "calls (after)", "own CPU s before", "own CPU s after", "cumulative after"], tops)
+        )
+    return out
 
 
 # ------------------------------------------------------------------------------------- demo
