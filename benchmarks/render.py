@@ -454,6 +454,74 @@ def discretise() -> str:
     )
 
 
+def _unlined(function: str) -> str:
+    """``"path.py:112(name)"`` -> ``"path.py(name)"``: the same function in another version of its file."""
+    return re.sub(r":\d+\(", "(", function)
+
+
+def trial_profile() -> str:
+    """One weights trial on SmolLM2-135M, cold and warm, before and after: CPU seconds per phase and the
+    functions with the most own CPU time."""
+    s = need("trial_profile")
+    runs = [(label, kind) for label in ("before", "after") if label in s for kind in ("cold", "warm")]
+    phases: list[str] = []
+    for label, kind in runs:
+        phases += [p for p in s[label][kind]["phase_cpu_s"] if p not in phases and p != "before first report"]
+
+    def cpu(label: str, kind: str, phase: str) -> str:
+        value = s[label][kind]["phase_cpu_s"].get(phase)
+        return "–" if value is None else f"{value:.1f}"
+
+    rows = [[phase, *(cpu(label, kind, phase) for label, kind in runs)] for phase in phases]
+    rows.append(["**total CPU**", *(f"**{s[label][kind]['cpu_s']:.1f}**" for label, kind in runs)])
+    rows.append(["wall-clock", *(f"{s[label][kind]['wall_s']:.1f}" for label, kind in runs)])
+    header = ["phase (CPU s)", *(f"{label} {kind}" for label, kind in runs)]
+    notes = []
+    for label in ("before", "after"):
+        if label in s:
+            r = s[label]
+            load = f"{r['load_average_start'][0]:.1f} → {r['load_average_end'][0]:.1f}"
+            notes.append(
+                f"{label}: commit {commit_of({'code': {'commit': r['commit'], 'dirty': r['dirty']}})}, "
+                f"{r['date'][:10]}, 1-minute load average {load}; {shape(r['cold']['outcome']['architecture'])}, "
+                f"KL {r['cold']['outcome']['kl_to_parent']:.3f}"
+            )
+    point = ", ".join(f"{k} {v}" for k, v in s[runs[-1][0]]["point"].items())
+    out = (
+        f"{s[runs[-1][0]]['model']} at {point} for {s[runs[-1][0]]['target']}; torch 1 thread, "
+        "cProfile on, CPU seconds (`time.process_time`) per phase as the trial reports them.\n\n"
+        + table(header, rows)
+        + "\n\n"
+        + "\n".join(f"- {n}" for n in notes)
+    )
+    unprofiled = s.get("after", {}).get("load_parent_unprofiled")
+    if unprofiled:
+        out += (
+            f"\n- after, the parent's load alone without cProfile: {unprofiled['cpu_s']:.1f} CPU s "
+            f"({unprofiled['wall_s']:.1f} s wall-clock)"
+        )
+    if "before" not in s or "after" not in s:
+        return out
+    for kind in ("cold", "warm"):
+        before = {_unlined(r["function"]): r for r in s["before"][kind]["top_tottime"]}
+        tops = [
+            [
+                f"`{r['function']}`",
+                r["calls"],
+                f"{before[_unlined(r['function'])]['tottime_s']:.1f}" if _unlined(r["function"]) in before else "–",
+                f"{r['tottime_s']:.1f}",
+                f"{r['cumtime_s']:.1f}",
+            ]
+            for r in s["after"][kind]["top_tottime"][:8]
+        ]
+        out += (
+            f"\n\nThe {kind} trial's functions with the most own CPU time (the top 25 by own and by cumulative "
+            "time, before and after, are in `benchmarks/results/trial_profile.json`):\n\n"
+            + table(["function", "calls (after)", "own CPU s before", "own CPU s after", "cumulative after"], tops)
+        )
+    return out
+
+
 # ------------------------------------------------------------------------------------- demo
 def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
@@ -557,6 +625,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "cpu-calibration": cpu_calibration,
     "performance": performance,
     "discretise": discretise,
+    "trial-profile": trial_profile,
     "demo": demo,
     "demo-line": demo_line,
 }
