@@ -67,6 +67,7 @@ __all__ = [
     "LayerSpec",
     "MambaSpec",
     "MoESpec",
+    "check_kept_layers",
     "default_layer_order",
     "hf_layer_windows",
     "reference_layer",
@@ -733,6 +734,21 @@ def default_layer_order(parent: Architecture) -> list[int]:
     return present[:1] + present[-1:] + present[1:-1] + dropped if len(present) > 1 else present + dropped
 
 
+def check_kept_layers(parent: Architecture, kept_layers: Sequence[int]) -> set[int]:
+    """``kept_layers`` as a set; a :class:`ConfigError` when it is empty, repeats a layer, or names one
+    the parent lacks or drops entirely."""
+    kept = set(kept_layers)
+    if not kept or len(kept) != len(kept_layers):
+        raise ConfigError(f"kept_layers must name at least one layer, each once; got {list(kept_layers)}")
+    bad = sorted(i for i in kept if not (0 <= i < parent.num_layers) or parent.layers[i].is_noop)
+    if bad:
+        raise ConfigError(
+            f"kept_layers {bad} are not present layers of the parent (layers 0..{parent.num_layers - 1}, "
+            "fully dropped ones excluded)"
+        )
+    return kept
+
+
 def uniform_child(
     parent: Architecture,
     *,
@@ -756,15 +772,7 @@ def uniform_child(
     Raises :class:`ConfigError` when ``kept_layers`` is empty, repeats a layer, or names one the
     parent lacks or drops entirely.
     """
-    kept = set(kept_layers)
-    if not kept or len(kept) != len(kept_layers):
-        raise ConfigError(f"kept_layers must name at least one layer, each once; got {list(kept_layers)}")
-    bad = sorted(i for i in kept if not (0 <= i < parent.num_layers) or parent.layers[i].is_noop)
-    if bad:
-        raise ConfigError(
-            f"kept_layers {bad} are not present layers of the parent (layers 0..{parent.num_layers - 1}, "
-            "fully dropped ones excluded)"
-        )
+    kept = check_kept_layers(parent, kept_layers)
     ref = reference_layer(parent)
     layer = LayerSpec(True, num_kv_heads * q_per_kv, num_kv_heads, ref.head_dim, True, ffn_width)
     # One LayerSpec per distinct window, shared by the layers that have it (baselines build thousands).

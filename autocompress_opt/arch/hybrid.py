@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from autocompress_opt.arch.architecture import Architecture, LayerSpec
+from autocompress_opt.arch.architecture import Architecture, LayerSpec, check_kept_layers
 from autocompress_opt.errors import ConfigError
 
 __all__ = ["SPARSE_CHOICES", "hybrid_child", "is_kind_uniform", "is_sparse", "sparse_limits"]
@@ -126,15 +126,7 @@ def hybrid_child(
     Raises :class:`ConfigError` when ``kept_layers`` is empty, repeats a layer, names one the parent
     lacks or drops, or a choice does not fit the parent (e.g. Mamba heads not a multiple of groups).
     """
-    kept = set(kept_layers)
-    if not kept or len(kept) != len(kept_layers):
-        raise ConfigError(f"kept_layers must name at least one layer, each once; got {list(kept_layers)}")
-    bad = sorted(i for i in kept if not (0 <= i < parent.num_layers) or parent.layers[i].is_noop)
-    if bad:
-        raise ConfigError(
-            f"kept_layers {bad} are not present layers of the parent (layers 0..{parent.num_layers - 1}, "
-            "fully dropped ones excluded)"
-        )
+    kept = check_kept_layers(parent, kept_layers)
     attn = _first(parent, "attention")
     head_dim = attn.head_dim if attn is not None else 0
     sized: dict[LayerSpec, LayerSpec] = {}  # parent layers repeat: size each distinct one once

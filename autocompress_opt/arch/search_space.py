@@ -156,12 +156,16 @@ class SearchSpace:
             "num_kv_heads": ref.num_kv_heads,
             "q_per_kv": ref.num_heads // ref.num_kv_heads,
         }
+        self._check_limits(limits, parent.name or parent.family)
+
+    def _check_limits(self, limits: Mapping[str, int], who: str) -> None:
+        """Raise when a choice's largest value exceeds the parent's ``limits[choice]``."""
         for name, limit in limits.items():
             largest = max(self[name].values)
             if largest > limit:
                 raise ConfigError(
-                    f"search space: {name} choice {largest} is larger than the parent's {limit} "
-                    f"({parent.name or parent.family}); valid values are <= {limit}"
+                    f"search space: {name} choice {largest} is larger than the parent's {limit} ({who}); "
+                    f"valid values are <= {limit}"
                 )
 
     def _check_sparse_parent(self, parent: Architecture) -> None:
@@ -185,13 +189,7 @@ class SearchSpace:
                     if p
                 )
             )
-        for name, limit in limits.items():
-            largest = max(self[name].values)
-            if largest > limit:
-                raise ConfigError(
-                    f"search space: {name} choice {largest} is larger than the parent's {limit} ({who}); "
-                    f"valid values are <= {limit}"
-                )
+        self._check_limits(limits, who)
 
     # ------------------------------------------------------------------ optuna
     def distributions(self) -> dict[str, Any]:
