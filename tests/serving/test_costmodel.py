@@ -232,7 +232,8 @@ def test_unknown_names_list_the_valid_ones(kwargs: dict, needle: str) -> None:
 
 def test_bad_scenarios_name_the_value() -> None:
     with pytest.raises(
-        UnknownNameError, match="int3.*available: bf16, fp16, fp32, fp4, fp8, iq4_xs, mxfp4, q4_0, q4_k_m, q5_k_m, q6_k, q8_0"  # noqa: E501
+        UnknownNameError,
+        match="int3.*available: bf16, fp16, fp32, fp4, fp8, iq4_xs, mxfp4, q4_0, q4_k_m, q5_k_m, q6_k, q8_0",
     ):
         Scenario(dtype="int3")
     with pytest.raises(ConfigError, match="input_len must be a positive int, got -5"):
