@@ -33,6 +33,7 @@ from pathlib import Path
 from autocompress_opt._data import DATA_DIR
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.catalog import known_architectures
+from autocompress_opt.arch.hybrid import is_sparse
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving.costmodel import Scenario, regime_of
 from autocompress_opt.serving.engine_models import get_engine
@@ -269,7 +270,7 @@ def _fit_engine(engine: str, observations: Sequence[Observation]) -> CostProfile
 def is_moe(obs: Observation) -> bool:
     """Whether a row's model has mixture-of-experts or Mamba-2 layers: the engine-wide profiles are
     *not* fitted to these rows, which validate the dense-fitted profiles on another kind of model."""
-    return any(layer.moe is not None or layer.mamba is not None for layer in obs.arch.layers)
+    return is_sparse(obs.arch)
 
 
 def family_of(obs: Observation) -> str:

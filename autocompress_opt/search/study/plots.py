@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.hybrid import is_sparse
 from autocompress_opt.search.study.studyio import quality_label_of
 
 __all__ = ["plot_pareto", "plot_structure"]
@@ -150,7 +151,7 @@ def plot_pareto(studies: Sequence[dict[str, Any]], stem: Path, title: str = "") 
 def plot_structure(arch: Architecture, parent: Architecture, stem: Path, title: str = "") -> list[Path]:
     """Per-layer FFN width and heads of ``arch`` (filled) over the parent's (outline); for a MoE /
     hybrid parent, :func:`_plot_sparse_structure`."""
-    if any(layer.moe is not None or layer.mamba is not None for layer in parent.layers):
+    if is_sparse(parent):
         return _plot_sparse_structure(arch, parent, stem, title)
     plt = _plt()
     n = parent.num_layers
