@@ -313,13 +313,19 @@ def _hub_source(spec: str) -> TextSource:
     name, config, split, field = (parts + ["", "", ""])[:4]
     import datasets
 
-    try:
-        dataset = datasets.load_dataset(name, config or None, split=split or "train")
-    except Exception as error:  # offline, unknown name, bad config: the library raises many kinds
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise ConfigError(
-            f"could not fetch Hugging Face dataset {name!r} (config {config or 'default'}, split {split or 'train'}): "
-            f"{first}"
-        ) from None
+    from autocompress_opt.hf.hub import hub_offline_unless_reachable
+
+    # Offline, the probe turns the Hub libraries' offline mode on, so load_dataset reads its local
+    # cache or fails at once instead of waiting out huggingface_hub's retries (~25 s).
+    with hub_offline_unless_reachable() as offline:
+        try:
+            dataset = datasets.load_dataset(name, config or None, split=split or "train")
+        except Exception as error:  # offline, unknown name, bad config: the library raises many kinds
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            where = " (the Hub is not reachable from here: only a dataset in the local cache loads)" if offline else ""
+            raise ConfigError(
+                f"could not fetch Hugging Face dataset {name!r} (config {config or 'default'}, "
+                f"split {split or 'train'}){where}: {first}"
+            ) from None
     label = ":".join(p for p in ("hf", name, config, split) if p)
     return DatasetSource(label, dataset, f"Hugging Face dataset {name} {config} [{split or 'train'}]", field or None)

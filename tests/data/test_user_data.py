@@ -147,6 +147,29 @@ def test_hub_dataset_offline_is_one_line_naming_it(monkeypatch: pytest.MonkeyPat
     )
 
 
+def test_hub_dataset_unreachable_hub_loads_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the Hub unreachable, load_dataset runs in the Hub libraries' offline mode (no retries to
+    wait out), the error says the Hub is not reachable, and the flags are restored afterwards."""
+    import datasets
+
+    from autocompress_opt.hf import hub
+
+    seen: list[bool] = []
+
+    def load_dataset(*args, **kwargs):
+        seen.append(datasets.config.HF_HUB_OFFLINE)
+        raise ConnectionError("Couldn't reach 'x/y' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout_s=hub.HUB_PROBE_TIMEOUT_S: False)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    with pytest.raises(ConfigError, match=r"'x/y'.*the Hub is not reachable from here") as error:
+        load_source("hf:x/y")
+    assert seen == [True]
+    assert datasets.config.HF_HUB_OFFLINE is False
+    assert "\n" not in str(error.value)
+
+
 def test_too_little_user_text_says_so(tmp_path: Path, tokenizer) -> None:
     spec = str(write_jsonl(tmp_path / "small.jsonl", n=6))
     with pytest.raises(ConfigError, match=r"the test user text holds [\d,]+ tokens from \d+ documents"):
