@@ -42,12 +42,15 @@ def _hf_param_count(config: Any) -> int:
 
 @pytest.fixture(scope="session", autouse=True)
 def _token_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """text_batches' default on-disk token cache goes to a session folder, not the user's ~/.cache
-    (processes a test starts, such as Ray workers, still use the user's folder)."""
+    """text_batches' default on-disk token cache goes to a session folder, not the user's ~/.cache:
+    in this process, and (through the environment) in every process a test starts (Ray workers, CLI
+    subprocesses)."""
     from autocompress_opt.data import tokens
 
+    folder = str(tmp_path_factory.mktemp("token-cache"))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tokens, "DEFAULT_TOKEN_CACHE", str(tmp_path_factory.mktemp("token-cache")))
+        patch.setattr(tokens, "DEFAULT_TOKEN_CACHE", folder)
+        patch.setenv(tokens.TOKEN_CACHE_ENV, folder)
         yield
 
 

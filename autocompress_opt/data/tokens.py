@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import warnings
 import weakref
 import zipfile
@@ -36,6 +37,7 @@ from autocompress_opt.cache import cache_key, entry_lock, publish
 
 __all__ = [
     "DEFAULT_TOKEN_CACHE",
+    "TOKEN_CACHE_ENV",
     "TOKEN_CACHE_VERSION",
     "TokenStore",
     "clear_token_memo",
@@ -46,7 +48,9 @@ __all__ = [
 # Bump when the stored ids could differ for the same tokenizer and text (the encode call, the format).
 TOKEN_CACHE_VERSION = "tokens/1"
 # Beside the package's other per-user caches (~/.cache/autocompress_opt/data, .../profiles); expanded when used.
-DEFAULT_TOKEN_CACHE = "~/.cache/autocompress_opt/tokens"
+# The environment variable moves it for a process and every process it starts (Ray workers, a CLI run).
+TOKEN_CACHE_ENV = "AUTOCOMPRESS_TOKEN_CACHE"
+DEFAULT_TOKEN_CACHE = os.environ.get(TOKEN_CACHE_ENV) or "~/.cache/autocompress_opt/tokens"
 
 # fingerprint -> {document text digest -> ids}: every document tokenised or read in this process.
 _MEMO: dict[str, dict[str, np.ndarray]] = {}

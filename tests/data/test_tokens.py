@@ -172,3 +172,20 @@ def test_an_unfingerprintable_tokenizer_is_not_cached(tmp_path: Path) -> None:
 def test_invalid_token_cache_names_the_value(bad: Any) -> None:
     with pytest.raises(ConfigError, match="token_cache must be True, False or a folder path"):
         _batches(byte_tokenizer(), DictSource(_docs()), bad)
+
+
+def test_token_cache_env_moves_the_cache_for_started_processes(tmp_path: Path) -> None:
+    """AUTOCOMPRESS_TOKEN_CACHE reaches a process this one starts (a Ray worker, a CLI run): the
+    test session sets it, so subprocesses of tests do not write to the user's ~/.cache."""
+    import os
+    import subprocess
+    import sys
+
+    assert os.environ[tokens.TOKEN_CACHE_ENV] == tokens.DEFAULT_TOKEN_CACHE  # conftest: this session's folder
+    code = "from autocompress_opt.data import tokens; print(tokens.DEFAULT_TOKEN_CACHE)"
+    env = {**os.environ, tokens.TOKEN_CACHE_ENV: str(tmp_path / "ids")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(tmp_path / "ids")
+    env.pop(tokens.TOKEN_CACHE_ENV)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "~/.cache/autocompress_opt/tokens"
