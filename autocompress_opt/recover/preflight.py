@@ -27,14 +27,11 @@ def resolve_student_dir(ref: str | Path) -> Path:
 
 
 def training_device(device: str, bf16: bool) -> tuple[torch.device, str]:
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {device!r}") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for but CUDA is not available")
+    """The training device of ``device`` (:func:`~autocompress_opt.hf.device.resolve_device`: cpu,
+    cuda, cuda:N or auto) and the precision label of ``bf16`` autocast, which is for CUDA only."""
+    from autocompress_opt.hf.device import resolve_device
+
+    resolved = resolve_device(device)
     if bf16 and resolved.type != "cuda":
         raise ConfigError(f"bf16 autocast is for CUDA only; on {device!r} training runs in float32")
     return resolved, "bf16-autocast" if bf16 else "fp32"
