@@ -33,6 +33,8 @@ class WeightDtype:
             the LM head (``Q6_K``, ``BF16``...), for reports.
         compute: the tensor-math format its GEMMs run at (see ``Hardware.compute_dtype``).
         activation_bytes: bytes per activation element.
+        expert_bits: bits per parameter of a mixture-of-experts layer's *routed experts* where the
+            format quantises only them (None: ``body_bits``, like every other decoder matrix).
         source: where the bit counts come from.
     """
 
@@ -46,10 +48,16 @@ class WeightDtype:
     tied_bits: float | None = None
     embed_format: str = ""
     head_format: str = ""
+    expert_bits: float | None = None
 
     @property
     def tied_embedding_bits(self) -> float:
         return self.embed_bits if self.tied_bits is None else self.tied_bits
+
+    @property
+    def routed_expert_bits(self) -> float:
+        """Bits per parameter of a routed expert (``expert_bits``, else ``body_bits``)."""
+        return self.body_bits if self.expert_bits is None else self.expert_bits
 
 
 # Bits per weight of ggml's block formats: block bytes x 8 / block elements (ggml/src/ggml-common.h:
@@ -137,19 +145,22 @@ for _dtype in (
         embed_format="BF16",
         head_format="BF16",
     ),
-    # MXFP4 weight-only (W4A16): 4-bit E2M1 values plus one E8M0 scale per 32 elements = 4.25 bits,
-    # dequantised for BF16 tensor math: gpt-oss's MoE checkpoint served on Hopper, which has no FP4
-    # tensor cores (vLLM's Marlin / triton_kernels MoE). The checkpoint keeps attention in BF16 (about
-    # 1 % of gpt-oss-120b's parameters), counted here at 4.25 bits like the experts.
+    # MXFP4 weight-only (W4A16): the routed experts in 4-bit E2M1 values plus one E8M0 scale per 32
+    # elements = 4.25 bits, dequantised for BF16 tensor math; every other matrix (attention, router,
+    # embedding, head) stays BF16. This is gpt-oss's checkpoint ("MoE weights quantized with mxfp4. All
+    # the other weights are in bf16": TensorRT-LLM examples/models/core/gpt_oss/README.md, activations
+    # BF16 on Hopper) and what vLLM's Mxfp4Config quantises (FusedMoE layers only; linear layers
+    # unquantised). Hopper has no FP4 tensor cores: the math runs at the BF16 rate.
     WeightDtype(
         "mxfp4",
-        4.25,
+        16,
         16,
         16,
         "bf16",
-        source="OCP Microscaling MXFP4: 32-element blocks with an E8M0 scale; gpt-oss model card",
+        source="OCP Microscaling MXFP4 (32-element blocks, E8M0 scale) on routed experts only; gpt-oss model card",
         embed_format="BF16",
         head_format="BF16",
+        expert_bits=4.25,
     ),
     # llama.cpp file types. Kernels dequantise for the math (the FP16/BF16 tensor rate is modelled).
     # The K-quant mixes (_M) give attn_v and ffn_down of half the layers (use_more_bits) Q6_K;

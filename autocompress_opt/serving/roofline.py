@@ -120,7 +120,10 @@ def _structure(a: ArchArrays, dt: WeightDtype, kv_bytes: float, state_bytes: flo
     # A tied matrix is stored once, in the format the recipe gives a tied embedding (llama.cpp: the
     # output's); an untied head is read at the head's format.
     embed_bits = ops.where(a.tied > 0.5, dt.tied_embedding_bits, dt.embed_bits)
-    weight_bytes = (body * dt.body_bits + embed * embed_bits + head * dt.head_bits) / 8
+    # Routed experts at their own format where it has one (mxfp4: experts 4.25 bits, the rest BF16);
+    # the correction is exactly 0 in a dense layer.
+    expert_extra_bits = experts.sum(-1) * (dt.routed_expert_bits - dt.body_bits)
+    weight_bytes = (body * dt.body_bits + expert_extra_bits + embed * embed_bits + head * dt.head_bits) / 8
     head_bits = ops.where(a.tied > 0.5, dt.tied_embedding_bits, dt.head_bits)
     kv_heads_dim = a.attn * a.kv_heads * hd
     q_heads_dim = a.attn * a.heads * hd
@@ -230,8 +233,13 @@ def _phase_ms(setup: _Setup, rates: _Rates, phase: _Phase) -> Array:
     # GEMMs: 2 FLOPs per parameter per token; weights streamed once per step. A MoE layer runs k
     # experts per token (grouped GEMM) and reads, per step of tok/stp tokens, the experts they touch.
     run = s.lin + s.experts_per_token * s.expert_lin
-    read = s.lin + experts_touched(s.experts, s.experts_per_token, tok / stp) * s.expert_lin
-    t_gemm = ops.max(2 * tok * run / (tp * rates.flops), stp * read * setup.dtype.body_bits / 8 / (tp * rates.bytes_s))
+    touched = experts_touched(s.experts, s.experts_per_token, tok / stp) * s.expert_lin
+    read = s.lin + touched
+    bits, expert_bits = setup.dtype.body_bits, setup.dtype.routed_expert_bits
+    # Bytes: everything at the body format, the touched experts corrected to theirs (0 when dense).
+    per_device_s = tp * rates.bytes_s
+    read_s = stp * read * bits / 8 / per_device_s + stp * touched * (expert_bits - bits) / 8 / per_device_s
+    t_gemm = ops.max(2 * tok * run / (tp * rates.flops), read_s)
     eng = setup.engine
     if not eng.mmq and eng.fp16_accumulate and _is_block_quantised(setup.dtype):
         # llama.cpp without MMQ: a step of more than 32 tokens (its MMQ_MAX_BATCH_SIZE) dequantises

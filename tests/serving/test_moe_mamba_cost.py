@@ -72,6 +72,24 @@ def test_tiny_moe_golden_values() -> None:
     assert c.peak_memory_gib == pytest.approx(641824 / GIB, rel=1e-12)
 
 
+def test_mxfp4_quantises_only_the_routed_experts() -> None:
+    """mxfp4 (gpt-oss's checkpoint, vLLM's Mxfp4Config): routed experts at 4.25 bits, every other weight
+    BF16, BF16 math; a dense model in mxfp4 therefore costs what it costs in bf16."""
+    arch = tiny_moe()
+    scenario = dataclasses.replace(GOLD_SCENARIO, dtype="mxfp4")
+    c = estimate_cost(arch, GOLD_HW, GOLD_ENGINE, scenario, GOLD_PROFILE)
+    # 2 layers × 8 experts × 6144 = 98304 expert params at 4.25 bits = 52224 B; the other
+    # 252224 − 98304 = 153920 at 2 B = 307840 B → 360064 B.
+    assert c.weights_gib == pytest.approx(360064 / GIB, rel=1e-12)
+    # Decode reads 2 experts per layer: GEMM/layer 12864 params · 2 B + 2·6144 · 4.25/8 B = 32256 B
+    #   / 5e10 = 6.4512e-7 s (FLOPs 2·25152/5e12 = 1.006e-8 s); the rest as in the bf16 golden
+    #   → 2·(6.4512e-7 + 2.8544e-7) + 2.56e-6 + 4e-6 + 1e-5 = 1.842112e-5 s.
+    assert c.tpot_ms == pytest.approx(0.01842112, rel=1e-9)
+    dense = Architecture(vocab_size=1000, hidden_size=64, layers=(LayerSpec(**ATTENTION, ffn_width=64),) * 2)
+    as_bf16 = estimate_cost(dense, GOLD_HW, GOLD_ENGINE, dataclasses.replace(GOLD_SCENARIO, dtype="bf16"), GOLD_PROFILE)
+    assert estimate_cost(dense, GOLD_HW, GOLD_ENGINE, scenario, GOLD_PROFILE) == as_bf16
+
+
 def test_tiny_hybrid_golden_values() -> None:
     """A Mamba-2 + attention model: state instead of KV in the Mamba layer, its scan and state traffic."""
     arch = tiny_hybrid()
