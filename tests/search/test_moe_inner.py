@@ -163,3 +163,70 @@ def test_a_bad_moe_point_gives_a_clear_error(parent: Architecture) -> None:
         expert_point({"num_experts": 1, "experts_per_token": 2}, parent)
     with pytest.raises(ConfigError, match=r"mamba_heads=4: the parent has no sub-block for it"):
         expert_point({"mamba_heads": 4}, parent)
+
+
+@pytest.mark.slow
+def test_a_weights_study_on_a_moe_parent_completes_and_its_best_trial_exports(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Ray + Optuna driver runs weights-mode trials on a saved tiny Qwen3-MoE whose space varies the
+    expert counts only; each trial stores its kept experts, and the best trial's export loads in
+    transformers with the logits of the parent under those masks."""
+    import ray
+    from tiny_lm import save_hf_dir
+    from transformers import AutoModelForCausalLM
+
+    from autocompress_opt.arch.hybrid import sparse_limits
+    from autocompress_opt.arch.search_space import Choice, SearchSpace
+    from autocompress_opt.hf.loading import load_model
+    from autocompress_opt.prune.expert_kept import masks_from_expert_kept
+    from autocompress_opt.search.study import StudyConfig, export_trial, init_ray, load_records, run_study, trial_model
+    from autocompress_opt.serving.targets import Target
+
+    monkeypatch.chdir(tmp_path)  # the trials' caches (.autocompress/) go here
+    model_dir = save_hf_dir(tiny_model("qwen3_moe", **MOE, vocab_size=260), tmp_path / "moe")
+    parent = load_model(model_dir).architecture
+    fixed = [Choice(k, (v,)) for k, v in sparse_limits(parent).items() if k not in POINT]
+    space = SearchSpace(
+        (*fixed, Choice("num_experts", (4, 6)), Choice("experts_per_token", (1, 2)), Choice("expert_width", (8, 12)))
+    )
+    target = Target("h100-sxm", "datacenter")
+    inner = {"steps": 2, "n_samples": 4, "val_samples": 1, "seq_len": 16, "eval_samples": 2, "eval_seq_len": 16}
+    cfg = StudyConfig(
+        name="moe",
+        model=str(model_dir),
+        targets=(target,),
+        space=space,
+        mode="weights",
+        inner={**inner, "importance_samples": 2, "importance_seq_len": 16},
+        trials=3,
+        storage=f"sqlite:///{tmp_path}/studies.db",
+        concurrency=1,
+        serve_as="any",
+        seed_baselines=False,
+        proxy=0,
+    )
+    init_ray(None, 1, ())
+    try:
+        [outcome] = run_study(cfg, progress=False)
+        assert outcome.complete == 3
+    finally:
+        ray.shutdown()
+    records, _ = load_records(cfg.storage_url, cfg.study_name(target))
+    done = [r for r in records if r.state == "COMPLETE"]
+    assert len(done) == 3
+    for r in done:
+        assert r.kept["format"] == "autocompress-kept-experts/1" and len(r.kept["layers"]) == 2
+        assert r.selection["chosen"] in ("trained", "start")
+    best = min(done, key=lambda r: -r.quality)
+    arch = Architecture.from_dict(best.architecture)
+    loaded, _ = trial_model(str(model_dir), {"device": "cpu", "compute_dtype": "fp32"})
+    exported = export_trial(loaded, arch, tmp_path / "out", kept=best.kept)
+    child = AutoModelForCausalLM.from_pretrained(exported.path)
+    ids = tokens(2, 12, seed=8)
+    masks = masks_from_expert_kept(loaded.architecture, best.kept)
+    with torch.no_grad(), apply_masks(loaded.model, masks, adapter=moe_adapter(loaded.model)):
+        masked = loaded.model(ids).logits
+    with torch.no_grad():
+        torch.testing.assert_close(child(ids).logits, masked)
+    assert child.config.num_experts == best.params["num_experts"]
