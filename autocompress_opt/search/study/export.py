@@ -98,7 +98,7 @@ def export_trial(
     from autocompress_opt.prune.plan import plan_from_kept, plan_pruning
     from autocompress_opt.prune.slicing import materialize
 
-    if is_expert_kept(kept):  # a MoE trial's experts: the family's plain model (prune.experts)
+    if kept is not None and is_expert_kept(kept):  # a MoE trial's experts: the family's plain model (prune.experts)
         return _export_experts(context, arch, out, kept, force=force)
     importance = getattr(context, "importance", None)
     if kept is not None:
@@ -142,8 +142,9 @@ def _export_experts(
 
     masks = masks_from_expert_kept(context.architecture, kept)
     built = next((layer.moe for layer in arch.layers if layer.moe is not None), None)
-    first = next(m for m in masks.layers if m.experts is not None)
-    counts = (int(first.experts.sum()), first.experts_per_token)
+    kept_experts, k = next((m.experts, m.experts_per_token) for m in masks.layers if m.experts is not None)
+    assert kept_experts is not None  # every MoE layer of a record's masks has its experts
+    counts = (int(kept_experts.sum()), k)
     if built is None or (built.num_experts, built.experts_per_token) != counts:
         raise ConfigError(f"the kept record keeps {counts[0]} experts, top-{counts[1]}; the architecture does not")
     path = export_experts(context.model, masks, out, force=force)

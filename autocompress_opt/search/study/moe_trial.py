@@ -1,8 +1,8 @@
 """The ``weights`` trial of a mixture-of-experts parent (issue 30): the point's uniform counts of experts,
 top-``k`` and expert width, filled by the expert search, cut, measured and costed.
 
-:func:`~autocompress_opt.search.study.weights_trial.run_weights_trial` hands a MoE parent's request here;
-request and result follow its contract, with three differences:
+The ``weights`` trial mode (:func:`run_weights_mode`) hands a MoE parent's request here; request and
+result follow :func:`~autocompress_opt.search.study.weights_trial.run_weights_trial`'s contract, with three differences:
 
 * the point must hold the dense axes (``num_layers``, ``hidden_size``, heads, ``ffn_width``) at the
   parent's sizes (:func:`~autocompress_opt.search.inner.experts.expert_point` says which one does not);
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.hybrid import is_sparse
 from autocompress_opt.cache import cache_key, fetch
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.device import dtype_name
@@ -45,11 +46,21 @@ from autocompress_opt.search.study.weights_trial import (
     TrialConfig,
     heldout_quality,
     parent_context,
+    run_weights_trial,
 )
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
 
-__all__ = ["run_moe_trial"]
+__all__ = ["run_moe_trial", "run_weights_mode"]
+
+
+def run_weights_mode(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``weights`` trial mode (:data:`~autocompress_opt.search.study.trials.TRIAL_MODES`):
+    :func:`run_moe_trial` for a parent with MoE layers, else
+    :func:`~autocompress_opt.search.study.weights_trial.run_weights_trial`."""
+    if is_sparse(Architecture.from_dict(request["parent"])):
+        return run_moe_trial(request)
+    return run_weights_trial(request)
 
 
 def run_moe_trial(request: Mapping[str, Any]) -> dict[str, Any]:

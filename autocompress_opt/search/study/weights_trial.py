@@ -564,10 +564,11 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     """One weights-mode trial (see the module doc for the request and result)."""
     began = time.perf_counter()
     parent_arch = Architecture.from_dict(request["parent"])
-    if is_sparse(parent_arch):  # a MoE parent: which experts the point's counts keep (search.study.moe_trial)
-        from autocompress_opt.search.study.moe_trial import run_moe_trial
-
-        return run_moe_trial(request)
+    if is_sparse(parent_arch):
+        raise ConfigError(
+            f"{parent_arch.name or parent_arch.family} has MoE / Mamba-2 layers: its weights trial is "
+            "search.study.moe_trial.run_moe_trial (the 'weights' trial mode picks it)"
+        )
     target = Target.from_dict(request["target"])
     seed = int(request.get("seed", 0))
     config = TrialConfig.from_dict(request.get("inner"), seed=seed).for_workload(target.workload)
