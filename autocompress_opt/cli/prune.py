@@ -389,7 +389,7 @@ def _export_trial(
         force=args.force,
         decilm=_decilm_for(args, arch),
     )
-    built = exported.plan.architecture
+    built = exported.plan.architecture if exported.plan is not None else arch  # None: a MoE trial's experts
     print(
         f"study {name}, trial {record.number}: {built.summary()} "
         f"({built.num_params / context.architecture.num_params:.1%} of the parent)\n"

@@ -46,6 +46,7 @@ from autocompress_opt.arch.families import family_for_model_type
 from autocompress_opt.arch.gguf import GGUF_ARCH_TO_FAMILY
 from autocompress_opt.cache import content_digest
 from autocompress_opt.errors import ConfigError, UnknownNameError
+from autocompress_opt.hf.adapters import MOE_ADAPTERS
 from autocompress_opt.hf.device import check_gpus, placement_kwargs
 
 __all__ = [
@@ -371,6 +372,8 @@ def _check_family(model_type: str, path: Path) -> None:
 
         return
     fam = family_for_model_type(model_type)
+    if model_type.lower() in MOE_ADAPTERS:  # architecture-only, but the experts path loads, scores and slices it
+        return
     if fam is not None and fam.architecture_only:
         raise ConfigError(
             f"cannot load {str(path)!r}: the {fam.name!r} family is architecture-only (its MoE / Mamba-2 "

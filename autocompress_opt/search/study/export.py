@@ -36,7 +36,7 @@ class ExportedTrial:
     the architecture as built; ``plan.layers``: which parent layer each kept layer comes from)."""
 
     path: Path
-    plan: PrunePlan
+    plan: PrunePlan | None  # None for a MoE trial's experts (the kept record is the plan)
 
 
 def trial_parent(
@@ -93,10 +93,13 @@ def export_trial(
     weights. Raises :class:`~autocompress_opt.errors.ConfigError` for ``kept`` that does not fit
     ``arch`` and the parent, or neither ``kept`` nor importance scores."""
     from autocompress_opt.errors import ConfigError
+    from autocompress_opt.prune.expert_kept import is_expert_kept
     from autocompress_opt.prune.export import export_model
     from autocompress_opt.prune.plan import plan_from_kept, plan_pruning
     from autocompress_opt.prune.slicing import materialize
 
+    if kept is not None and is_expert_kept(kept):  # a MoE trial's experts: the family's plain model (prune.experts)
+        return _export_experts(context, arch, out, kept, force=force)
     importance = getattr(context, "importance", None)
     if kept is not None:
         plan = plan_from_kept(context.architecture, arch, kept)
@@ -123,3 +126,35 @@ def export_trial(
         decilm=decilm,
     )
     return ExportedTrial(Path(path), plan)
+
+
+def _export_experts(
+    context: ParentContext | LoadedModel, arch: Architecture, out: str | Path, kept: Mapping[str, Any], *, force: bool
+) -> ExportedTrial:
+    """A MoE trial's kept experts and channels cut into the family's plain model
+    (:func:`~autocompress_opt.prune.experts.export_experts`) with the parent's tokenizer; raises
+    :class:`~autocompress_opt.errors.ConfigError` when the record's counts are not ``arch``'s."""
+    from dataclasses import replace
+
+    from autocompress_opt.errors import ConfigError
+    from autocompress_opt.prune.expert_kept import masks_from_expert_kept
+    from autocompress_opt.prune.experts import export_experts
+
+    masks = masks_from_expert_kept(context.architecture, kept)
+    built = next((layer.moe for layer in arch.layers if layer.moe is not None), None)
+    kept_experts, k = next((m.experts, m.experts_per_token) for m in masks.layers if m.experts is not None)
+    assert kept_experts is not None  # every MoE layer of a record's masks has its experts
+    counts = (int(kept_experts.sum()), k)
+    if built is None or (built.num_experts, built.experts_per_token) != counts:
+        raise ConfigError(f"the kept record keeps {counts[0]} experts, top-{counts[1]}; the architecture does not")
+    path = export_experts(context.model, masks, out, force=force)
+    context.tokenizer.save_pretrained(path)
+    if replace(Architecture.from_hf_config(_config(path)), name="") != replace(arch, name=""):
+        raise ConfigError(f"the export at {str(path)!r} is not the trial's architecture")
+    return ExportedTrial(Path(path), None)
+
+
+def _config(path: Path) -> dict[str, Any]:
+    import json
+
+    return json.loads((path / "config.json").read_text(encoding="utf-8"))

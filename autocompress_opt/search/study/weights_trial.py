@@ -77,10 +77,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.hybrid import is_sparse
 from autocompress_opt.arch.search_space import SearchSpace, uniform_allocation
 from autocompress_opt.cache import cache_key, content_digest, fetch
 from autocompress_opt.errors import ConfigError, check_choice, check_int, check_number, suggest
-from autocompress_opt.hf.adapters import architecture_mismatch
+from autocompress_opt.hf.adapters import MOE_ADAPTERS, architecture_mismatch, model_type_of
 from autocompress_opt.hf.device import dtype_name, resolve_compute_dtype, resolve_device
 from autocompress_opt.hf.memory import DEFAULT_TEACHER_BUDGET_GIB
 from autocompress_opt.prune.importance import Importance, estimate_importance
@@ -431,6 +432,7 @@ def parent_importance(model: Any, tokenizer: Any, parent_id: str, config: TrialC
     return estimate_importance(
         model,
         imp_rows.tokens,
+        adapter=MOE_ADAPTERS.get(model_type_of(model)),  # the experts path's adapter; None: the family's
         model_id=parent_id,
         data_id=_digest(imp_rows.to_dict()),
         seed=config.data_seed,
@@ -562,6 +564,11 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     """One weights-mode trial (see the module doc for the request and result)."""
     began = time.perf_counter()
     parent_arch = Architecture.from_dict(request["parent"])
+    if is_sparse(parent_arch):
+        raise ConfigError(
+            f"{parent_arch.name or parent_arch.family} has MoE / Mamba-2 layers: its weights trial is "
+            "search.study.moe_trial.run_moe_trial (the 'weights' trial mode picks it)"
+        )
     target = Target.from_dict(request["target"])
     seed = int(request.get("seed", 0))
     config = TrialConfig.from_dict(request.get("inner"), seed=seed).for_workload(target.workload)
