@@ -29,6 +29,8 @@ def hf_layer_windows(config: Any) -> tuple[int | None, ...]:
     as that family's transformers model applies it (its :class:`~autocompress_opt.arch.families.WindowRule`);
     full attention everywhere for a model_type of no registered family."""
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    if "num_hidden_layers" not in cfg and isinstance(getattr(config, "num_hidden_layers", None), int):
+        cfg["num_hidden_layers"] = config.num_hidden_layers  # a property, not in to_dict() (NemotronHConfig)
     cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
     return layer_windows(cfg, str(cfg.get("model_type", "")).lower(), int(cfg["num_hidden_layers"]))
 

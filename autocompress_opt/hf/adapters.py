@@ -36,7 +36,7 @@ from typing import Any
 from autocompress_opt.arch.architecture import Architecture, LayerSpec, hf_layer_windows
 from autocompress_opt.arch.block_configs import MODEL_TYPE as HETERO_MODEL_TYPE  # its adapter's name too
 from autocompress_opt.arch.families import Family, family, family_for_model_type, family_names
-from autocompress_opt.arch.moe import MoESpec
+from autocompress_opt.arch.moe import MambaSpec, MoESpec
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.registry import Registry
 
@@ -44,6 +44,7 @@ __all__ = [
     "ADAPTERS",
     "GEMMA3_PATHS",
     "MOE_ADAPTERS",
+    "NEMOTRON_H_PATHS",
     "FamilyAdapter",
     "LayerParts",
     "ModulePaths",
@@ -75,7 +76,7 @@ class ModulePaths:
     q_norm: str = "q_norm"
     k_norm: str = "k_norm"
     mlp: str = "mlp"
-    gate_proj: str = "gate_proj"
+    gate_proj: str | None = "gate_proj"  # None: MLPs and experts are ungated, down(act(up(x)))
     up_proj: str = "up_proj"
     down_proj: str = "down_proj"
     input_norm: str = "input_layernorm"  # before attention
@@ -88,7 +89,33 @@ class ModulePaths:
     experts: str = "experts"
     expert_gate_up: str = "gate_up_proj"
     expert_down: str = "down_proj"
+    # Hybrid blocks (Nemotron-H): every layer holds one pre-norm and one mixer, whose role the layer's
+    # ``block_kind`` attribute names (``mixer_roles`` maps it to attention / mamba / mlp / moe).
+    mixer: str | None = None  # None: layers hold an attention and an MLP (every other family)
+    block_kind: str = "block_type"
+    block_norm: str = "norm"
+    mixer_roles: tuple[tuple[str, str], ...] = ()
+    # A MoE block's shared expert (an MLP every token runs) and the latent projections around the
+    # routed experts (``nn.Identity`` when the block has none); None: the family has no such module.
+    shared_expert: str | None = None
+    latent_in: str | None = None
+    latent_out: str | None = None
 
+
+# Nemotron-H (transformers' NemotronHBlock): ``norm`` then one ``mixer``; relu² MLPs and experts, ungated
+# (experts' ``up_proj`` (E, F, L), ``down_proj`` (E, L, F)); a MoE has a shared expert and optional latent
+# projections. Source: transformers 5.24 modeling_nemotron_h.py (MIXER_TYPES).
+NEMOTRON_H_PATHS = ModulePaths(
+    embedding="embeddings",
+    final_norm="norm_f",
+    gate_proj=None,
+    expert_gate_up="up_proj",
+    mixer="mixer",
+    mixer_roles=(("full_attention", "attention"), ("linear_attention", "mamba"), ("mlp", "mlp"), ("moe", "moe")),
+    shared_expert="shared_experts",
+    latent_in="fc1_latent_proj",
+    latent_out="fc2_latent_proj",
+)
 
 # Gemma 3 (transformers' Gemma3DecoderLayer): four RMSNorms, two of them on the sub-block outputs.
 GEMMA3_PATHS = ModulePaths(
@@ -110,6 +137,14 @@ class LayerParts:
     ``(G·d, D)``, ``o_proj`` ``(D, H·d)``, ``gate_proj``/``up_proj`` ``(F, D)``, ``down_proj``
     ``(D, F)``, norms ``(D,)``, ``q_norm``/``k_norm`` ``(d,)``; MoE: ``router.weight`` ``(E, D)``,
     ``expert_gate_up`` ``(E, 2F, D)`` (gate rows ``0..F-1``, up rows ``F..2F-1``), ``expert_down`` ``(E, D, F)``.
+    Ungated families (``gated`` false, Nemotron-H): ``gate_proj`` is None and ``expert_gate_up`` holds the up
+    rows only, ``(E, F, L)``; ``L`` is the latent width when ``latent_in`` ``(L, D)`` / ``latent_out``
+    ``(D, L)`` wrap the experts (else ``D``; the modules are then ``nn.Identity``), and ``shared_expert``
+    is the MLP every token of the MoE block runs (``up_proj`` ``(S, D)``, ``down_proj`` ``(D, S)``).
+
+    A hybrid layer (Nemotron-H) holds one mixer: ``mamba`` (a Mamba-2 mixer, with ``input_norm`` its
+    pre-norm; ``in_proj`` ``(I + C + H, D)``, ``out_proj`` ``(D, I)``, :class:`~autocompress_opt.arch.moe.MambaSpec`),
+    or an attention, an MLP or a MoE as above.
     """
 
     layer: Any
@@ -134,6 +169,11 @@ class LayerParts:
     experts: Any = None
     expert_gate_up: Any = None
     expert_down: Any = None
+    gated: bool = True
+    shared_expert: Any = None
+    latent_in: Any = None
+    latent_out: Any = None
+    mamba: Any = None
 
     @property
     def attn_residual(self) -> Any:
@@ -190,7 +230,30 @@ class LayerParts:
             num_experts=self.num_experts,
             experts_per_token=int(self.router.top_k),
             expert_width=self.expert_width,
+            shared_width=self.shared_width,
+            latent_width=int(getattr(self.latent_in, "out_features", 0)),  # nn.Identity: no latent
+            gated=self.gated,
             router_bias=getattr(self.router, "bias", None) is not None,
+        )
+
+    @property
+    def shared_width(self) -> int:
+        """The shared expert's intermediate channels S (0 without one)."""
+        return int(self.shared_expert.down_proj.in_features) if self.shared_expert is not None else 0
+
+    def mamba_spec(self) -> MambaSpec | None:
+        """This layer's :class:`MambaSpec`, read from the mixer (transformers' ``NemotronHMamba2Mixer``)."""
+        m = self.mamba
+        if m is None:
+            return None
+        return MambaSpec(
+            num_heads=int(m.num_heads),
+            head_dim=int(m.head_dim),
+            state_size=int(m.ssm_state_size),
+            groups=int(m.n_groups),
+            conv_width=int(m.conv_kernel_size),
+            conv_bias=m.conv1d.bias is not None,
+            proj_bias=m.in_proj.bias is not None,
         )
 
     def spec(self, window: int | None = None) -> LayerSpec:
@@ -206,6 +269,7 @@ class LayerParts:
             ffn_width=self.ffn_width,
             window=window,
             moe=self.moe_spec(),
+            mamba=self.mamba_spec(),
         )
 
 
@@ -225,6 +289,10 @@ class FamilyAdapter:
         heterogeneous: layers may lack attention or FFN and differ in shape (the package's own
             ``autocompress_decilm``); the base family is then read from ``config.base_family``, and
             module names and traits are the base family's (:meth:`base`).
+        router_scoring: how a MoE router turns logits into top-``k`` weights (replayed on masked logits,
+            :mod:`autocompress_opt.prune.masking`): ``"softmax"`` — softmax, top-``k``, renormalised iff
+            ``norm_topk_prob`` (Qwen3-MoE); ``"sigmoid"`` — sigmoid scores, top-``k`` of score + correction
+            bias, renormalised, scaled (Nemotron-H's ``NemotronHTopkRouter``).
     """
 
     name: str
@@ -233,6 +301,7 @@ class FamilyAdapter:
     norm_offset: float = 0.0
     embed_scale: bool = False
     heterogeneous: bool = False
+    router_scoring: str = "softmax"
 
     def base(self, model_or_config: Any) -> FamilyAdapter:
         """The adapter whose module names and numerics the model uses: the base family's for a
@@ -288,6 +357,8 @@ class FamilyAdapter:
 
     def _parts(self, model: Any, layer: Any) -> LayerParts:
         p = self.base(model).paths
+        if p.mixer is not None:
+            return self._mixer_parts(model, layer, p)
         attn, mlp = getattr(layer, p.attention, None), getattr(layer, p.mlp, None)
         if not self.heterogeneous and (attn is None or mlp is None):
             raise ConfigError(f"a {self.name} layer lacks {p.attention!r} or {p.mlp!r}: is this a {self.name} model?")
@@ -295,33 +366,33 @@ class FamilyAdapter:
         parts: dict[str, Any] = {"layer": layer}
         if attn is not None:
             parts.update(
-                attention=attn,
+                _attention_parts(model, attn, p),
                 input_norm=getattr(layer, p.input_norm),
                 attn_out_norm=optional(layer, p.attn_out_norm),
-                head_dim=int(getattr(attn, "head_dim", 0) or model.config.head_dim),
-                **{
-                    k: getattr(attn, getattr(p, k), None)
-                    for k in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
-                },
             )
         if mlp is not None and hasattr(mlp, p.experts):  # a sparse MoE block (only the experts path's adapters)
-            experts = getattr(mlp, p.experts)
-            parts.update(
-                moe=mlp,
-                router=getattr(mlp, p.router),
-                experts=experts,
-                expert_gate_up=getattr(experts, p.expert_gate_up),
-                expert_down=getattr(experts, p.expert_down),
-                ffn_norm=getattr(layer, p.ffn_norm),
-            )
+            parts.update(_moe_parts(mlp, p), ffn_norm=getattr(layer, p.ffn_norm))
         elif mlp is not None:
-            parts.update(
-                mlp=mlp,
-                ffn_norm=getattr(layer, p.ffn_norm),
-                ffn_out_norm=optional(layer, p.ffn_out_norm),
-                **{k: getattr(mlp, getattr(p, k)) for k in ("gate_proj", "up_proj", "down_proj")},
-            )
+            parts.update(_mlp_parts(mlp, p), ffn_norm=getattr(layer, p.ffn_norm))
+            parts.update(ffn_out_norm=optional(layer, p.ffn_out_norm))
         return LayerParts(**parts)
+
+    def _mixer_parts(self, model: Any, layer: Any, p: ModulePaths) -> LayerParts:
+        """A hybrid layer: its one mixer in the role its kind names, its pre-norm before it."""
+        assert p.mixer is not None  # the caller's branch
+        kind = getattr(layer, p.block_kind, None)
+        role = dict(p.mixer_roles).get(str(kind))
+        if role is None:
+            valid = ", ".join(k for k, _ in p.mixer_roles)
+            raise ConfigError(f"a {self.name} layer has {p.block_kind}={kind!r}; valid: {valid}")
+        mixer, norm = getattr(layer, p.mixer), getattr(layer, p.block_norm)
+        if role == "attention":
+            return LayerParts(layer=layer, **_attention_parts(model, mixer, p), input_norm=norm)
+        if role == "mamba":
+            return LayerParts(layer=layer, mamba=mixer, input_norm=norm)
+        if role == "mlp":
+            return LayerParts(layer=layer, **_mlp_parts(mixer, p), ffn_norm=norm)
+        return LayerParts(layer=layer, **_moe_parts(mixer, p), ffn_norm=norm)
 
     def hidden_norms(self, model: Any) -> list[Any]:
         """Every RMSNorm over the hidden size D: each layer's (pre- and post-) norms, then the final norm."""
@@ -369,12 +440,42 @@ class FamilyAdapter:
                 mlp_bias=bool(c.mlp_bias),
                 qk_norm=bool(c.qk_norm),
             )
+        attn = [p for p in parts if p.attention is not None]  # a hybrid's Mamba / MLP / MoE layers have none
+        biased = lambda module: getattr(module, "bias", None) is not None  # nn.Identity latents: no bias
+        shared = lambda p: p.shared_expert.down_proj if p.shared_expert is not None else None
         return dict(
-            qkv_bias=any(p.q_proj.bias is not None for p in parts),
-            o_bias=any(p.o_proj.bias is not None for p in parts),
-            mlp_bias=any(p.down_proj is not None and p.down_proj.bias is not None for p in parts),
-            qk_norm=any(p.q_norm is not None for p in parts),
+            qkv_bias=any(p.q_proj.bias is not None for p in attn),
+            o_bias=any(p.o_proj.bias is not None for p in attn),
+            mlp_bias=any(biased(p.down_proj) or biased(shared(p)) or biased(p.latent_in) for p in parts),
+            qk_norm=any(p.q_norm is not None for p in attn),
         )
+
+
+def _attention_parts(model: Any, attn: Any, p: ModulePaths) -> dict[str, Any]:
+    head_dim = int(getattr(attn, "head_dim", 0) or model.config.head_dim)
+    names = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+    return dict(attention=attn, head_dim=head_dim, **{k: getattr(attn, getattr(p, k), None) for k in names})
+
+
+def _mlp_parts(mlp: Any, p: ModulePaths) -> dict[str, Any]:
+    gate = None if p.gate_proj is None else getattr(mlp, p.gate_proj)
+    return dict(mlp=mlp, gate_proj=gate, up_proj=getattr(mlp, p.up_proj), down_proj=getattr(mlp, p.down_proj))
+
+
+def _moe_parts(moe: Any, p: ModulePaths) -> dict[str, Any]:
+    experts = getattr(moe, p.experts)
+    optional = lambda name: None if name is None else getattr(moe, name)
+    return dict(
+        moe=moe,
+        router=getattr(moe, p.router),
+        experts=experts,
+        expert_gate_up=getattr(experts, p.expert_gate_up),
+        expert_down=getattr(experts, p.expert_down),
+        gated=p.gate_proj is not None,
+        shared_expert=optional(p.shared_expert),
+        latent_in=optional(p.latent_in),
+        latent_out=optional(p.latent_out),
+    )
 
 
 # One adapter per family entry (arch/families.py names it), plus the package's own heterogeneous class.
@@ -397,12 +498,19 @@ for _adapter in (
     ADAPTERS.register(_adapter.name, _adapter)
 
 
-# The experts path (issue 30, first slice): adapters of the MoE families whose routed experts are scored
-# (prune/importance.py), masked (prune/masking.py), sliced and exported (prune/experts.py). Deliberately
+# The experts path (issue 30): adapters of the MoE / hybrid families whose routed experts (and Mamba-2 heads)
+# are scored (prune/importance.py), masked (prune/masking.py), sliced and exported (prune/experts.py,
+# prune/mamba.py). Deliberately
 # neither in ADAPTERS nor named by the family entry: the family stays architecture-only for every other
 # weights path (plan_pruning, materialize, export_model, the inner search, studies), which cannot prune it yet.
 MOE_ADAPTERS: dict[str, FamilyAdapter] = {
     "qwen3_moe": FamilyAdapter("qwen3_moe", "Qwen3-MoE (stacked experts, softmax-then-top-k router, q/k norm)"),
+    "nemotron_h": FamilyAdapter(
+        "nemotron_h",
+        "Nemotron-H (one mixer per layer: Mamba-2, attention, relu² MLP or latent MoE; sigmoid router)",
+        paths=NEMOTRON_H_PATHS,
+        router_scoring="sigmoid",
+    ),
 }
 
 

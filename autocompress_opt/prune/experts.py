@@ -1,24 +1,28 @@
-"""Expert pruning of a mixture-of-experts parent: keep the most used routed experts, the most active
-channels of each, and a smaller top-``k``; mask the parent, or slice it into the family's plain model.
+"""Expert pruning of a mixture-of-experts or hybrid parent: keep the most used routed experts, the most
+active channels of each (and of the shared expert), a smaller top-``k``, and the most active Mamba-2
+heads; mask the parent, or slice it into the family's plain model.
 
 Three steps, as for dense parents (:mod:`autocompress_opt.prune.slicing`), for the families the experts
-path handles (:data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`: Qwen3-MoE):
+path handles (:data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`: Qwen3-MoE, Nemotron-H):
 
 1. :func:`expert_masks` — parent + :class:`~autocompress_opt.prune.importance.Importance` + a point of
-   the sparse axes (``num_experts``, ``experts_per_token``, ``expert_width``: the keys of the plan-mode
-   search's MoE choices) → :class:`~autocompress_opt.prune.masking.Masks`. Per MoE layer the kept experts
-   are the ``num_experts`` with the highest ``expert_frequency`` (ties: higher ``expert_output``, then
-   the lower index), and each keeps its ``expert_width`` channels of highest ``expert_ffn``.
+   the sparse axes (``num_experts``, ``experts_per_token``, ``expert_width``, ``shared_width``,
+   ``mamba_heads``: the plan-mode search's choices, :data:`~autocompress_opt.arch.hybrid.SPARSE_CHOICES`,
+   those the parent has a sub-block for) → :class:`~autocompress_opt.prune.masking.Masks`. Per MoE layer
+   the kept experts are the ``num_experts`` with the highest ``expert_frequency`` (ties: higher
+   ``expert_output``, then the lower index), each keeps its ``expert_width`` channels of highest
+   ``expert_ffn``, the shared expert its ``shared_width`` of highest ``shared_ffn``; per Mamba-2 layer
+   the ``mamba_heads`` of highest score, the same number per group (:mod:`autocompress_opt.prune.mamba`).
 2. :func:`~autocompress_opt.prune.masking.apply_masks` — the parent computing them (dropped experts'
-   router logits ``-inf`` before the top-``k``, masked channels zeroed).
+   router logits ``-inf`` before the top-``k``, masked channels and heads zeroed).
 3. :func:`slice_experts` / :func:`export_experts` — the plain model of the family with the stacked
-   expert tensors and the router rows cut to the kept experts and channels, and ``num_experts``,
-   ``num_experts_per_tok``, ``moe_intermediate_size`` set; its logits equal the masked parent's
-   (tested, float32). A plain config has one size per layer kind, so the masks must keep the same
-   number of experts, channels per expert and top-``k`` in every MoE layer.
+   expert tensors, the router rows, the shared expert and the Mamba-2 mixers cut to what is kept, and
+   the config's sizes set (:data:`CONFIG_KEYS`); its logits equal the masked parent's (tested,
+   float32). A plain config has one size per layer kind, so the masks must keep the same number of
+   experts, channels per expert, top-``k`` and heads in every layer of a kind.
 
-Attention heads, dense FFN channels, hidden channels and layers of a MoE parent are not pruned here yet
-(issue 30): :func:`slice_experts` refuses masks that prune them.
+Attention heads, dense FFN channels, hidden channels and layers of a MoE / hybrid parent are not pruned
+here yet (issue 30): :func:`slice_experts` refuses masks that prune them.
 """
 
 from __future__ import annotations
@@ -30,57 +34,76 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autocompress_opt.arch.hybrid import SPARSE_CHOICES, sparse_limits
 from autocompress_opt.errors import ConfigError, check_int, suggest
-from autocompress_opt.hf.adapters import FamilyAdapter, LayerParts, moe_adapter
+from autocompress_opt.hf.adapters import FamilyAdapter, LayerParts, model_type_of, moe_adapter
 from autocompress_opt.prune.export import OutputExistsError
 from autocompress_opt.prune.importance import Importance, ranked
+from autocompress_opt.prune.mamba import mamba_layer_mask, slice_mamba_state, uniform_mamba_heads
 from autocompress_opt.prune.masking import LayerMask, Masks
 
-__all__ = ["EXPERT_CHOICES", "expert_masks", "export_experts", "slice_experts"]
+__all__ = ["CONFIG_KEYS", "EXPERT_CHOICES", "expert_masks", "export_experts", "slice_experts"]
 
-# The sparse axes this module prunes (named as the plan-mode search's MoE choices).
-EXPERT_CHOICES: tuple[str, ...] = ("num_experts", "experts_per_token", "expert_width")
-# The Qwen3-MoE config keys the three sizes are written to (transformers' Qwen3MoeConfig).
-_CONFIG_KEYS = {
-    "num_experts": "num_experts",
-    "experts_per_token": "num_experts_per_tok",
-    "expert_width": "moe_intermediate_size",
+# The sparse axes this module prunes (named as the plan-mode search's choices, arch/hybrid.py).
+EXPERT_CHOICES: tuple[str, ...] = SPARSE_CHOICES
+# Per family (model_type), the config key each kept size is written to. Sources: transformers 5.24
+# Qwen3MoeConfig and NemotronHConfig (NemotronHMamba2Mixer's inner width is mamba_num_heads * mamba_head_dim).
+CONFIG_KEYS: dict[str, dict[str, str]] = {
+    "qwen3_moe": {
+        "num_experts": "num_experts",
+        "experts_per_token": "num_experts_per_tok",
+        "expert_width": "moe_intermediate_size",
+    },
+    "nemotron_h": {
+        "num_experts": "n_routed_experts",
+        "experts_per_token": "num_experts_per_tok",
+        "expert_width": "moe_intermediate_size",
+        "shared_width": "moe_shared_expert_intermediate_size",
+        "mamba_heads": "mamba_num_heads",
+    },
 }
 
 
 def expert_masks(model: Any, importance: Importance, point: Mapping[str, int]) -> Masks:
-    """Masks that keep, in every MoE layer of ``model``, the point's experts, channels and top-``k``
-    (module docstring); every attention head, dense FFN channel and hidden channel is kept.
+    """Masks that keep, in every MoE layer of ``model``, the point's experts, channels and top-``k``, and
+    in every Mamba-2 layer its heads (module docstring); every attention head, dense FFN channel and
+    hidden channel is kept.
 
     ``point`` maps a subset of :data:`EXPERT_CHOICES` to sizes; an absent one stays the parent's.
-    Raises :class:`ConfigError` for an unknown key (with a suggestion), a size outside
-    ``1..parent size``, ``experts_per_token`` above the experts kept, or scores of another model.
+    Raises :class:`ConfigError` for an unknown key (with a suggestion), a choice the parent has no
+    sub-block for, a size outside ``1..parent size``, ``experts_per_token`` above the experts kept,
+    Mamba-2 heads not a multiple of the groups, or scores of another model.
     """
     adapter = moe_adapter(model)
     parts = adapter.all_layer_parts(model)
-    moe = [p for p in parts if p.moe is not None]
-    if not moe:
-        raise ConfigError("the model has no mixture-of-experts layer: nothing for expert_masks to prune")
-    sizes = _point_sizes(point, moe[0])
     arch = adapter.architecture(model)
+    if not any(p.moe is not None or p.mamba is not None for p in parts):
+        raise ConfigError("the model has no mixture-of-experts or Mamba-2 layer: nothing for expert_masks to prune")
+    sizes = _point_sizes(point, {k: v for k, v in sparse_limits(arch).items() if k in EXPERT_CHOICES})
     if importance.architecture.layers != arch.layers:
         raise ConfigError("the importance scores were computed for another architecture than this model's")
     layers = []
     base = Masks.ones(arch)
     for i, (p, mask) in enumerate(zip(parts, base.layers)):
-        layers.append(mask if p.moe is None else _layer_mask(importance, i, p, mask, sizes))
+        if p.moe is not None:
+            mask = _layer_mask(importance, i, p, mask, sizes)
+        if p.mamba is not None and "mamba_heads" in sizes:
+            mask = mamba_layer_mask(importance, i, p, mask, sizes["mamba_heads"])
+        layers.append(mask)
     return replace(base, layers=tuple(layers))
 
 
-def _point_sizes(point: Mapping[str, int], p: LayerParts) -> dict[str, int]:
+def _point_sizes(point: Mapping[str, int], limits: dict[str, int]) -> dict[str, int]:
+    """The point's sizes, each parent limit for a choice it leaves out."""
     for key in point:
         if key not in EXPERT_CHOICES:
             raise ConfigError(
-                f"unknown expert choice {key!r}{suggest(key, EXPERT_CHOICES)}; valid: {', '.join(EXPERT_CHOICES)}"
+                f"unknown expert choice {key!r}{suggest(key, EXPERT_CHOICES)}; valid: {', '.join(limits)}"
             )
-    limits = {"num_experts": p.num_experts, "experts_per_token": int(p.router.top_k), "expert_width": p.expert_width}
-    sizes = {key: check_int(point.get(key, limits[key]), key, 1, maximum=limits[key]) for key in EXPERT_CHOICES}
-    if sizes["experts_per_token"] > sizes["num_experts"]:
+        if key not in limits:
+            raise ConfigError(f"the model has no sub-block for the choice {key!r}; valid: {', '.join(limits)}")
+    sizes = {key: check_int(point.get(key, limit), key, 1, maximum=limit) for key, limit in limits.items()}
+    if "num_experts" in sizes and sizes["experts_per_token"] > sizes["num_experts"]:
         raise ConfigError(
             f"experts_per_token={sizes['experts_per_token']} exceeds the {sizes['num_experts']} experts kept "
             f"(num_experts={sizes['num_experts']}); valid: 1..{sizes['num_experts']}"
@@ -94,6 +117,12 @@ def _layer_mask(imp: Importance, i: int, p: LayerParts, mask: LayerMask, sizes: 
     frequency, output, channels = imp.expert_frequency[i], imp.expert_output[i], imp.expert_ffn[i]
     if frequency is None or output is None or channels is None:
         raise ConfigError(f"the importance scores have no expert scores for MoE layer {i}")
+    shared, shared_scores = None, imp.shared_ffn[i]
+    if p.shared_width:
+        if shared_scores is None:
+            raise ConfigError(f"the importance scores have no shared-expert scores for MoE layer {i}")
+        shared = torch.zeros(p.shared_width, dtype=torch.bool)
+        shared[ranked(shared_scores)[: sizes.get("shared_width", p.shared_width)]] = True
     by_output = ranked(output)  # most used first; ties: larger output, then the lower index
     order = by_output[torch.argsort(frequency[by_output], descending=True, stable=True)]
     experts = torch.zeros(p.num_experts, dtype=torch.bool)
@@ -101,18 +130,19 @@ def _layer_mask(imp: Importance, i: int, p: LayerParts, mask: LayerMask, sizes: 
     expert_ffn = torch.zeros(p.num_experts, p.expert_width, dtype=torch.bool)
     for e in range(p.num_experts):
         expert_ffn[e, ranked(channels[e])[: sizes["expert_width"]]] = True
-    return replace(mask, experts=experts, expert_ffn=expert_ffn, experts_per_token=sizes["experts_per_token"])
+    k = sizes["experts_per_token"]
+    return replace(mask, experts=experts, expert_ffn=expert_ffn, experts_per_token=k, shared_ffn=shared)
 
 
 # ------------------------------------------------------------------------------------ slicing
 def slice_experts(model: Any, masks: Masks, *, adapter: FamilyAdapter | None = None) -> Any:
-    """The family's plain model holding ``model``'s weights with the experts, expert channels and top-``k``
-    of ``masks`` (copied, never shared); same dtype and device, eval mode. Its logits equal
-    ``apply_masks(model, masks)``'s.
+    """The family's plain model holding ``model``'s weights with the experts, expert and shared-expert
+    channels, top-``k`` and Mamba-2 heads of ``masks`` (copied, never shared); same dtype and device,
+    eval mode. Its logits equal ``apply_masks(model, masks)``'s.
 
-    Raises :class:`ConfigError` when the masks prune anything but experts (heads, dense FFN or hidden
-    channels, whole sub-blocks or layers: not yet for MoE parents, issue 30) or differ between MoE
-    layers (a plain config has one expert count, width and top-``k``).
+    Raises :class:`ConfigError` when the masks prune anything else (attention heads, dense FFN or hidden
+    channels, whole sub-blocks or layers: not yet for MoE / hybrid parents, issue 30) or differ between
+    layers of one kind (a plain config has one expert count, width, top-``k`` and head count).
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -124,9 +154,10 @@ def slice_experts(model: Any, masks: Masks, *, adapter: FamilyAdapter | None = N
     parts = adapter.all_layer_parts(model)
     apply_masks(model, masks, adapter=adapter).remove()  # the shape checks, nothing installed
     sizes = _uniform_sizes(parts, masks)
+    keys = CONFIG_KEYS[model_type_of(model)]
     config = copy.deepcopy(model.config)  # setattr, not a dict: the config class maps its aliases
     for key, value in sizes.items():
-        setattr(config, _CONFIG_KEYS[key], value)
+        setattr(config, keys[key], value)
     weight = next(model.parameters())
     with no_init_weights():
         child = AutoModelForCausalLM.from_config(config, dtype=weight.dtype)
@@ -142,11 +173,11 @@ def slice_experts(model: Any, masks: Masks, *, adapter: FamilyAdapter | None = N
 
 
 def _uniform_sizes(parts: list[LayerParts], masks: Masks) -> dict[str, int]:
-    """The one (experts kept, top-k, channels per expert) of every MoE layer; raises when masks prune
-    anything else or the layers differ."""
+    """The one (experts kept, top-k, channels per expert, shared channels) of every MoE layer and heads
+    of every Mamba-2 layer; raises when masks prune anything else or the layers of a kind differ."""
     if not bool(masks.hidden.all()):
         raise ConfigError("slice_experts prunes experts only: the masks drop hidden channels (not yet for MoE parents)")
-    seen: dict[tuple[int, int, int], list[int]] = {}
+    seen: dict[tuple[int, int, int, int], list[int]] = {}
     for i, (p, m) in enumerate(zip(parts, masks.layers)):
         for name, tensor, present in (("heads", m.heads, p.attention is not None), ("ffn", m.ffn, p.mlp is not None)):
             if present and (tensor is None or not bool(tensor.all())):
@@ -164,21 +195,38 @@ def _uniform_sizes(parts: list[LayerParts], masks: Masks) -> dict[str, int]:
                 f"layer {i} keeps {sorted(widths)} channels in different experts; a plain config has one width"
             )
         k = int(p.router.top_k) if m.experts_per_token is None else m.experts_per_token
-        seen.setdefault((int(m.experts.sum()), k, int(widths.pop())), []).append(i)
-    if len(seen) != 1:
-        found = "; ".join(f"layers {ls}: {e} experts, top-{k}, width {w}" for (e, k, w), ls in seen.items())
+        shared = p.shared_width if m.shared_ffn is None else int(m.shared_ffn.sum())
+        seen.setdefault((int(m.experts.sum()), k, int(widths.pop()), shared), []).append(i)
+    if len(seen) > 1:
+        found = "; ".join(
+            f"layers {ls}: {e} experts, top-{k}, width {w}, shared width {s}" for (e, k, w, s), ls in seen.items()
+        )
         raise ConfigError(f"the MoE layers are pruned to different sizes ({found}); a plain config has one size")
-    ((experts, k, width),) = seen
-    return {"num_experts": experts, "experts_per_token": k, "expert_width": width}
+    sizes: dict[str, int] = {}
+    if seen:
+        ((experts, k, width, shared),) = seen
+        sizes = {"num_experts": experts, "experts_per_token": k, "expert_width": width}
+        if any(p.shared_expert is not None for p in parts):
+            if shared == 0:
+                raise ConfigError("slice_experts cannot remove the shared expert; keep at least one of its channels")
+            sizes["shared_width"] = shared
+    heads = uniform_mamba_heads(parts, masks.layers)
+    if heads is not None:
+        sizes["mamba_heads"] = heads
+    return sizes
 
 
 def _sliced_state(model: Any, parts: list[LayerParts], masks: Masks) -> dict[str, Any]:
-    """``model``'s state dict with each MoE layer's router rows and stacked expert tensors cut."""
+    """``model``'s state dict with each MoE layer's router rows, stacked expert tensors and shared expert
+    cut, and each Mamba-2 mixer's tensors cut to its kept heads."""
     import torch
 
-    names = {id(param): name for name, param in model.named_parameters(remove_duplicate=False)}
+    names = {id(t): name for name, t in model.named_parameters(remove_duplicate=False)}
+    names.update({id(t): name for name, t in model.named_buffers(remove_duplicate=False)})
     state = {name: t.detach().clone() for name, t in model.state_dict().items()}
     for p, m in zip(parts, masks.layers):
+        if p.mamba is not None:
+            slice_mamba_state(p, m, state, names)
         if p.moe is None or m.experts is None:
             continue
         kept = torch.nonzero(m.experts.bool()).flatten()  # (E',) ascending: the child's expert order
@@ -187,20 +235,39 @@ def _sliced_state(model: Any, parts: list[LayerParts], masks: Masks) -> dict[str
         on = p.expert_down.device
         kept, channels = kept.to(on), channels.to(on)
         f = p.expert_width
-        gate_up = p.expert_gate_up[kept]  # (E', 2F, D)
-        rows = torch.cat([channels, channels + f], dim=1)  # gate rows, then up rows: (E', 2F')
+        gate_up = p.expert_gate_up[kept]  # (E', 2F, L) gated; (E', F, L) ungated
+        rows = torch.cat([channels, channels + f], dim=1) if p.gated else channels  # gate rows, then up rows
         state[names[id(p.expert_gate_up)]] = torch.gather(
             gate_up, 1, rows[..., None].expand(-1, -1, gate_up.shape[-1])
         ).clone()
-        down = p.expert_down[kept]  # (E', D, F)
+        down = p.expert_down[kept]  # (E', L, F)
         state[names[id(p.expert_down)]] = torch.gather(
             down, 2, channels[:, None, :].expand(-1, down.shape[1], -1)
         ).clone()
-        state[names[id(p.router.weight)]] = p.router.weight[kept].detach().clone()  # (E', D)
-        bias = getattr(p.router, "bias", None)
-        if bias is not None:
-            state[names[id(bias)]] = bias[kept].detach().clone()
+        for per_expert in (p.router.weight, getattr(p.router, "bias", None), _correction(p.router)):
+            if per_expert is not None:  # router rows (E', D), its bias and correction bias (E',)
+                state[names[id(per_expert)]] = per_expert[kept].detach().clone()
+        if p.shared_expert is not None and m.shared_ffn is not None and not bool(m.shared_ffn.all()):
+            _slice_mlp(p.shared_expert, m.shared_ffn, state, names)
     return state
+
+
+def _correction(router: Any) -> Any:
+    """The router's per-expert score correction (Nemotron-H / DeepSeek-V3 ``e_score_correction_bias``, a buffer)."""
+    return getattr(router, "e_score_correction_bias", None)
+
+
+def _slice_mlp(mlp: Any, keep: Any, state: dict[str, Any], names: dict[int, str]) -> None:
+    """Cut an ungated MLP (``up_proj`` rows, ``down_proj`` columns) to the channels ``keep`` ``(S,)`` marks."""
+    import torch
+
+    if hasattr(mlp, "gate_proj"):  # the adapters that reach here have ungated shared experts only
+        raise AssertionError("slicing a gated shared expert is not written")
+    index = torch.nonzero(keep.bool()).flatten().to(mlp.up_proj.weight.device)
+    state[names[id(mlp.up_proj.weight)]] = mlp.up_proj.weight.detach().index_select(0, index).clone()
+    if mlp.up_proj.bias is not None:
+        state[names[id(mlp.up_proj.bias)]] = mlp.up_proj.bias.detach().index_select(0, index).clone()
+    state[names[id(mlp.down_proj.weight)]] = mlp.down_proj.weight.detach().index_select(1, index).clone()
 
 
 def export_experts(model: Any, masks: Masks, out_dir: str | Path, *, force: bool = False) -> Path:

@@ -23,8 +23,14 @@ no gradients. What is scored (all scores: higher = more important):
   holds the expert (sums to ``k``; 0 for an expert never routed); **expert_output** ``(E,)`` — mean
   over all tokens of ‖w·y_e‖₂, the expert's routing-weighted output (0 when never routed);
   **expert_ffn** ``(E, F)`` — per expert, mean |act(gate(x))·up(x)|_c over the tokens routed to it
-  (the input of its down projection; zeros when never routed). Dense layers have None there, and a
-  dense model's scores are computed exactly as before.
+  (the input of its down projection; zeros when never routed); **shared_ffn** ``(S,)`` — where the
+  block has a shared expert (Nemotron-H), its channels scored as FFN channels (mean |act(up(x))|_c at
+  its ``down_proj``'s input, every token). Ungated experts (Nemotron-H's relu²) score ``act(up(x))``;
+  with a latent MoE the experts' output norm is taken in the latent width, before ``fc2_latent_proj``.
+  Dense layers have None there, and a dense model's scores are computed exactly as before.
+* Mamba-2 mixers (hybrid parents, Nemotron-H): **mamba_heads** ``(H,)`` — per SSM head, mean over
+  calibration tokens of ‖y_h‖₂, the head's ``head_dim`` channels of ``out_proj``'s input (after the
+  gated RMSNorm), scored like attention heads.
 
 :func:`estimate_importance` runs under ``torch.inference_mode`` and is deterministic: the same
 model, tokens and ``batch_size`` give bit-identical scores. It returns an :class:`Importance`
@@ -76,7 +82,7 @@ __all__ = [
 _FORMAT = "autocompress-importance/1"
 _TENSORS_FILE, _META_FILE = "importance.safetensors", "importance.json"
 LAYER_METRICS: tuple[str, ...] = ("skip_loss", "block_influence")
-_EXPERT_KINDS = ("expert_frequency", "expert_output", "expert_ffn")
+_SPARSE_KINDS = ("expert_frequency", "expert_output", "expert_ffn", "shared_ffn", "mamba_heads")
 # The version of the scores' computation, part of every cache key: bump it when an estimator's
 # numbers change, and cached scores are recomputed. (1: keys of (model, data, method) alone;
 # 2: without the dtype: a bf16 parent read an fp32 parent's scores unless its model id said bf16.)
@@ -115,7 +121,8 @@ class Importance:
     ``heads[i]`` ``(H_i,)``, ``kv_groups[i]`` ``(G_i,)``, ``ffn[i]`` ``(F_i,)``. Model-wide:
     ``hidden`` ``(D,)``, ``block_influence`` ``(L,)``, ``skip_loss`` ``(L,)`` (nats). Per MoE layer
     (None elsewhere; an empty tuple reads as all None): ``expert_frequency[i]`` ``(E_i,)``,
-    ``expert_output[i]`` ``(E_i,)``, ``expert_ffn[i]`` ``(E_i, F_i)`` (module docstring).
+    ``expert_output[i]`` ``(E_i,)``, ``expert_ffn[i]`` ``(E_i, F_i)``, ``shared_ffn[i]`` ``(S_i,)`` where
+    it has a shared expert; per Mamba-2 layer ``mamba_heads[i]`` ``(H_i,)`` (module docstring).
     """
 
     architecture: Architecture
@@ -129,9 +136,11 @@ class Importance:
     expert_frequency: tuple[torch.Tensor | None, ...] = ()
     expert_output: tuple[torch.Tensor | None, ...] = ()
     expert_ffn: tuple[torch.Tensor | None, ...] = ()
+    shared_ffn: tuple[torch.Tensor | None, ...] = ()
+    mamba_heads: tuple[torch.Tensor | None, ...] = ()
 
     def __post_init__(self) -> None:
-        for kind in _EXPERT_KINDS:  # a dense record leaves them out
+        for kind in _SPARSE_KINDS:  # a dense record leaves them out
             if not getattr(self, kind):
                 object.__setattr__(self, kind, (None,) * self.architecture.num_layers)
         _check_shapes(self)
@@ -180,12 +189,12 @@ class Importance:
             block_influence=tensors["block_influence"],
             skip_loss=tensors["skip_loss"],
             meta=ImportanceMeta(**sidecar["meta"]),
-            **{kind: per_layer(kind) for kind in _EXPERT_KINDS},
+            **{kind: per_layer(kind) for kind in _SPARSE_KINDS},
         )
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         out = {"hidden": self.hidden, "block_influence": self.block_influence, "skip_loss": self.skip_loss}
-        for kind in ("heads", "kv_groups", "ffn", *_EXPERT_KINDS):
+        for kind in ("heads", "kv_groups", "ffn", *_SPARSE_KINDS):
             for i, t in enumerate(getattr(self, kind)):
                 if t is not None:
                     out[f"layers.{i}.{kind}"] = t
@@ -212,7 +221,7 @@ def _check_shapes(imp: Importance) -> None:
         "block_influence": (arch.num_layers,),
         "skip_loss": (arch.num_layers,),
     }
-    for kind in ("heads", "kv_groups", "ffn", *_EXPERT_KINDS):
+    for kind in ("heads", "kv_groups", "ffn", *_SPARSE_KINDS):
         if len(getattr(imp, kind)) != arch.num_layers:
             raise ConfigError(f"Importance.{kind} has {len(getattr(imp, kind))} layers, architecture {arch.num_layers}")
     for i, layer in enumerate(arch.layers):
@@ -223,6 +232,8 @@ def _check_shapes(imp: Importance) -> None:
         expect[f"expert_frequency[{i}]"] = (moe.num_experts,) if moe is not None else None
         expect[f"expert_output[{i}]"] = (moe.num_experts,) if moe is not None else None
         expect[f"expert_ffn[{i}]"] = (moe.num_experts, moe.expert_width) if moe is not None else None
+        expect[f"shared_ffn[{i}]"] = (moe.shared_width,) if moe is not None and moe.shared_width else None
+        expect[f"mamba_heads[{i}]"] = (layer.mamba.num_heads,) if layer.mamba is not None else None
     for name, shape in expect.items():
         kind, _, idx = name.partition("[")
         tensor = getattr(imp, kind)[int(idx[:-1])] if idx else getattr(imp, kind)
@@ -354,7 +365,8 @@ class _Activations:
     Per layer: ``heads`` ``(H,)`` Σ‖o_h‖₂, ``ffn`` ``(F,)`` Σ|x_c| at ``down_proj``'s input,
     ``cos`` Σ cos(x_in, x_out); model-wide: ``hidden`` ``(D,)`` Σ|norm output| over all hidden norms.
     Per MoE layer: ``routed`` ``(E,)`` tokens routed to each expert, ``expert_out`` ``(E,)`` Σ‖w·y_e‖₂,
-    ``expert_ffn`` ``(E, F)`` Σ|act(gate)·up| over the tokens routed to each expert.
+    ``expert_ffn`` ``(E, F)`` Σ|act(gate)·up| over the tokens routed to each expert, ``shared`` ``(S,)``
+    Σ|x_c| at the shared expert's ``down_proj`` input. Per Mamba-2 layer: ``mamba`` ``(H,)`` Σ‖y_h‖₂.
     """
 
     def __init__(self, model: Any, adapter: FamilyAdapter) -> None:
@@ -376,6 +388,11 @@ class _Activations:
         self.routed = [zeros(p.num_experts, on(p)) if p else None for p in moe]
         self.expert_out = [zeros(p.num_experts, on(p)) if p else None for p in moe]
         self.expert_ffn = [zeros((p.num_experts, p.expert_width), on(p)) if p else None for p in moe]
+        self.shared = [zeros(p.shared_width, on(p)) if p and p.shared_width else None for p in moe]
+        self.mamba = [
+            zeros(p.mamba.num_heads, p.mamba.out_proj.weight.device) if p.mamba is not None else None
+            for p in self.parts
+        ]
         self._inputs: dict[int, torch.Tensor] = {}
         self.handles: list[Any] = []
 
@@ -389,6 +406,12 @@ class _Activations:
                 self.handles.append(parts.down_proj.register_forward_pre_hook(self._ffn_magnitude(i)))
             if parts.moe is not None:
                 self.handles.append(parts.experts.register_forward_hook(self._expert_stats(i, parts)))
+            if parts.shared_expert is not None:
+                down = parts.shared_expert.down_proj
+                self.handles.append(down.register_forward_pre_hook(self._ffn_magnitude(i, self.shared)))
+            if parts.mamba is not None:
+                hook = self._head_norms(i, int(parts.mamba.head_dim), self.mamba)
+                self.handles.append(parts.mamba.out_proj.register_forward_pre_hook(hook))
         for norm in self.norms:
             self.handles.append(norm.register_forward_hook(self._norm_magnitude))
         return self
@@ -414,16 +437,20 @@ class _Activations:
 
         return hook
 
-    def _head_norms(self, i: int, head_dim: int) -> Callable[..., None]:
+    def _head_norms(self, i: int, head_dim: int, sums: list[Any] | None = None) -> Callable[..., None]:
+        into = self.heads if sums is None else sums
+
         def hook(module: Any, args: tuple[Any, ...]) -> None:
             x = args[0].float()  # (batch, time, H·d)
-            self.heads[i] += x.unflatten(-1, (-1, head_dim)).norm(dim=-1).double().sum(dim=(0, 1))  # (H,)
+            into[i] += x.unflatten(-1, (-1, head_dim)).norm(dim=-1).double().sum(dim=(0, 1))  # (H,)
 
         return hook
 
-    def _ffn_magnitude(self, i: int) -> Callable[..., None]:
+    def _ffn_magnitude(self, i: int, sums: list[Any] | None = None) -> Callable[..., None]:
+        into = self.ffn if sums is None else sums
+
         def hook(module: Any, args: tuple[Any, ...]) -> None:
-            self.ffn[i] += args[0].float().abs().double().sum(dim=(0, 1))  # (F,)
+            into[i] += args[0].float().abs().double().sum(dim=(0, 1))  # (F,)
 
         return hook
 
@@ -447,17 +474,23 @@ class _Activations:
 
 
 def expert_forward(parts: LayerParts, expert: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Routed expert ``expert`` of a MoE layer on tokens ``x`` ``(n, D)``: its intermediate activation
-    ``h = act(gate(x))·up(x)`` ``(n, F)`` and its output ``down(h)`` ``(n, D)``, unweighted.
+    """Routed expert ``expert`` of a MoE layer on tokens ``x`` ``(n, L)`` (the experts module's input:
+    ``L = D``, or the latent width): its intermediate activation ``h = act(gate(x))·up(x)`` (ungated:
+    ``act(up(x))``) ``(n, F)`` and its output ``down(h)`` ``(n, L)``, unweighted.
 
     The arithmetic of transformers 5's stacked-expert modules (``Qwen3MoeExperts``: ``gate_up_proj``
-    ``(E, 2F, D)`` chunked gate-then-up, ``down_proj`` ``(E, D, F)``); the experts module itself only
-    returns the routing-weighted sum, so the scores recompute each expert (tested against it).
+    ``(E, 2F, D)`` chunked gate-then-up, ``down_proj`` ``(E, D, F)``; ``NemotronHExperts``: ``up_proj``
+    ``(E, F, L)``); the experts module itself only returns the routing-weighted sum, so the scores
+    recompute each expert (tested against it).
     """
     import torch
 
-    gate, up = torch.nn.functional.linear(x, parts.expert_gate_up[expert]).chunk(2, dim=-1)
-    h = parts.experts.act_fn(gate) * up
+    projected = torch.nn.functional.linear(x, parts.expert_gate_up[expert])
+    if parts.gated:
+        gate, up = projected.chunk(2, dim=-1)
+        h = parts.experts.act_fn(gate) * up
+    else:
+        h = parts.experts.act_fn(projected)
     return h, torch.nn.functional.linear(h, parts.expert_down[expert])
 
 
@@ -523,6 +556,8 @@ def _minitron(
             None if f is None or r is None else f.cpu() / r.cpu().clamp(min=1).unsqueeze(-1)
             for f, r in zip(acts.expert_ffn, acts.routed)
         ),
+        shared_ffn=tuple(None if f is None else f.cpu() / n_tokens for f in acts.shared),
+        mamba_heads=tuple(None if h is None else h.cpu() / n_tokens for h in acts.mamba),
     )
 
 

@@ -8,7 +8,18 @@ a dropped expert gets router logit ``-inf`` before the softmax and top-``k``, so
 among the kept experts exactly as the sliced model (whose router has only their rows) routes them;
 ``experts_per_token`` changes the ``k``; a masked expert channel is a zeroed column of the expert's
 stacked down projection (a ``torch.nn.utils.parametrize`` view, so the stored weight is untouched),
-what slicing that channel away computes (:mod:`autocompress_opt.prune.experts`).
+what slicing that channel away computes (:mod:`autocompress_opt.prune.experts`). The router's own rule
+is replayed on the masked logits: softmax then top-``k`` (Qwen3-MoE), or sigmoid scores, top-``k`` of
+score + correction bias, renormalised and scaled (Nemotron-H, :attr:`FamilyAdapter.router_scoring`;
+group-limited routing, ``n_group > 1``, is refused when experts are dropped). A shared expert's masked
+channel is a zeroed input of its ``down_proj``, as a dense FFN channel.
+
+Mamba-2 mixers (hybrid parents): a masked SSM head is zeroed at ``out_proj``'s input, and the gated
+RMSNorm before it (one statistic per group of ``I / G`` channels, transformers'
+``NemotronHRMSNormGated``) computes each group's statistic over its kept heads' channels only. SSM
+heads are otherwise independent (each has its own ``dt``, ``A``, ``D`` and conv channels; ``B`` and ``C``
+are per group), so this is what removing the heads computes when every group keeps the same number
+of heads (:mod:`autocompress_opt.prune.mamba`); a group must keep at least one head.
 
 A masked hidden norm computes its statistic over the kept channels, ``sum_c m_c x_c^2 / sum_c m_c``,
 so a hidden mask means *channel removal*, as slicing does (see :mod:`~autocompress_opt.prune.slicing`).
@@ -39,13 +50,19 @@ class LayerMask:
 
     A MoE layer (``ffn`` None there) has ``experts`` ``(E,)``: 1 = routed expert kept (None removes
     the MoE block; with ``heads`` None too the layer is skipped), ``expert_ffn`` ``(E, F)``: 1 = the
-    expert's channel kept (None: all), ``experts_per_token``: the top-``k`` (None: the parent's)."""
+    expert's channel kept (None: all), ``experts_per_token``: the top-``k`` (None: the parent's),
+    ``shared_ffn`` ``(S,)``: 1 = the shared expert's channel kept (None: all).
+
+    A Mamba-2 layer has ``mamba_heads`` ``(H,)``: 1 = SSM head kept; None removes the mixer (the
+    layer, whose one sub-block it is, is then skipped)."""
 
     heads: torch.Tensor | None
     ffn: torch.Tensor | None
     experts: torch.Tensor | None = None
     expert_ffn: torch.Tensor | None = None
     experts_per_token: int | None = None
+    shared_ffn: torch.Tensor | None = None
+    mamba_heads: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,7 +83,10 @@ class Masks:
             mask = LayerMask(ones(s.num_heads, s.attention), ones(s.ffn_width, s.ffn))
             if s.moe is not None:
                 e, f = s.moe.num_experts, s.moe.expert_width
-                mask = replace(mask, experts=ones(e, True), expert_ffn=ones((e, f), True))
+                shared = ones(s.moe.shared_width, s.moe.shared_width > 0)
+                mask = replace(mask, experts=ones(e, True), expert_ffn=ones((e, f), True), shared_ffn=shared)
+            if s.mamba is not None:
+                mask = replace(mask, mamba_heads=ones(s.mamba.num_heads, True))
             layers.append(mask)
         return cls(layers=tuple(layers), hidden=torch.ones(arch.hidden_size, dtype=torch.bool))
 
@@ -104,10 +124,17 @@ def apply_masks(model: Any, masks: Masks, *, adapter: FamilyAdapter | None = Non
     adapter = adapter or adapter_for(model)
     parts = adapter.all_layer_parts(model)
     _check_masks(masks, parts, adapter.embedding(model).embedding_dim)
+    sparse = [i for i, p in enumerate(parts) if p.moe is not None or p.mamba is not None]
+    if sparse and not bool(masks.hidden.all()):  # their outputs bypass the o_proj / down_proj hooks
+        raise ConfigError(
+            f"hidden-channel masks are not supported on MoE / Mamba-2 layers (layers {sparse}); keep every "
+            "hidden channel (issue 30)"
+        )
+    scoring = adapter.base(model).router_scoring
     handles: list[Any] = []
     try:
         for p, mask in zip(parts, masks.layers):
-            handles += _layer_hooks(p, mask)
+            handles += _layer_hooks(p, mask, scoring)
         if not bool(masks.hidden.all()):
             handles += _hidden_hooks(model, adapter, parts, masks.hidden, adapter.base(model).norm_offset)
     except BaseException:
@@ -133,6 +160,26 @@ def _check_masks(masks: Masks, parts: list[LayerParts], hidden_size: int) -> Non
                     f"masks.layers[{i}].{name} has shape {tuple(tensor.shape)}, layer {i} needs ({size},)"
                 )
         _check_expert_masks(i, p, mask)
+        _check_mamba_mask(i, p, mask)
+
+
+def _check_mamba_mask(i: int, p: LayerParts, mask: LayerMask) -> None:
+    where = f"masks.layers[{i}]"
+    if p.mamba is None:
+        if mask.mamba_heads is not None:
+            raise ConfigError(f"{where}.mamba_heads is set but layer {i} has no Mamba-2 mixer")
+        return
+    if mask.mamba_heads is None:
+        return
+    heads, groups = int(p.mamba.num_heads), int(p.mamba.n_groups)
+    if tuple(mask.mamba_heads.shape) != (heads,):
+        raise ConfigError(f"{where}.mamba_heads has shape {tuple(mask.mamba_heads.shape)}, layer {i} needs ({heads},)")
+    per_group = mask.mamba_heads.bool().reshape(groups, heads // groups).sum(-1)  # (G,)
+    if not bool((per_group > 0).all()):
+        raise ConfigError(
+            f"{where}.mamba_heads keeps {per_group.tolist()} heads in the layer's {groups} groups; every group "
+            "must keep at least one (its gated RMSNorm has no channel left otherwise)"
+        )
 
 
 def _check_expert_masks(i: int, p: LayerParts, mask: LayerMask) -> None:
@@ -160,11 +207,22 @@ def _check_expert_masks(i: int, p: LayerParts, mask: LayerMask) -> None:
         )
     if mask.expert_ffn is not None and not bool(mask.expert_ffn[mask.experts.bool()].any(dim=-1).all()):
         raise ConfigError(f"{where}.expert_ffn keeps no channel of a kept expert; drop that expert instead")
+    if mask.shared_ffn is not None and tuple(mask.shared_ffn.shape) != (p.shared_width,):
+        raise ConfigError(
+            f"{where}.shared_ffn has shape {tuple(mask.shared_ffn.shape)}, layer {i} needs ({p.shared_width},)"
+        )
+    groups = int(getattr(p.router, "num_group", 1) or 1)
+    if groups > 1 and not bool(mask.experts.all()):
+        raise ConfigError(
+            f"{where}.experts drops experts of a router with group-limited routing (n_group={groups}); "
+            "only n_group=1 is supported when dropping experts"
+        )
 
 
-def _layer_hooks(p: LayerParts, mask: LayerMask) -> list[Any]:
-    has_attn, has_ffn = p.attention is not None, p.mlp is not None
-    if mask.heads is None and mask.ffn is None and mask.experts is None and (has_attn or has_ffn or p.moe is not None):
+def _layer_hooks(p: LayerParts, mask: LayerMask, scoring: str = "softmax") -> list[Any]:
+    has_attn, has_ffn, has_mamba = p.attention is not None, p.mlp is not None, p.mamba is not None
+    removed = mask.heads is None and mask.ffn is None and mask.experts is None and mask.mamba_heads is None
+    if removed and (has_attn or has_ffn or p.moe is not None or has_mamba):
         return [bypass_layer(p.layer)]
     handles = []
     if has_attn:
@@ -179,20 +237,28 @@ def _layer_hooks(p: LayerParts, mask: LayerMask) -> list[Any]:
         elif not bool(mask.ffn.all()):
             handles.append(p.down_proj.register_forward_pre_hook(_scale_input(mask.ffn)))
     if p.moe is not None:
-        handles += _expert_hooks(p, mask)
+        handles += _expert_hooks(p, mask, scoring)
+    if has_mamba and mask.mamba_heads is not None and not bool(mask.mamba_heads.all()):
+        channels = mask.mamba_heads.repeat_interleave(int(p.mamba.head_dim))  # (H·P,)
+        handles.append(p.mamba.norm.register_forward_hook(_kept_head_gated_norm(channels)))
     return handles
 
 
-def _expert_hooks(p: LayerParts, mask: LayerMask) -> list[Any]:
-    """Reroute among the kept experts with the mask's top-k; zero masked expert channels."""
+def _expert_hooks(p: LayerParts, mask: LayerMask, scoring: str) -> list[Any]:
+    """Reroute among the kept experts with the mask's top-k; zero masked expert and shared channels."""
     if mask.experts is None:
         return [p.moe.register_forward_hook(_zero_output)]
     handles: list[Any] = []
     k = int(p.router.top_k) if mask.experts_per_token is None else mask.experts_per_token
     if not bool(mask.experts.all()) or k != int(p.router.top_k):
-        handles.append(p.router.register_forward_hook(_reroute(mask.experts.bool(), k)))
+        reroute = _REROUTES.get(scoring)
+        if reroute is None:  # an adapter's data, not user input
+            raise AssertionError(f"no reroute for router_scoring {scoring!r}; known: {', '.join(_REROUTES)}")
+        handles.append(p.router.register_forward_hook(reroute(mask.experts.bool(), k)))
     if mask.expert_ffn is not None and not bool(mask.expert_ffn.all()):
         handles.append(_ChannelMask.install(p.experts, _down_name(p), mask.expert_ffn))
+    if mask.shared_ffn is not None and not bool(mask.shared_ffn.all()):
+        handles.append(p.shared_expert.down_proj.register_forward_pre_hook(_scale_input(mask.shared_ffn)))
     return handles
 
 
@@ -214,6 +280,54 @@ def _reroute(keep: torch.Tensor, k: int) -> Any:
         if getattr(module, "norm_topk_prob", False):
             top = top / top.sum(dim=-1, keepdim=True)
         return (logits, top.to(logits.dtype), index, *output[3:])
+
+    return hook
+
+
+def _sigmoid_reroute(keep: torch.Tensor, k: int) -> Any:
+    """A router hook replaying transformers' ``NemotronHTopkRouter`` (DeepSeek-V3 style) on the kept
+    experts: scores ``sigmoid(logits)``, the top-``k`` of score + ``e_score_correction_bias`` with the
+    dropped experts at ``-inf``, weights the chosen scores, renormalised iff ``norm_topk_prob`` (+1e-20,
+    as there), times ``routed_scaling_factor``. ``n_group == 1`` (checked): no group-limited step."""
+    import torch
+
+    def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
+        logits = output[0]  # (tokens, E), float32
+        scores = logits.sigmoid()
+        choice = (scores + module.e_score_correction_bias).masked_fill(~keep.to(logits.device), float("-inf"))
+        index = torch.topk(choice, k, dim=-1, sorted=False)[1]  # (tokens, k)
+        weights = scores.gather(1, index)
+        if module.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return (logits, weights * module.routed_scaling_factor, index, *output[3:])
+
+    return hook
+
+
+# FamilyAdapter.router_scoring -> the reroute hook replaying that router's rule.
+_REROUTES = {"softmax": _reroute, "sigmoid": _sigmoid_reroute}
+
+
+def _kept_head_gated_norm(channels: torch.Tensor) -> Any:
+    """Recompute a Mamba-2 gated RMSNorm (transformers' ``NemotronHRMSNormGated``: ``x·silu(z)`` in
+    float32, one statistic per group of ``group_size`` channels, weight applied after the cast back)
+    with each group's statistic over its kept channels only, and pruned channels zeroed: what the
+    norm of the sliced mixer, whose groups hold just the kept heads, computes."""
+    import torch
+
+    constant = _Constant(channels)
+
+    def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
+        x, gate = args[0], args[1] if len(args) > 1 else None  # (batch, time, I) each
+        h = x.to(torch.float32)
+        if gate is not None:
+            h = h * torch.nn.functional.silu(gate.to(torch.float32))
+        m = constant.like(h).unflatten(-1, (-1, module.group_size))  # (G, I/G)
+        grouped = h.unflatten(-1, (-1, module.group_size))  # (batch, time, G, I/G)
+        variance = (grouped.pow(2) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True)
+        normed = (grouped * torch.rsqrt(variance + module.variance_epsilon)).flatten(-2)
+        y = module.weight * normed.to(x.dtype)
+        return y * constant.like(y)
 
     return hook
 
