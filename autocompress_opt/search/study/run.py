@@ -106,7 +106,9 @@ def _run_targets(
     ]
     # (importance, score) for seeds and proxy: built once per data setting the targets share
     scoring = SeedScoring(config)
-    prepare = partial(_prepare_target, parent=parent, layer_order=layer_order, scoring=scoring, progress=progress)
+    prepare = partial(
+        _prepare_target, parent=parent, layer_order=layer_order, scoring=scoring, memos={}, progress=progress
+    )
     try:
         _run_group(config, [r for r in runs if r.needs_trials], prepare, scoring.release, placement, state, interrupted)
     finally:
@@ -185,6 +187,7 @@ def _prepare_target(
     parent: Architecture,
     layer_order: Sequence[int] | None,
     scoring: SeedScoring,
+    memos: dict[str, Any],
     progress: bool,
 ) -> None:
     """Enqueue ``run``'s seeds and the proxy's points and make its searcher (``run.searcher``); the
@@ -201,7 +204,7 @@ def _prepare_target(
         run.seeded = seed_study(study, config, target, parent, layer_order, score)
     proxy = None
     if config.proxy_points:
-        proxy = make_proxy(config, target, parent, run.parent_cost, layer_order, score)
+        proxy = make_proxy(config, target, parent, run.parent_cost, layer_order, score, memos)
         run.seeded += enqueue_proxy_points(study, proxy, config.proxy_points, config.seed)
     from autocompress_opt.search.study.searcher import StudySearcher  # needs Ray Tune and Optuna
 
