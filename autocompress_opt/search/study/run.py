@@ -12,6 +12,10 @@ Flow per target (all storage access in this driver process; trials run wherever 
              told PRUNED and asked again), start the trial's heartbeat ── trial runs on Ray ──
              on_trial_complete(): set_constraint(...) (≤ 0 feasible), tell(values) or FAIL with the error
 
+Targets are prepared (seeds, proxy points) in a driver thread while the one Ray Tune run goes on:
+each joins the run as soon as it is ready (:class:`_Preparation`), so the first target's trials do
+not wait for the last target's preparation.
+
 Several drivers may run one study at once, on one host or on many sharing an RDB
 (:class:`~.coordination.Coordination`): together they reach exactly the requested COMPLETE count with no repeated
 point, and a driver repairs another's trials only when their heartbeat stopped. Ctrl-C stops the
