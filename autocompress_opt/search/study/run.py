@@ -328,7 +328,10 @@ def _run_group(
         )
         fit_until_stopped(tuner, searcher, state)
     except KeyboardInterrupt:
-        preparation.cancelled.set()  # stops after the target it is preparing; not waited for
+        preparation.cancelled.set()  # stops after the target it is preparing
+        if preparation.is_alive():  # torch killed mid-call at interpreter exit aborts the process (SIGABRT)
+            _say("waiting for the target being prepared to finish (Ctrl-C again to quit at once)")
+            preparation.join()
         for run in runs:
             stopped = [
                 t.number
