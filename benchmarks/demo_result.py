@@ -8,13 +8,21 @@ Two commands:
   code and nothing is written: a failed demo is not a result.
 * ``record --study NAME [--storage URL] [--timing PHASE=SECONDS ...]`` records an already finished
   study group with the given phase timings.
+* ``clean-clone --config studies/smollm2-weights.yaml`` does what a new user does: clones this
+  checkout's HEAD into a temporary directory (no venv, no caches, no studies), runs ``make install``
+  there (timed as the ``install`` phase) and then ``run`` in the clone, writing the JSON here
+  (``--out``); ``--keep`` leaves the clone in place.
 
 The JSON (``benchmarks/results/demo.json`` by default, ``--out`` for another path) holds: the
 timings per phase in seconds; per target the trial counts by state (and how many PRUNED trials the
 scheduler stopped early or the proxy kept from running), the feasible count and the best feasible
 trial (architecture summary, parameters, quality and, in weights mode, its held-out KL to the
 parent, which is ``-ln(quality)`` there); the machine (cores, CPU model, memory); the code version
-(``git describe --always --dirty``, or the package version outside a git checkout).
+(``git describe --always --dirty``, or the package version outside a git checkout). A ``run`` also
+records when things happened, in seconds from the start of ``study run``: ``first_trial_s``, when the
+first trial of the run completed (the first-trial latency), and per target ``prepared_s`` (when its
+seeds and proxy points were in its study, its trials could start: ``study run`` prepares targets
+while the earlier ones' trials run), ``preparation_s`` (how long that took) and ``first_trial_s``.
 ``benchmarks/render.py`` renders ``docs/results/demo.md`` and the README's demo line from it.
 
 The study is read through the package's public study-reading API
@@ -126,12 +134,28 @@ def target_summary(view: Any) -> dict[str, Any]:
     return summary
 
 
-def record(study: str, storage: str | None, timings_s: Mapping[str, float], command: str) -> dict[str, Any]:
+def record(
+    study: str,
+    storage: str | None,
+    timings_s: Mapping[str, float],
+    command: str,
+    started: datetime | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     """The result of a finished demo study group ``study`` (in ``storage``; default
-    ``sqlite:///studies/<study>.db``) with the given phase timings."""
+    ``sqlite:///studies/<study>.db``) with the given phase timings; with ``started`` (the local time
+    ``study run`` began), when its targets were prepared and its first trials completed (module doc).
+    ``extra`` goes into the result as is."""
     from autocompress_opt.search.study.studyio import load_group
 
     views = load_group(study, storage)
+    targets = [target_summary(v) for v in views]
+    latency: dict[str, Any] = {}
+    if started is not None:
+        for view, target in zip(views, targets):
+            target.update(target_times(view, storage or default_storage(study), started))
+        firsts = [t["first_trial_s"] for t in targets if t["first_trial_s"] is not None]
+        latency["first_trial_s"] = min(firsts) if firsts else None
     return {
         "benchmark": "demo",
         "date": f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
@@ -140,8 +164,43 @@ def record(study: str, storage: str | None, timings_s: Mapping[str, float], comm
         "code_version": code_version(),
         "machine": machine(),
         "timings_s": {**{k: round(v, 1) for k, v in timings_s.items()}, "total": round(sum(timings_s.values()), 1)},
-        "targets": [target_summary(v) for v in views],
+        **latency,
+        **extra,
+        "targets": targets,
     }
+
+
+def default_storage(study: str) -> str:
+    from autocompress_opt.search.study.storage import default_storage as default
+
+    return default(study.split(".")[0])
+
+
+def target_times(view: Any, storage: str, started: datetime) -> dict[str, float | None]:
+    """Seconds from ``started`` (local time, as Optuna stores its trials' times) to the end of
+    ``view``'s preparation (``prepared_s``; the study's ``prepared`` attribute, which ``study run``
+    writes), its length (``preparation_s``) and the first COMPLETE trial of this run (``first_trial_s``);
+    None where the run did not do it (a study already done, or prepared by an earlier run)."""
+    import optuna
+
+    from autocompress_opt.search.study.storage import make_storage
+
+    out: dict[str, float | None] = {"prepared_s": None, "preparation_s": None, "first_trial_s": None}
+    prepared = view.attrs.get("prepared")
+    if prepared:
+        at = datetime.fromisoformat(prepared["at"])
+        if at >= started:
+            out["prepared_s"] = round((at - started).total_seconds() + prepared["seconds"], 1)
+            out["preparation_s"] = round(prepared["seconds"], 1)
+    study = optuna.load_study(study_name=view.name, storage=make_storage(storage))
+    done = [
+        t.datetime_complete
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if t.datetime_complete is not None and t.datetime_complete >= started
+    ]
+    if done:
+        out["first_trial_s"] = round((min(done) - started).total_seconds(), 1)
+    return out
 
 
 def write(result: Mapping[str, Any], out: Path) -> Path:
@@ -166,6 +225,29 @@ def study_of(config: Path) -> tuple[str, str | None]:
     if not isinstance(data, dict) or not data.get("name"):
         raise SystemExit(f"{config}: a study YAML with a 'name' is needed (got {data!r:.80})")
     return str(data["name"]), data.get("storage")
+
+
+def clean_clone(config: Path, out: Path, keep: bool) -> int:
+    """``clean-clone`` (module doc): the exit code of the first step that failed, else 0."""
+    import shutil
+    import tempfile
+
+    where = Path(tempfile.mkdtemp(prefix="autocompress-demo-"))
+    clone = where / ROOT.name
+    try:
+        subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)], check=True)
+        print(f"demo: clean clone of {code_version()} in {clone}", file=sys.stderr)
+        timings, code = run_phases([("install", ["make", "-C", str(clone), "install"])])
+        if code != 0:
+            return code
+        argv = [str(clone / ".venv" / "bin" / "python"), "benchmarks/demo_result.py", "run"]
+        argv += ["--config", str(config), "--out", str(out.resolve()), "--timing", f"install={timings['install']}"]
+        return subprocess.call([*argv, "--clean-clone"], cwd=clone)
+    finally:
+        if keep:
+            print(f"demo: the clone stays in {clone}", file=sys.stderr)
+        else:
+            shutil.rmtree(where, ignore_errors=True)
 
 
 def run_phases(phases: Sequence[tuple[str, list[str]]]) -> tuple[dict[str, float], int]:
@@ -200,6 +282,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--config", type=Path, default=Path("studies/smollm2-weights.yaml"), help="study YAML")
     run.add_argument("--plots", default="plots/", help="where `autocompress plot` writes")
     run.add_argument("--out", type=Path, default=DEFAULT_OUT, help="result JSON")
+    run.add_argument(
+        "--timing", type=parse_timing, action="append", default=[], help="PHASE=SECONDS measured before, repeatable"
+    )
+    run.add_argument("--clean-clone", action="store_true", help=argparse.SUPPRESS)  # set by clean-clone
+    clone = verbs.add_parser("clean-clone", help="clone HEAD to a temporary directory, `make install`, run there")
+    clone.add_argument("--config", type=Path, default=Path("studies/smollm2-weights.yaml"), help="study YAML")
+    clone.add_argument("--out", type=Path, default=DEFAULT_OUT, help="result JSON (here, not in the clone)")
+    clone.add_argument("--keep", action="store_true", help="leave the clone in place")
     rec = verbs.add_parser("record", help="record a finished study group")
     rec.add_argument("--study", required=True, help="study group name (e.g. smollm2-weights)")
     rec.add_argument("--storage", default=None, help="study storage (default sqlite:///studies/NAME.db)")
@@ -211,9 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = record(args.study, args.storage, dict(args.timing), command="record --study " + args.study)
         write(result, args.out)
         return 0
+    if args.verb == "clean-clone":
+        return clean_clone(args.config, args.out, args.keep)
     name, storage = study_of(args.config)
     exe = autocompress()
     where = ["--storage", storage] if storage else []
+    started = datetime.now()  # local, as Optuna stores trial times
     timings, code = run_phases(
         [
             ("study_run", [exe, "study", "run", "--config", str(args.config)]),
@@ -223,7 +316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if code != 0:
         return code
-    write(record(name, storage, timings, command=f"autocompress study run --config {args.config}"), args.out)
+    command = f"autocompress study run --config {args.config}"
+    extra = {"clean_clone": True} if args.clean_clone else {}
+    write(record(name, storage, {**dict(args.timing), **timings}, command, started, **extra), args.out)
     return 0
 
 

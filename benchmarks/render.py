@@ -527,15 +527,23 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
 
 
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0f} s"
+
+
 def demo_line() -> str:
     """README: the last recorded `make demo`, or that there is none."""
     s = load("demo")
     if s is None:
         return f"`make demo`: {NOT_MEASURED} (no `benchmarks/results/demo.json` is committed)."
-    m = s["machine"]
+    m, t = s["machine"], s["timings_s"]
+    study = f", of which the study {_minutes(t['study_run'])}" if "study_run" in t else ""
+    first = f", first trial complete after {_minutes(s['first_trial_s'])}" if s.get("first_trial_s") else ""
+    where = "from a clean clone " if s.get("clean_clone") else ""
     return (
-        f"Last recorded `make demo`: {_minutes(s['timings_s']['total'])} on {m['cores']} cores "
-        f"({m['cpu_model']}), code {s['code_version']}; details in [docs/results/demo.md](docs/results/demo.md)."
+        f"Last recorded `make demo`: {_minutes(t['total'])} {where}on {m['cores']} cores "
+        f"({m['cpu_model']}){study}{first}; code {s['code_version']}; "
+        "details in [docs/results/demo.md](docs/results/demo.md)."
     )
 
 
@@ -554,6 +562,9 @@ def demo() -> str:
         table(["phase", "time"], [[phase, _minutes(sec)] for phase, sec in t.items()]),
         "",
     ]
+    if s.get("first_trial_s") is not None:
+        lines += [f"First trial complete {_minutes(s['first_trial_s'])} after `study run` started.", ""]
+    timed = any(target.get("prepared_s") is not None for target in s["targets"])
     rows = []
     for target in s["targets"]:
         best = target["best"] or {}
@@ -567,8 +578,10 @@ def demo() -> str:
                 f"{best['quality']:.3f}" if best.get("quality") is not None else "—",
                 f"{best['kl_to_parent']:.2f}" if best.get("kl_to_parent") is not None else "—",
             ]
+            + ([_seconds(target.get("prepared_s")), _seconds(target.get("first_trial_s"))] if timed else [])
         )
-    lines.append(table(["target", "trials", "best feasible", "quality", "held-out KL"], rows))
+    header = ["target", "trials", "best feasible", "quality", "held-out KL"]
+    lines.append(table(header + (["prepared at", "first trial at"] if timed else []), rows))
     return "\n".join(lines)
 
 

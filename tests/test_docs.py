@@ -195,6 +195,12 @@ def test_the_demo_runs_times_its_phases_and_records_the_study(tmp_path: Path, mo
     assert all(t > 0 for t in phases) and result["timings_s"]["total"] == pytest.approx(sum(phases), abs=0.2)
     assert result["machine"]["cores"] >= 1 and result["code_version"]
     assert [t["hardware"] for t in result["targets"]] == ["rtx5070", "b200"]
+    # when things happened, in seconds from the start of `study run`: within that phase
+    assert 0 < result["first_trial_s"] <= result["timings_s"]["study_run"]
+    for target in result["targets"]:
+        assert 0 <= target["prepared_s"] <= target["first_trial_s"] <= result["timings_s"]["study_run"]
+        assert 0 <= target["preparation_s"] <= target["prepared_s"]
+    assert result["first_trial_s"] == min(t["first_trial_s"] for t in result["targets"])
 
     from autocompress_opt.search.study.studyio import load_group
 
@@ -211,4 +217,5 @@ def test_the_demo_runs_times_its_phases_and_records_the_study(tmp_path: Path, mo
     monkeypatch.setattr(render, "RESULTS", out.parent)
     page = render.demo()
     assert render.NOT_MEASURED not in page and "rtx5070 in-game" in page and result["code_version"] in page
-    assert f"{result['machine']['cores']} cores" in render.demo_line()
+    assert f"{result['machine']['cores']} cores" in render.demo_line() and "first trial" in render.demo_line()
+    assert "prepared at" in page

@@ -296,3 +296,26 @@ def test_legal_point_keeps_a_legal_point_and_snaps_an_illegal_one_down_within_th
     one = SearchSpace(tuple(Choice(n, (point[n],)) for n in point))  # only the illegal point
     with pytest.raises(ConfigError, match=r"serve_as vllm: no point of the search space at or below .*serve_as any"):
         legal_point(point, one, parent, "vllm")
+
+
+def test_a_shared_memo_gives_the_same_legal_points_and_builds_each_candidate_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """legal_point with a memo (what the proxy's ranking shares across points and targets) returns
+    what it returns without one, and a second pass over the same points builds no architecture."""
+    parent, space = load_architecture("smollm2-135m"), load_search_space("smollm2-135m")
+    points = [
+        {"num_layers": 12, "hidden_size": h, "ffn_width": f, "num_kv_heads": kv, "q_per_kv": q}
+        for h in (384, 448, 576)
+        for f in (640, 1536)
+        for kv in (1, 3)
+        for q in (2, 3)
+    ]
+    plain = [legal_point(p, space, parent, "vllm") for p in points]
+    memo: dict = {}
+    assert [legal_point(p, space, parent, "vllm", memo) for p in points] == plain
+    assert memo and any(not loadable for _, loadable in memo.values())  # illegal shapes are kept too
+    built: list[int] = []
+    real = SearchSpace.architecture
+    monkeypatch.setattr(SearchSpace, "architecture", lambda self, *a, **k: built.append(1) or real(self, *a, **k))
+    assert [legal_point(p, space, parent, "vllm", memo) for p in points] == plain and not built

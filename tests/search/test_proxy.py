@@ -236,6 +236,42 @@ def test_the_group_searcher_takes_the_targets_in_turn_and_routes_each_trial_back
     assert a.stopped and b.stopped and group.release("why") == [1, 2]
 
 
+def test_a_group_position_left_empty_is_skipped_until_admitted_and_abandon_ends_the_run() -> None:
+    """Pipelining: a target still being prepared (None) gets no trial and does not finish the group;
+    once admitted it is asked in turn; abandon() gives up the empty positions, and close=True starts
+    no new trial while those in flight are still routed back."""
+    a, b = _Fake("a", 2), _Fake("bb", 1)
+    group = GroupSearcher([a, None])
+    assert group.suggest("t0")["request"] == "a"
+    group.admit(1, b)
+    with pytest.raises(ValueError, match="already admitted"):
+        group.admit(1, b)
+    assert [group.suggest(f"t{i}")["request"] for i in (1, 2)] == ["bb", "a"]
+    for i in range(3):
+        group.on_trial_complete(f"t{i}")
+    assert group.suggest("t3") == "FINISHED"
+
+    c = _Fake("c", 5)
+    waiting = GroupSearcher([c, None])
+    assert waiting.suggest("u0")["target_index"] == 0
+    began = time.monotonic()
+    waiting.abandon()
+    assert waiting.suggest("u1")["request"] == "c"  # the admitted target goes on
+    assert time.monotonic() - began < 0.2  # abandon() woke no sleeping suggest; none slept here
+    waiting.abandon(close=True)
+    assert waiting.suggest("u2") is None  # trials in flight: not finished yet, but no new one
+    waiting.on_trial_complete("u0")
+    waiting.on_trial_complete("u1")
+    assert c.done == ["u0", "u1"] and waiting.suggest("u3") == "FINISHED"
+
+    idle = GroupSearcher([None])  # nothing admitted, nothing in flight: suggest() waits, not spins
+    began = time.monotonic()
+    assert idle.suggest("v0") is None
+    assert time.monotonic() - began >= 0.3
+    idle.abandon()
+    assert idle.suggest("v1") == "FINISHED"
+
+
 def test_a_per_target_scheduler_routes_trials_without_an_index_to_the_first_target(tmp_path: Path) -> None:
     from autocompress_opt.search.study import per_target_scheduler
 

@@ -232,6 +232,45 @@ def test_each_target_of_a_group_samples_its_own_points(tmp_path: Path) -> None:
     assert sampler_seed(3, a) != sampler_seed(4, a)
 
 
+def test_the_first_targets_trials_run_while_the_last_target_is_prepared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pipelining: the last target's preparation (its seeds) waits until the first target has a
+    COMPLETE trial, then finishes; by the recorded timestamps the first target's first trial started
+    before the last target's preparation ended, and every target still reaches its trials. A driver
+    that prepared every target before starting the trials would wait out the 60 s here and fail."""
+    from datetime import datetime, timedelta
+
+    from autocompress_opt.search.study import run as run_module
+
+    targets = (Target("rtx5070", "in-game"), Target("b200", "datacenter"), Target("h100-sxm", "datacenter"))
+    cfg = config(tmp_path, name="p", targets=targets, trials=3, seed_baselines=True)
+    first = cfg.study_name(targets[0])
+    seed_study = run_module.seed_study
+
+    def slow_last(study, config, target, *args, **kwargs):
+        if target == targets[-1]:
+            waited = time.monotonic()
+            while time.monotonic() - waited < 60:
+                if any(r.state == "COMPLETE" for r in load_records(cfg.storage_url, first)[0]):
+                    break
+                time.sleep(0.2)
+        return seed_study(study, config, target, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "seed_study", slow_last)
+    outcomes = run_study(cfg, progress=False)
+    assert [o.complete for o in outcomes] == [3, 3, 3]
+    started = min(
+        t.datetime_start
+        for t in optuna.load_study(study_name=first, storage=cfg.storage_url).get_trials()
+        if t.datetime_start is not None
+    )
+    prepared = optuna.load_study(study_name=cfg.study_name(targets[-1]), storage=cfg.storage_url).user_attrs["prepared"]
+    ended = datetime.fromisoformat(prepared["at"]) + timedelta(seconds=prepared["seconds"])
+    assert started < ended
+    assert prepared["seconds"] < 60
+
+
 def test_changed_objectives_on_an_existing_study_are_an_error(tmp_path: Path) -> None:
     cfg = config(tmp_path, name="d", targets=(Target("rtx5070", "in-game"),), trials=2)
     run_study(cfg, progress=False)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ import numpy as np
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import CHOICES, SearchSpace
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.search.study.trials import plan_quality, uniform_model
+from autocompress_opt.search.study.trials import LegalMemo, plan_quality, uniform_model
 from autocompress_opt.serving.costmodel import ArchArrays, estimate_batch
 from autocompress_opt.serving.targets import Target, all_satisfied
 
@@ -68,6 +68,9 @@ class Proxy:
     serve_as: str = "any"
     importance: Any = None
     layer_order: Sequence[int] | None = None
+    # Candidates' parameters and loadability (trials.legal_point): of this parent, space and serve_as
+    # only; targets that share them may share it (make_proxy).
+    memo: LegalMemo = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.layer_order is None and self.importance is not None:
@@ -85,7 +88,7 @@ class Proxy:
         for i, params in enumerate(points):
             point = {k: int(params[k]) for k in CHOICES}
             try:
-                legal, arch = uniform_model(point, self.space, self.parent, self.serve_as, self.layer_order)
+                legal, arch = uniform_model(point, self.space, self.parent, self.serve_as, self.layer_order, self.memo)
             except ConfigError as exc:
                 scores[i] = ProxyScore(point, {}, False, why_not=str(exc))
                 continue

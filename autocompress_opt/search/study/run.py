@@ -12,6 +12,10 @@ Flow per target (all storage access in this driver process; trials run wherever 
              told PRUNED and asked again), start the trial's heartbeat ── trial runs on Ray ──
              on_trial_complete(): set_constraint(...) (≤ 0 feasible), tell(values) or FAIL with the error
 
+Targets are prepared (seeds, proxy points) in a driver thread while the one Ray Tune run goes on:
+each joins the run as soon as it is ready (:class:`_Preparation`), so the first target's trials do
+not wait for the last target's preparation.
+
 Several drivers may run one study at once, on one host or on many sharing an RDB
 (:class:`~.coordination.Coordination`): together they reach exactly the requested COMPLETE count with no repeated
 point, and a driver repairs another's trials only when their heartbeat stopped. Ctrl-C stops the
@@ -30,9 +34,11 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -98,15 +104,17 @@ def _run_targets(
     init_ray(config.address, config.concurrency, config.plugins)
     placement = study_placement(config, progress)  # checked against the cluster before any study is created
     deadline = time.monotonic() + 60 * config.time_budget if config.time_budget else None
-    # (importance, score) for seeds and proxy: built once per data setting the targets share
-    scoring = SeedScoring(config)
     runs = [
-        _prepare_target(config, target, parent, layer_order, partial(scoring, target), progress, index, deadline)
+        _open_target(config, target, parent, layer_order, progress, index, deadline)
         for index, target in enumerate(config.targets)
     ]
-    scoring.release()  # the trials load their own parent: the driver keeps only the importance
+    # (importance, score) for seeds and proxy: built once per data setting the targets share
+    scoring = SeedScoring(config)
+    prepare = partial(
+        _prepare_target, parent=parent, layer_order=layer_order, scoring=scoring, memos={}, progress=progress
+    )
     try:
-        _run_group(config, [r for r in runs if r.searcher is not None], placement, state, interrupted)
+        _run_group(config, [r for r in runs if r.needs_trials], prepare, scoring.release, placement, state, interrupted)
     finally:
         for run in runs:
             run.coordination.close()
@@ -119,32 +127,39 @@ class _TargetRun:
     """One target of a group run: its study and what its trials need and report to."""
 
     config: StudyConfig
+    target: Target
     study: Any
     coordination: Coordination
     repaired: list[int]
-    seeded: list[str]
     complete_before: int
+    done: int  # trials evaluated before this run: COMPLETE or stopped early
+    parent_cost: dict[str, float]
+    request: dict[str, Any]
     bar: ProgressBar
-    searcher: Any  # StudySearcher, None when the study already holds its trials
+    deadline: float | None  # time.monotonic() after which no new trial starts
+    seeded: list[str] = field(default_factory=list)
+    searcher: Any = None  # StudySearcher once prepared; None when the study already holds its trials
+
+    @property
+    def needs_trials(self) -> bool:
+        return self.done < self.config.trials
 
 
-def _prepare_target(
+def _open_target(
     config: StudyConfig,
     target: Target,
     parent: Architecture,
     layer_order: Sequence[int] | None,
-    scoring: Callable[[], tuple[Any, Any]],
     progress: bool,
     position: int,
     deadline: float | None,
 ) -> _TargetRun:
-    """Open ``target``'s study, repair a stopped driver's trials, enqueue the seeds and the proxy's
-    points, and make its searcher (none when the study is already done)."""
+    """Open ``target``'s study and repair a stopped driver's trials (the cheap part, before Ray Tune
+    starts; :func:`_prepare_target` does the rest)."""
     study, storage, parent_cost = open_study(config, target, parent)
     coordination = Coordination(study, config.storage_url, storage)
     with coordination.lock():
         repaired = coordination.repair()
-    objectives = config.objectives_for(target)
     request = {
         "mode": config.mode,
         "plugins": list(config.plugins),
@@ -162,68 +177,139 @@ def _prepare_target(
         "cache_dir": driver_cache_dir(config.cache_dir),
     }
     complete_before, stopped_before = finished_trials(study)
-    done = complete_before + stopped_before  # trials evaluated: COMPLETE or stopped early
-    if progress and config.seeds_baselines and done < config.trials and "baseline_seeds" not in study.user_attrs:
+    done = complete_before + stopped_before
+    bar = ProgressBar(config.study_name(target), config.trials, min(done, config.trials), progress, position)
+    bar.count_existing(study)
+    return _TargetRun(
+        config, target, study, coordination, repaired, complete_before, done, dict(parent_cost), request, bar, deadline
+    )
+
+
+def _prepare_target(
+    run: _TargetRun,
+    *,
+    parent: Architecture,
+    layer_order: Sequence[int] | None,
+    scoring: SeedScoring,
+    memos: dict[str, Any],
+    progress: bool,
+) -> None:
+    """Enqueue ``run``'s seeds and the proxy's points and make its searcher (``run.searcher``); the
+    preparation's local start time and seconds go into the study's ``prepared`` attribute."""
+    config, target, study = run.config, run.target, run.study
+    began, clock = datetime.now(), time.perf_counter()
+    if progress and config.seeds_baselines and "baseline_seeds" not in study.user_attrs:
         # Say what the silent minutes are: in weights mode the first target loads the parent, each
         # workload's data its importance, and the Minitron and best-uniform candidates are scored
         # (shared by the later targets of the same data).
-        print(
-            f"{config.study_name(target)}: choosing the {', '.join(SEEDED_BASELINES)} baselines to seed the study",
-            file=sys.stderr,
-            flush=True,
-        )
-    seeded = (
-        seed_study(study, config, target, parent, layer_order, scoring)
-        if config.seeds_baselines and done < config.trials
-        else []
-    )
+        _say(f"{config.study_name(target)}: choosing the {', '.join(SEEDED_BASELINES)} baselines to seed the study")
+    score = partial(scoring, target)
+    if config.seeds_baselines:
+        run.seeded = seed_study(study, config, target, parent, layer_order, score)
     proxy = None
-    if config.proxy_points and done < config.trials:
-        proxy = make_proxy(config, target, parent, parent_cost, layer_order, scoring)
-        seeded += enqueue_proxy_points(study, proxy, config.proxy_points, config.seed)
-    bar = ProgressBar(config.study_name(target), config.trials, min(done, config.trials), progress, position)
-    bar.count_existing(study)
-    searcher = None
-    if done < config.trials:
-        from autocompress_opt.search.study.searcher import StudySearcher  # needs Ray Tune and Optuna
+    if config.proxy_points:
+        proxy = make_proxy(config, target, parent, run.parent_cost, layer_order, score, memos)
+        run.seeded += enqueue_proxy_points(study, proxy, config.proxy_points, config.seed)
+    from autocompress_opt.search.study.searcher import StudySearcher  # needs Ray Tune and Optuna
 
-        searcher = StudySearcher(
-            study,
-            distributions=config.space.distributions(),
-            request=request,
-            target=target,
-            parent_cost=parent_cost,
-            objectives=[o.metric for o in objectives],
-            trials=config.trials,
-            max_failures=config.max_failures if config.max_failures is not None else config.trials,
-            progress=bar,
-            coordination=coordination,
-            early_stopping=config.scheduler_name != "none",
-            proxy=proxy,
-            deadline=deadline,
-        )
-    return _TargetRun(config, study, coordination, repaired, seeded, complete_before, bar, searcher)
+    run.searcher = StudySearcher(
+        study,
+        distributions=config.space.distributions(),
+        request=run.request,
+        target=target,
+        parent_cost=run.parent_cost,
+        objectives=[o.metric for o in config.objectives_for(target)],
+        trials=config.trials,
+        max_failures=config.max_failures if config.max_failures is not None else config.trials,
+        progress=run.bar,
+        coordination=run.coordination,
+        early_stopping=config.scheduler_name != "none",
+        proxy=proxy,
+        deadline=run.deadline,
+    )
+    seconds = time.perf_counter() - clock
+    study.set_user_attr("prepared", {"at": began.isoformat(), "seconds": round(seconds, 3)})
+    if progress and seconds >= 1:
+        _say(f"{config.study_name(target)}: prepared in {seconds:.0f} s; its trials may start")
+
+
+def _say(line: str) -> None:
+    """A line on stderr that leaves the progress bars intact."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(line, file=sys.stderr)
+
+
+class _Preparation(threading.Thread):
+    """Prepares a group's targets one after another in the driver (:func:`_prepare_target`) and admits
+    each to the group's searcher as soon as it is ready, so the first target's trials run while the
+    later targets are prepared. The first target is prepared with the process's torch threads; the
+    later ones with one, since the trials then hold the CPUs Ray gave them. An error is kept
+    (:attr:`error`) and closes the group (:meth:`~.searcher.GroupSearcher.abandon`); ``finish`` runs at
+    the end in any case."""
+
+    def __init__(
+        self,
+        runs: Sequence[_TargetRun],
+        prepare: Callable[[_TargetRun], None],
+        group: Any,
+        finish: Callable[[], None],
+        deadline: float | None,
+    ) -> None:
+        super().__init__(name="autocompress-prepare", daemon=True)  # a Ctrl-C does not wait for it
+        self.runs, self.prepare, self.group, self.finish, self.deadline = runs, prepare, group, finish, deadline
+        self.cancelled = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        threads = None  # the process's torch threads, while the later targets are prepared with one
+        try:
+            for index, run in enumerate(self.runs):
+                if self.cancelled.is_set() or (self.deadline is not None and time.monotonic() >= self.deadline):
+                    break
+                torch = sys.modules.get("torch")  # imported by a weights preparation; a plan study never pays for it
+                if index and torch is not None and threads is None:
+                    threads = torch.get_num_threads()
+                    torch.set_num_threads(1)
+                self.prepare(run)
+                self.group.admit(index, run.searcher)
+        except BaseException as exc:  # re-raised by the driver once the trials in flight are recorded
+            self.error = exc
+            self.group.abandon(close=True)
+        finally:
+            self.group.abandon()  # positions never admitted (deadline, Ctrl-C): nothing to wait for
+            if threads is not None:
+                sys.modules["torch"].set_num_threads(threads)
+            self.finish()
 
 
 def _run_group(
     config: StudyConfig,
     runs: Sequence[_TargetRun],
+    prepare: Callable[[_TargetRun], None],
+    finish: Callable[[], None],
     placement: Placement,
     state: InterruptState,
     interrupted: list[str],
 ) -> None:
     """One Ray Tune run for the targets that still need trials (:class:`~.searcher.GroupSearcher`):
-    the trial actors, each holding the parent once, serve every target (``reuse_actors``)."""
+    the trial actors, each holding the parent once, serve every target (``reuse_actors``). Each
+    target joins once ``prepare`` made its searcher (:class:`_Preparation`, in a thread beside Ray
+    Tune's loop); ``finish`` runs after the last preparation. A preparation's error is raised once
+    the trials in flight are recorded."""
     if not runs:
+        finish()
         return
     import optuna
     from ray import tune
 
     from autocompress_opt.search.study.searcher import INTERRUPTED, GroupSearcher  # needs Ray Tune and Optuna
 
-    searcher = GroupSearcher([run.searcher for run in runs])
+    searcher = GroupSearcher([None] * len(runs))
+    preparation = _Preparation(runs, prepare, searcher, finish, runs[0].deadline)
     scratch = tempfile.mkdtemp(prefix="autocompress-tune-")
     try:
+        preparation.start()
         tuner = tune.Tuner(
             tune.with_resources(trainable, placement.resources()),
             tune_config=tune.TuneConfig(
@@ -242,6 +328,10 @@ def _run_group(
         )
         fit_until_stopped(tuner, searcher, state)
     except KeyboardInterrupt:
+        preparation.cancelled.set()  # stops after the target it is preparing
+        if preparation.is_alive():  # torch killed mid-call at interpreter exit aborts the process (SIGABRT)
+            _say("waiting for the target being prepared to finish (Ctrl-C again to quit at once)")
+            preparation.join()
         for run in runs:
             stopped = [
                 t.number
@@ -253,7 +343,11 @@ def _run_group(
                 interrupted.append(f"{run.study.study_name}: trials {numbers} stopped, marked FAIL and re-queued")
         raise
     finally:
+        preparation.cancelled.set()
         shutil.rmtree(scratch, ignore_errors=True)
+    preparation.join()  # the group finished: every target was admitted or given up
+    if preparation.error is not None:
+        raise preparation.error
 
 
 def _outcome(run: _TargetRun) -> TargetOutcome:

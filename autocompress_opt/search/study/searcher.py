@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -415,46 +416,87 @@ class GroupSearcher(Searcher):
     drivers') never holds the free slots back. Each suggestion's config carries ``target_index``
     (the searcher's position), by which results and completions go back to the target's searcher
     and a :class:`~autocompress_opt.search.study.PerTargetScheduler` keeps each target's trials in
-    its own rungs. FINISHED when every target's searcher is."""
+    its own rungs. FINISHED when every target's searcher is.
 
-    def __init__(self, searchers: Sequence[StudySearcher]) -> None:
+    A position may start empty (None: the target is still being prepared, its seeds and proxy
+    points not yet in its study): it is skipped until :meth:`admit` fills it, from any thread, so the
+    first targets' trials run while the driver prepares the later ones (:func:`~.run.run_study`).
+    :meth:`abandon` gives up every position still empty (the run's deadline passed, or it was
+    interrupted); with ``close=True`` (a target's preparation failed) no new trial starts either: the
+    trials in flight finish and are recorded as usual, then the run ends.
+    """
+
+    def __init__(self, searchers: Sequence[StudySearcher | None]) -> None:
         super().__init__(metric=None, mode=None)
         if not searchers:
             raise ValueError("a group searcher needs at least one study searcher")
-        self.searchers = list(searchers)
+        self.searchers: list[StudySearcher | None] = list(searchers)
         self.owner: dict[str, int] = {}  # Ray trial id -> index of its searcher
         self.finished: set[int] = set()
         self._next = 0
+        self.closed = False  # abandon(close=True): no new trial of any target
+        self._changed = threading.Event()  # set by admit/abandon: an idle suggest() stops waiting
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Ray Tune pickles its searcher into its scratch experiment state (a copy never run): no event."""
+        return {**self.__dict__, "_changed": None}
+
+    def admit(self, index: int, searcher: StudySearcher) -> None:
+        """Fill the empty position ``index`` with its target's ready searcher."""
+        if self.searchers[index] is not None:
+            raise ValueError(f"target {index} of the group is already admitted")
+        self.searchers[index] = searcher
+        self._changed.set()
+
+    def abandon(self, close: bool = False) -> None:
+        """Give up the positions still empty; ``close``: start no new trial of any target (class doc)."""
+        self.finished.update(i for i, searcher in enumerate(self.searchers) if searcher is None)
+        self.closed = self.closed or close
+        self._changed.set()
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
         n = len(self.searchers)
+        if self.closed:
+            return Searcher.FINISHED if not self.owner else None
         for offset in range(n):
             index = (self._next + offset) % n
-            if index in self.finished:
+            searcher = self.searchers[index]
+            if index in self.finished or searcher is None:
                 continue
-            out = self.searchers[index].suggest(trial_id)
+            out = searcher.suggest(trial_id)
             if out == Searcher.FINISHED:
                 self.finished.add(index)
             elif isinstance(out, dict):
                 self.owner[trial_id] = index
                 self._next = (index + 1) % n
                 return {**out, "target_index": index}
-        return Searcher.FINISHED if len(self.finished) == n else None
+        if len(self.finished) == n:
+            return Searcher.FINISHED
+        if not self.owner:  # nothing in flight (targets still being prepared): Ray asks again at once
+            self._changed.wait(_POLL_S / 2)
+            self._changed.clear()
+        return None
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if trial_id in self.owner:
-            self.searchers[self.owner[trial_id]].on_trial_result(trial_id, result)
+            self._searcher(self.owner[trial_id]).on_trial_result(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         index = self.owner.pop(trial_id, None)
         if index is not None:
-            self.searchers[index].on_trial_complete(trial_id, result, error)
+            self._searcher(index).on_trial_complete(trial_id, result, error)
+
+    def _searcher(self, index: int) -> StudySearcher:
+        searcher = self.searchers[index]
+        assert searcher is not None, "a trial of a target that was never admitted"
+        return searcher
 
     def stop(self) -> None:
-        """Ctrl-C: every target asks for nothing more (:meth:`StudySearcher.stop`)."""
+        """Ctrl-C: every admitted target asks for nothing more (:meth:`StudySearcher.stop`)."""
         for searcher in self.searchers:
-            searcher.stop()
+            if searcher is not None:
+                searcher.stop()
 
     def release(self, reason: str) -> list[int]:
-        """:meth:`StudySearcher.release` of every target; the trial numbers, target by target."""
-        return [number for searcher in self.searchers for number in searcher.release(reason)]
+        """:meth:`StudySearcher.release` of every admitted target; the trial numbers, target by target."""
+        return [number for searcher in self.searchers if searcher is not None for number in searcher.release(reason)]

@@ -232,20 +232,25 @@ def make_proxy(
     parent_cost: Mapping[str, float],
     layer_order: Sequence[int] | None,
     scoring: Callable[[], tuple[Any, Any]],
+    memos: dict[str, Any] | None = None,
 ) -> Any:
     """The target's plan-mode proxy (:class:`~autocompress_opt.search.study.proxy.Proxy`) with the
-    parent's importance (from ``scoring``, shared with the seeds)."""
+    parent's importance (from ``scoring``, shared with the seeds). ``memos``: one legal-point memo per
+    engine (:func:`~autocompress_opt.search.study.trials.legal_point`), shared by the proxies of one
+    study group (one parent, one space), so targets served by the same engine judge each shape once."""
     from autocompress_opt.search.study.proxy import Proxy
 
     importance, _ = scoring()
+    serve_as = config.serve_as_for(target)
     return Proxy(
         parent,
         config.space,
         target,
         parent_cost,
-        serve_as=config.serve_as_for(target),
+        serve_as=serve_as,
         importance=importance,
         layer_order=layer_order,
+        memo=memos.setdefault(serve_as, {}) if memos is not None else {},
     )
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "FITS_DEVICE",
     "QUALITY_LABELS",
     "TRIAL_MODES",
+    "LegalMemo",
     "Target",
     "check_loadable",
     "device_fit_violation",
@@ -156,12 +157,13 @@ def uniform_model(
     parent: Architecture,
     serve_as: str,
     layer_order: Sequence[int] | None = None,
+    memo: LegalMemo | None = None,
 ) -> tuple[dict[str, int], Architecture]:
-    """The plan-mode model of a sampled point: its engine-legal point (:func:`legal_point`) and that
-    point's uniform architecture (layers dropped in ``layer_order``), which the ``serve_as`` engine
-    loads (:func:`check_loadable`); a :class:`ConfigError` when there is none. What
+    """The plan-mode model of a sampled point: its engine-legal point (:func:`legal_point`, with
+    ``memo``) and that point's uniform architecture (layers dropped in ``layer_order``), which the
+    ``serve_as`` engine loads (:func:`check_loadable`); a :class:`ConfigError` when there is none. What
     :func:`plan_trial` scores and the weights study's proxy (:mod:`.proxy`) checks."""
-    legal = legal_point({k: int(v) for k, v in params.items()}, space, parent, serve_as)
+    legal = legal_point({k: int(v) for k, v in params.items()}, space, parent, serve_as, memo)
     arch = space.architecture(legal, parent, layer_order)
     check_loadable(arch, parent, serve_as)
     return legal, arch
@@ -178,24 +180,46 @@ def plan_quality(arch: Architecture, parent: Architecture, importance: Any = Non
     return retained_importance(plan_pruning(parent, importance, arch), importance), "retained_importance"
 
 
-def legal_point(params: Mapping[str, int], space: SearchSpace, parent: Architecture, serve_as: str) -> dict[str, int]:
+# (parameters, loadable) of a point's uniform model, by the point's sorted items: valid for one
+# (parent, space, serve_as), which its holder keeps it to (legal_point's ``memo``).
+LegalMemo = dict[tuple[tuple[str, int], ...], tuple[int, bool]]
+
+
+def legal_point(
+    params: Mapping[str, int],
+    space: SearchSpace,
+    parent: Architecture,
+    serve_as: str,
+    memo: LegalMemo | None = None,
+) -> dict[str, int]:
     """``params`` when its uniform model is a shape the ``serve_as`` engine loads (:func:`check_loadable`),
     else the largest such point of ``space`` (by parameters, then hidden size and query heads) whose
     ``hidden_size``, ``num_kv_heads`` and ``q_per_kv`` are not above the sampled ones; depth and FFN
     width are kept. E.g. a Llama's hidden size must be a multiple of its query heads (a plain
     checkpoint), so ``hidden_size=448`` with 9 heads becomes 384 with 6 in SmolLM2's space.
 
+    ``memo`` (for this ``parent``, ``space`` and ``serve_as`` only) keeps each candidate's parameters
+    and loadability: points of one depth and FFN width share their candidates, so scoring a whole
+    space (the proxy's ranking) builds each architecture once instead of about six times.
+
     Raises :class:`ConfigError` when no point at or below ``params`` is legal."""
     point = {k: int(v) for k, v in params.items()}
     if serve_as == SERVE_AS_ANY:
         return point
     own = set(parent_problems(parent, serve_as))
+    judged: LegalMemo = {} if memo is None else memo
 
     def problems(arch: Architecture) -> list[str]:
         return _avoidable_problems(arch, serve_as, own)
 
-    why = problems(space.architecture(point, parent))
-    if not why:
+    def judge(candidate: dict[str, int]) -> tuple[int, bool]:
+        key = tuple(sorted(candidate.items()))
+        if key not in judged:
+            arch = space.architecture(candidate, parent)
+            judged[key] = (arch.num_params, not problems(arch))
+        return judged[key]
+
+    if judge(point)[1]:
         return point
     best: tuple[tuple[int, int, int], dict[str, int]] | None = None
     for hidden in space["hidden_size"].values:
@@ -204,11 +228,12 @@ def legal_point(params: Mapping[str, int], space: SearchSpace, parent: Architect
                 if hidden > point["hidden_size"] or kv > point["num_kv_heads"] or q > point["q_per_kv"]:
                     continue
                 candidate = {**point, "hidden_size": hidden, "num_kv_heads": kv, "q_per_kv": q}
-                arch = space.architecture(candidate, parent)
-                key = (arch.num_params, hidden, kv * q)
-                if (best is None or key > best[0]) and not problems(arch):
+                num_params, loadable = judge(candidate)
+                key = (num_params, hidden, kv * q)
+                if (best is None or key > best[0]) and loadable:
                     best = (key, candidate)
     if best is None:
+        why = problems(space.architecture(point, parent))
         raise ConfigError(
             f"serve_as {serve_as}: no point of the search space at or below {point} is a shape {serve_as} loads "
             f"({'; '.join(why)}); widen the space's hidden_size / head choices or use serve_as any"
