@@ -1,20 +1,22 @@
 """Head-to-head at the same hardware constraint: the study's best point against the strongest baselines.
 
 For each target (hardware × its workload, whose constraints are relative to the parent so they bind
-for SmolLM2-135M), four arms, all cut from the same parent with the same importance scores, checked
-by the same exact cost model, exported, recovered and evaluated identically:
+for SmolLM2-135M), four arms, all cut from the same parent with the importance scores the target's
+trials used (its workload's calibration rows, :meth:`TrialConfig.for_workload`), checked by the
+same exact cost model, exported, recovered and evaluated identically:
 
-* **searched** — the best feasible point (lowest held-out KL) of a weights-mode study
-  (``autocompress study run --mode weights``: outer Optuna/Ray loop + inner per-layer mask search;
-  the study is seeded with the depth and Minitron picks, so its best is never worse than them on
-  its own objective). The exported model is the one the trial built: the same architecture cut
-  with the same importance scores (:func:`~autocompress_opt.prune.plan.plan_pruning`), so the same
-  kept layers, heads and channels;
+* **searched** — the best feasible point (lowest KL on the study's *selection* rows) of a
+  weights-mode study (``autocompress study run --mode weights``: outer Optuna/Ray loop + inner
+  per-layer mask search; the study is seeded with the depth and Minitron picks, so its best is
+  never worse than them on its own objective). The exported model is the one the trial built: cut
+  with the kept layers, heads and channels the trial stored (``kept``,
+  :func:`~autocompress_opt.prune.plan.plan_from_kept`);
 * **minitron** — ModelOpt's Minitron candidate search
   (:func:`~autocompress_opt.prune.baselines.minitron_search`): uniform candidates within its limits
-  (≤ 40 % cut per width, ≤ 20 % of depth), the top 10 by parameters scored by held-out KL after
-  pruning, the best kept; where nothing within the limits is feasible the table says so and the
-  same search runs with the limits lifted;
+  (≤ 40 % cut per width, ≤ 20 % of depth), the top 10 by parameters scored by KL after pruning on
+  calibration rows exactly as the study's seeding scores them
+  (:class:`~autocompress_opt.search.study.seeding.SeedScoring`), the best kept; where nothing
+  within the limits is feasible the table says so and the same search runs with the limits lifted;
 * **depth** — static depth pruning at full width (ShortGPT block-influence order): the deepest
   feasible model;
 * **best-uniform** — the best uniform model on the whole grid by the same KL score, no limits.
@@ -58,6 +60,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -167,6 +170,7 @@ def best_feasible(storage: str, target: Target) -> dict[str, Any]:
         "architecture": best.architecture,
         "selection": best.selection,
         "baseline": best.baseline,
+        "kept": best.kept,
         "n_complete": sum(r.state == "COMPLETE" for r in records),
         "n_feasible": len(pool),
     }
@@ -174,10 +178,6 @@ def best_feasible(storage: str, target: Target) -> dict[str, Any]:
 
 def _key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def _arch_key(arch: Architecture) -> str:
-    return _key({**arch.to_dict(), "name": ""})
 
 
 def _cached(path: Path, key: str) -> dict[str, Any] | None:
@@ -208,32 +208,61 @@ def _stage(path: Path, key: str, compute: Callable[[], dict[str, Any]]) -> dict[
     return record
 
 
-def export_arm(args: argparse.Namespace, context: Any, arch: Architecture, where: Path) -> dict[str, Any]:
-    """Cut ``arch`` from the parent with the trials' importance scores (the plan the inner search
-    built it with) and export it; returns the built architecture and the KL before recovery."""
+def arm_plan(context: Any, arch: Architecture, kept: dict[str, Any] | None) -> Any:
+    """The plan ``arch`` is cut by: the trial's stored ``kept`` indices, else ``context``'s importance."""
+    from autocompress_opt.prune.plan import plan_from_kept, plan_pruning
+
+    if kept is not None:
+        return plan_from_kept(context.architecture, arch, kept)
+    return plan_pruning(context.architecture, context.importance, arch)
+
+
+def arm_folder(args: argparse.Namespace, plan: Any) -> Path:
+    """An arm's stage folder, named by what its export keeps (the architecture as built and every
+    kept index): two arms that cut the same model share it and are recovered once."""
+    return args.work / "models" / _key(plan.architecture.to_dict() | {"name": ""}, plan.kept())
+
+
+def export_arm(
+    args: argparse.Namespace,
+    context: Any,
+    arch: Architecture,
+    where: Path,
+    target: Target,
+    kept: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Cut ``arch`` from the parent (the trial's ``kept`` indices for the searched arm, else the
+    target's importance: the plan the baselines' scoring used) and export it; returns the built
+    architecture and the KL before recovery on the target's selection rows."""
     from autocompress_opt.search.study import export_trial
     from autocompress_opt.search.study.weights_trial import evaluate_architecture
 
-    # keyed by the model, not its name: a searched model equal to a baseline's is recovered once (the
-    # baselines' own default name, so caches written before names were ignored stay valid)
     parent = context.architecture
     same_model = {**arch.to_dict(), "name": f"{parent.name or parent.family}-pruned"}
-    key = _key("export", code_hash("arch", "hf", "prune", "quality", "search"), same_model)
+    key = _key("export/2", code_hash("arch", "hf", "prune", "quality", "search"), same_model, where.name)
     stage = where / "export.json"
     done = _cached(stage, key)
     if done and (where / "export" / "config.json").is_file():
         return done
     plan = export_trial(
-        context, arch, where / "export", parent={"model": args.model}, card={"benchmark": "head_to_head"}, force=True
+        context,
+        arch,
+        where / "export",
+        kept=kept,
+        parent={"model": args.model},
+        card={"benchmark": "head_to_head"},
+        force=True,
     ).plan
-    before = evaluate_architecture(arch, args.model, cache_dir=CACHE)
+    # the selection rows of the target's workload: the rows the study chose its best by
+    before = evaluate_architecture(arch, args.model, cache_dir=CACHE, workload=target.workload)
     return _save(
         stage,
         key,
         {
             "built": plan.architecture.to_dict(),
             "kept_parent_layers": [lp.parent_index for lp in plan.layers],
-            "before": {k: before[k] for k in ("kl_to_parent", "ppl_code", "ppl_prose")},
+            "kept_from": "trial" if kept is not None else "importance",
+            "before": {k: before[k] for k in ("kl_to_parent", "ppl_code", "ppl_prose") if k in before},
         },
     )
 
@@ -473,8 +502,9 @@ def main(argv: list[str] | None = None) -> None:
     began = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
     args.started_code = provenance()["code"]  # the code this run imports (modules load once)
-    from autocompress_opt.prune.baselines import make_baseline, masked_kl_scorer, target_feasibility
-    from autocompress_opt.search.study.weights_trial import TrialConfig, parent_context
+    from autocompress_opt.prune.baselines import make_baseline, target_feasibility
+    from autocompress_opt.search.study.export import trial_parent
+    from autocompress_opt.search.study.seeding import SeedScoring
     from autocompress_opt.tasks.scoring import seeded_bootstrap
 
     targets = [Target(h, w) for h, _, w in (t.partition(":") for t in args.targets.split(","))]
@@ -483,12 +513,13 @@ def main(argv: list[str] | None = None) -> None:
     seconds = {"study": time.perf_counter() - t0}
     parent_report = parent_scores(args)["report"]
     tasks = task_table(parent_report)
-    context, _ = parent_context(args.model, TrialConfig(), CACHE)
+    # Each target's arms are cut with the importance its trials used (its workload's calibration
+    # rows); the baselines score their candidates as the study's seeding does (SeedScoring: KL on
+    # the inner search's calibration rows), so a baseline here is the one the study was seeded with.
+    # SeedScoring reads only these fields of a study config; the study ran with the defaults.
+    seeding = SeedScoring(SimpleNamespace(mode="weights", inner={}, seed=0, model=args.model, cache_dir=str(CACHE)))
+    context, _ = trial_parent(args.model, {}, cache_dir=CACHE, workload=targets[0].workload)
     parent = context.architecture
-    # the baselines' candidate score: KL on calibration rows, exactly as the study's seeding scores them
-    # (search.study.seeding.seed_scoring: the val_samples rows after the inner search's selection rows)
-    val = TrialConfig().inner.val_samples
-    score = masked_kl_scorer(context.model, context.importance, context.tokens[val : 2 * val])
     test_rows = TestRows(
         context.model, context.tokenizer, rows=args.test_rows, seq_len=args.test_seq_len, seed=args.test_seed
     )
@@ -498,10 +529,14 @@ def main(argv: list[str] | None = None) -> None:
     for target in targets:
         feasible = target_feasibility(target, parent)
         pick = best_feasible(storage, target)
+        context, _ = trial_parent(args.model, {}, cache_dir=CACHE, workload=target.workload)
+        importance, score = seeding(target)
+        assert importance.meta.data_id == context.importance.meta.data_id, "seeding and trials read other rows"
         archs = {"searched": Architecture.from_dict(pick["architecture"])}
+        kept = {"searched": pick["kept"]}
         findings: dict[str, Any] = {}
         for name in BASELINES:
-            result = make_baseline(name, parent, feasible, importance=context.importance, score=score)
+            result = make_baseline(name, parent, feasible, importance=importance, score=score)
             findings[name] = {"finding": result.finding, "lifted_from": result.lifted_from}
             if result.choice is not None:
                 archs[name] = result.choice.architecture
@@ -511,15 +546,18 @@ def main(argv: list[str] | None = None) -> None:
             "workload": target.workload,
             "constraints": [str(c) for c in target.resolved_workload().constraints],
             "parent_costs": costs(parent, target),
-            "study": {k: v for k, v in pick.items() if k != "architecture"},
+            "study": {k: v for k, v in pick.items() if k not in ("architecture", "kept")},
+            "kept_from_trial": pick["kept"] is not None,
+            "importance_data": context.importance.meta.data_id,
             "baseline_findings": findings,
             "arms": {},
         }
         runs: dict[str, list[dict[str, Any]]] = {}
         befores: dict[str, dict[str, Any]] = {}
+        folders: dict[str, Path] = {}
         for arm, arch in archs.items():
-            where = args.work / "models" / _arch_key(arch)
-            export = export_arm(args, context, arch, where)
+            where = folders[arm] = arm_folder(args, arm_plan(context, arch, kept.get(arm)))
+            export = export_arm(args, context, arch, where, target, kept.get(arm))
             befores[arm] = test_before(test_rows, where)["test"]
             kl_before = test_summary(befores[arm])["kl_to_parent"]
             runs[arm] = []
@@ -537,7 +575,7 @@ def main(argv: list[str] | None = None) -> None:
             row["arms"][arm] = {
                 **arm_row(arch, built, target, export, befores[arm], runs[arm]),
                 "feasible_as_built": feasible(built),
-                "same_model_as": [a for a in row["arms"] if _arch_key(archs[a]) == _arch_key(arch)],
+                "same_model_as": [a for a in row["arms"] if folders[a] == where],
             }
         before = {arm: row["arms"][arm]["kl_before_selection"] for arm in row["arms"]}
         best_baseline = min((before[a] for a in BASELINES if a in before), default=math.inf)
