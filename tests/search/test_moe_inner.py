@@ -155,7 +155,7 @@ def test_search_returns_a_legal_child_that_slices(
 
 
 def test_a_bad_moe_point_gives_a_clear_error(parent: Architecture) -> None:
-    with pytest.raises(ConfigError, match=r"hidden_size=32 prunes a dense axis.*valid: hidden_size=48"):
+    with pytest.raises(ConfigError, match=r"hidden_size=32 prunes an axis of a MoE parent.*valid: hidden_size=48"):
         expert_point({**POINT, "hidden_size": 32}, parent)
     with pytest.raises(ConfigError, match=r"num_experts=9 is outside 1\.\.8"):
         expert_point({"num_experts": 9}, parent)

@@ -47,7 +47,7 @@ from autocompress_opt.arch.hybrid import sparse_limits
 from autocompress_opt.arch.moe import MoESpec
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import FamilyAdapter, LayerParts, moe_adapter
-from autocompress_opt.prune.experts import EXPERT_CHOICES, expert_masks
+from autocompress_opt.prune.experts import expert_masks
 from autocompress_opt.prune.importance import Importance, ranked
 from autocompress_opt.prune.masking import Masks, apply_masks
 from autocompress_opt.quality.metrics import Teacher, log_probs, teacher_kl
@@ -63,12 +63,15 @@ __all__ = [
     "search_experts",
 ]
 
+# The choices the expert search fills (which experts, which of their channels); the other sparse
+# choices prune.experts can cut (shared_width, mamba_heads) are not searched yet: they stay the parent's.
+SEARCHED_CHOICES: tuple[str, ...] = ("num_experts", "experts_per_token", "expert_width")
 _EPS = 1e-12  # keeps log m finite for a fully dropped soft mask (log 1e-12 ≈ −28: no token routed)
 
 
 # ------------------------------------------------------------------------------ the point
 def expert_point(params: Mapping[str, int], parent: Architecture) -> dict[str, int]:
-    """The expert counts of a MoE trial's point (:data:`~autocompress_opt.prune.experts.EXPERT_CHOICES`,
+    """The expert counts of a MoE trial's point (:data:`SEARCHED_CHOICES`,
     an absent one at the parent's size). Raises :class:`ConfigError` naming the choice when the point
     prunes a dense axis (``num_layers``, ``hidden_size``, heads, dense FFN: not pruned in a MoE parent
     yet), a choice the parent has no sub-block for, or an expert count outside ``1..parent``."""
@@ -80,13 +83,13 @@ def expert_point(params: Mapping[str, int], parent: Architecture) -> dict[str, i
             raise ConfigError(
                 f"point choice {key}={value!r}: the parent has no sub-block for it; valid: {', '.join(limits)}"
             )
-        if key not in EXPERT_CHOICES and int(value) != limits[key]:
+        if key not in SEARCHED_CHOICES and int(value) != limits[key]:
             raise ConfigError(
-                f"point choice {key}={value} prunes a dense axis of a MoE parent, which the weights mode does not "
-                f"prune yet (issue 30); valid: {key}={limits[key]} (the parent's), with num_experts, "
-                "experts_per_token and expert_width free"
+                f"point choice {key}={value} prunes an axis of a MoE parent that the weights mode does not "
+                f"search yet (dense axes, shared_width, mamba_heads); valid: {key}={limits[key]} (the parent's), "
+                f"with {', '.join(SEARCHED_CHOICES)} free"
             )
-    point = {key: int(params.get(key, limits[key])) for key in EXPERT_CHOICES}
+    point = {key: int(params.get(key, limits[key])) for key in SEARCHED_CHOICES}
     for key, value in point.items():
         if not 1 <= value <= limits[key]:
             raise ConfigError(f"point choice {key}={value} is outside 1..{limits[key]} (the parent's)")
