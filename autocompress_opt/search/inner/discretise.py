@@ -107,40 +107,33 @@ def _applied(layers: list[DiscreteLayer], i: int, new: DiscreteLayer) -> list[Di
     return layers[:i] + [new] + layers[i + 1 :]
 
 
-def _shrink_moves(layers: list[DiscreteLayer], v: _Values) -> list[_Move]:
-    """Every one-step removal."""
-    active = sum(d.attention or d.ffn for d in layers)
+def _shrink_layer(i: int, d: DiscreteLayer, v: _Values) -> list[_Move]:
+    """Every one-step removal from layer ``i`` (state ``d``), before :func:`_keeps_one`."""
     moves: list[_Move] = []
-
-    def add(name: str, i: int, new: DiscreteLayer, lost: float) -> None:
-        if not (new.attention or new.ffn) and active <= 1:
-            return  # keep at least one layer computing something
-        moves.append((name, i, new, lost))
-
-    for i, d in enumerate(layers):
-        if d.ffn:
-            if d.ffn_units > 1:
-                add("ffn-unit", i, replace(d, ffn_units=d.ffn_units - 1), v.ffn[i][d.ffn_units - 1])
-            add("drop-ffn", i, replace(d, ffn=False), _ffn_value(v, i, d))
-        if d.attention:
-            if d.kv_groups > 1:
-                add(
-                    "kv-group",
-                    i,
-                    replace(d, kv_groups=d.kv_groups - 1),
-                    sum(v.heads[i][d.kv_groups - 1][: d.q_per_group]),
-                )
-            if d.q_per_group > 1:
-                add(
-                    "q-head",
-                    i,
-                    replace(d, q_per_group=d.q_per_group - 1),
-                    sum(v.heads[i][g][d.q_per_group - 1] for g in range(d.kv_groups)),
-                )
-            add("drop-attn", i, replace(d, attention=False), _attn_value(v, i, d))
-        if d.attention and d.ffn:
-            add("drop-layer", i, replace(d, attention=False, ffn=False), _attn_value(v, i, d) + _ffn_value(v, i, d))
+    if d.ffn:
+        if d.ffn_units > 1:
+            moves.append(("ffn-unit", i, replace(d, ffn_units=d.ffn_units - 1), v.ffn[i][d.ffn_units - 1]))
+        moves.append(("drop-ffn", i, replace(d, ffn=False), _ffn_value(v, i, d)))
+    if d.attention:
+        if d.kv_groups > 1:
+            lost = sum(v.heads[i][d.kv_groups - 1][: d.q_per_group])
+            moves.append(("kv-group", i, replace(d, kv_groups=d.kv_groups - 1), lost))
+        if d.q_per_group > 1:
+            lost = sum(v.heads[i][g][d.q_per_group - 1] for g in range(d.kv_groups))
+            moves.append(("q-head", i, replace(d, q_per_group=d.q_per_group - 1), lost))
+        moves.append(("drop-attn", i, replace(d, attention=False), _attn_value(v, i, d)))
+    if d.attention and d.ffn:
+        lost = _attn_value(v, i, d) + _ffn_value(v, i, d)
+        moves.append(("drop-layer", i, replace(d, attention=False, ffn=False), lost))
     return moves
+
+
+def _keeps_one(layers: Sequence[DiscreteLayer]) -> Callable[[DiscreteLayer], bool]:
+    """Whether a one-layer change to ``layers`` leaves a layer computing something, as a test of
+    the changed layer's new state."""
+    if sum(d.attention or d.ffn for d in layers) > 1:
+        return lambda new: True
+    return lambda new: new.attention or new.ffn
 
 
 def _grow_layer(i: int, d: DiscreteLayer, v: _Values, p: LayerSpec, size: tuple[int, ...]) -> list[_Move]:
@@ -458,32 +451,24 @@ class _Legal:
 
         return ok
 
-    def shrink_moves(self, layers: list[DiscreteLayer], v: _Values) -> list[_Move]:
-        """Every legal one-step removal (:func:`_shrink_moves` in legal steps)."""
-        active = sum(d.attention or d.ffn for d in layers)
-        ok = self.keeps_first(layers)
+    def shrink_layer(self, i: int, d: DiscreteLayer, v: _Values) -> list[_Move]:
+        """Every legal one-step removal from layer ``i`` (state ``d``; :func:`_shrink_layer` in
+        legal steps), before :func:`_keeps_one` and :meth:`keeps_first`."""
         moves: list[_Move] = []
-
-        def add(name: str, i: int, new: DiscreteLayer, lost: float) -> None:
-            if not (new.attention or new.ffn) and active <= 1:
-                return
-            if ok(i, new):
-                moves.append((name, i, new, lost))
-
-        for i, d in enumerate(layers):
-            if d.ffn:
-                if d.ffn_units > self.ffn_step:
-                    lost = sum(v.ffn[i][d.ffn_units - self.ffn_step : d.ffn_units])
-                    add("ffn-unit", i, replace(d, ffn_units=d.ffn_units - self.ffn_step), lost)
-                add("drop-ffn", i, replace(d, ffn=False), _ffn_value(v, i, d))
-            if d.attention:
-                fewer = [o for o in self.heads[i] if o[0] < d.kv_groups]
-                if fewer:
-                    new = replace(d, kv_groups=fewer[-1][0], q_per_group=fewer[-1][1])
-                    add("kv-group", i, new, _attn_value(v, i, d) - _attn_value(v, i, new))
-                add("drop-attn", i, replace(d, attention=False), _attn_value(v, i, d))
-            if d.attention and d.ffn:
-                add("drop-layer", i, replace(d, attention=False, ffn=False), _attn_value(v, i, d) + _ffn_value(v, i, d))
+        if d.ffn:
+            if d.ffn_units > self.ffn_step:
+                lost = sum(v.ffn[i][d.ffn_units - self.ffn_step : d.ffn_units])
+                moves.append(("ffn-unit", i, replace(d, ffn_units=d.ffn_units - self.ffn_step), lost))
+            moves.append(("drop-ffn", i, replace(d, ffn=False), _ffn_value(v, i, d)))
+        if d.attention:
+            fewer = [o for o in self.heads[i] if o[0] < d.kv_groups]
+            if fewer:
+                new = replace(d, kv_groups=fewer[-1][0], q_per_group=fewer[-1][1])
+                moves.append(("kv-group", i, new, _attn_value(v, i, d) - _attn_value(v, i, new)))
+            moves.append(("drop-attn", i, replace(d, attention=False), _attn_value(v, i, d)))
+        if d.attention and d.ffn:
+            lost = _attn_value(v, i, d) + _ffn_value(v, i, d)
+            moves.append(("drop-layer", i, replace(d, attention=False, ffn=False), lost))
         return moves
 
     def grow_layer(self, i: int, d: DiscreteLayer, v: _Values) -> list[_Move]:
@@ -549,12 +534,12 @@ def _repair(
     cost-model sweep per unit; near the boundary it is one unit at a time.
     """
     current = evaluate(layers)[0]
-    moves = 0
+    moves, shrinks = 0, _Shrinks(values, evaluate, legal)
     while np.any(current > 0):
-        candidates = _shrink_moves(layers, values) if legal is None else legal.shrink_moves(layers, values)
+        candidates, packed = shrinks(layers)
         if not candidates:
             break  # nothing left to remove: infeasible
-        viol = evaluate(layers, [(c[1], c[2]) for c in candidates])  # (N, K)
+        viol = np.concatenate([packed.budget, evaluate.goal_violations(packed)], axis=1)  # (N, K)
         lost = np.array([c[3] for c in candidates]) + 1e-12
         over = current > 0
         gain = np.maximum(current, 0).sum() - np.maximum(viol, 0).sum(1)
@@ -577,6 +562,44 @@ def _repair(
         layers, current = _applied(layers, candidates[best][1], candidates[best][2]), viol[best]
         moves += 1
     return layers, moves
+
+
+class _Shrinks:
+    """Repair's candidates, every one-step removal (:func:`_shrink_layer`, or
+    :meth:`_Legal.shrink_layer` under rules) that keeps a layer computing (and the rules' first
+    layer), packed by ``evaluate``: each layer's removals and its columns are built again only when that
+    layer changed since the last call (a repair move changes one layer, or a few), so a call costs
+    ``O(L)`` look-ups where building every candidate cost ``O(L)`` dataclass copies and sums."""
+
+    def __init__(self, values: _Values, evaluate: _Evaluator, legal: _Legal | None) -> None:
+        self._values, self._evaluate, self._legal = values, evaluate, legal
+        # per layer: (state, its column, its removals, their columns)
+        self._last: dict[int, tuple[DiscreteLayer, tuple[float, ...], list[_Move], list[tuple[float, ...]]]] = {}
+
+    def _layer(self, i: int, d: DiscreteLayer) -> tuple[tuple[float, ...], list[_Move], list[tuple[float, ...]]]:
+        last = self._last.get(i)
+        if last is None or last[0] != d:
+            ev, legal = self._evaluate, self._legal
+            moves = _shrink_layer(i, d, self._values) if legal is None else legal.shrink_layer(i, d, self._values)
+            last = (d, ev.column(i, d), moves, [ev.column(i, m[2]) for m in moves])
+            self._last[i] = last
+        return last[1:]
+
+    def __call__(self, layers: list[DiscreteLayer]) -> tuple[list[_Move], _Packed]:
+        """Every (legal) one-step removal from ``layers``, in layer order, and their rows."""
+        keeps = _keeps_one(layers)
+        ok = self._legal.keeps_first(layers) if self._legal is not None else None
+        block, moves, columns = [], list[_Move](), []
+        for i, d in enumerate(layers):
+            column, layer_moves, layer_columns = self._layer(i, d)
+            block.append(column)
+            for m, c in zip(layer_moves, layer_columns):
+                if keeps(m[2]) and (ok is None or ok(i, m[2])):
+                    moves.append(m)
+                    columns.append(c)
+        where = np.array([m[1] for m in moves], dtype=np.intp)
+        packed = self._evaluate.packed(np.array(block).T, where, np.array(columns).reshape(len(moves), 7).T)
+        return moves, packed
 
 
 def _combine(
