@@ -10,9 +10,10 @@ Each depth is timed by the code under test and by an earlier implementation (ext
 the architectures and move counts both return are compared. Wall-clock and CPU seconds (the
 process's own, less sensitive to a shared machine's load) are recorded, with the load average.
 
-Writes ``results/discretise.json``. By default the earlier code is :data:`PREVIOUS_COMMIT` (moves
-scored on packed rows, every candidate rebuilt and its goal evaluated in doubling rounds) and the
-rows go to ``after``; ``--original`` times :data:`OLD_COMMIT` (an ``Architecture`` built per
+Writes ``results/discretise.json``. By default the earlier code is :data:`PREVIOUS_COMMIT` (fill
+rebuilding only the moved layer's candidates, the goal evaluated in two rounds, two cost-model calls
+a move; repair rebuilding every candidate each move) and the rows go to ``after``, with
+:data:`CHANGE`; ``--original`` times :data:`OLD_COMMIT` (an ``Architecture`` built per
 candidate; minutes a run beyond 30 layers) and rewrites ``depths``. Each mode keeps the other's rows.
 
     .venv/bin/python benchmarks/bench_discretise.py              # about 5 minutes on 2 idle cores
@@ -38,7 +39,12 @@ from _util import provenance, write
 
 ROOT = Path(__file__).resolve().parent.parent
 OLD_COMMIT = "c4314df15d4567258e574f6b9260e912b7fb13c7"  # discretise building an Architecture per candidate
-PREVIOUS_COMMIT = "82dbf5cb4e6c942e6530bd939a7c9ba70ecbe5f0"  # packed rows, all candidates rebuilt each move
+PREVIOUS_COMMIT = "e61b50e22c73bda41e9e0c55944e1f0be6aeb2c3"  # fill in two goal rounds a move (module doc)
+CHANGE = (
+    "Then fill evaluated the goal in one cost-model call a move (every row whose budget bound reaches the best"
+    " last score), kept its candidates in flat arrays and sorted the FFN scores with numpy, and repair rebuilt"
+    " only the changed layers' candidates"
+)
 DEPTHS = (30, 80, 126)
 TARGET_S = 2.0  # the goal: one discretisation of a 126-layer parent within 2 s on 2 cores
 
@@ -155,7 +161,7 @@ def main(depths: list[int], repeats: int, old_repeats: int, original: bool) -> N
     else:
         data |= {k: kept.get(k) for k in ("old_code", "provenance", "depths")}
         data["date_original"] = kept.get("date_original", kept.get("date"))
-        data["after"] = {**run, "date": f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"}
+        data["after"] = {**run, "change": CHANGE, "date": f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"}
     write("discretise", data)
 
 

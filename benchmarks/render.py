@@ -446,8 +446,9 @@ def discretise() -> str:
     heads = ["layers", "before (wall / CPU)", "after (wall / CPU)", "speed-up (wall / CPU)", "same architecture"]
     return (
         out
-        + "\n\nThen fill rebuilt only the moved layer's candidates and evaluated the goal in two rounds;"
-        + f" the code before and after in one run on {after['date'][:10]}, wall-clock / CPU seconds"
+        + "\n\n"
+        + after.get("change", "Then fill rebuilt only the moved layer's candidates and evaluated the goal twice")
+        + f"; the code before and after in one run on {after['date'][:10]}, wall-clock / CPU seconds"
         + f" (1-minute load average during the run: {load}; on a machine that loaded the wall-clock"
         + " seconds are not comparable with the table above, the ratios within the run are).\n\n"
         + table(heads, later)
