@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from tiny_families import tiny_model, tokens
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.catalog import load_architecture
-from autocompress_opt.arch.search_space import default_space, uniform_allocation
+from autocompress_opt.arch.search_space import Choice, default_space, uniform_allocation
 from autocompress_opt.cli import build_parser, main
 from autocompress_opt.cli.study import _merged, build_config
 from autocompress_opt.errors import ConfigError
@@ -69,9 +70,15 @@ def test_the_default_weights_space_prunes_experts_only_and_a_dense_axis_is_refus
         "expert_width",
     }
     assert space["hidden_size"].values == (48,) and space["num_experts"].values[-1] == 8
+    assert space["expert_width"].values == (8, 16)  # whole 16-byte rows only (the default space has 8..16)
     check_config(_config(space), parent)
     with pytest.raises(ConfigError, match=r"num_layers choices \[2, 3\].*must be the parent's 3.*--mode plan"):
         check_config(_config(default_space(parent)), parent)
+    odd = replace(
+        space, choices=tuple(Choice(c.name, (12, 16)) if c.name == "expert_width" else c for c in space.choices)
+    )
+    with pytest.raises(ConfigError, match=r"expert_width choices \[12\] are not multiples of 8"):
+        check_config(_config(odd), parent)
 
 
 def test_a_moe_family_without_an_experts_path_is_plan_mode_only() -> None:

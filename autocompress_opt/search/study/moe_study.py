@@ -32,6 +32,7 @@ from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.experts import EXPERT_CHOICES
 
 __all__ = [
+    "EXPERT_WIDTH_MULTIPLE",
     "SEED_CANDIDATES",
     "check_moe_space",
     "expert_kl_scorer",
@@ -40,6 +41,9 @@ __all__ = [
     "retained_expert_importance",
 ]
 
+# Expert widths are multiples of this: transformers' grouped expert matmul (Qwen3-MoE's experts) needs
+# 16-byte row strides ("strides should be multiple of 16 bytes", run on CPU), 8 channels in bf16.
+EXPERT_WIDTH_MULTIPLE = 8
 # Candidates the minitron seed scores: Minitron's top-K (prune.baselines.minitron_search's top_k).
 SEED_CANDIDATES = 10
 
@@ -62,17 +66,31 @@ def check_moe_space(space: SearchSpace, parent: Architecture) -> None:
                 f"experts only (issue 30), so {choice.name} must be the parent's {limits[choice.name]}; pin it, "
                 f"or drop --space for the default expert space, or use --mode plan"
             )
+    odd = (
+        [w for w in space["expert_width"].values if w % EXPERT_WIDTH_MULTIPLE] if "expert_width" in space.names else []
+    )
+    if odd:
+        raise ConfigError(
+            f"search space: expert_width choices {odd} are not multiples of {EXPERT_WIDTH_MULTIPLE} (the 16-byte rows "
+            f"transformers' grouped expert kernels need); valid: multiples of {EXPERT_WIDTH_MULTIPLE} up to "
+            f"{limits['expert_width']}"
+        )
 
 
 def expert_space(parent: Architecture, sampler: str = "tpe") -> SearchSpace:
-    """The default weights-mode space of a MoE ``parent``: the default space's expert values, every
-    other choice pinned to the parent's size (module doc)."""
+    """The default weights-mode space of a MoE ``parent``: the default space's expert values (widths
+    that are multiples of :data:`EXPERT_WIDTH_MULTIPLE`), every other choice pinned to the parent's
+    size (module doc)."""
     full = default_space(parent, sampler)
     limits = sparse_limits(parent)
-    return SearchSpace(
-        tuple(c if c.name in EXPERT_CHOICES else Choice(c.name, (limits[c.name],)) for c in full.choices),
-        sampler=sampler,
-    )
+
+    def pinned(c: Choice) -> Choice:
+        if c.name == "expert_width":  # whole 16-byte rows (EXPERT_WIDTH_MULTIPLE); the parent's own if none is
+            whole = tuple(w for w in c.values if w % EXPERT_WIDTH_MULTIPLE == 0)
+            return Choice(c.name, whole or (limits[c.name],))
+        return c if c.name in EXPERT_CHOICES else Choice(c.name, (limits[c.name],))
+
+    return SearchSpace(tuple(pinned(c) for c in full.choices), sampler=sampler)
 
 
 def _points(space: SearchSpace) -> list[dict[str, int]]:
