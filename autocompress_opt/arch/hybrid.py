@@ -30,7 +30,7 @@ from dataclasses import replace
 from autocompress_opt.arch.architecture import Architecture, LayerSpec, check_kept_layers
 from autocompress_opt.errors import ConfigError
 
-__all__ = ["SPARSE_CHOICES", "hybrid_child", "is_kind_uniform", "is_sparse", "sparse_limits"]
+__all__ = ["SPARSE_CHOICES", "hybrid_child", "is_kind_uniform", "is_moe", "is_sparse", "sparse_limits"]
 
 # The global choices a MoE / hybrid parent adds to the dense five (apply to every such layer).
 SPARSE_CHOICES: tuple[str, ...] = ("num_experts", "experts_per_token", "expert_width", "shared_width", "mamba_heads")
@@ -39,6 +39,11 @@ SPARSE_CHOICES: tuple[str, ...] = ("num_experts", "experts_per_token", "expert_w
 def is_sparse(parent: Architecture) -> bool:
     """True when ``parent`` has MoE or Mamba-2 layers (its uniform child is :func:`hybrid_child`)."""
     return any(layer.moe is not None or layer.mamba is not None for layer in parent.layers)
+
+
+def is_moe(parent: Architecture) -> bool:
+    """True when ``parent`` has a mixture-of-experts layer (a weights-mode trial of it is an expert trial)."""
+    return any(layer.moe is not None for layer in parent.layers)
 
 
 def is_kind_uniform(arch: Architecture) -> bool:

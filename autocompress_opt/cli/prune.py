@@ -336,6 +336,7 @@ def _export_trial(
     importance recomputed here from its settings, with a warning. The card carries the trial's
     result (measured on the selection split, which chose it) and the model's quality on the test
     split (``test``: never used to choose anything)."""
+    from autocompress_opt.prune.expert_kept import is_expert_kept, masks_from_expert_kept
     from autocompress_opt.prune.plan import plan_from_kept, plan_pruning
     from autocompress_opt.prune.slicing import materialize
     from autocompress_opt.quality.metrics import evaluate
@@ -343,9 +344,16 @@ def _export_trial(
 
     overrides = {k: v for k, v in (("device", args.device), ("compute_dtype", args.compute_dtype)) if v is not None}
     context: Any
-    if record.kept:
+    if record.kept and is_expert_kept(record.kept):  # a MoE trial: its kept experts and channels
+        from autocompress_opt.prune.experts import slice_experts
+
+        context, config = trial_model(model, {**inner, **overrides}, workload=workload)
+        masks = masks_from_expert_kept(context.architecture, record.kept)
+        cut: Any = lambda: slice_experts(context.model, masks)
+    elif record.kept:
         context, config = trial_model(model, {**inner, **overrides}, workload=workload)
         plan = plan_from_kept(context.architecture, arch, record.kept)
+        cut = lambda: materialize(context.model, plan)
     else:
         context, config = trial_parent(model, {**inner, **overrides}, workload=workload)
         weight = next(context.model.parameters())
@@ -357,7 +365,8 @@ def _export_trial(
             file=sys.stderr,
         )
         plan = plan_pruning(context.architecture, context.importance, arch)
-    child = materialize(context.model, plan)
+        cut = lambda: materialize(context.model, plan)
+    child = cut()
     test = evaluate(
         child,
         context.tokenizer,

@@ -344,8 +344,7 @@ def _merged(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_config(values: dict[str, Any]) -> Any:
     """Flags/YAML values → StudyConfig (the CLI's only logic)."""
-    from autocompress_opt.arch.catalog import load_architecture
-    from autocompress_opt.arch.search_space import default_space, load_search_space
+    from autocompress_opt.arch.search_space import load_search_space
     from autocompress_opt.errors import check_int
     from autocompress_opt.search.study import Objective, StudyConfig
     from autocompress_opt.serving.targets import Target
@@ -388,7 +387,7 @@ def build_config(values: dict[str, Any]) -> Any:
         space = load_search_space(values["space"])
     else:
         bundled = REPO_SEARCH_SPACES / f"{model}.yaml"
-        space = load_search_space(bundled) if bundled.is_file() else default_space(load_architecture(model))
+        space = load_search_space(bundled) if bundled.is_file() else _default_space(model, str(values["mode"]))
     if values.get("sampler"):
         from dataclasses import replace
 
@@ -421,6 +420,21 @@ def build_config(values: dict[str, Any]) -> Any:
         gpus_per_trial=values.get("gpus_per_trial"),
         cache_dir=values.get("cache_dir"),
     )
+
+
+def _default_space(model: str, mode: str) -> Any:
+    """The parent's default space; in weights mode a MoE parent's prunes its experts only (the expert
+    trial's axes, :func:`~autocompress_opt.search.study.moe_study.expert_space`)."""
+    from autocompress_opt.arch.catalog import load_architecture
+    from autocompress_opt.arch.hybrid import is_moe
+    from autocompress_opt.arch.search_space import default_space
+
+    parent = load_architecture(model)
+    if mode == "weights" and is_moe(parent):
+        from autocompress_opt.search.study.moe_study import expert_space
+
+        return expert_space(parent)
+    return default_space(parent)
 
 
 def _gpus_per_trial(text: str) -> float:
@@ -644,10 +658,12 @@ def _show(args: argparse.Namespace) -> int:
         if not shown:
             print("   no feasible trial yet")
             continue
+        moe = any(_experts(r.arch()) for r in shown)  # a MoE study: the expert sizes and active params
         rows = [
             [
                 str(r.number) + (f" ({r.baseline})" if r.baseline else ""),
                 _summary(r.arch()),
+                *([_experts(r.arch()) or "-", *_param_counts(r.arch())] if moe else []),
                 f"{r.quality:.3f}" if r.quality is not None else "-",
                 *(
                     f"{r.metrics.get(k, float('nan')):,.2f}"
@@ -659,8 +675,8 @@ def _show(args: argparse.Namespace) -> int:
             ]
             for r in shown
         ]
-        header = ["#", "architecture", "quality", "ttft_ms", "tpot_ms", "tok/s", "mem_gib", "feasible"]
-        header[2] = "quality (selection)" if data else "quality"
+        header = ["#", "architecture", *(["experts", "params", "active"] if moe else [])]
+        header += ["quality (selection)" if data else "quality", "ttft_ms", "tpot_ms", "tok/s", "mem_gib", "feasible"]
         print(table(rows, header + (["inner (val KL)"] if counts else []) + (["test quality"] if test else [])))
     return 0
 
@@ -739,6 +755,32 @@ def _candidate(selection: dict[str, Any] | None) -> str:
     fmt = lambda v: "-" if v is None else f"{v:.3f}"
     others = ", ".join(f"{n} {fmt(v)}" for n, v in kls.items() if n != chosen)
     return f"{chosen} {fmt(kls.get(chosen))}" + (f" ({others})" if others else "")
+
+
+def _experts(arch: Architecture | None) -> str:
+    """``"4 x 8ch, top-2"``: the routed experts, their width and top-k of a MoE architecture's MoE
+    layers (one size per layer kind); "" for a dense one or none."""
+    sizes = sorted({(m.num_experts, m.expert_width, m.experts_per_token) for m in _moe_specs(arch)})
+    return ", ".join(f"{e} x {w}ch, top-{k}" for e, w, k in sizes)
+
+
+def _moe_specs(arch: Architecture | None) -> list[Any]:
+    return [] if arch is None else [layer.moe for layer in arch.layers if layer.moe is not None and not layer.is_noop]
+
+
+def _param_counts(arch: Architecture | None) -> list[str]:
+    """The total and active (per token) parameters of ``arch``, e.g. ``["30.5B", "3.3B"]``."""
+    if arch is None:
+        return ["-", "-"]
+    return [_count(arch.num_params), _count(arch.active_params())]
+
+
+def _count(n: float) -> str:
+    """A parameter count with a unit: 412.3K, 30.5M, 3.35B (three significant digits)."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"
 
 
 def _summary(arch: Architecture | None) -> str:

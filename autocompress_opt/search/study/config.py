@@ -233,6 +233,11 @@ def check_config(config: StudyConfig, parent: Architecture) -> None:
         from autocompress_opt.search.study.weights_trial import TrialConfig  # torch: the weights mode needs it anyway
 
         TrialConfig.from_dict(config.inner, seed=config.seed)
+        from autocompress_opt.arch.hybrid import is_moe
+        from autocompress_opt.search.study.moe_study import check_moe_space
+
+        if is_moe(parent):  # the expert trial: experts only, of the families with an experts path
+            check_moe_space(config.space, parent)
     if config.importance and not Path(config.importance).exists():
         raise ConfigError(f"importance record {config.importance!r} does not exist")
 

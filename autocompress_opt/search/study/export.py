@@ -99,7 +99,8 @@ def export_trial(
     from autocompress_opt.prune.slicing import materialize
 
     if kept is not None and is_expert_kept(kept):  # a MoE trial's experts: the family's plain model (prune.experts)
-        return _export_experts(context, arch, out, kept, force=force)
+        card = {**(card or {}), "kept_from": "trial"}
+        return _export_experts(context, arch, out, kept, force=force, parent=parent, card=card)
     importance = getattr(context, "importance", None)
     if kept is not None:
         plan = plan_from_kept(context.architecture, arch, kept)
@@ -129,16 +130,26 @@ def export_trial(
 
 
 def _export_experts(
-    context: ParentContext | LoadedModel, arch: Architecture, out: str | Path, kept: Mapping[str, Any], *, force: bool
+    context: ParentContext | LoadedModel,
+    arch: Architecture,
+    out: str | Path,
+    kept: Mapping[str, Any],
+    *,
+    force: bool,
+    parent: str | Mapping[str, Any] | None = None,
+    card: Mapping[str, Any] | None = None,
 ) -> ExportedTrial:
     """A MoE trial's kept experts and channels cut into the family's plain model
-    (:func:`~autocompress_opt.prune.experts.export_experts`) with the parent's tokenizer; raises
+    (:func:`~autocompress_opt.prune.experts.export_experts`) with the parent's tokenizer and the JSON
+    model card (:data:`~autocompress_opt.prune.export.CARD_FILE`; ``card`` its extras); raises
     :class:`~autocompress_opt.errors.ConfigError` when the record's counts are not ``arch``'s."""
+    import json
     from dataclasses import replace
 
     from autocompress_opt.errors import ConfigError
     from autocompress_opt.prune.expert_kept import masks_from_expert_kept
     from autocompress_opt.prune.experts import export_experts
+    from autocompress_opt.prune.export import CARD_FILE, model_card
 
     masks = masks_from_expert_kept(context.architecture, kept)
     built = next((layer.moe for layer in arch.layers if layer.moe is not None), None)
@@ -147,10 +158,13 @@ def _export_experts(
     counts = (int(kept_experts.sum()), k)
     if built is None or (built.num_experts, built.experts_per_token) != counts:
         raise ConfigError(f"the kept record keeps {counts[0]} experts, top-{counts[1]}; the architecture does not")
+    card_data = model_card(arch, parent=parent, card=card, model_type=None)  # checks card before writing
     path = export_experts(context.model, masks, out, force=force)
     context.tokenizer.save_pretrained(path)
     if replace(Architecture.from_hf_config(_config(path)), name="") != replace(arch, name=""):
         raise ConfigError(f"the export at {str(path)!r} is not the trial's architecture")
+    card_data["model_type"] = _config(path).get("model_type")
+    (Path(path) / CARD_FILE).write_text(json.dumps(card_data, indent=2), encoding="utf-8")
     return ExportedTrial(Path(path), None)
 
 

@@ -11,7 +11,10 @@ result follow :func:`~autocompress_opt.search.study.weights_trial.run_weights_tr
 * ``kept`` is the expert record (:func:`~autocompress_opt.prune.expert_kept.expert_kept`), which the
   study stores and :func:`~autocompress_opt.search.study.export.export_trial` cuts exactly;
 * the candidates are ``trained`` and ``start`` (the importance choice); seeded baselines
-  (``request["baselines"]``) are not weighed (the dense baselines prune dense axes).
+  (``request["baselines"]``) are not weighed: the expert seed (:mod:`.moe_study`) is the ``start``
+  candidate of its point;
+* ``serve_as``: the child is the family's plain config, which every engine with rules loads
+  (:func:`~autocompress_opt.prune.loadability.loadable_problems`); the point is checked before the search.
 
 The child is :func:`~autocompress_opt.prune.experts.slice_experts` of the parent (the family's plain
 model); its held-out quality is cached on disk keyed by the kept record too, since which experts a
@@ -29,15 +32,17 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.arch.hybrid import is_sparse
+from autocompress_opt.arch.hybrid import hybrid_child, is_sparse
 from autocompress_opt.cache import cache_key, fetch
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.device import dtype_name
 from autocompress_opt.prune.expert_kept import expert_kept
+from autocompress_opt.prune.loadability import SERVE_AS_ANY, check_serve_as
 from autocompress_opt.search.inner.budget import CostGoal
 from autocompress_opt.search.inner.experts import ExpertResult, search_experts
 from autocompress_opt.search.inner.teacher import teacher_form
 from autocompress_opt.search.study.progress import TrialProgress, report
+from autocompress_opt.search.study.trials import check_loadable
 from autocompress_opt.search.study.weights_trial import (
     DEFAULT_CACHE_DIR,
     QUALITY_CACHE_VERSION,
@@ -70,12 +75,12 @@ def run_moe_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     parent_arch = Architecture.from_dict(request["parent"])
     target = Target.from_dict(request["target"])
     config = TrialConfig.from_dict(request.get("inner"), seed=int(request.get("seed", 0))).for_workload(target.workload)
-    serve_as = str(request.get("serve_as") or "any")
-    if serve_as != "any":
-        raise ConfigError(
-            f"serve_as={serve_as!r}: a MoE child is the family's plain config, which its engines load as it is; "
-            "use serve_as 'any'"
-        )
+    # The child is the family's plain config (one expert count, width and top-k for every MoE layer), the
+    # shape vLLM, SGLang, TensorRT-LLM and llama.cpp load: checked here before the search, at the point.
+    serve_as = check_serve_as(str(request.get("serve_as") or SERVE_AS_ANY))
+    check_loadable(
+        hybrid_child(parent_arch, kept_layers=_present(parent_arch), point=request["params"]), parent_arch, serve_as
+    )
     cache_dir = Path(request.get("cache_dir") or DEFAULT_CACHE_DIR)
     ref = str(request.get("parent_model") or parent_arch.name)
     if not ref:
@@ -115,6 +120,7 @@ def run_moe_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         **quality,
         "quality_cached": cached,
         "selection": result.choice(),
+        "serve_as": serve_as,
         "compute": {
             "device": str(weight.device),
             "dtype": dtype_name(weight.dtype),
@@ -124,6 +130,11 @@ def run_moe_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         "timings_s": timings,
         "inner": {**result.summary(), "config": config.to_dict()},
     }
+
+
+def _present(parent: Architecture) -> list[int]:
+    """The parent's present layers (an expert trial keeps them all)."""
+    return [i for i, layer in enumerate(parent.layers) if not layer.is_noop]
 
 
 def _quality(

@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.arch.search_space import CHOICES, SearchSpace
+from autocompress_opt.arch.hybrid import is_moe
+from autocompress_opt.arch.search_space import CHOICES, SPARSE_CHOICES, SearchSpace
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.search.study.trials import LegalMemo, plan_quality, uniform_model
 from autocompress_opt.serving.costmodel import ArchArrays, estimate_batch
@@ -76,6 +77,16 @@ class Proxy:
         if self.layer_order is None and self.importance is not None:
             self.layer_order = self.importance.layer_order()
 
+    def _quality(self, arch: Architecture) -> float:
+        """The proxy quality of ``arch``: :func:`~.trials.plan_quality`; for a MoE parent with importance,
+        the expert mass its counts keep (:func:`~.moe_study.retained_expert_importance`: the dense
+        plan's retained importance counts no expert)."""
+        if self.importance is not None and is_moe(self.parent):
+            from autocompress_opt.search.study.moe_study import retained_expert_importance
+
+            return retained_expert_importance(arch, self.importance)
+        return plan_quality(arch, self.parent, self.importance)[0]
+
     def check(self, params: Mapping[str, Any]) -> ProxyScore:
         """Feasibility of ``params``' engine-legal uniform model (no quality: the cheap part)."""
         return self.check_many([params])[0]
@@ -86,7 +97,7 @@ class Proxy:
         scores: list[ProxyScore | None] = [None] * len(points)
         built: list[tuple[int, dict[str, int], Architecture]] = []
         for i, params in enumerate(points):
-            point = {k: int(params[k]) for k in CHOICES}
+            point = {k: int(params[k]) for k in _names(self.space)}
             try:
                 legal, arch = uniform_model(point, self.space, self.parent, self.serve_as, self.layer_order, self.memo)
             except ConfigError as exc:
@@ -113,12 +124,12 @@ class Proxy:
         scored: dict[tuple[int, ...], ProxyScore] = {}
         for score in self.check_many(points):
             if score.feasible:
-                scored.setdefault(tuple(score.point[c] for c in CHOICES), score)
+                scored.setdefault(tuple(score.point[c] for c in _names(self.space)), score)
         ranked = []
         for key in maximal(list(scored)):
             s = scored[key]
             arch = self.space.architecture(s.point, self.parent, self.layer_order)
-            quality = plan_quality(arch, self.parent, self.importance)[0]
+            quality = self._quality(arch)
             ranked.append((-quality, -arch.num_params, ProxyScore(s.point, s.violations, True, quality)))
         ranked.sort(key=lambda r: r[:2])
         return [score for *_, score in ranked[:k]]
@@ -136,11 +147,17 @@ def maximal(points: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
 
 def _points(space: SearchSpace, limit: int, seed: int) -> list[dict[str, int]]:
     """Every point of ``space``, or ``limit`` of them drawn with ``seed`` when it has more."""
-    values = [space[c].values for c in CHOICES]
+    names = _names(space)
+    values = [space[c].values for c in names]
     if space.size <= limit:
-        return [dict(zip(CHOICES, combo)) for combo in itertools.product(*values)]
+        return [dict(zip(names, combo)) for combo in itertools.product(*values)]
     rng = random.Random(seed)
     seen: set[tuple[int, ...]] = set()
     while len(seen) < limit:
         seen.add(tuple(rng.choice(v) for v in values))
-    return [dict(zip(CHOICES, combo)) for combo in sorted(seen)]
+    return [dict(zip(names, combo)) for combo in sorted(seen)]
+
+
+def _names(space: SearchSpace) -> tuple[str, ...]:
+    """The choices of a point of ``space``: the dense five, and a MoE / hybrid space's own."""
+    return tuple(c for c in CHOICES + SPARSE_CHOICES if c in space.names)

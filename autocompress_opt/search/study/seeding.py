@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.hybrid import is_moe
 from autocompress_opt.arch.search_space import CHOICES, SearchSpace, uniform_allocation
 from autocompress_opt.search.study.config import SEEDED_BASELINES, StudyConfig
 from autocompress_opt.search.study.placement import driver_cache_dir
@@ -54,6 +55,10 @@ def baseline_seeds(
     from autocompress_opt.prune.baselines import make_baseline, target_feasibility
 
     feasible = target_feasibility(target, parent)
+    if config.mode == "weights" and is_moe(parent):  # expert trials: the expert seeds (moe_study)
+        from autocompress_opt.search.study.moe_study import expert_seeds
+
+        return expert_seeds(config.space, parent, feasible, score)
     out: dict[str, dict[str, Any]] = {}
     for name in SEEDED_BASELINES:
         result = make_baseline(name, parent, feasible, importance=importance, score=score)
@@ -190,7 +195,12 @@ class SeedScoring:
         rows = calibration[0].tokens[: trial.inner.val_samples] if calibration else None
         if rows is None or not rows.shape[0]:
             return importance, None
-        score = masked_kl_scorer(model, importance, rows)
+        if is_moe(Architecture.from_hf_config(model.config)):  # the expert search's start point, scored
+            from autocompress_opt.search.study.moe_study import expert_kl_scorer
+
+            score = expert_kl_scorer(model, importance, rows)
+        else:
+            score = masked_kl_scorer(model, importance, rows)
         return importance, _stored_scores(score, cache / "seed_scores", parent_id, importance, rows)
 
 

@@ -1,0 +1,197 @@
+"""What a weights-mode study of a mixture-of-experts parent does differently (issue 30): its search
+space, its seeded baseline and its proxy's quality estimate. The trial itself is
+:mod:`~autocompress_opt.search.study.moe_trial`.
+
+* **Space.** The outer loop chooses the expert counts of every MoE layer (``num_experts``,
+  ``experts_per_token``, ``expert_width``: one value for all, the family's plain config); the inner
+  search chooses which experts and channels. Layers, hidden size, heads and dense FFNs are not pruned
+  in a MoE parent yet, so those choices must hold the parent's size only (:func:`check_moe_space`);
+  :func:`expert_space` is the default space (:func:`~autocompress_opt.arch.search_space.default_space`'s
+  expert values, the rest pinned).
+* **Seed.** ``minitron`` over the expert axes (:func:`expert_seeds`): the :data:`SEED_CANDIDATES`
+  largest feasible maximal points of the space, each scored by the masked parent's KL
+  (:func:`expert_kl_scorer`: the importance choice of experts and channels, as the trial's ``start``
+  candidate), the best enqueued; ``depth`` and ``best-uniform`` are skipped with their reason.
+* **Proxy.** A point's plan-mode quality is the importance mass its expert counts keep
+  (:func:`retained_expert_importance`), since the dense plan's retained importance counts no expert.
+
+Only the families of the experts path (:data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`:
+Qwen3-MoE) have a weights mode; other MoE and hybrid families are plan-mode only (:func:`check_moe_space`).
+The module imports torch (through :mod:`~autocompress_opt.prune.experts`): import it where weights mode runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.hybrid import sparse_limits
+from autocompress_opt.arch.search_space import Choice, SearchSpace, default_space, uniform_allocation
+from autocompress_opt.errors import ConfigError
+from autocompress_opt.prune.experts import EXPERT_CHOICES
+
+__all__ = [
+    "EXPERT_WIDTH_MULTIPLE",
+    "SEED_CANDIDATES",
+    "check_moe_space",
+    "expert_kl_scorer",
+    "expert_seeds",
+    "expert_space",
+    "retained_expert_importance",
+]
+
+# Expert widths are multiples of this: transformers' grouped expert matmul (Qwen3-MoE's experts) needs
+# 16-byte row strides ("strides should be multiple of 16 bytes", run on CPU), 8 channels in bf16.
+EXPERT_WIDTH_MULTIPLE = 8
+# Candidates the minitron seed scores: Minitron's top-K (prune.baselines.minitron_search's top_k).
+SEED_CANDIDATES = 10
+
+
+def check_moe_space(space: SearchSpace, parent: Architecture) -> None:
+    """Raise :class:`ConfigError` (one line) when a weights-mode study of the MoE ``parent`` cannot run:
+    its family has no experts path, or ``space`` varies a choice the expert trial does not prune."""
+    from autocompress_opt.hf.adapters import MOE_ADAPTERS
+
+    if parent.family not in MOE_ADAPTERS:
+        raise ConfigError(
+            f"--mode weights prunes the routed experts of {', '.join(MOE_ADAPTERS)} parents only; "
+            f"{parent.family} is plan-mode only (issue 30): use --mode plan"
+        )
+    limits = sparse_limits(parent)
+    for choice in space.choices:
+        if choice.name not in EXPERT_CHOICES and choice.values != (limits[choice.name],):
+            raise ConfigError(
+                f"search space: {choice.name} choices {list(choice.values)}: weights mode on a MoE parent prunes "
+                f"experts only (issue 30), so {choice.name} must be the parent's {limits[choice.name]}; pin it, "
+                f"or drop --space for the default expert space, or use --mode plan"
+            )
+    odd = (
+        [w for w in space["expert_width"].values if w % EXPERT_WIDTH_MULTIPLE] if "expert_width" in space.names else []
+    )
+    if odd:
+        raise ConfigError(
+            f"search space: expert_width choices {odd} are not multiples of {EXPERT_WIDTH_MULTIPLE} (the 16-byte rows "
+            f"transformers' grouped expert kernels need); valid: multiples of {EXPERT_WIDTH_MULTIPLE} up to "
+            f"{limits['expert_width']}"
+        )
+
+
+def expert_space(parent: Architecture, sampler: str = "tpe") -> SearchSpace:
+    """The default weights-mode space of a MoE ``parent``: the default space's expert values (widths
+    that are multiples of :data:`EXPERT_WIDTH_MULTIPLE`), every other choice pinned to the parent's
+    size (module doc)."""
+    full = default_space(parent, sampler)
+    limits = sparse_limits(parent)
+
+    def pinned(c: Choice) -> Choice:
+        if c.name == "expert_width":  # whole 16-byte rows (EXPERT_WIDTH_MULTIPLE); the parent's own if none is
+            whole = tuple(w for w in c.values if w % EXPERT_WIDTH_MULTIPLE == 0)
+            return Choice(c.name, whole or (limits[c.name],))
+        return c if c.name in EXPERT_CHOICES else Choice(c.name, (limits[c.name],))
+
+    return SearchSpace(tuple(pinned(c) for c in full.choices), sampler=sampler)
+
+
+def _points(space: SearchSpace) -> list[dict[str, int]]:
+    """Every point of ``space`` (a MoE weights space: its expert choices vary, the rest is pinned)."""
+    import itertools
+
+    names = space.names
+    return [dict(zip(names, combo)) for combo in itertools.product(*(space[n].values for n in names))]
+
+
+def _covers(big: Mapping[str, int], small: Mapping[str, int]) -> bool:
+    return all(big[k] >= small[k] for k in small)
+
+
+def expert_seeds(
+    space: SearchSpace,
+    parent: Architecture,
+    feasible: Callable[[Architecture], bool],
+    score: Callable[[Architecture], float] | None,
+) -> dict[str, dict[str, Any]]:
+    """The seeds of a MoE weights study, in :func:`~.seeding.baseline_seeds`' form (module doc):
+    ``minitron`` scores the :data:`SEED_CANDIDATES` feasible points with the most parameters that no
+    other feasible point covers (``score``: lower is better; None ranks by parameters), each a
+    point of ``space``, so nothing is snapped; ``depth`` and ``best-uniform`` are skipped."""
+    out: dict[str, dict[str, Any]] = {
+        "depth": {"skipped": "a MoE parent's weights trials keep every layer (the expert search prunes experts only)"},
+    }
+    ranked = sorted(
+        ((uniform_allocation(p, parent).num_params, p) for p in _points(space)), key=lambda r: -r[0]
+    )  # most parameters first: a point that covers another comes before it
+    found: list[tuple[dict[str, int], Architecture]] = []
+    for _, point in ranked:
+        if len(found) == SEED_CANDIDATES:
+            break
+        if point["experts_per_token"] > point["num_experts"] or any(_covers(f, point) for f, _ in found):
+            continue
+        arch = uniform_allocation(point, parent)
+        if feasible(arch):
+            found.append((point, arch))
+    if not found:
+        out["minitron"] = {"skipped": "no point of the expert space meets the target's constraints"}
+    else:
+        scores = [float(score(arch)) if score is not None else None for _, arch in found]
+        best = min(range(len(found)), key=lambda i: (scores[i] if scores[i] is not None else 0.0, i))
+        point, arch = found[best]
+        how = f"the lowest masked KL ({scores[best]:.4f})" if scores[best] is not None else "the most parameters"
+        finding = f"chose {point}: {how} of the {len(found)} largest feasible expert points"
+        out["minitron"] = {"point": point, "baseline_point": point, "finding": finding}
+    out["best-uniform"] = {
+        "skipped": "it scores every point of the expert grid; for a MoE parent the minitron seed scores the largest "
+        "feasible ones"
+    }
+    return out
+
+
+def expert_kl_scorer(
+    model: Any, importance: Any, tokens: Any, *, batch_size: int = 4
+) -> Callable[[Architecture], float]:
+    """``score(arch)``: mean per-position KL(parent ‖ the parent masked to ``arch``'s expert counts) on
+    ``tokens`` ``(n, L)``, in nats (lower is better), the experts and channels chosen by importance
+    (:func:`~autocompress_opt.prune.experts.expert_masks`: the trial's ``start`` candidate). The expert
+    counterpart of :func:`~autocompress_opt.prune.baselines.masked_kl_scorer`; ``model`` is unchanged
+    after each call."""
+    from autocompress_opt.hf.adapters import moe_adapter
+    from autocompress_opt.prune.experts import expert_masks
+    from autocompress_opt.prune.masking import apply_masks
+    from autocompress_opt.quality.metrics import cache_teacher_logits, kl_divergence
+
+    adapter = moe_adapter(model)
+    teacher = cache_teacher_logits(model, tokens, batch_size=batch_size, progress=False)
+
+    def score(arch: Architecture) -> float:
+        moe = next(layer.moe for layer in arch.layers if layer.moe is not None)
+        point = {"num_experts": moe.num_experts, "experts_per_token": moe.experts_per_token}
+        point["expert_width"] = moe.expert_width
+        with apply_masks(model, expert_masks(model, importance, point), adapter=adapter):
+            return float(
+                kl_divergence(model, None, tokens, teacher_logits=teacher, batch_size=batch_size, progress=False)
+            )
+
+    return score
+
+
+def retained_expert_importance(arch: Architecture, importance: Any) -> float:
+    """The proxy's quality of a MoE point: per MoE layer, the fraction of ``expert_frequency`` (router
+    use) of the ``num_experts`` most used experts, times the mean fraction of ``expert_ffn`` mass their
+    ``expert_width`` most active channels hold; averaged over the MoE layers. In [0, 1], 1.0 for the
+    parent; the experts and channels are the ones :func:`~autocompress_opt.prune.experts.expert_masks`
+    keeps (ties aside). Top-``k`` is not in it: the ranking's maximal points already prefer the larger."""
+    fractions = []
+    for i, layer in enumerate(arch.layers):
+        if layer.moe is None or i >= len(importance.expert_frequency) or importance.expert_frequency[i] is None:
+            continue
+        freq = importance.expert_frequency[i].clamp_min(0)  # (E,)
+        kept = freq.argsort(descending=True)[: layer.moe.num_experts]
+        used = float(freq[kept].sum()) / float(freq.sum()) if float(freq.sum()) > 0 else 1.0
+        ffn = importance.expert_ffn[i][kept].clamp_min(0)  # (n, F)
+        top = ffn.sort(dim=1, descending=True).values[:, : layer.moe.expert_width].sum(dim=1)
+        total = ffn.sum(dim=1)
+        channels = float((top / total.clamp_min(1e-30)).where(total > 0, top.new_ones(())).mean())
+        fractions.append(used * channels)
+    if not fractions:
+        raise ConfigError("the importance record has no expert scores for this MoE architecture")
+    return sum(fractions) / len(fractions)
