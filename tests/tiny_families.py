@@ -114,6 +114,24 @@ def tiny_model(family: str, *, seed: int = 0, **overrides: Any) -> Any:
     return randomize(AutoModelForCausalLM.from_config(tiny_config(family, **overrides)), seed)
 
 
+# A tiny Qwen3-MoE: 3 layers (layer 1 dense), hidden 48, 8 experts of 16 channels, top-2. Widths the tests
+# keep stay multiples of 4: transformers' grouped_mm experts need 16-byte strides (fp32) on the CPU.
+TINY_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16)
+
+
+def tiny_moe_model() -> Any:
+    """The tiny Qwen3-MoE (:data:`TINY_MOE`), random weights of seed 0."""
+    return tiny_model("qwen3_moe", **TINY_MOE)
+
+
+def tiny_moe_importance(model: Any) -> Any:
+    """Importance of ``model`` (a MoE) on 4 random rows of 16 tokens: experts, their channels, the rest."""
+    from autocompress_opt.hf.adapters import moe_adapter
+    from autocompress_opt.prune.importance import estimate_importance
+
+    return estimate_importance(model, tokens(4, 16), adapter=moe_adapter(model), progress=False)
+
+
 def hetero_arch(family: str = "llama", **kwargs: Any) -> Architecture:
     """Layer 0 has no attention, layer 1 keeps 2 of 3 query heads per group over 2 groups, layer 2 is
     dropped entirely, layer 3 has no FFN and one KV group of 3 heads. Gemma: layer 1 slides over 4

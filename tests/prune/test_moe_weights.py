@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_families import num_params, tiny_model, tokens
+from tiny_families import TINY_MOE, num_params, tiny_model, tiny_moe_importance, tiny_moe_model, tokens
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
@@ -17,20 +17,16 @@ from autocompress_opt.prune.experts import expert_masks, export_experts, slice_e
 from autocompress_opt.prune.importance import Importance, estimate_importance, expert_forward
 from autocompress_opt.prune.masking import Masks, apply_masks
 
-# 3 layers (layer 1 dense), hidden 48, 8 experts of 16 channels, top-2. Widths in the tests stay multiples
-# of 4: transformers' grouped_mm experts need 16-byte strides (fp32), and refuse other widths on CPU.
-MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16)
-
 
 @pytest.fixture(scope="module")
 def model() -> Any:
     torch.manual_seed(0)
-    return tiny_model("qwen3_moe", **MOE)
+    return tiny_moe_model()
 
 
 @pytest.fixture(scope="module")
 def importance(model: Any) -> Importance:
-    return estimate_importance(model, tokens(4, 16), adapter=moe_adapter(model), progress=False)
+    return tiny_moe_importance(model)
 
 
 def logits(model: Any, ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -66,7 +62,7 @@ def test_expert_importance_shapes_and_values(model: Any, importance: Importance)
 def test_experts_never_routed_score_zero(tmp_path: Path) -> None:
     """Router rows ``a_e · u``: logit_e = a_e (u·x), so the top-2 is experts 0, 1 (u·x > 0) or 6, 7
     (u·x < 0), and experts 2..5 are never routed."""
-    model = tiny_model("qwen3_moe", **MOE)
+    model = tiny_model("qwen3_moe", **TINY_MOE)
     scale = torch.tensor([4.0, 3.0, 1.0, 0.5, -0.5, -1.0, -3.0, -4.0])
     with torch.no_grad():
         for i in (0, 2):
@@ -116,7 +112,7 @@ def test_all_kept_masks_give_the_parent_logits(model: Any) -> None:
 def test_exported_model_gives_the_masked_logits(tmp_path: Path, point: dict[str, int], norm_topk_prob: bool) -> None:
     from transformers import AutoModelForCausalLM
 
-    model = tiny_model("qwen3_moe", **MOE, norm_topk_prob=norm_topk_prob)
+    model = tiny_model("qwen3_moe", **TINY_MOE, norm_topk_prob=norm_topk_prob)
     adapter = moe_adapter(model)
     imp = estimate_importance(model, tokens(4, 16), adapter=adapter, progress=False)
     ref = logits(model)

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_families import tiny_model, tokens
+from tiny_families import TINY_MOE, tiny_model, tiny_moe_importance, tiny_moe_model, tokens
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.hybrid import is_kind_uniform
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import moe_adapter
 from autocompress_opt.prune.experts import expert_masks, slice_experts
-from autocompress_opt.prune.importance import Importance, estimate_importance
+from autocompress_opt.prune.importance import Importance
 from autocompress_opt.prune.masking import apply_masks
 from autocompress_opt.quality.metrics import log_probs
 from autocompress_opt.search.inner.experts import (
@@ -27,9 +27,6 @@ from autocompress_opt.search.inner.experts import (
 )
 from autocompress_opt.search.inner.inner_search import InnerConfig
 
-# 3 layers (layer 1 dense), hidden 48, 8 experts of 16 channels, top-2; kept widths stay multiples of 4
-# (transformers' grouped_mm experts need 16-byte strides on the CPU).
-MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16)
 POINT = {"num_experts": 4, "experts_per_token": 2, "expert_width": 8}
 CONFIG = InnerConfig(steps=6, batch_size=2, seq_len=16, n_samples=6, val_samples=2, gate_lr=1.0)
 
@@ -37,7 +34,7 @@ CONFIG = InnerConfig(steps=6, batch_size=2, seq_len=16, n_samples=6, val_samples
 @pytest.fixture(scope="module")
 def model() -> Any:
     torch.set_num_threads(1)
-    return tiny_model("qwen3_moe", **MOE)
+    return tiny_moe_model()
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +44,7 @@ def parent(model: Any) -> Architecture:
 
 @pytest.fixture(scope="module")
 def importance(model: Any) -> Importance:
-    return estimate_importance(model, tokens(4, 16), adapter=moe_adapter(model), progress=False)
+    return tiny_moe_importance(model)
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +181,7 @@ def test_a_weights_study_on_a_moe_parent_completes_and_its_best_trial_exports(
     from autocompress_opt.serving.targets import Target
 
     monkeypatch.chdir(tmp_path)  # the trials' caches (.autocompress/) go here
-    model_dir = save_hf_dir(tiny_model("qwen3_moe", **MOE, vocab_size=260), tmp_path / "moe")
+    model_dir = save_hf_dir(tiny_model("qwen3_moe", **TINY_MOE, vocab_size=260), tmp_path / "moe")
     parent = load_model(model_dir).architecture
     fixed = [Choice(k, (v,)) for k, v in sparse_limits(parent).items() if k not in POINT]
     space = SearchSpace(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_families import tiny_model, tokens
+from tiny_families import TINY_MOE, tiny_model, tiny_moe_importance, tiny_moe_model, tokens
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.catalog import load_architecture
@@ -23,7 +23,7 @@ from autocompress_opt.cli import build_parser, main
 from autocompress_opt.cli.study import _merged, build_config
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import moe_adapter
-from autocompress_opt.prune.importance import Importance, estimate_importance
+from autocompress_opt.prune.importance import Importance
 from autocompress_opt.search.study import StudyConfig
 from autocompress_opt.search.study.config import check_config
 from autocompress_opt.search.study.moe_study import (
@@ -36,7 +36,6 @@ from autocompress_opt.search.study.proxy import Proxy
 from autocompress_opt.search.study.trials import check_loadable
 from autocompress_opt.serving.targets import Target, parent_metrics
 
-MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16)
 # Tiny models cost the same at every size but for their parameters: the constraint a point of fewer
 # active parameters meets (the parent does not), with the throughput held at the parent's.
 TARGET = Target("h100-sxm", "datacenter", constraints={"output_throughput_tok_s": "1x", "active_params": "0.9x"})
@@ -45,7 +44,7 @@ TARGET = Target("h100-sxm", "datacenter", constraints={"output_throughput_tok_s"
 @pytest.fixture(scope="module")
 def model() -> Any:
     torch.set_num_threads(1)
-    return tiny_model("qwen3_moe", **MOE)
+    return tiny_moe_model()
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +54,7 @@ def parent(model: Any) -> Architecture:
 
 @pytest.fixture(scope="module")
 def importance(model: Any) -> Importance:
-    return estimate_importance(model, tokens(4, 16), adapter=moe_adapter(model), progress=False)
+    return tiny_moe_importance(model)
 
 
 def _config(space: Any, **changes: Any) -> StudyConfig:
@@ -83,7 +82,10 @@ def test_the_default_weights_space_prunes_experts_only_and_a_dense_axis_is_refus
 
 def test_a_moe_family_without_an_experts_path_is_plan_mode_only() -> None:
     mixtral = load_architecture("mixtral-8x7b")
-    with pytest.raises(ConfigError, match=r"qwen3_moe parents only; mixtral is plan-mode only.*--mode plan"):
+    with pytest.raises(
+        ConfigError,
+        match=r"prunes the routed experts of qwen3_moe.* parents only; mixtral is plan-mode only.*--mode plan",
+    ):
         check_config(_config(expert_space(mixtral)), mixtral)
 
 
@@ -163,7 +165,7 @@ def test_a_default_weights_study_on_a_moe_parent_exports_through_the_cli(
     from autocompress_opt.search.study import init_ray, load_records, run_study
 
     monkeypatch.chdir(tmp_path)  # the trials' caches (.autocompress/) go here
-    model_dir = save_hf_dir(tiny_model("qwen3_moe", **MOE, vocab_size=260), tmp_path / "moe")
+    model_dir = save_hf_dir(tiny_model("qwen3_moe", **TINY_MOE, vocab_size=260), tmp_path / "moe")
     parent = load_model(model_dir).architecture
     inner = {"steps": 2, "n_samples": 4, "val_samples": 1, "seq_len": 16, "eval_samples": 2, "eval_seq_len": 16}
     cfg = StudyConfig(
