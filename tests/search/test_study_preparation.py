@@ -96,3 +96,27 @@ def test_the_start_message_names_the_baselines_really_chosen() -> None:
     assert seeded_baselines(_config(), moe) == ("minitron",)
     assert _choosing(SEEDED_BASELINES) == "choosing the depth, minitron, best-uniform baselines to seed the study"
     assert _choosing(("minitron",)) == "choosing the minitron baseline to seed the study"
+
+
+def test_no_target_is_prepared_once_ctrl_c_came() -> None:
+    """Ctrl-C seen (the driver's loop still stopping its trials): the preparation starts no target;
+    the group asks for no trial, and ends the run once none is in flight, even before any target was
+    admitted; a target prepared meanwhile and admitted after the group stopped asks for no trial."""
+    from autocompress_opt.search.study.searcher import GroupSearcher
+    from autocompress_opt.search.study.signals import InterruptState
+
+    runs = [SimpleNamespace(name="t0", searcher=None)]
+    prepared: list[str] = []
+    group, finished = _Group(), threading.Event()
+    stopped = InterruptState(interrupted=True)
+    preparation = _Preparation(runs, [0], lambda run: prepared.append(run.name), group, finished.set, None, stopped)  # type: ignore[arg-type]
+    preparation.start()
+    preparation.join(30)
+    assert prepared == [] and group.admitted == [] and finished.is_set()
+
+    late = SimpleNamespace(stopping=False, stop=lambda: setattr(late, "stopping", True))
+    searcher = GroupSearcher([None])
+    searcher.stop()
+    assert searcher.suggest("trial") == "FINISHED"  # nothing in flight: Ray Tune's loop ends at once
+    searcher.admit(0, late)  # type: ignore[arg-type]
+    assert late.stopping

@@ -270,12 +270,13 @@ def _say(line: str) -> None:
 
 class _Preparation(threading.Thread):
     """Prepares a group's targets one after another in the driver (:func:`_prepare_target`), in
-    ``order`` (positions in ``runs``; :func:`preparation_order`), and admits each to the group's
-    searcher at its own position as soon as it is ready, so the first target's trials run while the
-    later targets are prepared. The first target is prepared with the process's torch threads; the
-    later ones with one, since the trials then hold the CPUs Ray gave them. An error is kept
-    (:attr:`error`) and closes the group (:meth:`~.searcher.GroupSearcher.abandon`); ``finish`` runs at
-    the end in any case."""
+        ``order`` (positions in ``runs``; :func:`preparation_order`), and admits each to the group's
+        searcher at its own position as soon as it is ready, so the first target's trials run while the
+        later targets are prepared. The first target is prepared with the process's torch threads; the
+        later ones with one, since the trials then hold the CPUs Ray gave them. No target is started once
+    Ctrl-C came (``interrupt``), even while Ray Tune is still stopping its trials. An error is kept
+        (:attr:`error`) and closes the group (:meth:`~.searcher.GroupSearcher.abandon`); ``finish`` runs at
+        the end in any case."""
 
     def __init__(
         self,
@@ -285,12 +286,13 @@ class _Preparation(threading.Thread):
         group: Any,
         finish: Callable[[], None],
         deadline: float | None,
+        interrupt: InterruptState | None = None,
     ) -> None:
         super().__init__(name="autocompress-prepare", daemon=True)  # a Ctrl-C does not wait for it
         if sorted(order) != list(range(len(runs))):
             raise ValueError(f"a preparation order must list each of the {len(runs)} targets once, got {list(order)}")
         self.runs, self.order, self.prepare, self.group = runs, list(order), prepare, group
-        self.finish, self.deadline = finish, deadline
+        self.finish, self.deadline, self.interrupt = finish, deadline, interrupt
         self.cancelled = threading.Event()
         self.error: BaseException | None = None
 
@@ -298,7 +300,7 @@ class _Preparation(threading.Thread):
         threads = None  # the process's torch threads, while the later targets are prepared with one
         try:
             for turn, index in enumerate(self.order):
-                if self.cancelled.is_set() or (self.deadline is not None and time.monotonic() >= self.deadline):
+                if self._stopped():
                     break
                 torch = sys.modules.get("torch")  # imported by a weights preparation; a plan study never pays for it
                 if turn and torch is not None and threads is None:
@@ -315,6 +317,14 @@ class _Preparation(threading.Thread):
             if threads is not None:
                 sys.modules["torch"].set_num_threads(threads)
             self.finish()
+
+    def _stopped(self) -> bool:
+        """Cancelled by the driver, Ctrl-C seen (before the driver's loop has ended), or past the deadline."""
+        return (
+            self.cancelled.is_set()
+            or (self.interrupt is not None and self.interrupt.interrupted)
+            or (self.deadline is not None and time.monotonic() >= self.deadline)
+        )
 
 
 def _run_group(
@@ -341,7 +351,7 @@ def _run_group(
     from autocompress_opt.search.study.searcher import INTERRUPTED, GroupSearcher  # needs Ray Tune and Optuna
 
     searcher = GroupSearcher([None] * len(runs))
-    preparation = _Preparation(runs, order, prepare, searcher, finish, runs[0].deadline)
+    preparation = _Preparation(runs, order, prepare, searcher, finish, runs[0].deadline, state)
     scratch = tempfile.mkdtemp(prefix="autocompress-tune-")
     try:
         preparation.start()
