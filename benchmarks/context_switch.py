@@ -26,9 +26,9 @@ def main(n: int, cache: Path) -> dict[str, Any]:
     loads: list[str] = []
     real = wt.load_parent
 
-    def counted(ref: str, config: wt.TrialConfig) -> Any:
+    def counted(ref: str, config: wt.TrialConfig, *args: Any) -> Any:
         loads.append(ref)
-        return real(ref, config)
+        return real(ref, config, *args)
 
     wt.load_parent = counted  # type: ignore[assignment]
     configs = [wt.TrialConfig().for_workload(w) for w in ("datacenter", "local-coding")]

@@ -20,6 +20,16 @@ from the safetensors file to the GPU and no copy of the model is staged in host 
 that move activations between GPUs; inputs go to the embedding's device). A GGUF is dequantised on
 the host, as a whole, and then moved to its device (one device only).
 
+**A GGUF's dequantised copy.** With ``dequantised_dir``, the dequantised weights and the tokenizer of
+a GGUF are kept there once as a Hugging Face directory (safetensors), keyed by the GGUF's bytes and
+the dtype (:func:`autocompress_opt.cache.fetch`: published whole, written once by the processes of
+one host that load it at once), and a later load of the same GGUF in that dtype reads that copy:
+the same tensors bit for bit, the same :class:`Architecture` (named after the GGUF) and
+:attr:`LoadedModel.path` (the GGUF), in a fraction of a second where converting SmolLM2-135M's
+GGUF takes ~20 CPU-seconds. A study passes its cache folder, so the driver's load for seeding
+converts the GGUF and its trial processes read the copy (``.autocompress/parents/``; 0.54 GB for
+SmolLM2-135M in fp32).
+
 By default nothing is kept: each call loads afresh and the caller holds the only copy. With
 ``cache=True`` loads are cached per process (key: resolved path, the SHA-256 of the weight and config
 files' bytes — :func:`autocompress_opt.cache.content_digest` —, dtype, device, GPUs) and every call
@@ -44,7 +54,7 @@ from autocompress_opt.arch.architecture import SUPPORTED_FAMILIES, Architecture
 from autocompress_opt.arch.catalog import known_architectures, known_weights, register_weights, weights_locator
 from autocompress_opt.arch.families import family_for_model_type
 from autocompress_opt.arch.gguf import GGUF_ARCH_TO_FAMILY
-from autocompress_opt.cache import content_digest
+from autocompress_opt.cache import cache_key, content_digest, fetch
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.hf.adapters import MOE_ADAPTERS
 from autocompress_opt.hf.device import check_gpus, placement_kwargs
@@ -58,6 +68,10 @@ __all__ = [
     "model_limits",
     "register_weights",
 ]
+
+# The version of a GGUF's dequantised copy (transformers' conversion and this file's storage), part of
+# every key: bump it when either changes.
+DEQUANTISED_VERSION = "dequantised/1"
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,7 @@ def load_model(
     device: str | torch.device = "cpu",
     cache: bool = False,
     gpus: int = 1,
+    dequantised_dir: str | Path | None = None,
 ) -> LoadedModel:
     """Load weights, tokenizer and architecture of ``ref`` without touching a model hub.
 
@@ -110,6 +125,8 @@ def load_model(
         gpus: spread the model over this many CUDA GPUs from ``device`` on (``cuda:N`` to
             ``cuda:N+gpus-1``), about ``1/gpus`` of its layers on each; 1 (default): all on
             ``device``. Hugging Face directories only.
+        dequantised_dir: a folder where a GGUF's dequantised copy is kept and read from (module
+            doc); None (default): a GGUF is converted on every load. Unused for a directory.
 
     Raises:
         UnknownNameError: ``ref`` is neither a path nor a known name (lists the known names).
@@ -128,10 +145,11 @@ def load_model(
             "spread a Hugging Face directory instead, or use one GPU"
         )
     start = time.perf_counter()
+    copies = Path(dequantised_dir).expanduser().resolve() if dequantised_dir is not None else None
     if not cache:
-        loaded = _load_uncached(path, dtype, str(torch.device(device)), gpus)
+        loaded = _load_uncached(path, dtype, str(torch.device(device)), gpus, copies)
         return replace(loaded, load_time_s=time.perf_counter() - start)
-    pristine = _load_cached(*_cache_key(path, dtype, torch.device(device), gpus))
+    pristine = _load_cached(*_cache_key(path, dtype, torch.device(device), gpus), copies)
     return replace(pristine, model=copy.deepcopy(pristine.model), load_time_s=time.perf_counter() - start)
 
 
@@ -199,15 +217,19 @@ def _cache_key(path: Path, dtype: torch.dtype, device: torch.device, gpus: int) 
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cached(path: Path, digest: str, dtype: torch.dtype, device: str, gpus: int) -> LoadedModel:
+def _load_cached(
+    path: Path, digest: str, dtype: torch.dtype, device: str, gpus: int, copies: Path | None = None
+) -> LoadedModel:
     """Cached body of :func:`load_model`; ``digest`` (the files' content) only keys the cache."""
-    return _load_uncached(path, dtype, device, gpus)
+    return _load_uncached(path, dtype, device, gpus, copies)
 
 
-def _load_uncached(path: Path, dtype: torch.dtype, device: str, gpus: int = 1) -> LoadedModel:
+def _load_uncached(
+    path: Path, dtype: torch.dtype, device: str, gpus: int = 1, copies: Path | None = None
+) -> LoadedModel:
     start = time.perf_counter()
     if path.suffix.lower() == ".gguf":
-        model, tokenizer, source = _load_gguf(path, dtype)
+        model, tokenizer, source = _load_gguf(path, dtype) if copies is None else _load_gguf_copy(path, dtype, copies)
         model = model.to(device)  # dequantised on the host, then moved
     else:
         model, tokenizer, source = _load_directory(path, dtype, torch.device(device), gpus)
@@ -417,6 +439,25 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
     except (ValueError, OSError, struct.error) as exc:  # a GGUF the header check passed but that cannot load
         raise ConfigError(f"cannot load {str(path)!r}: {exc}") from None
     return model, tokenizer, f"GGUF {path} ({gguf_arch}, dequantised to {_dtype_name(dtype)})"
+
+
+def _load_gguf_copy(path: Path, dtype: torch.dtype, copies: Path) -> tuple[Any, Any, str]:
+    """:func:`_load_gguf` through its dequantised copy under ``copies`` (module doc): read when there,
+    else converted and written there; on the host either way."""
+    entry = copies / f"{path.stem}-{cache_key(DEQUANTISED_VERSION, content_digest(path), str(dtype))}"
+
+    def write(value: tuple[Any, Any, str], tmp: Path) -> None:
+        model, tokenizer, _ = value
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+    def read(folder: Path) -> tuple[Any, Any, str]:
+        model, tokenizer, _ = _load_directory(folder, dtype, torch.device("cpu"), 1)
+        where = f"GGUF {path} ({_gguf_architecture(path)}, dequantised to {_dtype_name(dtype)}"
+        return model, tokenizer, f"{where}; read from its copy {folder})"
+
+    value, _ = fetch(entry, lambda: _load_gguf(path, dtype), write, read)
+    return value
 
 
 def _gguf_architecture(path: Path) -> str:

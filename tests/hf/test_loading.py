@@ -230,3 +230,29 @@ def test_gemma3_270m_loads_with_its_exact_count_and_scores(gemma3_gguf):
     ids = test_batches(loaded.tokenizer, n_samples=2, seq_len=64, seed=0)
     ppl = perplexity(loaded.model, ids, batch_size=1, progress=False)
     assert math.isfinite(ppl) and 1.0 < ppl < 200.0  # a trained model, far below V=262144
+
+
+def test_a_gguf_dequantised_copy_is_converted_once_then_read_bit_for_bit(qwen2_gguf, tmp_path, monkeypatch):
+    """With ``dequantised_dir`` the first load converts the GGUF and keeps its copy; the next load of
+    the same GGUF and dtype reads the copy without converting: the same tensors exactly, the same
+    Architecture (named after the GGUF), path and tokenizer. Another dtype is another copy."""
+    from autocompress_opt.hf import loading
+
+    conversions: list[torch.dtype] = []
+    convert = loading._load_gguf
+    monkeypatch.setattr(loading, "_load_gguf", lambda path, dtype: conversions.append(dtype) or convert(path, dtype))
+    copies = tmp_path / "parents"
+    first = load_model(qwen2_gguf, dequantised_dir=copies)
+    again = load_model(qwen2_gguf, dequantised_dir=copies)
+    assert conversions == [torch.float32]
+    assert [p.name for p in copies.iterdir() if not p.name.startswith(".")] == [next(copies.glob("tiny-qwen2*")).name]
+    assert again.path == first.path == qwen2_gguf and again.architecture == first.architecture
+    assert "read from its copy" in again.source
+    ours, theirs = first.model.state_dict(), again.model.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    torch.testing.assert_close(_logits(again.model, TOKENS), _logits(first.model, TOKENS), rtol=0, atol=0)
+    text = "the theme"
+    assert again.tokenizer(text)["input_ids"] == first.tokenizer(text)["input_ids"]
+    half = load_model(qwen2_gguf, dequantised_dir=copies, dtype=torch.bfloat16)
+    assert conversions == [torch.float32, torch.bfloat16] and half.model.dtype == torch.bfloat16
+    assert len([p for p in copies.iterdir() if not p.name.startswith(".")]) == 2

@@ -45,7 +45,8 @@ def _command(storage: str, trials: int = 4, quiet: bool = True) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1"}
+    # the checkout these tests belong to first, whichever one the venv installed
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parents[1]), str(TESTS)]), "OMP_NUM_THREADS": "1"}
 
 
 def _states(storage: str, name: str) -> list[optuna.trial.FrozenTrial]:
@@ -169,3 +170,71 @@ def test_two_quick_ctrl_c_exit_130_and_the_next_run_repairs_what_they_left(tmp_p
     assert "rerun the same command to resume" in err
     kept = {t.number for t in _states(storage, "c.rtx5070") if t.state.name == "COMPLETE"}
     _rerun_finishes(tmp_path, storage, kept)
+
+
+# The driver of the test below: ``autocompress study run`` whose seeding waits, once it starts for a
+# target, until the test creates ``go`` (at most a minute), and marks when it started and ended.
+_SLOW_PREPARATION = """
+import pathlib, sys, time
+from autocompress_opt.cli import main
+from autocompress_opt.search.study import run as run_module
+here, seed_study = pathlib.Path.cwd(), run_module.seed_study
+def slow(study, config, target, *args, **kwargs):
+    (here / f"preparing-{target.hardware}").touch()
+    waited = time.monotonic()
+    while time.monotonic() - waited < 60 and not (here / "go").exists():
+        time.sleep(0.05)
+    lines = seed_study(study, config, target, *args, **kwargs)
+    (here / f"prepared-{target.hardware}").touch()
+    return lines
+run_module.seed_study = slow
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_during_a_preparation_waits_for_it_and_leaves_the_storage_whole(tmp_path: Path) -> None:
+    """Ctrl-C while the driver prepares the first target (its seeds): the driver says it waits, the
+    preparation finishes (its seeds stored), no later target is prepared, the run exits 130 with no
+    RUNNING trial, and the same command then completes both studies."""
+    storage = f"sqlite:///{tmp_path}/c.db"
+    command = [*_command(storage, trials=2), "--seed-baselines"]
+    command[command.index("plan-slower")] = "plan"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_PREPARATION, *command[1:]],
+        cwd=tmp_path,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not (tmp_path / "preparing-rtx5070").exists():
+        time.sleep(0.1)
+    if not (tmp_path / "preparing-rtx5070").exists():
+        proc.kill()
+        pytest.fail(f"the first target's preparation never started: {proc.communicate()}")
+    time.sleep(2)  # Ray Tune's loop runs beside the preparation by now
+    proc.send_signal(signal.SIGINT)
+    assert proc.stderr is not None
+    said = []  # until the driver says it waits (the preparation holds on for a minute at most)
+    while not said or "waiting for the target being prepared to finish" not in said[-1]:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        said.append(line)
+    (tmp_path / "go").touch()
+    _, rest = proc.communicate(timeout=120)
+    err = "".join(said) + rest
+    assert proc.returncode == 130, err
+    assert "waiting for the target being prepared to finish" in err
+    assert err.strip().splitlines()[-1] == "interrupted; rerun the same command to resume"
+    assert "Traceback" not in err
+    assert (tmp_path / "prepared-rtx5070").exists() and not (tmp_path / "preparing-b200").exists()
+    first = optuna.load_study(study_name="c.rtx5070", storage=storage)
+    assert "baseline_seeds" in first.user_attrs  # the preparation ran to its end
+    assert not [t for t in first.get_trials(deepcopy=False) if t.state.name == "RUNNING"]
+    assert not [t for t in _states(storage, "c.b200") if t.state.name == "RUNNING"]
+    done = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for name in ("c.rtx5070", "c.b200"):
+        assert len([t for t in _states(storage, name) if t.state.name == "COMPLETE"]) == 2

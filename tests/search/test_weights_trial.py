@@ -132,7 +132,7 @@ def test_contexts_that_differ_only_by_data_share_one_loaded_parent(
 
     loads: list[str] = []
     real_load = weights_trial.load_parent
-    monkeypatch.setattr(weights_trial, "load_parent", lambda ref, config: loads.append(ref) or real_load(ref, config))
+    monkeypatch.setattr(weights_trial, "load_parent", lambda ref, *args: loads.append(ref) or real_load(ref, *args))
     coding = Target("h100-sxm", "local-coding", constraints=dict(TARGET.constraints))
     prose_req, code_req = request(parent_dir, tmp_path), request(parent_dir, tmp_path, target=coding.to_dict())
 

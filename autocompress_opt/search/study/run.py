@@ -14,7 +14,8 @@ Flow per target (all storage access in this driver process; trials run wherever 
 
 Targets are prepared (seeds, proxy points) in a driver thread while the one Ray Tune run goes on:
 each joins the run as soon as it is ready (:class:`_Preparation`), so the first target's trials do
-not wait for the last target's preparation.
+not wait for the last target's preparation. Targets that read the same data are prepared together,
+those of the first target's data first (:func:`preparation_order`); results keep the config's order.
 
 Several drivers may run one study at once, on one host or on many sharing an RDB
 (:class:`~.coordination.Coordination`): together they reach exactly the requested COMPLETE count with no repeated
@@ -45,7 +46,7 @@ from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.catalog import load_architecture
-from autocompress_opt.search.study.config import SEEDED_BASELINES, StudyConfig, check_config
+from autocompress_opt.search.study.config import StudyConfig, check_config
 from autocompress_opt.search.study.coordination import Coordination, open_study
 from autocompress_opt.search.study.placement import Placement, driver_cache_dir, driver_path
 from autocompress_opt.search.study.progress import ProgressBar, finished_trials
@@ -58,11 +59,17 @@ from autocompress_opt.search.study.records import (
     trial_record,
 )
 from autocompress_opt.search.study.schedulers import make_scheduler
-from autocompress_opt.search.study.seeding import SeedScoring, enqueue_proxy_points, make_proxy, seed_study
+from autocompress_opt.search.study.seeding import (
+    SeedScoring,
+    enqueue_proxy_points,
+    make_proxy,
+    seed_study,
+    seeded_baselines,
+)
 from autocompress_opt.search.study.signals import InterruptState, StudyInterrupted, fit_until_stopped, handle_sigint
 from autocompress_opt.search.study.trials import Target
 
-__all__ = ["run_study"]
+__all__ = ["preparation_order", "run_study"]
 
 
 def run_study(
@@ -113,13 +120,28 @@ def _run_targets(
     prepare = partial(
         _prepare_target, parent=parent, layer_order=layer_order, scoring=scoring, memos={}, progress=progress
     )
+    pending = [r for r in runs if r.needs_trials]
+    order = preparation_order([scoring.data_key(r.target) for r in pending])
     try:
-        _run_group(config, [r for r in runs if r.needs_trials], prepare, scoring.release, placement, state, interrupted)
+        _run_group(config, pending, order, prepare, scoring.release, placement, state, interrupted)
     finally:
         for run in runs:
             run.coordination.close()
             run.bar.close()
     return [_outcome(run) for run in runs]
+
+
+def preparation_order(data_keys: Sequence[str]) -> list[int]:
+    """The positions of a group's targets in the order the driver prepares them, given each target's
+    data setting (:meth:`~.seeding.SeedScoring.data_key`): the first target first, then the others
+    that read its data (their importance and candidate scores are then ready: each costs seconds, not
+    the minutes of a new data setting), then the next data setting's targets, and so on; config order
+    within a setting. The demo's group (in-game, local-coding, datacenter, datacenter) is prepared
+    0, 2, 3, 1: three targets run trials before the one that reads code is scored."""
+    first: dict[str, int] = {}
+    for position, key in enumerate(data_keys):
+        first.setdefault(key, position)
+    return sorted(range(len(data_keys)), key=lambda position: (first[data_keys[position]], position))
 
 
 @dataclass
@@ -202,7 +224,7 @@ def _prepare_target(
         # Say what the silent minutes are: in weights mode the first target loads the parent, each
         # workload's data its importance, and the Minitron and best-uniform candidates are scored
         # (shared by the later targets of the same data).
-        _say(f"{config.study_name(target)}: choosing the {', '.join(SEEDED_BASELINES)} baselines to seed the study")
+        _say(f"{config.study_name(target)}: {_choosing(seeded_baselines(config, parent))}")
     score = partial(scoring, target)
     if config.seeds_baselines:
         run.seeded = seed_study(study, config, target, parent, layer_order, score)
@@ -233,6 +255,12 @@ def _prepare_target(
         _say(f"{config.study_name(target)}: prepared in {seconds:.0f} s; its trials may start")
 
 
+def _choosing(names: Sequence[str]) -> str:
+    """What the driver says it is choosing: ``choosing the depth, minitron, best-uniform baselines to
+    seed the study`` (one baseline: ``the minitron baseline``)."""
+    return f"choosing the {', '.join(names)} baseline{'s' if len(names) > 1 else ''} to seed the study"
+
+
 def _say(line: str) -> None:
     """A line on stderr that leaves the progress bars intact."""
     from tqdm.auto import tqdm
@@ -241,36 +269,44 @@ def _say(line: str) -> None:
 
 
 class _Preparation(threading.Thread):
-    """Prepares a group's targets one after another in the driver (:func:`_prepare_target`) and admits
-    each to the group's searcher as soon as it is ready, so the first target's trials run while the
-    later targets are prepared. The first target is prepared with the process's torch threads; the
-    later ones with one, since the trials then hold the CPUs Ray gave them. An error is kept
-    (:attr:`error`) and closes the group (:meth:`~.searcher.GroupSearcher.abandon`); ``finish`` runs at
-    the end in any case."""
+    """Prepares a group's targets one after another in the driver (:func:`_prepare_target`), in
+        ``order`` (positions in ``runs``; :func:`preparation_order`), and admits each to the group's
+        searcher at its own position as soon as it is ready, so the first target's trials run while the
+        later targets are prepared. The first target is prepared with the process's torch threads; the
+        later ones with one, since the trials then hold the CPUs Ray gave them. No target is started once
+    Ctrl-C came (``interrupt``), even while Ray Tune is still stopping its trials. An error is kept
+        (:attr:`error`) and closes the group (:meth:`~.searcher.GroupSearcher.abandon`); ``finish`` runs at
+        the end in any case."""
 
     def __init__(
         self,
         runs: Sequence[_TargetRun],
+        order: Sequence[int],
         prepare: Callable[[_TargetRun], None],
         group: Any,
         finish: Callable[[], None],
         deadline: float | None,
+        interrupt: InterruptState | None = None,
     ) -> None:
         super().__init__(name="autocompress-prepare", daemon=True)  # a Ctrl-C does not wait for it
-        self.runs, self.prepare, self.group, self.finish, self.deadline = runs, prepare, group, finish, deadline
+        if sorted(order) != list(range(len(runs))):
+            raise ValueError(f"a preparation order must list each of the {len(runs)} targets once, got {list(order)}")
+        self.runs, self.order, self.prepare, self.group = runs, list(order), prepare, group
+        self.finish, self.deadline, self.interrupt = finish, deadline, interrupt
         self.cancelled = threading.Event()
         self.error: BaseException | None = None
 
     def run(self) -> None:
         threads = None  # the process's torch threads, while the later targets are prepared with one
         try:
-            for index, run in enumerate(self.runs):
-                if self.cancelled.is_set() or (self.deadline is not None and time.monotonic() >= self.deadline):
+            for turn, index in enumerate(self.order):
+                if self._stopped():
                     break
                 torch = sys.modules.get("torch")  # imported by a weights preparation; a plan study never pays for it
-                if index and torch is not None and threads is None:
+                if turn and torch is not None and threads is None:
                     threads = torch.get_num_threads()
                     torch.set_num_threads(1)
+                run = self.runs[index]
                 self.prepare(run)
                 self.group.admit(index, run.searcher)
         except BaseException as exc:  # re-raised by the driver once the trials in flight are recorded
@@ -282,10 +318,19 @@ class _Preparation(threading.Thread):
                 sys.modules["torch"].set_num_threads(threads)
             self.finish()
 
+    def _stopped(self) -> bool:
+        """Cancelled by the driver, Ctrl-C seen (before the driver's loop has ended), or past the deadline."""
+        return (
+            self.cancelled.is_set()
+            or (self.interrupt is not None and self.interrupt.interrupted)
+            or (self.deadline is not None and time.monotonic() >= self.deadline)
+        )
+
 
 def _run_group(
     config: StudyConfig,
     runs: Sequence[_TargetRun],
+    order: Sequence[int],
     prepare: Callable[[_TargetRun], None],
     finish: Callable[[], None],
     placement: Placement,
@@ -295,7 +340,7 @@ def _run_group(
     """One Ray Tune run for the targets that still need trials (:class:`~.searcher.GroupSearcher`):
     the trial actors, each holding the parent once, serve every target (``reuse_actors``). Each
     target joins once ``prepare`` made its searcher (:class:`_Preparation`, in a thread beside Ray
-    Tune's loop); ``finish`` runs after the last preparation. A preparation's error is raised once
+    Tune's loop, in ``order``); ``finish`` runs after the last preparation. A preparation's error is raised once
     the trials in flight are recorded."""
     if not runs:
         finish()
@@ -306,7 +351,7 @@ def _run_group(
     from autocompress_opt.search.study.searcher import INTERRUPTED, GroupSearcher  # needs Ray Tune and Optuna
 
     searcher = GroupSearcher([None] * len(runs))
-    preparation = _Preparation(runs, prepare, searcher, finish, runs[0].deadline)
+    preparation = _Preparation(runs, order, prepare, searcher, finish, runs[0].deadline, state)
     scratch = tempfile.mkdtemp(prefix="autocompress-tune-")
     try:
         preparation.start()

@@ -435,6 +435,7 @@ class GroupSearcher(Searcher):
         self.finished: set[int] = set()
         self._next = 0
         self.closed = False  # abandon(close=True): no new trial of any target
+        self.stopping = False  # stop() (Ctrl-C): a target admitted later is stopped on admission
         self._changed = threading.Event()  # set by admit/abandon: an idle suggest() stops waiting
 
     def __getstate__(self) -> dict[str, Any]:
@@ -445,6 +446,8 @@ class GroupSearcher(Searcher):
         """Fill the empty position ``index`` with its target's ready searcher."""
         if self.searchers[index] is not None:
             raise ValueError(f"target {index} of the group is already admitted")
+        if self.stopping:  # prepared while Ctrl-C stopped the run: it asks for nothing either
+            searcher.stop()
         self.searchers[index] = searcher
         self._changed.set()
 
@@ -456,7 +459,7 @@ class GroupSearcher(Searcher):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # type: ignore[override]
         n = len(self.searchers)
-        if self.closed:
+        if self.closed or self.stopping:  # stopping: ends Ray Tune's loop even before a target is admitted
             return Searcher.FINISHED if not self.owner else None
         for offset in range(n):
             index = (self._next + offset) % n
@@ -492,7 +495,9 @@ class GroupSearcher(Searcher):
         return searcher
 
     def stop(self) -> None:
-        """Ctrl-C: every admitted target asks for nothing more (:meth:`StudySearcher.stop`)."""
+        """Ctrl-C: every admitted target, and any admitted from now on, asks for nothing more
+        (:meth:`StudySearcher.stop`)."""
+        self.stopping = True
         for searcher in self.searchers:
             if searcher is not None:
                 searcher.stop()

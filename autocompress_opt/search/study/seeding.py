@@ -26,7 +26,15 @@ from autocompress_opt.search.study.config import SEEDED_BASELINES, StudyConfig
 from autocompress_opt.search.study.placement import driver_cache_dir
 from autocompress_opt.search.study.trials import Target
 
-__all__ = ["SeedScoring", "baseline_seeds", "enqueue_proxy_points", "make_proxy", "seed_scoring", "seed_study"]
+__all__ = [
+    "SeedScoring",
+    "baseline_seeds",
+    "enqueue_proxy_points",
+    "make_proxy",
+    "seed_scoring",
+    "seed_study",
+    "seeded_baselines",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -76,6 +84,15 @@ def baseline_seeds(
             if point == wanted:  # the trial of this point also weighs the baseline's own model
                 out[name]["architecture"] = result.choice.architecture.to_dict()
     return out
+
+
+def seeded_baselines(config: StudyConfig, parent: Architecture) -> tuple[str, ...]:
+    """The baselines whose points :func:`baseline_seeds` chooses for ``parent`` (the others it
+    records as skipped): all of :data:`SEEDED_BASELINES`, or, for a MoE parent's weights study, only
+    ``minitron`` over the expert axes (:func:`~.moe_study.expert_seeds`)."""
+    if config.mode == "weights" and is_moe(parent):
+        return ("minitron",)
+    return SEEDED_BASELINES
 
 
 def _snap(point: Mapping[str, int], space: SearchSpace) -> tuple[dict[str, int] | None, str]:
@@ -165,13 +182,26 @@ class SeedScoring:
 
                 self._pairs["plan"] = (Importance.load(config.importance), None) if config.importance else (None, None)
             return self._pairs["plan"]
-        from autocompress_opt.search.study.weights_trial import TrialConfig
-
-        trial = TrialConfig.from_dict(config.inner, seed=config.seed).for_workload(target.workload if target else None)
-        key = json.dumps([trial.data, trial.data_domain])  # the only data settings targets differ in
+        trial = self._trial_config(target)
+        key = self.data_key(target)
         if key not in self._pairs:
             self._pairs[key] = self._weights_pair(trial)
         return self._pairs[key]
+
+    def data_key(self, target: Target | None = None) -> str:
+        """The data setting of ``target``'s pair: targets with equal keys share one (importance,
+        score), so preparing them one after another loads no new data (plan mode: one key)."""
+        if self.config.mode != "weights":
+            return "plan"
+        trial = self._trial_config(target)
+        # the only data settings targets differ in; the user's data is read whatever the domain
+        return json.dumps([trial.data, None if trial.data else trial.data_domain])
+
+    def _trial_config(self, target: Target | None) -> Any:
+        from autocompress_opt.search.study.weights_trial import TrialConfig
+
+        config = self.config
+        return TrialConfig.from_dict(config.inner, seed=config.seed).for_workload(target.workload if target else None)
 
     def release(self) -> None:
         """Drop the parent model (the pairs' scores need it: call after the last score)."""
@@ -184,7 +214,7 @@ class SeedScoring:
 
         cache = Path(driver_cache_dir(self.config.cache_dir))
         if self._parent is None:
-            model, tokenizer, _, parent_id, _ = parent_parts(self.config.model, trial)
+            model, tokenizer, _, parent_id, _ = parent_parts(self.config.model, trial, cache)
             self._parent = (model, tokenizer, parent_id)
         model, tokenizer, parent_id = self._parent
         importance = parent_importance(model, tokenizer, parent_id, trial, cache)

@@ -284,17 +284,21 @@ def _parent_id(path: Path, arch: Architecture) -> str:
     return f"{path.name}:{_digest(content_digest(path, _WEIGHT_FILES, recursive=False), arch.to_dict())}"
 
 
-def load_parent(ref: str, config: TrialConfig) -> LoadedModel:
+def load_parent(ref: str, config: TrialConfig, cache_dir: Path | None = None) -> LoadedModel:
     """Parent ``ref`` as a trial with ``config`` loads it, frozen in eval mode: on ``config.device``
     (under Ray: the first GPU it assigned the trial, spread over all of them when it assigned
     several; :func:`~autocompress_opt.search.study.placement.trial_device`) in ``config.compute_dtype``,
-    a fresh copy no other cache holds."""
+    a fresh copy no other cache holds. With ``cache_dir``, a GGUF parent is converted once per host
+    and dtype and read from its dequantised copy under ``cache_dir/parents`` after that (the study's
+    driver converts it while seeding, its trial processes read the copy;
+    :func:`~autocompress_opt.hf.loading.load_model`'s ``dequantised_dir``): the same tensors."""
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.search.study.placement import trial_gpus
 
     device = resolve_device(trial_device(config.device))
     dtype = resolve_compute_dtype(config.compute_dtype, device)
-    loaded = load_model(ref, cache=False, dtype=dtype, device=device, gpus=trial_gpus(device))
+    copies = cache_dir / "parents" if cache_dir is not None else None
+    loaded = load_model(ref, cache=False, dtype=dtype, device=device, gpus=trial_gpus(device), dequantised_dir=copies)
     loaded.model.eval()
     for p in loaded.model.parameters():
         p.requires_grad_(False)
@@ -312,7 +316,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
 
     settings = config.to_dict()
     key = _digest(ref, str(cache_dir), {k: settings[k] for k in _CONTEXT_KEYS})
-    loaded, seconds = _loaded_parent(ref, config)
+    loaded, seconds = _loaded_parent(ref, config, cache_dir)
     if key in loaded.contexts:
         loaded.contexts.move_to_end(key)
         return loaded.contexts[key], False
@@ -370,7 +374,7 @@ def parent_context(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[Pare
     return parent, True
 
 
-def _loaded_parent(ref: str, config: TrialConfig) -> tuple[_Loaded, dict[str, float]]:
+def _loaded_parent(ref: str, config: TrialConfig, cache_dir: Path) -> tuple[_Loaded, dict[str, float]]:
     """The process's parent model for ``ref`` on ``config``'s device and dtype, loaded only when it
     holds no such model (then it replaces the one held, with its contexts), and ``{"load": seconds}``
     when it was loaded by this call, else ``{}``. Contexts that differ only by data share it."""
@@ -379,7 +383,7 @@ def _loaded_parent(ref: str, config: TrialConfig) -> tuple[_Loaded, dict[str, fl
         return _LOADED[0], {}
     _LOADED.clear()  # free the old model (and its contexts) before loading another
     report(TrialProgress("load parent", 0, config.inner.steps))
-    model, tokenizer, arch, parent_id, seconds = parent_parts(ref, config)
+    model, tokenizer, arch, parent_id, seconds = parent_parts(ref, config, cache_dir)
     _LOADED.append(_Loaded(key, (model, tokenizer, arch, parent_id)))
     return _LOADED[0], seconds
 
@@ -403,11 +407,13 @@ _CONTEXT_KEYS = (
 )
 
 
-def parent_parts(ref: str, config: TrialConfig) -> tuple[Any, Any, Architecture, str, dict[str, float]]:
+def parent_parts(
+    ref: str, config: TrialConfig, cache_dir: Path | None = None
+) -> tuple[Any, Any, Architecture, str, dict[str, float]]:
     """``(model, tokenizer, architecture, parent_id, {"load": seconds})`` of parent ``ref`` loaded by
     :func:`load_parent` (not cached here: :func:`parent_context` holds it)."""
     began = time.perf_counter()
-    loaded = load_parent(ref, config)
+    loaded = load_parent(ref, config, cache_dir)
     model, tokenizer, arch = loaded.model, loaded.tokenizer, loaded.architecture
     dtype = next(model.parameters()).dtype
     # importance, teacher and quality caches are keyed by it: a bf16 parent is another parent
