@@ -216,7 +216,7 @@ def test_a_weights_study_on_a_moe_parent_completes_and_its_best_trial_exports(
     done = [r for r in records if r.state == "COMPLETE"]
     assert len(done) == 3
     for r in done:
-        assert r.kept["format"] == "autocompress-kept-experts/1" and len(r.kept["layers"]) == 2
+        assert r.kept["format"] == "autocompress-kept-experts/2" and len(r.kept["layers"]) == 2
         assert r.selection["chosen"] in ("trained", "start")
     best = min(done, key=lambda r: -r.quality)
     arch = Architecture.from_dict(best.architecture)

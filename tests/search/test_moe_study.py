@@ -83,7 +83,7 @@ def test_the_default_weights_space_prunes_experts_only_and_a_dense_axis_is_refus
 
 def test_a_moe_family_without_an_experts_path_is_plan_mode_only() -> None:
     mixtral = load_architecture("mixtral-8x7b")
-    with pytest.raises(ConfigError, match=r"qwen3_moe parents only; mixtral is plan-mode only.*--mode plan"):
+    with pytest.raises(ConfigError, match=r"nemotron_h parents only; mixtral is plan-mode only.*--mode plan"):
         check_config(_config(expert_space(mixtral)), mixtral)
 
 
