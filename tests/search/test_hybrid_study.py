@@ -17,6 +17,7 @@ from tiny_families import hybrid_model, tokens
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.hybrid import is_kind_uniform, sparse_limits
 from autocompress_opt.arch.search_space import Choice, uniform_allocation
+from autocompress_opt.cli import main
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import moe_adapter
 from autocompress_opt.prune.expert_kept import expert_kept, masks_from_expert_kept
@@ -232,17 +233,20 @@ def test_the_seed_score_and_the_proxy_count_shared_channels_and_heads(
 
 @pytest.mark.slow
 def test_a_default_weights_study_on_a_hybrid_parent_exports_the_masked_logits(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Seeds, proxy and serve_as at their defaults: the study completes its trials, each stores its
-    kept experts, shared channels and Mamba-2 heads, and the best feasible trial's export (export_trial,
-    what `prune --from-study` runs) loads in transformers with the parent's logits under those masks."""
+    kept experts, shared channels and Mamba-2 heads, and `prune --from-study` exports the best feasible
+    trial as a Nemotron-H checkpoint that loads in transformers with the parent's logits under those masks."""
+    import json
+
     import ray
     from tiny_lm import save_hf_dir
     from transformers import AutoModelForCausalLM
 
     from autocompress_opt.hf.loading import load_model
-    from autocompress_opt.search.study import export_trial, init_ray, load_records, run_study, trial_model
+    from autocompress_opt.prune.export import CARD_FILE
+    from autocompress_opt.search.study import init_ray, load_records, run_study
 
     monkeypatch.chdir(tmp_path)  # the trials' caches (.autocompress/) go here
     model_dir = save_hf_dir(hybrid_model(vocab_size=260), tmp_path / "hybrid")
@@ -272,9 +276,12 @@ def test_a_default_weights_study_on_a_hybrid_parent_exports_the_masked_logits(
         assert r.kept["format"] == "autocompress-kept-experts/2" and len(r.kept["mamba"]) == 2
         assert r.selection["chosen"] in ("trained", "start")
     best = max((r for r in done if r.feasible), key=lambda r: (r.quality, -r.number))
-    loaded, _ = trial_model(str(model_dir), {"device": "cpu", "compute_dtype": "fp32"})
-    exported = export_trial(loaded, Architecture.from_dict(best.architecture), tmp_path / "out", kept=best.kept)
-    child = AutoModelForCausalLM.from_pretrained(exported.path)
+    out_dir = tmp_path / "export"
+    assert main(["prune", "--from-study", "hybrid", "--storage", cfg.storage_url, "--out", str(out_dir)]) == 0
+    assert f"trial {best.number}:" in capsys.readouterr().out
+    card = json.loads((out_dir / CARD_FILE).read_text())
+    assert card["extra"]["kept_from"] == "trial" and card["model_type"] == "nemotron_h"
+    child = AutoModelForCausalLM.from_pretrained(out_dir)
     c = child.config
     sizes = (c.n_routed_experts, c.num_experts_per_tok, c.moe_intermediate_size)
     assert sizes == tuple(best.params[k] for k in ("num_experts", "experts_per_token", "expert_width"))
@@ -282,7 +289,7 @@ def test_a_default_weights_study_on_a_hybrid_parent_exports_the_masked_logits(
         best.params["shared_width"],
         best.params["mamba_heads"],
     )
-    ids = tokens(2, 12, seed=8)
+    ids, loaded = tokens(2, 12, seed=8), load_model(model_dir)
     masked = _masked_logits(loaded.model, masks_from_expert_kept(loaded.architecture, best.kept), ids)
     with torch.no_grad():
         torch.testing.assert_close(child(ids).logits, masked)
