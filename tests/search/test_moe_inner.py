@@ -188,7 +188,7 @@ def test_a_weights_study_on_a_moe_parent_completes_and_its_best_trial_exports(
     parent = load_model(model_dir).architecture
     fixed = [Choice(k, (v,)) for k, v in sparse_limits(parent).items() if k not in POINT]
     space = SearchSpace(
-        (*fixed, Choice("num_experts", (4, 6)), Choice("experts_per_token", (1, 2)), Choice("expert_width", (8, 12)))
+        (*fixed, Choice("num_experts", (4, 6)), Choice("experts_per_token", (1, 2)), Choice("expert_width", (8, 16)))
     )
     target = Target("h100-sxm", "datacenter")
     inner = {"steps": 2, "n_samples": 4, "val_samples": 1, "seq_len": 16, "eval_samples": 2, "eval_seq_len": 16}
