@@ -236,9 +236,11 @@ def test_a_default_weights_study_on_a_hybrid_parent_exports_the_masked_logits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Seeds, proxy and serve_as at their defaults: the study completes its trials, each stores its
-    kept experts, shared channels and Mamba-2 heads, and `prune --from-study` exports the best feasible
-    trial as a Nemotron-H checkpoint that loads in transformers with the parent's logits under those masks."""
+    kept experts, shared channels and Mamba-2 heads, `study show` prints those sizes, and
+    `prune --from-study` exports the best feasible trial as a Nemotron-H checkpoint that loads in
+    transformers with the parent's logits under those masks."""
     import json
+    import re
 
     import ray
     from tiny_lm import save_hf_dir
@@ -276,6 +278,9 @@ def test_a_default_weights_study_on_a_hybrid_parent_exports_the_masked_logits(
         assert r.kept["format"] == "autocompress-kept-experts/2" and len(r.kept["mamba"]) == 2
         assert r.selection["chosen"] in ("trained", "start")
     best = max((r for r in done if r.feasible), key=lambda r: (r.quality, -r.number))
+    assert main(["study", "show", "hybrid", "--storage", cfg.storage_url, "--all"]) == 0
+    shown = capsys.readouterr().out
+    assert re.search(r"\d x \d+ch, top-\d, shared \d+ch; \d SSM heads", shown), shown
     out_dir = tmp_path / "export"
     assert main(["prune", "--from-study", "hybrid", "--storage", cfg.storage_url, "--out", str(out_dir)]) == 0
     assert f"trial {best.number}:" in capsys.readouterr().out
