@@ -185,3 +185,27 @@ BUILDERS: dict[str, Callable[[], Any]] = {
     **{family: (lambda f=family: tiny_model(f)) for family in FAMILIES},
     "autocompress_decilm": tiny_hetero_model,
 }
+
+
+# A Nemotron-H hybrid, "ME*M-E": Mamba-2, latent MoE, attention, Mamba-2, relu² MLP, latent MoE; hidden 48.
+# Mamba-2: 8 heads of 8 channels in 2 groups, state 8. MoE: 8 experts of 16 channels over a latent width of
+# 16, top-2, a shared expert of 32. Expert widths stay multiples of 4 (transformers' grouped_mm experts need
+# 16-byte strides on CPU); without mamba_ssm / causal_conv1d transformers runs its PyTorch reference scan
+# (slower, exact).
+HYBRID_KINDS = ["linear_attention", "moe", "full_attention", "linear_attention", "mlp", "moe"]
+HYBRID = dict(
+    layers_block_type=HYBRID_KINDS, mamba_num_heads=8, n_groups=2, n_routed_experts=8, moe_intermediate_size=16
+)
+
+
+def hybrid_model(**overrides: Any) -> Any:
+    """The tiny Nemotron-H (:data:`HYBRID`), with a random router correction bias in each MoE layer
+    (a buffer :func:`randomize` leaves at zero)."""
+    model = tiny_model("nemotron_h", **{**HYBRID, **overrides})
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            gate = getattr(layer.mixer, "gate", None)
+            if gate is not None:
+                gate.e_score_correction_bias.copy_(0.1 * torch.randn(gate.e_score_correction_bias.shape, generator=gen))
+    return model

@@ -759,9 +759,13 @@ def _candidate(selection: dict[str, Any] | None) -> str:
 
 def _experts(arch: Architecture | None) -> str:
     """``"4 x 8ch, top-2"``: the routed experts, their width and top-k of a MoE architecture's MoE
-    layers (one size per layer kind); "" for a dense one or none."""
-    sizes = sorted({(m.num_experts, m.expert_width, m.experts_per_token) for m in _moe_specs(arch)})
-    return ", ".join(f"{e} x {w}ch, top-{k}" for e, w, k in sizes)
+    layers (one size per layer kind), then a shared expert's width and a hybrid's Mamba-2 heads
+    (``"5 x 8ch, top-1, shared 30ch; 6 SSM heads"``); "" for a dense one or none."""
+    sizes = sorted({(m.num_experts, m.expert_width, m.experts_per_token, m.shared_width) for m in _moe_specs(arch)})
+    text = ", ".join(f"{e} x {w}ch, top-{k}" + (f", shared {s}ch" if s else "") for e, w, k, s in sizes)
+    layers = [] if arch is None else [layer for layer in arch.layers if not layer.is_noop]
+    heads = {layer.mamba.num_heads for layer in layers if layer.mamba is not None}
+    return text + "".join(f"; {h} SSM heads" for h in sorted(heads))
 
 
 def _moe_specs(arch: Architecture | None) -> list[Any]:

@@ -1,16 +1,21 @@
-"""The kept experts of a mixture-of-experts child as a small JSON record, and back: what a weights-mode
-MoE trial stores (``kept``) so that an export cuts exactly the experts and expert channels it measured
-(:func:`~autocompress_opt.prune.experts.export_experts`), as :meth:`~autocompress_opt.prune.plan.PrunePlan.kept`
-does for dense parents.
+"""The kept units of a mixture-of-experts or hybrid child as a small JSON record, and back: what a
+weights-mode MoE trial stores (``kept``) so that an export cuts exactly the experts, channels and
+Mamba-2 heads it measured (:func:`~autocompress_opt.prune.experts.export_experts`), as
+:meth:`~autocompress_opt.prune.plan.PrunePlan.kept` does for dense parents.
 
 Record (:data:`EXPERT_KEPT_FORMAT`)::
 
-    {"format": "autocompress-kept-experts/1", "experts_per_token": k,
-     "layers": [[parent_layer, experts, [channels of each kept expert, ascending expert order]], ...]}
+    {"format": "autocompress-kept-experts/2", "experts_per_token": k,
+     "layers": [[parent_layer, experts, [channels of each kept expert, ascending expert order],
+                 shared channels (only where the layer has a shared expert)], ...],
+     "mamba": [[parent_layer, heads], ...]}   (only where the parent has Mamba-2 layers)
 
-one entry per MoE layer; ``experts`` a hex bitmask over the layer's routed experts and each channel
-set one over the expert's width (bit ``i``: index ``i`` kept; :mod:`autocompress_opt.prune.plan`'s
-encoding). Everything else of the parent (attention, dense FFNs, hidden channels, layers) is kept.
+one ``layers`` entry per MoE layer and one ``mamba`` entry per Mamba-2 layer; ``experts`` a hex
+bitmask over the layer's routed experts, each channel set one over the expert's (or the shared
+expert's) width, ``heads`` one over the mixer's SSM heads (bit ``i``: index ``i`` kept;
+:mod:`autocompress_opt.prune.plan`'s encoding). Everything else of the parent (attention, dense FFNs,
+hidden channels, layers) is kept. Version 1 records (no shared channels or heads: those all kept) are
+still read.
 """
 
 from __future__ import annotations
@@ -22,39 +27,57 @@ from typing import Any
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.masking import Masks
-from autocompress_opt.prune.plan import _from_hex, _to_hex
+from autocompress_opt.prune.plan import _from_hex, _indicator, _to_hex
 
 __all__ = ["EXPERT_KEPT_FORMAT", "expert_kept", "is_expert_kept", "masks_from_expert_kept"]
 
-EXPERT_KEPT_FORMAT = "autocompress-kept-experts/1"
+EXPERT_KEPT_FORMAT = "autocompress-kept-experts/2"
+# The formats masks_from_expert_kept reads: /1 had no shared channels or Mamba-2 heads.
+_READABLE = ("autocompress-kept-experts/1", EXPERT_KEPT_FORMAT)
 
 
 def is_expert_kept(kept: Mapping[str, Any] | None) -> bool:
     """Whether ``kept`` is an expert record (not a dense :data:`~autocompress_opt.prune.plan.KEPT_FORMAT` one)."""
-    return isinstance(kept, Mapping) and kept.get("format") == EXPERT_KEPT_FORMAT
+    return isinstance(kept, Mapping) and kept.get("format") in _READABLE
+
+
+def _bits(mask: Any) -> list[int]:
+    import torch
+
+    return torch.nonzero(mask.bool()).flatten().tolist()
 
 
 def expert_kept(masks: Masks, parent: Architecture) -> dict[str, Any]:
-    """The record of ``masks``'s kept experts and channels (module doc). Raises :class:`ConfigError`
-    when a MoE layer's masks have no experts or top-``k``, or the layers' top-``k`` differ."""
+    """The record of ``masks``'s kept experts, channels and Mamba-2 heads (module doc). Raises
+    :class:`ConfigError` when a MoE layer's masks have no experts or top-``k``, the layers' top-``k``
+    differ, or a Mamba-2 layer's mixer is removed."""
     import torch
 
-    layers, ks = [], set()
+    layers, mamba, ks = [], [], set()
     for i, (spec, mask) in enumerate(zip(parent.layers, masks.layers)):
+        if spec.mamba is not None:
+            if mask.mamba_heads is None:
+                raise ConfigError(f"masks.layers[{i}] removes the Mamba-2 mixer; a kept record keeps every layer")
+            mamba.append([i, _to_hex(_bits(mask.mamba_heads), spec.mamba.num_heads)])
         if spec.moe is None:
             continue
+        moe = spec.moe
         if mask.experts is None or mask.experts_per_token is None:
             raise ConfigError(f"masks.layers[{i}] has no kept experts or top-k to record")
-        kept = torch.nonzero(mask.experts.bool()).flatten().tolist()
-        ffn = (
-            mask.expert_ffn if mask.expert_ffn is not None else torch.ones(spec.moe.num_experts, spec.moe.expert_width)
-        )
-        channels = [_to_hex(torch.nonzero(ffn[e].bool()).flatten().tolist(), spec.moe.expert_width) for e in kept]
-        layers.append([i, _to_hex(kept, spec.moe.num_experts), channels])
+        kept = _bits(mask.experts)
+        ffn = mask.expert_ffn if mask.expert_ffn is not None else torch.ones(moe.num_experts, moe.expert_width)
+        entry: list[Any] = [i, _to_hex(kept, moe.num_experts), [_to_hex(_bits(ffn[e]), moe.expert_width) for e in kept]]
+        if moe.shared_width:
+            shared = mask.shared_ffn if mask.shared_ffn is not None else torch.ones(moe.shared_width)
+            entry.append(_to_hex(_bits(shared), moe.shared_width))
+        layers.append(entry)
         ks.add(int(mask.experts_per_token))
     if len(ks) != 1:
         raise ConfigError(f"the MoE layers route to different top-k {sorted(ks)}; a plain config has one")
-    return {"format": EXPERT_KEPT_FORMAT, "experts_per_token": ks.pop(), "layers": layers}
+    record: dict[str, Any] = {"format": EXPERT_KEPT_FORMAT, "experts_per_token": ks.pop(), "layers": layers}
+    if mamba:
+        record["mamba"] = mamba
+    return record
 
 
 def masks_from_expert_kept(parent: Architecture, kept: Mapping[str, Any]) -> Masks:
@@ -63,14 +86,14 @@ def masks_from_expert_kept(parent: Architecture, kept: Mapping[str, Any]) -> Mas
     import torch
 
     if not is_expert_kept(kept):
-        raise ConfigError(f"kept record format {kept.get('format')!r} is not {EXPERT_KEPT_FORMAT!r}")
+        raise ConfigError(f"kept record format {kept.get('format')!r} is not one of {', '.join(_READABLE)}")
     moe = [i for i, spec in enumerate(parent.layers) if spec.moe is not None]
     entries = kept.get("layers")
     if not isinstance(entries, list) or [e[0] if isinstance(e, list) and e else None for e in entries] != moe:
         raise ConfigError(f"kept record: layers must list the parent's MoE layers {moe} in order")
     k = kept.get("experts_per_token")
     layers = list(Masks.ones(parent).layers)
-    for i, experts_hex, channel_hexes in entries:
+    for i, experts_hex, channel_hexes, *rest in entries:
         spec = parent.layers[i].moe
         assert spec is not None
         experts = _from_hex(experts_hex, spec.num_experts, f"layers[{i}] experts")
@@ -78,10 +101,42 @@ def masks_from_expert_kept(parent: Architecture, kept: Mapping[str, Any]) -> Mas
             raise ConfigError(f"kept record: experts_per_token={k!r} must be an int in 1..{len(experts)}")
         if not isinstance(channel_hexes, list) or len(channel_hexes) != len(experts):
             raise ConfigError(f"kept record: layers[{i}] needs one channel set per kept expert ({len(experts)})")
+        if len(rest) > (1 if spec.shared_width else 0):
+            raise ConfigError(
+                f"kept record: layers[{i}] has {len(rest)} entries after its channels; the layer has "
+                f"{'one shared expert' if spec.shared_width else 'no shared expert'}"
+            )
         keep = torch.zeros(spec.num_experts, dtype=torch.bool)
         ffn = torch.zeros(spec.num_experts, spec.expert_width, dtype=torch.bool)
         for e, text in zip(experts, channel_hexes):
             keep[e] = True
             ffn[e, list(_from_hex(text, spec.expert_width, f"layers[{i}] expert {e} channels"))] = True
         layers[i] = replace(layers[i], experts=keep, expert_ffn=ffn, experts_per_token=k)
+        if rest:
+            shared = _indicator(
+                spec.shared_width, _from_hex(rest[0], spec.shared_width, f"layers[{i}] shared channels")
+            )
+            layers[i] = replace(layers[i], shared_ffn=shared)
+    _read_mamba(parent, kept.get("mamba"), layers)
     return replace(Masks.ones(parent), layers=tuple(layers))
+
+
+def _read_mamba(parent: Architecture, entries: Any, layers: list[Any]) -> None:
+    """Set the Mamba-2 head masks of ``layers`` from a record's ``mamba`` entries (absent: all kept)."""
+    if entries is None:
+        return
+    mamba = [i for i, spec in enumerate(parent.layers) if spec.mamba is not None]
+    if (
+        not isinstance(entries, list)
+        or [e[0] if isinstance(e, list) and len(e) == 2 else None for e in entries] != mamba
+    ):
+        raise ConfigError(
+            f"kept record: mamba must list the parent's Mamba-2 layers {mamba} in order, [layer, heads] each"
+        )
+    for i, heads_hex in entries:
+        spec = parent.layers[i].mamba
+        assert spec is not None
+        heads = _from_hex(heads_hex, spec.num_heads, f"mamba layer {i} heads")
+        if not heads:
+            raise ConfigError(f"kept record: mamba layer {i} keeps no head")
+        layers[i] = replace(layers[i], mamba_heads=_indicator(spec.num_heads, heads))

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import torch
 
 
-__all__ = ["LayerMask", "MaskHandle", "Masks", "apply_masks"]
+__all__ = ["LayerMask", "MaskHandle", "Masks", "apply_masks", "kept_channel_gated_norm"]
 
 
 # ------------------------------------------------------------------------------------ masks
@@ -309,27 +309,37 @@ _REROUTES = {"softmax": _reroute, "sigmoid": _sigmoid_reroute}
 
 
 def _kept_head_gated_norm(channels: torch.Tensor) -> Any:
-    """Recompute a Mamba-2 gated RMSNorm (transformers' ``NemotronHRMSNormGated``: ``x·silu(z)`` in
-    float32, one statistic per group of ``group_size`` channels, weight applied after the cast back)
-    with each group's statistic over its kept channels only, and pruned channels zeroed: what the
-    norm of the sliced mixer, whose groups hold just the kept heads, computes."""
+    """A forward hook recomputing a Mamba-2 gated RMSNorm over the kept heads' channels ``(H·P,)``
+    (:func:`kept_channel_gated_norm`)."""
     import torch
 
     constant = _Constant(channels)
 
     def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
-        x, gate = args[0], args[1] if len(args) > 1 else None  # (batch, time, I) each
-        h = x.to(torch.float32)
-        if gate is not None:
-            h = h * torch.nn.functional.silu(gate.to(torch.float32))
-        m = constant.like(h).unflatten(-1, (-1, module.group_size))  # (G, I/G)
-        grouped = h.unflatten(-1, (-1, module.group_size))  # (batch, time, G, I/G)
-        variance = (grouped.pow(2) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True)
-        normed = (grouped * torch.rsqrt(variance + module.variance_epsilon)).flatten(-2)
-        y = module.weight * normed.to(x.dtype)
-        return y * constant.like(y)
+        return kept_channel_gated_norm(module, args, constant.like(args[0], torch.float32))
 
     return hook
+
+
+def kept_channel_gated_norm(module: Any, args: tuple[Any, ...], channels: torch.Tensor) -> torch.Tensor:
+    """Recompute a Mamba-2 gated RMSNorm (transformers' ``NemotronHRMSNormGated``: ``x·silu(z)`` in
+    float32, one statistic per group of ``group_size`` channels, weight applied after the cast back)
+    with each group's statistic over its kept channels only, ``sum_c m_c h_c^2 / sum_c m_c``, and
+    pruned channels zeroed: what the norm of the sliced mixer, whose groups hold just the kept heads,
+    computes. ``args``: the norm's ``(x, gate)``; ``channels`` ``(I,)`` float32 in [0, 1] (a soft
+    mask, as the expert search's, weighs each channel's share of its group's statistic)."""
+    import torch
+
+    x, gate = args[0], args[1] if len(args) > 1 else None  # (batch, time, I) each
+    h = x.to(torch.float32)
+    if gate is not None:
+        h = h * torch.nn.functional.silu(gate.to(torch.float32))
+    m = channels.to(device=h.device, dtype=torch.float32).unflatten(-1, (-1, module.group_size))  # (G, I/G)
+    grouped = h.unflatten(-1, (-1, module.group_size))  # (batch, time, G, I/G)
+    variance = (grouped.pow(2) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True)
+    normed = (grouped * torch.rsqrt(variance + module.variance_epsilon)).flatten(-2)
+    y = module.weight * normed.to(x.dtype)
+    return y * channels.to(device=y.device, dtype=y.dtype)
 
 
 class _ChannelMask:

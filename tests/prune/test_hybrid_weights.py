@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_families import num_params, tiny_model, tokens
+from tiny_families import HYBRID_KINDS, hybrid_model, num_params, tokens
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
@@ -19,24 +19,8 @@ from autocompress_opt.prune.experts import expert_masks, export_experts, slice_e
 from autocompress_opt.prune.importance import Importance, estimate_importance, expert_forward
 from autocompress_opt.prune.masking import Masks, apply_masks
 
-# "ME*M-E": Mamba-2, latent MoE, attention, Mamba-2, relu² MLP, latent MoE; hidden 48. Mamba-2: 8 heads of 8
-# channels in 2 groups, state 8. MoE: 8 experts of 16 channels over a latent width of 16, top-2, a shared
-# expert of 32. Expert widths stay multiples of 4 (transformers' grouped_mm experts need 16-byte strides on
-# CPU); without mamba_ssm / causal_conv1d transformers runs its PyTorch reference scan (slower, exact).
-KINDS = ["linear_attention", "moe", "full_attention", "linear_attention", "mlp", "moe"]
-HYBRID = dict(layers_block_type=KINDS, mamba_num_heads=8, n_groups=2, n_routed_experts=8, moe_intermediate_size=16)
+KINDS = HYBRID_KINDS
 MAMBA, MOE = (0, 3), (1, 5)
-
-
-def hybrid_model(**overrides: Any) -> Any:
-    """The tiny parent, with a random router correction bias (a buffer randomize() leaves at zero)."""
-    model = tiny_model("nemotron_h", **{**HYBRID, **overrides})
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for i in MOE:
-            bias = model.model.layers[i].mixer.gate.e_score_correction_bias
-            bias.copy_(0.1 * torch.randn(bias.shape, generator=gen))
-    return model
 
 
 @pytest.fixture(scope="module")

@@ -185,7 +185,7 @@ def test_a_weights_study_on_a_moe_parent_completes_and_its_best_trial_exports(
     parent = load_model(model_dir).architecture
     fixed = [Choice(k, (v,)) for k, v in sparse_limits(parent).items() if k not in POINT]
     space = SearchSpace(
-        (*fixed, Choice("num_experts", (4, 6)), Choice("experts_per_token", (1, 2)), Choice("expert_width", (8, 12)))
+        (*fixed, Choice("num_experts", (4, 6)), Choice("experts_per_token", (1, 2)), Choice("expert_width", (8, 16)))
     )
     target = Target("h100-sxm", "datacenter")
     inner = {"steps": 2, "n_samples": 4, "val_samples": 1, "seq_len": 16, "eval_samples": 2, "eval_seq_len": 16}
@@ -213,7 +213,7 @@ def test_a_weights_study_on_a_moe_parent_completes_and_its_best_trial_exports(
     done = [r for r in records if r.state == "COMPLETE"]
     assert len(done) == 3
     for r in done:
-        assert r.kept["format"] == "autocompress-kept-experts/1" and len(r.kept["layers"]) == 2
+        assert r.kept["format"] == "autocompress-kept-experts/2" and len(r.kept["layers"]) == 2
         assert r.selection["chosen"] in ("trained", "start")
     best = min(done, key=lambda r: -r.quality)
     arch = Architecture.from_dict(best.architecture)

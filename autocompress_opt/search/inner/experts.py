@@ -1,34 +1,48 @@
-"""The inner search of a mixture-of-experts parent (issue 30): *which* routed experts and expert
-channels each MoE layer keeps, under the outer trial's uniform choice of *how many*.
+"""The inner search of a mixture-of-experts or hybrid parent (issue 30): *which* routed experts and
+expert channels each MoE layer keeps, which shared-expert channels, and which Mamba-2 heads each
+Mamba-2 layer keeps, under the outer trial's uniform choice of *how many*.
 
-Engines load a MoE family only as its plain config (one expert count, top-``k`` and expert width for
-every MoE layer: :func:`~autocompress_opt.prune.experts.slice_experts`), so the trial's point fixes
-the counts (``num_experts``, ``experts_per_token``, ``expert_width``) and this search decides, per
-layer, which experts and, per kept expert, which channels fill them. The dense axes (layers, hidden
-size, heads, dense FFN) are not pruned in a MoE parent yet: a point must hold them at the parent's
-sizes (:func:`expert_point`), else a :class:`ConfigError` names the choice.
+Engines load a MoE / hybrid family only as its plain config (one expert count, top-``k``, expert
+width, shared width for every MoE layer and one head count for every Mamba-2 layer:
+:func:`~autocompress_opt.prune.experts.slice_experts`), so the trial's point fixes the counts
+(:data:`SEARCHED_CHOICES` the parent has: ``num_experts``, ``experts_per_token``, ``expert_width``,
+and for Nemotron-H ``shared_width`` and ``mamba_heads``) and this search decides, per layer, which
+units fill them. The dense axes (layers, hidden size, attention heads, dense FFN) are not pruned in
+a MoE parent yet: a point must hold them at the parent's sizes (:func:`expert_point`), else a
+:class:`ConfigError` names the choice.
 
-Relaxation (:class:`ExpertMasks`): per MoE layer ``l`` a learnable score per expert ``s_le`` and per
-expert channel ``c_lef``, in *rank units* (initialised to ``n - rank`` of the importance order, so
-the start is the importance choice of :func:`~autocompress_opt.prune.experts.expert_masks`). A
-soft top-``n`` keeps unit ``u`` with ``m_u = σ((s_u − t) / τ)``, ``t`` the midpoint between the
-``n``-th and ``(n+1)``-th scores (detached), ``τ`` the dense search's schedule (units of one rank);
-as ``τ → 0`` it is the hard top-``n`` that :func:`discretise_experts` keeps. In the forward pass
-the expert masks enter the router as ``logits + log m`` before its softmax and top-``k`` (a dropped
-expert, ``m = 0``, gets ``−inf``, exactly :func:`~autocompress_opt.prune.masking.apply_masks`), and
-the channel masks scale the columns of the stacked down projection ``(E, D, F)``.
+Relaxation (:class:`ExpertMasks`): per MoE layer ``l`` a learnable score per expert ``s_le``, per
+expert channel ``c_lef`` and per shared-expert channel, and per Mamba-2 layer one per SSM head, in
+*rank units* (initialised to ``n - rank`` of the importance order, so the start is the importance
+choice of :func:`~autocompress_opt.prune.experts.expert_masks`). A soft top-``n`` keeps unit ``u``
+with ``m_u = σ((s_u − t) / τ)``, ``t`` the midpoint between the ``n``-th and ``(n+1)``-th scores
+(detached), ``τ`` the dense search's schedule (units of one rank); as ``τ → 0`` it is the hard
+top-``n`` that :func:`discretise_experts` keeps. Mamba-2 heads are a soft top-``n / G`` within each
+of the mixer's ``G`` groups (every group keeps the same number, :mod:`autocompress_opt.prune.mamba`).
+In the forward pass the expert masks enter the router by its own rule
+(:attr:`~autocompress_opt.hf.adapters.FamilyAdapter.router_scoring`): ``softmax`` (Qwen3-MoE) as
+``logits + log m`` before its softmax and top-``k``; ``sigmoid`` (Nemotron-H) as ``log m`` added to
+the choice scores (``sigmoid(logits) + correction bias``) before the top-``k`` and ``m`` times the
+chosen scores before the renormalisation; a dropped expert, ``m = 0``, is never chosen, exactly
+:func:`~autocompress_opt.prune.masking.apply_masks`. The channel masks scale the columns of the
+stacked down projection ``(E, D, F)`` (latent MoE: the experts' own width, inside the latent
+projections) and the shared expert's ``down_proj`` input; a Mamba-2 head mask weighs the head's
+channels in its group's gated-norm statistic and scales them after it
+(:func:`~autocompress_opt.prune.masking.kept_channel_gated_norm`).
 
 Cost: :func:`expert_param_totals` counts the MoE blocks' parameters, total and active per token,
 by the arch's formulas (:meth:`~autocompress_opt.arch.moe.MoESpec.params` / ``active_params``,
-which are affine in the expert count and width), on the masks' expected counts; the Lagrangian
-prices them against the point's uniform child with straight-through values, as the dense search
-does. Since every soft top-``n`` rounds to exactly ``n`` units, those budgets hold at every step:
-the counts, and so the serving cost, are the outer loop's, and the exact cost model judges the
-discretised child's feasibility (:meth:`~autocompress_opt.serving.targets.Target.check`).
+which are affine in the expert count, expert width and shared width), and :func:`mamba_param_total`
+the Mamba-2 mixers' (:meth:`~autocompress_opt.arch.moe.MambaSpec.params`, affine in the heads;
+every token runs them), on the masks' expected counts; the Lagrangian prices them against the
+point's uniform child with straight-through values, as the dense search does. Since every soft
+top-``n`` rounds to exactly ``n`` units, those budgets hold at every step: the counts, and so the
+serving cost, are the outer loop's, and the exact cost model judges the discretised child's
+feasibility (:meth:`~autocompress_opt.serving.targets.Target.check`).
 
 Selection: the trained choice and the importance start, the lower KL to the parent on the held-out
 rows (ties to ``trained``), as :func:`~autocompress_opt.search.inner.inner_search.search` does.
-Deterministic given ``InnerConfig.seed``.
+Deterministic given ``InnerConfig.seed``. Group-limited routing (``n_group > 1``) is refused.
 """
 
 from __future__ import annotations
@@ -44,12 +58,12 @@ import torch
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.hybrid import sparse_limits
-from autocompress_opt.arch.moe import MoESpec
+from autocompress_opt.arch.moe import MambaSpec, MoESpec
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import FamilyAdapter, LayerParts, moe_adapter
 from autocompress_opt.prune.experts import expert_masks
 from autocompress_opt.prune.importance import Importance, ranked
-from autocompress_opt.prune.masking import Masks, apply_masks
+from autocompress_opt.prune.masking import Masks, apply_masks, kept_channel_gated_norm
 from autocompress_opt.quality.metrics import Teacher, log_probs, teacher_kl
 from autocompress_opt.search.inner.budget import CostGoal
 from autocompress_opt.serving.targets import all_satisfied
@@ -60,24 +74,28 @@ __all__ = [
     "discretise_experts",
     "expert_param_totals",
     "expert_point",
+    "mamba_param_total",
     "search_experts",
 ]
 
-# The choices the expert search fills (which experts, which of their channels); the other sparse
-# choices prune.experts can cut (shared_width, mamba_heads) are not searched yet: they stay the parent's.
-SEARCHED_CHOICES: tuple[str, ...] = ("num_experts", "experts_per_token", "expert_width")
+# The choices the expert search fills (which experts, channels, shared channels and Mamba-2 heads), those
+# the parent has a sub-block for (arch.hybrid.sparse_limits): Qwen3-MoE the first three, Nemotron-H all five.
+SEARCHED_CHOICES: tuple[str, ...] = ("num_experts", "experts_per_token", "expert_width", "shared_width", "mamba_heads")
 _EPS = 1e-12  # keeps log m finite for a fully dropped soft mask (log 1e-12 ≈ −28: no token routed)
 
 
 # ------------------------------------------------------------------------------ the point
 def expert_point(params: Mapping[str, int], parent: Architecture) -> dict[str, int]:
-    """The expert counts of a MoE trial's point (:data:`SEARCHED_CHOICES`,
-    an absent one at the parent's size). Raises :class:`ConfigError` naming the choice when the point
-    prunes a dense axis (``num_layers``, ``hidden_size``, heads, dense FFN: not pruned in a MoE parent
-    yet), a choice the parent has no sub-block for, or an expert count outside ``1..parent``."""
+    """The counts of a MoE / hybrid trial's point: each of :data:`SEARCHED_CHOICES` the parent has a
+    sub-block for (an absent one at the parent's size). Raises :class:`ConfigError` naming the choice
+    when the point prunes a dense axis (``num_layers``, ``hidden_size``, heads, dense FFN: not pruned
+    in a MoE parent yet), names a choice the parent has no sub-block for, puts a count outside
+    ``1..parent``, routes to more experts than it keeps, or keeps Mamba-2 heads that are not a
+    multiple of the mixer's groups."""
     limits = sparse_limits(parent)
     if "num_experts" not in limits:
         raise ConfigError("the parent has no mixture-of-experts layer: the expert search has nothing to choose")
+    searched = [key for key in SEARCHED_CHOICES if key in limits]
     for key, value in params.items():
         if key not in limits:
             raise ConfigError(
@@ -86,10 +104,10 @@ def expert_point(params: Mapping[str, int], parent: Architecture) -> dict[str, i
         if key not in SEARCHED_CHOICES and int(value) != limits[key]:
             raise ConfigError(
                 f"point choice {key}={value} prunes an axis of a MoE parent that the weights mode does not "
-                f"search yet (dense axes, shared_width, mamba_heads); valid: {key}={limits[key]} (the parent's), "
-                f"with {', '.join(SEARCHED_CHOICES)} free"
+                f"search yet (layers, hidden size, attention heads, dense FFN); valid: {key}={limits[key]} "
+                f"(the parent's), with {', '.join(searched)} free"
             )
-    point = {key: int(params.get(key, limits[key])) for key in SEARCHED_CHOICES}
+    point = {key: int(params.get(key, limits[key])) for key in searched}
     for key, value in point.items():
         if not 1 <= value <= limits[key]:
             raise ConfigError(f"point choice {key}={value} is outside 1..{limits[key]} (the parent's)")
@@ -97,6 +115,13 @@ def expert_point(params: Mapping[str, int], parent: Architecture) -> dict[str, i
         raise ConfigError(
             f"point choice experts_per_token={point['experts_per_token']} exceeds num_experts="
             f"{point['num_experts']}; valid: 1..{point['num_experts']}"
+        )
+    mamba = _mamba_specs(parent)
+    if mamba and point["mamba_heads"] % mamba[0].groups:
+        groups, heads = mamba[0].groups, mamba[0].num_heads
+        raise ConfigError(
+            f"point choice mamba_heads={point['mamba_heads']} is not a multiple of the Mamba-2 groups ({groups}: "
+            f"every group keeps the same number); valid: {', '.join(map(str, range(groups, heads + 1, groups)))}"
         )
     return point
 
@@ -107,38 +132,81 @@ def _affine(f: Any) -> tuple[int, int]:
     return f(2) - f(1), 2 * f(1) - f(2)
 
 
-def _sized(spec: MoESpec, experts: int, k: int, width: int) -> MoESpec:
-    return replace(spec, num_experts=experts, experts_per_token=min(k, experts), expert_width=width)
+def _sized(spec: MoESpec, experts: int, k: int, width: int, shared: int | None = None) -> MoESpec:
+    return replace(
+        spec,
+        num_experts=experts,
+        experts_per_token=min(k, experts),
+        expert_width=width,
+        shared_width=spec.shared_width if shared is None else shared,
+    )
+
+
+def _moe_specs(parent: Architecture) -> list[MoESpec]:
+    return [layer.moe for layer in parent.layers if layer.moe is not None]
+
+
+def _mamba_specs(parent: Architecture) -> list[MambaSpec]:
+    return [layer.mamba for layer in parent.layers if layer.mamba is not None]
 
 
 def expert_param_totals(
-    parent: Architecture, experts: torch.Tensor, width: torch.Tensor, k: int
+    parent: Architecture,
+    experts: torch.Tensor,
+    width: torch.Tensor,
+    k: int,
+    shared: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Parameters of the MoE blocks of ``parent`` sized ``experts`` ``(M,)`` routed experts of ``width``
-    ``(M,)`` channels in its ``M`` MoE layers (in order), top-``k``: ``total``
-    (:meth:`~autocompress_opt.arch.moe.MoESpec.params`) and ``active`` per token
-    (:meth:`~autocompress_opt.arch.moe.MoESpec.active_params`), norms excluded. Differentiable in
-    ``experts`` and ``width`` (both formulas are affine in each, read off the arch's own methods);
-    at integer sizes equal to those methods."""
+    ``(M,)`` channels and a shared expert of ``shared`` ``(M,)`` channels (None: the parent's) in its
+    ``M`` MoE layers (in order), top-``k``: ``total`` (:meth:`~autocompress_opt.arch.moe.MoESpec.params`)
+    and ``active`` per token (:meth:`~autocompress_opt.arch.moe.MoESpec.active_params`), norms excluded.
+    Differentiable in the three sizes (both formulas are affine in each, read off the arch's own
+    methods); at integer sizes equal to those methods."""
     d, bias = parent.hidden_size, parent.mlp_bias
     total = active = torch.zeros((), dtype=experts.dtype, device=experts.device)
-    for i, spec in enumerate(layer.moe for layer in parent.layers if layer.moe is not None):
+    for i, spec in enumerate(_moe_specs(parent)):
         a_w, b_w = _affine(lambda f, s=spec: _sized(s, 1, 1, f).expert_params(d))  # one routed expert
-        a_e, b_e = _affine(  # what does not scale with the width: router rows, shared expert, latent
-            lambda e, s=spec: _sized(s, e, 1, 1).params(d, bias) - e * _sized(s, e, 1, 1).expert_params(d)
+        a_e, b_e = _affine(  # router rows and latent projections: what scales with neither width
+            lambda e, s=spec: _sized(s, e, 1, 1, 0).params(d, bias) - e * _sized(s, e, 1, 1, 0).expert_params(d)
         )
         expert, always = a_w * width[i] + b_w, a_e * experts[i] + b_e
+        if spec.shared_width:  # the shared expert (affine for widths >= 1; a kept one has at least one channel)
+            a_s, b_s = _affine(
+                lambda w, s=spec: _sized(s, 1, 1, 1, w).params(d, bias) - _sized(s, 1, 1, 1, 0).params(d, bias)
+            )
+            always = always + a_s * (spec.shared_width if shared is None else shared[i]) + b_s
         total = total + experts[i] * expert + always
         active = active + min(k, spec.num_experts) * expert + always
     return {"total": total, "active": active}
 
 
+def mamba_param_total(parent: Architecture, heads: torch.Tensor) -> torch.Tensor:
+    """Parameters of the Mamba-2 mixers of ``parent`` keeping ``heads`` ``(N,)`` SSM heads in its ``N``
+    Mamba-2 layers (in order), pre-norms excluded (:meth:`~autocompress_opt.arch.moe.MambaSpec.params`,
+    affine in the heads; every token runs them, so total and active alike). Differentiable in ``heads``."""
+    total = torch.zeros((), dtype=heads.dtype, device=heads.device)
+    for i, spec in enumerate(_mamba_specs(parent)):
+        g = spec.groups  # read at G and 2G heads: a mixer's heads are a multiple of its groups
+        at = lambda h, s=spec: replace(s, num_heads=h).params(parent.hidden_size)
+        a_h = (at(2 * g) - at(g)) // g
+        total = total + a_h * heads[i] + (at(g) - a_h * g)
+    return total
+
+
 def _param_budget(parent: Architecture, point: Mapping[str, int]) -> dict[str, float]:
-    """The budgets of the point's uniform child: its MoE blocks' total and active parameters."""
-    n = sum(layer.moe is not None for layer in parent.layers)
-    full = lambda key: torch.full((n,), float(point[key]), dtype=torch.float64)
-    totals = expert_param_totals(parent, full("num_experts"), full("expert_width"), point["experts_per_token"])
-    return {"budget:expert_params": float(totals["total"]), "budget:active_expert_params": float(totals["active"])}
+    """The budgets of the point's uniform child: its MoE blocks' total and active parameters, and its
+    Mamba-2 mixers' (a parent with Mamba-2 layers)."""
+    full = lambda key, n: torch.full((n,), float(point[key]), dtype=torch.float64)
+    n = len(_moe_specs(parent))
+    shared = full("shared_width", n) if "shared_width" in point else None
+    totals = expert_param_totals(
+        parent, full("num_experts", n), full("expert_width", n), point["experts_per_token"], shared
+    )
+    out = {"budget:expert_params": float(totals["total"]), "budget:active_expert_params": float(totals["active"])}
+    if "mamba_heads" in point:
+        out["budget:mamba_params"] = float(mamba_param_total(parent, full("mamba_heads", len(_mamba_specs(parent)))))
+    return out
 
 
 # ------------------------------------------------------------------------------ relaxation
@@ -176,21 +244,40 @@ def _start_scores(start: torch.Tensor, tiebreak: torch.Tensor) -> torch.Tensor:
     return (n - ranks).float()
 
 
+def _soft_top_grouped(scores: torch.Tensor, n: int, groups: int, tau: float) -> torch.Tensor:
+    """Soft top-``n / groups`` within each of ``groups`` equal runs of the last axis (Mamba-2 heads)."""
+    grouped = scores.unflatten(-1, (groups, -1))  # (..., G, H/G)
+    return _soft_top(grouped, n // groups, tau).flatten(-2)
+
+
 @dataclass(frozen=True)
 class LiveExperts:
-    """The float masks of one forward pass: ``experts`` ``(M, E)``, ``channels`` ``(M, E, F)``."""
+    """The float masks of one forward pass: ``experts`` ``(M, E)``, ``channels`` ``(M, E, F)``,
+    ``shared`` ``(M, S)`` (None: not searched) and ``mamba`` ``(N, H)`` (None: no Mamba-2 layers)."""
 
     experts: torch.Tensor
     channels: torch.Tensor
+    shared: torch.Tensor | None = None
+    mamba: torch.Tensor | None = None
+
+
+def _uniform(parts: list[LayerParts], what: str, shape: Any) -> tuple[int, ...]:
+    shapes = {shape(p) for p in parts}
+    if len(shapes) > 1:
+        raise ConfigError(f"the {what} layers differ in {sorted(shapes)}; a plain config has one size per kind")
+    return shapes.pop() if shapes else ()
 
 
 class ExpertMasks(torch.nn.Module):
-    """Learnable expert and channel scores of a MoE parent's ``M`` MoE layers (module doc).
+    """Learnable scores of a MoE / hybrid parent's ``M`` MoE and ``N`` Mamba-2 layers (module doc).
 
-    ``expert_score`` ``(M, E)`` and ``channel_score`` ``(M, E, F)``, float32 in rank units, start at
-    ``start``'s choice (a :class:`Masks` with ``experts`` / ``expert_ffn`` in every MoE layer: the
-    importance choice of :func:`~autocompress_opt.prune.experts.expert_masks`), the rest ordered by
-    ``importance`` (expert frequency, channel score). ``point``: the counts kept (:func:`expert_point`).
+    ``expert_score`` ``(M, E)``, ``channel_score`` ``(M, E, F)``, ``shared_score`` ``(M, S)`` (a point
+    with ``shared_width``; else None) and ``mamba_score`` ``(N, H)`` (a point with ``mamba_heads``; else
+    None), float32 in rank units, start at ``start``'s choice (a :class:`Masks` from
+    :func:`~autocompress_opt.prune.experts.expert_masks`: the importance choice), the rest ordered by
+    ``importance`` (expert frequency, channel and head scores). ``point``: the counts kept
+    (:func:`expert_point`); ``scoring``: the router's rule
+    (:attr:`~autocompress_opt.hf.adapters.FamilyAdapter.router_scoring`).
     """
 
     def __init__(
@@ -200,55 +287,101 @@ class ExpertMasks(torch.nn.Module):
         point: Mapping[str, int],
         start: Masks,
         device: torch.device | str | None = None,
+        scoring: str = "softmax",
     ) -> None:
         super().__init__()
+        if scoring not in _ROUTER_HOOKS:
+            raise ConfigError(f"router_scoring {scoring!r} is not searched; valid: {', '.join(_ROUTER_HOOKS)}")
+        self.scoring = scoring
         self.moe_layers = [i for i, p in enumerate(parts) if p.moe is not None]
+        self.mamba_layers = [i for i, p in enumerate(parts) if p.mamba is not None and "mamba_heads" in point]
         self.parts = [parts[i] for i in self.moe_layers]
-        shapes = {(p.num_experts, p.expert_width) for p in self.parts}
-        if len(shapes) != 1:
-            raise ConfigError(f"the MoE layers differ in (experts, width) {sorted(shapes)}; a plain config has one")
+        self.mamba_parts = [parts[i] for i in self.mamba_layers]
+        _uniform(self.parts, "MoE", lambda p: (p.num_experts, p.expert_width, p.shared_width))
+        heads = _uniform(self.mamba_parts, "Mamba-2", lambda p: (int(p.mamba.num_heads), int(p.mamba.n_groups)))
+        self.groups = heads[1] if heads else 1
+        for i, p in zip(self.moe_layers, self.parts):
+            if int(getattr(p.router, "num_group", 1) or 1) > 1:
+                raise ConfigError(
+                    f"MoE layer {i} routes group-limited (n_group={p.router.num_group}); the expert search "
+                    "handles n_group=1 only"
+                )
         self.point = dict(point)
-        experts, channels = [], []
+        experts, channels, shared = [], [], []
         for i in self.moe_layers:
             mask, freq, chan = start.layers[i], importance.expert_frequency[i], importance.expert_ffn[i]
             if mask.experts is None or mask.expert_ffn is None or freq is None or chan is None:
                 raise ConfigError(f"MoE layer {i} has no expert masks or expert scores to start from")
             experts.append(_start_scores(mask.experts.cpu(), freq.cpu()))
             channels.append(torch.stack([_start_scores(m, c) for m, c in zip(mask.expert_ffn.cpu(), chan.cpu())]))
+            if "shared_width" in point:
+                scores = importance.shared_ffn[i]
+                if mask.shared_ffn is None or scores is None:
+                    raise ConfigError(f"MoE layer {i} has no shared-expert mask or scores to start from")
+                shared.append(_start_scores(mask.shared_ffn.cpu(), scores.cpu()))
         self.expert_score = torch.nn.Parameter(torch.stack(experts))  # (M, E)
         self.channel_score = torch.nn.Parameter(torch.stack(channels))  # (M, E, F)
+        self.shared_score = torch.nn.Parameter(torch.stack(shared)) if shared else None  # (M, S)
+        mamba = []
+        for i in self.mamba_layers:
+            keep, scores = start.layers[i].mamba_heads, importance.mamba_heads[i]
+            if keep is None or scores is None:
+                raise ConfigError(f"Mamba-2 layer {i} has no head mask or head scores to start from")
+            mamba.append(_start_scores(keep.cpu(), scores.cpu()))
+        self.mamba_score = torch.nn.Parameter(torch.stack(mamba)) if mamba else None  # (N, H)
         self._live: LiveExperts | None = None
         if device is not None:
             self.to(device)
 
     def live(self, tau: float) -> LiveExperts:
         """Soft masks at softness ``tau`` (rank units; ``<= 0``: the hard choice)."""
+        shared = None if self.shared_score is None else _soft_top(self.shared_score, self.point["shared_width"], tau)
+        mamba = None
+        if self.mamba_score is not None:
+            mamba = _soft_top_grouped(self.mamba_score, self.point["mamba_heads"], self.groups, tau)
         return LiveExperts(
             _soft_top(self.expert_score, self.point["num_experts"], tau),
             _soft_top(self.channel_score, self.point["expert_width"], tau),
+            shared,
+            mamba,
         )
 
-    def expected(self, tau: float, hard: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(experts (M,), width (M,))`` expected per MoE layer: kept experts, and channels per kept
-        expert (mean over experts weighted by their keep masks). Straight-through unless ``hard``:
-        the values of the hard choice with the gradients of the soft masks."""
+    def expected(self, tau: float, hard: bool = False) -> dict[str, torch.Tensor]:
+        """The counts expected per layer: ``experts`` ``(M,)`` kept, ``width`` ``(M,)`` channels per kept
+        expert (mean over experts weighted by their keep masks), and where searched ``shared_width``
+        ``(M,)`` and ``mamba_heads`` ``(N,)``. Straight-through unless ``hard``: the values of the hard
+        choice with the gradients of the soft masks."""
         soft = self.live(tau)
         experts = soft.experts.sum(-1)
-        width = (soft.experts * soft.channels.sum(-1)).sum(-1) / experts.clamp_min(_EPS)
+        counts = {
+            "num_experts": experts,
+            "expert_width": (soft.experts * soft.channels.sum(-1)).sum(-1) / experts.clamp_min(_EPS),
+        }
+        if soft.shared is not None:
+            counts["shared_width"] = soft.shared.sum(-1)
+        if soft.mamba is not None:
+            counts["mamba_heads"] = soft.mamba.sum(-1)
         if hard:
-            return experts.detach().round(), width.detach().round()
-        exact = (float(self.point["num_experts"]), float(self.point["expert_width"]))
-        return experts + (exact[0] - experts).detach(), width + (exact[1] - width).detach()
+            return {k: v.detach().round() for k, v in counts.items()}
+        return {k: v + (float(self.point[k]) - v).detach() for k, v in counts.items()}
 
     def discrete(self, base: Masks) -> Masks:
-        """``base`` with every MoE layer's experts, channels and top-``k`` the hard choice of the scores."""
-        experts = _hard_top(self.expert_score, self.point["num_experts"]).cpu()
-        channels = _hard_top(self.channel_score, self.point["expert_width"]).cpu()
+        """``base`` with every MoE layer's experts, channels, shared channels and top-``k`` and every
+        Mamba-2 layer's heads the hard choice of the scores."""
+        hard = self.live(0.0)
         layers = list(base.layers)
         for j, i in enumerate(self.moe_layers):
             layers[i] = replace(
-                layers[i], experts=experts[j], expert_ffn=channels[j], experts_per_token=self.point["experts_per_token"]
+                layers[i],
+                experts=hard.experts[j].bool().cpu(),
+                expert_ffn=hard.channels[j].bool().cpu(),
+                experts_per_token=self.point["experts_per_token"],
             )
+            if hard.shared is not None:
+                layers[i] = replace(layers[i], shared_ffn=hard.shared[j].bool().cpu())
+        for j, i in enumerate(self.mamba_layers):
+            assert hard.mamba is not None  # scores exist for every Mamba-2 layer listed
+            layers[i] = replace(layers[i], mamba_heads=hard.mamba[j].bool().cpu())
         return replace(base, layers=tuple(layers))
 
     @contextmanager
@@ -262,18 +395,24 @@ class ExpertMasks(torch.nn.Module):
 
     @contextmanager
     def install(self) -> Iterator[None]:
-        """Router hooks (``logits + log m``, then the router's softmax, top-``k`` and renormalisation)
-        and a parametrization of each stacked down projection (``W · m[:, None, :]``) reading the masks
-        set by :meth:`use`; removed on exit, the stored weights untouched."""
+        """Router hooks (the router's own rule on the masked experts: module doc), a parametrization of
+        each stacked down projection (``W · m[:, None, :]``), and where those axes are pruned a
+        ``down_proj`` input hook on each shared expert and a gated-norm hook on each Mamba-2 mixer,
+        reading the masks set by :meth:`use`; removed on exit, the stored weights untouched."""
         from torch.nn.utils import parametrize
 
         handles, parametrized = [], []
         try:
             for j, p in enumerate(self.parts):
-                handles.append(p.router.register_forward_hook(self._router_hook(j)))
+                handles.append(p.router.register_forward_hook(_ROUTER_HOOKS[self.scoring](self, j)))
                 name = next(n for n, w in p.experts.named_parameters(recurse=False) if w is p.expert_down)
                 parametrize.register_parametrization(p.experts, name, _Columns(self, j))
                 parametrized.append((p.experts, name))
+                if self.shared_score is not None and self.point["shared_width"] < p.shared_width:
+                    handles.append(p.shared_expert.down_proj.register_forward_pre_hook(self._shared_hook(j)))
+            for j, p in enumerate(self.mamba_parts):
+                if self.point["mamba_heads"] < int(p.mamba.num_heads):
+                    handles.append(p.mamba.norm.register_forward_hook(self._mamba_hook(j, int(p.mamba.head_dim))))
             yield
         finally:
             for h in handles:
@@ -286,20 +425,60 @@ class ExpertMasks(torch.nn.Module):
             raise RuntimeError("ExpertMasks hooks ran outside ExpertMasks.use(...)")
         return self._live
 
-    def _router_hook(self, j: int) -> Any:
-        k = self.point["experts_per_token"]
-
-        def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
-            logits = output[0]  # (tokens, E)
-            mask = self._current().experts[j].to(device=logits.device, dtype=torch.float32)
-            shifted = logits.float() + torch.log(mask + _EPS)
-            probs = torch.softmax(shifted, dim=-1)
-            top, index = torch.topk(probs, k, dim=-1)  # (tokens, k)
-            if getattr(module, "norm_topk_prob", False):
-                top = top / top.sum(dim=-1, keepdim=True)
-            return (shifted.to(logits.dtype), top.to(logits.dtype), index, *output[3:])
+    def _shared_hook(self, j: int) -> Any:
+        def hook(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+            shared = self._current().shared
+            assert shared is not None  # installed only when the shared channels are searched
+            x = args[0]  # (..., S)
+            return (x * shared[j].to(device=x.device, dtype=x.dtype), *args[1:])
 
         return hook
+
+    def _mamba_hook(self, j: int, head_dim: int) -> Any:
+        def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
+            mamba = self._current().mamba
+            assert mamba is not None  # installed only when the heads are searched
+            return kept_channel_gated_norm(module, args, mamba[j].repeat_interleave(head_dim))  # (H·P,)
+
+        return hook
+
+
+def _softmax_router(masks: ExpertMasks, j: int) -> Any:
+    """Qwen3-MoE's rule on ``logits + log m``: softmax, top-``k``, renormalised iff ``norm_topk_prob``."""
+    k = masks.point["experts_per_token"]
+
+    def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
+        logits = output[0]  # (tokens, E)
+        mask = masks._current().experts[j].to(device=logits.device, dtype=torch.float32)
+        shifted = logits.float() + torch.log(mask + _EPS)
+        probs = torch.softmax(shifted, dim=-1)
+        top, index = torch.topk(probs, k, dim=-1)  # (tokens, k)
+        if getattr(module, "norm_topk_prob", False):
+            top = top / top.sum(dim=-1, keepdim=True)
+        return (shifted.to(logits.dtype), top.to(logits.dtype), index, *output[3:])
+
+    return hook
+
+
+def _sigmoid_router(masks: ExpertMasks, j: int) -> Any:
+    """Nemotron-H's rule (transformers' ``NemotronHTopkRouter``, ``n_group == 1``) with the masks: the
+    top-``k`` of ``sigmoid(logits) + correction bias + log m``, weights ``m · sigmoid(logits)`` of the
+    chosen, renormalised iff ``norm_topk_prob`` (+1e-20, as there), times ``routed_scaling_factor``. At
+    ``m`` in {0, 1} it is :func:`~autocompress_opt.prune.masking.apply_masks`' sigmoid reroute."""
+    k = masks.point["experts_per_token"]
+
+    def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
+        logits = output[0]  # (tokens, E), float32
+        mask = masks._current().experts[j].to(device=logits.device, dtype=torch.float32)
+        scores = logits.sigmoid()
+        choice = scores + module.e_score_correction_bias + torch.log(mask + _EPS)
+        index = torch.topk(choice.detach(), k, dim=-1, sorted=False)[1]  # (tokens, k)
+        weights = (scores * mask).gather(1, index)
+        if module.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return (logits, weights * module.routed_scaling_factor, index, *output[3:])
+
+    return hook
 
 
 class _Columns(torch.nn.Module):
@@ -316,6 +495,10 @@ class _Columns(torch.nn.Module):
             return weight
         mask = live.channels[self.j]  # (E, F)
         return weight * mask.to(device=weight.device, dtype=weight.dtype).unsqueeze(1)
+
+
+# FamilyAdapter.router_scoring -> the relaxed router hook of that rule.
+_ROUTER_HOOKS = {"softmax": _softmax_router, "sigmoid": _sigmoid_router}
 
 
 # ------------------------------------------------------------------------------ search
@@ -372,7 +555,8 @@ class ExpertResult:
 
 def discretise_experts(masks: ExpertMasks, parent: Architecture) -> Masks:
     """The hard choice of ``masks``: bool :class:`Masks` over the parent that keep everything but the
-    routed experts and expert channels the scores leave out (:meth:`ExpertMasks.discrete`)."""
+    routed experts, expert and shared channels and Mamba-2 heads the scores leave out
+    (:meth:`ExpertMasks.discrete`)."""
     return masks.discrete(Masks.ones(parent))
 
 
@@ -389,10 +573,11 @@ def search_experts(
     adapter: FamilyAdapter | None = None,
     on_step: Any = None,
 ) -> ExpertResult:
-    """Choose which experts and expert channels every MoE layer of ``model`` keeps at the counts of
-    ``params`` (module doc); ``config``: an :class:`~autocompress_opt.search.inner.inner_search.InnerConfig`
-    (``steps``, ``batch_size``, ``val_samples``, ``gate_lr`` on the scores, ``tau_start``/``tau_end`` in
-    rank units, ``dual_lr``, ``penalty``, ``seed``); ``tokens`` / ``teacher`` as for
+    """Choose which experts, expert channels and shared-expert channels every MoE layer of ``model``
+    keeps, and which heads every Mamba-2 layer keeps, at the counts of ``params`` (module doc);
+    ``config``: an :class:`~autocompress_opt.search.inner.inner_search.InnerConfig` (``steps``,
+    ``batch_size``, ``val_samples``, ``gate_lr`` on the scores, ``tau_start``/``tau_end`` in rank units,
+    ``dual_lr``, ``penalty``, ``seed``); ``tokens`` / ``teacher`` as for
     :func:`~autocompress_opt.search.inner.inner_search.search` (the first ``val_samples`` rows choose
     between the trained and the start choice). ``on_step(step, val_kl | None, violation | None)``
     after each step; every ``config.measure_every`` steps with the current hard choice's held-out KL.
@@ -409,7 +594,12 @@ def search_experts(
     arch = uniform_allocation({**sparse_limits(parent), **point}, parent)
     start = expert_masks(model, importance, point)
     masks = ExpertMasks(
-        adapter.all_layer_parts(model), importance, point, start, device=next(model.parameters()).device
+        adapter.all_layer_parts(model),
+        importance,
+        point,
+        start,
+        device=next(model.parameters()).device,
+        scoring=adapter.base(model).router_scoring,
     )
     val, train = slice(0, config.val_samples), slice(config.val_samples, None)
     budget = _param_budget(parent, point)
@@ -437,12 +627,7 @@ def _exact(
     """Violations of the discrete choice: the parameter budgets, then the target's constraints by the
     exact cost model on the child's architecture."""
     with torch.no_grad():
-        experts, width = masks.expected(0.0, hard=True)
-        totals = expert_param_totals(parent, experts.double(), width.double(), masks.point["experts_per_token"])
-    out = {
-        "budget:expert_params": float(totals["total"]) / budget["budget:expert_params"] - 1,
-        "budget:active_expert_params": float(totals["active"]) / budget["budget:active_expert_params"] - 1,
-    }
+        out = {k: float(v) for k, v in _budget_use(masks, parent, budget, masks.expected(0.0, hard=True)).items()}
     metrics: dict[str, float] = {}
     if goal is not None:
         hardware, metrics = goal.target.check(arch, goal.parent_metrics)
@@ -454,12 +639,29 @@ def _violations(
     masks: ExpertMasks, parent: Architecture, budget: Mapping[str, float], tau: float
 ) -> dict[str, torch.Tensor]:
     """Differentiable parameter budgets (straight-through: the hard choice's values)."""
-    experts, width = masks.expected(tau)
-    totals = expert_param_totals(parent, experts.double(), width.double(), masks.point["experts_per_token"])
-    return {
+    return _budget_use(masks, parent, budget, masks.expected(tau))
+
+
+def _budget_use(
+    masks: ExpertMasks, parent: Architecture, budget: Mapping[str, float], counts: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Each budget's relative excess (``used / budget - 1``) at the expected ``counts``."""
+    shared = counts["shared_width"].double() if "shared_width" in counts else None
+    totals = expert_param_totals(
+        parent,
+        counts["num_experts"].double(),
+        counts["expert_width"].double(),
+        masks.point["experts_per_token"],
+        shared,
+    )
+    out = {
         "budget:expert_params": totals["total"] / budget["budget:expert_params"] - 1,
         "budget:active_expert_params": totals["active"] / budget["budget:active_expert_params"] - 1,
     }
+    if "mamba_heads" in counts:
+        mamba = mamba_param_total(parent, counts["mamba_heads"].double())
+        out["budget:mamba_params"] = mamba / budget["budget:mamba_params"] - 1
+    return out
 
 
 def _train(
@@ -479,7 +681,7 @@ def _train(
     if not config.steps:
         return []
     gen = torch.Generator().manual_seed(config.seed)
-    optimizer = torch.optim.Adam([masks.expert_score, masks.channel_score], lr=config.gate_lr)
+    optimizer = torch.optim.Adam(list(masks.parameters()), lr=config.gate_lr)
     device = next(model.parameters()).device
     flags = [(p, p.requires_grad) for p in model.parameters()]
     was_training = model.training

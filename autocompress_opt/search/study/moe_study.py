@@ -1,22 +1,24 @@
-"""What a weights-mode study of a mixture-of-experts parent does differently (issue 30): its search
-space, its seeded baseline and its proxy's quality estimate. The trial itself is
+"""What a weights-mode study of a mixture-of-experts or hybrid parent does differently (issue 30): its
+search space, its seeded baseline and its proxy's quality estimate. The trial itself is
 :mod:`~autocompress_opt.search.study.moe_trial`.
 
-* **Space.** The outer loop chooses the expert counts of every MoE layer (``num_experts``,
-  ``experts_per_token``, ``expert_width``: one value for all, the family's plain config); the inner
-  search chooses which experts and channels. Layers, hidden size, heads and dense FFNs are not pruned
-  in a MoE parent yet, so those choices must hold the parent's size only (:func:`check_moe_space`);
-  :func:`expert_space` is the default space (:func:`~autocompress_opt.arch.search_space.default_space`'s
-  expert values, the rest pinned).
-* **Seed.** ``minitron`` over the expert axes (:func:`expert_seeds`): the :data:`SEED_CANDIDATES`
+* **Space.** The outer loop chooses the sparse counts (:data:`~autocompress_opt.prune.experts.EXPERT_CHOICES`
+  the parent has: ``num_experts``, ``experts_per_token``, ``expert_width`` and, for Nemotron-H,
+  ``shared_width`` and ``mamba_heads``: one value for every layer of a kind, the family's plain
+  config); the inner search chooses which experts, channels and heads. Layers, hidden size, attention
+  heads and dense FFNs are not pruned in a MoE parent yet, so those choices must hold the parent's
+  size only (:func:`check_moe_space`); :func:`expert_space` is the default space
+  (:func:`~autocompress_opt.arch.search_space.default_space`'s sparse values, the rest pinned).
+* **Seed.** ``minitron`` over the sparse axes (:func:`expert_seeds`): the :data:`SEED_CANDIDATES`
   largest feasible maximal points of the space, each scored by the masked parent's KL
-  (:func:`expert_kl_scorer`: the importance choice of experts and channels, as the trial's ``start``
-  candidate), the best enqueued; ``depth`` and ``best-uniform`` are skipped with their reason.
-* **Proxy.** A point's plan-mode quality is the importance mass its expert counts keep
+  (:func:`expert_kl_scorer`: the importance choice of experts, channels and heads, as the trial's
+  ``start`` candidate), the best enqueued; ``depth`` and ``best-uniform`` are skipped with their reason.
+* **Proxy.** A point's plan-mode quality is the importance mass its sparse counts keep
   (:func:`retained_expert_importance`), since the dense plan's retained importance counts no expert.
 
 Only the families of the experts path (:data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`:
-Qwen3-MoE) have a weights mode; other MoE and hybrid families are plan-mode only (:func:`check_moe_space`).
+Qwen3-MoE, Nemotron-H) have a weights mode; other MoE and hybrid families are plan-mode only
+(:func:`check_moe_space`).
 The module imports torch (through :mod:`~autocompress_opt.prune.experts`): import it where weights mode runs.
 """
 
@@ -55,7 +57,7 @@ def check_moe_space(space: SearchSpace, parent: Architecture) -> None:
 
     if parent.family not in MOE_ADAPTERS:
         raise ConfigError(
-            f"--mode weights prunes the routed experts of {', '.join(MOE_ADAPTERS)} parents only; "
+            f"--mode weights prunes the sparse blocks of {' and '.join(MOE_ADAPTERS)} parents only; "
             f"{parent.family} is plan-mode only (issue 30): use --mode plan"
         )
     limits = sparse_limits(parent)
@@ -74,6 +76,13 @@ def check_moe_space(space: SearchSpace, parent: Architecture) -> None:
             f"search space: expert_width choices {odd} are not multiples of {EXPERT_WIDTH_MULTIPLE} (the 16-byte rows "
             f"transformers' grouped expert kernels need); valid: multiples of {EXPERT_WIDTH_MULTIPLE} up to "
             f"{limits['expert_width']}"
+        )
+    groups = next((layer.mamba.groups for layer in parent.layers if layer.mamba is not None), 1)
+    uneven = [h for h in space["mamba_heads"].values if h % groups] if "mamba_heads" in space.names else []
+    if uneven:
+        raise ConfigError(
+            f"search space: mamba_heads choices {uneven} are not multiples of the parent's {groups} Mamba-2 groups "
+            f"(every group keeps the same number); valid: multiples of {groups} up to {limits['mamba_heads']}"
         )
 
 
@@ -149,8 +158,8 @@ def expert_seeds(
 def expert_kl_scorer(
     model: Any, importance: Any, tokens: Any, *, batch_size: int = 4
 ) -> Callable[[Architecture], float]:
-    """``score(arch)``: mean per-position KL(parent ‖ the parent masked to ``arch``'s expert counts) on
-    ``tokens`` ``(n, L)``, in nats (lower is better), the experts and channels chosen by importance
+    """``score(arch)``: mean per-position KL(parent ‖ the parent masked to ``arch``'s sparse counts) on
+    ``tokens`` ``(n, L)``, in nats (lower is better), the experts, channels and heads chosen by importance
     (:func:`~autocompress_opt.prune.experts.expert_masks`: the trial's ``start`` candidate). The expert
     counterpart of :func:`~autocompress_opt.prune.baselines.masked_kl_scorer`; ``model`` is unchanged
     after each call."""
@@ -166,6 +175,11 @@ def expert_kl_scorer(
         moe = next(layer.moe for layer in arch.layers if layer.moe is not None)
         point = {"num_experts": moe.num_experts, "experts_per_token": moe.experts_per_token}
         point["expert_width"] = moe.expert_width
+        if moe.shared_width:
+            point["shared_width"] = moe.shared_width
+        mamba = next((layer.mamba for layer in arch.layers if layer.mamba is not None), None)
+        if mamba is not None:
+            point["mamba_heads"] = mamba.num_heads
         with apply_masks(model, expert_masks(model, importance, point), adapter=adapter):
             return float(
                 kl_divergence(model, None, tokens, teacher_logits=teacher, batch_size=batch_size, progress=False)
@@ -175,23 +189,44 @@ def expert_kl_scorer(
 
 
 def retained_expert_importance(arch: Architecture, importance: Any) -> float:
-    """The proxy's quality of a MoE point: per MoE layer, the fraction of ``expert_frequency`` (router
-    use) of the ``num_experts`` most used experts, times the mean fraction of ``expert_ffn`` mass their
-    ``expert_width`` most active channels hold; averaged over the MoE layers. In [0, 1], 1.0 for the
-    parent; the experts and channels are the ones :func:`~autocompress_opt.prune.experts.expert_masks`
-    keeps (ties aside). Top-``k`` is not in it: the ranking's maximal points already prefer the larger."""
+    """The proxy's quality of a MoE / hybrid point: per MoE layer, the fraction of ``expert_frequency``
+    (router use) of the ``num_experts`` most used experts, times the mean fraction of ``expert_ffn``
+    mass their ``expert_width`` most active channels hold, times (with a shared expert) the fraction of
+    ``shared_ffn`` mass its ``shared_width`` most active channels hold; per Mamba-2 layer, the fraction
+    of ``mamba_heads`` mass its kept heads hold (the most active ``H / G`` of each group); averaged over
+    those layers. In [0, 1], 1.0 for the parent; the units are the ones
+    :func:`~autocompress_opt.prune.experts.expert_masks` keeps (ties aside). Top-``k`` is not in it:
+    the ranking's maximal points already prefer the larger."""
     fractions = []
     for i, layer in enumerate(arch.layers):
+        if layer.mamba is not None and i < len(importance.mamba_heads) and importance.mamba_heads[i] is not None:
+            heads = importance.mamba_heads[i].clamp_min(0).reshape(layer.mamba.groups, -1)  # (G, H/G) of the parent
+            fractions.append(_kept_mass_of_groups(heads, layer.mamba.num_heads // layer.mamba.groups))
         if layer.moe is None or i >= len(importance.expert_frequency) or importance.expert_frequency[i] is None:
             continue
         freq = importance.expert_frequency[i].clamp_min(0)  # (E,)
         kept = freq.argsort(descending=True)[: layer.moe.num_experts]
         used = float(freq[kept].sum()) / float(freq.sum()) if float(freq.sum()) > 0 else 1.0
         ffn = importance.expert_ffn[i][kept].clamp_min(0)  # (n, F)
-        top = ffn.sort(dim=1, descending=True).values[:, : layer.moe.expert_width].sum(dim=1)
-        total = ffn.sum(dim=1)
-        channels = float((top / total.clamp_min(1e-30)).where(total > 0, top.new_ones(())).mean())
+        channels = _kept_mass(ffn, layer.moe.expert_width)
+        shared = importance.shared_ffn[i] if i < len(importance.shared_ffn) else None
+        if layer.moe.shared_width and shared is not None:
+            channels *= _kept_mass(shared.clamp_min(0)[None], layer.moe.shared_width)
         fractions.append(used * channels)
     if not fractions:
         raise ConfigError("the importance record has no expert scores for this MoE architecture")
     return sum(fractions) / len(fractions)
+
+
+def _kept_mass_of_groups(heads: Any, per_group: int) -> float:
+    """The fraction of ``heads`` ``(G, H/G)`` mass (non-negative) that the ``per_group`` highest of each group hold."""
+    total = float(heads.sum())
+    return float(heads.sort(dim=1, descending=True).values[:, :per_group].sum()) / total if total > 0 else 1.0
+
+
+def _kept_mass(scores: Any, n: int) -> float:
+    """Mean over the rows of ``scores`` ``(rows, units)`` (non-negative) of the fraction of each row's
+    mass its ``n`` highest units hold (1.0 for a row without mass)."""
+    top = scores.sort(dim=1, descending=True).values[:, :n].sum(dim=1)
+    total = scores.sum(dim=1)
+    return float((top / total.clamp_min(1e-30)).where(total > 0, top.new_ones(())).mean())

@@ -1,13 +1,15 @@
-"""The ``weights`` trial of a mixture-of-experts parent (issue 30): the point's uniform counts of experts,
-top-``k`` and expert width, filled by the expert search, cut, measured and costed.
+"""The ``weights`` trial of a mixture-of-experts or hybrid parent (issue 30): the point's uniform counts of
+experts, top-``k``, expert width and, for Nemotron-H, shared-expert width and Mamba-2 heads, filled by
+the expert search, cut, measured and costed.
 
 The ``weights`` trial mode (:func:`run_weights_mode`) hands a MoE parent's request here; request and
 result follow :func:`~autocompress_opt.search.study.weights_trial.run_weights_trial`'s contract, with three differences:
 
 * the point must hold the dense axes (``num_layers``, ``hidden_size``, heads, ``ffn_width``) at the
   parent's sizes (:func:`~autocompress_opt.search.inner.experts.expert_point` says which one does not);
-  the outer loop chooses how many experts, the top-``k`` and the expert width, the inner search
-  (:func:`~autocompress_opt.search.inner.experts.search_experts`) which experts and channels;
+  the outer loop chooses how many experts, the top-``k``, the expert width (and shared width and
+  Mamba-2 heads where the parent has them), the inner search
+  (:func:`~autocompress_opt.search.inner.experts.search_experts`) which experts, channels and heads;
 * ``kept`` is the expert record (:func:`~autocompress_opt.prune.expert_kept.expert_kept`), which the
   study stores and :func:`~autocompress_opt.search.study.export.export_trial` cuts exactly;
 * the candidates are ``trained`` and ``start`` (the importance choice); seeded baselines
@@ -69,7 +71,7 @@ def run_weights_mode(request: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_moe_trial(request: Mapping[str, Any]) -> dict[str, Any]:
-    """One weights-mode trial of a MoE parent (module doc; the request and result of
+    """One weights-mode trial of a MoE or hybrid parent (module doc; the request and result of
     :mod:`~autocompress_opt.search.study.weights_trial`)."""
     began = time.perf_counter()
     parent_arch = Architecture.from_dict(request["parent"])
