@@ -55,6 +55,18 @@ def cases() -> Iterator[Case]:
                 yield Case("mixed", depth, binds, None, full, depth)
                 yield Case("dense", depth, binds, "vllm" if full else "llamacpp", full, depth + 2)
             yield Case("dense", depth, binds, None, False, depth + 1)
+    yield from repair_cases()
+
+
+def repair_cases() -> Iterator[Case]:
+    """Deeper stacks from near-full masks under a cost limit: hundreds of repair moves each, scored
+    by per-layer deltas and screened (``search.inner.candidates``); batch ``"max"`` concurrency
+    (latency, both) and a fixed one (memory)."""
+    for depth in (30, 80):
+        yield Case("mixed", depth, "latency", None, True, depth)
+        yield Case("mixed", depth, "both", None, True, depth + 1)
+        yield Case("dense", depth, "both", None, True, depth + 2)
+        yield Case("dense", depth, "memory", None, True, depth + 3)
 
 
 def _parent(kind: str, depth: int) -> Architecture:
