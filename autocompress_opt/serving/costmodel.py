@@ -81,7 +81,7 @@ metric rises, and throughput does not fall, when any width shrinks (property-tes
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -95,7 +95,16 @@ from autocompress_opt.serving.engine_models import GIB, Engine, get_engine
 from autocompress_opt.serving.hardware import Hardware, get_hardware
 from autocompress_opt.serving.profiles import CostProfile, get_profile
 from autocompress_opt.serving.regimes import _burst, _poisson, _steady
-from autocompress_opt.serving.roofline import LayerSums, _bytes, _Ops, _rates, _Setup, _structure, experts_touched
+from autocompress_opt.serving.roofline import (
+    LayerSums,
+    _Bytes,
+    _bytes,
+    _Ops,
+    _rates,
+    _Setup,
+    _structure,
+    experts_touched,
+)
 from autocompress_opt.serving.roofline import _Structure as LayerTerms
 
 # The equations live in three modules (this doc covers them all): serving.arch_arrays (the input
@@ -117,6 +126,7 @@ __all__ = [
     "estimate_from_sums",
     "experts_touched",
     "layer_terms",
+    "max_concurrency_from_sums",
     "regime_of",
 ]
 
@@ -352,37 +362,11 @@ def estimate_from_sums(
     dt = get_weight_dtype(scenario.dtype)
     kv_bytes = kv_dtype_bytes(scenario.kv_dtype or eng.default_kv_dtype(dt.name))
     ops = _Ops(arrays.hidden)
-    sizes = _bytes(arrays, sums, dt, ops)
     tp, p_len, o_len = scenario.tp, scenario.input_len, scenario.output_len
-
-    # Memory (per device). Activation peak: the widest layer over one prefill chunk, plus logits.
     seq_tokens = eng.kv_tokens_per_sequence(p_len, o_len)
-    kv_seq_bytes = sums.kv_seq_bytes  # (N,) one sequence, all devices
-    # A Mamba-2 layer keeps a constant-size state per sequence instead (in the same pool in vLLM).
-    kv_seq = (kv_seq_bytes + sums.state_bytes) / tp
-    fixed_gib = (eng.framework_gib + eng.cuda_graph_gib) * GIB
-
-    def activation_bytes(batch: Array) -> Array:
-        prompt_tokens = batch * p_len
-        chunk = prompt_tokens if eng.chunk_tokens == 0 else ops.min(prompt_tokens, eng.chunk_tokens)
-        logits_rows = prompt_tokens if eng.logits_all_tokens else batch
-        act = chunk * sizes.act_width * dt.activation_bytes / tp + logits_rows * arrays.vocab * 4 / tp
-        if eng.attention_scores_materialised:  # eager attention holds (batch, heads, P, P) scores
-            act = act + batch * sums.heads * p_len * p_len * dt.activation_bytes / tp
-        return act
-
-    total_bytes = hw.memory_bytes
-    weights_dev = sizes.weight_bytes / tp
-    if eng.single_user:
-        max_conc = ops.where(weights_dev + activation_bytes(1.0) + fixed_gib + kv_seq <= total_bytes, 1.0, 0.0)
-    else:
-        # Per-sequence activation memory grows with the batch only where no chunking bounds it.
-        per_seq_act = activation_bytes(1.0) if eng.memory_policy == "dynamic" else 0.0
-        non_kv = (
-            weights_dev + fixed_gib + (0.0 if eng.memory_policy == "dynamic" else activation_bytes(float(eng.max_seqs)))
-        )
-        budget = eng.kv_budget_bytes(total_bytes, non_kv)
-        max_conc = ops.min(ops.max(ops.floor(budget / ops.max(kv_seq + per_seq_act, 1.0)), 0.0), float(eng.max_seqs))
+    m = _memory(arrays, sums, hw, eng, scenario, ops)
+    sizes, max_conc, kv_seq, fixed_gib, weights_dev = m.sizes, m.max_conc, m.kv_seq, m.fixed_gib, m.weights_dev
+    kv_seq_bytes, activation_bytes = sums.kv_seq_bytes, m.activation_bytes
     batch = max_conc if scenario.concurrency == "max" else max_conc * 0 + float(scenario.concurrency)
     batch_pos = ops.max(batch, 1.0)  # time a sequence even where none fits; memory flags it
     setup = _Setup(arrays, sums, sizes, dt, kv_bytes, eng, tp, ops, float(p_len), float(o_len))
@@ -419,6 +403,62 @@ def estimate_from_sums(
     out["max_concurrency"] = max_conc
     out["active_params"] = sizes.active_params
     return out if bounds else {k: out[k] for k in METRICS if k in out}
+
+
+@dataclass(frozen=True)
+class _Memory:
+    """Per-device memory of a batch from its sums over layers, and the sequences that fit."""
+
+    sizes: _Bytes
+    weights_dev: Array
+    fixed_gib: float
+    kv_seq: Array  # one sequence's KV cache and Mamba-2 state, per device
+    activation_bytes: Callable[[Array], Array]  # of a batch of sequences
+    max_conc: Array
+
+
+def _memory(arrays: ArchArrays, sums: LayerSums, hw: Hardware, eng: Engine, scenario: Scenario, ops: _Ops) -> _Memory:
+    dt = get_weight_dtype(scenario.dtype)
+    sizes = _bytes(arrays, sums, dt, ops)
+    tp, p_len = scenario.tp, scenario.input_len
+
+    # Memory (per device). Activation peak: the widest layer over one prefill chunk, plus logits.
+    kv_seq_bytes = sums.kv_seq_bytes  # (N,) one sequence, all devices
+    # A Mamba-2 layer keeps a constant-size state per sequence instead (in the same pool in vLLM).
+    kv_seq = (kv_seq_bytes + sums.state_bytes) / tp
+    fixed_gib = (eng.framework_gib + eng.cuda_graph_gib) * GIB
+
+    def activation_bytes(batch: Array) -> Array:
+        prompt_tokens = batch * p_len
+        chunk = prompt_tokens if eng.chunk_tokens == 0 else ops.min(prompt_tokens, eng.chunk_tokens)
+        logits_rows = prompt_tokens if eng.logits_all_tokens else batch
+        act = chunk * sizes.act_width * dt.activation_bytes / tp + logits_rows * arrays.vocab * 4 / tp
+        if eng.attention_scores_materialised:  # eager attention holds (batch, heads, P, P) scores
+            act = act + batch * sums.heads * p_len * p_len * dt.activation_bytes / tp
+        return act
+
+    total_bytes = hw.memory_bytes
+    weights_dev = sizes.weight_bytes / tp
+    if eng.single_user:
+        max_conc = ops.where(weights_dev + activation_bytes(1.0) + fixed_gib + kv_seq <= total_bytes, 1.0, 0.0)
+    else:
+        # Per-sequence activation memory grows with the batch only where no chunking bounds it.
+        per_seq_act = activation_bytes(1.0) if eng.memory_policy == "dynamic" else 0.0
+        non_kv = (
+            weights_dev + fixed_gib + (0.0 if eng.memory_policy == "dynamic" else activation_bytes(float(eng.max_seqs)))
+        )
+        budget = eng.kv_budget_bytes(total_bytes, non_kv)
+        max_conc = ops.min(ops.max(ops.floor(budget / ops.max(kv_seq + per_seq_act, 1.0)), 0.0), float(eng.max_seqs))
+    return _Memory(sizes, weights_dev, fixed_gib, kv_seq, activation_bytes, max_conc)
+
+
+def max_concurrency_from_sums(
+    arrays: ArchArrays, sums: LayerSums, hardware: Hardware | str, engine: Engine | str, scenario: Scenario
+) -> Array:
+    """:func:`estimate_from_sums`' ``max_concurrency`` alone (the memory part, no timings)."""
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    eng = get_engine(engine) if isinstance(engine, str) else engine
+    return _memory(arrays, sums, hw, eng, scenario, _Ops(arrays.hidden)).max_conc
 
 
 def _check_scenario(hw: Hardware, eng: Engine, sc: Scenario) -> None:
