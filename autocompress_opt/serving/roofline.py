@@ -306,10 +306,13 @@ class LayerSums:
         def layer_seconds(setup: _Setup, rates: _Rates, phase: _Phase) -> np.ndarray:
             delta = _layer_s(new, setup, rates, phase)[:, 0] - _layer_s(old, setup, rates, phase)[:, 0]
             fields = [getattr(phase, k) for k in _Phase.__dataclass_fields__]
-            values = np.stack(
-                [np.broadcast_to(np.asarray(-1.0 if v is None else v, dtype=float), where.shape) for v in fields]
-            )
-            _, first, inverse = np.unique(values, axis=1, return_index=True, return_inverse=True)
+            if all(v is None or np.ndim(v) == 0 or np.all(v == v[0]) for v in fields):  # one batch size: one group
+                first, inverse = np.zeros(1, dtype=np.intp), np.zeros(len(where), dtype=np.intp)
+            else:
+                values = [
+                    np.broadcast_to(np.asarray(-1.0 if v is None else v, dtype=float), where.shape) for v in fields
+                ]
+                _, first, inverse = np.unique(np.stack(values), axis=1, return_index=True, return_inverse=True)
             stack_phase = _Phase(*(None if v is None else _take(v, first) for v in fields))
             totals = _layer_s(stack, setup, rates, stack_phase).sum(-1)  # (groups,)
             return totals[inverse.reshape(-1)] + delta

@@ -196,6 +196,50 @@ def test_fill_scores_pick_the_argmax_of_every_exact_score_whatever_is_evaluated_
         np.testing.assert_array_equal(viol[best], every[best])
 
 
+@pytest.mark.parametrize("name", ["mixed-30-both-free-full-31", "dense-30-memory-free-full-33"])
+def test_screened_repair_scores_decide_as_scoring_every_candidate_exactly(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At each of 12 repair moves (one unit at a time), the screened scores pick the exact best and
+    order the exact best rows on 8 distinct layers as scoring every row exactly does, while scoring
+    only some rows exactly."""
+    from autocompress_opt.search.inner import candidates
+    from autocompress_opt.search.inner.candidates import exact_repair_scores, repair_scores
+
+    monkeypatch.setattr(candidates, "DELTA_MIN_CELLS", 0)  # screen these small stacks too
+    from autocompress_opt.search.inner.discretise import _applied, _Evaluator, _Shrinks, _unit_values
+
+    case = next(c for c in repair_cases() if c.name == name)
+    parent = _parent(case.parent, case.depth)
+    masks, importance = _masks(parent, case.seed, case.full)
+    tight = Budget(num_layers=case.depth * 2 // 3, hidden_size=256, ffn_width=512, num_kv_heads=2, q_per_kv=2)
+    budget = tight if case.binds == "both" else Budget.of(parent)
+    goal = CostGoal.for_target(_LATENCY if case.binds == "both" else _MEMORY, parent)
+    values, evaluate = _unit_values(masks, importance), _Evaluator(masks, budget, goal)
+    layers, shrinks = masks.discrete(), _Shrinks(values, evaluate, None)
+    current, screened_rows = evaluate(layers)[0], 0
+    for _ in range(12):
+        candidates, packed = shrinks(layers)
+        lost = np.array([c[3] for c in candidates]) + 1e-12
+        exact, exact_viol = exact_repair_scores(packed, lost, current, evaluate)
+        score, viol = repair_scores(packed, lost, current, evaluate, 8)
+        best = int(np.argmin(exact))
+        assert int(np.argmin(score)) == best and score[best] == exact[best]
+        np.testing.assert_array_equal(viol[best], exact_viol[best])
+        order, layers_seen = np.argsort(exact, kind="stable"), set()
+        for j in order:  # the exact prefix spanning 8 layers: scored exactly and in the same order
+            assert score[j] == exact[j]
+            layers_seen.add(candidates[j][1])
+            if len(layers_seen) == 8:
+                break
+        np.testing.assert_array_equal(
+            np.argsort(score, kind="stable")[: order.tolist().index(j) + 1], order[: order.tolist().index(j) + 1]
+        )
+        screened_rows += int(np.isfinite(score).sum())
+        layers, current = _applied(layers, candidates[best][1], candidates[best][2]), exact_viol[best]
+    assert screened_rows < 12 * len(candidates) // 2  # most rows were never scored exactly
+
+
 if __name__ == "__main__":  # regenerate from the reference implementation (module doc)
     results = {case.name: run(case) for case in cases()}
     GOLDEN.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
