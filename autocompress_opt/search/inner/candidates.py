@@ -19,7 +19,8 @@ always scored exactly. Each other estimated violation ``v`` is taken to lie with
 which bounds each row's score in an interval; every row whose interval reaches the rows the move
 needs (the best, or the best few on distinct layers) is scored exactly, so the exact argmin, order
 and ties are those over every exact score. A Poisson target's batch is a fixed point that differs
-with every row: its moves score every row exactly.
+with every row, and a move of fewer than :data:`DELTA_MIN_CELLS` candidate-layer cells is cheaper
+exact: those moves score every row exactly (``tests/search/test_discretise_equivalence.py``).
 """
 
 from __future__ import annotations
@@ -214,6 +215,7 @@ def repair_scores(
     if estimated is None:
         return exact_repair_scores(packed, lost, current, evaluate)
     goal, uncertain = estimated
+    assert packed.where is not None  # estimates exist only for one-layer changes
     nb = packed.n_budgets
     viol = np.concatenate([packed.budget, goal], axis=1)
     slack = np.zeros_like(viol)
@@ -223,9 +225,9 @@ def repair_scores(
     gain_high = before - np.maximum(viol - slack, 0).sum(1)
     if not np.any((gain_low > _TINY) & ~uncertain):  # which scoring applies is not certain: every row exactly
         return exact_repair_scores(packed, lost, current, evaluate)
-    with np.errstate(divide="ignore"):
-        low = np.where(gain_high > _TINY, lost / np.where(gain_high > _TINY, gain_high, 1.0), np.inf) * (1 - 1e-12)
-        high = np.where(gain_low > _TINY, lost / np.where(gain_low > _TINY, gain_low, 1.0), np.inf) * (1 + 1e-12)
+    # the score's interval (lost / gain, inf without a gain), widened by the division's rounding
+    low = np.where(gain_high > _TINY, lost / np.where(gain_high > _TINY, gain_high, 1.0), np.inf) * (1 - 1e-12)
+    high = np.where(gain_low > _TINY, lost / np.where(gain_low > _TINY, gain_low, 1.0), np.inf) * (1 + 1e-12)
     low[uncertain], high[uncertain] = -np.inf, np.inf
     rows = np.flatnonzero(low <= _needed(high, packed.where, batch))
     viol[rows, nb:] = evaluate.goal_violations(packed, rows)

@@ -12,7 +12,9 @@ it, and where it loads no per-layer shapes for this parent (:attr:`ShapeRules.he
 result is the uniform model of the trial's global choices on the layers the gates rank highest.
 
 Every move changes one layer, so a move's candidates are scored as rows of packed cost-model arrays
-(:class:`_Evaluator`): the current layers' row repeated, the changed layer's column replaced, one
+(:class:`~autocompress_opt.search.inner.candidates._Evaluator`; repair screens them first by
+per-layer deltas of the cost model's sums and scores exactly only those that can decide the move:
+:func:`~autocompress_opt.search.inner.candidates.repair_scores`): the current layers' row repeated, the changed layer's column replaced, one
 numpy :func:`~autocompress_opt.serving.costmodel.estimate_batch` for the rows that need it. No
 :class:`Architecture` is built per candidate: a move costs ``O(L)`` in Python plus array work,
 where building and packing every candidate cost ``O(L²)`` in Python. The budgets are exact sums
