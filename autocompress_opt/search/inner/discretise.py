@@ -14,8 +14,9 @@ result is the uniform model of the trial's global choices on the layers the gate
 Every move changes one layer, so a move's candidates are scored as rows of packed cost-model arrays
 (:class:`~autocompress_opt.search.inner.candidates._Evaluator`; repair screens them first by
 per-layer deltas of the cost model's sums and scores exactly only those that can decide the move:
-:func:`~autocompress_opt.search.inner.candidates.repair_scores`): the current layers' row repeated, the changed layer's column replaced, one
-numpy :func:`~autocompress_opt.serving.costmodel.estimate_batch` for the rows that need it. No
+:func:`~autocompress_opt.search.inner.candidates.repair_scores`): the current layers' row repeated,
+the changed layer's column replaced, one numpy
+:func:`~autocompress_opt.serving.costmodel.estimate_batch` for the rows that need it. No
 :class:`Architecture` is built per candidate: a move costs ``O(L)`` in Python plus array work,
 where building and packing every candidate cost ``O(L²)`` in Python. The budgets are exact sums
 (the block's, with one column's difference); fill rebuilds only the moved layer's candidates, and
