@@ -45,12 +45,18 @@ CHANGE = (
     " last score), kept its candidates in flat arrays and sorted the FFN scores with numpy, and repair rebuilt"
     " only the changed layers' candidates"
 )
+REPAIR_BEFORE = "288b078a8ebf6fb264c473e9888b080607e8aa9b"  # repair scoring every candidate through (N, L) arrays
+REPAIR_CHANGE = (
+    "Then repair scored every candidate by per-layer deltas of the cost model's sums over layers"
+    " (O(1) a candidate) and scored exactly only those that could decide the move"
+)
 DEPTHS = (30, 80, 126)
 TARGET_S = 2.0  # the goal: one discretisation of a 126-layer parent within 2 s on 2 cores
 
 
-def _case(depth: int, seed: int = 0) -> tuple[Any, ...]:
-    """(masks, importance, budget, goal) of a synthetic Llama-3.1-70B-shaped parent (module doc)."""
+def _case(depth: int, seed: int = 0, full: bool = False) -> tuple[Any, ...]:
+    """(masks, importance, budget, goal) of a synthetic Llama-3.1-70B-shaped parent (module doc);
+    ``full``: near-full masks (most gates open, widths over half the parent's), so repair works."""
     import torch
 
     from autocompress_opt.arch.architecture import Architecture, LayerSpec
@@ -79,20 +85,20 @@ def _case(depth: int, seed: int = 0) -> tuple[Any, ...]:
     masks = ParentMasks(parent, importance, hidden_size=parent.hidden_size)
     with torch.no_grad():
         for p in (masks.kv_keep, masks.q_keep, masks.ffn_keep):
-            p.copy_(torch.rand(depth, generator=gen))
-        masks.attn_log_alpha.copy_(torch.randn(depth, generator=gen) * 3)
-        masks.ffn_log_alpha.copy_(torch.randn(depth, generator=gen) * 3)
+            p.copy_(torch.rand(depth, generator=gen) / (2 if full else 1) + (0.5 if full else 0.0))
+        masks.attn_log_alpha.copy_(torch.randn(depth, generator=gen) * 3 + (4.0 if full else 0.0))
+        masks.ffn_log_alpha.copy_(torch.randn(depth, generator=gen) * 3 + (4.0 if full else 0.0))
     budget = Budget(num_layers=depth * 3 // 4, hidden_size=8192, ffn_width=16384, num_kv_heads=4, q_per_kv=8)
     goal = CostGoal.for_target(Target("h100-sxm", "datacenter", tp=8, constraints={"tpot_ms": "0.6x"}), parent)
     return masks, importance, budget, goal
 
 
-def worker(depth: int, repeats: int) -> dict[str, Any]:
+def worker(depth: int, repeats: int, full: bool = False) -> dict[str, Any]:
     """Time ``repeats`` discretisations of the ``depth``-layer case with whatever
     ``autocompress_opt`` this process imports; the result's layers and moves."""
     from autocompress_opt.search.inner.discretise import discretise
 
-    masks, importance, budget, goal = _case(depth)
+    masks, importance, budget, goal = _case(depth, full=full)
     seconds, cpu, out = [], [], None
     for _ in range(repeats):
         start, start_cpu = time.perf_counter(), time.process_time()
@@ -104,10 +110,10 @@ def worker(depth: int, repeats: int) -> dict[str, Any]:
     return {"seconds": seconds, "cpu": cpu, "layers": layers, "moves": out.moves, "feasible": out.feasible}
 
 
-def _run(code: Path, depth: int, repeats: int) -> dict[str, Any]:
+def _run(code: Path, depth: int, repeats: int, full: bool = False) -> dict[str, Any]:
     """:func:`worker` in a fresh process importing the package from ``code``."""
     env = {**os.environ, "PYTHONPATH": str(code)}
-    cmd = [sys.executable, __file__, "--worker", str(depth), "--repeats", str(repeats)]
+    cmd = [sys.executable, __file__, "--worker", str(depth), "--repeats", str(repeats)] + (["--repair"] if full else [])
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=code)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -127,6 +133,42 @@ def _row(depth: int, before: dict[str, Any], new: dict[str, Any]) -> dict[str, A
         "old_runs": len(before["seconds"]),
         "new_runs": len(new["seconds"]),
     }
+
+
+def main_repair(depths: list[int], repeats: int, old_repeats: int) -> None:
+    """The repair-heavy case (near-full masks) by the code under test and by :data:`REPAIR_BEFORE`,
+    each depth one after the other; written to ``repair`` in ``results/discretise.json``."""
+    rows, load = [], [os.getloadavg()[0]]
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp)
+        archive = subprocess.run(["git", "archive", REPAIR_BEFORE, "autocompress_opt"], cwd=ROOT, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+        for depth in depths:
+            new = _run(ROOT, depth, repeats, full=True)
+            before = _run(old, depth, old_repeats if depth > 30 else repeats, full=True)
+            rows.append(_row(depth, before, new))
+            load.append(os.getloadavg()[0])
+            r = rows[-1]
+            print(
+                f"{depth:4d} layers (repair): old {r['old_s']:8.2f} s  new {r['new_s']:6.3f} s  "
+                f"cpu {r['old_cpu_s']} -> {r['new_cpu_s']} s  identical={r['identical']}  moves={r['moves']}",
+                flush=True,
+            )
+    path = ROOT / "benchmarks" / "results" / "discretise.json"
+    data = json.loads(path.read_text())
+    data.setdefault("date_original", data.get("date"))
+    for key in ("benchmark", "date", "machine"):  # write() sets them again
+        data.pop(key, None)
+    data["repair"] = {
+        "case": "the same parent and limits from near-full masks (keep probabilities 0.5-1, gates mostly open)",
+        "old_code": REPAIR_BEFORE,
+        "change": REPAIR_CHANGE,
+        "provenance": provenance(masks=0),
+        "load_average_1min": load,
+        "date": f"{datetime.now(timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
+        "depths": rows,
+    }
+    write("discretise", data)
 
 
 def main(depths: list[int], repeats: int, old_repeats: int, original: bool) -> None:
@@ -171,9 +213,14 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of the new code (median)")
     parser.add_argument("--old-repeats", type=int, default=1, help="timed runs of the old code beyond 30 layers")
     parser.add_argument("--original", action="store_true", help="time OLD_COMMIT instead of PREVIOUS_COMMIT")
+    parser.add_argument(
+        "--repair", action="store_true", help="the repair-heavy case (near-full masks), vs REPAIR_BEFORE"
+    )
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
-        print(json.dumps(worker(args.worker, args.repeats)))
+        print(json.dumps(worker(args.worker, args.repeats, args.repair)))
+    elif args.repair:
+        main_repair(args.depths, args.repeats, args.old_repeats)
     else:
         main(args.depths, args.repeats, args.old_repeats, args.original)

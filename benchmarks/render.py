@@ -431,7 +431,7 @@ def discretise() -> str:
     )
     after = s.get("after")
     if not after:
-        return out
+        return out + _discretise_repair(s.get("repair"))
     later = [
         [
             d["depth"],
@@ -452,6 +452,31 @@ def discretise() -> str:
         + f" (1-minute load average during the run: {load}; on a machine that loaded the wall-clock"
         + " seconds are not comparable with the table above, the ratios within the run are).\n\n"
         + table(heads, later)
+        + _discretise_repair(s.get("repair"))
+    )
+
+
+def _discretise_repair(repair: dict[str, Any] | None) -> str:
+    """The repair-heavy case's table (``repair`` in the results), or nothing before it was run."""
+    if not repair:
+        return ""
+    rows = [
+        [
+            d["depth"],
+            f"{d['old_s']:.2f} s / {d['old_cpu_s']:.2f} s ({d['old_runs']} run{'s' if d['old_runs'] > 1 else ''})",
+            f"{d['new_s']:.2f} s / {d['new_cpu_s']:.2f} s (median of {d['new_runs']})",
+            f"{d['ratio']:.1f}× / {d['old_cpu_s'] / d['new_cpu_s']:.1f}×",
+            "yes" if d["identical"] else "**no**",
+            f"{d['moves']['repair']} / {d['moves']['fill']}",
+        ]
+        for d in repair["depths"]
+    ]
+    load = ", ".join(f"{x:.1f}" for x in repair["load_average_1min"])
+    heads = ["layers", "before (wall / CPU)", "after (wall / CPU)", "speed-up (wall / CPU)", "same architecture"]
+    return (
+        f"\n\nRepair-heavy: {repair['case']}. {repair['change']}; the code before and after in one run on"
+        f" {repair['date'][:10]} (1-minute load average during the run: {load}).\n\n"
+        + table([*heads, "repair / fill moves"], rows)
     )
 
 

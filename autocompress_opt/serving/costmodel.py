@@ -81,7 +81,7 @@ metric rises, and throughput does not fall, when any width shrinks (property-tes
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -94,8 +94,18 @@ from autocompress_opt.serving.dtypes import get_weight_dtype, kv_dtype_bytes
 from autocompress_opt.serving.engine_models import GIB, Engine, get_engine
 from autocompress_opt.serving.hardware import Hardware, get_hardware
 from autocompress_opt.serving.profiles import CostProfile, get_profile
-from autocompress_opt.serving.regimes import _burst, _poisson, _Shape, _steady
-from autocompress_opt.serving.roofline import _Ops, _rates, _Setup, _structure, experts_touched
+from autocompress_opt.serving.regimes import _burst, _poisson, _steady
+from autocompress_opt.serving.roofline import (
+    LayerSums,
+    _Bytes,
+    _bytes,
+    _Ops,
+    _rates,
+    _Setup,
+    _structure,
+    experts_touched,
+)
+from autocompress_opt.serving.roofline import _Structure as LayerTerms
 
 # The equations live in three modules (this doc covers them all): serving.arch_arrays (the input
 # arrays), serving.roofline (one phase's time) and serving.regimes (the arrival regimes); this one
@@ -106,12 +116,17 @@ __all__ = [
     "METRICS",
     "ArchArrays",
     "CostEstimate",
+    "LayerSums",
+    "LayerTerms",
     "Scenario",
     "cost_intervals",
     "describe_regime",
     "estimate_batch",
     "estimate_cost",
+    "estimate_from_sums",
     "experts_touched",
+    "layer_terms",
+    "max_concurrency_from_sums",
     "regime_of",
 ]
 
@@ -298,6 +313,46 @@ def estimate_batch(
     a sliding layer per window. vLLM and llama.cpp also hold up to one prefill chunk (``n_ubatch``)
     beyond the window while it is written; that slack is not modelled.
     """
+    eng = get_engine(engine) if isinstance(engine, str) else engine
+    return estimate_from_sums(
+        arrays,
+        LayerSums.of(layer_terms(arrays, eng, scenario), _Ops(arrays.hidden)),
+        hardware,
+        eng,
+        scenario,
+        profile,
+        bounds,
+        floors,
+    )
+
+
+def layer_terms(arrays: ArchArrays, engine: Engine | str, scenario: Scenario) -> LayerTerms:
+    """Each layer's own terms ``(N, L)`` of the cost model for ``arrays`` served by ``engine`` in
+    ``scenario`` (parameters, KV bytes, activation width, what a phase's roofline reads): the
+    contributions :class:`LayerSums` adds up. Elementwise in the layers: a layer's terms depend on
+    its columns and the per-architecture fields only, whatever the other layers are."""
+    eng = get_engine(engine) if isinstance(engine, str) else engine
+    dt = get_weight_dtype(scenario.dtype)
+    kv_bytes = kv_dtype_bytes(scenario.kv_dtype or eng.default_kv_dtype(dt.name))
+    seq_tokens = eng.kv_tokens_per_sequence(scenario.input_len, scenario.output_len)
+    return _structure(arrays, kv_bytes, kv_dtype_bytes(eng.mamba_state_dtype), eng, seq_tokens, _Ops(arrays.hidden))
+
+
+def estimate_from_sums(
+    arrays: ArchArrays,
+    sums: LayerSums,
+    hardware: Hardware | str,
+    engine: Engine | str,
+    scenario: Scenario,
+    profile: CostProfile | None = None,
+    bounds: bool = False,
+    floors: bool = True,
+) -> dict[str, Array]:
+    """:func:`estimate_batch`'s metrics from the sums over layers (``sums``, :class:`LayerSums`) and
+    ``arrays``' per-architecture fields (its per-layer ones are not read): the memory, the
+    concurrency it allows and the regimes' timings are functions of these alone. The one
+    implementation of the non-additive step: :func:`estimate_batch` is this of
+    ``LayerSums.of(layer_terms(arrays, ...))``."""
     if bounds and not floors:
         raise ConfigError("estimate_batch: bounds=True needs the floors; got floors=False")
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
@@ -307,58 +362,25 @@ def estimate_batch(
     dt = get_weight_dtype(scenario.dtype)
     kv_bytes = kv_dtype_bytes(scenario.kv_dtype or eng.default_kv_dtype(dt.name))
     ops = _Ops(arrays.hidden)
-    s = _structure(arrays, dt, kv_bytes, kv_dtype_bytes(eng.mamba_state_dtype), ops)
     tp, p_len, o_len = scenario.tp, scenario.input_len, scenario.output_len
-    if arrays.window is None:  # every layer full
-        window = kv_window = FULL_WINDOW
-    else:  # (N, L); a sliding layer holds its window in whole KV blocks
-        window = arrays.window
-        kv_window = ops.ceil(window / eng.kv_block_tokens) * eng.kv_block_tokens
-
-    # Memory (per device). Activation peak: the widest layer over one prefill chunk, plus logits.
-    # A layer caches min(S, w_i) of a sequence's S reserved tokens.
     seq_tokens = eng.kv_tokens_per_sequence(p_len, o_len)
-    kv_seq_bytes = (s.kv_layer_bytes * ops.min(kv_window, float(seq_tokens))).sum(-1)  # (N,) one sequence, all devices
-    # A Mamba-2 layer keeps a constant-size state per sequence instead (in the same pool in vLLM).
-    kv_seq = (kv_seq_bytes + s.state_layer_bytes.sum(-1)) / tp
-    fixed_gib = (eng.framework_gib + eng.cuda_graph_gib) * GIB
-
-    def activation_bytes(batch: Array) -> Array:
-        prompt_tokens = batch * p_len
-        chunk = prompt_tokens if eng.chunk_tokens == 0 else ops.min(prompt_tokens, eng.chunk_tokens)
-        logits_rows = prompt_tokens if eng.logits_all_tokens else batch
-        act = chunk * s.act_width * dt.activation_bytes / tp + logits_rows * arrays.vocab * 4 / tp
-        if eng.attention_scores_materialised:  # eager attention holds (batch, heads, P, P) scores
-            act = act + batch * ops.amax(arrays.heads) * p_len * p_len * dt.activation_bytes / tp
-        return act
-
-    total_bytes = hw.memory_bytes
-    weights_dev = s.weight_bytes / tp
-    if eng.single_user:
-        max_conc = ops.where(weights_dev + activation_bytes(1.0) + fixed_gib + kv_seq <= total_bytes, 1.0, 0.0)
-    else:
-        # Per-sequence activation memory grows with the batch only where no chunking bounds it.
-        per_seq_act = activation_bytes(1.0) if eng.memory_policy == "dynamic" else 0.0
-        non_kv = (
-            weights_dev + fixed_gib + (0.0 if eng.memory_policy == "dynamic" else activation_bytes(float(eng.max_seqs)))
-        )
-        budget = eng.kv_budget_bytes(total_bytes, non_kv)
-        max_conc = ops.min(ops.max(ops.floor(budget / ops.max(kv_seq + per_seq_act, 1.0)), 0.0), float(eng.max_seqs))
+    m = _memory(arrays, sums, hw, eng, scenario, ops)
+    sizes, max_conc, kv_seq, fixed_gib, weights_dev = m.sizes, m.max_conc, m.kv_seq, m.fixed_gib, m.weights_dev
+    kv_seq_bytes, activation_bytes = sums.kv_seq_bytes, m.activation_bytes
     batch = max_conc if scenario.concurrency == "max" else max_conc * 0 + float(scenario.concurrency)
     batch_pos = ops.max(batch, 1.0)  # time a sequence even where none fits; memory flags it
-    setup = _Setup(arrays, s, dt, kv_bytes, eng, tp, ops)
-    shape = _Shape(float(p_len), float(o_len), window)
+    setup = _Setup(arrays, sums, sizes, dt, kv_bytes, eng, tp, ops, float(p_len), float(o_len))
 
     out: dict[str, Array] = {}
     for floor in (False, True) if floors else (False,):
         rates = _rates(hw, eng, dt, prof, floor)
         if scenario.arrival == "burst":
             requests = batch_pos if scenario.requests is None else batch_pos * 0 + float(scenario.requests)
-            timing = _burst(setup, rates, shape, batch_pos, requests)
+            timing = _burst(setup, rates, batch_pos, requests)
         elif scenario.arrival == "steady":
-            timing = _steady(setup, rates, shape, batch_pos)
+            timing = _steady(setup, rates, batch_pos)
         else:
-            timing = _poisson(setup, rates, shape, float(scenario.rate or 0.0), ops.max(max_conc, 1.0))
+            timing = _poisson(setup, rates, float(scenario.rate or 0.0), ops.max(max_conc, 1.0))
         suffix = "_floor" if floor else ""
         out[f"ttft{suffix}_ms"], out[f"tpot{suffix}_ms"] = timing.ttft, timing.tpot
         out["e2e_floor_ms" if floor else "e2e_latency_ms"] = timing.e2e
@@ -375,12 +397,68 @@ def estimate_batch(
         out["e2e_latency_ms"] = out["e2e_latency_ms"] + prof.request_overhead_ms
     in_flight = ops.max(out["running"], 1.0)  # a wave, B, or (poisson) the mean in flight, at most the capacity
     peak_memory = weights_dev + fixed_gib + activation_bytes(in_flight) + in_flight * kv_seq
-    out["weights_gib"] = s.weight_bytes / GIB
+    out["weights_gib"] = sizes.weight_bytes / GIB
     out["kv_bytes_per_token"] = kv_seq_bytes / seq_tokens  # mean over the S reserved tokens (module doc)
     out["peak_memory_gib"] = peak_memory / GIB
     out["max_concurrency"] = max_conc
-    out["active_params"] = s.active_params
+    out["active_params"] = sizes.active_params
     return out if bounds else {k: out[k] for k in METRICS if k in out}
+
+
+@dataclass(frozen=True)
+class _Memory:
+    """Per-device memory of a batch from its sums over layers, and the sequences that fit."""
+
+    sizes: _Bytes
+    weights_dev: Array
+    fixed_gib: float
+    kv_seq: Array  # one sequence's KV cache and Mamba-2 state, per device
+    activation_bytes: Callable[[Array], Array]  # of a batch of sequences
+    max_conc: Array
+
+
+def _memory(arrays: ArchArrays, sums: LayerSums, hw: Hardware, eng: Engine, scenario: Scenario, ops: _Ops) -> _Memory:
+    dt = get_weight_dtype(scenario.dtype)
+    sizes = _bytes(arrays, sums, dt, ops)
+    tp, p_len = scenario.tp, scenario.input_len
+
+    # Memory (per device). Activation peak: the widest layer over one prefill chunk, plus logits.
+    kv_seq_bytes = sums.kv_seq_bytes  # (N,) one sequence, all devices
+    # A Mamba-2 layer keeps a constant-size state per sequence instead (in the same pool in vLLM).
+    kv_seq = (kv_seq_bytes + sums.state_bytes) / tp
+    fixed_gib = (eng.framework_gib + eng.cuda_graph_gib) * GIB
+
+    def activation_bytes(batch: Array) -> Array:
+        prompt_tokens = batch * p_len
+        chunk = prompt_tokens if eng.chunk_tokens == 0 else ops.min(prompt_tokens, eng.chunk_tokens)
+        logits_rows = prompt_tokens if eng.logits_all_tokens else batch
+        act = chunk * sizes.act_width * dt.activation_bytes / tp + logits_rows * arrays.vocab * 4 / tp
+        if eng.attention_scores_materialised:  # eager attention holds (batch, heads, P, P) scores
+            act = act + batch * sums.heads * p_len * p_len * dt.activation_bytes / tp
+        return act
+
+    total_bytes = hw.memory_bytes
+    weights_dev = sizes.weight_bytes / tp
+    if eng.single_user:
+        max_conc = ops.where(weights_dev + activation_bytes(1.0) + fixed_gib + kv_seq <= total_bytes, 1.0, 0.0)
+    else:
+        # Per-sequence activation memory grows with the batch only where no chunking bounds it.
+        per_seq_act = activation_bytes(1.0) if eng.memory_policy == "dynamic" else 0.0
+        non_kv = (
+            weights_dev + fixed_gib + (0.0 if eng.memory_policy == "dynamic" else activation_bytes(float(eng.max_seqs)))
+        )
+        budget = eng.kv_budget_bytes(total_bytes, non_kv)
+        max_conc = ops.min(ops.max(ops.floor(budget / ops.max(kv_seq + per_seq_act, 1.0)), 0.0), float(eng.max_seqs))
+    return _Memory(sizes, weights_dev, fixed_gib, kv_seq, activation_bytes, max_conc)
+
+
+def max_concurrency_from_sums(
+    arrays: ArchArrays, sums: LayerSums, hardware: Hardware | str, engine: Engine | str, scenario: Scenario
+) -> Array:
+    """:func:`estimate_from_sums`' ``max_concurrency`` alone (the memory part, no timings)."""
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    eng = get_engine(engine) if isinstance(engine, str) else engine
+    return _memory(arrays, sums, hw, eng, scenario, _Ops(arrays.hidden)).max_conc
 
 
 def _check_scenario(hw: Hardware, eng: Engine, sc: Scenario) -> None:

@@ -11,28 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autocompress_opt.serving.arch_arrays import Array
-from autocompress_opt.serving.roofline import _Ops, _Phase, _phase_ms, _Rates, _Setup
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """The request shape: ``P`` prompt and ``O`` output tokens, each layer's window ``(N, L)`` (or
-    :data:`FULL_WINDOW` for every layer)."""
-
-    p_len: float
-    o_len: float
-    window: Array
-
-    def prompt_pairs(self, ops: _Ops) -> Array:
-        """(query, key) pairs of one causal prompt per layer: Σ_{t=1..P} min(t, w) = m(m+1)/2 + (P − m)·w,
-        m = min(P, w)."""
-        seen = ops.min(self.window, self.p_len)
-        return seen * (seen + 1) / 2 + (self.p_len - seen) * self.window
-
-    def context(self, ops: _Ops) -> Array:
-        """Cached tokens a decode step reads per layer: the generation's mean context ``P + O/2``,
-        capped by a sliding layer's window."""
-        return ops.min(self.window, self.p_len + self.o_len / 2)
+from autocompress_opt.serving.roofline import _Phase, _phase_ms, _Rates, _Setup
 
 
 @dataclass(frozen=True)
@@ -51,7 +30,7 @@ class _Timing:
     wave_ttft: Array
 
 
-def _wave(setup: _Setup, rates: _Rates, shape: _Shape, b: Array) -> tuple[Array, Array, Array]:
+def _wave(setup: _Setup, rates: _Rates, b: Array) -> tuple[Array, Array, Array]:
     """(prefill time, mean TTFT, TPOT) of ``b`` prompts prefilled together in ``chunk_tokens``
     steps, logits for the last token (or all), then decoded together at the mean context.
 
@@ -59,31 +38,29 @@ def _wave(setup: _Setup, rates: _Rates, shape: _Shape, b: Array) -> tuple[Array,
     (0-based) has its first token after (j + 1)/b of the wave's prefill: the mean TTFT is
     (b + 1)/(2b) of it (all of it at b = 1, or when an engine prefills the batch in one step)."""
     ops, eng = setup.ops, setup.engine
-    prompt_tokens = b * shape.p_len
+    prompt_tokens = b * setup.p_len
     steps = 1.0 + b * 0 if eng.chunk_tokens == 0 else ops.ceil(prompt_tokens / eng.chunk_tokens)
     prefill = _Phase(
         tokens=prompt_tokens,
-        pairs=b[:, None] * shape.prompt_pairs(ops),
-        kv_read_tokens=b[:, None] * 0.0,
         logits_tokens=prompt_tokens if eng.logits_all_tokens else b,
         steps=steps,
         sequences=b + steps - 1,  # (prompt, step) pairs: each chunk boundary splits at most one prompt
+        prompt=b,
     )
-    context = b[:, None] * shape.context(ops)  # (N, L)
-    decode = _Phase(tokens=b, pairs=context, kv_read_tokens=context, logits_tokens=b, steps=b * 0 + 1.0, sequences=b)
+    decode = _Phase(tokens=b, logits_tokens=b, steps=b * 0 + 1.0, sequences=b, context=b, read=b)
     prefill_ms = _phase_ms(setup, rates, prefill)
     staggered = 1.0 if eng.chunk_tokens == 0 else (b + 1) / (2 * b)
     return prefill_ms, prefill_ms * staggered, _phase_ms(setup, rates, decode)
 
 
-def _burst(setup: _Setup, rates: _Rates, shape: _Shape, batch: Array, requests: Array) -> _Timing:
+def _burst(setup: _Setup, rates: _Rates, batch: Array, requests: Array) -> _Timing:
     """``requests`` arrive at once; waves of ``b = min(requests, batch)`` (module doc)."""
-    ops, o_len = setup.ops, shape.o_len
+    ops, o_len = setup.ops, setup.o_len
     b = ops.min(requests, batch)
     full = ops.floor(requests / b)
     rest = requests - full * b
-    prefill_b, ttft_b, tpot_b = _wave(setup, rates, shape, b)
-    prefill_r, ttft_r, tpot_r = _wave(setup, rates, shape, ops.max(rest, 1.0))
+    prefill_b, ttft_b, tpot_b = _wave(setup, rates, b)
+    prefill_r, ttft_r, tpot_r = _wave(setup, rates, ops.max(rest, 1.0))
     wave_b = prefill_b + (o_len - 1) * tpot_b
     wave_r = ops.where(rest > 0, prefill_r + (o_len - 1) * tpot_r, 0.0)
     share_b, share_r = b * full / requests, rest / requests
@@ -103,10 +80,10 @@ def _burst(setup: _Setup, rates: _Rates, shape: _Shape, batch: Array, requests: 
     )
 
 
-def _steady(setup: _Setup, rates: _Rates, shape: _Shape, batch: Array) -> _Timing:
+def _steady(setup: _Setup, rates: _Rates, batch: Array) -> _Timing:
     """``batch`` requests always in flight, chunked prefill interleaved with decode (module doc)."""
     ops, eng = setup.ops, setup.engine
-    p_len, o_len = shape.p_len, shape.o_len
+    p_len, o_len = setup.p_len, setup.o_len
     others = batch - 1.0
     # Each step's token budget goes to the running decodes first (vLLM's scheduler), the rest to a
     # prompt chunk; no chunking (0) prefills a whole prompt in one step.
@@ -115,30 +92,29 @@ def _steady(setup: _Setup, rates: _Rates, shape: _Shape, batch: Array) -> _Timin
     life = k + o_len - 1  # engine steps of one request: its prefill chunks, then O − 1 decodes
     beside = others * (o_len - 1) / life  # others decoding in any one step
     share = ops.min(others * p_len / life / chunk, 1.0)  # of my decode steps, those carrying a chunk
-    pairs, ctx = shape.prompt_pairs(ops), shape.context(ops)
     logits_per_prompt = p_len if eng.logits_all_tokens else 1.0
-    carried = (k * beside)[:, None] * ctx
+    carried = k * beside  # other sequences' decode tokens riding on the prompt's chunks
     prefill = _Phase(
         tokens=p_len + k * beside,
-        pairs=pairs + carried,
-        kv_read_tokens=carried,
         logits_tokens=logits_per_prompt + k * beside,
         steps=k,
         sequences=k * (1.0 + beside),
+        prompt=1.0,
+        context=carried,
+        read=carried,
     )
     running = 1.0 + beside
     one = batch * 0 + 1.0
-    read = running[:, None] * ctx
-    decode = _Phase(
-        tokens=running, pairs=read, kv_read_tokens=read, logits_tokens=running, steps=one, sequences=running
-    )
+    decode = _Phase(tokens=running, logits_tokens=running, steps=one, sequences=running, context=running, read=running)
     mixed = _Phase(
         tokens=running + chunk,
-        pairs=read + pairs / k[:, None],
-        kv_read_tokens=read,
         logits_tokens=running + (chunk if eng.logits_all_tokens else 1.0),
         steps=one,
         sequences=running + 1.0,
+        prompt=1.0,
+        prompt_div=k,  # one chunk of the prompt's pairs
+        context=running,
+        read=running,
     )
     ttft = _phase_ms(setup, rates, prefill)
     tpot = share * _phase_ms(setup, rates, mixed) + (1 - share) * _phase_ms(setup, rates, decode)
@@ -150,7 +126,7 @@ def _steady(setup: _Setup, rates: _Rates, shape: _Shape, batch: Array) -> _Timin
 _POISSON_ITERATIONS = 60
 
 
-def _littles_fixed_point(setup: _Setup, rates: _Rates, shape: _Shape, rate: float, capacity: Array) -> Array:
+def _littles_fixed_point(setup: _Setup, rates: _Rates, rate: float, capacity: Array) -> Array:
     """B = min(1 + λ·E2E(B), capacity), iterated from 1. On torch it runs without a graph: the
     gradient flows through the steady-state cost at the fixed point, not through the iterations
     (60 unrolled steady-state evaluations would dominate a fit's time)."""
@@ -159,7 +135,7 @@ def _littles_fixed_point(setup: _Setup, rates: _Rates, shape: _Shape, rate: floa
     def iterate() -> Array:
         batch = capacity * 0 + 1.0
         for _ in range(_POISSON_ITERATIONS):
-            batch = ops.min(1.0 + rate * _steady(setup, rates, shape, batch).e2e / 1e3, capacity)
+            batch = ops.min(1.0 + rate * _steady(setup, rates, batch).e2e / 1e3, capacity)
         return batch
 
     if not ops.torch:
@@ -168,13 +144,13 @@ def _littles_fixed_point(setup: _Setup, rates: _Rates, shape: _Shape, rate: floa
         return iterate().detach()
 
 
-def _poisson(setup: _Setup, rates: _Rates, shape: _Shape, rate: float, capacity: Array) -> _Timing:
+def _poisson(setup: _Setup, rates: _Rates, rate: float, capacity: Array) -> _Timing:
     """Arrivals at ``rate`` requests/s (module doc). An arriving request finds λ·E2E others in
     flight on average (Poisson arrivals see time averages), so ``B = 1 + λ·E2E(B)``."""
-    ops, o_len = setup.ops, shape.o_len
+    ops, o_len = setup.ops, setup.o_len
     one = capacity * 0 + 1.0
     if setup.engine.single_user:  # M/D/1: service S = single-stream E2E, wait ρS / (2(1 − ρ))
-        alone = _steady(setup, rates, shape, one)
+        alone = _steady(setup, rates, one)
         rho = rate * alone.e2e / 1e3
         stable = rho < 1
         wait = ops.where(stable, rho * alone.e2e / (2 * (1 - ops.where(stable, rho, 0.0))), float("inf"))
@@ -187,8 +163,8 @@ def _poisson(setup: _Setup, rates: _Rates, shape: _Shape, rate: float, capacity:
             prefilled=one,
             wave_ttft=alone.ttft,
         )
-    batch = _littles_fixed_point(setup, rates, shape, rate, capacity)
-    timing = _steady(setup, rates, shape, batch)
+    batch = _littles_fixed_point(setup, rates, rate, capacity)
+    timing = _steady(setup, rates, batch)
     overloaded = 1.0 + rate * timing.e2e / 1e3 > capacity * (1 + 1e-6)
     inf = float("inf")
     return _Timing(

@@ -55,6 +55,18 @@ def cases() -> Iterator[Case]:
                 yield Case("mixed", depth, binds, None, full, depth)
                 yield Case("dense", depth, binds, "vllm" if full else "llamacpp", full, depth + 2)
             yield Case("dense", depth, binds, None, False, depth + 1)
+    yield from repair_cases()
+
+
+def repair_cases() -> Iterator[Case]:
+    """Deeper stacks from near-full masks under a cost limit: hundreds of repair moves each, scored
+    by per-layer deltas and screened (``search.inner.candidates``); batch ``"max"`` concurrency
+    (latency, both) and a fixed one (memory)."""
+    for depth in (30, 80):
+        yield Case("mixed", depth, "latency", None, True, depth)
+        yield Case("mixed", depth, "both", None, True, depth + 1)
+        yield Case("dense", depth, "both", None, True, depth + 2)
+        yield Case("dense", depth, "memory", None, True, depth + 3)
 
 
 def _parent(kind: str, depth: int) -> Architecture:
@@ -182,6 +194,50 @@ def test_fill_scores_pick_the_argmax_of_every_exact_score_whatever_is_evaluated_
         best = int(np.argmax(score))
         assert best == int(np.argmax(exact)) and score[best] == exact[best]
         np.testing.assert_array_equal(viol[best], every[best])
+
+
+@pytest.mark.parametrize("name", ["mixed-30-both-free-full-31", "dense-30-memory-free-full-33"])
+def test_screened_repair_scores_decide_as_scoring_every_candidate_exactly(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At each of 12 repair moves (one unit at a time), the screened scores pick the exact best and
+    order the exact best rows on 8 distinct layers as scoring every row exactly does, while scoring
+    only some rows exactly."""
+    from autocompress_opt.search.inner import candidates
+    from autocompress_opt.search.inner.candidates import exact_repair_scores, repair_scores
+
+    monkeypatch.setattr(candidates, "DELTA_MIN_CELLS", 0)  # screen these small stacks too
+    from autocompress_opt.search.inner.discretise import _applied, _Evaluator, _Shrinks, _unit_values
+
+    case = next(c for c in repair_cases() if c.name == name)
+    parent = _parent(case.parent, case.depth)
+    masks, importance = _masks(parent, case.seed, case.full)
+    tight = Budget(num_layers=case.depth * 2 // 3, hidden_size=256, ffn_width=512, num_kv_heads=2, q_per_kv=2)
+    budget = tight if case.binds == "both" else Budget.of(parent)
+    goal = CostGoal.for_target(_LATENCY if case.binds == "both" else _MEMORY, parent)
+    values, evaluate = _unit_values(masks, importance), _Evaluator(masks, budget, goal)
+    layers, shrinks = masks.discrete(), _Shrinks(values, evaluate, None)
+    current, screened_rows = evaluate(layers)[0], 0
+    for _ in range(12):
+        candidates, packed = shrinks(layers)
+        lost = np.array([c[3] for c in candidates]) + 1e-12
+        exact, exact_viol = exact_repair_scores(packed, lost, current, evaluate)
+        score, viol = repair_scores(packed, lost, current, evaluate, 8)
+        best = int(np.argmin(exact))
+        assert int(np.argmin(score)) == best and score[best] == exact[best]
+        np.testing.assert_array_equal(viol[best], exact_viol[best])
+        order, layers_seen = np.argsort(exact, kind="stable"), set()
+        for j in order:  # the exact prefix spanning 8 layers: scored exactly and in the same order
+            assert score[j] == exact[j]
+            layers_seen.add(candidates[j][1])
+            if len(layers_seen) == 8:
+                break
+        np.testing.assert_array_equal(
+            np.argsort(score, kind="stable")[: order.tolist().index(j) + 1], order[: order.tolist().index(j) + 1]
+        )
+        screened_rows += int(np.isfinite(score).sum())
+        layers, current = _applied(layers, candidates[best][1], candidates[best][2]), exact_viol[best]
+    assert screened_rows < 12 * len(candidates) // 2  # most rows were never scored exactly
 
 
 if __name__ == "__main__":  # regenerate from the reference implementation (module doc)

@@ -15,7 +15,17 @@ import torch
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError, check_int
 from autocompress_opt.search.inner.relaxation import ExpectedStructure
-from autocompress_opt.serving.costmodel import FULL_WINDOW, ArchArrays, Scenario, estimate_batch
+from autocompress_opt.serving.costmodel import (
+    FULL_WINDOW,
+    ArchArrays,
+    LayerSums,
+    LayerTerms,
+    Scenario,
+    estimate_batch,
+    estimate_from_sums,
+    layer_terms,
+    max_concurrency_from_sums,
+)
 from autocompress_opt.serving.engine_models import Engine
 from autocompress_opt.serving.targets import Target, parent_metrics
 
@@ -129,6 +139,28 @@ class CostGoal:
         ``confidence`` bounds latencies by them (no constraint names a floor)."""
         t = self.target
         return estimate_batch(arrays, t.hardware, self._engine, self._scenario, floors=t.confidence is not None)
+
+    def layer_terms(self, arrays: ArchArrays) -> LayerTerms:
+        """Each layer's own cost terms of ``arrays`` in the target's scenario (:func:`layer_terms`)."""
+        return layer_terms(arrays, self._engine, self._scenario)
+
+    def metrics_of_sums(self, arrays: ArchArrays, sums: LayerSums) -> dict[str, Any]:
+        """:meth:`metrics` from sums over layers (:func:`estimate_from_sums`): the same equations,
+        equal to :meth:`metrics` up to the rounding of the sums."""
+        t = self.target
+        return estimate_from_sums(
+            arrays, sums, t.hardware, self._engine, self._scenario, floors=t.confidence is not None
+        )
+
+    def max_concurrency_of_sums(self, arrays: ArchArrays, sums: LayerSums) -> Any:
+        """The ``max_concurrency`` :meth:`metrics_of_sums` would give (memory only)."""
+        return max_concurrency_from_sums(arrays, sums, self.target.hardware, self._engine, self._scenario)
+
+    @property
+    def additive(self) -> bool:
+        """Whether a batch's costs follow from its sums at a few batch sizes: every arrival but
+        ``poisson``, whose Little's-law batch differs with every candidate."""
+        return self._scenario.arrival != "poisson"
 
     @cached_property
     def _engine(self) -> Engine:  # resolved once: a registry look-up per cost-model call adds up in discretise

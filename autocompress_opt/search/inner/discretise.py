@@ -12,8 +12,11 @@ it, and where it loads no per-layer shapes for this parent (:attr:`ShapeRules.he
 result is the uniform model of the trial's global choices on the layers the gates rank highest.
 
 Every move changes one layer, so a move's candidates are scored as rows of packed cost-model arrays
-(:class:`_Evaluator`): the current layers' row repeated, the changed layer's column replaced, one
-numpy :func:`~autocompress_opt.serving.costmodel.estimate_batch` for the rows that need it. No
+(:class:`~autocompress_opt.search.inner.candidates._Evaluator`; repair screens them first by
+per-layer deltas of the cost model's sums and scores exactly only those that can decide the move:
+:func:`~autocompress_opt.search.inner.candidates.repair_scores`): the current layers' row repeated,
+the changed layer's column replaced, one numpy
+:func:`~autocompress_opt.serving.costmodel.estimate_batch` for the rows that need it. No
 :class:`Architecture` is built per candidate: a move costs ``O(L)`` in Python plus array work,
 where building and packing every candidate cost ``O(L²)`` in Python. The budgets are exact sums
 (the block's, with one column's difference); fill rebuilds only the moved layer's candidates, and
@@ -39,8 +42,8 @@ from autocompress_opt.prune.export import decilm_problems
 from autocompress_opt.prune.importance import Importance, ranked
 from autocompress_opt.prune.loadability import ShapeRules
 from autocompress_opt.search.inner.budget import Budget, CostGoal, exact_violations
+from autocompress_opt.search.inner.candidates import _Evaluator, _Packed, repair_scores
 from autocompress_opt.search.inner.relaxation import DiscreteLayer, ParentMasks
-from autocompress_opt.serving.costmodel import FULL_WINDOW, ArchArrays
 from autocompress_opt.serving.targets import all_satisfied
 
 __all__ = ["Discrete", "discretise", "shape_problems"]
@@ -159,133 +162,6 @@ def _grow_layer(i: int, d: DiscreteLayer, v: _Values, p: LayerSpec, size: tuple[
                 gained = sum(v.heads[i][g][d.q_per_group] for g in range(d.kv_groups))
                 moves.append(("q-head", i, replace(d, q_per_group=d.q_per_group + 1), gained))
     return moves
-
-
-class _Evaluator:
-    """Violations (the budgets', then the goal's, in :attr:`names` order) of the current layers and
-    of one-layer changes to them, by the numpy :func:`estimate_batch` (the same equations as
-    :func:`estimate_cost`, which judges the final answer).
-
-    A layer is packed as one column of the seven per-layer fields of :class:`ArchArrays` — exactly
-    what ``ArchArrays.from_architectures`` packs for that layer of ``masks.architecture(layers)`` —
-    so ``N`` candidates are the current ``(7, L)`` block repeated ``N`` times with one column each
-    replaced: ``O(N + L)`` Python, no :class:`Architecture` per candidate, and the same numbers
-    (hence the same violations, bit for bit) as packing every candidate's architecture."""
-
-    _FIELDS = ("attn", "heads", "kv_heads", "head_dim", "ffn", "ffn_width", "window")
-
-    def __init__(self, masks: ParentMasks, budget: Budget, goal: CostGoal | None) -> None:
-        self.budget, self.goal = budget, goal
-        self.names = list(budget.limits()) + (list(goal.violations(goal.parent_metrics)) if goal else [])
-        parent = masks.parent
-        self._ffn_unit = masks.ffn_unit
-        self._head_dim = [float(p.head_dim) for p in parent.layers]
-        self._window = [float(p.window or FULL_WINDOW) for p in parent.layers]
-        # the per-architecture fields of masks.architecture(...): the parent's, at the trial's hidden size
-        self._per_arch = {
-            "vocab": float(parent.vocab_size),
-            "hidden": float(masks.hidden_size),
-            "tied": float(parent.tie_embeddings),
-            "qkv_bias": float(parent.qkv_bias),
-            "o_bias": float(parent.o_bias),
-            "mlp_bias": float(parent.mlp_bias),
-            "qk_norm": float(parent.qk_norm),
-        }
-
-    def column(self, i: int, d: DiscreteLayer) -> tuple[float, ...]:
-        """Layer ``i`` in state ``d`` as :data:`_FIELDS` (:meth:`ParentMasks.architecture`'s rules:
-        a sub-block needs one unit; a dropped attention has no heads, head size or window)."""
-        attn = d.attention and d.kv_groups >= 1 and d.q_per_group >= 1
-        ffn = d.ffn and d.ffn_units >= 1
-        return (
-            float(attn),
-            float(d.kv_groups * d.q_per_group) if attn else 0.0,
-            float(d.kv_groups) if attn else 0.0,
-            self._head_dim[i] if attn else 0.0,
-            float(ffn),
-            float(d.ffn_units * self._ffn_unit) if ffn else 0.0,
-            self._window[i] if attn else FULL_WINDOW,
-        )
-
-    def block(self, layers: Sequence[DiscreteLayer]) -> np.ndarray:
-        """``layers`` as a ``(7, L)`` block of :meth:`column` s."""
-        return np.array([self.column(i, d) for i, d in enumerate(layers)]).T
-
-    def pack(
-        self, layers: Sequence[DiscreteLayer], changes: Sequence[tuple[int, DiscreteLayer]] | None = None
-    ) -> _Packed:
-        """``layers`` with each of ``changes`` (layer, new state) applied on its own (``N`` rows), or
-        ``layers`` as they are (one row), packed, with their budget violations."""
-        if changes is None:
-            return self.packed(self.block(layers), None, None)
-        where = np.array([i for i, _ in changes], dtype=np.intp)
-        columns = np.array([self.column(i, d) for i, d in changes]).reshape(len(changes), 7).T
-        return self.packed(self.block(layers), where, columns)
-
-    def packed(self, block: np.ndarray, where: np.ndarray | None, columns: np.ndarray | None) -> _Packed:
-        """The rows of ``block`` ``(7, L)`` with column ``where[n]`` replaced by ``columns[:, n]``
-        ``(7, N)`` (or ``block`` itself: one row), with their budget violations. The budgets are
-        sums of whole numbers, exact in float64: the block's sums with one column's difference are
-        the sums of each row (what ``budget.totals_of`` gives each architecture), in ``O(N + L)``."""
-        sums = block.sum(-1)  # (7,)
-        change = np.zeros((7, 1)) if where is None else columns - block[:, where]  # (7, N)
-        t = dict(zip(self._FIELDS, sums[:, None] + change))
-        totals = {
-            "budget:num_layers": (t["attn"] + t["ffn"]) / 2,
-            "budget:ffn_width": t["ffn_width"],
-            "budget:num_heads": t["heads"],
-            "budget:num_kv_heads": t["kv_heads"],
-        }
-        return _Packed(block, where, columns, np.stack(list(self.budget.violations(totals).values()), axis=1))
-
-    def goal_violations(self, packed: _Packed, rows: np.ndarray | None = None) -> np.ndarray:
-        """``(len(rows), K - B)`` goal violations of ``packed``'s ``rows`` (default all); ``(n, 0)``
-        without a goal. A row's values do not depend on the other rows evaluated with it."""
-        if rows is None:
-            rows = np.arange(packed.n_rows)
-        n = len(rows)
-        if self.goal is None or n == 0:
-            return np.zeros((n, 0))
-        arrays = ArchArrays(**{k: np.full(n, v) for k, v in self._per_arch.items()}, **packed.per_layer(rows))
-        goal = self.goal.violations(self.goal.metrics(arrays))
-        return np.stack([np.asarray(goal[k], dtype=float).reshape(-1) for k in self.names[packed.n_budgets :]], 1)
-
-    def __call__(
-        self, layers: Sequence[DiscreteLayer], changes: Sequence[tuple[int, DiscreteLayer]] | None = None
-    ) -> np.ndarray:
-        """``(N, K)`` violations of :meth:`pack` ``(layers, changes)``: budgets, then the goal."""
-        packed = self.pack(layers, changes)
-        return np.concatenate([packed.budget, self.goal_violations(packed)], axis=1)
-
-
-@dataclass(frozen=True)
-class _Packed:
-    """Candidate rows of :class:`_Evaluator`: the current layers' block ``(7, L)``, each row's
-    changed layer ``where`` ``(N,)`` and its column ``(7, N)`` (None: the block itself, one row),
-    and the budget violations ``(N, B)``."""
-
-    block: np.ndarray
-    where: np.ndarray | None
-    columns: np.ndarray | None
-    budget: np.ndarray
-
-    @property
-    def n_budgets(self) -> int:
-        return int(self.budget.shape[1])
-
-    @property
-    def n_rows(self) -> int:
-        return int(self.budget.shape[0])
-
-    def per_layer(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """The seven per-layer fields of ``rows``, each ``(len(rows), L)`` and C-contiguous: the
-        block repeated, each row's changed column replaced."""
-        n = len(rows)
-        out = np.repeat(self.block[:, None, :], n, axis=1)  # (7, n, L)
-        if self.where is not None:
-            assert self.columns is not None
-            out[:, np.arange(n), self.where[rows]] = self.columns[:, rows]
-        return dict(zip(_Evaluator._FIELDS, out))
 
 
 @dataclass(frozen=True)
@@ -539,19 +415,10 @@ def _repair(
         candidates, packed = shrinks(layers)
         if not candidates:
             break  # nothing left to remove: infeasible
-        viol = np.concatenate([packed.budget, evaluate.goal_violations(packed)], axis=1)  # (N, K)
         lost = np.array([c[3] for c in candidates]) + 1e-12
-        over = current > 0
-        gain = np.maximum(current, 0).sum() - np.maximum(viol, 0).sum(1)
-        if np.any(gain > 1e-12):
-            score = np.where(gain > 1e-12, lost / np.maximum(gain, 1e-12), np.inf)
-        else:  # e.g. a stepwise metric: reduce the violated values themselves, else shrink cheaply
-            drop = (current[over][None, :] - viol[:, over]).sum(1)
-            score = np.where(drop > 1e-12, lost / np.maximum(drop, 1e-12), np.inf)
-            if not np.isfinite(score).any():
-                score = lost
-        best = int(np.argmin(score))
         batch = min(_BATCH_MOVES, 1 + int(8 * np.maximum(current, 0).sum()))
+        score, viol = repair_scores(packed, lost, current, evaluate, batch)
+        best = int(np.argmin(score))
         if batch > 1:
             combined, applied = _combine(layers, candidates, np.argsort(score, kind="stable"), score, batch)
             if applied > 1 and (legal is None or legal.ok(combined)):
