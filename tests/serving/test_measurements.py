@@ -82,6 +82,17 @@ def test_moe_and_hybrid_rows_name_known_models(raw_rows: list[dict[str, str]]) -
     assert len(shapeless) == sum(families.values())
 
 
+def test_nemotron_3_super_rows_cover_b200_and_h100_in_vllm(raw_rows: list[dict[str, str]]) -> None:
+    """Issue 30's validation set: published vLLM runs of Nemotron 3 Super on B200 and H100, one
+    source (held out together), each run giving a throughput and an ITL row."""
+    rows = [r for r in raw_rows if r["model"] == "nemotron-3-super-120b-a12b"]
+    assert {r["hardware"] for r in rows} == {"b200", "h100-sxm"}
+    assert {r["engine"] for r in rows} == {"vllm"} and len({r["source"] for r in rows}) == 1
+    runs = Counter((r["hardware"], r["tp"], r["weight_dtype"]) for r in rows)
+    assert len(runs) == 4 and set(runs.values()) == {2}
+    assert {r["metric"] for r in rows} == {"output_throughput_tok_s", "tpot_ms"}
+
+
 def _write(tmp_path, raw_rows: list[dict[str, str]], **changes: str):
     row = {**next(r for r in raw_rows if r["model"] == "qwen3-30b-a3b"), **changes}
     path = tmp_path / "m.csv"
