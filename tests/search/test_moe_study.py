@@ -84,7 +84,7 @@ def test_a_moe_family_without_an_experts_path_is_plan_mode_only() -> None:
     mixtral = load_architecture("mixtral-8x7b")
     with pytest.raises(
         ConfigError,
-        match=r"prunes the routed experts of qwen3_moe.* parents only; mixtral is plan-mode only.*--mode plan",
+        match=r"sparse blocks of qwen3_moe and nemotron_h parents only; mixtral is plan-mode only.*--mode plan",
     ):
         check_config(_config(expert_space(mixtral)), mixtral)
 
