@@ -50,7 +50,9 @@ def test_the_weights_trial_loads_its_parent_over_the_gpus_ray_assigned(monkeypat
     monkeypatch.setattr("autocompress_opt.hf.loading.load_model", load_model)
     with pytest.raises(Loaded):
         parent_context("some-parent", TrialConfig(), Path("unused"))
-    assert calls == [{"cache": False, "dtype": torch.bfloat16, "device": torch.device("cuda", 0), "gpus": 2}]
+    expected = {"cache": False, "dtype": torch.bfloat16, "device": torch.device("cuda", 0), "gpus": 2}
+    # the study's dequantised copy of a GGUF parent lives in the trials' cache (weights_trial.load_parent)
+    assert calls == [{**expected, "dequantised_dir": Path("unused") / "parents"}]
 
 
 def test_a_trial_empties_the_cuda_cache_when_it_ends(monkeypatch: pytest.MonkeyPatch) -> None:
