@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 from dense_cost_golden import CASES, GOLDEN, architectures, compute
 
+from autocompress_opt.arch.catalog import known_architectures
+from autocompress_opt.serving.costmodel import ArchArrays, estimate_batch
+
 
 def test_golden_covers_every_case() -> None:
     assert len(json.loads(GOLDEN.read_text())["cases"]) == len(CASES)
@@ -30,3 +33,18 @@ def test_dense_costs_equal_the_pre_moe_golden_exactly(index: int) -> None:
     for single_now, single_golden in zip(now["single"], golden["single"], strict=True):
         for metric, value in single_golden.items():  # estimate_cost may report more metrics now
             assert single_now[metric] == value, metric
+
+
+@pytest.mark.parametrize("index", range(len(CASES)))
+def test_a_dense_batch_costs_the_same_on_the_fast_path_as_beside_a_moe_model(index: int) -> None:
+    """A numpy batch without MoE or Mamba-2 layers skips their zero terms (roofline._dense_structure,
+    the inner search's case); packed beside a MoE model the same rows take the full path: equal bit
+    for bit."""
+    hardware, engine, scenario = CASES[index]
+    dense = architectures()
+    alone = estimate_batch(ArchArrays.from_architectures(dense), hardware, engine, scenario, bounds=True)
+    mixed_archs = dense + [known_architectures()["qwen3-30b-a3b"]]
+    mixed = estimate_batch(ArchArrays.from_architectures(mixed_archs), hardware, engine, scenario, bounds=True)
+    n = len(dense)
+    for metric, values in alone.items():
+        np.testing.assert_array_equal(np.asarray(values).reshape(-1), np.asarray(mixed[metric]).reshape(-1)[:n], metric)
