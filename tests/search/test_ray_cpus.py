@@ -41,3 +41,34 @@ def test_local_ray_gets_the_affinity_cpus_or_concurrency(
     monkeypatch.setattr(ray_runtime, "_plugin_paths", lambda plugins: [])
     init_ray(None, concurrency)
     assert [(c["address"], c["num_cpus"]) for c in calls] == [("local", expected)]
+
+
+_NICENESS_SCRIPT = """
+import os, sys
+os.nice(3)  # a driver started with `nice -n 3`
+from autocompress_opt.search.study.ray_runtime import init_ray
+import ray
+init_ray(None, 1)
+@ray.remote
+def niceness():
+    return os.nice(0)
+print("NICE", os.nice(0), ray.get(niceness.remote()))
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_a_local_rays_workers_run_at_the_drivers_niceness() -> None:
+    """Ray's raylet starts workers at niceness 15 by default (``RAY_worker_niceness``): trials would
+    yield to the driver's own preparation and to any other process. A local Ray started by the study
+    runs them at the driver's niceness (a real Ray, in a process of its own)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_worker_niceness")}
+    out = subprocess.run(
+        [sys.executable, "-c", _NICENESS_SCRIPT], env=env, capture_output=True, text=True, timeout=300, check=True
+    ).stdout
+    line = next(x for x in out.splitlines() if x.startswith("NICE"))
+    driver, worker = (int(v) for v in line.split()[1:])
+    assert driver == worker == os.nice(0) + 3

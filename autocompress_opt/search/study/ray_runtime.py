@@ -81,13 +81,18 @@ def init_ray(address: str | None, concurrency: int | None, plugins: Sequence[str
     this machine's GPUs; nothing when Ray is already up. Without an address the local Ray is always a
     new one (``address="local"``): Ray's own default would attach to whatever cluster another process
     on this machine last started (its ``/tmp/ray/ray_current_cluster``), a test's two-node cluster
-    included."""
+    included. Trial workers run at this process's niceness, not Ray's default 15."""
     import logging
 
     import ray
 
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no per-trial json/csv/tb files
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # Ray's raylet starts its workers at niceness 15 (RAY_worker_niceness), below the driver: on a
+    # busy machine the driver's own work (preparing the next targets) and any other process would
+    # starve the trials. A local Ray started here runs them at the driver's priority (an explicit
+    # RAY_worker_niceness wins; a cluster started elsewhere keeps its own setting).
+    os.environ.setdefault("RAY_worker_niceness", "0")  # an increment over the raylet, which has ours
     if ray.is_initialized():
         return
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
