@@ -283,7 +283,7 @@ def _fit_engine(engine: str, observations: Sequence[Observation]) -> CostProfile
 
 def is_moe(obs: Observation) -> bool:
     """Whether a row's model has mixture-of-experts or Mamba-2 layers: the engine-wide profiles are
-    *not* fitted to these rows, which validate the dense-fitted profiles on another kind of model."""
+    fitted to the dense rows only; these rows fit ``routed_pair_ns`` alone (:func:`fit_published`)."""
     return is_sparse(obs.arch)
 
 
