@@ -322,7 +322,8 @@ def validation_moe() -> str:
     ]  # fmt: skip
     return (
         f"{held['rows']} published mixture-of-experts and hybrid measurements, predicted by the engine "
-        f"profiles fitted to the dense rows (no parameter is fitted to them): median error held out one "
+        f"profiles fitted to the dense rows plus one time per routed (token, expert) pair fitted to the "
+        f"other publications' MoE/hybrid rows: median error held out one "
         f"publication at a time **{pct(held['median_abs_error'])}** (max {pct(held['max_abs_error'], 0)}); "
         f"{held['optimistic_rows']} of {held['rows']} rows predict less time than was measured.\n\n"
         + table(header, rows)

@@ -33,6 +33,9 @@ class Engine:
         description: one line for ``--help`` and reports.
         kernels_per_attention / kernels_per_ffn / kernels_per_step: kernel launches per attention
             block, per FFN block (norm included) and per engine step outside the layers.
+        kernels_per_moe: kernel launches per mixture-of-experts block (norm, router, top-k, the
+            permute and grouped-GEMM kernels, the weighted combine), counted from the engine's MoE
+            path; None: as many as an FFN block (an engine whose MoE path is not counted here).
         chunk_tokens: prefill tokens per engine step (chunked prefill); 0 = the whole prompt batch.
         kv_block_tokens: KV-cache allocation granularity in tokens (1 = exact).
         memory_policy: ``pool_of_total`` (vLLM: a fraction of *total* memory is the budget),
@@ -84,7 +87,13 @@ class Engine:
     fp16_accumulate: bool = False
     mmq: int = 1
     mamba_state_dtype: str = "fp32"
+    kernels_per_moe: int | None = None
     options: tuple[str, ...] = field(default=("memory_fraction", "max_seqs", "chunk_tokens", "context_tokens"))
+
+    @property
+    def moe_kernels(self) -> int:
+        """Kernel launches per MoE block: ``kernels_per_moe``, or an FFN block's when it is None."""
+        return self.kernels_per_ffn if self.kernels_per_moe is None else self.kernels_per_moe
 
     def with_options(self, **values: Any) -> Engine:
         """A copy with user overrides, e.g. ``memory_fraction=0.5`` (vLLM gpu_memory_utilization).
@@ -137,6 +146,10 @@ ENGINES.register(
         kernels_per_attention=6,  # fused add+RMSNorm, QKV GEMM, RoPE, cache write, attention, O GEMM
         kernels_per_ffn=4,  # fused add+RMSNorm, gate_up GEMM, SiLU*mul, down GEMM
         kernels_per_step=8,  # embedding, final norm, lm_head, logits processing and sampling
+        # fused add+RMSNorm, router GEMM, then fused_moe's Triton path (model_executor/layers/fused_moe/
+        # fused_moe.py: fused_topk's topk_softmax, moe_align_block_size, fused_moe_kernel for w13,
+        # silu_and_mul, fused_moe_kernel for w2, moe_sum): 8
+        kernels_per_moe=8,
         chunk_tokens=8192,
         kv_block_tokens=16,
         memory_policy="pool_of_total",
@@ -155,6 +168,12 @@ ENGINES.register(
         kernels_per_attention=4,  # fused norm+quant, QKV GEMM, fused RoPE+attention, O GEMM
         kernels_per_ffn=3,  # fused norm, gate_up GEMM with fused activation, down GEMM
         kernels_per_step=6,
+        # fused norm, router GEMM, routing top-k, then CutlassMoeFCRunner::runMoe (cutlass_kernels/
+        # moe_gemm/moe_kernels.cu): fusedBuildExpertMapsSortFirstToken, expandInputRowsKernel (the
+        # permute), computeStridesTmaWarpSpecialized, grouped GEMM 1, the gated activation (a separate
+        # kernel on the SM90+ TMA warp-specialised path), grouped GEMM 2 with the finalize (unpermute and
+        # weighted combine) fused in its epilogue: 9
+        kernels_per_moe=9,
         chunk_tokens=8192,
         kv_block_tokens=32,
         memory_policy="pool_of_free",

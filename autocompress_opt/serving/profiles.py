@@ -50,6 +50,7 @@ FITTED_PARAMETERS: tuple[str, ...] = (
     "step_overhead_ms",
     "allreduce_latency_us",
     "request_overhead_ms",
+    "routed_pair_ns",
 )
 
 
@@ -102,6 +103,11 @@ class CostProfile:
             engine's HTTP front end) spends outside the GPU's steps (HTTP, chat template and
             tokenisation, hand-off to the scheduler, streaming the first token back); added to TTFT
             and E2E, not to a run's throughput (the front end overlaps the GPU's work).
+        routed_pair_ns: time per routed (token, expert) pair of a mixture-of-experts layer, beyond
+            the roofline of its GEMMs: the permute and unpermute of the hidden state, the activation
+            and the weighted combine of each of the k experts a token runs. Exactly 0 for a dense
+            model (it has no routed pair); fitted to the MoE/hybrid rows only
+            (:func:`~autocompress_opt.serving.validation.fit_published`), 0 where none was fitted.
         reference: the device figures the efficiencies are fractions of, when they are not the
             hardware entry's: ``{"peak_tflops": {...}, "bandwidth_gb_s": ...}`` (optionally
             ``fp16_acc_tflops``). A real engine's profile of the host CPU carries the figures measured
@@ -122,6 +128,7 @@ class CostProfile:
     step_overhead_ms: float = 0.5
     allreduce_latency_us: float = 10.0
     request_overhead_ms: float = 0.0
+    routed_pair_ns: float = 0.0
     reference: Mapping[str, Any] = field(default_factory=dict)
     fit: Mapping[str, Any] = field(default_factory=dict)
 
@@ -137,7 +144,13 @@ class CostProfile:
                 raise ConfigError(
                     f"profile {self.engine}@{self.hardware}: mfu_by_dtype[{dtype!r}] must be in (0, 1], got {value!r}"
                 )
-        for name in ("kernel_launch_us", "step_overhead_ms", "allreduce_latency_us", "request_overhead_ms"):
+        for name in (
+            "kernel_launch_us",
+            "step_overhead_ms",
+            "allreduce_latency_us",
+            "request_overhead_ms",
+            "routed_pair_ns",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(
                     f"profile {self.engine}@{self.hardware}: {name} must be >= 0, got {getattr(self, name)!r}"

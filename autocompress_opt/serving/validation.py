@@ -37,9 +37,16 @@ from autocompress_opt.arch.hybrid import is_sparse
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving.costmodel import Scenario, regime_of
 from autocompress_opt.serving.engine_models import get_engine
-from autocompress_opt.serving.fitting import Observation, fit_profile, predict, relative_errors
+from autocompress_opt.serving.fitting import Observation, fit_profile, fit_routed_pair_ns, predict, relative_errors
 from autocompress_opt.serving.hardware import get_hardware
-from autocompress_opt.serving.profiles import FITTED_PARAMETERS, METRIC_PHASES, PRIORS, CostProfile, time_ratio
+from autocompress_opt.serving.profiles import (
+    FITTED_PARAMETERS,
+    METRIC_PHASES,
+    PRIORS,
+    CostProfile,
+    get_profile,
+    time_ratio,
+)
 
 __all__ = [
     "SHIPPED_MEASUREMENTS",
@@ -93,6 +100,7 @@ class ValidationRow:
     bound: float  # floor (latency) or ceiling (throughput) at 100 % of peak
     bound_ok: bool
     source: str
+    routed_pair_ns: float = 0.0  # the profile's time per routed (token, expert) pair it was predicted with
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -232,9 +240,15 @@ def validate(rows: Sequence[tuple[Observation, str]], profile: CostProfile | Non
                 bound=bound,
                 bound_ok=bound <= obs.value if is_latency else bound >= obs.value,
                 source=source,
+                routed_pair_ns=round(float(_used(obs, profile).routed_pair_ns), 4),
             )
         )
     return results
+
+
+def _used(obs: Observation, profile: CostProfile | None) -> CostProfile:
+    """The profile a row is predicted with: ``profile``, else its (hardware, engine)'s own."""
+    return profile or get_profile(obs.engine.name, obs.hardware.name)
 
 
 _METHOD = "log-space least squares (L-BFGS) with a weak prior toward typical published efficiencies"
@@ -269,7 +283,7 @@ def _fit_engine(engine: str, observations: Sequence[Observation]) -> CostProfile
 
 def is_moe(obs: Observation) -> bool:
     """Whether a row's model has mixture-of-experts or Mamba-2 layers: the engine-wide profiles are
-    *not* fitted to these rows, which validate the dense-fitted profiles on another kind of model."""
+    fitted to the dense rows only; these rows fit ``routed_pair_ns`` alone (:func:`fit_published`)."""
     return is_sparse(obs.arch)
 
 
@@ -281,9 +295,10 @@ def family_of(obs: Observation) -> str:
 
 def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True) -> list[CostProfile]:
     """One engine-wide profile per engine, fitted to that engine's dense rows (parameters:
-    :func:`free_parameters`, shared by every device and row of the engine). The MoE/hybrid rows
-    (:func:`is_moe`) fit nothing: they score the dense-fitted profiles on routed experts and Mamba-2
-    mixers, which the roofline times from their FLOPs and bytes with no parameter of their own.
+    :func:`free_parameters`, shared by every device and row of the engine); then, with those held,
+    ``routed_pair_ns`` (the time per routed (token, expert) pair, exactly 0 in a dense model) fitted
+    to the engine's MoE/hybrid rows (:func:`is_moe`), the one parameter they fit
+    (:func:`~autocompress_opt.serving.fitting.fit_routed_pair_ns`).
 
     With ``holdout`` each engine is also refitted without each source in turn (leave-one-source-
     out: rows sharing a ``source`` text are held out together; an engine left with no rows falls
@@ -301,11 +316,12 @@ def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True)
     fitted: dict[str, CostProfile] = {}
     for engine, items in sorted(by_engine.items()):
         observations = [o for o, _ in items]
-        profile = _rounded(_fit_engine(engine, observations))
+        moe_observations = [o for o, _ in moe if o.engine.name == engine]
+        profile = _rounded(fit_routed_pair_ns(moe_observations, _fit_engine(engine, observations)))
         free, fp4 = free_parameters(observations)
         fit: dict[str, object] = {
             "method": _METHOD,
-            "free": free + [f"mfu_by_dtype.{d}" for d in fp4],
+            "free": free + [f"mfu_by_dtype.{d}" for d in fp4] + (["routed_pair_ns"] if moe_observations else []),
             "rows": {o.label: round(float(e), 4) for o, e in zip(observations, relative_errors(observations, profile))},
         }
         if holdout:
@@ -323,10 +339,13 @@ def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True)
 
 
 def leave_one_source_out(rows: Sequence[tuple[Observation, str]]) -> list[ValidationRow]:
-    """Each row predicted by its engine's profile refitted to the engine's dense rows without the
-    row's whole source (the publication it came from): out-of-sample errors. A MoE/hybrid row's
-    source holds no dense rows, so it is predicted by the profile fitted to all of them."""
+    """Each row predicted by its engine's profile refitted without the row's whole source (the
+    publication it came from): the dense parameters to the engine's other dense rows, then
+    ``routed_pair_ns`` to its other sources' MoE/hybrid rows (:func:`fit_published`); out-of-sample
+    errors. A source without dense rows is predicted with the dense parameters fitted to all of
+    them; each row carries the ``routed_pair_ns`` it was predicted with (one value per fold)."""
     dense = [(obs, src) for obs, src in rows if not is_moe(obs)]
+    moe = [(obs, src) for obs, src in rows if is_moe(obs)]
     fits: dict[tuple[str, str], CostProfile] = {}
 
     def profile_without(engine: str, source: str) -> CostProfile:
@@ -336,11 +355,16 @@ def leave_one_source_out(rows: Sequence[tuple[Observation, str]]) -> list[Valida
             fits[key] = _fit_engine(engine, rest) if rest else PRIORS.get(engine, CostProfile(engine))
         return fits[key]
 
+    def moe_profile_without(engine: str, source: str) -> CostProfile:
+        rest = [obs for obs, src in moe if obs.engine.name == engine and src != source]
+        return fit_routed_pair_ns(rest, profile_without(engine, source))
+
     out: dict[str, ValidationRow] = {}
     for source in sorted({src for _, src in rows}):
         held = [(obs, src) for obs, src in rows if src == source]
         for engine in sorted({obs.engine.name for obs, _ in held}):
-            profile = profile_without(engine, source)
+            has_moe = any(is_moe(obs) and obs.engine.name == engine for obs, _ in held)
+            profile = moe_profile_without(engine, source) if has_moe else profile_without(engine, source)
             for row in validate([(obs, src) for obs, src in held if obs.engine.name == engine], profile):
                 out[row.id] = row
     return [out[obs.label] for obs, _ in rows if obs.label in out]

@@ -10,7 +10,7 @@ import json
 import hypothesis.strategies as st
 import numpy as np
 import pytest
-from golden_cost import GOLD_ENGINE, GOLD_HW, GOLD_PROFILE, GOLD_SCENARIO
+from golden_cost import GOLD_ARCH, GOLD_ENGINE, GOLD_HW, GOLD_PROFILE, GOLD_SCENARIO
 from hypothesis import given, settings
 
 from autocompress_opt.arch.architecture import Architecture, LayerSpec
@@ -24,6 +24,7 @@ from autocompress_opt.serving.costmodel import (
     experts_touched,
 )
 from autocompress_opt.serving.engine_models import GIB
+from autocompress_opt.serving.fitting import Observation, fit_routed_pair_ns
 
 ATTENTION = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 16}  # GOLD_ARCH's attention
 
@@ -238,3 +239,43 @@ def test_active_params_is_a_constraint_of_a_target() -> None:
     fewer_per_token = _with_moe(parent, experts_per_token=2)
     assert target.violations(target.cost_metrics(parent), reference)["active_params <= 0.85x"] > 0
     assert target.violations(target.cost_metrics(fewer_per_token), reference)["active_params <= 0.85x"] <= 0
+
+
+def test_moe_kernels_and_routed_pair_time_golden_values() -> None:
+    """A MoE block's own kernel count (Engine.kernels_per_moe) and the time per routed (token, expert)
+    pair (CostProfile.routed_pair_ns) add exactly the arithmetic in the comments to the tiny MoE."""
+    engine = dataclasses.replace(GOLD_ENGINE, kernels_per_moe=5)
+    profile = GOLD_PROFILE.with_parameters(routed_pair_ns=1000.0)  # 1 µs a pair
+    c = estimate_cost(tiny_moe(), GOLD_HW, engine, GOLD_SCENARIO, profile)
+    # Kernels: 2 layers · (attention 1 + MoE 5) = 12 (was 4) → +8 µs per step. Routed pairs: 2 layers · k 2
+    # = 4 per token. Decode (1 token): 1.914304e-5 (golden above) + 8e-6 + 4 · 1e-6 = 3.114304e-5 s.
+    assert c.tpot_ms == pytest.approx(0.03114304, rel=1e-9)
+    # Prefill (100 tokens, one step): 2.20384e-5 + 8e-6 + 100 · 4 · 1e-6 = 4.300384e-4 s.
+    assert c.ttft_ms == pytest.approx(0.4300384, rel=1e-9)
+
+
+def test_moe_terms_leave_a_dense_model_unchanged() -> None:
+    """A dense model has no MoE block and no routed pair: the MoE kernel count and the time per pair
+    change none of its costs, bit for bit."""
+    engine = dataclasses.replace(GOLD_ENGINE, kernels_per_moe=9)
+    profile = GOLD_PROFILE.with_parameters(routed_pair_ns=50.0)
+    arch = tiny_hybrid()  # Mamba-2 and attention, dense FFNs: the sparse path, no MoE layer
+    for a in (arch, GOLD_ARCH):
+        plain = estimate_cost(a, GOLD_HW, GOLD_ENGINE, GOLD_SCENARIO, GOLD_PROFILE)
+        assert estimate_cost(a, GOLD_HW, engine, GOLD_SCENARIO, profile) == plain
+
+
+def test_fit_routed_pair_ns_recovers_the_time_that_made_the_rows() -> None:
+    """Rows predicted at 20 ns a pair are fitted back to 20 ns from a start of 0; no rows keep the start."""
+    truth = GOLD_PROFILE.with_parameters(routed_pair_ns=20.0)
+    observations = []
+    for concurrency, metric in ((1, "tpot_ms"), (8, "output_throughput_tok_s"), (64, "output_throughput_tok_s")):
+        scenario = dataclasses.replace(GOLD_SCENARIO, concurrency=concurrency)
+        value = estimate_cost(tiny_moe(), GOLD_HW, GOLD_ENGINE, scenario, truth)
+        observations.append(
+            Observation(tiny_moe(), GOLD_HW, GOLD_ENGINE, scenario, metric, float(getattr(value, metric)))
+        )
+    fitted = fit_routed_pair_ns(observations, GOLD_PROFILE)
+    assert fitted.routed_pair_ns == pytest.approx(20.0, rel=1e-3)
+    assert fitted.mfu == GOLD_PROFILE.mfu and fitted.kernel_launch_us == GOLD_PROFILE.kernel_launch_us
+    assert fit_routed_pair_ns([], GOLD_PROFILE) is GOLD_PROFILE
