@@ -52,16 +52,27 @@ cache, which only attention layers have. ``active_params`` is the parameters one
 
 Arrival regimes (``Scenario.arrival``; DESIGN.md §3), with ``B`` sequences running at once
 (``concurrency``, or the memory limit for ``"max"``), ``Pf(b)`` the time to prefill a wave of ``b``
-prompts together (in ``chunk_tokens`` steps) and ``T_w(b) = Pf(b) + (O − 1)·TPOT(b)`` the wave's time
-until its last token::
+prompts together in ``K = ⌈b·P / chunk_tokens⌉`` steps (with the decodes those steps carry, below),
+``t(n)`` one decode step of ``n`` sequences and ``T_w(b) = Pf(b) + (O − 1)·t(b − M/(O − 1))`` the
+wave's time until its last token::
 
     burst    N requests (default B) arrive at once and run in waves of b = min(N, B):
              n = ⌊N / b⌋ full waves, r = N − n·b left for a last one;
              makespan = n·T_w(b) + T_w(r);  throughput = N·O / makespan (everyone's prefill inside);
              mean TTFT = [b·(T_w(b)·n(n−1)/2 + n·TTFT(b)) + r·(n·T_w(b) + TTFT(r))] / N, where a
              wave's mean TTFT(b) = (b + 1)/(2b)·Pf(b) when prefill is chunked (the prompts finish
-             first come first served) and Pf(b) when a whole batch is prefilled in one step.
-             N = B is the plain batch (and N = B = 1 single-stream latency).
+             first come first served, K/b steps apart) and Pf(b) when a whole batch is prefilled in
+             one step.  With chunking, a request that has its first token decodes in each later
+             prefill step of its wave: the K steps carry M = Σ_{i<b} min(i·K/b, O − 1) decode tokens
+             beside the prompts (Pf(b) times the prompts and them, weights read once a step), and
+             the O − 1 decode-only steps after them run b − M/(O − 1) sequences on average (the
+             earliest requests finish first).  Per request TPOT = (E2E − TTFT)/(O − 1), as
+             benchmark tools measure it, so a wave's mean
+                 TPOT(b) = t(b − M/(O − 1)) + (M/b)·(Pf(b)/K − t(b − M/(O − 1))) / (O − 1):
+             M/b of a request's steps are prefill steps of the later prompts.  Without chunking, or
+             at b = 1, M = 0 and TPOT(b) = t(b).  mean TPOT = (n·b·TPOT(b) + r·TPOT(r)) / N and
+             mean E2E = TTFT + (O − 1)·TPOT.  N = B is the plain batch (and N = B = 1
+             single-stream latency).
     steady   B requests always in flight (one replaces each that finishes); a new prompt's prefill
              runs in k = ⌈P / c⌉ chunks of c = min(P, chunk_tokens − (B − 1)) tokens, each step
              shared with the others' decodes. A request lives L = k + O − 1 steps, so D = (B−1)(O−1)/L

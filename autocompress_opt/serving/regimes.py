@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autocompress_opt.serving.arch_arrays import Array
-from autocompress_opt.serving.roofline import _Phase, _phase_ms, _Rates, _Setup
+from autocompress_opt.serving.roofline import _Ops, _Phase, _phase_ms, _Rates, _Setup
 
 
 @dataclass(frozen=True)
@@ -30,27 +30,69 @@ class _Timing:
     wave_ttft: Array
 
 
-def _wave(setup: _Setup, rates: _Rates, b: Array) -> tuple[Array, Array, Array]:
-    """(prefill time, mean TTFT, TPOT) of ``b`` prompts prefilled together in ``chunk_tokens``
-    steps, logits for the last token (or all), then decoded together at the mean context.
+@dataclass(frozen=True)
+class _Wave:
+    """One wave of ``b`` prompts (module doc, burst), ``(N,)`` each in ms: its prefill steps with the
+    decodes they carry, the mean first-token time and TPOT of its requests, and its makespan (until
+    its last token)."""
+
+    prefill: Array
+    ttft: Array
+    tpot: Array
+    makespan: Array
+
+
+def _carried_decodes(b: Array, steps: Array, decodes: float, ops: _Ops) -> Array:
+    """Decode tokens the requests of a wave produce inside its prefill steps: Σ_i min(i·K/b, O − 1)
+    over i = 0..b − 1, the prefill steps still to run when the wave's (b − i)-th prompt has its first
+    token (prompts finish first come first served, ``K/b`` steps apart, as the wave's TTFT assumes); a
+    request stops carrying decodes once it has all ``O − 1`` of them."""
+    per_prompt = steps / b
+    uncapped = ops.min(b - 1.0, ops.floor(decodes / per_prompt))  # the last i with i·K/b <= O − 1
+    return per_prompt * uncapped * (uncapped + 1.0) / 2.0 + (b - 1.0 - uncapped) * decodes
+
+
+def _wave(setup: _Setup, rates: _Rates, b: Array) -> _Wave:
+    """``b`` prompts prefilled together in ``chunk_tokens`` steps, logits for the last token (or all),
+    then decoded together.
 
     With chunked prefill the scheduler takes the prompts first come first served, so prompt j
     (0-based) has its first token after (j + 1)/b of the wave's prefill: the mean TTFT is
-    (b + 1)/(2b) of it (all of it at b = 1, or when an engine prefills the batch in one step)."""
+    (b + 1)/(2b) of it (all of it at b = 1, or when an engine prefills the batch in one step). A
+    request that has its first token decodes in every later step, so the rest of the wave's prefill
+    steps carry ``M`` decode tokens (:func:`_carried_decodes`): the ``K`` prefill steps process the
+    prompts and those decodes (weights read once per step), and the ``O − 1`` steps after them decode
+    the remaining ``b(O − 1) − M`` tokens, ``b − M/(O − 1)`` sequences a step on average (the
+    earliest requests finish first). A request's TPOT, (E2E − TTFT)/(O − 1) as benchmark tools
+    measure it, averages the prefill steps it decoded in (``M/b`` of its steps, each the wave's mean
+    prefill step) with the decode-only ones. Without chunking (or at b = 1) ``M = 0``: TPOT is one
+    decode step of ``b``."""
     ops, eng = setup.ops, setup.engine
+    decodes = setup.o_len - 1.0
     prompt_tokens = b * setup.p_len
-    steps = 1.0 + b * 0 if eng.chunk_tokens == 0 else ops.ceil(prompt_tokens / eng.chunk_tokens)
+    if eng.chunk_tokens == 0:
+        steps, staggered, carried = 1.0 + b * 0, 1.0, b * 0.0
+    else:
+        steps = ops.ceil(prompt_tokens / eng.chunk_tokens)
+        staggered, carried = (b + 1) / (2 * b), _carried_decodes(b, steps, decodes, ops)
     prefill = _Phase(
-        tokens=prompt_tokens,
-        logits_tokens=prompt_tokens if eng.logits_all_tokens else b,
+        tokens=prompt_tokens + carried,
+        logits_tokens=(prompt_tokens if eng.logits_all_tokens else b) + carried,
         steps=steps,
-        sequences=b + steps - 1,  # (prompt, step) pairs: each chunk boundary splits at most one prompt
+        # (prompt, step) pairs: each chunk boundary splits at most one prompt; and the carried decodes
+        sequences=b + steps - 1 + carried,
         prompt=b,
+        context=carried,
+        read=carried,
     )
-    decode = _Phase(tokens=b, logits_tokens=b, steps=b * 0 + 1.0, sequences=b, context=b, read=b)
-    prefill_ms = _phase_ms(setup, rates, prefill)
-    staggered = 1.0 if eng.chunk_tokens == 0 else (b + 1) / (2 * b)
-    return prefill_ms, prefill_ms * staggered, _phase_ms(setup, rates, decode)
+    running = b - carried / max(decodes, 1.0)  # sequences in a decode-only step, on average
+    decode = _Phase(
+        tokens=running, logits_tokens=running, steps=b * 0 + 1.0, sequences=running, context=running, read=running
+    )
+    prefill_ms, step_ms = _phase_ms(setup, rates, prefill), _phase_ms(setup, rates, decode)
+    in_prefill = carried / b  # of a request's O − 1 decode steps, those inside the wave's prefill
+    tpot = step_ms + in_prefill * (prefill_ms / steps - step_ms) / max(decodes, 1.0)
+    return _Wave(prefill_ms, prefill_ms * staggered, tpot, prefill_ms + decodes * step_ms)
 
 
 def _burst(setup: _Setup, rates: _Rates, batch: Array, requests: Array) -> _Timing:
@@ -59,15 +101,14 @@ def _burst(setup: _Setup, rates: _Rates, batch: Array, requests: Array) -> _Timi
     b = ops.min(requests, batch)
     full = ops.floor(requests / b)
     rest = requests - full * b
-    prefill_b, ttft_b, tpot_b = _wave(setup, rates, b)
-    prefill_r, ttft_r, tpot_r = _wave(setup, rates, ops.max(rest, 1.0))
-    wave_b = prefill_b + (o_len - 1) * tpot_b
-    wave_r = ops.where(rest > 0, prefill_r + (o_len - 1) * tpot_r, 0.0)
+    wave, last = _wave(setup, rates, b), _wave(setup, rates, ops.max(rest, 1.0))
+    wave_b = wave.makespan
+    wave_r = ops.where(rest > 0, last.makespan, 0.0)
     share_b, share_r = b * full / requests, rest / requests
     # Requests of wave j (0-based) wait j·T_w(b) for the waves before theirs; the last wave n·T_w(b).
     waiting = (b * wave_b * full * (full - 1) / 2 + rest * full * wave_b) / requests
-    ttft = share_b * ttft_b + share_r * ttft_r + waiting
-    tpot = share_b * tpot_b + share_r * tpot_r
+    ttft = share_b * wave.ttft + share_r * last.ttft + waiting
+    tpot = share_b * wave.tpot + share_r * last.tpot
     makespan = full * wave_b + wave_r
     return _Timing(
         ttft=ttft,
@@ -76,7 +117,7 @@ def _burst(setup: _Setup, rates: _Rates, batch: Array, requests: Array) -> _Timi
         throughput=requests * o_len / (makespan / 1e3),
         running=b,
         prefilled=b,
-        wave_ttft=prefill_b,
+        wave_ttft=wave.prefill,
     )
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from golden_cost import GOLD_ARCH, GOLD_ENGINE, GOLD_HW, GOLD_PROFILE
@@ -16,6 +17,8 @@ from autocompress_opt.cli import main
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving.costmodel import ArchArrays, Scenario, describe_regime, estimate_batch, estimate_cost
 from autocompress_opt.serving.profiles import get_profile
+from autocompress_opt.serving.regimes import _carried_decodes
+from autocompress_opt.serving.roofline import _Ops
 
 # The wave primitives of the golden model (tests/serving/test_costmodel.py works batch 1 by hand):
 #   batch 1: TTFT 0.02002624 ms, TPOT 0.02008 ms.
@@ -81,7 +84,7 @@ def test_steady_interleaving_moves_ttft_and_tpot() -> None:
     steady = estimate_cost(arch, "h100-sxm", "vllm", Scenario(**sc, concurrency=64, arrival="steady"))
     burst = estimate_cost(arch, "h100-sxm", "vllm", Scenario(**sc, concurrency=64))
     assert steady.ttft_ms > single.ttft_ms and steady.tpot_ms > single.tpot_ms
-    assert steady.tpot_ms > burst.tpot_ms  # burst's decode steps carry no prefill
+    assert steady.tpot_ms > burst.tpot_ms  # a burst carries only the later prompts of its own wave
     assert burst.ttft_ms > 10 * steady.ttft_ms
     # closed loop: each of the 64 slots completes a request per lifetime
     assert steady.output_throughput_tok_s == pytest.approx(64 * 200 / (steady.e2e_latency_ms / 1e3))
@@ -193,3 +196,48 @@ def test_cost_rejects_a_rate_without_poisson(capsys: Any) -> None:
     assert err.count("\n") == 1 and "a rate is for arrival 'poisson'" in err
     assert main([*BASE, "--arrival", "poisson"]) == 2
     assert "arrival 'poisson' needs one) must be a finite number > 0" in capsys.readouterr().err
+
+
+# A chunked-prefill wave (module doc, burst), worked by hand on the golden model with 1000-token
+# prompts and chunk_tokens = 1000: b = 2 prompts in K = 2 steps; request 0 has its first token after
+# step 1 and decodes in step 2, which carries M = 1 decode token beside prompt 1's chunk.
+#   Prefill, 2 steps of 2001 tokens (3 logits rows), context 1010.5 for the carried decode:
+#     GEMM/layer max(2·2001·36864/5e12 = 2.95059456e-5, 2·73728 B/5e10); attention/layer pairs
+#     2·500500 + 1010.5: max(4·1002010.5·64/5e12 = 5.13029376e-5, 2·2·(1010.5 + 2001)·32 B/5e10);
+#     head 2·2.56e-6; fixed 2·1.4e-5 → 2·8.08088832e-5 + 5.12e-6 + 2.8e-5 = 1.947377664e-4 s.
+#   Decode-only steps, 2 − M/20 = 1.95 sequences: GEMM/layer 1.47456e-6; attention/layer
+#     max(4·1.95·1010.5·64/5e12, 2·2·(1.95·1010.5 + 1.95)·32 B/5e10 = 5.049408e-6); head 2.56e-6;
+#     fixed 1.4e-5 → 2·6.523968e-6 + 1.656e-5 = 2.9607936e-5 s.
+CHUNKED_PREFILL, CHUNKED_STEP = 0.1947377664, 0.029607936
+
+
+def test_chunked_burst_wave_charges_the_later_prompts_prefill_to_tpot() -> None:
+    """TPOT is (E2E − TTFT)/(O − 1) per request, as benchmark tools measure it: request 0's 20
+    decode steps are one prefill step (prompt 1's chunk) and 19 decode-only steps, request 1's 20
+    decode-only steps."""
+    engine = dataclasses.replace(GOLD_ENGINE, chunk_tokens=1000)
+    c = estimate_cost(GOLD_ARCH, GOLD_HW, engine, Scenario("bf16", 1000, OUT, 2), GOLD_PROFILE)
+    first = (CHUNKED_PREFILL / 2, CHUNKED_PREFILL)  # first tokens after step 1 and step 2
+    last = (CHUNKED_PREFILL + 19 * CHUNKED_STEP, CHUNKED_PREFILL + 20 * CHUNKED_STEP)  # 20 more tokens each
+    assert c.ttft_ms == pytest.approx(sum(first) / 2, rel=1e-9)  # 0.1460533248 ms = (b + 1)/(2b)·prefill
+    assert c.e2e_latency_ms == pytest.approx(sum(last) / 2, rel=1e-9)  # 0.7720925184 ms
+    tpot = sum((e - t) / 20 for e, t in zip(last, first)) / 2  # 0.03130195968 ms
+    assert c.tpot_ms == pytest.approx(tpot, rel=1e-9)
+    assert c.tpot_ms > 1.05 * CHUNKED_STEP  # a prefill step inside the decode of request 0
+    # The makespan runs to request 1's last token: 2 prefill steps and 20 decode-only ones.
+    assert c.output_throughput_tok_s == pytest.approx(2 * OUT / (last[1] / 1e3), rel=1e-9)  # ≈ 53,374 tok/s
+    # Without chunking both prompts are prefilled in one step: no first token comes early.
+    whole = gold(Scenario("bf16", 100, OUT, 2))
+    assert (whole.ttft_ms, whole.tpot_ms) == pytest.approx((TTFT2, TPOT2), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("b", "steps", "decodes"), [(1, 3, 20), (2, 2, 20), (8, 2, 20), (64, 16, 5), (5, 40, 3), (7, 3, 0)]
+)
+def test_carried_decodes_count_each_requests_decode_tokens_inside_the_prefill(b: int, steps: int, decodes: int) -> None:
+    """The closed form equals the sum over the wave's prompts of the prefill steps left after their
+    first token (steps/b apart), each capped at the request's O − 1 decode tokens."""
+    by_hand = sum(min(i * steps / b, decodes) for i in range(b))
+    ops = _Ops(np.zeros(1))
+    got = _carried_decodes(np.array([float(b)]), np.array([float(steps)]), float(decodes), ops)
+    assert float(got[0]) == pytest.approx(by_hand, rel=1e-12, abs=1e-12)
