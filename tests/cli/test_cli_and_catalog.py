@@ -269,3 +269,40 @@ def test_workload_constraint_overrides() -> None:
     by_metric = {c.metric: c for c in wl.constraints}
     assert by_metric["peak_memory_gib"] == Constraint("peak_memory_gib", 4.0)
     assert by_metric["tpot_ms"] == Constraint("tpot_ms", 0.5, relative=True)
+
+
+@pytest.mark.slow
+def test_validate_held_out_predicts_each_source_without_its_own_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`validate --held-out`: every row is predicted by its engine's profile refitted without the row's
+    source (dense parameters from the other dense sources, routed_pair_ns from the other MoE sources),
+    so its error differs from the in-sample one; the summary lines say "held-out"."""
+    import csv
+
+    from autocompress_opt.serving.validation import SHIPPED_MEASUREMENTS
+
+    with SHIPPED_MEASUREMENTS.open(encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames, list(reader)
+    keep = ("GPUStack performance lab: Qwen3", "Vultr inference cookbook", "Lambda inference models page")
+    subset = [r for r in rows if r["engine"] == "vllm" and r["source"].startswith(keep)]
+    assert len({r["source"] for r in subset}) >= 4  # three dense GPUStack sources, two MoE/hybrid ones
+    path = tmp_path / "subset.csv"
+    with path.open("w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(subset)
+    code, out, _ = run_cli(capsys, "validate", "--measurements", str(path), "--json")
+    in_sample = {r["id"]: r["predicted"] for r in json.loads(out)}
+    code_held, out_held, _ = run_cli(capsys, "validate", "--measurements", str(path), "--held-out", "--json")
+    held = {r["id"]: r["predicted"] for r in json.loads(out_held)}
+    assert code == code_held == 0 and set(held) == set(in_sample) == {r["id"] for r in subset}
+    assert sum(held[k] != in_sample[k] for k in held) >= len(held) // 2  # refitted per source
+    code, out, _ = run_cli(capsys, "validate", "--measurements", str(path), "--held-out")
+    assert code == 0 and re.search(r"family nemotron_h +\d+ rows: held-out median \|error\| \d+\.\d%", out)
+
+
+def test_validate_held_out_and_fit_together_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "validate", "--held-out", "--fit")
+    assert code == 2 and "--held-out refits a profile per held-out source itself" in err
