@@ -133,13 +133,7 @@ def _structure(
     # mixer's projections; the columns hold norms, biases and the conv too (a few D), counted as GEMM.
     lin_always = moe * a.moe_shared_params + mamba * a.mamba_params
     expert_lin = moe * a.expert_params  # the gate once, here: E and k below are plain counts
-    small = a.attn * (
-        d_model
-        + a.qkv_bias[:, None] * hd * (a.heads + 2 * a.kv_heads)
-        + a.o_bias[:, None] * d_model
-        + a.qk_norm[:, None] * 2 * hd
-        + a.attention_sinks[:, None] * a.heads
-    ) + a.ffn * (d_model + a.mlp_bias[:, None] * (2 * a.ffn_width + d_model))
+    small = _small_params(a)
     return _Structure(
         lin=lin_attn + lin_ffn + lin_always,
         expert_lin=expert_lin,
@@ -169,6 +163,18 @@ def _structure(
     )
 
 
+def _small_params(a: ArchArrays) -> Array:
+    """``(N, L)`` parameters of each layer's norms, biases, QK-norms and sinks (no GEMM)."""
+    d_model, hd = a.hidden[:, None], a.head_dim
+    return a.attn * (
+        d_model
+        + a.qkv_bias[:, None] * hd * (a.heads + 2 * a.kv_heads)
+        + a.o_bias[:, None] * d_model
+        + a.qk_norm[:, None] * 2 * hd
+        + a.attention_sinks[:, None] * a.heads
+    ) + a.ffn * (d_model + a.mlp_bias[:, None] * (2 * a.ffn_width + d_model))
+
+
 def _dense_structure(
     a: ArchArrays,
     kv_bytes: float,
@@ -184,15 +190,7 @@ def _dense_structure(
     (its candidates are scored by the thousand per trial): the same terms with the zero MoE and
     Mamba-2 ones left out, bit for bit the same values (``x + 0.0 == x``), in about half the array
     operations."""
-    d_model = a.hidden[:, None]
-    hd = a.head_dim
-    small = a.attn * (
-        d_model
-        + a.qkv_bias[:, None] * hd * (a.heads + 2 * a.kv_heads)
-        + a.o_bias[:, None] * d_model
-        + a.qk_norm[:, None] * 2 * hd
-        + a.attention_sinks[:, None] * a.heads
-    ) + a.ffn * (d_model + a.mlp_bias[:, None] * (2 * a.ffn_width + d_model))
+    small = _small_params(a)
     zero = a.moe  # all zeros (the batch has no MoE layer)
     return _Structure(
         lin=lin,
