@@ -511,9 +511,9 @@ class AutocompressDeciLMModel(AutocompressDeciLMPreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
+            cache = HeteroCache(config=self.config)
         if position_ids is None:
-            seen = cache.get_seq_length() if cache is not None else 0
+            seen = _seen_tokens(cache, self.config.layer_types)
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + seen).unsqueeze(0)
         masks = (
             attention_mask
@@ -565,10 +565,42 @@ class AutocompressDeciLMModel(AutocompressDeciLMPreTrainedModel):
         }
 
 
+class HeteroCache(DynamicCache):
+    """transformers' ``DynamicCache`` whose ``get_seq_length()`` of a layer without attention (a
+    placeholder that stores nothing) reads the first layer with attention. transformers >= 5.25's
+    ``Cache.get_seq_length()`` reads layer 0 whatever it is (its placeholder has no length), and
+    ``generate`` asks it: a model whose first layer has no attention would fail."""
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        layers = self.layers
+        if layer_idx < len(layers) and not hasattr(layers[layer_idx], "get_seq_length"):
+            layer_idx = next((i for i, layer in enumerate(layers) if hasattr(layer, "get_seq_length")), len(layers))
+        return int(super().get_seq_length(layer_idx))
+
+
+def _seen_tokens(cache: Cache | None, layer_types: list | None) -> int:
+    """Tokens ``cache`` already holds, read from the first layer with attention (any ``Cache``,
+    :class:`HeteroCache` or not)."""
+    if cache is None:
+        return 0
+    first = next((i for i, kind in enumerate(layer_types or []) if kind != NO_ATTENTION), 0)
+    return int(cache.get_seq_length(first))
+
+
 class AutocompressDeciLMForCausalLM(AutocompressDeciLMPreTrainedModel, GenerationMixin):
     """Causal LM over :class:`AutocompressDeciLMModel`; supports ``generate`` with a ``DynamicCache``."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}  # noqa: RUF012 (transformers')
+
+    def _prepare_cache_for_generation(self, *args: Any, **kwargs: Any) -> Any:
+        """transformers' cache for ``generate``; its plain ``DynamicCache`` becomes a :class:`HeteroCache`
+        (same state, the length read from a layer with attention)."""
+        out = super()._prepare_cache_for_generation(*args, **kwargs)  # type: ignore[misc]
+        model_kwargs = next((a for a in args if isinstance(a, dict) and "cache" in a), kwargs.get("model_kwargs"))
+        cache = model_kwargs.get("cache") if isinstance(model_kwargs, dict) else None
+        if type(cache) is DynamicCache:
+            cache.__class__ = HeteroCache
+        return out
 
     def __init__(self, config: AutocompressDeciLMConfig) -> None:
         super().__init__(config)
