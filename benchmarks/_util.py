@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import pstats
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -87,3 +89,26 @@ def write(name: str, data: dict[str, Any], results: Path | None = None) -> Path:
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def _function_name(key: tuple[str, int, str], tree: Path) -> str:
+    """A profiled function as ``path:line(name)``, its path relative to ``tree`` or site-packages."""
+    path, line, name = key
+    for root in (str(tree) + "/", str(Path(sys.prefix)) + "/lib/"):
+        if path.startswith(root):
+            path = path[len(root) :]
+            break
+    if "site-packages/" in path:
+        path = path.split("site-packages/", 1)[1]
+    return f"{path}:{line}({name})" if line else name
+
+
+def top_functions(stats: pstats.Stats, key: str, tree: Path, n: int) -> list[dict[str, Any]]:
+    """The ``n`` functions with the most ``key`` CPU seconds ("cumulative" or "tottime") in a profile
+    of code under ``tree``."""
+    index = {"cumulative": 3, "tottime": 2}[key]
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][index], reverse=True)[:n]  # type: ignore[attr-defined]
+    return [
+        {"function": _function_name(func, tree), "calls": nc, "tottime_s": round(tt, 3), "cumtime_s": round(ct, 3)}
+        for func, (_cc, nc, tt, ct, _callers) in rows
+    ]

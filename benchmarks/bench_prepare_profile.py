@@ -52,7 +52,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from _util import RESULTS, provenance, write  # noqa: E402
+from _util import RESULTS, provenance, top_functions, write  # noqa: E402
 
 CONFIG = ROOT / "studies" / "smollm2-weights.yaml"
 TARGETS = "rtx5070:in-game,rtx5080:local-coding,h100-sxm:datacenter"
@@ -207,27 +207,6 @@ def instrument(phases: Phases, candidates: list[dict[str, Any]]) -> None:
     seeding._stored_scores = timed_stored
 
 
-def _function_name(key: tuple[str, int, str]) -> str:
-    path, line, name = key
-    for root in (str(ROOT) + "/", str(Path(sys.prefix)) + "/lib/"):
-        if path.startswith(root):
-            path = path[len(root) :]
-            break
-    if "site-packages/" in path:
-        path = path.split("site-packages/", 1)[1]
-    return f"{path}:{line}({name})" if line else name
-
-
-def top_functions(stats: pstats.Stats, key: str, n: int = TOP) -> list[dict[str, Any]]:
-    """The ``n`` functions with the most ``key`` CPU seconds ("cumulative" or "tottime")."""
-    index = {"cumulative": 3, "tottime": 2}[key]
-    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][index], reverse=True)[:n]  # type: ignore[attr-defined]
-    return [
-        {"function": _function_name(func), "calls": nc, "tottime_s": round(tt, 3), "cumtime_s": round(ct, 3)}
-        for func, (_cc, nc, tt, ct, _callers) in rows
-    ]
-
-
 def _folder_sizes(cache: Path) -> dict[str, dict[str, int]]:
     out = {}
     for sub in sorted(p for p in cache.iterdir() if p.is_dir()) if cache.is_dir() else []:
@@ -313,8 +292,8 @@ def prepare_targets(targets: list[str], cache: Path, storage: Path, threads: int
                     for name, s in seeds.items()
                 },
                 "proxy_points": proxy_points,
-                "top_cumulative": top_functions(stats, "cumulative") if stats else None,
-                "top_tottime": top_functions(stats, "tottime") if stats else None,
+                "top_cumulative": top_functions(stats, "cumulative", ROOT, TOP) if stats else None,
+                "top_tottime": top_functions(stats, "tottime", ROOT, TOP) if stats else None,
             }
         )
         print(

@@ -38,6 +38,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _util import top_functions
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "trial_profile.json"
 MODEL = "smollm2-135m"
@@ -81,27 +84,6 @@ def build_request(cache_dir: Path) -> dict[str, Any]:
     }
 
 
-def _function_name(key: tuple[str, int, str], tree: Path) -> str:
-    path, line, name = key
-    for root in (str(tree) + "/", str(Path(sys.prefix)) + "/lib/"):
-        if path.startswith(root):
-            path = path[len(root) :]
-            break
-    if "site-packages/" in path:
-        path = path.split("site-packages/", 1)[1]
-    return f"{path}:{line}({name})" if line else name
-
-
-def top_functions(stats: pstats.Stats, key: str, tree: Path, n: int = TOP) -> list[dict[str, Any]]:
-    """The ``n`` functions with the most ``key`` CPU seconds ("cumulative" or "tottime")."""
-    index = {"cumulative": 3, "tottime": 2}[key]
-    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][index], reverse=True)[:n]  # type: ignore[attr-defined]
-    return [
-        {"function": _function_name(func, tree), "calls": nc, "tottime_s": round(tt, 3), "cumtime_s": round(ct, 3)}
-        for func, (_cc, nc, tt, ct, _callers) in rows
-    ]
-
-
 def profile_trial(request: dict[str, Any], tree: Path) -> dict[str, Any]:
     """Run the trial once under cProfile; its phases (wall and CPU), totals, top functions and outcome."""
     from autocompress_opt.arch.architecture import Architecture
@@ -134,8 +116,8 @@ def profile_trial(request: dict[str, Any], tree: Path) -> dict[str, Any]:
         "phase_cpu_s": {k: round(v, 2) for k, v in phase_cpu.items()},
         "phase_wall_s": {k: round(v, 2) for k, v in phase_wall.items()},
         "timings_s": {k: round(v, 2) for k, v in result["timings_s"].items()},  # the trial's own (wall)
-        "top_cumulative": top_functions(stats, "cumulative", tree),
-        "top_tottime": top_functions(stats, "tottime", tree),
+        "top_cumulative": top_functions(stats, "cumulative", tree, TOP),
+        "top_tottime": top_functions(stats, "tottime", tree, TOP),
         "outcome": {
             "architecture": Architecture.from_dict(result["architecture"]).summary(),
             "quality": round(result["quality"], 5),
