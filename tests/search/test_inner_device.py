@@ -3,8 +3,12 @@
 On the CPU the search returns exactly what it returned when the masks lived on the host and the
 cost ran in float64 there: ``inner_device_golden.json`` holds, for every case of :data:`CASES`,
 the architecture, the chosen candidate, the repair/fill moves and the per-step history recorded by
-that implementation (commit 82dbf5c). Regenerate it only from that implementation:
-``PYTHONPATH=<checkout of 82dbf5c>:tests python tests/search/test_inner_device.py``.
+that implementation (commit 82dbf5c) on the current cost model. Regenerate it only from that
+implementation, with today's ``autocompress_opt/serving`` and ``autocompress_opt/data/profiles``
+copied over the checkout (a cost-model change moves the penalty, not the search):
+``PYTHONPATH=<that checkout>:<that checkout>/tests python tests/search/test_inner_device.py``.
+Last regenerated after the profile refit and chunked-prefill TPOT (32f6154): penalty moved by at
+most 1.5e-4 relative, architectures, candidates and moves unchanged.
 
 A non-CPU device is stood in for by ``meta`` where the code under test never reads a value (the
 cost path, the hooks), since ``meta`` refuses a CPU operand as CUDA does; transformers' forward
