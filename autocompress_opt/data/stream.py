@@ -48,6 +48,7 @@ from autocompress_opt.data.textdata import (
     _split,
 )
 from autocompress_opt.data.tokens import encode as _encode  # uncached: a stream holds one document per group
+from autocompress_opt.data.tokens import tokenizer_label
 from autocompress_opt.data.user import resolve_data
 from autocompress_opt.errors import ConfigError, check_choice, check_int
 
@@ -215,9 +216,7 @@ class TokenStream:
                 )
             self._groups.append(_Group(label, docs, by_name, tokenizer, seed, role, quiet))
             self._weights.append(weight)
-        self.tokenizer = (
-            f"{getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__} (vocab {len(tokenizer)})"
-        )
+        self.tokenizer = tokenizer_label(tokenizer)
 
     @property
     def rows(self) -> int:

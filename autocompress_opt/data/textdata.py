@@ -518,7 +518,8 @@ class TextBatches:
         documents: ``"source:key"`` of every document that contributed, in order of first use.
         row_documents: for each row, the documents its tokens come from (row identities: tests trace
             them to show that no document crosses roles).
-        tokenizer: the tokenizer's ``name_or_path`` and vocabulary size.
+        tokenizer: the tokenizer's class, fingerprint and vocabulary size
+            (:func:`~autocompress_opt.data.tokens.tokenizer_label`: not the folder it was read from).
         weights: the groups' row weights (``{source: weight}`` with user weights, else by domain).
     """
 
@@ -618,7 +619,7 @@ def text_batches(
     store.save()
     ordered = _interleave(rows)
     tokens = torch.tensor([r for r, _ in ordered], dtype=torch.long)
-    name = f"{getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__} (vocab {len(tokenizer)})"
+    name = _tokens.tokenizer_label(tokenizer)
     return TextBatches(
         tokens,
         role,

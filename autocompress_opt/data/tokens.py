@@ -43,6 +43,7 @@ __all__ = [
     "clear_token_memo",
     "encode",
     "tokenizer_fingerprint",
+    "tokenizer_label",
 ]
 
 # Bump when the stored ids could differ for the same tokenizer and text (the encode call, the format).
@@ -84,6 +85,20 @@ def tokenizer_fingerprint(tokenizer: Any) -> str | None:
         memo = (size, _fingerprint(tokenizer))
         _FINGERPRINTS[tokenizer] = memo
     return memo[1]
+
+
+def tokenizer_label(tokenizer: Any) -> str:
+    """How a rows' record names ``tokenizer``: its class, the first 16 hex digits of its
+    :func:`tokenizer_fingerprint` and its vocabulary size, so one tokenizer read from two folders (a
+    GGUF and its dequantised copy, per-node copies) gives one record, and the importance, teacher
+    and seed-score caches keyed by the record are shared. A tokenizer without a fingerprint is named
+    by its ``name_or_path`` (or class) instead."""
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    if fingerprint is None:
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    else:
+        name = f"{type(tokenizer).__name__} sha256:{fingerprint[:16]}"
+    return f"{name} (vocab {len(tokenizer)})"
 
 
 def _fingerprint(tokenizer: Any) -> str | None:

@@ -189,3 +189,23 @@ def test_token_cache_env_moves_the_cache_for_started_processes(tmp_path: Path) -
     env.pop(tokens.TOKEN_CACHE_ENV)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "~/.cache/autocompress_opt/tokens"
+
+
+def test_the_rows_record_names_the_tokenizer_not_its_folder(tmp_path: Path) -> None:
+    """One tokenizer read from two folders (a GGUF's and its dequantised copy's) gives one record, so
+    the importance, teacher and seed-score caches keyed by it are shared; another tokenizer does not."""
+    from transformers import AutoTokenizer
+
+    source = DictSource(_docs())
+    records = []
+    for folder in ("parent", "dequantised-copy"):
+        byte_tokenizer().save_pretrained(tmp_path / folder)
+        loaded = AutoTokenizer.from_pretrained(tmp_path / folder)
+        assert str(tmp_path / folder) in loaded.name_or_path
+        records.append(_call(loaded, source, False).to_dict())
+    assert records[0] == records[1]
+    assert records[0]["tokenizer"] == tokens.tokenizer_label(byte_tokenizer())
+    assert "dequantised-copy" not in records[1]["tokenizer"]
+    merged = byte_tokenizer()
+    merged.add_tokens(["word"])
+    assert _call(merged, source, False).to_dict()["tokenizer"] != records[0]["tokenizer"]
