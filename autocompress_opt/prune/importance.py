@@ -525,19 +525,22 @@ def _minitron(
     batches = list(_batches(tokens.to(adapter.embedding(model).weight.device), batch_size))
     n_tokens, n_predictions = tokens.numel(), tokens.shape[0] * (tokens.shape[1] - 1)
     bar = tqdm(total=len(batches) * (arch.num_layers + 1), desc="importance", unit="pass", disable=not progress)
+    layers = list(adapter.layers(model))
+    base_sum, skipped_sums = 0.0, [0.0] * len(layers)
     try:
         with inference_mode(model):
-            with _Activations(model, adapter) as acts:
-                base = sum(_loss_sum(model, b) for b in _counted(batches, bar)) / n_predictions
-            skip = torch.zeros(arch.num_layers, dtype=torch.float64)
-            for i, layer in enumerate(adapter.layers(model)):
-                handle = bypass_layer(layer)
-                try:
-                    skip[i] = sum(_loss_sum(model, b) for b in _counted(batches, bar)) / n_predictions - base
-                finally:
-                    handle.remove()
+            acts = _Activations(model, adapter)
+            for batch in batches:  # each sum accumulates in batch order: the same floats as pass by pass
+                with acts, _LayerInputs(layers) as inputs:
+                    base_sum += _loss_sum(model, batch)
+                bar.update(1)
+                for i in range(len(layers)):
+                    skipped_sums[i] += _skipped_loss_sum(model, layers, i, inputs, batch)
+                    bar.update(1)
     finally:
         bar.close()
+    base = base_sum / n_predictions
+    skip = torch.tensor([total / n_predictions - base for total in skipped_sums], dtype=torch.float64)
     heads = tuple(None if h is None else h.cpu() / n_tokens for h in acts.heads)
     return Importance(
         architecture=arch,
@@ -561,10 +564,62 @@ def _minitron(
     )
 
 
-def _counted(batches: list[torch.Tensor], bar: Any) -> Iterator[torch.Tensor]:
-    for batch in batches:
-        yield batch
-        bar.update(1)
+class _LayerInputs:
+    """While entered, each decoder layer's input hidden states of the current pass (detached copies),
+    and whether every layer returned a bare tensor (transformers v5's decoder layers do)."""
+
+    def __init__(self, layers: list[Any]) -> None:
+        self.layers, self.hidden, self.bare = layers, [None] * len(layers), True
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> _LayerInputs:
+        for i, layer in enumerate(self.layers):
+            self.handles.append(layer.register_forward_pre_hook(self._save(i), with_kwargs=True))
+            self.handles.append(layer.register_forward_hook(self._check))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def _save(self, i: int) -> Callable[..., None]:
+        def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            self.hidden[i] = layer_input(args, kwargs).clone()
+
+        return hook
+
+    def _check(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
+        self.bare = self.bare and not isinstance(output, tuple)
+
+
+def _skipped_loss_sum(model: Any, layers: list[Any], i: int, inputs: _LayerInputs, batch: torch.Tensor) -> float:
+    """:func:`_loss_sum` of ``batch`` with layer ``i`` skipped. Layers ``0..i`` would recompute what
+    the full pass gave layer ``i`` as input, so they return that saved input instead of running
+    (about half the layer passes of skipping one layer per full pass; the later layers see the same
+    tensor, so the loss is the same float). A layer that returns a tuple is skipped by
+    :func:`~autocompress_opt.hf.adapters.bypass_layer` on a full pass instead."""
+    if not inputs.bare:
+        handle = bypass_layer(layers[i])
+        try:
+            return _loss_sum(model, batch)
+        finally:
+            handle.remove()
+    hidden = inputs.hidden[i]
+    saved = [layer.__dict__.get("forward", _NO_FORWARD) for layer in layers[: i + 1]]
+    for layer in layers[: i + 1]:
+        layer.forward = lambda *args, **kwargs: hidden
+    try:
+        return _loss_sum(model, batch)
+    finally:
+        for layer, forward in zip(layers, saved):
+            if forward is _NO_FORWARD:
+                del layer.forward  # the class's forward again
+            else:
+                layer.forward = forward  # a wrapper someone installed (accelerate's device hooks)
+
+
+_NO_FORWARD = object()
 
 
 ESTIMATORS.register("minitron", _minitron)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from tiny_families import FAMILIES, VOCAB, tiny_hetero_model, tiny_model, tokens
+from tiny_families import FAMILIES, VOCAB, hybrid_model, tiny_hetero_model, tiny_model, tiny_moe_model, tokens
 
 from autocompress_opt.errors import ConfigError, UnknownNameError
-from autocompress_opt.hf.adapters import adapter_for
+from autocompress_opt.hf.adapters import adapter_for, bypass_layer
 from autocompress_opt.prune.importance import Importance, cache_path, estimate_importance, ranked, tokens_id
 
 
@@ -112,6 +113,63 @@ def test_deterministic_and_leaves_no_hooks() -> None:
     with torch.no_grad():
         assert torch.equal(model(ids).logits, before)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def _skip_loss_by_full_passes(model: torch.nn.Module, ids: torch.Tensor, adapter: Any) -> torch.Tensor:
+    """The definition: one full pass over the data per layer, that layer bypassed (it runs, its
+    output is replaced by its input), minus the unpruned pass; every sum in batch order."""
+    from autocompress_opt.prune.importance import _loss_sum
+
+    batches, n = ids.split(2), ids.shape[0] * (ids.shape[1] - 1)
+    with torch.inference_mode():
+        base = sum(_loss_sum(model, b) for b in batches) / n
+        out = []
+        for layer in adapter.layers(model):
+            handle = bypass_layer(layer)
+            try:
+                out.append(sum(_loss_sum(model, b) for b in batches) / n - base)
+            finally:
+                handle.remove()
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("make", [*FAMILIES, "hetero", "qwen3_moe", "nemotron_h"])
+def test_skip_loss_equals_one_full_pass_per_bypassed_layer_with_half_the_layer_computations(make: str) -> None:
+    """Layers before the skipped one return the input the full pass gave it instead of recomputing
+    it: the same floats as the full-pass definition, bit for bit, with L + L(L - 1)/2 layer
+    computations per batch instead of L(L + 1); every layer's forward is its own again afterwards."""
+    from autocompress_opt.hf.adapters import moe_adapter
+
+    makers = {"hetero": tiny_hetero_model, "qwen3_moe": tiny_moe_model, "nemotron_h": hybrid_model}
+    model = makers[make]() if make in makers else tiny_model(make)
+    adapter = moe_adapter(model) if make in ("qwen3_moe", "nemotron_h") else adapter_for(model)
+    ids = tokens(4, 10)
+    layers = list(adapter.layers(model))
+    computed = [0]  # layer calls in which one of the layer's own modules ran
+    ran = [False]
+
+    def child_ran(*_: Any) -> None:
+        ran[0] = True
+
+    def layer_done(*_: Any) -> None:
+        computed[0] += ran[0]
+        ran[0] = False
+
+    hooks = [layer.register_forward_hook(layer_done) for layer in layers]
+    hooks += [child.register_forward_pre_hook(child_ran) for layer in layers for child in layer.children()]
+    imp = score(model, ids, adapter=adapter)
+    for handle in hooks:
+        handle.remove()
+    assert torch.equal(imp.skip_loss, _skip_loss_by_full_passes(model, ids, adapter))
+    # layer j computes in the full pass and in the passes that skip a layer i < j (a heterogeneous
+    # model's layer without blocks never computes); all layers: L + L(L - 1)/2 per batch
+    active = [j for j, layer in enumerate(layers) if any(True for _ in layer.children())]
+    assert computed[0] == 2 * sum(1 + j for j in active)
+    if make == "hetero":
+        assert len(active) < len(layers)
+    else:
+        assert computed[0] == 2 * (len(layers) + len(layers) * (len(layers) - 1) // 2)
+    assert not any("forward" in vars(layer) for layer in layers)
 
 
 def test_safetensors_and_json_round_trip(tmp_path: Path) -> None:
