@@ -359,7 +359,18 @@ def _load_cached(path: Path, arch: Architecture) -> Importance | None:
 
 
 # ---------------------------------------------------------------------------- minitron
-class _Activations:
+class _Hooks:
+    """Hook handles registered by ``__enter__`` and all removed on exit (entered again: registered again)."""
+
+    handles: list[Any]
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+class _Activations(_Hooks):
     """Forward hooks that sum activation statistics over calibration tokens (float64 sums).
 
     Per layer: ``heads`` ``(H,)`` Σ‖o_h‖₂, ``ffn`` ``(F,)`` Σ|x_c| at ``down_proj``'s input,
@@ -415,11 +426,6 @@ class _Activations:
         for norm in self.norms:
             self.handles.append(norm.register_forward_hook(self._norm_magnitude))
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
 
     def _save_input(self, i: int) -> Callable[..., None]:
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -564,7 +570,7 @@ def _minitron(
     )
 
 
-class _LayerInputs:
+class _LayerInputs(_Hooks):
     """While entered, each decoder layer's input hidden states of the current pass (detached copies),
     and whether every layer returned a bare tensor (transformers v5's decoder layers do)."""
 
@@ -577,11 +583,6 @@ class _LayerInputs:
             self.handles.append(layer.register_forward_pre_hook(self._save(i), with_kwargs=True))
             self.handles.append(layer.register_forward_hook(self._check))
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
 
     def _save(self, i: int) -> Callable[..., None]:
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
