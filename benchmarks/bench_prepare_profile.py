@@ -14,9 +14,11 @@ after another in one process as the driver does, without Ray Tune running any tr
 * **warm**: a new process and a new study storage on the caches the cold run filled (a second
   ``make demo`` on the same machine);
 * **warm_again**: the same once more (a third ``make demo``). It differs from **warm** when an entry
-  written cold is keyed differently from the one a later process looks for: the cold run loads the
-  GGUF parent and writes its dequantised copy, later runs read the copy, whose tokenizer has another
-  ``name_or_path``, which the rows' record (and so the importance and seed-score keys) includes.
+  written cold is keyed differently from the one a later process looks for. It did until 1bafac7:
+  the cold run loads the GGUF parent and writes its dequantised copy, later runs read the copy, whose
+  tokenizer has another ``name_or_path``, which the rows' record (and so the importance and
+  seed-score keys) included; the record now names the tokenizer by its fingerprint. The results keep
+  the run before that fix under ``unprofiled_before``.
 
 Each run records, per target, the CPU seconds (``time.process_time``, all threads) of each phase,
 inclusive and exclusive of the phases nested in it (load parent, build rows and tokenise documents,
