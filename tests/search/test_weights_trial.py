@@ -14,6 +14,7 @@ from weights_helpers import INNER, PARAMS, TARGET, request
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.search.inner.inner_search import CANDIDATES
+from autocompress_opt.search.inner.teacher import clear_teacher_memory
 from autocompress_opt.search.study.trials import quality_label, run_trial
 from autocompress_opt.search.study.weights_trial import QUALITY_KIND, TrialConfig, clear_trial_cache, run_weights_trial
 from autocompress_opt.serving.costmodel import estimate_cost
@@ -30,6 +31,7 @@ def test_weights_trial_runs_end_to_end_and_caches_quality(parent_dir: Path, tmp_
     """Through the trial-mode registry: a valid sub-architecture, exact cost metrics, quality = exp(-KL)
     in (0, 1]; the second call (same architecture) reads the quality from disk."""
     clear_trial_cache()
+    clear_teacher_memory()  # an earlier test's trial on the same rows may have left them in the in-process cache
     req = request(parent_dir, tmp_path)
     first = run_trial(req)
     arch = Architecture.from_dict(first["architecture"])
