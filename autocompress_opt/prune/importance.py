@@ -359,18 +359,7 @@ def _load_cached(path: Path, arch: Architecture) -> Importance | None:
 
 
 # ---------------------------------------------------------------------------- minitron
-class _Hooks:
-    """Hook handles registered by ``__enter__`` and all removed on exit (entered again: registered again)."""
-
-    handles: list[Any]
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
-
-
-class _Activations(_Hooks):
+class _Activations:
     """Forward hooks that sum activation statistics over calibration tokens (float64 sums).
 
     Per layer: ``heads`` ``(H,)`` Σ‖o_h‖₂, ``ffn`` ``(F,)`` Σ|x_c| at ``down_proj``'s input,
@@ -404,7 +393,10 @@ class _Activations(_Hooks):
             zeros(p.mamba.num_heads, p.mamba.out_proj.weight.device) if p.mamba is not None else None
             for p in self.parts
         ]
-        self._inputs: dict[int, torch.Tensor] = {}
+        # each layer's input of the last pass (kept for the skip passes) and whether every layer returned
+        # a bare tensor (transformers v5's decoder layers do)
+        self.inputs: list[Any] = [None] * len(self.parts)
+        self.bare = True
         self.handles: list[Any] = []
 
     def __enter__(self) -> _Activations:
@@ -427,9 +419,14 @@ class _Activations(_Hooks):
             self.handles.append(norm.register_forward_hook(self._norm_magnitude))
         return self
 
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
     def _save_input(self, i: int) -> Callable[..., None]:
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            self._inputs[i] = layer_input(args, kwargs)
+            self.inputs[i] = layer_input(args, kwargs).clone()
 
         return hook
 
@@ -438,7 +435,8 @@ class _Activations(_Hooks):
 
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             x_out = layer_output(output).float()  # (batch, time, D)
-            x_in = self._inputs.pop(i).float().to(x_out.device)  # spread over GPUs: may be on the previous layer's
+            self.bare = self.bare and not isinstance(output, tuple)
+            x_in = self.inputs[i].float().to(x_out.device)  # spread over GPUs: may be on the previous layer's
             self.cos[i] += torch.nn.functional.cosine_similarity(x_in, x_out, dim=-1).double().sum().to(self.cos.device)
 
         return hook
@@ -537,11 +535,11 @@ def _minitron(
         with inference_mode(model):
             acts = _Activations(model, adapter)
             for batch in batches:  # each sum accumulates in batch order: the same floats as pass by pass
-                with acts, _LayerInputs(layers) as inputs:
+                with acts:
                     base_sum += _loss_sum(model, batch)
                 bar.update(1)
                 for i in range(len(layers)):
-                    skipped_sums[i] += _skipped_loss_sum(model, layers, i, inputs, batch)
+                    skipped_sums[i] += _skipped_loss_sum(model, layers, i, acts, batch)
                     bar.update(1)
     finally:
         bar.close()
@@ -570,50 +568,26 @@ def _minitron(
     )
 
 
-class _LayerInputs(_Hooks):
-    """While entered, each decoder layer's input hidden states of the current pass (detached copies),
-    and whether every layer returned a bare tensor (transformers v5's decoder layers do)."""
-
-    def __init__(self, layers: list[Any]) -> None:
-        self.layers, self.hidden, self.bare = layers, [None] * len(layers), True
-        self.handles: list[Any] = []
-
-    def __enter__(self) -> _LayerInputs:
-        for i, layer in enumerate(self.layers):
-            self.handles.append(layer.register_forward_pre_hook(self._save(i), with_kwargs=True))
-            self.handles.append(layer.register_forward_hook(self._check))
-        return self
-
-    def _save(self, i: int) -> Callable[..., None]:
-        def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            self.hidden[i] = layer_input(args, kwargs).clone()
-
-        return hook
-
-    def _check(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
-        self.bare = self.bare and not isinstance(output, tuple)
-
-
-def _skipped_loss_sum(model: Any, layers: list[Any], i: int, inputs: _LayerInputs, batch: torch.Tensor) -> float:
+def _skipped_loss_sum(model: Any, layers: list[Any], i: int, acts: _Activations, batch: torch.Tensor) -> float:
     """:func:`_loss_sum` of ``batch`` with layer ``i`` skipped. Layers ``0..i`` would recompute what
     the full pass gave layer ``i`` as input, so they return that saved input instead of running
     (about half the layer passes of skipping one layer per full pass; the later layers see the same
     tensor, so the loss is the same float). A layer that returns a tuple is skipped by
     :func:`~autocompress_opt.hf.adapters.bypass_layer` on a full pass instead."""
-    if not inputs.bare:
+    if not acts.bare:
         handle = bypass_layer(layers[i])
         try:
             return _loss_sum(model, batch)
         finally:
             handle.remove()
-    hidden = inputs.hidden[i]
+    hidden = acts.inputs[i]
     saved = [layer.__dict__.get("forward", _NO_FORWARD) for layer in layers[: i + 1]]
     for layer in layers[: i + 1]:
         layer.forward = lambda *args, **kwargs: hidden
     try:
         return _loss_sum(model, batch)
     finally:
-        for layer, forward in zip(layers, saved):
+        for layer, forward in zip(layers[: i + 1], saved):
             if forward is _NO_FORWARD:
                 del layer.forward  # the class's forward again
             else:
