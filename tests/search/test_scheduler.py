@@ -34,6 +34,7 @@ from autocompress_opt.search.study import (
     run_study,
 )
 from autocompress_opt.search.study.progress import FALLBACK, INFEASIBLE_PENALTY, SCORE, STEP
+from autocompress_opt.search.study.schedulers import last_rung
 from autocompress_opt.search.study.studyio import export_rows, load_group
 from autocompress_opt.serving.targets import Target
 
@@ -95,6 +96,16 @@ def test_asha_decides_at_an_eighth_and_three_eighths_of_the_inner_search_on_the_
         assert (asha.metric, asha._mode, asha._time_attr) == (SCORE, "min", STEP)
         assert sorted(milestone for milestone, _ in asha._brackets[0]._rungs) == [3, 9]  # never past half way
         assert asha._reduction_factor == 3  # the best third goes on
+
+
+@pytest.mark.parametrize("steps", [1, 3, 8, 24, 48, 100])
+def test_the_trials_measure_up_to_the_scheduler_s_last_rung_and_no_further(tmp_path: Path, steps: int) -> None:
+    """``last_rung`` is the last milestone Ray's ASHA holds a trial at, so the trials' measurements
+    after it (``measure_until``) would be read by no one; without a scheduler there is no bound."""
+    study = config(tmp_path, inner={"steps": steps})
+    asha = make_scheduler(study).parts[0]
+    assert last_rung(study) == max(milestone for milestone, _ in asha._brackets[0]._rungs)
+    assert last_rung(config(tmp_path, scheduler="none")) is None
 
 
 def test_each_target_s_trials_meet_only_their_own_target_s_trials_at_a_rung(tmp_path: Path) -> None:

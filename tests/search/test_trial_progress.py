@@ -4,6 +4,7 @@ counter that never goes back; listening changes nothing in the result."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -108,6 +109,15 @@ def test_the_inner_search_reports_every_few_steps_and_its_result_does_not_depend
     assert (InnerConfig(steps=24).measure_every, InnerConfig(steps=3).measure_every) == (3, 1)  # an eighth
     plain = run()
     assert listened.architecture == plain.architecture and listened.history == plain.history
+    # The selection reuses what the meter measured on the same rows (the start point, the uniform
+    # allocation): the same KLs as measuring them again.
+    assert json.dumps(listened.selection, sort_keys=True) == json.dumps(plain.selection, sort_keys=True)
+    # Up to a step (a study's last ASHA rung): the later steps report their count only, same result.
+    bounded: list[tuple[int, Any, Any]] = []
+    until = search(model, arch, importance, rows, teacher, budget=budget, goal=goal, config=config, init=init,
+                   on_step=lambda *h: bounded.append(h), measure_until=5)  # fmt: skip
+    assert [h[0] for h in bounded] == list(range(1, 8)) and [h for h in bounded if h[1] is not None] == measured[:1]
+    assert until.architecture == plain.architecture and until.history == plain.history
     # Measured after the last step, the report is what the search returns: the selection's rule
     # over the same candidates, on the same held-out rows.
     last: list[Any] = []

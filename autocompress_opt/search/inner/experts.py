@@ -572,6 +572,7 @@ def search_experts(
     config: Any,
     adapter: FamilyAdapter | None = None,
     on_step: Any = None,
+    measure_until: int | None = None,
 ) -> ExpertResult:
     """Choose which experts, expert channels and shared-expert channels every MoE layer of ``model``
     keeps, and which heads every Mamba-2 layer keeps, at the counts of ``params`` (module doc);
@@ -580,7 +581,9 @@ def search_experts(
     ``dual_lr``, ``penalty``, ``seed``); ``tokens`` / ``teacher`` as for
     :func:`~autocompress_opt.search.inner.inner_search.search` (the first ``val_samples`` rows choose
     between the trained and the start choice). ``on_step(step, val_kl | None, violation | None)``
-    after each step; every ``config.measure_every`` steps with the current hard choice's held-out KL.
+    after each step; every ``config.measure_every`` steps (none after ``measure_until``:
+    :meth:`~autocompress_opt.search.inner.inner_search.InnerConfig.measures`) with the current hard
+    choice's held-out KL.
     Raises :class:`ConfigError` for a point that prunes a dense axis (:func:`expert_point`)."""
     from autocompress_opt.arch.search_space import uniform_allocation
 
@@ -604,7 +607,18 @@ def search_experts(
     val, train = slice(0, config.val_samples), slice(config.val_samples, None)
     budget = _param_budget(parent, point)
     history = _train(
-        model, masks, parent, tokens[train], teacher[train], budget, config, on_step, tokens[val], teacher[val], adapter
+        model,
+        masks,
+        parent,
+        tokens[train],
+        teacher[train],
+        budget,
+        config,
+        on_step,
+        tokens[val],
+        teacher[val],
+        adapter,
+        measure_until,
     )
     trained_at = time.perf_counter()
     candidates = {"trained": discretise_experts(masks, parent), "start": start}
@@ -676,6 +690,7 @@ def _train(
     val_tokens: torch.Tensor,
     val_teacher: Teacher,
     adapter: FamilyAdapter,
+    measure_until: int | None = None,
 ) -> list[dict[str, float]]:
     """Adam (``gate_lr``) on the scores against KL + Lagrangian, with dual ascent; the history."""
     if not config.steps:
@@ -722,7 +737,7 @@ def _train(
                 done = step + 1
                 if on_step is None:
                     continue
-                if done % config.measure_every == 0 and val_tokens.shape[0]:
+                if config.measures(done, measure_until) and val_tokens.shape[0]:
                     with masks.use(masks.live(0.0)), torch.no_grad():  # the hard choice, as discretised
                         val_kl = _kl_rows(model, val_tokens, val_teacher, config.batch_size)
                     on_step(done, val_kl, max(max(values.values(), default=0.0), 0.0))

@@ -214,6 +214,12 @@ class InnerConfig:
         """Steps between two measurements for an ``on_step`` listener (``report_every``, resolved)."""
         return self.report_every or max(1, self.steps // 8)
 
+    def measures(self, done: int, until: int | None = None) -> bool:
+        """Whether a listener hears a measurement after ``done`` steps: every :attr:`measure_every`
+        steps, none after step ``until`` (None: to the end; a study under ASHA passes its last rung,
+        :func:`~autocompress_opt.search.study.schedulers.last_rung`, as no one reads a later one)."""
+        return done % self.measure_every == 0 and (until is None or done <= until)
+
     def tau(self, step: int) -> float:
         """Geometric schedule from ``tau_start`` (step 0) to ``tau_end`` (last step)."""
         if self.steps <= 1:
@@ -298,6 +304,7 @@ def search(
     on_step: StepListener | None = None,
     rules: ShapeRules | None = None,
     extra: Mapping[str, Architecture] | None = None,
+    measure_until: int | None = None,
 ) -> InnerResult:
     """Search per-layer structure under ``budget`` and ``goal``; see the module doc.
 
@@ -336,6 +343,8 @@ def search(
             when no rows are held out. ``None, None`` at the other steps.
             It may raise to abandon the search (the model's hooks are removed first). Measuring
             draws no random numbers: the result is the same with or without a listener.
+        measure_until: no measurement after this step (:meth:`InnerConfig.measures`; the steps
+            after it report ``None, None``); None: every ``config.measure_every`` steps to the end.
         rules: a serving engine's shape rules (:func:`~autocompress_opt.prune.loadability.shape_rules`):
             the start and trained points are discretised onto shapes that engine loads; None: any shape.
         extra: more candidates by name (not one of :data:`CANDIDATES`), judged like ``uniform``: as
@@ -388,6 +397,7 @@ def search(
             on_step=on_step,
             meter=meter,
             train_heads=train_heads,
+            measure_until=measure_until,
         )
         if config.steps
         else []
@@ -407,6 +417,7 @@ def search(
         teacher[val],
         config.batch_size,
         adapter,
+        known=meter.known,
     )
     for name, cand in judged.items():
         if not cand.feasible:  # recorded, never returned
@@ -465,17 +476,22 @@ def _select(
     teacher: Teacher,
     batch_size: int,
     adapter: FamilyAdapter,
+    known: Mapping[Architecture, float] | None = None,
 ) -> tuple[Discrete, dict[str, Any]]:
     """Feasible before infeasible (then less violation), then the lower held-out calibration KL;
     ties to the earlier candidate. Returns the chosen one and the record
-    (:attr:`InnerResult.selection`). Equal architectures (names aside) are measured once."""
+    (:attr:`InnerResult.selection`). Equal architectures (names aside) are measured once, and not
+    at all when ``known`` (the :class:`_Meter`'s KLs on the same rows, by unnamed architecture) has them."""
     record: dict[str, Any] = {}
     kls: dict[str, float] = {}
+    known = known or {}
     unnamed = {n: replace(c.architecture, name="") for n, c in candidates.items()}
     for name, cand in candidates.items():
         same = next((n for n in candidates if n in kls and unnamed[n] == unnamed[name]), None)
         if same is not None:
             kls[name] = kls[same]
+        elif tokens.shape[0] and cand.feasible and unnamed[name] in known:
+            kls[name] = known[unnamed[name]]
         elif tokens.shape[0] and cand.feasible:
             kls[name] = _masked_kl(model, parent, importance, cand.architecture, tokens, teacher, batch_size, adapter)
         else:
@@ -531,12 +547,13 @@ def _train(
     on_step: StepListener | None = None,
     meter: _Meter | None = None,
     train_heads: bool = True,
+    measure_until: int | None = None,
 ) -> list[dict[str, float]]:
     """Adam on the mask parameters with dual ascent on the multipliers; returns the per-step history.
     ``train_heads=False`` leaves the KV-group and query-head keep-fractions where they are (rules
     that fix every layer's query heads: :attr:`InnerConfig.engine_relaxation`).
-    ``on_step`` after every step; every ``config.measure_every`` steps with what ``meter`` measures
-    (:func:`search`). With ``config.checkpoint_activations`` every decoder layer is checkpointed
+    ``on_step`` after every step; every ``config.measure_every`` steps up to ``measure_until`` with
+    what ``meter`` measures (:func:`search`). With ``config.checkpoint_activations`` every decoder layer is checkpointed
     for the training steps (:meth:`ParentMasks.checkpoint_layers`; the layers are restored after)."""
     if tuple(teacher.shape[:2]) != tuple(tokens.shape):
         raise ConfigError(f"teacher log-probs {tuple(teacher.shape)} do not fit tokens {tuple(tokens.shape)}")
@@ -589,7 +606,7 @@ def _train(
                     }
                 )
                 done = step + 1
-                if on_step is not None and meter is not None and done % config.measure_every == 0:
+                if on_step is not None and meter is not None and config.measures(done, measure_until):
                     val_kl, violation = meter.measure()
                     on_step(done, kl if val_kl is None else val_kl, violation)
                 elif on_step is not None:

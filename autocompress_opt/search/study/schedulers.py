@@ -14,7 +14,9 @@ from typing import Any
 
 from autocompress_opt.search.study.config import StudyConfig
 
-__all__ = ["make_scheduler", "per_target_scheduler"]
+__all__ = ["REDUCTION_FACTOR", "last_rung", "make_scheduler", "per_target_scheduler"]
+
+REDUCTION_FACTOR = 3  # ASHA keeps the best third of a target's trials at each rung
 
 
 def make_scheduler(config: StudyConfig, targets: int = 1) -> Any:
@@ -39,10 +41,8 @@ def make_scheduler(config: StudyConfig, targets: int = 1) -> Any:
     from ray.tune.schedulers import ASHAScheduler
 
     from autocompress_opt.search.study.progress import SCORE, STEP
-    from autocompress_opt.search.study.weights_trial import TrialConfig
 
-    steps = TrialConfig.from_dict(config.inner, seed=config.seed).inner.steps
-    grace = max(1, steps // 8)
+    grace, max_t = _asha_span(config)
 
     def asha() -> Any:
         return ASHAScheduler(
@@ -50,12 +50,37 @@ def make_scheduler(config: StudyConfig, targets: int = 1) -> Any:
             metric=SCORE,
             mode="min",
             grace_period=grace,
-            max_t=max(grace, steps // 2),
-            reduction_factor=3,
+            max_t=max_t,
+            reduction_factor=REDUCTION_FACTOR,
             stop_last_trials=False,
         )
 
     return per_target_scheduler([asha() for _ in range(targets)])
+
+
+def last_rung(config: StudyConfig) -> int | None:
+    """The inner step of the scheduler's last rung (9 of 24 steps under ``asha``), after which no one
+    reads a trial's measured KL: the study's trials measure none after it (``measure_until``,
+    :meth:`~autocompress_opt.search.inner.inner_search.InnerConfig.measures`; each measurement is a
+    discretisation and a forward pass over the selection rows, a fifth of a trial's search time on
+    SmolLM2). The steps after it still report their count (the progress bar keeps the last KL).
+    None without a scheduler: the trials measure every eighth of their search for the progress bar."""
+    if config.scheduler_name == "none":
+        return None
+    grace, max_t = _asha_span(config)
+    rung = grace
+    while rung * REDUCTION_FACTOR < max_t:  # Ray's ASHA rungs: grace * rf**k below max_t
+        rung *= REDUCTION_FACTOR
+    return rung
+
+
+def _asha_span(config: StudyConfig) -> tuple[int, int]:
+    """``(grace_period, max_t)`` of the study's ASHA over inner steps: an eighth and half its steps."""
+    from autocompress_opt.search.study.weights_trial import TrialConfig
+
+    steps = TrialConfig.from_dict(config.inner, seed=config.seed).inner.steps
+    grace = max(1, steps // 8)
+    return grace, max(grace, steps // 2)
 
 
 def per_target_scheduler(schedulers: Sequence[Any]) -> Any:

@@ -9,7 +9,8 @@
                "parent_model": str,       # what load_model loads; default: the parent's name, which
                                           # works for known names ("smollm2-135m"), not for paths
                "cache_dir": str,          # on-disk caches (default ".autocompress")
-               "baselines": {name: Architecture dict}}  # more candidates: a seeded baseline's own model
+               "baselines": {name: Architecture dict},  # more candidates: a seeded baseline's own model
+               "measure_until": int | None}  # no held-out KL measured after this inner step
     result  = {"architecture": dict, "kept": {...}, "metrics": {...}, "quality": exp(-KL), "quality_kind": "exp_neg_kl",
                "kl_to_parent": nats, "kl_code", "kl_prose", "ppl_code", "ppl_prose",
                "quality_cached": bool, "inner": {...search summary...}, "timings_s": {...},
@@ -538,13 +539,15 @@ def inner_search(
     on_step: StepListener | None = None,
     serve_as: str = "any",
     extra: Mapping[str, Architecture] | None = None,
+    measure_until: int | None = None,
 ) -> InnerResult:
     """The trial's inner search: from the uniform allocation of ``params`` (layers ranked by
     ``layer_order``, else by the importance ``skip_loss``), holding ``params`` as budgets, under
     ``target``'s constraints, with that uniform allocation as a candidate; ``on_step`` hears the
     step count, and every few steps the held-out KL and violation (:func:`.inner_search.search`);
     the result is a shape the ``serve_as`` engine loads (:func:`~autocompress_opt.prune.loadability.shape_rules`;
-    ``any``: every shape); ``extra``: more candidates by name (a seeded baseline's own model)."""
+    ``any``: every shape); ``extra``: more candidates by name (a seeded baseline's own model);
+    ``measure_until``: no held-out KL after this step (the study scheduler's last rung)."""
     order = layer_order or parent.importance.layer_order()
     budget = Budget.from_params(params)
     rules = shape_rules(
@@ -563,6 +566,7 @@ def inner_search(
         on_step=on_step,
         rules=rules,
         extra=extra,
+        measure_until=measure_until,
     )
 
 
@@ -625,6 +629,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         ),
         serve_as=serve_as,
         extra=baselines,
+        measure_until=request.get("measure_until"),
     )
     searched = time.perf_counter()
 
