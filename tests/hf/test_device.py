@@ -60,7 +60,7 @@ def test_bad_device_names_the_value_and_the_valid_ones(spec: str) -> None:
 
 @pytest.mark.parametrize("spec", ["float32", "int8", "q4_k_m", ""])
 def test_bad_compute_dtype_names_the_value_and_the_valid_ones(spec: str) -> None:
-    with pytest.raises(ConfigError, match=r"is not one of auto, fp32, bf16, fp16"):
+    with pytest.raises(ConfigError, match=r"is not one of auto, fast, fp32, bf16, fp16"):
         check_compute_dtype(spec)
 
 
@@ -80,3 +80,22 @@ def test_auto_falls_back_from_bf16_on_a_gpu_without_it_and_names_the_gpu(monkeyp
         warnings.simplefilter("error")  # fp16/fp32 by name, and anything on the CPU: nothing to say
         assert resolve_compute_dtype("fp16", torch.device("cuda", 1)) == torch.float16
         assert resolve_compute_dtype("bf16", torch.device("cpu")) == torch.bfloat16
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_fast_is_bf16_on_a_cpu_with_bf16_instructions_and_auto_elsewhere(
+    monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    import autocompress_opt.hf.device as device_module
+
+    monkeypatch.setattr(device_module, "cpu_bf16_native", lambda: native)
+    assert check_compute_dtype(" FAST ") == "fast"
+    expected = torch.bfloat16 if native else torch.float32
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_compute_dtype("fast", torch.device("cpu")) == expected
+        assert resolve_compute_dtype("auto", torch.device("cpu")) == torch.float32  # auto stays exact on the CPU
+    _fake_gpus(monkeypatch, ("NVIDIA A100-SXM4-80GB", (8, 0)), ("Tesla V100-SXM2-32GB", (7, 0)))
+    assert resolve_compute_dtype("fast", torch.device("cuda", 0)) == torch.bfloat16  # a GPU: as auto
+    with pytest.warns(UserWarning, match=r"Tesla V100.*uses fp16"):
+        assert resolve_compute_dtype("fast", torch.device("cuda", 1)) == torch.float16
