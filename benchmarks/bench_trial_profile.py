@@ -20,6 +20,7 @@ Run it once per code version; ``--tree`` names the checkout whose ``autocompress
 
     .venv/bin/python benchmarks/bench_trial_profile.py --label after
     .venv/bin/python benchmarks/bench_trial_profile.py --tree ../old-checkout --label before
+    .venv/bin/python benchmarks/bench_trial_profile.py --demo --label demo   # the demo's trial settings
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "trial_profile.json"
 MODEL = "smollm2-135m"
 TARGET = "b200:datacenter"
+DEMO_RUNGS = [3, 9]  # schedulers.rung_steps of the demo's study (ASHA over 24 inner steps)
 # A mid-size point of the bundled SmolLM2 space (layers 10-30, hidden 384-576, FFN 256-1536, KV 1-3, q/KV 1-3).
 POINT = {"num_layers": 20, "hidden_size": 512, "ffn_width": 896, "num_kv_heads": 3, "q_per_kv": 2}
 TOP = 25
@@ -59,8 +61,9 @@ def _git(tree: Path, *args: str) -> str:
         return ""
 
 
-def build_request(cache_dir: Path) -> dict[str, Any]:
-    """The request a weights study of ``MODEL`` sends its trial of ``POINT`` on ``TARGET`` (search.study.run)."""
+def build_request(cache_dir: Path, demo: bool = False) -> dict[str, Any]:
+    """The request a weights study of ``MODEL`` sends its trial of ``POINT`` on ``TARGET`` (search.study.run);
+    ``demo``: with the demo's settings (``compute_dtype: fast``, measured at its ASHA rungs only)."""
     from autocompress_opt._data import REPO_SEARCH_SPACES
     from autocompress_opt.arch.catalog import load_architecture
     from autocompress_opt.arch.search_space import load_search_space
@@ -77,10 +80,11 @@ def build_request(cache_dir: Path) -> dict[str, Any]:
         "target": target.to_dict(),
         "layer_order": None,
         "seed": 0,
-        "inner": {},  # the study's default: TrialConfig / InnerConfig defaults
+        "inner": {"compute_dtype": "fast"} if demo else {},  # else TrialConfig / InnerConfig defaults
         "parent_model": MODEL,
         "serve_as": rules_engine_for(target.engine_name),
         "cache_dir": str(cache_dir),
+        **({"measure_at": DEMO_RUNGS} if demo else {}),
     }
 
 
@@ -134,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", type=Path, default=HERE.parent, help="checkout whose autocompress_opt runs")
     parser.add_argument("--label", default="after", help="key in the JSON (e.g. before / after)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="the demo study's trial settings: compute_dtype fast (bf16 on a CPU with bf16 instructions) and "
+        "held-out KL measured at its ASHA rungs only (steps 3 and 9 of 24)",
+    )
     args = parser.parse_args(argv)
     tree = args.tree.resolve()
     sys.path.insert(0, str(tree))
@@ -148,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with tempfile.TemporaryDirectory(prefix="trial-profile-") as cache:
-        request = build_request(Path(cache))
+        request = build_request(Path(cache), args.demo)
         clear_trial_cache()
         cold = profile_trial(request, tree)
         warm = profile_trial(request, tree)
@@ -168,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": MODEL,
         "target": TARGET,
         "point": POINT,
+        "request_inner": request["inner"],
+        "measure_at": request.get("measure_at"),
         "cold": cold,
         "warm": warm,
     }

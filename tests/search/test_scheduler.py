@@ -34,7 +34,7 @@ from autocompress_opt.search.study import (
     run_study,
 )
 from autocompress_opt.search.study.progress import FALLBACK, INFEASIBLE_PENALTY, SCORE, STEP
-from autocompress_opt.search.study.schedulers import last_rung
+from autocompress_opt.search.study.schedulers import rung_steps
 from autocompress_opt.search.study.studyio import export_rows, load_group
 from autocompress_opt.serving.targets import Target
 
@@ -99,13 +99,13 @@ def test_asha_decides_at_an_eighth_and_three_eighths_of_the_inner_search_on_the_
 
 
 @pytest.mark.parametrize("steps", [1, 3, 8, 24, 48, 100])
-def test_the_trials_measure_up_to_the_scheduler_s_last_rung_and_no_further(tmp_path: Path, steps: int) -> None:
-    """``last_rung`` is the last milestone Ray's ASHA holds a trial at, so the trials' measurements
-    after it (``measure_until``) would be read by no one; without a scheduler there is no bound."""
+def test_the_trials_measure_at_the_scheduler_s_rungs_only(tmp_path: Path, steps: int) -> None:
+    """``rung_steps`` are the milestones Ray's ASHA holds a trial at, the only steps whose measured
+    KL it reads (``measure_at``); without a scheduler the trials measure every eighth."""
     study = config(tmp_path, inner={"steps": steps})
     asha = make_scheduler(study).parts[0]
-    assert last_rung(study) == max(milestone for milestone, _ in asha._brackets[0]._rungs)
-    assert last_rung(config(tmp_path, scheduler="none")) is None
+    assert rung_steps(study) == sorted(milestone for milestone, _ in asha._brackets[0]._rungs)
+    assert rung_steps(config(tmp_path, scheduler="none")) is None
 
 
 def test_each_target_s_trials_meet_only_their_own_target_s_trials_at_a_rung(tmp_path: Path) -> None:

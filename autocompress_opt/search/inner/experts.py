@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -572,7 +572,7 @@ def search_experts(
     config: Any,
     adapter: FamilyAdapter | None = None,
     on_step: Any = None,
-    measure_until: int | None = None,
+    measure_at: Collection[int] | None = None,
 ) -> ExpertResult:
     """Choose which experts, expert channels and shared-expert channels every MoE layer of ``model``
     keeps, and which heads every Mamba-2 layer keeps, at the counts of ``params`` (module doc);
@@ -581,7 +581,7 @@ def search_experts(
     ``dual_lr``, ``penalty``, ``seed``); ``tokens`` / ``teacher`` as for
     :func:`~autocompress_opt.search.inner.inner_search.search` (the first ``val_samples`` rows choose
     between the trained and the start choice). ``on_step(step, val_kl | None, violation | None)``
-    after each step; every ``config.measure_every`` steps (none after ``measure_until``:
+    after each step; every ``config.measure_every`` steps (or at the steps ``measure_at``:
     :meth:`~autocompress_opt.search.inner.inner_search.InnerConfig.measures`) with the current hard
     choice's held-out KL.
     Raises :class:`ConfigError` for a point that prunes a dense axis (:func:`expert_point`)."""
@@ -618,7 +618,7 @@ def search_experts(
         tokens[val],
         teacher[val],
         adapter,
-        measure_until,
+        measure_at,
     )
     trained_at = time.perf_counter()
     candidates = {"trained": discretise_experts(masks, parent), "start": start}
@@ -690,7 +690,7 @@ def _train(
     val_tokens: torch.Tensor,
     val_teacher: Teacher,
     adapter: FamilyAdapter,
-    measure_until: int | None = None,
+    measure_at: Collection[int] | None = None,
 ) -> list[dict[str, float]]:
     """Adam (``gate_lr``) on the scores against KL + Lagrangian, with dual ascent; the history."""
     if not config.steps:
@@ -737,7 +737,7 @@ def _train(
                 done = step + 1
                 if on_step is None:
                     continue
-                if config.measures(done, measure_until) and val_tokens.shape[0]:
+                if config.measures(done, measure_at) and val_tokens.shape[0]:
                     with masks.use(masks.live(0.0)), torch.no_grad():  # the hard choice, as discretised
                         val_kl = _kl_rows(model, val_tokens, val_teacher, config.batch_size)
                     on_step(done, val_kl, max(max(values.values(), default=0.0), 0.0))

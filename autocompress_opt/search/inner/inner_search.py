@@ -59,7 +59,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -214,11 +214,11 @@ class InnerConfig:
         """Steps between two measurements for an ``on_step`` listener (``report_every``, resolved)."""
         return self.report_every or max(1, self.steps // 8)
 
-    def measures(self, done: int, until: int | None = None) -> bool:
-        """Whether a listener hears a measurement after ``done`` steps: every :attr:`measure_every`
-        steps, none after step ``until`` (None: to the end; a study under ASHA passes its last rung,
-        :func:`~autocompress_opt.search.study.schedulers.last_rung`, as no one reads a later one)."""
-        return done % self.measure_every == 0 and (until is None or done <= until)
+    def measures(self, done: int, at: Collection[int] | None = None) -> bool:
+        """Whether a listener hears a measurement after ``done`` steps: at the steps ``at`` (a study
+        under ASHA passes its rungs, :func:`~autocompress_opt.search.study.schedulers.rung_steps`, the
+        only steps whose KL anyone reads), or, for None, every :attr:`measure_every` steps."""
+        return done in at if at is not None else done % self.measure_every == 0
 
     def tau(self, step: int) -> float:
         """Geometric schedule from ``tau_start`` (step 0) to ``tau_end`` (last step)."""
@@ -304,7 +304,7 @@ def search(
     on_step: StepListener | None = None,
     rules: ShapeRules | None = None,
     extra: Mapping[str, Architecture] | None = None,
-    measure_until: int | None = None,
+    measure_at: Collection[int] | None = None,
 ) -> InnerResult:
     """Search per-layer structure under ``budget`` and ``goal``; see the module doc.
 
@@ -343,8 +343,8 @@ def search(
             when no rows are held out. ``None, None`` at the other steps.
             It may raise to abandon the search (the model's hooks are removed first). Measuring
             draws no random numbers: the result is the same with or without a listener.
-        measure_until: no measurement after this step (:meth:`InnerConfig.measures`; the steps
-            after it report ``None, None``); None: every ``config.measure_every`` steps to the end.
+        measure_at: measure after these steps only (:meth:`InnerConfig.measures`; the others
+            report ``None, None``); None: every ``config.measure_every`` steps.
         rules: a serving engine's shape rules (:func:`~autocompress_opt.prune.loadability.shape_rules`):
             the start and trained points are discretised onto shapes that engine loads; None: any shape.
         extra: more candidates by name (not one of :data:`CANDIDATES`), judged like ``uniform``: as
@@ -397,7 +397,7 @@ def search(
             on_step=on_step,
             meter=meter,
             train_heads=train_heads,
-            measure_until=measure_until,
+            measure_at=measure_at,
         )
         if config.steps
         else []
@@ -547,12 +547,12 @@ def _train(
     on_step: StepListener | None = None,
     meter: _Meter | None = None,
     train_heads: bool = True,
-    measure_until: int | None = None,
+    measure_at: Collection[int] | None = None,
 ) -> list[dict[str, float]]:
     """Adam on the mask parameters with dual ascent on the multipliers; returns the per-step history.
     ``train_heads=False`` leaves the KV-group and query-head keep-fractions where they are (rules
     that fix every layer's query heads: :attr:`InnerConfig.engine_relaxation`).
-    ``on_step`` after every step; every ``config.measure_every`` steps up to ``measure_until`` with
+    ``on_step`` after every step; every ``config.measure_every`` steps (or at ``measure_at``) with
     what ``meter`` measures (:func:`search`). With ``config.checkpoint_activations`` every decoder layer is checkpointed
     for the training steps (:meth:`ParentMasks.checkpoint_layers`; the layers are restored after)."""
     if tuple(teacher.shape[:2]) != tuple(tokens.shape):
@@ -606,7 +606,7 @@ def _train(
                     }
                 )
                 done = step + 1
-                if on_step is not None and meter is not None and config.measures(done, measure_until):
+                if on_step is not None and meter is not None and config.measures(done, measure_at):
                     val_kl, violation = meter.measure()
                     on_step(done, kl if val_kl is None else val_kl, violation)
                 elif on_step is not None:

@@ -103,7 +103,7 @@ def run_moe_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         goal=CostGoal.for_target(target, parent.architecture),
         config=config.inner,
         on_step=lambda step, kl, violation: report(TrialProgress("inner search", step, steps, kl, violation)),
-        measure_until=request.get("measure_until"),
+        measure_at=request.get("measure_at"),
     )
     searched = time.perf_counter()
     kept = expert_kept(result.masks, parent.architecture)

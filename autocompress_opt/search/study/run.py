@@ -58,7 +58,7 @@ from autocompress_opt.search.study.records import (
     first_line,
     trial_record,
 )
-from autocompress_opt.search.study.schedulers import last_rung, make_scheduler
+from autocompress_opt.search.study.schedulers import make_scheduler, rung_steps
 from autocompress_opt.search.study.seeding import (
     SeedScoring,
     enqueue_proxy_points,
@@ -195,7 +195,7 @@ def _open_target(
         "importance": str(Path(config.importance).resolve()) if config.importance else None,
         "hardware": [dict(h) for h in config.hardware],  # user GPUs, registered in each trial's worker
         "serve_as": config.serve_as_for(target),  # trials keep shapes this engine loads
-        "measure_until": last_rung(config),  # no held-out KL after the scheduler's last rung
+        "measure_at": rung_steps(config),  # held-out KL only where the scheduler reads it
         # absolute: Ray Tune runs each trial in its own (scratch) working directory
         "cache_dir": driver_cache_dir(config.cache_dir),
     }

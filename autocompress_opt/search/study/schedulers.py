@@ -14,7 +14,7 @@ from typing import Any
 
 from autocompress_opt.search.study.config import StudyConfig
 
-__all__ = ["REDUCTION_FACTOR", "last_rung", "make_scheduler", "per_target_scheduler"]
+__all__ = ["REDUCTION_FACTOR", "make_scheduler", "per_target_scheduler", "rung_steps"]
 
 REDUCTION_FACTOR = 3  # ASHA keeps the best third of a target's trials at each rung
 
@@ -26,8 +26,8 @@ def make_scheduler(config: StudyConfig, targets: int = 1) -> Any:
     on the constraint-aware score (:data:`~autocompress_opt.search.study.progress.SCORE`, lower is better):
     a trial is only ever compared with trials of its own target, whose constraints it shares.
 
-    Rungs at an eighth and at three eighths of the inner search's steps (3 and 9 of 24; where the
-    trials measure their held-out KL, ``InnerConfig.measure_every``), reduction factor 3: at each
+    Rungs at an eighth and at three eighths of the inner search's steps (3 and 9 of 24; the steps
+    where the trials measure their held-out KL, :func:`rung_steps`), reduction factor 3: at each
     rung a trial that is not in the best third of its target's trials that reached it is stopped.
     The first rung is cheap (a few steps and a forward pass or two) and already telling: the
     reported KL is that of what the search would return, the uniform allocation or the greedy start
@@ -58,20 +58,20 @@ def make_scheduler(config: StudyConfig, targets: int = 1) -> Any:
     return per_target_scheduler([asha() for _ in range(targets)])
 
 
-def last_rung(config: StudyConfig) -> int | None:
-    """The inner step of the scheduler's last rung (9 of 24 steps under ``asha``), after which no one
-    reads a trial's measured KL: the study's trials measure none after it (``measure_until``,
+def rung_steps(config: StudyConfig) -> list[int] | None:
+    """The inner steps of the scheduler's rungs (3 and 9 of 24 steps under ``asha``), the only steps
+    whose measured KL anyone reads: the study's trials measure there only (``measure_at``,
     :meth:`~autocompress_opt.search.inner.inner_search.InnerConfig.measures`; each measurement is a
-    discretisation and a forward pass over the selection rows, a fifth of a trial's search time on
-    SmolLM2). The steps after it still report their count (the progress bar keeps the last KL).
+    discretisation and a forward pass over the selection rows, about 1.2 training steps' time on
+    SmolLM2). The other steps still report their count (the progress bar keeps the last KL).
     None without a scheduler: the trials measure every eighth of their search for the progress bar."""
     if config.scheduler_name == "none":
         return None
     grace, max_t = _asha_span(config)
-    rung = grace
-    while rung * REDUCTION_FACTOR < max_t:  # Ray's ASHA rungs: grace * rf**k below max_t
-        rung *= REDUCTION_FACTOR
-    return rung
+    rungs = [grace]
+    while rungs[-1] * REDUCTION_FACTOR < max_t:  # Ray's ASHA rungs: grace * rf**k below max_t
+        rungs.append(rungs[-1] * REDUCTION_FACTOR)
+    return rungs
 
 
 def _asha_span(config: StudyConfig) -> tuple[int, int]:

@@ -10,7 +10,7 @@
                                           # works for known names ("smollm2-135m"), not for paths
                "cache_dir": str,          # on-disk caches (default ".autocompress")
                "baselines": {name: Architecture dict},  # more candidates: a seeded baseline's own model
-               "measure_until": int | None}  # no held-out KL measured after this inner step
+               "measure_at": [int] | None}  # the inner steps after which the held-out KL is measured
     result  = {"architecture": dict, "kept": {...}, "metrics": {...}, "quality": exp(-KL), "quality_kind": "exp_neg_kl",
                "kl_to_parent": nats, "kl_code", "kl_prose", "ppl_code", "ppl_prose",
                "quality_cached": bool, "inner": {...search summary...}, "timings_s": {...},
@@ -70,7 +70,7 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -539,7 +539,7 @@ def inner_search(
     on_step: StepListener | None = None,
     serve_as: str = "any",
     extra: Mapping[str, Architecture] | None = None,
-    measure_until: int | None = None,
+    measure_at: Sequence[int] | None = None,
 ) -> InnerResult:
     """The trial's inner search: from the uniform allocation of ``params`` (layers ranked by
     ``layer_order``, else by the importance ``skip_loss``), holding ``params`` as budgets, under
@@ -547,7 +547,8 @@ def inner_search(
     step count, and every few steps the held-out KL and violation (:func:`.inner_search.search`);
     the result is a shape the ``serve_as`` engine loads (:func:`~autocompress_opt.prune.loadability.shape_rules`;
     ``any``: every shape); ``extra``: more candidates by name (a seeded baseline's own model);
-    ``measure_until``: no held-out KL after this step (the study scheduler's last rung)."""
+    ``measure_at``: the steps whose held-out KL is measured (the study scheduler's rungs; None: every
+    eighth of the search)."""
     order = layer_order or parent.importance.layer_order()
     budget = Budget.from_params(params)
     rules = shape_rules(
@@ -566,7 +567,7 @@ def inner_search(
         on_step=on_step,
         rules=rules,
         extra=extra,
-        measure_until=measure_until,
+        measure_at=measure_at,
     )
 
 
@@ -629,7 +630,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         ),
         serve_as=serve_as,
         extra=baselines,
-        measure_until=request.get("measure_until"),
+        measure_at=request.get("measure_at"),
     )
     searched = time.perf_counter()
 
