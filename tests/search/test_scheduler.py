@@ -311,8 +311,10 @@ def test_a_tiny_weights_study_with_asha_stops_trials_and_keeps_them_off_the_fron
 @pytest.mark.slow
 def test_kill_9_mid_study_with_asha_then_the_same_command_loses_nothing(tmp_path: Path) -> None:
     """kill -9 of a driver whose study has trials stopped early: the rerun keeps them PRUNED (they
-    are finished, not orphans), repairs the running ones and ends with exactly the requested trials."""
-    cfg = config(tmp_path, trials=10)
+    are finished, not orphans), repairs the running ones and ends with exactly the requested trials.
+    24 inner steps (1.2 s a trial): a trial seen running is still running when the kill lands (at 8
+    steps, 0.4 s, a loaded CI machine once saw it finish in between)."""
+    cfg = config(tmp_path, trials=10, inner={"steps": 24})
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(TESTS)!r})
@@ -322,7 +324,7 @@ def test_kill_9_mid_study_with_asha_then_the_same_command_loses_nothing(tmp_path
         cfg = StudyConfig(name="a", model="smollm2-135m", targets=(Target("h100-sxm", "datacenter"),),
                           space=load_search_space("smollm2-135m"), trials=10, storage={cfg.storage_url!r},
                           mode="plan-reporting", plugins=("progress_plugins",), concurrency=1,
-                          inner={{"steps": 8}}, scheduler="asha")
+                          inner={{"steps": 24}}, scheduler="asha")
         run_study(cfg, progress=False)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, start_new_session=True)
