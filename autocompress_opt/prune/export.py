@@ -51,6 +51,7 @@ __all__ = [
     "load_exported",
     "model_card",
     "to_decilm",
+    "write_card",
 ]
 
 CARD_FILE = "autocompress_card.json"
@@ -123,8 +124,7 @@ def export_model(
             _write_decilm_config(staging, json.loads((staging / "config.json").read_text(encoding="utf-8")))
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
-        (staging / CARD_FILE).write_text(json.dumps(card_data, indent=2), encoding="utf-8")
-        (staging / "README.md").write_text(_readme(card_data), encoding="utf-8")
+        write_card(staging, card_data)
         for path in staging.iterdir():  # safetensors files are written owner-only
             path.chmod(0o644)
         _swap_in(staging, out)
@@ -436,6 +436,15 @@ def model_card(
     }
 
 
+def write_card(directory: str | Path, card_data: Mapping[str, Any]) -> None:
+    """Write :func:`model_card`'s ``card_data`` into a checkpoint ``directory``: the JSON record
+    (:data:`CARD_FILE`) and the human-readable ``README.md`` (front matter, summary, constraints,
+    predicted costs, a table of the layers)."""
+    folder = Path(directory)
+    (folder / CARD_FILE).write_text(json.dumps(card_data, indent=2), encoding="utf-8")
+    (folder / "README.md").write_text(_readme(card_data), encoding="utf-8")
+
+
 def _readme(data: Mapping[str, Any]) -> str:
     parent = data["parent"]
     parent_text = json.dumps(parent) if isinstance(parent, Mapping) else str(parent or "unknown")
@@ -479,15 +488,23 @@ def _table(title: str, values: Any) -> list[str]:
 
 
 def _layer_table(layers: list[Mapping[str, Any]]) -> list[str]:
-    """One row per run of identical consecutive layers (``0–22`` for a uniform model)."""
+    """One row per run of identical consecutive layers (``0–22`` for a uniform model); a Mamba-2 mixer
+    and a mixture-of-experts FFN are named with their sizes."""
     cells = []
     for layer in layers:
         attn = f"{layer['num_heads']}q/{layer['num_kv_heads']}kv × {layer['head_dim']}" if layer["attention"] else "—"
-        cells.append((attn, str(layer["ffn_width"]) if layer["ffn"] else "—"))
+        if layer.get("mamba"):
+            attn = f"Mamba-2 {layer['mamba']['num_heads']} heads × {layer['mamba']['head_dim']}"
+        ffn = str(layer["ffn_width"]) if layer["ffn"] else "—"
+        if layer.get("moe"):
+            moe = layer["moe"]
+            ffn = f"{moe['num_experts']} experts × {moe['expert_width']}, top-{moe['experts_per_token']}"
+            ffn += f", shared {moe['shared_width']}" if moe.get("shared_width") else ""
+        cells.append((attn, ffn))
     rows, start = [], 0
     for i in range(1, len(cells) + 1):
         if i == len(cells) or cells[i] != cells[start]:
             span = str(start) if i - 1 == start else f"{start}–{i - 1}"
             rows.append(f"| {span} | {cells[start][0]} | {cells[start][1]} |")
             start = i
-    return ["## Layers", "", "| layers | attention | FFN width |", "|---|---|---|", *rows, ""]
+    return ["## Layers", "", "| layers | mixer | FFN |", "|---|---|---|", *rows, ""]

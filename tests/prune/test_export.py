@@ -18,7 +18,14 @@ from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
 from autocompress_opt.hf.hetero_model import AutocompressDeciLMConfig, AutocompressDeciLMForCausalLM
-from autocompress_opt.prune.export import CARD_FILE, OutputExistsError, export_model, load_exported
+from autocompress_opt.prune.export import (
+    CARD_FILE,
+    OutputExistsError,
+    export_model,
+    load_exported,
+    model_card,
+    write_card,
+)
 from autocompress_opt.prune.importance import estimate_importance
 from autocompress_opt.prune.plan import identity_plan, plan_pruning
 from autocompress_opt.prune.slicing import materialize
@@ -139,6 +146,21 @@ def test_model_card_records_parent_architecture_constraints_and_costs(tmp_path: 
         "import autocompress_opt.hf.hetero_model",
     ):
         assert text in readme
+
+
+def test_a_hybrid_moe_card_names_its_mamba_and_expert_layers(tmp_path: Path) -> None:
+    """The README of a MoE / hybrid export (written by write_card, as prune --from-study's expert
+    export does) lists Mamba-2 mixers and expert FFNs with their sizes, not as empty layers."""
+    from autocompress_opt.arch.catalog import known_architectures
+
+    arch = known_architectures()["nemotron-3-nano-30b-a3b"]
+    card = model_card(arch, parent="nemotron-3-nano-30b-a3b", card={"predicted_costs": {"tpot_ms": 9.5}})
+    write_card(tmp_path, card)
+    assert json.loads((tmp_path / CARD_FILE).read_text())["num_params"] == arch.num_params
+    readme = (tmp_path / "README.md").read_text()
+    assert "| 0 | Mamba-2 64 heads × 64 | — |" in readme
+    assert "| 1 | — | 128 experts × 1856, top-6, shared 3712 |" in readme
+    assert "| tpot_ms | 9.5 |" in readme and "Pruned by autocompress_opt from **nemotron-3-nano-30b-a3b**" in readme
 
 
 def test_card_values_must_be_json(tmp_path: Path) -> None:

@@ -286,6 +286,8 @@ def test_a_default_weights_study_on_a_hybrid_parent_exports_the_masked_logits(
     assert f"trial {best.number}:" in capsys.readouterr().out
     card = json.loads((out_dir / CARD_FILE).read_text())
     assert card["extra"]["kept_from"] == "trial" and card["model_type"] == "nemotron_h"
+    readme = (out_dir / "README.md").read_text()
+    assert "Mamba-2" in readme and re.search(r"\d+ experts × \d+, top-\d, shared \d+", readme), readme
     child = AutoModelForCausalLM.from_pretrained(out_dir)
     c = child.config
     sizes = (c.n_routed_experts, c.num_experts_per_tok, c.moe_intermediate_size)

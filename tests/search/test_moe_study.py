@@ -204,6 +204,7 @@ def test_a_default_weights_study_on_a_moe_parent_exports_through_the_cli(
     card = json.loads((out_dir / CARD_FILE).read_text())
     assert card["extra"]["study_result"]["quality"] == best.quality and card["extra"]["kept_from"] == "trial"
     assert card["extra"]["test"]["split"] == "test" and card["model_type"] == "qwen3_moe"
+    assert re.search(r"\| \d+ experts × \d+, top-\d \|", (out_dir / "README.md").read_text())
     child = AutoModelForCausalLM.from_pretrained(out_dir)
     assert child.config.num_experts == best.params["num_experts"]
     loaded = load_model(model_dir)

@@ -141,15 +141,15 @@ def _export_experts(
 ) -> ExportedTrial:
     """A MoE trial's kept experts and channels cut into the family's plain model
     (:func:`~autocompress_opt.prune.experts.export_experts`) with the parent's tokenizer and the JSON
-    model card (:data:`~autocompress_opt.prune.export.CARD_FILE`; ``card`` its extras); raises
+    model card (:func:`~autocompress_opt.prune.export.write_card`: the JSON record and ``README.md``;
+    ``card`` its extras); raises
     :class:`~autocompress_opt.errors.ConfigError` when the record's counts are not ``arch``'s."""
-    import json
     from dataclasses import replace
 
     from autocompress_opt.errors import ConfigError
     from autocompress_opt.prune.expert_kept import masks_from_expert_kept
     from autocompress_opt.prune.experts import export_experts
-    from autocompress_opt.prune.export import CARD_FILE, model_card
+    from autocompress_opt.prune.export import model_card, write_card
 
     masks = masks_from_expert_kept(context.architecture, kept)
     built = next((layer.moe for layer in arch.layers if layer.moe is not None), None)
@@ -164,7 +164,7 @@ def _export_experts(
     if replace(Architecture.from_hf_config(_config(path)), name="") != replace(arch, name=""):
         raise ConfigError(f"the export at {str(path)!r} is not the trial's architecture")
     card_data["model_type"] = _config(path).get("model_type")
-    (Path(path) / CARD_FILE).write_text(json.dumps(card_data, indent=2), encoding="utf-8")
+    write_card(path, card_data)
     return ExportedTrial(Path(path), None)
 
 
