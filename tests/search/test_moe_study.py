@@ -89,6 +89,24 @@ def test_a_moe_family_without_an_experts_path_is_plan_mode_only() -> None:
         check_config(_config(expert_space(mixtral)), mixtral)
 
 
+def test_a_plan_mode_study_of_a_moe_or_hybrid_parent_skips_the_uniform_baselines_with_a_reason() -> None:
+    """seed_baselines in plan mode on a MoE / hybrid parent: every baseline is recorded as not seeded
+    (they prune dense parents) instead of the depth baseline's "needs a uniform parent" error, which
+    stopped the study before its first trial."""
+    from autocompress_opt.search.study.seeding import baseline_seeds, seeded_baselines
+
+    for name in ("qwen3-30b-a3b", "nemotron-3-nano-30b-a3b"):
+        parent = load_architecture(name)
+        target = Target("h100-sxm", "datacenter")
+        cfg = StudyConfig(
+            name="m", model=name, targets=(target,), space=default_space(parent), trials=3, seed_baselines=True
+        )
+        assert seeded_baselines(cfg, parent) == ()
+        seeds = baseline_seeds(cfg, target, parent)
+        assert list(seeds) == ["depth", "minitron", "best-uniform"]
+        assert all("prune dense parents only" in seed["skipped"] for seed in seeds.values())
+
+
 def test_the_cli_gives_a_moe_parent_the_expert_space_in_weights_mode_only() -> None:
     def config_of(*argv: str) -> Any:
         args: argparse.Namespace = build_parser().parse_args(["study", "run", "--model", "qwen3-30b-a3b", *argv])

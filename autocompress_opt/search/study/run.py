@@ -221,11 +221,12 @@ def _prepare_target(
     preparation's local start time and seconds go into the study's ``prepared`` attribute."""
     config, target, study = run.config, run.target, run.study
     began, clock = datetime.now(), time.perf_counter()
-    if progress and config.seeds_baselines and "baseline_seeds" not in study.user_attrs:
+    seeding = seeded_baselines(config, parent)
+    if progress and config.seeds_baselines and seeding and "baseline_seeds" not in study.user_attrs:
         # Say what the silent minutes are: in weights mode the first target loads the parent, each
         # workload's data its importance, and the Minitron and best-uniform candidates are scored
         # (shared by the later targets of the same data).
-        _say(f"{config.study_name(target)}: {_choosing(seeded_baselines(config, parent))}")
+        _say(f"{config.study_name(target)}: {_choosing(seeding)}")
     score = partial(scoring, target)
     if config.seeds_baselines:
         run.seeded = seed_study(study, config, target, parent, layer_order, score)

@@ -67,6 +67,8 @@ def baseline_seeds(
         from autocompress_opt.search.study.moe_study import expert_seeds
 
         return expert_seeds(config.space, parent, feasible, score)
+    if is_moe(parent):  # plan mode: the uniform baselines cut dense layers only
+        return {name: {"skipped": _PLAN_MOE_SKIP} for name in SEEDED_BASELINES}
     out: dict[str, dict[str, Any]] = {}
     for name in SEEDED_BASELINES:
         result = make_baseline(name, parent, feasible, importance=importance, score=score)
@@ -86,12 +88,19 @@ def baseline_seeds(
     return out
 
 
+_PLAN_MOE_SKIP = (
+    "the uniform baselines prune dense parents only; a plan-mode study of a MoE or hybrid parent samples "
+    "its own points (seed_baselines: false silences this)"
+)
+
+
 def seeded_baselines(config: StudyConfig, parent: Architecture) -> tuple[str, ...]:
     """The baselines whose points :func:`baseline_seeds` chooses for ``parent`` (the others it
-    records as skipped): all of :data:`SEEDED_BASELINES`, or, for a MoE parent's weights study, only
-    ``minitron`` over the expert axes (:func:`~.moe_study.expert_seeds`)."""
-    if config.mode == "weights" and is_moe(parent):
-        return ("minitron",)
+    records as skipped): all of :data:`SEEDED_BASELINES`; for a MoE or hybrid parent only
+    ``minitron`` over the expert axes in a weights study (:func:`~.moe_study.expert_seeds`), none in
+    plan mode."""
+    if is_moe(parent):
+        return ("minitron",) if config.mode == "weights" else ()
     return SEEDED_BASELINES
 
 
