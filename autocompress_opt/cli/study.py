@@ -190,6 +190,14 @@ def add_parser(sub: Any) -> None:
         "(default: on in weights mode, off in plan mode)",
     )
     run.add_argument(
+        "--seed-top-k",
+        action="append",
+        metavar="NAME=K",
+        help="a scored seeded baseline (minitron, best-uniform) scores its K largest feasible candidates "
+        "instead of its default (10, 20); repeatable, e.g. --seed-top-k minitron=3 --seed-top-k best-uniform=8. "
+        "Fewer candidates: fewer forward passes before the first trial, possibly another (never larger) seed",
+    )
+    run.add_argument(
         "--confidence",
         type=float,
         help="judge every latency/throughput constraint at the pessimistic end of the cost model's interval "
@@ -295,6 +303,7 @@ _RUN_KEYS = (
     "data",
     "importance",
     "seed_baselines",
+    "seed_top_k",
     "scheduler",
     "proxy",
     "time_budget",
@@ -341,6 +350,21 @@ def _merged(args: argparse.Namespace) -> dict[str, Any]:
         }
     )
     return values
+
+
+def _seed_top_k(value: Any) -> Any:
+    """``seed_top_k`` from the YAML (a mapping, passed on) or the flags (``NAME=K`` strings)."""
+    from autocompress_opt.errors import ConfigError
+
+    if not isinstance(value, list):
+        return value
+    out: dict[str, Any] = {}
+    for item in value:
+        name, sep, k = str(item).partition("=")
+        if not sep or not k.strip().isdigit():
+            raise ConfigError(f"--seed-top-k {item!r}: expected NAME=K, e.g. minitron=3")
+        out[name.strip()] = int(k)
+    return out
 
 
 def build_config(values: dict[str, Any]) -> Any:
@@ -413,6 +437,7 @@ def build_config(values: dict[str, Any]) -> Any:
         inner=_inner(values.get("inner"), values),
         importance=values.get("importance"),
         seed_baselines=values.get("seed_baselines"),
+        seed_top_k=_seed_top_k(values.get("seed_top_k")),
         scheduler=values.get("scheduler"),
         proxy=values.get("proxy"),
         time_budget=values.get("time_budget"),

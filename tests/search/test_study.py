@@ -422,6 +422,46 @@ def test_seed_baselines_defaults_on_in_weights_mode_only_and_is_validated(tmp_pa
     assert not build_config(flags).seeds_baselines  # --no-seed-baselines / YAML seed_baselines: false
 
 
+def test_seed_top_k_limits_the_candidates_each_scored_baseline_scores(tmp_path: Path) -> None:
+    """seed_top_k: minitron and best-uniform score only their K largest feasible candidates (each
+    scored architecture counted); the defaults score more; bad names and counts are refused by name,
+    from the YAML mapping and from --seed-top-k NAME=K."""
+    from autocompress_opt.cli.study import _DEFAULTS, _seed_top_k, build_config
+
+    target, parent = Target("h100-sxm", "datacenter"), load_architecture("smollm2-135m")
+    cfg = StudyConfig(
+        name="x", model="smollm2-135m", targets=(target,), space=load_search_space("smollm2-135m"), trials=1
+    )
+    scored: list[object] = []
+
+    def score(arch: object) -> float:  # more parameters score lower, as the KL mostly does
+        scored.append(arch)
+        return -float(arch.num_params)  # type: ignore[attr-defined]
+
+    default = baseline_seeds(cfg, target, parent, score=score)
+    n_default = len(scored)
+    scored.clear()
+    small = baseline_seeds(replace(cfg, seed_top_k={"minitron": 2, "best-uniform": 3}), target, parent, score=score)
+    assert n_default > 10 and len(scored) <= 2 + 3 + 1  # + the depth pick, which is scored once for the record
+    assert small["minitron"]["point"] == default["minitron"]["point"]  # the largest candidate wins either way
+    assert "of the 2 feasible candidates" in small["minitron"]["finding"]
+    assert "of the 3 feasible candidates" in small["best-uniform"]["finding"]
+
+    for bad, message in (
+        ({"depth": 3}, "seed_top_k: unknown baseline 'depth'; valid: minitron, best-uniform"),
+        ({"minitron": 0}, "seed_top_k: minitron must score a whole number >= 1 of candidates, got 0"),
+        ({"best-uniform": True}, "best-uniform must score a whole number >= 1"),
+        ([3], "seed_top_k must map baseline names to candidate counts"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            replace(cfg, seed_top_k=bad)
+    assert _seed_top_k(["minitron=3", "best-uniform=8"]) == {"minitron": 3, "best-uniform": 8}
+    with pytest.raises(ConfigError, match="--seed-top-k 'minitron': expected NAME=K"):
+        _seed_top_k(["minitron"])
+    flags = {**_DEFAULTS, "mode": "weights", "targets": "rtx5070", "seed_top_k": {"minitron": 3}}
+    assert build_config(flags).seed_top_k == {"minitron": 3}  # the YAML key
+
+
 def test_cli_seeds_shows_and_exports_the_baseline_trials(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 

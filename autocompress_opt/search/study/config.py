@@ -82,6 +82,31 @@ class Objective:
         return f"{self.metric}:{self.direction[:3]}"
 
 
+SCORED_SEEDS = ("minitron", "best-uniform")  # the seeded baselines that score their top-k candidates
+
+
+def check_seed_top_k(value: Any) -> dict[str, int]:
+    """``seed_top_k`` as ``{baseline: k}``; raises :class:`ConfigError` naming a bad name or count."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            "seed_top_k must map baseline names to candidate counts, e.g. {minitron: 3, best-uniform: 8}; "
+            f"got {value!r}"
+        )
+    out: dict[str, int] = {}
+    for name, k in value.items():
+        if name not in SCORED_SEEDS:
+            raise ConfigError(
+                f"seed_top_k: unknown baseline {name!r}{suggest(str(name), SCORED_SEEDS)}; "
+                f"valid: {', '.join(SCORED_SEEDS)}"
+            )
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"seed_top_k: {name} must score a whole number >= 1 of candidates, got {k!r}")
+        out[str(name)] = k
+    return out
+
+
 @dataclass(frozen=True)
 class StudyConfig:
     """Everything that defines a study group; also its identity when resuming.
@@ -89,6 +114,10 @@ class StudyConfig:
     ``seed_baselines``: enqueue the ``depth``, ``minitron`` and ``best-uniform`` baselines' global choices before the
     study's own samples (module doc); None (default) means on in ``weights`` mode, off otherwise
     (:attr:`seeds_baselines`). Not part of the identity: a study may be resumed with it changed.
+    ``seed_top_k``: how many of their largest feasible candidates the scored seeded baselines
+    (:data:`SCORED_SEEDS`: ``minitron``, ``best-uniform``) score, by name; a name left out keeps the
+    baseline's own default (10, 20). Fewer cost fewer forward passes in the driver and may choose a
+    different (never a larger) seed. Not part of the identity: a resumed study keeps its stored seeds.
     ``hardware``: user GPU profiles (``Hardware.to_dict()`` of what
     :func:`~autocompress_opt.serving.hardware.load_hardware_file` read) the targets may name; they are
     registered here and in every trial's worker, and a target's profile is part of its identity.
@@ -120,8 +149,10 @@ class StudyConfig:
     scheduler: str | None = None  # "asha" | "none"; None: asha in weights mode with > 4 trials (scheduler_name)
     proxy: int | None = None  # points the plan-mode proxy enqueues per target; None: PROXY_POINTS in weights mode
     time_budget: float | None = None  # minutes after which no new trial starts (the run's; trials in flight finish)
+    seed_top_k: Mapping[str, int] = field(default_factory=dict)  # candidates a seeded baseline scores (SCORED_SEEDS)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "seed_top_k", check_seed_top_k(self.seed_top_k))
         if self.seed_baselines not in (None, True, False):
             raise ConfigError(f"seed_baselines must be true, false or unset, got {self.seed_baselines!r}")
         if self.scheduler is not None and self.scheduler not in SCHEDULERS:

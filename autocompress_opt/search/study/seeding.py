@@ -52,9 +52,10 @@ def baseline_seeds(
 
     Each baseline is chosen by :func:`~autocompress_opt.prune.baselines.make_baseline` under the
     target's exact constraint check (:func:`~autocompress_opt.prune.baselines.target_feasibility`),
-    with ``importance`` (its layer orders) and ``score`` (``minitron``'s candidate score, lower is
-    better; None ranks by parameters). Its point is snapped onto ``config.space``: each choice to the
-    largest allowed value not above it (never a larger, costlier model), and the snapped point's
+    with ``importance`` (its layer orders), ``score`` (the candidates' score, lower is better; None
+    ranks by parameters) and ``config.seed_top_k`` (how many candidates each scores). Its point is
+    snapped onto ``config.space``: each choice to the largest allowed value not above it (never a
+    larger, costlier model), and the snapped point's
     architecture (:func:`uniform_allocation` in ``layer_order``) is checked again. Returns, per
     baseline, ``{"point", "baseline_point", "finding"}`` plus, when the point needed no snapping,
     ``"architecture"``: the baseline's own model (its layers kept by its own criterion), which the
@@ -71,7 +72,8 @@ def baseline_seeds(
         return {name: {"skipped": _PLAN_MOE_SKIP} for name in SEEDED_BASELINES}
     out: dict[str, dict[str, Any]] = {}
     for name in SEEDED_BASELINES:
-        result = make_baseline(name, parent, feasible, importance=importance, score=score)
+        top_k = config.seed_top_k.get(name)
+        result = make_baseline(name, parent, feasible, importance=importance, score=score, top_k=top_k)
         if result.choice is None:
             out[name] = {"skipped": result.finding}
             continue
