@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         SHIPPED_MEASUREMENTS,
         family_of,
         fit_published,
+        is_moe,
         leave_one_source_out,
         load_measurements,
         validate,
@@ -106,6 +107,12 @@ def run(args: argparse.Namespace) -> int:
         )
     # Per model family: the engine profiles' dense parameters are fitted to the dense rows and their
     # routed_pair_ns to the MoE/hybrid rows; --held-out says how far each carries to a source it never saw.
+    # Dense and MoE/hybrid rows apart (each kind's profile parameters are fitted on that kind's rows).
+    moe = {obs.label for obs, _ in rows if is_moe(obs)}
+    for label, want in (("dense", False), ("MoE/hybrid", True)):
+        mine = [abs(r.error) for r in results if (r.id in moe) == want]
+        if mine:
+            print(f"{label:<17} {len(mine):>3} rows: {kind} {statistics.median(mine):.1%}, max {max(mine):.1%}")
     families = {obs.label: family_of(obs) for obs, _ in rows}
     for family in sorted({families[r.id] for r in results}):
         mine = [abs(r.error) for r in results if families[r.id] == family]

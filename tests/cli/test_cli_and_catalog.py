@@ -210,6 +210,9 @@ def test_validate_verb_prints_the_error_per_model_family(capsys: pytest.CaptureF
     lines = {line.split()[1]: line for line in out.splitlines() if line.startswith("family ")}
     assert code == 0 and {"llama", "qwen3_moe", "gpt_oss", "nemotron_h"} <= set(lines)
     assert re.search(r"nemotron_h +26 rows: median \|error\| \d+\.\d%, max \d+\.\d%", lines["nemotron_h"])
+    # and the two kinds apart, since each kind's profile parameters are fitted on its own rows
+    assert re.search(r"^dense +72 rows: median \|error\| \d+\.\d%", out, re.M)
+    assert re.search(r"^MoE/hybrid +55 rows: median \|error\| \d+\.\d%", out, re.M)
 
 
 def test_validate_rejects_a_csv_without_the_columns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -301,6 +304,7 @@ def test_validate_held_out_predicts_each_source_without_its_own_rows(
     assert sum(held[k] != in_sample[k] for k in held) >= len(held) // 2  # refitted per source
     code, out, _ = run_cli(capsys, "validate", "--measurements", str(path), "--held-out")
     assert code == 0 and re.search(r"family nemotron_h +\d+ rows: held-out median \|error\| \d+\.\d%", out)
+    assert re.search(r"^MoE/hybrid +\d+ rows: held-out median \|error\| \d+\.\d%", out, re.M)
 
 
 def test_validate_held_out_and_fit_together_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
