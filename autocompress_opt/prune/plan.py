@@ -126,7 +126,7 @@ def _indicator(size: int, kept: Sequence[int]) -> torch.Tensor:
 
 def _top(scores: torch.Tensor, k: int) -> tuple[int, ...]:
     """Indices of the ``k`` highest scores (:func:`ranked`: ties to the lower index), ascending."""
-    return tuple(sorted(int(i) for i in ranked(scores)[:k]))
+    return tuple(sorted(ranked(scores)[:k].tolist()))  # tolist: not a Python loop over 0-d tensors
 
 
 def plan_pruning(
