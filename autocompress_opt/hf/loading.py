@@ -40,10 +40,12 @@ tokenizer is shared (treat it as read-only).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -428,17 +430,44 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
     # dequantize=True: a plain dense model, without the GGUF quantizer that would make
     # save_pretrained refuse it ("quantized with gguf and is not serializable").
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path.parent,
-            gguf_file=path.name,
-            dtype=dtype,
-            local_files_only=True,
-            quantization_config=GgufConfig(dequantize=True),
-        )
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        with _one_gguf_reader(path):
+            model = AutoModelForCausalLM.from_pretrained(
+                path.parent,
+                gguf_file=path.name,
+                dtype=dtype,
+                local_files_only=True,
+                quantization_config=GgufConfig(dequantize=True),
+            )
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     except (ValueError, OSError, struct.error) as exc:  # a GGUF the header check passed but that cannot load
         raise ConfigError(f"cannot load {str(path)!r}: {exc}") from None
     return model, tokenizer, f"GGUF {path} ({gguf_arch}, dequantised to {_dtype_name(dtype)})"
+
+
+@contextlib.contextmanager
+def _one_gguf_reader(path: Path) -> Iterator[None]:
+    """While loading ``path``, every ``gguf.GGUFReader`` of that file is one reader: transformers parses
+    the file's header anew for the config, the weights and the tokenizer (three readers; about 2.8
+    CPU-s each for SmolLM2-135M's 49,152-token vocabulary). The reader is read-only (memory-mapped
+    tensors, parsed fields), so sharing it changes nothing; other files get their own."""
+    import gguf
+
+    original = gguf.GGUFReader
+    readers: dict[str, Any] = {}
+    target = str(path.resolve())
+
+    def reader(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs or str(Path(file).resolve()) != target:
+            return original(file, *args, **kwargs)
+        if target not in readers:
+            readers[target] = original(file)
+        return readers[target]
+
+    gguf.GGUFReader = reader  # transformers imports it from gguf inside load_gguf_checkpoint
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
 
 
 def _load_gguf_copy(path: Path, dtype: torch.dtype, copies: Path) -> tuple[Any, Any, str]:

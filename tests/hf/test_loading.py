@@ -71,6 +71,26 @@ def test_gguf_tokenizer_comes_from_the_file(qwen2_gguf):
     assert tokenizer.decode(ids) == "the"
 
 
+def test_a_gguf_header_is_parsed_once_per_load(qwen2_gguf, monkeypatch):
+    """transformers reads a GGUF three times (config, weights, tokenizer); the load shares one
+    reader, gives the source logits and leaves gguf.GGUFReader as it was."""
+    import gguf
+    from gguf.gguf_reader import GGUFReader
+
+    opened: list[str] = []
+    original_init = GGUFReader.__init__
+
+    def counting_init(self, path, *args, **kwargs):
+        opened.append(str(path))
+        original_init(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(GGUFReader, "__init__", counting_init)
+    loaded = load_model(qwen2_gguf, cache=False)
+    assert [Path(p).name for p in opened if p.endswith(".gguf")].count(qwen2_gguf.name) == 1
+    assert gguf.GGUFReader is GGUFReader
+    assert loaded.tokenizer.decode(loaded.tokenizer("the", add_special_tokens=False)["input_ids"]) == "the"
+
+
 def test_gguf_model_is_plain_and_saves_as_safetensors(qwen2_gguf, tmp_path):
     """A dequantised GGUF carries no quantizer: save_pretrained works and reloads to the same logits."""
     loaded = load_model(qwen2_gguf, cache=False)
