@@ -463,11 +463,11 @@ def _one_gguf_reader(path: Path) -> Iterator[None]:
             readers[target] = original(file)
         return readers[target]
 
-    gguf.GGUFReader = reader  # transformers imports it from gguf inside load_gguf_checkpoint
+    gguf.GGUFReader = reader  # type: ignore[misc,assignment]  # transformers imports it from gguf at each load
     try:
         yield
     finally:
-        gguf.GGUFReader = original
+        gguf.GGUFReader = original  # type: ignore[misc]
 
 
 def _load_gguf_copy(path: Path, dtype: torch.dtype, copies: Path) -> tuple[Any, Any, str]:

@@ -142,3 +142,47 @@ def test_candidate_scores_are_kept_on_disk_and_equal_the_masked_kl(
     monkeypatch.undo()
     by_hand = baselines.masked_kl_scorer(model, importance, rows)(small)
     assert values[0] == pytest.approx(by_hand, rel=1e-6)
+
+
+def test_preload_loads_the_parent_once_in_a_thread_and_the_first_pair_uses_it_or_raises_its_error(
+    parent_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_study preloads the parent while Ray starts: one load, in a thread other than the caller's,
+    which the pairs then use; a load error is raised by the pair that needs the parent; a study that
+    scores nothing (no seeds, no proxy) or runs in plan mode loads nothing."""
+    import threading
+
+    from autocompress_opt.errors import ConfigError
+
+    where: list[str] = []
+    real_load = weights_trial.load_parent
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        where.append(threading.current_thread().name)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(weights_trial, "load_parent", load)
+    config = _config(parent_dir, tmp_path / "cache")
+    config.seeds_baselines, config.proxy_points = True, 4
+    scoring = seeding.SeedScoring(config)
+    scoring.preload(PROSE)
+    importance, score = scoring(PROSE)
+    scoring(CODE)
+    assert where == ["autocompress-parent"] and importance is not None and score is not None
+    scoring.settle()  # joined already: a no-op
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ConfigError("cannot load the parent: boom")
+
+    monkeypatch.setattr(weights_trial, "load_parent", broken)
+    failing = seeding.SeedScoring(_config(parent_dir, tmp_path / "cache2"))
+    failing.config.seeds_baselines, failing.config.proxy_points = False, 4
+    failing.preload(PROSE)
+    with pytest.raises(ConfigError, match="boom"):
+        failing(PROSE)
+
+    for mode, seeds, proxy in (("weights", False, 0), ("plan", True, 0)):
+        idle = seeding.SeedScoring(_config(parent_dir, tmp_path / "cache3"))
+        idle.config.mode, idle.config.seeds_baselines, idle.config.proxy_points = mode, seeds, proxy
+        idle.preload(PROSE)
+        assert idle._loading is None and idle._parent is None

@@ -108,23 +108,25 @@ def _run_targets(
         if not ray.is_initialized():  # several seconds of silence otherwise
             where = f"connecting to the Ray cluster at {config.address}" if config.address else "starting a local Ray"
             print(f"{where}…", file=sys.stderr, flush=True)
-    init_ray(config.address, config.concurrency, config.plugins)
-    placement = study_placement(config, progress)  # checked against the cluster before any study is created
-    deadline = time.monotonic() + 60 * config.time_budget if config.time_budget else None
-    runs = [
-        _open_target(config, target, parent, layer_order, progress, index, deadline)
-        for index, target in enumerate(config.targets)
-    ]
-    # (importance, score) for seeds and proxy: built once per data setting the targets share
+    # (importance, score) for seeds and proxy: built once per data setting the targets share; the
+    # parent they need loads while Ray starts and the studies open
     scoring = SeedScoring(config)
-    prepare = partial(
-        _prepare_target, parent=parent, layer_order=layer_order, scoring=scoring, memos={}, progress=progress
-    )
-    pending = [r for r in runs if r.needs_trials]
-    order = preparation_order([scoring.data_key(r.target) for r in pending])
+    scoring.preload(config.targets[0])
+    runs: list[_TargetRun] = []
     try:
+        init_ray(config.address, config.concurrency, config.plugins)
+        placement = study_placement(config, progress)  # checked against the cluster before any study is created
+        deadline = time.monotonic() + 60 * config.time_budget if config.time_budget else None
+        for index, target in enumerate(config.targets):
+            runs.append(_open_target(config, target, parent, layer_order, progress, index, deadline))
+        prepare = partial(
+            _prepare_target, parent=parent, layer_order=layer_order, scoring=scoring, memos={}, progress=progress
+        )
+        pending = [r for r in runs if r.needs_trials]
+        order = preparation_order([scoring.data_key(r.target) for r in pending])
         _run_group(config, pending, order, prepare, scoring.release, placement, state, interrupted)
     finally:
+        scoring.settle()
         for run in runs:
             run.coordination.close()
             run.bar.close()

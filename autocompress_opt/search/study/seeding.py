@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,8 @@ class SeedScoring:
         self.config = config
         self._pairs: dict[str, tuple[Any, Any]] = {}  # data setting -> (importance, score)
         self._parent: tuple[Any, Any, str] | None = None  # (model, tokenizer, parent_id)
+        self._loading: threading.Thread | None = None  # preload's thread, until joined
+        self._load_error: BaseException | None = None
 
     def __call__(self, target: Target | None = None) -> tuple[Any, Any]:
         """The pair for ``target`` (None: a config with no workload, whose trials read ``mixed`` data)."""
@@ -214,6 +217,43 @@ class SeedScoring:
         config = self.config
         return TrialConfig.from_dict(config.inner, seed=config.seed).for_workload(target.workload if target else None)
 
+    def preload(self, target: Target | None = None) -> None:
+        """Start loading the parent in a background thread, so that it overlaps what the driver does
+        before the first target is prepared (starting Ray, opening the studies): a cold GGUF parent is
+        a dequantisation and a copy written, about 20 CPU-s for SmolLM2-135M, mostly on one core while
+        Ray's processes start. Only in weights mode with seeds or a proxy (the pairs then need the
+        parent); the first pair joins it and raises its error. Call :meth:`settle` before the process
+        may exit."""
+        config = self.config
+        if config.mode != "weights" or not (config.seeds_baselines or config.proxy_points):
+            return
+        if self._parent is not None or self._loading is not None:
+            return
+        trial = self._trial_config(target)
+
+        def load() -> None:
+            try:
+                self._parent = self._load_parent(trial)
+            except BaseException as exc:  # re-raised by the first pair that needs the parent
+                self._load_error = exc
+
+        self._loading = threading.Thread(target=load, name="autocompress-parent", daemon=True)
+        self._loading.start()
+
+    def settle(self) -> None:
+        """Wait for :meth:`preload`'s thread (a torch call cut short at interpreter exit aborts the process)."""
+        if self._loading is not None:
+            self._loading.join()
+            self._loading = None
+
+    def _load_parent(self, trial: Any) -> tuple[Any, Any, str]:
+        from autocompress_opt.search.study.weights_trial import parent_parts
+
+        model, tokenizer, _, parent_id, _ = parent_parts(
+            self.config.model, trial, Path(driver_cache_dir(self.config.cache_dir))
+        )
+        return model, tokenizer, parent_id
+
     def release(self) -> None:
         """Drop the parent model (the pairs' scores need it: call after the last score)."""
         self._parent = None
@@ -221,12 +261,15 @@ class SeedScoring:
 
     def _weights_pair(self, trial: Any) -> tuple[Any, Any]:
         from autocompress_opt.prune.baselines import masked_kl_scorer
-        from autocompress_opt.search.study.weights_trial import parent_importance, parent_parts, search_rows
+        from autocompress_opt.search.study.weights_trial import parent_importance, search_rows
 
         cache = Path(driver_cache_dir(self.config.cache_dir))
+        self.settle()
+        if self._load_error is not None:
+            error, self._load_error = self._load_error, None
+            raise error
         if self._parent is None:
-            model, tokenizer, _, parent_id, _ = parent_parts(self.config.model, trial, cache)
-            self._parent = (model, tokenizer, parent_id)
+            self._parent = self._load_parent(trial)
         model, tokenizer, parent_id = self._parent
         importance = parent_importance(model, tokenizer, parent_id, trial, cache)
         # A baseline's own choice among its candidates is part of the baseline (its calibration), so it
