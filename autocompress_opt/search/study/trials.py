@@ -163,7 +163,12 @@ def uniform_model(
     ``memo``) and that point's uniform architecture (layers dropped in ``layer_order``), which the
     ``serve_as`` engine loads (:func:`check_loadable`); a :class:`ConfigError` when there is none. What
     :func:`plan_trial` scores and the weights study's proxy (:mod:`.proxy`) checks."""
-    legal = legal_point({k: int(v) for k, v in params.items()}, space, parent, serve_as, memo)
+    built: dict[str, Architecture] = {}
+    legal = _legal_point(
+        {k: int(v) for k, v in params.items()}, space, parent, serve_as, memo, built if layer_order is None else None
+    )
+    if "point" in built:  # the legal point's model, just built and judged loadable by legal_point: the same
+        return legal, built["point"]  # model in the default layer order, so no second build and check
     arch = space.architecture(legal, parent, layer_order)
     check_loadable(arch, parent, serve_as)
     return legal, arch
@@ -203,6 +208,19 @@ def legal_point(
     space (the proxy's ranking) builds each architecture once instead of about six times.
 
     Raises :class:`ConfigError` when no point at or below ``params`` is legal."""
+    return _legal_point(params, space, parent, serve_as, memo)
+
+
+def _legal_point(
+    params: Mapping[str, int],
+    space: SearchSpace,
+    parent: Architecture,
+    serve_as: str,
+    memo: LegalMemo | None = None,
+    built: dict[str, Architecture] | None = None,
+) -> dict[str, int]:
+    """:func:`legal_point`; with ``built``, a point legal as sampled whose model this call built (not
+    read from ``memo``) leaves that model (default layer order) there under ``"point"``."""
     point = {k: int(v) for k, v in params.items()}
     if serve_as == SERVE_AS_ANY:
         return point
@@ -217,6 +235,8 @@ def legal_point(
         if key not in judged:
             arch = space.architecture(candidate, parent)
             judged[key] = (arch.num_params, not problems(arch))
+            if built is not None and candidate is point and judged[key][1]:
+                built["point"] = arch
         return judged[key]
 
     if judge(point)[1]:
