@@ -42,10 +42,10 @@ def test_a_baseline_model_is_weighed_and_returned_when_it_has_the_lowest_held_ou
     other = parent.uniform(budget, list(reversed(parent.importance.layer_order())))
     assert unnamed(other) != unnamed(uniform)  # the baseline kept other layers
 
-    def fake_kl(model: Any, par: Any, imp: Any, arch: Any, *rest: Any) -> float:
-        return 0.1 if unnamed(arch) == unnamed(other) else 1.0
+    def fake_kl(model: Any, par: Any, imp: Any, arch: Any, rows: Any, adapter: Any) -> list[float]:
+        return [0.1 if unnamed(arch) == unnamed(other) else 1.0] * rows.count
 
-    monkeypatch.setattr(inner_search, "_masked_kl", fake_kl)
+    monkeypatch.setattr(inner_search, "_row_kls", fake_kl)
     result = parent.search(budget, start=uniform, extra={"depth": other}, steps=2)
     assert result.selection["chosen"] == "depth" and unnamed(result.architecture) == unnamed(other)
     assert result.choice()["val_kl"] == {"trained": 1.0, "start": 1.0, "uniform": 1.0, "depth": 0.1}

@@ -25,8 +25,8 @@ def _rows(tokens: Any) -> list[tuple[int, ...]]:
 def test_no_document_reaches_what_its_role_forbids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: str) -> None:
     """Trace every row a trial and the baseline scoring read back to its documents: importance and the
     inner search's training steps read calibration documents only, the inner search's choice and the
-    trial's objective selection documents only, baseline candidate scoring calibration documents only;
-    no test document is read at all."""
+    trial's objective selection documents only, and never the same rows; baseline candidate scoring
+    calibration documents only; no test document is read at all."""
     parent_dir = save_hf_dir(tiny_model("llama", num_hidden_layers=4), tmp_path / "llama")
     inner = {"steps": 2, "n_samples": 6, "val_samples": 2, "seq_len": 32, "eval_samples": 2, "eval_seq_len": 32}
     inner |= {"importance_samples": 2, "importance_seq_len": 32}
@@ -100,5 +100,9 @@ def test_no_document_reaches_what_its_role_forbids(tmp_path: Path, monkeypatch: 
         assert not documents & split["test"], f"a test document reached {what}"
         if allowed[what] == "calibration":
             assert not documents & split["selection"], f"a selection document reached {what}"
+    # the rows that choose among the inner candidates never score the trial (issue 49: a heterogeneous
+    # trial's quality would be inflated by its own pick), nor does any test row reach either
+    assert not set(read["choice"]) & set(read["objective"]), "a choice row is an objective row"
+    assert len(set(read["choice"])) == inner["val_samples"]
     if data == "user":
         assert all(d.startswith("rows.jsonl:") for row in read["train"] for d in drawn[row][1])

@@ -76,8 +76,11 @@ def run_case(parent: Parent, name: str) -> dict[str, Any]:
 @pytest.mark.parametrize("name", list(CASES))
 def test_cpu_searches_return_what_the_host_masks_returned(parent: Parent, name: str) -> None:
     """Same architecture, candidate and moves as the host-mask implementation, and the same step
-    history: bit for bit on the machine that recorded it (float64 cost on the CPU); 1e-9 here allows
-    another CPU's float32 kernels, while a float32 cost moves the history by 1e-7 to 1e-5."""
+    history: bit for bit on the machine that recorded it (float64 cost on the CPU). Another CPU's
+    float32 kernels move the model's forward pass, so the training KL is compared to 1e-4 (measured:
+    up to 2.2e-5 relative after 6 steps on an AMD EPYC without AVX512-BF16, the architectures,
+    candidates and moves identical) and the cost terms (penalty, largest violation) to 1e-6 (there:
+    at most 6.2e-8)."""
     golden = json.loads(GOLDEN.read_text(encoding="utf-8"))[name]
     got = run_case(parent, name)
     assert (got["architecture"], got["chosen"], got["moves"]) == (
@@ -87,7 +90,9 @@ def test_cpu_searches_return_what_the_host_masks_returned(parent: Parent, name: 
     )
     assert len(got["history"]) == len(golden["history"])
     for step, (a, b) in enumerate(zip(got["history"], golden["history"])):
-        assert a == pytest.approx(b, rel=1e-9, abs=1e-12), step
+        assert a["kl"] == pytest.approx(b["kl"], rel=1e-4), step
+        others = {k: v for k, v in a.items() if k != "kl"}
+        assert others == pytest.approx({k: v for k, v in b.items() if k != "kl"}, rel=1e-6, abs=1e-12), step
 
 
 def test_the_search_keeps_its_masks_beside_the_parent(parent: Parent) -> None:

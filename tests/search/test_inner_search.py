@@ -3,6 +3,7 @@ model, and discretise → repair → fill judged by the exact cost model (tiny r
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -206,10 +207,10 @@ def test_the_uniform_allocation_is_returned_when_its_held_out_kl_is_the_lowest(
     budget = Budget(num_layers=2, hidden_size=48, ffn_width=32, num_kv_heads=1, q_per_kv=2)
     uniform = parent.uniform(budget)
 
-    def fake_kl(model: Any, par: Any, imp: Any, arch: Any, *rest: Any) -> float:
-        return 0.1 if unnamed(arch) == unnamed(uniform) else 1.0
+    def fake_kl(model: Any, par: Any, imp: Any, arch: Any, rows: Any, adapter: Any) -> list[float]:
+        return [0.1 if unnamed(arch) == unnamed(uniform) else 1.0] * rows.count
 
-    monkeypatch.setattr(inner_search, "_masked_kl", fake_kl)
+    monkeypatch.setattr(inner_search, "_row_kls", fake_kl)
     # Start from the parent so the trained and start points differ from the uniform allocation.
     result = parent.search(budget, start=uniform, init="parent", steps=2)
     assert unnamed(result.architecture) == unnamed(uniform) and result.feasible
@@ -237,13 +238,22 @@ def test_the_returned_candidate_has_the_lowest_held_out_kl_of_the_feasible_ones(
 ) -> None:
     """Real held-out KL: every candidate (trained, start, uniform) is measured and recorded, and the
     returned one is feasible with a KL no higher than any feasible candidate's — in particular never
-    above the uniform allocation's."""
+    above the uniform allocation's — unless that lower KL was a heterogeneous candidate's lead that
+    its paired interval did not resolve (then the uniform one is returned, and the record says so).
+    When every name holds one architecture, nothing is measured."""
     result = parent.search(budget, start=parent.uniform(budget), **changes)
     choice = result.choice()
     assert set(choice["val_kl"]) == set(CANDIDATES) and choice["chosen"] in CANDIDATES
     assert all(choice["feasible"].values()) and result.feasible
-    assert choice["val_kl"][choice["chosen"]] == min(choice["val_kl"].values())
-    assert choice["val_kl"][choice["chosen"]] <= choice["val_kl"]["uniform"]
+    kls = choice["val_kl"]
+    if len({unnamed(a) for a in result.candidates.values()}) == 1:
+        assert set(kls.values()) == {None}
+        return
+    assert None not in kls.values()
+    if kls[choice["chosen"]] > min(kls.values()):
+        assert choice["paired"]["reference"] == choice["chosen"] and not choice["paired"]["won"]
+        assert result.architecture.active().is_uniform
+    assert kls[choice["chosen"]] <= kls["uniform"]
 
 
 def test_an_infeasible_uniform_allocation_is_recorded_but_never_returned(parent: Parent) -> None:
@@ -414,3 +424,55 @@ def test_the_engine_relaxation_trains_the_ffn_in_the_engines_multiple_where_it_d
     assert all(s.ffn_width % multiple == 0 for s in result.candidates["trained"].layers if s.ffn)
     assert engine_search(parent, rules, budget, engine_relaxation=False).learned.ffn_unit == 16
     assert engine_search(parent, rules, budget, ffn_unit=8).learned.ffn_unit == 8
+
+
+# ------------------------------------------------------------- the choice on paired rows
+def _choice_between(parent: Parent, per_row: dict[str, list[float]], margin: float = 0.0) -> dict[str, Any]:
+    """``_select`` over a heterogeneous ``trained`` candidate and the ``uniform`` allocation of one
+    budget, their per-row choice KLs given (no model run); returns the selection record."""
+    budget = Budget(num_layers=2, hidden_size=48, ffn_width=32, num_kv_heads=1, q_per_kv=2)
+    uniform = parent.uniform(budget)
+    first = next(i for i, layer in enumerate(uniform.layers) if layer.ffn)
+    layers = list(uniform.layers)
+    layers[first] = replace(layers[first], ffn_width=layers[first].ffn_width // 2)
+    hetero = replace(uniform, layers=layers)
+    assert hetero.active().is_uniform is False and uniform.active().is_uniform
+    pairs = (("trained", hetero), ("uniform", uniform))
+    candidates = {name: inner_search._as_candidate(arch, budget, None) for name, arch in pairs}
+    n = len(per_row["uniform"])
+    rows = inner_search._RowKLs(torch.zeros((n, 4), dtype=torch.long), torch.zeros((n, 4, 8)), batch_size=2)
+    for name, cand in candidates.items():
+        rows.held[replace(cand.architecture, name="")] = list(per_row[name])
+    _, record = inner_search._select(candidates, parent.model, parent.arch, parent.importance, rows, None, margin)  # type: ignore[arg-type]
+    return record
+
+
+def test_a_candidate_whose_kl_is_not_finite_is_never_chosen(parent: Parent) -> None:
+    """A NaN on one choice row (a diverged forward pass) disqualifies the candidate, however low its
+    other rows: the finite one is returned (the old key scored a non-finite KL as 0.0, the best)."""
+    record = _choice_between(parent, {"trained": [0.0, math.nan] + [0.0] * 14, "uniform": [1.0] * 16})
+    assert record["chosen"] == "uniform"
+    assert math.isnan(record["trained"]["val_kl"]) and record["uniform"]["val_kl"] == 1.0
+
+
+def test_a_heterogeneous_candidate_replaces_uniform_only_when_it_wins_beyond_its_interval(parent: Parent) -> None:
+    """Paired per-row differences on 16 rows: a lead of 0.02 nats with a per-row spread of 0.3 is
+    noise (uniform kept, the interval recorded); a steady lead of 0.05 resolves and wins; the
+    same lead under a 0.1-nat margin does not."""
+    rng = np.random.default_rng(0)
+    uniform = list(1.0 + rng.normal(0, 0.3, 16))
+    noisy = [u - 0.02 + float(e) for u, e in zip(uniform, rng.normal(0, 0.3, 16), strict=True)]
+    steady = [u - 0.05 + float(e) for u, e in zip(uniform, rng.normal(0, 0.01, 16), strict=True)]
+
+    record = _choice_between(parent, {"trained": noisy, "uniform": uniform})
+    if sum(noisy) < sum(uniform):  # the lower mean, yet unresolved
+        assert record["paired"]["candidate"] == "trained" and record["paired"]["reference"] == "uniform"
+        assert record["paired"]["low"] < 0 < record["paired"]["high"] and not record["paired"]["won"]
+    assert record["chosen"] == "uniform"
+
+    record = _choice_between(parent, {"trained": steady, "uniform": uniform})
+    assert record["chosen"] == "trained" and record["paired"]["won"] and record["paired"]["rows"] == 16
+    assert record["paired"]["diff"] == pytest.approx(-0.05, abs=0.01)
+
+    record = _choice_between(parent, {"trained": steady, "uniform": uniform}, margin=0.1)
+    assert record["chosen"] == "uniform" and not record["paired"]["won"]

@@ -49,8 +49,9 @@ def test_weights_trial_runs_end_to_end_and_caches_quality(parent_dir: Path, tmp_
     selection = first["selection"]
     assert set(selection["val_kl"]) == set(selection["feasible"]) == set(CANDIDATES)
     measured = {n: kl for n, kl in selection["val_kl"].items() if kl is not None}
-    assert selection["chosen"] in measured and measured[selection["chosen"]] == min(measured.values())
-    assert all(selection["feasible"][n] for n in measured)
+    assert selection["chosen"] in measured and all(selection["feasible"][n] for n in measured)
+    if measured[selection["chosen"]] > min(measured.values()):  # a heterogeneous lead that did not resolve
+        assert not selection["paired"]["won"] and selection["paired"]["reference"] == selection["chosen"]
     json.dumps(first)  # the study ships results as JSON
 
     assert len(list((tmp_path / "quality").glob("*.json"))) == 1

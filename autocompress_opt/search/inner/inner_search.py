@@ -39,9 +39,14 @@ Around the training (:func:`search`):
 3. **Select** among the candidates — the trained point, the start point, and the trial's
    uniform allocation itself (``init``) when the exact cost model finds it feasible — feasible
    first, then the lowest KL to the parent on the first ``val_samples`` rows, held out of training
-   (a study trial passes selection-split rows there, never calibration or test documents:
-   :mod:`autocompress_opt.data.textdata`): with a few dozen noisy steps the search must never return worse than where
-   it started, nor worse than the uniform model of its own global choices.
+   (a study trial passes selection-split rows there, disjoint from its objective's rows, never
+   calibration or test documents: :mod:`autocompress_opt.data.textdata`), compared row by row: a
+   heterogeneous candidate replaces the best uniform one (the uniform allocation, a seeded
+   baseline's model) only when the 95 % interval of their paired per-row difference lies below
+   ``-InnerConfig.choice_margin``, and a candidate with a non-finite KL is never chosen over one
+   with a finite KL. With a few dozen noisy steps the search must never return worse than where it
+   started, nor worse than the uniform model of its own global choices, and a heterogeneous answer
+   must have earned its place on rows that did not choose it.
 
 If no repair satisfies everything the result says infeasible and lists the violated amounts;
 feasibility is always judged by :func:`~autocompress_opt.serving.costmodel.estimate_cost` on the final
@@ -112,7 +117,16 @@ class InnerConfig:
         batch_size / seq_len / n_samples: rows per step, tokens per calibration row (the caller
             builds the rows), calibration rows.
         val_samples: the leading rows held out of training to choose between the candidates (0:
-            always the trained one); a study trial's are selection-split rows.
+            always the trained one); a study trial's are selection-split rows, disjoint from the
+            rows of its objective. The choice compares candidates row by row (paired), so 16 rows
+            resolve differences of a few hundredths of a nat where the per-row spread is ~0.3.
+        choice_margin: a heterogeneous candidate replaces the best uniform one (the trial's
+            uniform allocation, a seeded baseline's model) only when the upper end of the 95 %
+            interval of their paired per-row KL difference is below ``-choice_margin`` nats.
+        rung_rows: the measurements during training (:attr:`report_every`, a study's ASHA rungs)
+            read the first ``rung_rows`` choice rows, twice as many at each later measurement, up
+            to ``val_samples``; per-row KLs are kept, so the final choice measures only the rows
+            not read yet (a trial stopped at a low rung pays for few rows).
         lr: Adam step on the width keep-fractions (fractions of the parent layer's units).
         gate_lr: Adam step on the gates' log α.
         tau_start / tau_end: softness of the width steps, in units, annealed geometrically.
@@ -150,8 +164,8 @@ class InnerConfig:
     steps: int = 24
     batch_size: int = 2
     seq_len: int = 128
-    n_samples: int = 20
-    val_samples: int = 4
+    n_samples: int = 32
+    val_samples: int = 16
     lr: float = 0.05
     gate_lr: float = 0.25
     tau_start: float = 0.5
@@ -159,6 +173,8 @@ class InnerConfig:
     dual_lr: float = 2.0
     penalty: float = 10.0
     margin: float = 0.01
+    choice_margin: float = 0.0
+    rung_rows: int = 4
     init_log_alpha: float = 3.0
     init: str = "budget"
     ffn_unit: int | None = None
@@ -176,12 +192,13 @@ class InnerConfig:
             ("seq_len", 2),
             ("n_samples", 1),
             ("val_samples", 0),
+            ("rung_rows", 1),
             ("report_every", 0),
         ):
             check_int(getattr(self, name), f"InnerConfig.{name}", minimum)
         for name in ("lr", "gate_lr", "tau_start", "tau_end", "init_log_alpha"):
             check_number(getattr(self, name), f"InnerConfig.{name}")
-        for name in ("dual_lr", "penalty", "margin"):
+        for name in ("dual_lr", "penalty", "margin", "choice_margin"):
             check_number(getattr(self, name), f"InnerConfig.{name}", positive=False)
         for name in ("straight_through", "fill", "checkpoint_activations", "engine_relaxation"):
             check_bool(getattr(self, name), f"InnerConfig.{name}")
@@ -243,8 +260,12 @@ class InnerResult:
         moves: how many units the repair removed and the fill added back.
         seconds: wall-clock seconds of the start point, training, discretising and selecting.
         selection: per candidate (:data:`CANDIDATES`: ``trained``, ``start``, ``uniform``) its
-            ``feasible``, held-out ``val_kl`` (NaN when not measured: infeasible, or no held-out
-            rows) and ``summary``; ``chosen``: the name of the candidate returned.
+            ``feasible``, held-out ``val_kl`` (mean over the choice rows; NaN when not measured:
+            infeasible, or no choice rows) and ``summary``; ``chosen``: the name of the candidate
+            returned; ``paired`` (when the lowest-KL candidate was heterogeneous and a uniform one
+            was feasible): their paired per-row KL difference ``diff`` with its 95 % interval
+            ``low``/``high`` over ``rows`` rows, the two names, the ``margin`` and whether the
+            heterogeneous one ``won``.
         learned: the trained :class:`~autocompress_opt.search.inner.relaxation.ParentMasks` (frozen values).
         candidates: every candidate's architecture by name (the returned one included), for
             ablations that evaluate each of them on held-out data; not part of :meth:`summary`.
@@ -281,12 +302,17 @@ class InnerResult:
         """Which candidate was returned and how each did, JSON-safe: ``chosen`` (one of
         :data:`CANDIDATES`), ``val_kl`` per candidate (nats on the held-out calibration rows; None
         when not measured) and ``feasible`` per candidate."""
-        rows = {n: v for n, v in self.selection.items() if n != "chosen"}
-        return {
+        rows = {n: v for n, v in self.selection.items() if n not in ("chosen", "paired", "skipped")}
+        out = {
             "chosen": self.selection.get("chosen"),
             "val_kl": {n: v["val_kl"] if math.isfinite(v["val_kl"]) else None for n, v in rows.items()},
             "feasible": {n: bool(v["feasible"]) for n, v in rows.items()},
         }
+        if "paired" in self.selection:
+            out["paired"] = dict(self.selection["paired"])
+        if "skipped" in self.selection:
+            out["skipped"] = self.selection["skipped"]
+        return out
 
 
 def search(
@@ -382,7 +408,9 @@ def search(
     judged = {"uniform": uniform} if uniform is not None else {}
     judged.update({name: _as_candidate(arch, budget, goal) for name, arch in (extra or {}).items()})
     fixed = {"start": start, **{name: cand for name, cand in judged.items() if cand.feasible}}
-    meter = _Meter(model, masks, importance, budget, goal, config, rules, tokens[val], teacher[val], fixed)
+    rows = _RowKLs(tokens[val], teacher[val], config.batch_size)
+    meter = _Meter(model, masks, importance, budget, goal, config, rules, rows, fixed)
+    skipped = _nothing_to_learn(rules)
     history = (
         _train(
             model,
@@ -399,29 +427,24 @@ def search(
             train_heads=train_heads,
             measure_at=measure_at,
         )
-        if config.steps
+        if config.steps and not skipped
         else []
     )
     trained_at = time.perf_counter()
     with torch.no_grad():
         expected = masks.expected(config.tau_end).to_dict()
-    trained = discretise(masks, importance, budget, goal, fill=config.fill, rules=rules)
+    # Nothing trained: the start point stands for the trained one (no second discretisation).
+    trained = start if skipped else discretise(masks, importance, budget, goal, fill=config.fill, rules=rules)
     discretised = time.perf_counter()
     candidates = {"trained": trained, "start": start, **{n: c for n, c in judged.items() if c.feasible}}
-    chosen, selection = _select(
-        candidates,
-        model,
-        parent,
-        importance,
-        tokens[val],
-        teacher[val],
-        config.batch_size,
-        adapter,
-        known=meter.known,
-    )
+    if skipped:
+        del candidates["trained"]
+    chosen, selection = _select(candidates, model, parent, importance, rows, adapter, config.choice_margin)
     for name, cand in judged.items():
         if not cand.feasible:  # recorded, never returned
             selection[name] = {"feasible": False, "val_kl": math.nan, "summary": cand.architecture.summary()}
+    if skipped:
+        selection["skipped"] = skipped
     plan = plan_pruning(parent, importance, chosen.architecture)
     seconds = {
         "start": started - began,
@@ -448,6 +471,19 @@ def search(
     )
 
 
+def _nothing_to_learn(rules: ShapeRules | None) -> str:
+    """Why the masks need no training for this trial ("" when they do): under rules that load only
+    the uniform model of the trial's global choices (:attr:`ShapeRules.heterogeneous` False, e.g.
+    llama.cpp where ``query heads · head_dim`` is not the hidden size), discretisation throws every
+    learned width away and keeps only the gates' ranking of layers, which a few dozen steps from
+    log α = ±3 do not change: the trained point was the start point (measured on the demo's
+    llama.cpp targets: ``benchmarks/results/trial_phases.json``). The layers kept are then the start
+    point's (the trial's layer order), and the seeded baselines' own models still compete."""
+    if rules is not None and not rules.heterogeneous:
+        return f"{rules.engine} loads only uniform shapes here ({rules.why_uniform})"
+    return ""
+
+
 def _relaxation_shape(config: InnerConfig, rules: ShapeRules | None, parent: Architecture) -> tuple[int, bool]:
     """``(FFN unit, whether the head masks train)`` of the relaxation (:attr:`InnerConfig.engine_relaxation`):
     ``config.ffn_unit``, else :func:`~autocompress_opt.search.inner.relaxation.ffn_unit_for`, given the
@@ -472,65 +508,111 @@ def _select(
     model: Any,
     parent: Architecture,
     importance: Importance,
-    tokens: torch.Tensor,
-    teacher: Teacher,
-    batch_size: int,
+    rows: _RowKLs,
     adapter: FamilyAdapter,
-    known: Mapping[Architecture, float] | None = None,
+    margin: float = 0.0,
 ) -> tuple[Discrete, dict[str, Any]]:
-    """Feasible before infeasible (then less violation), then the lower held-out calibration KL;
-    ties to the earlier candidate. Returns the chosen one and the record
-    (:attr:`InnerResult.selection`). Equal architectures (names aside) are measured once, and not
-    at all when ``known`` (the :class:`_Meter`'s KLs on the same rows, by unnamed architecture) has them."""
+    """Feasible before infeasible (then less violation); among the feasible ones with a finite KL
+    on every choice row the lowest mean KL, where a heterogeneous candidate must beat the best
+    uniform one (:func:`_paired`) beyond its interval and ``margin``; a candidate whose KL is not
+    finite is never chosen over one whose KL is; ties to the earlier candidate. Returns the chosen
+    one and the record (:attr:`InnerResult.selection`). Equal architectures (names aside) are
+    measured once, and rows ``rows`` already holds (the :class:`_Meter`'s) not again; when the
+    feasible candidates are all one architecture no row is measured for the choice (``val_kl`` NaN
+    unless every row was measured already)."""
     record: dict[str, Any] = {}
-    kls: dict[str, float] = {}
-    known = known or {}
-    unnamed = {n: replace(c.architecture, name="") for n, c in candidates.items()}
+    per_row: dict[str, list[float]] = {}
+    # One feasible model under several names leaves nothing to compare: no row is read.
+    distinct = {replace(c.architecture, name="") for c in candidates.values() if c.feasible}
+    n = rows.count if len(distinct) > 1 else 0
     for name, cand in candidates.items():
-        same = next((n for n in candidates if n in kls and unnamed[n] == unnamed[name]), None)
-        if same is not None:
-            kls[name] = kls[same]
-        elif tokens.shape[0] and cand.feasible and unnamed[name] in known:
-            kls[name] = known[unnamed[name]]
-        elif tokens.shape[0] and cand.feasible:
-            kls[name] = _masked_kl(model, parent, importance, cand.architecture, tokens, teacher, batch_size, adapter)
-        else:
-            kls[name] = math.nan
-        record[name] = {"feasible": cand.feasible, "val_kl": kls[name], "summary": cand.architecture.summary()}
-
-    def key(name: str) -> tuple[float, float, int]:
-        cand = candidates[name]
-        excess = sum(max(v, 0.0) for v in cand.violations.values())
-        return (
-            0.0 if cand.feasible else 1.0,
-            excess if not cand.feasible else (kls[name] if math.isfinite(kls[name]) else 0.0),
-            list(candidates).index(name),
-        )
-
-    best = min(candidates, key=key)
+        if n and cand.feasible:
+            per_row[name] = _row_kls(model, parent, importance, cand.architecture, rows, adapter)
+        held = rows.held.get(replace(cand.architecture, name=""), [])
+        if cand.feasible and name not in per_row and rows.count and len(held) >= rows.count:
+            per_row[name] = held[: rows.count]  # measured already (the meter's last step): recorded
+        kl = sum(per_row[name]) / rows.count if name in per_row else math.nan
+        record[name] = {"feasible": cand.feasible, "val_kl": kl, "summary": cand.architecture.summary()}
+    order = list(candidates)
+    finite = [n_ for n_ in order if n_ in per_row and all(math.isfinite(v) for v in per_row[n_])]
+    feasible = [n_ for n_ in order if candidates[n_].feasible]
+    if finite:
+        mean = lambda name: (record[name]["val_kl"], order.index(name))
+        best = min(finite, key=mean)
+        uniform = [name for name in finite if candidates[name].architecture.active().is_uniform]
+        if uniform and best not in uniform:
+            reference = min(uniform, key=mean)
+            interval = _paired(per_row[best], per_row[reference])
+            won = interval["high"] < -margin
+            record["paired"] = {**interval, "candidate": best, "reference": reference, "margin": margin, "won": won}
+            if not won:
+                best = reference
+    elif feasible:  # no choice rows, or no finite KL: the first feasible one
+        best = feasible[0]
+    else:
+        excess = lambda name: (sum(max(v, 0.0) for v in candidates[name].violations.values()), order.index(name))
+        best = min(order, key=excess)
     record["chosen"] = best
     return candidates[best], record
 
 
-def _masked_kl(
+# The two-sided 95 % normal quantile of the paired interval (_paired).
+_Z95 = 1.959964
+
+
+def _paired(kls: list[float], reference: list[float]) -> dict[str, float]:
+    """Mean per-row difference ``kls − reference`` (nats) and its 95 % interval (normal, from the
+    rows' sample standard deviation; zero width for one row): ``{"diff", "low", "high", "rows"}``."""
+    diffs = [a - b for a, b in zip(kls, reference, strict=True)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
+    half = _Z95 * sd / math.sqrt(n)
+    return {"diff": mean, "low": mean - half, "high": mean + half, "rows": n}
+
+
+class _RowKLs:
+    """Per-row KL(parent ‖ architecture) on the choice rows ``tokens`` ``(n, T)`` (``teacher``: the
+    parent's log-probs on them), each row of each architecture (names aside) measured once: a
+    request for the first ``k`` rows computes only those not held yet, in batches of
+    ``batch_size``. The mean over positions of each row; rows have equal length, so the mean of
+    rows is the mean over positions."""
+
+    def __init__(self, tokens: torch.Tensor, teacher: Teacher, batch_size: int) -> None:
+        self.tokens, self.teacher, self.batch_size = tokens, teacher, batch_size
+        self.held: dict[Architecture, list[float]] = {}
+
+    @property
+    def count(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def first(self, arch: Architecture, k: int, masked: Callable[[], Any], model: Any) -> list[float]:
+        """Per-row KLs of ``arch`` on the first ``k`` rows; ``masked()`` is the context in which
+        ``model`` computes ``arch`` (entered only when a row is missing)."""
+        have = self.held.setdefault(replace(arch, name=""), [])
+        if len(have) < k:
+            device = next(model.parameters()).device
+            with masked(), torch.inference_mode():
+                for start in range(len(have), k, self.batch_size):
+                    stop = min(start + self.batch_size, k)
+                    logits = model(input_ids=self.tokens[start:stop].to(device), use_cache=False).logits
+                    teacher = self.teacher[start:stop].to(logits.device)
+                    have += teacher_kl(log_probs(logits), teacher).mean(-1).double().tolist()
+        return have[:k]
+
+
+def _row_kls(
     model: Any,
     parent: Architecture,
     importance: Importance,
     arch: Architecture,
-    tokens: torch.Tensor,
-    teacher: Teacher,
-    batch_size: int,
+    rows: _RowKLs,
     adapter: FamilyAdapter,
-) -> float:
-    """Mean per-position KL(parent ‖ ``arch``) on ``tokens``, computing ``arch`` with bool masks over the parent."""
-    plan = plan_pruning(parent, importance, arch)
-    device = next(model.parameters()).device
-    total = 0.0
-    with apply_masks(model, plan.masks(), adapter=adapter), torch.inference_mode():
-        for start in range(0, tokens.shape[0], batch_size):
-            logits = model(input_ids=tokens[start : start + batch_size].to(device), use_cache=False).logits
-            total += float(_kl(logits, teacher[start : start + batch_size].to(logits.device))) * logits.shape[0]
-    return total / tokens.shape[0]
+) -> list[float]:
+    """Per-row KL(parent ‖ ``arch``) on every choice row, computing ``arch`` with the bool masks of
+    its pruning plan over the parent (rows already held are not computed again)."""
+    masks = lambda: apply_masks(model, plan_pruning(parent, importance, arch).masks(), adapter=adapter)
+    return rows.first(arch, rows.count, masks, model)
 
 
 def _train(
@@ -607,7 +689,7 @@ def _train(
                 )
                 done = step + 1
                 if on_step is not None and meter is not None and config.measures(done, measure_at):
-                    val_kl, violation = meter.measure()
+                    val_kl, violation = meter.measure(done)
                     on_step(done, kl if val_kl is None else val_kl, violation)
                 elif on_step is not None:
                     on_step(done, None, None)
@@ -622,11 +704,15 @@ class _Meter:
     :meth:`measure` discretises the current masks exactly as the end of the search does (round,
     repair, fill) and applies the selection's rule to that point and the fixed candidates (the
     start point, the uniform allocation when feasible): among the feasible ones the lowest KL on
-    the held-out calibration rows — the KL the selection would compare — and violation 0; when
-    none is feasible, the current point's KL and the smallest largest-violation among them. The
-    fixed candidates' KLs are measured once. A KL is one forward pass over the held-out rows
-    with the point's 0/1 masks through the installed hooks (equal to the bool masks of its
-    pruning plan), no gradients and no random draws. No held-out rows: KL None."""
+    the choice rows read so far and violation 0; when none is feasible, the current point's KL and
+    the smallest largest-violation among them. The first measurement reads the first
+    :attr:`InnerConfig.rung_rows` choice rows, each later one twice as many (up to all of them;
+    after the last step all of them, so the report there is the final choice's KL):
+    the KLs an early-stopping scheduler compares at one rung are on the same rows for every
+    trial, and a trial stopped early paid for few rows. A KL is a forward pass over the rows not
+    yet measured for that point (:class:`_RowKLs`, shared with the final choice) with the point's
+    0/1 masks through the installed hooks (equal to the bool masks of its pruning plan), no
+    gradients and no random draws. No choice rows: KL None."""
 
     def __init__(
         self,
@@ -637,36 +723,35 @@ class _Meter:
         goal: CostGoal | None,
         config: InnerConfig,
         rules: ShapeRules | None,
-        tokens: torch.Tensor,
-        teacher: Teacher,
+        rows: _RowKLs,
         fixed: dict[str, Discrete],
     ) -> None:
         self.model, self.masks, self.importance, self.budget, self.goal = model, masks, importance, budget, goal
-        self.config, self.rules, self.tokens, self.teacher, self.fixed = config, rules, tokens, teacher, fixed
-        self.known: dict[Architecture, float] = {}  # unnamed architecture -> held-out KL
+        self.config, self.rules, self.rows, self.fixed = config, rules, rows, fixed
+        self.measured = 0  # measurements so far
 
     @torch.no_grad()
-    def measure(self) -> tuple[float | None, float]:
+    def measure(self, done: int) -> tuple[float | None, float]:
+        """After ``done`` steps: the first measurement reads ``rung_rows`` rows, each later one twice
+        as many, the one after the last step every row (what the final choice reads)."""
+        k = min(self.rows.count, self.config.rung_rows * 2**self.measured)
+        if done >= self.config.steps:
+            k = self.rows.count
+        self.measured += 1
         now = discretise(self.masks, self.importance, self.budget, self.goal, fill=self.config.fill, rules=self.rules)
         candidates = [now, *self.fixed.values()]
         feasible = [c for c in candidates if c.feasible]
         if feasible:
-            return (min(self._kl(c.architecture) for c in feasible) if self.tokens.shape[0] else None), 0.0
+            return (min(self._kl(c.architecture, k) for c in feasible) if k else None), 0.0
         excess = min(max(max(c.violations.values(), default=0.0), 0.0) for c in candidates)
-        return (self._kl(now.architecture) if self.tokens.shape[0] else None), excess
+        return (self._kl(now.architecture, k) if k else None), excess
 
-    def _kl(self, arch: Architecture) -> float:
-        key = replace(arch, name="")
-        if key not in self.known:
+    def _kl(self, arch: Architecture, k: int) -> float:
+        def hooked() -> Any:
             live = _live_of(self.masks, plan_pruning(self.masks.parent, self.importance, arch).masks())
-            device = next(self.model.parameters()).device
-            total, step = 0.0, self.config.batch_size
-            with self.masks.use(live):
-                for start in range(0, self.tokens.shape[0], step):
-                    logits = self.model(input_ids=self.tokens[start : start + step].to(device), use_cache=False).logits
-                    total += float(_kl(logits, self.teacher[start : start + step].to(logits.device))) * logits.shape[0]
-            self.known[key] = total / self.tokens.shape[0]
-        return self.known[key]
+            return self.masks.use(live)
+
+        return sum(self.rows.first(arch, k, hooked, self.model)) / k
 
 
 def _live_of(masks: ParentMasks, plan_masks: Masks) -> LiveMasks:

@@ -158,6 +158,9 @@ def seed_study(
     return lines
 
 
+# How many calibration rows score a baseline's candidates (the inner search's choice read as many
+# before it moved to 16 selection rows; kept so the seeded baselines and their cached scores stay the same).
+BASELINE_CHOICE_ROWS = 4
 SEED_SCORE_VERSION = "seed-score/1"  # part of every candidate score's cache key: bump when the score changes
 
 
@@ -261,7 +264,7 @@ class SeedScoring:
 
     def _weights_pair(self, trial: Any) -> tuple[Any, Any]:
         from autocompress_opt.prune.baselines import masked_kl_scorer
-        from autocompress_opt.search.study.weights_trial import parent_importance, search_rows
+        from autocompress_opt.search.study.weights_trial import calibration_rows, parent_importance
 
         cache = Path(driver_cache_dir(self.config.cache_dir))
         self.settle()
@@ -273,10 +276,11 @@ class SeedScoring:
         model, tokenizer, parent_id = self._parent
         importance = parent_importance(model, tokenizer, parent_id, trial, cache)
         # A baseline's own choice among its candidates is part of the baseline (its calibration), so it
-        # scores them on the search's calibration rows (its first val_samples training rows); the
-        # comparison of the seeded baselines is the trials' objective, on selection rows.
-        calibration = [p for p in search_rows(tokenizer, trial) if p.role == "calibration"]
-        rows = calibration[0].tokens[: trial.inner.val_samples] if calibration else None
+        # scores them on the search's first calibration (training) rows; the comparison of the seeded
+        # baselines is the trials' objective, on selection rows.
+        calibration = calibration_rows(tokenizer, trial)
+        count = min(trial.inner.val_samples, BASELINE_CHOICE_ROWS)
+        rows = calibration.tokens[:count] if calibration is not None else None
         if rows is None or not rows.shape[0]:
             return importance, None
         if is_moe(Architecture.from_hf_config(model.config)):  # the expert search's start point, scored

@@ -106,6 +106,8 @@ __all__ = [
     "DEFAULT_CACHE_DIR",
     "ParentContext",
     "TrialConfig",
+    "calibration_rows",
+    "choice_rows",
     "clear_trial_cache",
     "evaluate_architecture",
     "heldout_quality",
@@ -148,8 +150,8 @@ class TrialConfig:
 
     The three roles of :mod:`autocompress_opt.data.textdata` never share a document: importance and
     the inner search's training steps read calibration rows; the inner search's choice among its
-    candidates (its first ``val_samples`` rows) and the trial's objective read selection rows; no
-    trial reads the test split.
+    candidates (its first ``val_samples`` rows) and the trial's objective read selection rows, never
+    the same ones (:func:`choice_rows`); no trial reads the test split.
         device / compute_dtype: where the parent computes and in which dtype
             (:mod:`autocompress_opt.hf.device`: ``auto`` is the first CUDA GPU in bf16 when torch sees
             one, else the CPU in fp32); masks, KL and the Lagrangian stay fp32. Resolved where the
@@ -449,17 +451,81 @@ def parent_importance(model: Any, tokenizer: Any, parent_id: str, config: TrialC
 
 
 def search_rows(tokenizer: Any, config: TrialConfig) -> list[Any]:
-    """The inner search's rows as their batches: its first ``val_samples`` rows, which choose among its
-    candidates, are selection rows; the rest, its training rows, are calibration rows (either part
-    is left out when empty)."""
+    """The inner search's rows as their batches: first its ``val_samples`` choice rows, which choose
+    among its candidates (:func:`choice_rows`: selection rows, none of them a row of the trial's
+    objective), then its training rows (:func:`calibration_rows`); either part is left out when
+    empty."""
+    parts = [choice_rows(tokenizer, config)] if config.inner.val_samples else []
+    training = calibration_rows(tokenizer, config)
+    return parts + ([training] if training is not None else [])
+
+
+def calibration_rows(tokenizer: Any, config: TrialConfig) -> Any | None:
+    """The inner search's training rows: ``n_samples − val_samples`` calibration rows of
+    ``seq_len`` tokens, seed ``data_seed`` (None when there are none)."""
     from autocompress_opt.data.user import data_batches
 
-    inner, data = config.inner, _data_kwargs(config)
-    return [
-        data_batches(tokenizer, role=role, n_samples=n, seq_len=inner.seq_len, seed=config.data_seed, **data)
-        for role, n in (("selection", inner.val_samples), ("calibration", inner.n_samples - inner.val_samples))
-        if n
-    ]
+    inner = config.inner
+    n = inner.n_samples - inner.val_samples
+    if not n:
+        return None
+    return data_batches(
+        tokenizer, role="calibration", n_samples=n, seq_len=inner.seq_len, seed=config.data_seed, **_data_kwargs(config)
+    )
+
+
+def choice_rows(tokenizer: Any, config: TrialConfig) -> Any:
+    """The rows on which the inner search chooses among its candidates: ``val_samples`` selection
+    rows, shared among the :func:`objective_domains` as evenly as they go, none of them a row of the
+    trial's objective (:func:`heldout_quality` reads the first ``eval_samples`` selection rows of
+    each domain, ``eval_seq_len`` tokens, seed ``eval_seed``).
+
+    Each domain's are the rows that follow its objective rows in the same draw (same seed and
+    length: the objective's rows are the draw's first ones, so the text is disjoint); a row equal to
+    an objective row is skipped all the same. Cut to the search's ``seq_len`` (which may not exceed
+    ``eval_seq_len``). The choice rows never choose on the rows that then score the choice: a
+    heterogeneous trial would otherwise report a quality inflated by its own pick."""
+    from autocompress_opt.data.user import data_batches
+
+    inner = config.inner
+    if inner.seq_len > config.eval_seq_len:
+        raise ConfigError(
+            f"inner.seq_len={inner.seq_len} exceeds eval_seq_len={config.eval_seq_len}: the inner search's "
+            "choice rows are selection rows drawn beside the objective's; make seq_len <= eval_seq_len"
+        )
+    domains = objective_domains(config)
+    counts = [inner.val_samples // len(domains) + (i < inner.val_samples % len(domains)) for i in range(len(domains))]
+    parts: list[tuple[Any, list[int]]] = []
+    for dom, count in zip(domains, counts, strict=True):
+        if not count:
+            continue
+        draw = lambda n, dom=dom: data_batches(
+            tokenizer,
+            role="selection",
+            n_samples=n,
+            seq_len=config.eval_seq_len,
+            seed=config.eval_seed,
+            **({"data": config.data} if dom == "data" else {"domain": dom}),
+        )
+        taken = {tuple(row) for row in draw(config.eval_samples).tokens.tolist()}
+        wider = draw(config.eval_samples + 2 * count)
+        fresh = [i for i, row in enumerate(wider.tokens.tolist()) if tuple(row) not in taken][:count]
+        if len(fresh) < count:
+            raise ConfigError(
+                f"the selection text of {dom!r} gives {len(fresh)} rows beside the objective's {config.eval_samples}, "
+                f"the inner search's choice needs {count}: lower inner.val_samples or eval_samples, or give more data"
+            )
+        parts.append((wider, fresh))
+    order = [(p, i) for k in range(max(len(f) for _, f in parts)) for p, f in parts if k < len(f) for i in f[k : k + 1]]
+    first = parts[0][0]
+    return replace(
+        first,
+        tokens=torch.stack([p.tokens[i, : inner.seq_len] for p, i in order]),
+        domain=first.domain if len(parts) == 1 else "mixed",
+        documents=tuple(dict.fromkeys(d for p, i in order for d in p.row_documents[i])),
+        row_documents=tuple(p.row_documents[i] for p, i in order),
+        weights=tuple(w for p, _ in parts for w in p.weights),
+    )
 
 
 # ----------------------------------------------------------------------------- quality
