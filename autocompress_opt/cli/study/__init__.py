@@ -26,6 +26,7 @@ def add_parser(sub: Any) -> None:
         RUN_EXAMPLES,
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    # in the order `autocompress study --help` lists them
     run.add_parser(actions)
     manage.add_list_parser(actions)
     show.add_parser(actions)
