@@ -7,7 +7,8 @@ Three parts, each usable alone:
   that computes the entry (a per-cache string the caller bumps when its computation changes) and
   the package version, so changed code never reads a stale entry: it computes a new one under a new
   key. :func:`content_digest` identifies files by their bytes (not their path or modification
-  time), so two copies of one model on two nodes share their entries.
+  time), so two copies of one model on two nodes share their entries; :func:`file_digest` hashes
+  each file once per version of it (remembered on disk, see its contract), not once per process.
 * **Atomic publication** — :func:`publish` lets a writer fill a uniquely named temporary file or
   directory beside the entry and then renames it into place (``os.replace``, atomic within one
   file system): a reader sees the whole entry or none, and a writer that raises leaves nothing a
@@ -31,13 +32,24 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["cache_key", "content_digest", "entry_lock", "fetch", "publish"]
+__all__ = [
+    "DIGEST_CACHE_ENV",
+    "cache_key",
+    "content_digest",
+    "digest_cache_dir",
+    "entry_lock",
+    "fetch",
+    "file_digest",
+    "publish",
+]
 
 T = TypeVar("T")
 
@@ -68,10 +80,24 @@ def _package_version() -> str:
     return str(sys.modules[__name__.rpartition(".")[0]].__version__)
 
 
-# (resolved path, size, mtime_ns, inode) -> SHA-256 of the file's bytes. A rewritten file changes
-# its size, mtime or inode, so a stale digest is never returned; hashing a 270 MB checkpoint takes
-# ~0.4 s, paid once per process and file.
-_FILE_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+# Where file_digest remembers digests across processes: beside the package's other per-user caches
+# (~/.cache/autocompress_opt/data, .../tokens, .../profiles), never beside the hashed files (a model
+# folder may be read-only or shared, and a digest file in it would change that folder's content_digest).
+# The environment variable moves it for a process and every process it starts (Ray workers).
+DIGEST_CACHE_ENV = "AUTOCOMPRESS_DIGEST_CACHE"
+_DEFAULT_DIGEST_CACHE = "~/.cache/autocompress_opt/digests"
+# A file written (modification or status-change time) this shortly before its hashing began is not
+# remembered: file systems stamp both times from a coarse clock (a kernel tick, up to 2 s on FAT), so a
+# second write of the same size within one tick would keep the stamps and the remembered digest would
+# be stale (git's "racy clean" problem, solved the same way).
+_RACY_NS = 2_000_000_000
+_DIGEST_ENTRY_VERSION = "file-digest/1"
+
+# (resolved path, size, mtime_ns, ctime_ns, inode): what identifies one version of a file. Any write
+# changes the ctime (which no user call can set back), a replacement the inode too.
+_StatKey = tuple[str, int, int, int, int]
+# _StatKey -> SHA-256 of the file's bytes, for this process.
+_FILE_DIGESTS: dict[_StatKey, str] = {}
 
 
 def content_digest(path: str | Path, suffixes: Iterable[str] | None = None, *, recursive: bool = True) -> str:
@@ -81,34 +107,97 @@ def content_digest(path: str | Path, suffixes: Iterable[str] | None = None, *, r
     files whose names end in one.
 
     Independent of where the files live and of their modification times: copies of one model in
-    two places have one digest. Each file is read once per process (memoised by path, size,
-    modification time and inode). Raises ``FileNotFoundError`` for a missing ``path``.
+    two places have one digest. Each file is read only when :func:`file_digest` has not seen that
+    version of it, in this process or an earlier one. Raises ``FileNotFoundError`` for a missing ``path``.
     """
     root = Path(path)
     if not root.exists():
         raise FileNotFoundError(f"content_digest: no file or directory at {str(root)!r}")
     if root.is_file():
-        return _file_digest(root)
+        return file_digest(root)
     keep = tuple(suffixes) if suffixes is not None else None
     candidates = root.rglob("*") if recursive else root.iterdir()
     files = sorted(p for p in candidates if p.is_file() and (keep is None or p.name.endswith(keep)))
     digest = hashlib.sha256()
     for f in files:
-        record = [f.relative_to(root).as_posix(), f.stat().st_size, _file_digest(f)]
+        record = [f.relative_to(root).as_posix(), f.stat().st_size, file_digest(f)]
         digest.update(json.dumps(record).encode())
     return digest.hexdigest()
 
 
-def _file_digest(path: Path) -> str:
-    stat = path.stat()
-    memo = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
-    if memo not in _FILE_DIGESTS:
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            while chunk := handle.read(_CHUNK_BYTES):
-                digest.update(chunk)
-        _FILE_DIGESTS[memo] = digest.hexdigest()
-    return _FILE_DIGESTS[memo]
+def file_digest(path: str | Path) -> str:
+    """The SHA-256 (hex) of the bytes of the file at ``path`` (a symlink: of its target).
+
+    Each version of a file is read once: the digest is remembered in this process and on disk under
+    :func:`digest_cache_dir`, keyed by the file's resolved absolute path, size, modification and
+    status-change times (ns) and inode, so a later call — here, in another process, after a restart
+    — returns it from a ~100-byte entry without opening the file. Any write to the file changes
+    that key, so a modified, replaced or touched file is hashed again; so is a file written less
+    than 2 s before its hashing began (coarse file-system clocks), or one that changed while it was
+    read, whose digest is not remembered. Never fails because of the store: an unreadable or
+    unwritable location, or a damaged entry, only means hashing. Thread- and process-safe (entries
+    are published whole; writers of one key write the same digest). Raises ``FileNotFoundError``
+    for a missing path and ``IsADirectoryError`` for a directory (:func:`content_digest` hashes those).
+    """
+    started_ns = time.time_ns()
+    key = _stat_key(Path(path))
+    if key in _FILE_DIGESTS:
+        return _FILE_DIGESTS[key]
+    stored = _stored_digest(key)
+    if stored is not None:
+        _FILE_DIGESTS[key] = stored
+        return stored
+    digest = hashlib.sha256()
+    with open(key[0], "rb") as handle:
+        while chunk := handle.read(_CHUNK_BYTES):
+            digest.update(chunk)
+    hex_digest = digest.hexdigest()
+    settled = max(key[2], key[3]) < started_ns - _RACY_NS  # neither time stamped in the last ticks
+    if settled and _stat_key(Path(key[0])) == key:  # and unchanged while read
+        _FILE_DIGESTS[key] = hex_digest
+        _store_digest(key, hex_digest)
+    return hex_digest
+
+
+def digest_cache_dir() -> Path:
+    """Where :func:`file_digest` keeps its entries: ``$AUTOCOMPRESS_DIGEST_CACHE``, else
+    ``~/.cache/autocompress_opt/digests`` (read at each call; created when first written)."""
+    return Path(os.environ.get(DIGEST_CACHE_ENV) or _DEFAULT_DIGEST_CACHE).expanduser()
+
+
+def _stat_key(path: Path) -> _StatKey:
+    resolved = path.resolve()
+    try:
+        st = resolved.stat()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"file_digest: no file at {str(path)!r}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(f"file_digest: {str(path)!r} is a directory; content_digest hashes a folder")
+    return (str(resolved), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def _digest_entry(key: _StatKey) -> Path:
+    return digest_cache_dir() / f"{cache_key(_DIGEST_ENTRY_VERSION, *key, length=32)}.json"
+
+
+def _stored_digest(key: _StatKey) -> str | None:
+    """The digest an earlier call stored for ``key``, or None (no entry, unreadable, or not this key's)."""
+    try:
+        record = json.loads(_digest_entry(key).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # missing, unreadable, damaged (ValueError: bad JSON or text)
+        return None
+    if not isinstance(record, dict) or record.get("key") != list(key):
+        return None
+    digest = record.get("sha256")
+    valid = isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+    return digest if valid else None
+
+
+def _store_digest(key: _StatKey, digest: str) -> None:
+    """Publish ``digest`` for ``key``; a location that cannot be written is skipped (the next process hashes)."""
+    text = json.dumps({"key": list(key), "sha256": digest})
+    with contextlib.suppress(OSError):
+        publish(_digest_entry(key), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 # ------------------------------------------------------------------- lock and publication

@@ -227,11 +227,11 @@ def prepare_targets(targets: list[str], cache: Path, storage: Path, threads: int
 
     import autocompress_opt.search.study.run as run
     from autocompress_opt.arch.catalog import load_architecture
-    from autocompress_opt.cli.study import _merged, build_config
+    from autocompress_opt.cli.study.config import build_config, merged
     from autocompress_opt.search.study.seeding import SeedScoring
 
     imports_cpu = time.process_time() - began_cpu
-    values = _merged(
+    values = merged(
         argparse.Namespace(
             config=CONFIG, targets=",".join(targets), storage=f"sqlite:///{storage}", cache_dir=str(cache)
         )

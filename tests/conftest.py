@@ -54,6 +54,17 @@ def _token_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _digest_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """cache.file_digest's on-disk digests go to a session folder, not the user's ~/.cache (here and,
+    through the environment, in every process a test starts)."""
+    from autocompress_opt.cache import DIGEST_CACHE_ENV
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(DIGEST_CACHE_ENV, str(tmp_path_factory.mktemp("digest-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_hf_config() -> Callable[..., Any]:
     """``tiny_hf_config(family, **overrides)``: a tiny transformers config of that family."""

@@ -3,17 +3,21 @@ an entry appears whole or not at all, and two writers of one entry compute it on
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import multiprocessing.queues
 import os
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 import autocompress_opt
-from autocompress_opt.cache import cache_key, content_digest, fetch, publish
+from autocompress_opt import cache
+from autocompress_opt.cache import cache_key, content_digest, fetch, file_digest, publish
 
 
 def _visible(folder: Path) -> list[str]:
@@ -74,6 +78,106 @@ def test_content_digest_ignores_place_and_mtime_but_not_bytes(tmp_path: Path) ->
     assert content_digest(one, weights) != content_digest(two, weights)
     with pytest.raises(FileNotFoundError, match="no file or directory"):
         content_digest(tmp_path / "missing")
+
+
+# ------------------------------------------------------------------- file digests on disk
+OLD_NS = 1_000_000_000_000_000_000  # 2001-09-09: a modification time long past
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    """The files file_digest opens to hash, recorded; its on-disk store in a fresh folder, its
+    in-process memo cleared (as in a new process), and its clock 10 s ahead, so that files written
+    by the test count as settled."""
+    monkeypatch.setenv(cache.DIGEST_CACHE_ENV, str(tmp_path / "digests"))
+    monkeypatch.setattr(cache, "_FILE_DIGESTS", {})
+    monkeypatch.setattr(cache, "time", SimpleNamespace(time_ns=lambda: time.time_ns() + 10 * 10**9))
+    opened: list[str] = []
+
+    def recording_open(file: str, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        opened.append(str(file))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(cache, "open", recording_open, raising=False)
+    return opened
+
+
+def _write_old(path: Path, data: bytes) -> Path:
+    """``data`` written to ``path`` in a later clock tick than its last status change (so that even
+    these same-size rewrites stamp a new one), its modification time put far in the past."""
+    before = path.stat().st_ctime_ns if path.exists() else None
+    while True:
+        path.write_bytes(data)
+        os.utime(path, ns=(OLD_NS, OLD_NS))
+        if path.stat().st_ctime_ns != before:
+            return path
+        time.sleep(0.01)
+
+
+def _new_process() -> None:
+    cache._FILE_DIGESTS.clear()
+
+
+def test_a_settled_file_is_hashed_once_then_read_from_disk_by_later_processes(tmp_path: Path, reads: list[str]) -> None:
+    weights = _write_old(tmp_path / "model.safetensors", bytes(range(256)) * 64)
+    expected = hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert file_digest(weights) == expected and len(reads) == 1
+    assert file_digest(weights) == expected and len(reads) == 1  # this process: its memo
+    _new_process()
+    assert file_digest(str(weights)) == expected and len(reads) == 1  # another process: the entry on disk
+    assert content_digest(tmp_path, (".safetensors",)) and len(reads) == 1  # folders go through it too
+    assert len(list(cache.digest_cache_dir().glob("*.json"))) == 1
+
+
+def test_a_modified_or_touched_file_is_hashed_again(tmp_path: Path, reads: list[str]) -> None:
+    """Same size and even the same modification time after a write: the status-change time (which a
+    write always sets) tells them apart; a touch with the same bytes re-reads and gives the same digest."""
+    weights = _write_old(tmp_path / "w.bin", b"a" * 4096)
+    first = file_digest(weights)
+    _new_process()
+    _write_old(weights, b"b" * 4096)  # rewritten in place, same size, same (old) modification time
+    assert file_digest(weights) == hashlib.sha256(b"b" * 4096).hexdigest() != first and len(reads) == 2
+    _new_process()
+    os.utime(weights, ns=(OLD_NS + 1, OLD_NS + 1))  # touched: the same bytes
+    assert file_digest(weights) == hashlib.sha256(b"b" * 4096).hexdigest() and len(reads) == 3
+
+
+def test_a_just_written_file_is_not_remembered(
+    tmp_path: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written within the last 2 s (even with an old modification time): a second write in the same
+    clock tick could keep its stamps, so every call hashes it, and nothing is stored."""
+    monkeypatch.setattr(cache, "time", time)  # the real clock
+    fresh = _write_old(tmp_path / "fresh.json", b"{}")
+    assert file_digest(fresh) == file_digest(fresh) == hashlib.sha256(b"{}").hexdigest()
+    assert len(reads) == 2 and not cache.digest_cache_dir().exists()
+
+
+def test_an_unwritable_store_or_a_damaged_entry_only_means_hashing(
+    tmp_path: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    weights = _write_old(tmp_path / "w.bin", b"weights")
+    expected = hashlib.sha256(b"weights").hexdigest()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(cache.DIGEST_CACHE_ENV, str(blocker / "digests"))  # no folder can be made there, even by root
+    assert file_digest(weights) == expected
+    _new_process()
+    assert file_digest(weights) == expected and len(reads) == 2  # nothing stored: hashed again
+
+    monkeypatch.setenv(cache.DIGEST_CACHE_ENV, str(tmp_path / "digests"))
+    _new_process()
+    file_digest(weights)
+    (entry,) = cache.digest_cache_dir().glob("*.json")
+    for damage in ("not json", '{"key": [], "sha256": "00"}', '{"sha256": "' + "0" * 64 + '"}'):
+        entry.write_text(damage)
+        _new_process()
+        assert file_digest(weights) == expected  # read again, and the entry repaired
+    assert len(reads) == 6 and f'"sha256": "{expected}"' in entry.read_text()
+    with pytest.raises(FileNotFoundError, match="file_digest: no file at"):
+        file_digest(tmp_path / "missing")
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        file_digest(tmp_path)
 
 
 # ----------------------------------------------------------------------- publication

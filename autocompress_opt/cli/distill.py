@@ -90,7 +90,11 @@ checkpoint made with other settings is refused naming the setting, unless --rest
         default=d.n_eval_rows,
         help=f"held-out rows for the KL before/after (default {d.n_eval_rows})",
     )
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="where the student trains: auto (default: the first CUDA GPU, else the CPU), cpu, cuda, cuda:N",
+    )
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA only); weights stay float32")
     p.add_argument(
         "--compute-dtype",

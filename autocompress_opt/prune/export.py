@@ -37,6 +37,7 @@ from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.families import family
 from autocompress_opt.errors import AutocompressError, ConfigError
 from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
+from autocompress_opt.hf.hub import hub_kernel_kwargs
 
 __all__ = [
     "CARD_FILE",
@@ -169,6 +170,7 @@ def load_exported(directory: str | Path, **kwargs: Any) -> Any:
 
     from autocompress_opt.hf.hetero_model import AutocompressDeciLMConfig, AutocompressDeciLMForCausalLM
 
+    kwargs = {**hub_kernel_kwargs(), **kwargs}  # Hub kernels off unless asked for (here or by USE_HUB_KERNELS)
     directory = Path(directory)
     if not (directory / "config.json").is_file():
         raise ConfigError(f"{str(directory)!r} is not a checkpoint directory (no config.json)")

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from autocompress_opt.cli import build_parser, main
-from autocompress_opt.cli.study import _merged, build_config
+from autocompress_opt.cli.study.config import build_config, merged
 from autocompress_opt.errors import ConfigError
 
 
 def config_of(*argv: str):  # type: ignore[no-untyped-def]
     args: argparse.Namespace = build_parser().parse_args(["study", "run", *argv])
-    return build_config(_merged(args))
+    return build_config(merged(args))
 
 
 def test_confidence_reaches_every_target_and_binds_at_the_pessimistic_end() -> None:

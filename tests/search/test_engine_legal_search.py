@@ -127,7 +127,7 @@ def test_a_bad_serve_as_is_a_one_line_error_naming_the_valid_engines(tmp_path: P
 def test_the_cli_flag_and_the_yaml_key_reach_the_study_and_a_bad_value_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from autocompress_opt.cli.study import build_config
+    from autocompress_opt.cli.study.config import build_config
 
     assert build_config({**_run_values(), "serve_as": "llamacpp"}).serve_as == "llamacpp"
     argv = ["study", "run", "--targets", "b200", "--trials", "1", "--storage", f"sqlite:///{tmp_path}/x.db"]
@@ -142,9 +142,9 @@ def test_the_cli_flag_and_the_yaml_key_reach_the_study_and_a_bad_value_exits_2(
 
 
 def _run_values() -> dict:
-    from autocompress_opt.cli.study import _DEFAULTS
+    from autocompress_opt.cli.study.config import DEFAULTS
 
-    return {**_DEFAULTS, "name": "c", "storage": "sqlite:///unused.db"}
+    return {**DEFAULTS, "name": "c", "storage": "sqlite:///unused.db"}
 
 
 # ------------------------------------------------------------------------- plan trial

@@ -20,7 +20,7 @@ from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import Choice, default_space, uniform_allocation
 from autocompress_opt.cli import build_parser, main
-from autocompress_opt.cli.study import _merged, build_config
+from autocompress_opt.cli.study.config import build_config, merged
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import moe_adapter
 from autocompress_opt.prune.importance import Importance
@@ -110,7 +110,7 @@ def test_a_plan_mode_study_of_a_moe_or_hybrid_parent_skips_the_uniform_baselines
 def test_the_cli_gives_a_moe_parent_the_expert_space_in_weights_mode_only() -> None:
     def config_of(*argv: str) -> Any:
         args: argparse.Namespace = build_parser().parse_args(["study", "run", "--model", "qwen3-30b-a3b", *argv])
-        return build_config(_merged(args))
+        return build_config(merged(args))
 
     weights = config_of("--mode", "weights").space
     assert weights["num_layers"].values == (48,) and len(weights["num_experts"].values) > 1

@@ -157,14 +157,14 @@ def test_gpus_per_trial_and_cache_dir_flags_and_yaml_keys(
     from autocompress_opt.cli import main
 
     monkeypatch.chdir(tmp_path)
-    from autocompress_opt.cli.study import _merged, build_config
+    from autocompress_opt.cli.study.config import build_config, merged
 
     yaml_file = tmp_path / "s.yaml"
     yaml_file.write_text("mode: weights\ngpus_per_trial: 0.5\ncache_dir: /shared/ac\ntargets: rtx5070\n")
     args = argparse_namespace(config=yaml_file)
-    config = build_config(_merged(args))
+    config = build_config(merged(args))
     assert (config.gpus_per_trial, config.cache_dir, config.concurrency) == (0.5, "/shared/ac", None)
-    assert build_config({**_merged(args), "parallel": 3}).concurrency == 3
+    assert build_config({**merged(args), "parallel": 3}).concurrency == 3
     with pytest.raises(SystemExit):
         main(["study", "run", "--gpus-per-trial", "half"])
     assert "gpus per trial must be a number, e.g. 0.5, 1 or 2, got 'half'" in capsys.readouterr().err

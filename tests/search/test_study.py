@@ -410,7 +410,7 @@ def test_baseline_points_are_snapped_down_onto_the_space_or_skipped_with_a_reaso
 
 
 def test_seed_baselines_defaults_on_in_weights_mode_only_and_is_validated(tmp_path: Path) -> None:
-    from autocompress_opt.cli.study import _DEFAULTS, build_config
+    from autocompress_opt.cli.study.config import DEFAULTS, build_config
 
     assert not config(tmp_path).seeds_baselines
     assert config(tmp_path, mode="weights").seeds_baselines
@@ -418,7 +418,7 @@ def test_seed_baselines_defaults_on_in_weights_mode_only_and_is_validated(tmp_pa
     assert config(tmp_path, seed_baselines=True).seeds_baselines
     with pytest.raises(ConfigError, match="seed_baselines must be true, false or unset, got 'yes'"):
         config(tmp_path, seed_baselines="yes")
-    flags = {**_DEFAULTS, "mode": "weights", "targets": "rtx5070", "seed_baselines": False}
+    flags = {**DEFAULTS, "mode": "weights", "targets": "rtx5070", "seed_baselines": False}
     assert not build_config(flags).seeds_baselines  # --no-seed-baselines / YAML seed_baselines: false
 
 
@@ -426,7 +426,7 @@ def test_seed_top_k_limits_the_candidates_each_scored_baseline_scores(tmp_path: 
     """seed_top_k: minitron and best-uniform score only their K largest feasible candidates (each
     scored architecture counted); the defaults score more; bad names and counts are refused by name,
     from the YAML mapping and from --seed-top-k NAME=K."""
-    from autocompress_opt.cli.study import _DEFAULTS, _seed_top_k, build_config
+    from autocompress_opt.cli.study.config import DEFAULTS, _seed_top_k, build_config
 
     target, parent = Target("h100-sxm", "datacenter"), load_architecture("smollm2-135m")
     cfg = StudyConfig(
@@ -458,7 +458,7 @@ def test_seed_top_k_limits_the_candidates_each_scored_baseline_scores(tmp_path: 
     assert _seed_top_k(["minitron=3", "best-uniform=8"]) == {"minitron": 3, "best-uniform": 8}
     with pytest.raises(ConfigError, match="--seed-top-k 'minitron': expected NAME=K"):
         _seed_top_k(["minitron"])
-    flags = {**_DEFAULTS, "mode": "weights", "targets": "rtx5070", "seed_top_k": {"minitron": 3}}
+    flags = {**DEFAULTS, "mode": "weights", "targets": "rtx5070", "seed_top_k": {"minitron": 3}}
     assert build_config(flags).seed_top_k == {"minitron": 3}  # the YAML key
 
 
