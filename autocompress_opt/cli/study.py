@@ -503,6 +503,9 @@ def _inner(raw: Any, values: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(
                 f"--data applies to weights mode (trials on the real model); this is {values.get('mode')} mode"
             )
+        from autocompress_opt.data.user import resolve_data
+
+        resolve_data(specs)  # the YAML's specs checked before any model loads, as --data's are (cli.main)
         inner["data"] = list(specs)
     return inner
 
