@@ -190,6 +190,12 @@ def add_parser(sub: Any) -> None:
         "(default: on in weights mode, off in plan mode)",
     )
     run.add_argument(
+        "--allow-data-change",
+        action="store_true",
+        default=None,
+        help="resume although the --data files now hold other rows than when the study began (refused otherwise)",
+    )
+    run.add_argument(
         "--seed-top-k",
         action="append",
         metavar="NAME=K",
@@ -438,6 +444,7 @@ def build_config(values: dict[str, Any]) -> Any:
         importance=values.get("importance"),
         seed_baselines=values.get("seed_baselines"),
         seed_top_k=_seed_top_k(values.get("seed_top_k")),
+        allow_data_change=bool(values.get("allow_data_change")),
         scheduler=values.get("scheduler"),
         proxy=values.get("proxy"),
         time_budget=values.get("time_budget"),

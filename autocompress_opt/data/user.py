@@ -76,6 +76,8 @@ __all__ = [
     "DatasetRowsSource",
     "FolderSource",
     "data_batches",
+    "data_changes",
+    "data_record",
     "load_source",
     "parse_data_spec",
     "resolve_data",
@@ -213,6 +215,27 @@ def resolve_data(specs: Sequence[str]) -> tuple[tuple[TextSource, ...], tuple[fl
     if twice:
         raise ConfigError(f"--data names the source {twice[0]!r} twice (sources are named by file or folder name)")
     return sources, (tuple(float(p.weight) for p in parsed if p.weight is not None) if all(weighted) else None)
+
+
+def data_record(specs: Sequence[str]) -> list[dict[str, Any]]:
+    """What ``specs`` hold, for a study's identity: each source's name, documents and content SHA-256
+    (equal records: equal data, whatever the file's path or modification time)."""
+    sources, _ = resolve_data(specs)
+    return [{"source": s.name, "documents": len(s.keys()), "sha256": s.content_sha256()} for s in sources]
+
+
+def data_changes(stored: Sequence[dict[str, Any]] | None, now: Sequence[dict[str, Any]] | None) -> str:
+    """One line saying how the data of ``now`` differs from ``stored`` (:func:`data_record` s), or ""."""
+    old = {r["source"]: r for r in stored or ()}
+    new = {r["source"]: r for r in now or ()}
+    parts = [f"{n} removed" for n in old if n not in new] + [f"{n} added" for n in new if n not in old]
+    for name in (n for n in new if n in old and old[n]["sha256"] != new[n]["sha256"]):
+        a, b = old[name], new[name]
+        parts.append(
+            f"{name} changed ({a['documents']} documents, sha256 {a['sha256'][:12]}... -> "
+            f"{b['documents']}, {b['sha256'][:12]}...)"
+        )
+    return "; ".join(parts)
 
 
 def data_batches(tokenizer: Any, *, data: Sequence[str] | None = None, **kwargs: Any) -> TextBatches:
