@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from array import array
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,10 @@ class RowsSource(TextSource):
     def role_id(self, key: str) -> tuple[object, ...]:
         return ("text", bytes(self.index.hashes[self._position(key)]).hex())
 
+    def role_ids(self) -> Iterator[tuple[object, ...]]:
+        flat = self.index.hashes.tobytes()
+        return (("text", flat[i : i + HASH_BYTES].hex()) for i in range(0, len(flat), HASH_BYTES))
+
     def content_sha256(self) -> str:
         return self.index.sha256
 
@@ -133,7 +138,7 @@ class RowsSource(TextSource):
 def index_rows(rows: Iterable[tuple[int, int, Any]], reader: RowReader, where: str, unit: str = "row") -> RowIndex:
     """The one pass (module doc) over ``(line, position, row)``: texts hashed, digest taken; ``unit``
     names a row in messages ("line", "row")."""
-    lines, offsets, hashes = [], [], bytearray()
+    lines, offsets, hashes = array("q"), array("q"), bytearray()  # ~40 bytes a row, however many rows
     digest = hashlib.sha256()
     chosen: RowReader | None = None
     chat: bool | None = None
@@ -169,8 +174,8 @@ def index_rows(rows: Iterable[tuple[int, int, Any]], reader: RowReader, where: s
     if never:
         raise ConfigError(f"{where}: no row has the field {never[0]!r}; name the fields its rows hold with #field=a,b")
     return RowIndex(
-        np.asarray(lines, dtype=np.int64),
-        np.asarray(offsets, dtype=np.int64),
+        np.frombuffer(lines, dtype=np.int64).copy(),
+        np.frombuffer(offsets, dtype=np.int64).copy(),
         np.frombuffer(bytes(hashes), dtype=np.uint8).reshape(-1, HASH_BYTES),
         digest.hexdigest(),
         bool(chat),

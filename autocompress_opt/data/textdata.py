@@ -65,7 +65,7 @@ import sysconfig
 import tokenize
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,6 +161,10 @@ class TextSource(ABC):
         source; a user's source hashes ``("text", digest of the text)``, so that a document keeps its
         role wherever it lies and identical documents share one."""
         return (self.name, key)
+
+    def role_ids(self) -> Iterable[tuple[object, ...]]:
+        """:meth:`role_id` of every key, in :meth:`keys` order (a large source gives them in bulk)."""
+        return (self.role_id(key) for key in self.keys())  # noqa: SIM118 (a TextSource, not a dict)
 
     def rendering(self, tokenizer: Any) -> dict[str, Any] | None:
         """How :meth:`text` turns documents into the model's text, for records (None: as read)."""
@@ -497,8 +501,8 @@ def _split(
             source.name, source.domain, source.licence, source.origin(), len(keys), source.content_sha256()
         )
         infos.append(info)
-        for key in keys:
-            u = _unit(split_seed, *source.role_id(key))
+        for key, role_id in zip(keys, source.role_ids()):
+            u = _unit(split_seed, *role_id)
             role = (
                 "test"
                 if u < test_fraction
