@@ -54,7 +54,8 @@ class RowsSource(TextSource):
     unit = "row"  # how a row is named in messages: "line 12" (JSONL) or "row 12"
 
     def __init__(self, name: str, where: str, reader: RowReader, template: str = "model") -> None:
-        self.name, self.where, self.reader = name, where, reader
+        # ":" separates a document id's source from its key ("rows.jsonl:000000012"): never in a name
+        self.name, self.where, self.reader = name.replace(":", "_"), where, reader
         self.template = check_choice(template, f"{where}: #template", TEMPLATES)
 
     # ----------------------------------------------------------------- the pass

@@ -164,7 +164,7 @@ class TextSource(ABC):
 
     def role_ids(self) -> Iterable[tuple[object, ...]]:
         """:meth:`role_id` of every key, in :meth:`keys` order (a large source gives them in bulk)."""
-        return (self.role_id(key) for key in self.keys())  # noqa: SIM118 (a TextSource, not a dict)
+        return (self.role_id(key) for key in self.keys())
 
     def rendering(self, tokenizer: Any) -> dict[str, Any] | None:
         """How :meth:`text` turns documents into the model's text, for records (None: as read)."""

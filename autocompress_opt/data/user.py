@@ -137,6 +137,8 @@ def parse_data_spec(spec: str) -> DataSpec:
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"a --data spec must be a non-empty string ({_VALID}), got {spec!r}")
+    if "#" in spec and Path(spec).expanduser().exists():
+        return DataSpec(spec)  # a path with "#" in its name, given without options
     source, *options = spec.split("#")
     values: dict[str, str] = {}
     for option in options:
@@ -226,6 +228,11 @@ def data_record(specs: Sequence[str]) -> list[dict[str, Any]]:
 
 def data_changes(stored: Sequence[dict[str, Any]] | None, now: Sequence[dict[str, Any]] | None) -> str:
     """One line saying how the data of ``now`` differs from ``stored`` (:func:`data_record` s), or ""."""
+    if stored is None and now:
+        return (
+            "the study recorded no digest of its data (it began before studies did, when a row's role was "
+            "hashed from its row number; now from its text)"
+        )
     old = {r["source"]: r for r in stored or ()}
     new = {r["source"]: r for r in now or ()}
     parts = [f"{n} removed" for n in old if n not in new] + [f"{n} added" for n in new if n not in old]
@@ -343,7 +350,7 @@ class FolderSource(TextSource):
 
     def __init__(self, root: Path):
         self.root = root
-        self.name = root.resolve().name
+        self.name = root.resolve().name.replace(":", "_")  # ":" separates a document id's source and key
         found = []
         for folder, dirs, files in os.walk(root):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -448,7 +455,7 @@ def _hub_source(spec: DataSpec) -> TextSource:
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             where = " (the Hub is not reachable from here: only a dataset in the local cache loads)" if offline else ""
             raise ConfigError(f"could not fetch {what}{where}: {first}") from None
-    label = ":".join(p for p in ("hf", name, config, spec.split) if p)
+    label = name + "".join(f"[{p}]" for p in (config, spec.split) if p)  # no ":": it ends a document's source
     reader = RowReader(f"hf:{name}", spec.fields)
     return DatasetRowsSource(
         label, f"Hugging Face dataset {name} {config or ''} [{split}]", dataset, reader, spec.template

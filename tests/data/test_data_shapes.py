@@ -224,3 +224,23 @@ def test_a_later_process_reuses_the_index_of_an_unchanged_file(tmp_path: Path, m
     user._LOADED.clear()
     jsonl(tmp_path / "big.jsonl", [{"text": f"t{i}"} for i in range(51)])
     assert len(load_source(path).keys()) == 51
+
+
+def test_a_hub_dataset_is_read_by_name_config_and_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hf:NAME#config=C#split=S reaches load_dataset as such; the source is named without ':' (which
+    ends a document id's source), so rows are drawn from it."""
+    import datasets
+
+    calls = []
+
+    def load_dataset(name: str, config: str | None, split: str) -> Any:
+        calls.append((name, config, split))
+        return datasets.Dataset.from_dict({"body": [f"hub row {i} " * 10 for i in range(40)]})
+
+    monkeypatch.setattr(user, "_hub_offline", lambda: False)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    spec = "hf:org/corpus-2024#config=en#split=validation#field=body"
+    source = load_source(spec)
+    assert calls == [("org/corpus-2024", "en", "validation")] and source.name == "org/corpus-2024[en][validation]"
+    rows = data_batches(byte_tokenizer(), data=[spec], role="calibration", n_samples=2, seq_len=32, seed=0)
+    assert rows.rows_by_source() == {source.name: 2}

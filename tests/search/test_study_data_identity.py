@@ -68,3 +68,28 @@ def test_the_cli_flag_reaches_the_config(tmp_path: Path, monkeypatch: pytest.Mon
     argv = ["study", "run", "--mode", "weights", "--targets", "rtx5070", "--data", "rows.jsonl"]
     assert build_config(_merged(build_parser().parse_args([*argv, "--allow-data-change"]))).allow_data_change
     assert not build_config(_merged(build_parser().parse_args(argv))).allow_data_change
+
+
+def test_a_study_from_before_data_digests_resumes_on_user_data_only_when_told(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    _write(rows, 12)
+    target = Target("rtx5070", "in-game")
+    config = StudyConfig(
+        name="old",
+        model="smollm2-135m",
+        targets=(target,),
+        space=load_search_space("smollm2-135m"),
+        trials=2,
+        mode="weights",
+        storage=f"sqlite:///{tmp_path}/s.db",
+        inner={"data": [str(rows)]},
+    )
+    parent = load_architecture("smollm2-135m")
+    study, _, _ = open_study(config, target, parent)
+    identity = dict(study.user_attrs["identity"])
+    del identity["data"]  # as an earlier version stored it
+    study.set_user_attr("identity", identity)
+    with pytest.raises(ConfigError, match="recorded no digest of its data .*--allow-data-change"):
+        open_study(config, target, parent)
+    open_study(replace(config, allow_data_change=True), target, parent)
+    open_study(config, target, parent)

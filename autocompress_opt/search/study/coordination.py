@@ -261,7 +261,9 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
             old = study.user_attrs.get("identity", {})
             added_later: dict[str, Any] = {"inner": {}, "importance": None, "hardware_profile": None}  # newer keys
             added_later["serve_as"] = identity["serve_as"]  # a study from before the rules resumes under them
-            added_later["data"] = identity["data"]  # ... and before it recorded what its data held
+            # ... and before it recorded what its data held: alike without --data; with it, the rows'
+            # roles were then hashed from row numbers, so such a study resumes only when told to
+            added_later["data"] = None
             diffs = [k for k in identity if old.get(k, added_later.get(k)) != identity[k]]
             if diffs == ["data"]:
                 _resume_on_changed_data(study, name, old, identity, config.allow_data_change)
