@@ -29,7 +29,8 @@ def add_hardware_file(parser: argparse.ArgumentParser) -> None:
 
 
 def add_data_arg(parser: argparse.ArgumentParser, what: str) -> None:
-    """``--data SPEC[:WEIGHT]`` (repeatable): the user's text instead of the built-in sources."""
+    """``--data SPEC[#OPTION...]`` (repeatable): the user's text instead of the built-in sources
+    (:mod:`autocompress_opt.data.user` has the grammar)."""
     parser.add_argument(
         "--data",
         action="append",
