@@ -141,3 +141,17 @@ def test_cli_help_loads_no_torch() -> None:
         print(sorted({"torch", "transformers", "ray", "optuna"} & set(sys.modules)))
     """)
     assert printed == "[]"
+
+
+def test_the_install_holds_what_data_readers_need_and_pins_lm_eval() -> None:
+    """``--data`` works on a plain install: ``datasets`` and ``pyarrow`` are core dependencies (not an
+    extra), and lm-eval, whose internals the evaluator reads, has an upper bound (the range tested)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {d.split(">")[0].split("=")[0].split("<")[0].strip() for d in project["dependencies"]}
+    assert {"datasets", "pyarrow"} <= names
+    torch = next(d for d in project["dependencies"] if d.startswith("torch"))
+    assert torch == "torch>=2.4"  # admits the 2.13.0 CPU build the Makefile installs first
+    for spec in (*project["optional-dependencies"]["lmeval"], *project["optional-dependencies"]["dev"]):
+        if spec.startswith("lm-eval"):
+            assert "<" in spec, spec

@@ -70,8 +70,8 @@ def save_hf_dir(model: Any, path: Path, tokenizer: Any | None = None) -> Path:
 def text_folder(root: Path, n_files: int, size: int, name: str = "corpus") -> Path:
     """``root/name`` holding ``n_files`` documents of ``size`` ASCII bytes (no newline), each text distinct.
 
-    The split hashes the folder's name and the file names, so the same arguments give the same
-    calibration / selection / test documents wherever ``root`` is."""
+    The split hashes each file's text, so the same arguments give the same calibration / selection /
+    test documents wherever ``root`` is."""
     folder = root / name
     folder.mkdir()
     for i in range(n_files):

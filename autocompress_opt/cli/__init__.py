@@ -60,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_data(args)
         return int(args.run(args) or 0)
     except AutocompressError as exc:
         print(f"autocompress {args.verb}: error: {one_line(str(exc))}", file=sys.stderr)
@@ -67,6 +68,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's final flush
         return 0
+
+
+def _check_data(args: argparse.Namespace) -> None:
+    """Every ``--data`` spec parsed and its source read once, before the verb loads a model: a bad
+    spec is one line and exit 2 with nothing written (the sources stay loaded for the verb)."""
+    specs = getattr(args, "data", None)
+    if specs and isinstance(specs, list):
+        from autocompress_opt.data.user import resolve_data
+
+        resolve_data(specs)
 
 
 if __name__ == "__main__":

@@ -29,16 +29,20 @@ def add_hardware_file(parser: argparse.ArgumentParser) -> None:
 
 
 def add_data_arg(parser: argparse.ArgumentParser, what: str) -> None:
-    """``--data SPEC[:WEIGHT]`` (repeatable): the user's text instead of the built-in sources."""
+    """``--data SPEC[#OPTION...]`` (repeatable): the user's text instead of the built-in sources
+    (:mod:`autocompress_opt.data.user` has the grammar)."""
     parser.add_argument(
         "--data",
         action="append",
         default=None,
-        metavar="SPEC[:WEIGHT]",
-        help=f"your text for {what}, repeatable with row weights (code.jsonl:0.7 --data chat.parquet:0.3): "
-        "a .jsonl/.json/.parquet file (a text field or chat messages), a save_to_disk folder, a folder of "
-        "text/code files, hf:NAME[:CONFIG][:SPLIT][:FIELD], or a built-in source; split by document into "
-        "calibration / selection / test (default: the built-in Python code and prose)",
+        metavar="SPEC",
+        help=f"your text for {what}, repeatable with row weights "
+        "(code.jsonl#weight=0.7 --data chat.parquet#weight=0.3): "
+        "a .jsonl/.json/.parquet file (a text field, chat messages or ShareGPT conversations, prompt/completion), "
+        "a save_to_disk folder, a folder of text/code files, hf:NAME, or a built-in source; options "
+        "#field=A,B #weight=W #config=C #split=S #template=model|plain (sft.jsonl#field=instruction,output); "
+        "checked before the model loads; split by row text into calibration / selection / test "
+        "(default: the built-in Python code and prose)",
     )
 
 

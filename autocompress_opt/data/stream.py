@@ -44,6 +44,7 @@ from autocompress_opt.data.textdata import (
     _bos_id,
     _digest,
     _groups,
+    _renderings,
     _resolve_sources,
     _split,
 )
@@ -217,6 +218,7 @@ class TokenStream:
             self._groups.append(_Group(label, docs, by_name, tokenizer, seed, role, quiet))
             self._weights.append(weight)
         self.tokenizer = tokenizer_label(tokenizer)
+        self.renderings = dict(_renderings(resolved, tokenizer))  # how chat sources became text
 
     @property
     def rows(self) -> int:
@@ -280,6 +282,7 @@ class TokenStream:
                 for g, w in zip(self._groups, self._weights)
             ],
             "tokenizer": self.tokenizer,
+            **({"rendering": self.renderings} if self.renderings else {}),
             "split": self.split.to_dict(),
         }
 

@@ -23,7 +23,9 @@ machines; the optional sources are used only when named, and naming one that is 
 raises a :class:`ConfigError` saying how to install it — never a silent fallback.
 
 **Split.** Every *document* (a module file, a topic, a book, a row of a user's dataset) goes wholly
-to one of three roles, decided by a hash ``u = hash(split_seed, source, key)`` in ``[0, 1)``:
+to one of three roles, decided by a hash ``u = hash(split_seed, *source.role_id(key))`` in ``[0, 1)``
+(a built-in document's source and key; a user's document's text, so that appending rows moves no
+earlier row and identical rows share a role):
 ``test`` when ``u < test_fraction``, ``selection`` when ``u < test_fraction + selection_fraction``,
 else ``calibration``. The roles never share a document:
 
@@ -63,7 +65,7 @@ import sysconfig
 import tokenize
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,6 +155,20 @@ class TextSource(ABC):
     def content_sha256(self) -> str:
         """SHA-256 of every document's key and text, in key order: equal digests mean equal data."""
         return _content_sha256(self)
+
+    def role_id(self, key: str) -> tuple[object, ...]:
+        """What a document's role is hashed from (with the split seed): ``(name, key)`` for a built-in
+        source; a user's source hashes ``("text", digest of the text)``, so that a document keeps its
+        role wherever it lies and identical documents share one."""
+        return (self.name, key)
+
+    def role_ids(self) -> Iterable[tuple[object, ...]]:
+        """:meth:`role_id` of every key, in :meth:`keys` order (a large source gives them in bulk)."""
+        return (self.role_id(key) for key in self.keys())
+
+    def rendering(self, tokenizer: Any) -> dict[str, Any] | None:
+        """How :meth:`text` turns documents into the model's text, for records (None: as read)."""
+        return None
 
     def require(self) -> None:
         """Raise :class:`ConfigError` naming the source and the fix when it is not available."""
@@ -485,8 +501,8 @@ def _split(
             source.name, source.domain, source.licence, source.origin(), len(keys), source.content_sha256()
         )
         infos.append(info)
-        for key in keys:
-            u = _unit(split_seed, source.name, key)
+        for key, role_id in zip(keys, source.role_ids()):
+            u = _unit(split_seed, *role_id)
             role = (
                 "test"
                 if u < test_fraction
@@ -521,6 +537,8 @@ class TextBatches:
         tokenizer: the tokenizer's class, fingerprint and vocabulary size
             (:func:`~autocompress_opt.data.tokens.tokenizer_label`: not the folder it was read from).
         weights: the groups' row weights (``{source: weight}`` with user weights, else by domain).
+        renderings: ``(source, how its documents became text)`` for each source that renders them
+            (a chat source: the template, and whether its default system prompt was removed).
     """
 
     tokens: torch.Tensor = field(repr=False)
@@ -532,6 +550,7 @@ class TextBatches:
     tokenizer: str
     row_documents: tuple[tuple[str, ...], ...] = field(repr=False, default=())
     weights: tuple[tuple[str, float], ...] = ()
+    renderings: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     @property
     def n_samples(self) -> int:
@@ -562,6 +581,7 @@ class TextBatches:
             "documents_sha256": _digest(*self.documents),
             "rows_by_source": self.rows_by_source(),
             "weights": dict(self.weights),
+            **({"rendering": dict(self.renderings)} if self.renderings else {}),
             "tokenizer": self.tokenizer,
             "split": self.split.to_dict(),
         }
@@ -630,7 +650,13 @@ def text_batches(
         name,
         tuple(d for _, d in ordered),
         tuple((label, float(w)) for label, _, w in groups),
+        _renderings(resolved, tokenizer),
     )
+
+
+def _renderings(sources: Sequence[TextSource], tokenizer: Any) -> tuple[tuple[str, dict[str, Any]], ...]:
+    found = ((s.name, s.rendering(tokenizer)) for s in sources)
+    return tuple((name, r) for name, r in found if r is not None)
 
 
 def _token_folder(token_cache: str | Path | bool) -> str | Path | None:

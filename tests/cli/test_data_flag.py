@@ -38,10 +38,21 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat))
     datasets.Dataset.from_dict({"text": [_text(100 + i) for i in range(40)]}).to_parquet(str(root / "rows.parquet"))
     datasets.Dataset.from_dict({"text": [_text(200 + i) for i in range(40)]}).save_to_disk(str(root / "saved"))
-    return {
+    sft = [{"instruction": f"do {i}", "input": None, "output": _text(300 + i)} for i in range(40)]
+    (root / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft))
+    share = [
+        {"conversations": [{"from": "human", "value": f"q {i}"}, {"from": "gpt", "value": _text(i)}]} for i in range(40)
+    ]
+    (root / "sharegpt.jsonl").write_text("".join(json.dumps(r) + "\n" for r in share))
+    (root / "notes").mkdir()
+    for i in range(40):
+        (root / "notes" / f"n{i:02d}.md").write_text(_text(400 + i))
+    files = {
         k: str(root / v)
         for k, v in (("jsonl", "notes.jsonl"), ("chat", "chat.jsonl"), ("parquet", "rows.parquet"), ("disk", "saved"))
     }
+    files |= {"sharegpt": str(root / "sharegpt.jsonl"), "folder": str(root / "notes")}
+    return files | {"fields": str(root / "sft.jsonl") + "#field=instruction,input,output"}
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +91,7 @@ def test_prune_baseline_depth_reads_weighted_data(
     assert sum(record["rows_by_source"].values()) >= 2
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "parquet", "disk", "chat"])
+@pytest.mark.parametrize("kind", ["jsonl", "fields", "chat", "sharegpt", "parquet", "disk", "folder"])
 def test_eval_reports_the_test_split_of_the_data(
     models: tuple[Path, Path], files: dict[str, str], tmp_path: Path, kind: str, capsys: Any
 ) -> None:
@@ -94,6 +105,26 @@ def test_eval_reports_the_test_split_of_the_data(
     assert data["role"] == "test" and report["ppl_data"] > 1 and report["kl_data"] >= 0
     [source] = data["split"]["sources"]
     assert source["sha256"] == load_source(files[kind]).content_sha256() and source["n_documents"] == 40
+    read = load_source(files[kind])
+    assert sorted(read.read(k) for k in read.keys()) == sorted(EXPECTED[kind])  # noqa: SIM118 (a TextSource)
+
+
+def _chat(question: str, answer: str) -> str:
+    return json.dumps(
+        [{"role": "user", "content": question}, {"role": "assistant", "content": answer}], separators=(",", ":")
+    )
+
+
+# The documents each file holds, as the test fixture wrote them (a chat as its canonical messages).
+EXPECTED = {
+    "jsonl": [_text(i) for i in range(40)],
+    "fields": [f"do {i}\n{_text(300 + i)}" for i in range(40)],
+    "chat": [_chat(f"ask {i}", _text(i)) for i in range(40)],
+    "sharegpt": [_chat(f"q {i}", _text(i)) for i in range(40)],
+    "parquet": [_text(100 + i) for i in range(40)],
+    "disk": [_text(200 + i) for i in range(40)],
+    "folder": [_text(400 + i) for i in range(40)],
+}
 
 
 def test_distill_trains_on_chat_data_through_the_template(

@@ -74,10 +74,18 @@ def test_bad_values_are_one_line_errors_before_any_study(
     assert not storage.exists()
 
 
-def test_data_flag_and_yaml_key_reach_the_trials(tmp_path: Path) -> None:
+def test_data_flag_and_yaml_key_reach_the_trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--data`` (repeatable) and the YAML ``data:`` key become the trials' ``inner.data``; plan mode,
-    which reads no text, refuses it; a malformed YAML value is a one-line error."""
+    which reads no text, refuses it; a malformed YAML value, or a YAML spec naming a file that is not
+    there, is a one-line error."""
+    import datasets
+
     from autocompress_opt.search.study.weights_trial import TrialConfig
+
+    monkeypatch.chdir(tmp_path)  # the specs are checked: the files exist (relative paths, as users write them)
+    for name in ("code.jsonl", "notes.jsonl"):
+        (tmp_path / name).write_text('{"text": "x"}\n')
+    datasets.Dataset.from_dict({"text": ["y"]}).to_parquet(str(tmp_path / "chat.parquet"))
 
     flags = config_of("--mode", "weights", "--data", "code.jsonl:0.7", "--data", "chat.parquet:0.3")
     assert flags.inner["data"] == ["code.jsonl:0.7", "chat.parquet:0.3"]
@@ -89,6 +97,9 @@ def test_data_flag_and_yaml_key_reach_the_trials(tmp_path: Path) -> None:
         config_of("--mode", "plan", "--data", "code.jsonl")
     yaml_file.write_text("mode: weights\ndata: {a: 1}\n")
     with pytest.raises(ConfigError, match="data must be a spec or a list of specs"):
+        config_of("--config", str(yaml_file))
+    yaml_file.write_text("mode: weights\ndata: [gone.jsonl]\n")
+    with pytest.raises(ConfigError, match="'gone.jsonl': no such file or folder"):
         config_of("--config", str(yaml_file))
 
 

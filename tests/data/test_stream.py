@@ -13,7 +13,9 @@ import pytest
 from tiny_lm import byte_tokenizer, text_folder
 
 from autocompress_opt.data.stream import TextRepeatsWarning, TokenStream, data_stream
+from autocompress_opt.data.textdata import ROLES, data_split
 from autocompress_opt.data.tokens import encode as _encode
+from autocompress_opt.data.user import load_source
 from autocompress_opt.errors import ConfigError
 
 
@@ -116,5 +118,7 @@ def test_bad_positions_and_empty_text_are_refused(tmp_path: Path) -> None:
     empty.mkdir()
     for i in range(12):
         (empty / f"e{i}.txt").write_text("")
+    # Roles follow a document's text: the twelve empty files share one role, and a stream of it has no tokens.
+    [role] = [r for r in ROLES if data_split([load_source(str(empty))]).documents(r)]
     with pytest.raises(ConfigError, match="hold no tokens"):
-        data_stream(byte_tokenizer(), data=[str(empty)], role="calibration", seq_len=4, seed=0).take(20)
+        data_stream(byte_tokenizer(), data=[str(empty)], role=role, seq_len=4, seed=0).take(20)

@@ -118,7 +118,8 @@ def test_weights_share_rows_between_sources(tmp_path: Path, tokenizer) -> None:
 
 def test_specs_parse_weights_and_errors_name_the_problem(tmp_path: Path) -> None:
     assert parse_data_spec("code.jsonl:0.7").weight == 0.7 and parse_data_spec("code.jsonl").weight is None
-    assert parse_data_spec("hf:wikitext:wikitext-2-raw-v1:test").source == "hf:wikitext:wikitext-2-raw-v1:test"
+    hub = parse_data_spec("hf:wikitext:wikitext-2-raw-v1:test")
+    assert (hub.source, hub.config, hub.split, hub.weight) == ("hf:wikitext", "wikitext-2-raw-v1", "test", None)
     with pytest.raises(ConfigError, match="weight of --data 'x.jsonl:-1'"):
         parse_data_spec("x.jsonl:-1")
     with pytest.raises(ConfigError, match="no such file or folder"):
@@ -127,7 +128,9 @@ def test_specs_parse_weights_and_errors_name_the_problem(tmp_path: Path) -> None
     with pytest.raises(ConfigError, match=r"cannot read \.csv"):
         load_source(str(tmp_path / "rows.csv"))
     (tmp_path / "odd.jsonl").write_text('{"body": "x"}\n')
-    with pytest.raises(ConfigError, match="neither a text field.*its fields: body"):
+    with pytest.raises(
+        ConfigError, match=r"odd.jsonl \(line 1\) has no text field.*its fields: body; name the text with #field="
+    ):
         load_source(str(tmp_path / "odd.jsonl"))
     assert load_source("python-stdlib").name == "python-stdlib"  # a built-in source by name
 
@@ -148,10 +151,12 @@ def test_hub_dataset_offline_is_one_line_naming_it(monkeypatch: pytest.MonkeyPat
 
 
 def test_hub_dataset_unreachable_hub_loads_offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the Hub unreachable, load_dataset runs in the Hub libraries' offline mode (no retries to
-    wait out), the error says the Hub is not reachable, and the flags are restored afterwards."""
+    """With the Hub unreachable, a dataset that is not in the local cache fails at once (load_dataset is
+    never called); one that is cached loads in the Hub libraries' offline mode (no retries to wait
+    out), its error says the Hub is not reachable, and the flags are restored afterwards."""
     import datasets
 
+    from autocompress_opt.data import user
     from autocompress_opt.hf import hub
 
     seen: list[bool] = []
@@ -163,6 +168,10 @@ def test_hub_dataset_unreachable_hub_loads_offline(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(hub, "hub_reachable", lambda timeout_s=hub.HUB_PROBE_TIMEOUT_S: False)
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    with pytest.raises(ConfigError, match=r"'x/y'.*the Hub is not reachable from here and the dataset is not in"):
+        load_source("hf:x/y")
+    assert seen == []
+    monkeypatch.setattr(user, "_hub_cached", lambda name: True)
     with pytest.raises(ConfigError, match=r"'x/y'.*the Hub is not reachable from here") as error:
         load_source("hf:x/y")
     assert seen == [True]
@@ -171,6 +180,6 @@ def test_hub_dataset_unreachable_hub_loads_offline(monkeypatch: pytest.MonkeyPat
 
 
 def test_too_little_user_text_says_so(tmp_path: Path, tokenizer) -> None:
-    spec = str(write_jsonl(tmp_path / "small.jsonl", n=6))
+    spec = str(write_jsonl(tmp_path / "small.jsonl", n=20))
     with pytest.raises(ConfigError, match=r"the test user text holds [\d,]+ tokens from \d+ documents"):
         text_batches(tokenizer, sources=[load_source(spec)], role="test", n_samples=500, seq_len=256, seed=0)

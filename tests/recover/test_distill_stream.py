@@ -81,7 +81,7 @@ def test_a_corpus_larger_than_the_budget_is_never_trained_on_twice(
 def test_a_corpus_smaller_than_the_budget_repeats_warns_and_reports_its_passes(
     models: tuple[Path, Path], tmp_path: Path, traced: dict[str, list[Any]]
 ) -> None:
-    folder = text_folder(tmp_path, 10, 40)  # 5 calibration documents: 200 tokens
+    folder = text_folder(tmp_path, 6, 40)  # 5 calibration documents (roles follow the text): 200 tokens
     recipe = replace(RECIPE, steps=10)  # 320 tokens
     with pytest.warns(TextRepeatsWarning, match="calibration user text .* repeats text"):
         result = distill(*models, tmp_path / "out", recipe, progress=False, data=[str(folder)])
@@ -98,7 +98,7 @@ def test_stopped_and_resumed_across_a_pass_boundary_ends_with_the_same_weights(
     models: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """10 steps over 200 tokens of text (the wrap comes in step 7); a crash in step 9 resumes from step 8."""
-    folder, recipe = text_folder(tmp_path, 10, 40), replace(RECIPE, steps=10)
+    folder, recipe = text_folder(tmp_path, 6, 40), replace(RECIPE, steps=10)  # 5 calibration documents
     with pytest.warns(TextRepeatsWarning):
         straight = distill(*models, tmp_path / "straight", recipe, progress=False, data=[str(folder)])
 
@@ -142,7 +142,7 @@ def test_cli_prints_tokens_and_passes(
 ) -> None:
     from autocompress_opt.cli import main
 
-    folder = text_folder(tmp_path, 10, 40)
+    folder = text_folder(tmp_path, 6, 40)  # 5 calibration documents, 1 test
     student, teacher = models
     argv = ["distill", "--student", str(student), "--teacher", str(teacher), "--out", str(tmp_path / "out")]
     argv += ["--data", str(folder), "--batch-size", "2", "--seq-len", "16", "--eval-rows", "2", "--no-progress"]

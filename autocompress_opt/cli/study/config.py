@@ -190,6 +190,7 @@ def build_config(values: dict[str, Any]) -> Any:
         importance=values.get("importance"),
         seed_baselines=values.get("seed_baselines"),
         seed_top_k=_seed_top_k(values.get("seed_top_k")),
+        allow_data_change=bool(values.get("allow_data_change")),
         scheduler=values.get("scheduler"),
         proxy=values.get("proxy"),
         time_budget=values.get("time_budget"),
@@ -255,5 +256,8 @@ def _inner(raw: Any, values: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(
                 f"--data applies to weights mode (trials on the real model); this is {values.get('mode')} mode"
             )
+        from autocompress_opt.data.user import resolve_data
+
+        resolve_data(specs)  # the YAML's specs checked before any model loads, as --data's are (cli.main)
         inner["data"] = list(specs)
     return inner

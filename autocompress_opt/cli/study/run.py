@@ -171,6 +171,12 @@ def add_parser(actions: Any) -> None:
         "(default: on in weights mode, off in plan mode)",
     )
     run.add_argument(
+        "--allow-data-change",
+        action="store_true",
+        default=None,
+        help="resume although the --data files now hold other rows than when the study began (refused otherwise)",
+    )
+    run.add_argument(
         "--seed-top-k",
         action="append",
         metavar="NAME=K",

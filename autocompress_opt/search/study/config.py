@@ -124,6 +124,8 @@ class StudyConfig:
     ``gpus_per_trial``, ``concurrency`` (None: defaults from the cluster) and ``cache_dir``: where
     trials run and keep their caches (:mod:`~autocompress_opt.search.study.placement`); not part of the
     identity either.
+    ``allow_data_change``: resume a study whose ``--data`` now holds other rows than when it began
+    (the identity records each source's content SHA-256; without it such a resume is refused).
     """
 
     name: str
@@ -150,6 +152,7 @@ class StudyConfig:
     proxy: int | None = None  # points the plan-mode proxy enqueues per target; None: PROXY_POINTS in weights mode
     time_budget: float | None = None  # minutes after which no new trial starts (the run's; trials in flight finish)
     seed_top_k: Mapping[str, int] = field(default_factory=dict)  # candidates a seeded baseline scores (SCORED_SEEDS)
+    allow_data_change: bool = False  # resume although the --data content changed (not part of the identity)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed_top_k", check_seed_top_k(self.seed_top_k))

@@ -261,8 +261,13 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
             old = study.user_attrs.get("identity", {})
             added_later: dict[str, Any] = {"inner": {}, "importance": None, "hardware_profile": None}  # newer keys
             added_later["serve_as"] = identity["serve_as"]  # a study from before the rules resumes under them
+            # ... and before it recorded what its data held: alike without --data; with it, the rows'
+            # roles were then hashed from row numbers, so such a study resumes only when told to
+            added_later["data"] = None
             diffs = [k for k in identity if old.get(k, added_later.get(k)) != identity[k]]
-            if diffs:
+            if diffs == ["data"]:
+                _resume_on_changed_data(study, name, old, identity, config.allow_data_change)
+            elif diffs:
                 detail = "; ".join(f"{k}: stored {old.get(k)!r}, now {identity[k]!r}" for k in diffs)
                 raise ConfigError(f"study {name!r} exists with different settings ({detail}). Use another --name.")
             return study, storage, dict(study.user_attrs["parent_metrics"])
@@ -285,7 +290,29 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
         return study, storage, cost
 
 
+def _resume_on_changed_data(
+    study: Any, name: str, old: dict[str, Any], identity: dict[str, Any], allowed: bool
+) -> None:
+    """The study's ``--data`` specs are the same but what they hold is not: refused in one line saying
+    what changed, unless ``allowed`` (``--allow-data-change``): then the new record is stored and the
+    change logged in the study's ``data_changes`` attribute."""
+    from autocompress_opt.data.user import data_changes
+
+    what = data_changes(old.get("data"), identity["data"])
+    if not allowed:
+        raise ConfigError(
+            f"study {name!r} was run on other data: {what}; resume on the new data with --allow-data-change, "
+            "or use another --name"
+        )
+    _log.warning("study %s resumes on changed data: %s", name, what)
+    study.set_user_attr("data_changes", [*study.user_attrs.get("data_changes", []), what])
+    study.set_user_attr("identity", identity)
+
+
 def _identity(config: StudyConfig, target: Target, objectives: Sequence[Objective]) -> dict[str, Any]:
+    from autocompress_opt.data.user import data_record
+
+    specs = config.inner.get("data") if config.mode == "weights" else None
     return {
         "model": config.model,
         "mode": config.mode,
@@ -297,6 +324,8 @@ def _identity(config: StudyConfig, target: Target, objectives: Sequence[Objectiv
         # a user GPU's numbers (None for a built-in one): the same name with other numbers is another study
         "hardware_profile": next((dict(h) for h in config.hardware if h["name"] == target.hardware), None),
         "serve_as": config.serve_as_for(target),  # the engine whose loadable shapes the trials keep
+        # what the --data specs held (source, documents, content SHA-256): a grown file is other data
+        "data": data_record(specs) if specs else None,
     }
 
 
