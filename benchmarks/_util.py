@@ -112,3 +112,30 @@ def top_functions(stats: pstats.Stats, key: str, tree: Path, n: int) -> list[dic
         {"function": _function_name(func, tree), "calls": nc, "tottime_s": round(tt, 3), "cumtime_s": round(ct, 3)}
         for func, (_cc, nc, tt, ct, _callers) in rows
     ]
+
+
+def git_in(tree: Path, *args: str) -> str:
+    """``git -C tree args`` output, stripped; "" when git or the tree is not there."""
+    import subprocess
+
+    try:
+        return subprocess.run(
+            ["git", "-C", str(tree), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def import_tree(tree: Path) -> Any:
+    """Import ``autocompress_opt`` from the checkout ``tree`` (put first on ``sys.path``) with torch on one
+    thread, so CPU seconds hardly depend on the machine's load; returns torch. Exits when another copy
+    was imported (an installed one shadowing ``tree``)."""
+    sys.path.insert(0, str(tree))
+    import torch
+
+    torch.set_num_threads(1)
+    import autocompress_opt
+
+    if Path(autocompress_opt.__file__).resolve().parent.parent != tree:
+        raise SystemExit(f"imported autocompress_opt from {autocompress_opt.__file__}, not from --tree {tree}")
+    return torch

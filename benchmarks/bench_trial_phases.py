@@ -30,13 +30,15 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _util import git_in, import_tree
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "trial_phases.json"
@@ -50,15 +52,6 @@ POINTS = (
     {"num_layers": 20, "hidden_size": 512, "ffn_width": 896, "num_kv_heads": 3, "q_per_kv": 2},
     {"num_layers": 16, "hidden_size": 448, "ffn_width": 768, "num_kv_heads": 1, "q_per_kv": 3},
 )
-
-
-def _git(tree: Path, *args: str) -> str:
-    try:
-        return subprocess.run(
-            ["git", "-C", str(tree), *args], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
 
 
 def build_request(target_name: str, point: dict[str, int], cache_dir: Path) -> dict[str, Any]:
@@ -141,15 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--points", type=int, default=len(POINTS), help=f"how many of the {len(POINTS)} points")
     args = parser.parse_args(argv)
     tree = args.tree.resolve()
-    sys.path.insert(0, str(tree))
-    import torch
-
-    torch.set_num_threads(1)
-    import autocompress_opt
+    torch = import_tree(tree)
     from autocompress_opt.search.study.weights_trial import clear_trial_cache
 
-    if Path(autocompress_opt.__file__).resolve().parent.parent != tree:
-        raise SystemExit(f"imported autocompress_opt from {autocompress_opt.__file__}, not from --tree {tree}")
     load_start = os.getloadavg()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     per_target: dict[str, list[dict[str, Any]]] = {}
@@ -177,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     record = {
         "date": started,
-        "commit": _git(tree, "rev-parse", "HEAD") or None,
-        "dirty": bool(_git(tree, "status", "--porcelain", "--", "autocompress_opt")),
+        "commit": git_in(tree, "rev-parse", "HEAD") or None,
+        "dirty": bool(git_in(tree, "status", "--porcelain", "--", "autocompress_opt")),
         "command": " ".join(["python", "benchmarks/bench_trial_phases.py", *(sys.argv[1:] if argv is None else argv)]),
         "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads()},
         "load_average_start": [round(x, 2) for x in load_start],

@@ -31,7 +31,6 @@ import itertools
 import json
 import os
 import pstats
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _util import top_functions
+from _util import git_in, import_tree, top_functions
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "trial_profile.json"
@@ -50,15 +49,6 @@ DEMO_RUNGS = [3, 9]  # schedulers.rung_steps of the demo's study (ASHA over 24 i
 # A mid-size point of the bundled SmolLM2 space (layers 10-30, hidden 384-576, FFN 256-1536, KV 1-3, q/KV 1-3).
 POINT = {"num_layers": 20, "hidden_size": 512, "ffn_width": 896, "num_kv_heads": 3, "q_per_kv": 2}
 TOP = 25
-
-
-def _git(tree: Path, *args: str) -> str:
-    try:
-        return subprocess.run(
-            ["git", "-C", str(tree), *args], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
 
 
 def build_request(cache_dir: Path, demo: bool = False) -> dict[str, Any]:
@@ -146,15 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     tree = args.tree.resolve()
-    sys.path.insert(0, str(tree))
-    import torch
-
-    torch.set_num_threads(1)
-    import autocompress_opt
+    torch = import_tree(tree)
     from autocompress_opt.search.study.weights_trial import clear_trial_cache
 
-    if Path(autocompress_opt.__file__).resolve().parent.parent != tree:
-        raise SystemExit(f"imported autocompress_opt from {autocompress_opt.__file__}, not from --tree {tree}")
     load_start = os.getloadavg()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with tempfile.TemporaryDirectory(prefix="trial-profile-") as cache:
@@ -164,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         warm = profile_trial(request, tree)
     record = {
         "date": started,
-        "commit": _git(tree, "rev-parse", "HEAD") or None,
-        "dirty": bool(_git(tree, "status", "--porcelain", "--", "autocompress_opt")),
+        "commit": git_in(tree, "rev-parse", "HEAD") or None,
+        "dirty": bool(git_in(tree, "status", "--porcelain", "--", "autocompress_opt")),
         "command": " ".join(["python", "benchmarks/bench_trial_profile.py", *(argv or sys.argv[1:])]),
         "machine": {
             "cpus": os.cpu_count(),

@@ -61,7 +61,8 @@ def test_a_study_resumed_on_grown_data_is_refused_unless_allowed(tmp_path: Path)
 
 def test_the_cli_flag_reaches_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from autocompress_opt.cli import build_parser
-    from autocompress_opt.cli.study import _merged, build_config
+    from autocompress_opt.cli.study import build_config
+    from autocompress_opt.cli.study.config import merged as _merged
 
     monkeypatch.chdir(tmp_path)
     _write(tmp_path / "rows.jsonl", 5)
