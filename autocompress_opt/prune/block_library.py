@@ -38,7 +38,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -206,6 +206,7 @@ class BlockLibrary:
     parent: Architecture
     measured: tuple[dict[BlockVariant, float], ...]
     meta: LibraryMeta
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def hidden_size(self) -> int:
@@ -217,7 +218,9 @@ class BlockLibrary:
 
     def variants(self, i: int) -> list[BlockVariant]:
         """Every variant of layer ``i`` the library scores (sorted)."""
-        return layer_variants(self.parent, self.meta.ffn_step)[i]
+        if "variants" not in self._memo:
+            self._memo["variants"] = layer_variants(self.parent, self.meta.ffn_step)
+        return list(self._memo["variants"][i])
 
     def base_kl(self, i: int) -> float:
         """Layer ``i``'s full variant's KL: 0 up to rounding at the parent's hidden size, the

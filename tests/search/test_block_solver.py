@@ -66,7 +66,7 @@ def test_answer_under_a_target_is_feasible_and_optimal(library: BlockLibrary) ->
     goal = CostGoal.for_target(target, library.parent)
     budget = Budget.of(library.parent)
     sol = solve_block_library(library, budget, goal)
-    assert sol.feasible
+    assert sol.feasible and sol.optimal
     assert set(sol.violations) >= set(goal.violations(goal.parent_metrics))
     assert sol.score == pytest.approx(_brute_force(library, budget, goal), abs=1e-12)
     assert sol.score > 0  # the unconstrained answer (the parent, 0) is not feasible
