@@ -24,6 +24,11 @@ the skipped layer's is measured. At a ``hidden_size`` below the parent's, every 
 hidden channels too (the parent's most important ones kept, in every layer), the reference
 distribution stays the parent's, and scores are increases over that hidden-pruned model's own KL.
 
+``scoring="replace-one-kl+refit"`` is recovery-aware for the FFN: a narrowed FFN's down projection is
+refit by least squares to reproduce the whole FFN's output on the calibration tokens at that layer
+(the kept channels' weights, :func:`_refit_rows`) before its KL is measured — in-sample, on the rows
+that score it, so it is optimistic; every other variant is scored as without it.
+
 Cost: every pass reuses the parent's hidden states at the replaced layer's input (one capture
 pass; layers before it return the saved tensor, as :func:`~autocompress_opt.prune.importance`'s
 skip loss does), so it runs only the suffix from the replaced layer on, and several variants run
@@ -64,9 +69,8 @@ __all__ = [
     "library_path",
 ]
 
-# How a variant is scored (module doc); part of the cache key. A recovery-aware scoring (a
-# least-squares refit of the down projection per FFN width) would be a second entry.
-SCORINGS: tuple[str, ...] = ("replace-one-kl",)
+# How a variant is scored (module doc); part of the cache key.
+SCORINGS: tuple[str, ...] = ("replace-one-kl", "replace-one-kl+refit")
 # The version of the scores' computation, part of every cache key: bump it when the numbers change.
 CACHE_VERSION = "block-library/1"
 _FORMAT = "autocompress-block-library/1"
@@ -388,6 +392,7 @@ class _RowMasks:
     ffn: torch.Tensor | None
     attention: bool
     mlp: bool
+    down: torch.Tensor | None = None  # (F, D): a refit down projection (zero rows where channels are cut)
 
 
 def _variant_masks(
@@ -439,12 +444,16 @@ def _build(
     with inference_mode(model):
         teacher = log_probs(model(input_ids=ids, use_cache=False).logits)  # (n, T, V) float32
         with _hidden_only(model, parent, hidden_mask, adapter):
-            inputs = _layer_inputs(model, layers, ids)  # [L] (n, T, D): each layer's input
+            refit = meta.scoring == "replace-one-kl+refit"
+            inputs, ffn_inputs = _layer_inputs(model, layers, ids, parts if refit else None)
             total = sum(len(vs) for vs in measured)
             bar = tqdm(total=total, desc="block library", unit="variant", disable=not progress)
             kls: list[dict[BlockVariant, float]] = []
             try:
                 for i, (vs, rs) in enumerate(zip(measured, rows)):
+                    if refit and ffn_inputs[i] is not None:
+                        rs = _refit_rows(parts[i], rs, ffn_inputs[i])
+                        ffn_inputs[i] = None  # (n, T, F) each: freed as the layers are done
                     values = _layer_kls(model, layers, parts[i], i, inputs[i], ids, teacher, rs, batch_tokens, bar)
                     kls.append(dict(zip(vs, values)))
                     passes += len(vs)
@@ -467,10 +476,14 @@ def _hidden_only(model: Any, parent: Architecture, hidden_mask: torch.Tensor, ad
         yield
 
 
-def _layer_inputs(model: Any, layers: Sequence[Any], ids: torch.Tensor) -> list[torch.Tensor]:
-    """Every decoder layer's input hidden states ``(n, T, D)`` in one pass; :class:`ConfigError`
-    where a layer returns a tuple (the suffix passes need layers that return their hidden states)."""
+def _layer_inputs(
+    model: Any, layers: Sequence[Any], ids: torch.Tensor, parts: Sequence[LayerParts] | None = None
+) -> tuple[list[Any], list[Any]]:
+    """Every decoder layer's input hidden states ``(n, T, D)`` in one pass and, with ``parts``, each
+    FFN's ``down_proj`` input ``(n, T, F)`` (else Nones); :class:`ConfigError` where a layer returns a
+    tuple (the suffix passes need layers that return their hidden states)."""
     inputs: list[Any] = [None] * len(layers)
+    ffn_inputs: list[Any] = [None] * len(layers)
     bare = [True]
 
     def save(i: int) -> Callable[..., None]:
@@ -479,11 +492,20 @@ def _layer_inputs(model: Any, layers: Sequence[Any], ids: torch.Tensor) -> list[
 
         return hook
 
+    def save_ffn(i: int) -> Callable[..., None]:
+        def hook(module: Any, args: tuple[Any, ...]) -> None:
+            ffn_inputs[i] = args[0].detach().clone()
+
+        return hook
+
     def check(module: Any, args: Any, output: Any) -> None:
         bare[0] = bare[0] and not isinstance(output, tuple)
 
     handles = [layer.register_forward_pre_hook(save(i), with_kwargs=True) for i, layer in enumerate(layers)]
     handles += [layer.register_forward_hook(check) for layer in layers]
+    handles += [
+        p.down_proj.register_forward_pre_hook(save_ffn(i)) for i, p in enumerate(parts or []) if p.mlp is not None
+    ]
     try:
         model(input_ids=ids, use_cache=False)
     finally:
@@ -491,7 +513,36 @@ def _layer_inputs(model: Any, layers: Sequence[Any], ids: torch.Tensor) -> list[
             h.remove()
     if not bare[0]:
         raise ConfigError("the block library needs decoder layers that return their hidden states (transformers 5)")
-    return inputs
+    return inputs, ffn_inputs
+
+
+_RIDGE = 1e-6  # the refit's ridge, relative to the mean diagonal of the kept channels' Gram matrix
+
+
+def _refit_rows(parts: LayerParts, rows: Sequence[_RowMasks], h: torch.Tensor) -> list[_RowMasks]:
+    """``rows`` with every narrowed FFN's down projection refit by least squares: the kept channels'
+    weights ``X`` that best reproduce the whole FFN's output on the calibration tokens,
+    ``argmin ‖H·Wᵀ − H_S·X‖²`` (``H`` ``(N, F)`` the ``down_proj`` inputs, ``S`` the kept channels; a
+    ridge of :data:`_RIDGE`), in float64. In-sample: the same rows score the refit variant."""
+    import torch
+
+    weight = parts.down_proj.weight  # (D, F)
+    flat = h.reshape(-1, h.shape[-1]).double()  # (N, F)
+    target = flat @ weight.double().T  # (N, D)
+    out = []
+    for r in rows:
+        if r.ffn is None or not r.mlp or bool(r.ffn.all()):
+            out.append(r)
+            continue
+        keep = r.ffn.bool()
+        a = flat[:, keep]  # (N, |S|)
+        gram = a.T @ a
+        ridge = _RIDGE * float(gram.diagonal().mean()) + 1e-12
+        solved = torch.linalg.solve(gram + ridge * torch.eye(len(gram), dtype=gram.dtype), a.T @ target)  # (|S|, D)
+        down = torch.zeros(h.shape[-1], weight.shape[0], dtype=torch.float64)
+        down[keep] = solved
+        out.append(replace(r, down=down.to(dtype=weight.dtype, device=weight.device)))
+    return out
 
 
 def _chunks(n: int, size: int) -> Iterator[range]:
@@ -586,6 +637,10 @@ class _row_masks:
             self._handles.append(p.down_proj.register_forward_pre_hook(lambda m, args: (args[0] * channels, *args[1:])))
             keep = self._factors([_flag(v.mlp) for v in vs], 1)
             self._handles.append(p.mlp.register_forward_hook(_scaled_output(keep)))
+            refits = [(j, v.down) for j, v in enumerate(vs) if v.down is not None]
+            if refits:  # before any hidden-mask hook on the output (apply_masks'), which then applies to it
+                hook = _refit_output(refits, self._n)
+                self._handles.append(p.down_proj.register_forward_hook(hook, prepend=True))
 
     def __exit__(self, *exc: object) -> None:
         for h in self._handles:
@@ -597,6 +652,20 @@ def _flag(on: bool) -> Any:
     import torch
 
     return torch.ones(1) if on else torch.zeros(1)
+
+
+def _refit_output(refits: Sequence[tuple[int, torch.Tensor]], n: int) -> Callable[..., Any]:
+    """A ``down_proj`` hook: rows ``j·n .. j·n+n-1`` computed with variant ``j``'s refit weights
+    ``(F, D)`` from the (masked) input ``(k·n, T, F)``, the bias kept."""
+
+    def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
+        x, out = args[0], output.clone()
+        for j, down in refits:
+            rows = slice(j * n, (j + 1) * n)
+            out[rows] = x[rows] @ down + (module.bias if module.bias is not None else 0)
+        return out
+
+    return hook
 
 
 def _scaled_output(factor: torch.Tensor) -> Callable[..., Any]:
