@@ -27,7 +27,8 @@ distribution stays the parent's, and scores are increases over that hidden-prune
 ``scoring="replace-one-kl+refit"`` is recovery-aware for the FFN: a narrowed FFN's down projection is
 refit by least squares to reproduce the whole FFN's output on the calibration tokens at that layer
 (the kept channels' weights, :func:`_refit_rows`) before its KL is measured — in-sample, on the rows
-that score it, so it is optimistic; every other variant is scored as without it.
+that score it, so it is optimistic, and refused with fewer than 4 tokens per FFN channel (fewer fit
+those rows exactly); every other variant is scored as without it.
 
 Cost: every pass reuses the parent's hidden states at the replaced layer's input (one capture
 pass; layers before it return the saved tensor, as :func:`~autocompress_opt.prune.importance`'s
@@ -346,6 +347,13 @@ def build_block_library(
     if mismatch:
         raise ConfigError(f"the importance scores were computed for another architecture ({mismatch})")
     check_token_ids(tokens, "tokens", parent.vocab_size)
+    widest = max((s.ffn_width for s in parent.layers), default=0)
+    if scoring == "replace-one-kl+refit" and tokens.numel() < _REFIT_TOKENS_PER_CHANNEL * widest:
+        raise ConfigError(
+            f"scoring {scoring!r} needs at least {_REFIT_TOKENS_PER_CHANNEL} calibration tokens per FFN channel "
+            f"({_REFIT_TOKENS_PER_CHANNEL * widest} for FFN {widest}), got {tokens.numel()}: with fewer, the "
+            "least-squares refit of a narrowed FFN fits the rows that score it (nearly) exactly"
+        )
     model_id = model_id or str(getattr(model.config, "_name_or_path", "") or "")
     if cache_dir is not None and not model_id:
         raise ConfigError("a block-library cache needs a model_id (the model has no _name_or_path); pass model_id=")
@@ -516,6 +524,9 @@ def _layer_inputs(
     return inputs, ffn_inputs
 
 
+# Fewest calibration tokens per FFN channel the refit scoring takes: SmolLM2's 256 tokens against
+# 768 kept channels fit every row exactly (FFN 768 scored 0 in every layer, benchmarks, 4 x 64 rows).
+_REFIT_TOKENS_PER_CHANNEL = 4
 _RIDGE = 1e-6  # the refit's ridge, relative to the mean diagonal of the kept channels' Gram matrix
 
 

@@ -121,8 +121,10 @@ def test_bad_input_raises_config_error(parent: dict[str, Any]) -> None:
 def test_refit_scoring_lowers_narrowed_ffn_scores_only(parent: dict[str, Any], tmp_path: Path) -> None:
     """The recovery-aware scoring refits a narrowed FFN's down projection by least squares: its
     scores fall (on the whole), every other variant scores as without it, and it is cached apart."""
-    model, importance, rows, plain = parent["model"], parent["importance"], parent["rows"], parent["library"]
+    model, importance = parent["model"], parent["importance"]
+    rows = tokens(16, 12, seed=3)  # 192 tokens: 4 per FFN channel, the fewest the refit takes
     kwargs: dict[str, Any] = dict(ffn_step=STEP, model_id="tiny", cache_dir=tmp_path)
+    plain, _ = build_block_library(model, importance, rows, **kwargs)
     refit, _ = build_block_library(model, importance, rows, scoring="replace-one-kl+refit", **kwargs)
     assert refit.meta.scoring == "replace-one-kl+refit"
     narrowed, total_plain, total_refit = (BlockVariant(2, 3, 16), BlockVariant(2, 3, 32)), 0.0, 0.0
@@ -134,5 +136,6 @@ def test_refit_scoring_lowers_narrowed_ffn_scores_only(parent: dict[str, Any], t
             else:
                 assert refit.measured[i][v] == pytest.approx(plain.measured[i][v], rel=1e-5, abs=1e-7)
     assert total_refit < 0.8 * total_plain
-    build_block_library(model, importance, rows, **kwargs)
     assert len(list(tmp_path.glob("block-library-*.json"))) == 2
+    with pytest.raises(ConfigError, match="4 calibration tokens per FFN channel"):
+        build_block_library(model, importance, parent["rows"], scoring="replace-one-kl+refit", **kwargs)
