@@ -549,6 +549,58 @@ def trial_profile() -> str:
     return out
 
 
+# ------------------------------------------------------------------------------ trial phases
+def trial_phases() -> str:
+    """The demo's trials on its four targets, before and after: CPU seconds per trial, at each ASHA
+    rung, and the medians (benchmarks/bench_trial_phases.py)."""
+    s = need("trial_phases")
+    labels = [label for label in ("before", "after") if label in s]
+    rungs = s[labels[-1]]["rungs"]
+    header = ["target", "point (L/h/ffn/kv/q)"]
+    for label in labels:
+        header += [f"{label}: CPU s", *(f"{label}: to step {r}" for r in rungs), f"{label}: chosen, KL"]
+    rows = []
+    first = s[labels[-1]]["targets"]
+    for target, runs in first.items():
+        for i, run in enumerate(runs):
+            p = run["point"]
+            row = [
+                target,
+                "/".join(str(p[k]) for k in ("num_layers", "hidden_size", "ffn_width", "num_kv_heads", "q_per_kv")),
+            ]
+            for label in labels:
+                other = s[label]["targets"].get(target, [])
+                r = other[i] if i < len(other) else None
+                if r is None:
+                    row += ["–"] * (2 + len(rungs))
+                    continue
+                row += [f"{r['cpu_s']:.1f}", *(f"{r['to_rung_cpu_s'].get(str(k), '–')}" for k in rungs)]
+                row.append(f"{r['outcome']['chosen']}, {r['outcome']['kl_to_parent']:.3f}")
+            rows.append(row)
+    notes = []
+    for label in labels:
+        r = s[label]
+        m = r["summary"]
+        to = ", ".join(f"step {k} {v} s" for k, v in m["median_to_rung_cpu_s"].items())
+        load = f"{r['load_average_start'][0]:.1f} → {r['load_average_end'][0]:.1f}"
+        notes.append(
+            f"{label}: commit {commit_of({'code': {'commit': r['commit'], 'dirty': r['dirty']}})}, {r['date'][:10]}, "
+            f"1-minute load average {load}; median warm trial **{m['median_warm_trial_cpu_s']} CPU s** "
+            f"over {m['warm_trials']} warm trials (to {to})"
+        )
+    if len(labels) == 2:
+        a, b = (s[label]["summary"]["median_warm_trial_cpu_s"] for label in labels)
+        notes.append(
+            f"median warm trial, after ÷ before: **{b / a:.2f}×** the CPU seconds (one machine, one session; "
+            "below 1 is cheaper)"
+        )
+    return (
+        "Each target's first trial builds the parent context (load, importance, teacher: the cold rows); "
+        "the others are warm, as a study worker's trials are. CPU seconds (`time.process_time`, torch 1 "
+        "thread), no profiler.\n\n" + table(header, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+    )
+
+
 # ------------------------------------------------------------------------------------- demo
 def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
@@ -666,6 +718,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "performance": performance,
     "discretise": discretise,
     "trial-profile": trial_profile,
+    "trial-phases": trial_phases,
     "demo": demo,
     "demo-line": demo_line,
 }
