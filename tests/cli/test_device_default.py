@@ -75,3 +75,15 @@ def test_local_rank_leaves_the_cpu_alone(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert training_device("auto", bf16=False)[0] == torch.device("cpu")
+
+
+def test_torchrun_without_fsdp_says_each_process_trains_its_own_student(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autocompress_opt.cli.distill import _warn_unsharded_processes
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _warn_unsharded_processes(build_parser().parse_args(ARGV["distill"]))
+    assert "2 processes without --fsdp: each trains its own student on its local GPU" in capsys.readouterr().err
+    _warn_unsharded_processes(build_parser().parse_args([*ARGV["distill"], "--fsdp"]))
+    assert capsys.readouterr().err == ""
