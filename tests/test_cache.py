@@ -436,3 +436,35 @@ def test_other_flock_errors_are_not_hidden(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(cache.fcntl, "flock", broken)
     with pytest.raises(OSError, match="I/O error"), cache.file_lock(tmp_path / "x.lock"):
         pass
+
+
+def _refuse_flock(fd: Any, operation: int) -> None:
+    raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+
+def _slow_writer_without_flock(entry: str, log: str, started: float, out: multiprocessing.queues.Queue) -> None:
+    """:func:`_slow_writer` in a process whose file system refuses flock."""
+    cache.fcntl.flock = _refuse_flock  # type: ignore[assignment]  # this spawned process only
+    warnings.simplefilter("ignore")
+    _slow_writer(entry, log, started, out)
+
+
+def test_without_flock_two_processes_compute_once(tmp_path: Path) -> None:
+    """Two processes where flock fails with ENOSYS fetch one missing entry at once: one computes, the
+    other waits on the lock file and reads the entry."""
+    entry, log = tmp_path / "cache" / "entry.bin", tmp_path / "computations.log"
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    start_at = time.time() + 3.0
+    args = (str(entry), str(log), start_at, out)
+    writers = [context.Process(target=_slow_writer_without_flock, args=args) for _ in range(2)]
+    for w in writers:
+        w.start()
+    results = [out.get(timeout=60) for _ in writers]
+    for w in writers:
+        w.join(timeout=10)
+        assert w.exitcode == 0
+    assert len(log.read_text().split()) == 1
+    assert sorted(cached for _, _, cached in results) == [False, True]
+    assert len({value for _, value, _ in results}) == 1
+    assert _visible(entry.parent) == ["entry.bin"]
