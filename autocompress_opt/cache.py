@@ -13,12 +13,19 @@ Three parts, each usable alone:
   directory beside the entry and then renames it into place (``os.replace``, atomic within one
   file system): a reader sees the whole entry or none, and a writer that raises leaves nothing a
   reader would take (its temporary is removed; one left by a killed process is swept by the next
-  writer of that entry).
-* **One computation per entry** — :func:`fetch` takes an exclusive ``fcntl.flock`` on a lock file
-  beside the entry before computing, so concurrent writers on one node (Ray trials sharing a cache
-  folder) compute once: the second waits for the first and then reads its entry. ``flock`` is
-  advisory and per host; on a network file system it may not exclude writers on other nodes, which
-  then compute twice but still publish atomically (the last rename wins; the entries are equal).
+  writer of that entry on its host).
+* **One computation per entry** — :func:`fetch` takes an exclusive lock (:func:`file_lock`) on a
+  lock file beside the entry before computing, so concurrent writers on one node (Ray trials sharing
+  a cache folder) compute once: the second waits for the first and then reads its entry. The lock is
+  an ``fcntl.flock``, advisory; on a network file system it may not exclude writers on other nodes,
+  which then compute twice but still publish atomically (the last rename wins; the entries are
+  equal). Where ``flock`` is refused (Lustre or NFS mounted without locks: ENOSYS, EOPNOTSUPP,
+  ENOLCK) the lock is a file created exclusively (``O_CREAT | O_EXCL``) naming its holder's host
+  and process, kept fresh by its holder and taken over once its holder is gone; one warning per
+  process says so.
+* **Temporaries have owners** — a temporary's name carries its writer's host and process id; the
+  sweep of a killed writer's leftovers removes only those of this host whose process is gone, never
+  another node's in a shared folder (its writer may still be writing).
 
 Stdlib only (this module sits in the package's bottom layer). Linux/macOS: ``fcntl`` is POSIX.
 """
@@ -26,16 +33,20 @@ Stdlib only (this module sits in the package's bottom layer). Linux/macOS: ``fcn
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import glob
 import hashlib
 import json
 import os
 import shutil
+import socket
 import stat
 import sys
+import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -48,6 +59,7 @@ __all__ = [
     "entry_lock",
     "fetch",
     "file_digest",
+    "file_lock",
     "publish",
 ]
 
@@ -201,22 +213,183 @@ def _store_digest(key: _StatKey, digest: str) -> None:
 
 
 # ------------------------------------------------------------------- lock and publication
+# What flock raises on a file system that does not lock: ENOSYS (Lustre mounted without -o flock),
+# EOPNOTSUPP/ENOTSUP (some FUSE and network file systems), ENOLCK (NFS without a lock daemon, `nolock`).
+_NO_FLOCK = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK})
+_HELD = ".held"  # suffix of the lock file held by creation where flock is refused
+# The holder of a created lock rewrites its time every _HEARTBEAT_S; a waiter that sees it unchanged
+# for _STALE_S (by its own clock: hosts' clocks may differ) takes the lock over. A holder on this
+# host whose process is gone is taken over at once.
+_HEARTBEAT_S, _STALE_S = 10.0, 120.0
+_POLL_S = (0.02, 0.5)  # a waiter's first and longest pause between tries
+_warned = threading.Event()  # the fallback's warning, once per process
+
+
+def _host() -> str:
+    """This host's name as it appears in lock and temporary file names (no path separator or '-')."""
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in socket.gethostname()) or "localhost"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def file_lock(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``path`` (created, with its folder, if missing).
+
+    An ``fcntl.flock`` where the file system has one: released by the kernel when the process dies.
+    Where ``flock`` is refused (:data:`_NO_FLOCK`: Lustre, NFS without locks) a lock file
+    ``<path>.held`` is created exclusively instead, holding ``host pid token``; its holder refreshes
+    it every 10 s and removes it on release, and a waiter takes it over when its holder is a dead
+    process of this host or it has not changed for 2 minutes (a holder on another host that died).
+    A ``RuntimeWarning`` says so once per process. Blocks until the lock is held; threads exclude
+    each other too. Not re-entrant. The file at ``path`` stays.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as exc:
+            if exc.errno not in _NO_FLOCK:
+                raise
+            refused = exc
+        else:
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+            return
+    _warn_no_flock(path, refused)
+    with _created_lock(path.with_name(path.name + _HELD)):
+        yield
+
+
+def _warn_no_flock(path: Path, exc: OSError) -> None:
+    if not _warned.is_set():
+        _warned.set()
+        warnings.warn(
+            f"the file system of {str(path.parent)!r} refuses flock ({errno.errorcode.get(exc.errno or 0, exc.errno)}: "
+            f"{exc.strerror}); autocompress_opt locks its caches and studies there with lock files "
+            f"(<name>{_HELD}, naming host and process) instead. Mount it with locks (Lustre: -o flock; NFS: "
+            "with lockd) for kernel locks, which a killed process releases at once",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+@contextlib.contextmanager
+def _created_lock(held: Path) -> Iterator[None]:
+    """Hold the lock file ``held``, created exclusively (see :func:`file_lock`)."""
+    mine = f"{_host()} {os.getpid()} {uuid.uuid4().hex}"
+    _acquire_created(held, mine)
+    stop = threading.Event()
+    beat = threading.Thread(target=_keep_fresh, args=(held, mine, stop), name="autocompress-lock", daemon=True)
+    beat.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beat.join()
+        if _holder(held) == mine:
+            held.unlink(missing_ok=True)
+
+
+def _acquire_created(held: Path, mine: str) -> None:
+    pause, seen, since = _POLL_S[0], None, time.monotonic()
+    while True:
+        try:
+            fd = os.open(held, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as out:
+                out.write(mine)
+            return
+        holder, state = _holder(held), _lock_state(held)
+        if (holder, state) != seen:  # a new holder, or the holder's heartbeat: wait afresh
+            seen, since = (holder, state), time.monotonic()
+        if holder is not None and (_dead_here(holder) or time.monotonic() - since > _STALE_S):
+            _take_over(held, holder)
+            continue
+        time.sleep(pause)
+        pause = min(pause * 2, _POLL_S[1])
+
+
+def _holder(held: Path) -> str | None:
+    with contextlib.suppress(OSError):
+        return held.read_text(encoding="utf-8").strip() or None
+    return None
+
+
+def _lock_state(held: Path) -> int | None:
+    with contextlib.suppress(OSError):
+        return held.stat().st_mtime_ns
+    return None
+
+
+def _dead_here(holder: str) -> bool:
+    host, _, rest = holder.partition(" ")
+    pid = rest.partition(" ")[0]
+    return host == _host() and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid))
+
+
+def _take_over(held: Path, holder: str) -> None:
+    """Remove the stale lock file of ``holder``: renamed aside first, so that of two waiters taking
+    it over at once only one removes it; a fresh holder's file renamed by mistake is put back."""
+    aside = held.with_name(f"{held.name}.stale-{uuid.uuid4().hex[:12]}")
+    try:
+        os.rename(held, aside)
+    except FileNotFoundError:
+        return
+    if _holder(aside) != holder:  # another waiter took it over and a new holder created it meanwhile
+        with contextlib.suppress(OSError):
+            os.link(aside, held)  # back, unless yet another holder exists by now
+    aside.unlink(missing_ok=True)
+
+
+def _keep_fresh(held: Path, mine: str, stop: threading.Event) -> None:
+    while not stop.wait(_HEARTBEAT_S):
+        if _holder(held) != mine:
+            return
+        with contextlib.suppress(OSError):
+            os.utime(held)
+
+
 @contextlib.contextmanager
 def entry_lock(entry: str | Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``.<name>.lock`` beside ``entry`` (the folder is created).
+    """Hold an exclusive lock (:func:`file_lock`) on ``.<name>.lock`` beside ``entry`` (the folder is created).
 
     Blocks until no other holder is left, in this or another process (each call opens its own file
     description, so threads exclude each other too). Not re-entrant: taking the lock of an entry
     while holding it deadlocks. The lock file stays (removing it would race with a waiter).
     """
     entry = Path(entry)
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with open(entry.parent / f".{entry.name}.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with file_lock(entry.parent / f".{entry.name}.lock"):
+        yield
+
+
+def _owned_name(entry: Path, marker: str) -> Path:
+    """A fresh hidden name beside ``entry``: ``.<name><marker><host>-<pid>-<random>``."""
+    return entry.parent / f".{entry.name}{marker}{_host()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def _leftover_of_dead_writer(name: str) -> bool:
+    """Whether a temporary named by :func:`_owned_name` was left by a process of this host that is gone
+    (one of another host, of a live process, or named otherwise is never swept here)."""
+    host_pid, _, token = name.rpartition("-")
+    host, _, pid = host_pid.rpartition("-")
+    if not (host and pid.isdigit() and token):
+        return False
+    return host == _host() and int(pid) != os.getpid() and not _alive(int(pid))
 
 
 def publish(entry: str | Path, write: Callable[[Path], object]) -> Path:
@@ -231,7 +404,7 @@ def publish(entry: str | Path, write: Callable[[Path], object]) -> Path:
     """
     entry = Path(entry)
     entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = entry.parent / f".{entry.name}{_TMP}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    tmp = _owned_name(entry, _TMP)
     try:
         write(tmp)
         if not tmp.exists():
@@ -246,7 +419,7 @@ def _replace(new: Path, entry: Path) -> None:
     """Rename ``new`` to ``entry``; ``os.replace`` cannot replace a non-empty directory, so an
     existing directory (or a file where ``new`` is a directory) is renamed aside first."""
     if (entry.is_dir() and not entry.is_symlink()) or (new.is_dir() and entry.exists()):
-        old = entry.parent / f".{entry.name}{_OLD}{uuid.uuid4().hex[:12]}"
+        old = _owned_name(entry, _OLD)
         os.replace(entry, old)
         os.replace(new, entry)
         _remove(old)
@@ -262,12 +435,14 @@ def _remove(path: Path) -> None:
 
 
 def _sweep(entry: Path) -> None:
-    """Remove temporaries of ``entry`` left by writers that died mid-write (called under its lock,
-    when no other writer of ``entry`` on this host is running)."""
+    """Remove temporaries of ``entry`` left by writers of this host that died mid-write (called
+    under its lock). Another host's temporaries in a shared folder are left alone: that host's
+    lock may not exclude this one, so their writer may still be writing."""
     pattern = glob.escape(f".{entry.name}")
     for marker in (_TMP, _OLD):
         for leftover in entry.parent.glob(f"{pattern}{marker}*"):
-            _remove(leftover)
+            if _leftover_of_dead_writer(leftover.name[len(f".{entry.name}{marker}") :]):
+                _remove(leftover)
 
 
 # --------------------------------------------------------------------------------- fetch

@@ -8,7 +8,8 @@
 # does not stop the later ones (the JSON says which failed):
 #   1. install     make install-gpu (torch's CUDA build, then everything `make install` installs)
 #   2. env         torch, CUDA, the GPU's name and compute capability, which engines are found where
-#   3. tests-gpu   pytest tests/gpu on cuda, its figures (seconds, peak memory, bf16/fp32 KL) recorded
+#   3. tests-gpu   pytest tests/gpu on cuda, its figures (seconds, peak memory, bf16/fp32 KL) and its passed /
+#                  skipped / failed counts recorded; "skipped", never "ok", when a test skipped (pytest exits 0 then)
 #   4. bench-gpu   benchmarks/bench_gpu.py: one SmolLM2 weights trial in bf16 and fp32 (results/gpu_smollm2.json)
 #   5. study       a short SmolLM2 weights study on cuda (4 trials, one target, one trial at a time)
 #   6. serve-check a pruned SmolLM2 served by vLLM on the GPU, when a vLLM is found (AUTOCOMPRESS_VLLM_PYTHON,
@@ -82,7 +83,7 @@ gpus = [{"name": torch.cuda.get_device_name(i), "capability": "%d.%d" % torch.cu
 print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "gpus": gpus, "engines": install.status()}))'
 
 step tests-gpu env AUTOCOMPRESS_GPU_SUITE_DEVICE=cuda AUTOCOMPRESS_GPU_SUITE_RECORD="$WORK/tests_gpu.json" \
-	"$PY" -m pytest -q tests/gpu -rs -p no:cacheprovider
+	"$PY" -m pytest -q tests/gpu -rs -p no:cacheprovider --junitxml="$WORK/tests_gpu.xml"
 
 step bench-gpu "$PY" benchmarks/bench_gpu.py
 
@@ -110,6 +111,22 @@ import datetime, json, platform, subprocess, sys
 from pathlib import Path
 
 steps_tsv, logs, out, dry, total_s, work = sys.argv[1:7]
+
+
+def suite_counts(report):
+    """passed / skipped / failed test counts of a pytest JUnit XML report, and the skips' messages."""
+    from xml.etree import ElementTree
+
+    if not report.is_file():
+        return {}
+    cases = list(ElementTree.parse(report).getroot().iter("testcase"))
+    skips = [c.find("skipped") for c in cases]
+    failed = sum(c.find("failure") is not None or c.find("error") is not None for c in cases)
+    skipped = [s.get("message", "") for s in skips if s is not None]
+    return {"passed": len(cases) - failed - len(skipped), "skipped": len(skipped), "failed": failed,
+            "skip_reasons": sorted(set(skipped))}
+
+
 steps = []
 for line in Path(steps_tsv).read_text(encoding="utf-8").splitlines():
     name, status, rc, seconds, command = line.split("\t", 4)
@@ -125,6 +142,10 @@ for line in Path(steps_tsv).read_text(encoding="utf-8").splitlines():
                 entry["result"] = json.loads(text[text.index("{"):])
             except ValueError:
                 pass
+    if name == "tests-gpu" and status == "ok":  # pytest exits 0 when every test skips: a skip is no pass
+        entry.update(suite_counts(Path(work) / "tests_gpu.xml"))
+        if entry.get("skipped"):
+            entry["status"] = "skipped"
     steps.append(entry)
 
 

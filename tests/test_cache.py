@@ -3,12 +3,18 @@ an entry appears whole or not at all, and two writers of one entry compute it on
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import itertools
 import multiprocessing
 import multiprocessing.queues
 import os
 import shutil
+import subprocess
+import sys
+import threading
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -219,14 +225,41 @@ def test_a_writer_that_crashes_leaves_no_entry_and_no_litter(tmp_path: Path, as_
     assert _visible(entry.parent) == [entry.name]
 
 
+def _dead_pid() -> int:
+    """The id of a process of this host that has exited."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
 def test_litter_of_a_killed_writer_is_never_read_and_is_swept(tmp_path: Path) -> None:
-    """A process killed mid-write (no chance to clean up) leaves a hidden temporary: readers do not
-    take it for the entry, and the next writer of that entry removes it."""
+    """A process killed mid-write (no chance to clean up) leaves a hidden temporary named by its host
+    and process: readers do not take it for the entry, and the next writer of that entry on that host
+    removes it once the process is gone."""
     entry = tmp_path / "abc.json"
-    litter = tmp_path / ".abc.json.tmp-12345-deadbeef"
+    litter = tmp_path / f".abc.json.tmp-{cache._host()}-{_dead_pid()}-deadbeef"
     litter.write_bytes(b"hal")
     assert fetch(entry, lambda: b"whole", _write_bytes, _read_bytes) == (b"whole", False)
     assert _visible(tmp_path) == ["abc.json"]
+
+
+def test_the_sweep_leaves_other_hosts_and_live_writers_temporaries_alone(tmp_path: Path) -> None:
+    """In a cache folder shared by several nodes, a temporary of another host (whose writer this host
+    cannot see), of a live process here, or of an older naming is its owner's: never swept."""
+    entry = tmp_path / "abc.json"
+    kept = [
+        f".abc.json.tmp-other-node.example-{_dead_pid()}-deadbeef",
+        f".abc.json.tmp-{cache._host()}-{os.getppid()}-cafe",  # a live process of this host
+        ".abc.json.tmp-12345-deadbeef",  # no host in the name
+        f".abc.json.old-other-node-{_dead_pid()}-beef",
+    ]
+    for name in kept:
+        (tmp_path / name).write_bytes(b"being written")
+    assert fetch(entry, lambda: b"whole", _write_bytes, _read_bytes) == (b"whole", False)
+    assert _visible(tmp_path) == sorted(["abc.json", *kept])
+    publish(tmp_path / "x.json", lambda tmp: tmp.write_text(tmp.name))
+    host, pid, _ = (tmp_path / "x.json").read_text().removeprefix(".x.json.tmp-").rsplit("-", 2)
+    assert (host, int(pid)) == (cache._host(), os.getpid())  # temporaries are named by host and process
 
 
 def test_a_stale_entry_is_recomputed_and_replaced(tmp_path: Path) -> None:
@@ -288,4 +321,150 @@ def test_two_writers_at_once_compute_once_and_read_the_same_bytes(tmp_path: Path
     assert value_a == value_b == entry.read_bytes()
     assert value_a.startswith(b"computed by ")
     assert sorted([cached_a, cached_b]) == [False, True]
+    assert _visible(entry.parent) == ["entry.bin"]
+
+
+# ------------------------------------------------------------- file systems without flock
+@pytest.fixture
+def no_flock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """flock refused as on Lustre mounted without ``-o flock`` (ENOSYS); the fallback's warning not yet given."""
+
+    def refuse(fd: Any, operation: int) -> None:
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    monkeypatch.setattr(cache.fcntl, "flock", refuse)
+    monkeypatch.setattr(cache, "_warned", threading.Event())
+
+
+@pytest.mark.usefixtures("no_flock")
+def test_without_flock_two_writers_still_compute_once_and_one_warning_says_why(tmp_path: Path) -> None:
+    """Two threads fetch one missing entry where flock fails with ENOSYS: the lock file created
+    exclusively serialises them (one computes, the other reads its entry), and the process warns
+    once, naming the folder and the error."""
+    entry, computed = tmp_path / "cache" / "entry.bin", []
+    barrier = threading.Barrier(2)
+
+    def compute() -> bytes:
+        computed.append(threading.get_ident())
+        time.sleep(0.3)
+        return b"computed once"
+
+    def writer(out: list[Any]) -> None:
+        barrier.wait()
+        out.append(fetch(entry, compute, _write_bytes, _read_bytes))
+
+    results: list[Any] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        threads = [threading.Thread(target=writer, args=(results,)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        fetch(tmp_path / "cache" / "another.bin", lambda: b"x", _write_bytes, _read_bytes)
+    assert len(computed) == 1
+    assert sorted(results) == [(b"computed once", False), (b"computed once", True)]
+    notes = [w for w in caught if issubclass(w.category, RuntimeWarning) and "refuses flock" in str(w.message)]
+    assert len(notes) == 1 and "ENOSYS" in str(notes[0].message) and str(entry.parent) in str(notes[0].message)
+    assert not list(entry.parent.glob("*.held"))  # released: no lock file left held
+
+
+@pytest.mark.usefixtures("no_flock")
+def test_without_flock_the_lock_serialises_holders(tmp_path: Path) -> None:
+    """Four threads take one lock: their critical sections never overlap."""
+    spans: list[tuple[float, float]] = []
+
+    def hold() -> None:
+        with cache.file_lock(tmp_path / "study.db.driver-lock"):
+            began = time.monotonic()
+            time.sleep(0.05)
+            spans.append((began, time.monotonic()))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        threads = [threading.Thread(target=hold) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    spans.sort()
+    assert len(spans) == 4
+    assert all(end <= later for (_, end), (later, _) in itertools.pairwise(spans))
+
+
+@pytest.mark.usefixtures("no_flock")
+def test_a_dead_holder_s_lock_is_taken_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock file left by a dead process of this host is taken at once; one of another host once it
+    has not changed for the stale period (here 0.3 s instead of 2 minutes); a live holder's is not."""
+    lock = tmp_path / "entry.lock"
+    held = tmp_path / "entry.lock.held"
+    monkeypatch.setattr(cache, "_STALE_S", 0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        held.write_text(f"{cache._host()} {_dead_pid()} token")
+        began = time.monotonic()
+        with cache.file_lock(lock):
+            assert held.read_text().startswith(f"{cache._host()} {os.getpid()} ")
+        assert time.monotonic() - began < 0.25 and not held.exists()
+
+        held.write_text("other-node 1 token")
+        began = time.monotonic()
+        with cache.file_lock(lock):
+            pass
+        assert 0.3 <= time.monotonic() - began < 5
+
+        monkeypatch.setattr(cache, "_STALE_S", 60.0)
+        held.write_text(f"{cache._host()} {os.getppid()} token")  # alive: waited for
+        waiter = threading.Thread(target=_take_and_release, args=(lock,))
+        waiter.start()
+        waiter.join(timeout=0.5)
+        assert waiter.is_alive()
+        held.unlink()  # the holder releases
+        waiter.join(timeout=5)
+        assert not waiter.is_alive()
+
+
+def _take_and_release(lock: Path) -> None:
+    with cache.file_lock(lock):
+        pass
+
+
+def test_other_flock_errors_are_not_hidden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(fd: Any, operation: int) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(cache.fcntl, "flock", broken)
+    with pytest.raises(OSError, match="I/O error"), cache.file_lock(tmp_path / "x.lock"):
+        pass
+
+
+def _refuse_flock(fd: Any, operation: int) -> None:
+    raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+
+def _slow_writer_without_flock(entry: str, log: str, started: float, out: multiprocessing.queues.Queue) -> None:
+    """:func:`_slow_writer` in a process whose file system refuses flock."""
+    cache.fcntl.flock = _refuse_flock  # type: ignore[assignment]  # this spawned process only
+    warnings.simplefilter("ignore")
+    _slow_writer(entry, log, started, out)
+
+
+def test_without_flock_two_processes_compute_once(tmp_path: Path) -> None:
+    """Two processes where flock fails with ENOSYS fetch one missing entry at once: one computes, the
+    other waits on the lock file and reads the entry."""
+    entry, log = tmp_path / "cache" / "entry.bin", tmp_path / "computations.log"
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    start_at = time.time() + 3.0
+    args = (str(entry), str(log), start_at, out)
+    writers = [context.Process(target=_slow_writer_without_flock, args=args) for _ in range(2)]
+    for w in writers:
+        w.start()
+    results = [out.get(timeout=60) for _ in writers]
+    for w in writers:
+        w.join(timeout=10)
+        assert w.exitcode == 0
+    assert len(log.read_text().split()) == 1
+    assert sorted(cached for _, _, cached in results) == [False, True]
+    assert len({value for _, value, _ in results}) == 1
     assert _visible(entry.parent) == ["entry.bin"]

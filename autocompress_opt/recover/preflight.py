@@ -4,6 +4,7 @@ layers, and whether student and teacher can be distilled at all (vocabulary, con
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,34 @@ def resolve_student_dir(ref: str | Path) -> Path:
 
 def training_device(device: str, bf16: bool) -> tuple[torch.device, str]:
     """The training device of ``device`` (:func:`~autocompress_opt.hf.device.resolve_device`: cpu,
-    cuda, cuda:N or auto) and the precision label of ``bf16`` autocast, which is for CUDA only."""
-    from autocompress_opt.hf.device import resolve_device
+    cuda, cuda:N or auto) and the precision label of ``bf16`` autocast, which is for CUDA only.
+
+    Under torchrun (``LOCAL_RANK`` set), ``auto`` or ``cuda`` on a CUDA machine is this process's
+    local GPU, ``cuda:LOCAL_RANK``, with or without FSDP: every rank on ``cuda:0`` would share one
+    GPU's memory. An explicit ``cuda:N`` is kept."""
+    from autocompress_opt.hf.device import check_device, resolve_device
 
     resolved = resolve_device(device)
+    if resolved.type == "cuda" and check_device(device) in ("auto", "cuda") and "LOCAL_RANK" in os.environ:
+        resolved = _local_rank_gpu(os.environ["LOCAL_RANK"])
     if bf16 and resolved.type != "cuda":
         raise ConfigError(f"bf16 autocast is for CUDA only; on {device!r} training runs in float32")
     return resolved, "bf16-autocast" if bf16 else "fp32"
+
+
+def _local_rank_gpu(local_rank: str) -> torch.device:
+    """``cuda:LOCAL_RANK``, or a :class:`ConfigError` when this node has fewer GPUs than ranks."""
+    try:
+        index = int(local_rank)
+    except ValueError:
+        raise ConfigError(f"LOCAL_RANK must be a whole number (torchrun sets it), got {local_rank!r}") from None
+    count = torch.cuda.device_count()
+    if not 0 <= index < count:
+        raise ConfigError(
+            f"LOCAL_RANK {index}: this node has {count} CUDA GPU(s); start at most {count} processes per node "
+            "(torchrun --nproc_per_node)"
+        )
+    return torch.device("cuda", index)
 
 
 def training_dtypes(

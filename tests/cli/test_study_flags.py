@@ -42,6 +42,14 @@ def test_device_and_compute_dtype_join_the_trials_inner_settings() -> None:
     assert config.inner == {"steps": 3, "device": "cpu", "compute_dtype": "bf16"}
 
 
+def test_the_driver_reads_the_parent_on_the_cpu_unless_a_gpu_is_named() -> None:
+    """``--driver-device`` is the driver's own device, apart from the trials' ``--device``."""
+    assert config_of("--mode", "weights", "--device", "cuda").driver_device == "cpu"
+    assert config_of("--mode", "weights", "--driver-device", "cuda:1").driver_device == "cuda:1"
+    with pytest.raises(ConfigError, match="driver_device 'gpu' is not one of cpu, cuda, cuda:N"):
+        config_of("--mode", "weights", "--driver-device", "gpu")
+
+
 def test_inner_settings_take_numbers_booleans_and_words() -> None:
     config = config_of(
         "--mode", "weights", "--inner", "steps=3", "--inner", "checkpoint_activations=true",

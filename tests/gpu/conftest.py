@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,17 +62,37 @@ def suite_device(request: pytest.FixtureRequest) -> torch.device:
     """The device every test here runs on; skips the whole suite, saying why, when it is a GPU
     that torch cannot see (session scope: no module fixture loads anything before this skip)."""
     name = suite_device_name(request.config)
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            pytest.skip(
-                f"needs a CUDA GPU: torch {torch.__version__} sees none (a CPU build or no driver; "
-                f"`make install-gpu` installs the CUDA build). {DEVICE_ENV}=cpu runs this suite on the CPU"
-            )
-        index = int(name.partition(":")[2] or 0)
-        if index >= torch.cuda.device_count():
-            pytest.skip(f"needs CUDA GPU {index}: this machine has {torch.cuda.device_count()}")
-        return torch.device("cuda", index)
-    return torch.device("cpu")
+    reason = missing_gpu(name)
+    if reason:
+        pytest.skip(reason)
+    return torch.device("cuda", int(name.partition(":")[2] or 0)) if name.startswith("cuda") else torch.device("cpu")
+
+
+# Every skip of the suite's device starts with it; no allowance of tests/skip_budget.py covers it.
+SKIP_PREFIX = "GPU suite"
+
+
+def missing_gpu(name: str) -> str | None:
+    """Why the suite cannot run on device ``name`` (None: it can): no CUDA GPU, torch's own reason
+    when it gives one (a driver too old for this torch's CUDA, say), or fewer GPUs than ``cuda:N``.
+    The message starts with :data:`SKIP_PREFIX`, so the skip budget counts these skips as skips of
+    the GPU suite, never within another test's allowance."""
+    if not name.startswith("cuda"):
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+    if not available:
+        told = "; ".join(dict.fromkeys(" ".join(str(w.message).split()) for w in caught))
+        why = f"torch says: {told}" if told else "a CPU build or no driver"
+        return (
+            f"{SKIP_PREFIX} needs a CUDA GPU: torch {torch.__version__} (CUDA {torch.version.cuda}) sees none ({why}; "
+            f"`make install-gpu` installs the CUDA build). {DEVICE_ENV}=cpu runs this suite on the CPU"
+        )
+    index = int(name.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        return f"{SKIP_PREFIX} needs CUDA GPU {index}: this machine has {torch.cuda.device_count()}"
+    return None
 
 
 @pytest.fixture

@@ -82,6 +82,42 @@ def test_tiny_importance_on_the_device_agrees_with_fp32(suite_device: torch.devi
     assert torch.isfinite(got.block_influence).all()
 
 
+def test_the_study_driver_reads_the_parent_on_the_cpu_and_takes_no_device_memory(
+    parent_dir: Path, tmp_path: Path, suite_device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The study driver scores the seeded baselines' candidates with the parent on the CPU, in the
+    GPU trials' bf16, whatever GPUs it sees: no tensor on the device, so nothing to free before the
+    trials (which take the GPUs Ray assigns them)."""
+    from types import SimpleNamespace
+
+    from autocompress_opt.hf import loading
+    from autocompress_opt.search.study.seeding import SeedScoring
+    from autocompress_opt.serving.targets import Target
+
+    devices: list[str] = []
+    real = loading.load_model
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: devices.append(str(k["device"])) or real(*a, **k))
+    cuda = suite_device.type == "cuda"
+    before = torch.cuda.memory_allocated(suite_device) if cuda else 0
+    inner = {**INNER, "device": str(suite_device)}
+    study = SimpleNamespace(
+        mode="weights",
+        inner=inner,
+        seed=0,
+        model=str(parent_dir),
+        cache_dir=str(tmp_path / "cache"),
+        gpus_per_trial=1.0 if cuda else None,
+        address=None,
+        driver_device="cpu",
+    )
+    scoring = SeedScoring(study)
+    importance, _ = scoring(Target("h100-sxm", "datacenter"))
+    assert devices == ["cpu"] and importance.meta.model_id.endswith(":bf16" if cuda else "")
+    if cuda:
+        assert torch.cuda.memory_allocated(suite_device) == before
+    scoring.release()
+
+
 def test_tiny_weights_trial_on_the_device(
     parent_dir: Path, tmp_path: Path, suite_device: torch.device, peak_memory: Any, gpu_record: Any
 ) -> None:

@@ -81,7 +81,16 @@ def test_no_document_reaches_what_its_role_forbids(tmp_path: Path, monkeypatch: 
     weights_trial.clear_trial_cache()
     req = request(parent_dir, tmp_path / "cache", inner=inner)
     weights_trial.run_weights_trial(req)
-    study = SimpleNamespace(mode="weights", inner=inner, seed=0, model=str(parent_dir), cache_dir=str(tmp_path / "c2"))
+    study = SimpleNamespace(
+        mode="weights",
+        inner=inner,
+        seed=0,
+        model=str(parent_dir),
+        cache_dir=str(tmp_path / "c2"),
+        gpus_per_trial=None,
+        address=None,
+        driver_device="cpu",
+    )
     seeding.seed_scoring(study)  # type: ignore[arg-type]
     weights_trial.clear_trial_cache()
 

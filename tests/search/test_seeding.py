@@ -31,7 +31,16 @@ def parent_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(parent_dir: Path, cache: Path) -> Any:
-    return SimpleNamespace(mode="weights", inner=dict(INNER), seed=0, model=str(parent_dir), cache_dir=str(cache))
+    return SimpleNamespace(
+        mode="weights",
+        inner=dict(INNER),
+        seed=0,
+        model=str(parent_dir),
+        cache_dir=str(cache),
+        gpus_per_trial=None,
+        address=None,
+        driver_device="cpu",
+    )
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -186,3 +195,77 @@ def test_preload_loads_the_parent_once_in_a_thread_and_the_first_pair_uses_it_or
         idle.config.mode, idle.config.seeds_baselines, idle.config.proxy_points = mode, seeds, proxy
         idle.preload(PROSE)
         assert idle._loading is None and idle._parent is None
+
+
+# ------------------------------------------------------------------ the driver stays on the CPU
+@pytest.fixture
+def gpus_seen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch sees two CUDA GPUs in this process (the driver's), none of which may be used."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+def _loads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """Every (device, dtype) the parent is loaded with from now on (the real load runs)."""
+    from autocompress_opt.hf import loading
+
+    seen: list[tuple[str, Any]] = []
+    real = loading.load_model
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        seen.append((str(kwargs.get("device")), kwargs.get("dtype")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "load_model", load)
+    return seen
+
+
+@pytest.mark.usefixtures("gpus_seen")
+def test_the_driver_reads_the_parent_on_the_cpu_in_the_gpu_trials_dtype(
+    parent_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With GPUs in sight and trials of 2 GPUs each, the driver's parent is on the CPU (no device
+    memory taken, none to free before the trials), in bf16, the dtype of the GPU trials, so the
+    importance it writes is keyed by the parent the trials load (its id names bf16)."""
+    loads = _loads(monkeypatch)
+    config = _config(parent_dir, tmp_path / "cache")
+    config.gpus_per_trial, config.seeds_baselines, config.proxy_points = 2.0, True, 0
+    scoring = seeding.SeedScoring(config)
+    assert scoring.gpu_trials() is True
+    scoring.preload(PROSE)
+    importance, _ = scoring(PROSE)
+    assert loads == [("cpu", torch.bfloat16)]
+    assert importance.meta.model_id.endswith(":bf16")
+    scoring.release()
+
+
+@pytest.mark.usefixtures("gpus_seen")
+def test_a_remote_cluster_s_dtype_waits_for_the_placement(
+    parent_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Driving a cluster by address without --gpus-per-trial: whether the trials run on GPUs is the
+    cluster's to say, so the parent is not read before the placement; then on the CPU, in the
+    trials' dtype (fp32 for a cluster without GPUs here)."""
+    from autocompress_opt.search.study.placement import Placement
+
+    loads = _loads(monkeypatch)
+    config = _config(parent_dir, tmp_path / "cache")
+    config.address, config.seeds_baselines, config.proxy_points = "ray://head:10001", True, 0
+    scoring = seeding.SeedScoring(config)
+    scoring.preload(PROSE)
+    assert scoring.gpu_trials() is None and scoring._loading is None
+    scoring.place(Placement(gpus_per_trial=0.0, cpus_per_trial=2, concurrency=1, capacity=1))
+    scoring.preload(PROSE)
+    scoring.settle()
+    assert loads == [("cpu", torch.float32)]
+
+
+def test_the_driver_uses_a_gpu_only_when_asked() -> None:
+    from autocompress_opt.errors import ConfigError
+    from autocompress_opt.search.study.placement import check_driver_device, driver_compute_dtype
+
+    assert check_driver_device(None) == "cpu" and check_driver_device("CUDA:1") == "cuda:1"
+    with pytest.raises(ConfigError, match="driver_device 'auto' is not one of cpu, cuda, cuda:N"):
+        check_driver_device("auto")
+    assert [driver_compute_dtype(d, True) for d in ("auto", "fast", "fp32")] == ["bf16", "bf16", "fp32"]
+    assert [driver_compute_dtype(d, False) for d in ("auto", "fast", "bf16")] == ["fp32", "fast", "bf16"]

@@ -64,6 +64,7 @@ RUN_KEYS = (
     "compute_dtype",
     "gpus_per_trial",
     "cache_dir",
+    "driver_device",
 )
 
 
@@ -198,6 +199,7 @@ def build_config(values: dict[str, Any]) -> Any:
         hardware=profiles,
         gpus_per_trial=values.get("gpus_per_trial"),
         cache_dir=values.get("cache_dir"),
+        driver_device=values.get("driver_device") or "cpu",
     )
 
 

@@ -142,6 +142,13 @@ def add_parser(actions: Any) -> None:
         "nodes share them",
     )
     run.add_argument(
+        "--driver-device",
+        metavar="DEVICE",
+        help="where this process reads the parent to choose the seeded baselines and the proxy's points: cpu "
+        "(default, also on a head node without GPUs) or cuda / cuda:N, a GPU of this machine's; the trials "
+        "compute on the GPUs Ray assigns them whatever this says",
+    )
+    run.add_argument(
         "--importance",
         metavar="DIR",
         help="plan mode: an importance record of the parent (saved by "

@@ -16,7 +16,7 @@ from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import SearchSpace
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.prune.loadability import SERVE_AS_ANY, check_serve_as, parent_problems, rules_engine_for
-from autocompress_opt.search.study.placement import check_cache_dir, check_trial_gpus
+from autocompress_opt.search.study.placement import check_cache_dir, check_driver_device, check_trial_gpus
 from autocompress_opt.search.study.storage import default_storage, resolve_storage
 from autocompress_opt.search.study.trials import TRIAL_MODES, Target, load_plugins, parent_metrics, register_hardware
 
@@ -123,7 +123,10 @@ class StudyConfig:
     registered here and in every trial's worker, and a target's profile is part of its identity.
     ``gpus_per_trial``, ``concurrency`` (None: defaults from the cluster) and ``cache_dir``: where
     trials run and keep their caches (:mod:`~autocompress_opt.search.study.placement`); not part of the
-    identity either.
+    identity either. ``driver_device``: where the driver itself reads the parent to score the
+    baselines' candidates and the proxy (``cpu`` by default; ``cuda[:N]``, a GPU of the driver's, only
+    when asked), in the trials' compute dtype (:func:`~.placement.driver_compute_dtype`); not part of
+    the identity.
     ``allow_data_change``: resume a study whose ``--data`` now holds other rows than when it began
     (the identity records each source's content SHA-256; without it such a resume is refused).
     """
@@ -153,6 +156,7 @@ class StudyConfig:
     time_budget: float | None = None  # minutes after which no new trial starts (the run's; trials in flight finish)
     seed_top_k: Mapping[str, int] = field(default_factory=dict)  # candidates a seeded baseline scores (SCORED_SEEDS)
     allow_data_change: bool = False  # resume although the --data content changed (not part of the identity)
+    driver_device: str = "cpu"  # where the driver reads the parent for seeds and proxy (placement.check_driver_device)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed_top_k", check_seed_top_k(self.seed_top_k))
@@ -188,6 +192,7 @@ class StudyConfig:
             raise ConfigError(f"concurrency must be >= 1, got {self.concurrency!r}")
         object.__setattr__(self, "gpus_per_trial", check_trial_gpus(self.mode, self.inner, self.gpus_per_trial))
         object.__setattr__(self, "cache_dir", check_cache_dir(self.cache_dir))
+        object.__setattr__(self, "driver_device", check_driver_device(self.driver_device))
         load_plugins(self.plugins)
         register_hardware(self.hardware)
         TRIAL_MODES.get(self.mode)

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.cache import file_lock
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.loadability import parent_problems
 from autocompress_opt.search.study._optuna_private import stale_trial_ids
@@ -53,7 +54,8 @@ class Coordination:
       and RUNNING trials and asks for a new one, so together they run exactly the trials needed:
       ``pg_advisory_lock`` on PostgreSQL, ``GET_LOCK`` on MySQL, an ``flock`` on a file beside a
       SQLite database or journal file (``<file>.driver-lock``; those storages are one host's).
-      Released by the server or the kernel when a driver dies.
+      Released by the server or the kernel when a driver dies (where the file system refuses
+      ``flock``, a lock file instead: :func:`~autocompress_opt.cache.file_lock`).
     * :meth:`beat`: while a trial runs, its driver records a heartbeat in the storage every
       ``interval`` seconds (Optuna's ``RDBStorage`` heartbeats; journal files have none).
     * :meth:`repair`: RUNNING trials whose driver stopped become FAIL and their points are
@@ -157,21 +159,15 @@ def driver_lock(storage: Any, url: str, study_name: str) -> Callable[[], Any]:
         _log.warning("%s: no lock shared between drivers; run one driver per study", dialect or type(storage).__name__)
 
     @contextmanager
-    def file_lock() -> Iterator[None]:
-        import fcntl
-
+    def driver_file_lock() -> Iterator[None]:
         with local:
             if lock_file is None:
                 yield
                 return
-            with open(lock_file, "a") as handle:
-                fcntl.flock(handle, fcntl.LOCK_EX)
-                try:
-                    yield
-                finally:
-                    fcntl.flock(handle, fcntl.LOCK_UN)
+            with file_lock(lock_file):
+                yield
 
-    return file_lock
+    return driver_file_lock
 
 
 def repair_orphans(study: Any, storage: Any, keep: set[int] | frozenset[int] = frozenset()) -> list[int]:

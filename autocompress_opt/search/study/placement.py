@@ -41,25 +41,30 @@ from autocompress_opt.errors import ConfigError
 
 __all__ = [
     "DEFAULT_CACHE_DIR",
+    "DRIVER_DEVICE",
     "NodeResources",
     "Placement",
     "assigned_gpus",
     "check_cache_dir",
+    "check_driver_device",
     "check_gpus_per_trial",
     "check_trial_gpus",
     "check_visible_paths",
     "cluster_nodes",
     "driver_cache_dir",
+    "driver_compute_dtype",
     "driver_path",
     "plan_placement",
     "trial_device",
     "trial_gpus",
     "trial_provenance",
+    "trials_on_gpus",
 ]
 
 _log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_DIR = ".autocompress"  # importance, teacher log-probs and quality caches, below the driver's cwd
+DRIVER_DEVICE = "cpu"  # where the driver reads the parent (seeds, proxy) unless the user names a GPU
 
 
 # ------------------------------------------------------------------ in the driver
@@ -234,6 +239,45 @@ def _cpus_per_trial(hosts: Sequence[NodeResources], slots: Sequence[int], concur
         if sum(min(s, int(n.cpus) // c) for n, s in zip(hosts, slots)) >= concurrency:
             return c
     return 1
+
+
+def check_driver_device(value: Any) -> str:
+    """``value`` (None: :data:`DRIVER_DEVICE`) as the device the driver reads the parent on: ``cpu``,
+    ``cuda`` or ``cuda:N`` of the driver's own GPUs; a :class:`ConfigError` naming it otherwise
+    (``auto`` too: the driver uses a GPU only when asked)."""
+    if value is None:
+        return DRIVER_DEVICE
+    text = str(value).strip().lower()
+    index = text.partition(":")[2]
+    if text not in ("cpu", "cuda") and not (text.startswith("cuda:") and index.isdigit()):
+        raise ConfigError(
+            f"driver_device {value!r} is not one of cpu, cuda, cuda:N: the driver reads the parent (baseline "
+            "seeds, proxy) on the CPU unless a GPU of its own is named; the trials use the GPUs Ray assigns them"
+        )
+    return text
+
+
+def trials_on_gpus(device: str, gpus_per_trial: float | None, placement: Placement | None = None) -> bool | None:
+    """Whether a weights study's trials compute on GPUs: from ``placement`` once planned; before,
+    False for trials on the CPU (``device`` ``cpu``), True when ``gpus_per_trial`` is set, else
+    None (it depends on the cluster's GPUs, :func:`plan_placement`)."""
+    if str(device).strip().lower() == "cpu":
+        return False
+    if placement is not None:
+        return placement.gpus_per_trial > 0
+    return True if gpus_per_trial else None
+
+
+def driver_compute_dtype(compute_dtype: str, gpu_trials: bool) -> str:
+    """The compute dtype the driver reads the parent in, wherever it reads it: the trials' own, so
+    that the importance it estimates is the cache entry the trials then read (the parent's id, which
+    keys that cache, names its dtype). ``auto`` and ``fast`` on GPU trials are bf16 (what they give
+    on an Ampere or later GPU); ``auto`` on CPU trials fp32 (also for a driver on a GPU); otherwise
+    ``compute_dtype`` unchanged (the driver's CPU standing for the workers' where ``fast`` asks)."""
+    text = str(compute_dtype).strip().lower()
+    if text in ("auto", "fast") and gpu_trials:
+        return "bf16"
+    return "fp32" if text == "auto" else text
 
 
 def driver_path(ref: str) -> str:

@@ -109,13 +109,16 @@ def _run_targets(
             where = f"connecting to the Ray cluster at {config.address}" if config.address else "starting a local Ray"
             print(f"{where}…", file=sys.stderr, flush=True)
     # (importance, score) for seeds and proxy: built once per data setting the targets share; the
-    # parent they need loads while Ray starts and the studies open
+    # parent they need loads on the driver's CPU (unless driver_device names a GPU) while Ray starts
+    # and the studies open (after the placement, when only the cluster says the trials' dtype)
     scoring = SeedScoring(config)
     scoring.preload(config.targets[0])
     runs: list[_TargetRun] = []
     try:
         init_ray(config.address, config.concurrency, config.plugins)
         placement = study_placement(config, progress)  # checked against the cluster before any study is created
+        scoring.place(placement)  # the dtype the parent is read in, when only the cluster could say
+        scoring.preload(config.targets[0])
         deadline = time.monotonic() + 60 * config.time_budget if config.time_budget else None
         for index, target in enumerate(config.targets):
             runs.append(_open_target(config, target, parent, layer_order, progress, index, deadline))

@@ -13,8 +13,11 @@ and enqueued with ``skip_if_exists``, so resuming never adds them twice. The pro
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import json
 import logging
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,7 +27,7 @@ from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.hybrid import is_moe
 from autocompress_opt.arch.search_space import CHOICES, SearchSpace, uniform_allocation
 from autocompress_opt.search.study.config import SEEDED_BASELINES, StudyConfig
-from autocompress_opt.search.study.placement import driver_cache_dir
+from autocompress_opt.search.study.placement import Placement, driver_cache_dir, driver_compute_dtype, trials_on_gpus
 from autocompress_opt.search.study.trials import Target
 
 __all__ = [
@@ -180,6 +183,13 @@ class SeedScoring:
     later study on the same parent and data scores a candidate it has seen without a forward pass.
     The parent is loaded once, on first use, and held until :meth:`release`.
 
+    The driver reads the parent on ``config.driver_device``: the CPU unless the user names a GPU of
+    the driver's (the trials compute on the GPUs Ray assigns them, as many as ``--gpus-per-trial``
+    says, and a head node may have none). It reads it in the trials' compute dtype
+    (:func:`~.placement.driver_compute_dtype`: bf16 when they run on GPUs), so the importance it
+    writes is the entry the trials read; whether they run on GPUs is known from the config, from this
+    machine when Ray is local, or else from the placement (:meth:`place`).
+
     In plan mode: the ``importance`` record if the config names one, unscored; else neither.
     """
 
@@ -189,6 +199,29 @@ class SeedScoring:
         self._parent: tuple[Any, Any, str] | None = None  # (model, tokenizer, parent_id)
         self._loading: threading.Thread | None = None  # preload's thread, until joined
         self._load_error: BaseException | None = None
+        self._placement: Placement | None = None  # the trials' placement, once planned (place)
+
+    def place(self, placement: Placement) -> None:
+        """Record the trials' placement: whether they compute on GPUs decides the dtype the parent is
+        read in (:meth:`preload` waits for it when nothing else says)."""
+        self._placement = placement
+
+    def gpu_trials(self) -> bool | None:
+        """Whether the trials compute on GPUs (:func:`~.placement.trials_on_gpus`); on a local Ray
+        without a placement yet, whether this machine has a CUDA GPU; None while unknown (a cluster
+        by address before :meth:`place`)."""
+        config = self.config
+        known = trials_on_gpus(str(config.inner.get("device", "auto")), config.gpus_per_trial, self._placement)
+        if known is None and not config.address:  # a local Ray's GPUs are this machine's
+            import torch
+
+            known = torch.cuda.is_available()
+        return known
+
+    def _driver_trial(self, trial: Any) -> Any:
+        """``trial`` as the driver loads the parent: on ``config.driver_device`` in the trials' dtype."""
+        dtype = driver_compute_dtype(trial.compute_dtype, bool(self.gpu_trials()))
+        return dataclasses.replace(trial, device=self.config.driver_device, compute_dtype=dtype)
 
     def __call__(self, target: Target | None = None) -> tuple[Any, Any]:
         """The pair for ``target`` (None: a config with no workload, whose trials read ``mixed`` data)."""
@@ -225,12 +258,13 @@ class SeedScoring:
         before the first target is prepared (starting Ray, opening the studies): a cold GGUF parent is
         a dequantisation and a copy written, about 20 CPU-s for SmolLM2-135M, mostly on one core while
         Ray's processes start. Only in weights mode with seeds or a proxy (the pairs then need the
-        parent); the first pair joins it and raises its error. Call :meth:`settle` before the process
-        may exit."""
+        parent); the first pair joins it and raises its error. Not before the parent's dtype is known
+        (:meth:`gpu_trials`): call it again after :meth:`place`. Call :meth:`settle` before the
+        process may exit."""
         config = self.config
         if config.mode != "weights" or not (config.seeds_baselines or config.proxy_points):
             return
-        if self._parent is not None or self._loading is not None:
+        if self._parent is not None or self._loading is not None or self.gpu_trials() is None:
             return
         trial = self._trial_config(target)
 
@@ -253,14 +287,19 @@ class SeedScoring:
         from autocompress_opt.search.study.weights_trial import parent_parts
 
         model, tokenizer, _, parent_id, _ = parent_parts(
-            self.config.model, trial, Path(driver_cache_dir(self.config.cache_dir))
+            self.config.model, self._driver_trial(trial), Path(driver_cache_dir(self.config.cache_dir))
         )
         return model, tokenizer, parent_id
 
     def release(self) -> None:
-        """Drop the parent model (the pairs' scores need it: call after the last score)."""
+        """Drop the parent model (the pairs' scores need it: call after the last score), and give back
+        the GPU memory it held when the driver read it on a GPU."""
         self._parent = None
         self._pairs = {k: (imp, None) for k, (imp, _) in self._pairs.items()}
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            gc.collect()  # the model's tensors, freed only once nothing refers to them
+            torch.cuda.empty_cache()
 
     def _weights_pair(self, trial: Any) -> tuple[Any, Any]:
         from autocompress_opt.prune.baselines import masked_kl_scorer
