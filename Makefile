@@ -113,7 +113,9 @@ engines:
 # concurrent-driver tests): the Debian packages when
 # run as root with apt-get (otherwise it prints what to install), then BIG-bench goal_step_wikihow
 # into ~/.cache/autocompress_opt/data/bigbench (358 MB download once; BIGBENCH_TARBALL=path uses a
-# local bigbench-1.0.0.tar.gz instead). Nothing is copied into the repository.
+# local bigbench-1.0.0.tar.gz instead). Nothing is copied into the repository. Since 2026-12 PyPI no
+# longer serves that sdist (HTTP 403; its index lists only bigbench 0.0.1, which lacks the task): a
+# failed download is reported and does not stop `make test` (tests/skip_budget.py allows that one skip).
 DATA_DEBS        ?= wordnet-base bible-kjv python3.11-doc postgresql
 BIGBENCH_TARBALL ?=
 
@@ -124,7 +126,8 @@ data: $(STAMP)
 	else \
 		echo "not root or no apt-get: install the task data with 'sudo apt-get install $(DATA_DEBS)'"; \
 	fi
-	$(PY) -m autocompress_opt.tasks.sources fetch-bigbench $(if $(BIGBENCH_TARBALL),--tarball $(BIGBENCH_TARBALL))
+	$(PY) -m autocompress_opt.tasks.sources fetch-bigbench $(if $(BIGBENCH_TARBALL),--tarball $(BIGBENCH_TARBALL)) \
+		|| echo "make data: BIG-bench not installed (the line above says why); the wikihow-goal-step task and its test skip"
 	$(PY) -m autocompress_opt.tasks.sources status
 
 clean:

@@ -38,6 +38,11 @@ ALLOWED: tuple[Allowance, ...] = (
     Allowance("needs two CUDA GPUs", 1, "tests/hf/test_loading_devices.py: a model spread over two GPUs"),
     # A machine with a GPU skips the two no-GPU checks instead.
     Allowance("this machine has a CUDA GPU", 2, "tests/hf/test_device.py: auto and cuda without a GPU"),
+    # PyPI stopped serving the bigbench-1.0.0 sdist (HTTP 403 since 2026-12; its index lists only 0.0.1,
+    # without the task): where make data could not fetch it, the one real-data test of that task skips.
+    Allowance(
+        "wikihow-goal-step: fetch it with", 1, "tests/tasks/test_task_builders.py: BIG-bench 1.0.0 not downloadable"
+    ),
     # CI containers run as root, which may write into read-only folders.
     Allowance(
         "root writes into read-only folders anyway", 7, "tests/cli/test_bad_inputs.py: one per verb of READ_ONLY"

@@ -440,6 +440,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AutocompressError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # urllib's HTTPError / URLError: the index no longer serves the file, or no network
+        print(
+            f"error: could not download {BIGBENCH_URL} ({exc}); give a local copy with --tarball "
+            "(bigbench-1.0.0.tar.gz, SHA-256 checked)",
+            file=sys.stderr,
+        )
+        return 3
     return 0
 
 
