@@ -86,7 +86,7 @@ def check_covered(arch: Architecture, hardware: str, engine: str, scenario: Scen
         raise ConfigError(
             f"the aic backend has no GEMM tables for weight format {scenario.dtype!r}; valid: {', '.join(DTYPES)}"
         )
-    kv = scenario.kv_dtype or scenario.dtype
+    kv = _kv_dtype(engine, scenario.dtype, scenario.kv_dtype)
     if kv not in KV_DTYPES:
         raise ConfigError(
             f"the aic backend has no attention tables for KV format {kv!r}; valid: {', '.join(KV_DTYPES)}"
@@ -106,10 +106,35 @@ def check_covered(arch: Architecture, hardware: str, engine: str, scenario: Scen
             f"the aic backend prices one wave; --requests {scenario.requests} > --concurrency {scenario.concurrency}: "
             "use --backend own to schedule several waves"
         )
+    if aic_installed():  # what this system's database measured (Hopper has no FP4 GEMMs, vLLM no FP8 prefill FMHA)
+        _check_measured(SYSTEMS[hardware], ENGINES[engine], scenario.dtype, kv)
     if any(layer.moe is not None or layer.mamba is not None for layer in arch.layers):
         raise ConfigError(
             "the aic backend prices dense attention/MLP layers only; MoE and Mamba-2 layers: use --backend own"
         )
+
+
+def _kv_dtype(engine: str, dtype: str, kv_dtype: str | None) -> str:
+    """The KV format priced: the user's, else the engine's default for the weight format (as the own model)."""
+    from autocompress_opt.serving.engine_models import get_engine
+
+    return kv_dtype or get_engine(engine).default_kv_dtype(dtype)
+
+
+def _check_measured(system: str, backend: str, dtype: str, kv_dtype: str) -> None:
+    """:class:`ConfigError` unless the (system, backend) database holds GEMMs in ``dtype`` and
+    generation attention over a ``kv_dtype`` cache, naming the formats it does hold."""
+    database, _ = _database(system, backend)
+    modes = database.supported_quant_mode
+    for ours, table, theirs, what in (
+        (dtype, DTYPES, {str(m) for m in modes.get("gemm", [])}, "GEMMs"),
+        (kv_dtype, KV_DTYPES, {str(m) for m in modes.get("generation_attention", [])}, "decode attention"),
+    ):
+        if table[ours] not in theirs:
+            valid = [name for name, mode in table.items() if mode in theirs]
+            raise ConfigError(
+                f"AIConfigurator measured no {what} in {ours!r} on {system} with {backend}; valid: {', '.join(valid)}"
+            )
 
 
 def resolve_backend(requested: str, arch: Architecture, hardware: str, engine: str, scenario: Scenario) -> str:
@@ -159,13 +184,14 @@ class AicPricer:
                 f"the aic backend covers hardware {', '.join(SYSTEMS)}, engines {', '.join(ENGINES)}, "
                 f"formats {', '.join(DTYPES)}; got {hardware!r}, {engine!r}, {dtype!r}"
             )
-        kv = kv_dtype or dtype
+        kv = _kv_dtype(engine, dtype, kv_dtype)
         if kv not in KV_DTYPES:
             raise ConfigError(
                 f"the aic backend has no attention tables for KV format {kv!r}; valid: {', '.join(KV_DTYPES)}"
             )
         self.system, self.backend, self.tp = SYSTEMS[hardware], ENGINES[engine], tp
         self.gemm_mode, self.kv_mode = DTYPES[dtype], KV_DTYPES[kv]
+        _check_measured(self.system, self.backend, dtype, kv)
         self.database, self.handle = _database(self.system, self.backend)
         self.version: str = self.database.version
 

@@ -22,6 +22,7 @@ from autocompress_opt.cli import main
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving import aic
 from autocompress_opt.serving.costmodel import Scenario
+from autocompress_opt.serving.engine_models import get_engine
 
 COST = ["cost", "--model", "llama-3.1-8b", "--engine", "trtllm", "--dtype", "fp8", "--concurrency", "16"]
 COST += ["--input-len", "1000", "--output-len", "200"]
@@ -159,7 +160,7 @@ def test_a_uniform_model_agrees_with_aiconfigurators_own_estimate(
         backend_version=pricer.version,
         tp_size=tp,
         gemm_quant_mode=mode,
-        kvcache_quant_mode=aic.KV_DTYPES[dtype],
+        kvcache_quant_mode=aic.KV_DTYPES[get_engine(engine).default_kv_dtype(dtype)],  # as the pricer defaults it
         fmha_quant_mode="bfloat16",
     )
     arch = load_architecture("llama-3.1-8b")
@@ -181,3 +182,13 @@ def test_cost_reports_the_aic_backend(capsys: Any) -> None:
     assert data["tpot_ms"] == pytest.approx(pricer.tpot_ms(arch, 16, 1000, 200))
     code, out, _ = _cli(capsys, *COST, "--hardware", "rtx5090", "--json")  # not covered: auto is own
     assert code == 0 and json.loads(out)["backend"] == "own"
+
+
+def test_a_format_the_database_did_not_measure_is_a_config_error() -> None:
+    """Hopper has no FP4 tensor cores, so AIConfigurator's H100 tables hold no NVFP4 GEMMs."""
+    pytest.importorskip("aiconfigurator_core", reason=SKIP)
+    with pytest.raises(ConfigError, match=r"no GEMMs in 'fp4' on h100_sxm with trtllm; valid: bf16, fp16, fp8"):
+        aic.AicPricer("h100-sxm", "trtllm", "fp4")
+    assert (
+        aic.resolve_backend("auto", load_architecture("llama-3.1-8b"), "h100-sxm", "trtllm", Scenario("fp4")) == "own"
+    )
