@@ -326,8 +326,16 @@ def _database(system: str, backend: str) -> tuple[Any, Any]:
     from aiconfigurator_core.sdk import perf_database
     from aiconfigurator_core.sdk.engine import EngineHandle
 
-    version = perf_database.get_latest_database_version(system, backend)
-    database = perf_database.get_database(system, backend, version) if version else None
+    # Loading logs a warning per low-fidelity table of other model families (MLA, DSA, ...) that
+    # the dense ops priced here never read: quiet while loading.
+    log = logging.getLogger("aiconfigurator_core.sdk.perf_database")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        version = perf_database.get_latest_database_version(system, backend)
+        database = perf_database.get_database(system, backend, version) if version else None
+    finally:
+        log.setLevel(level)
     if database is None:
         raise ConfigError(f"AIConfigurator has no database for system {system!r}, backend {backend!r}")
     return database, EngineHandle.for_database(database)
@@ -343,7 +351,7 @@ def estimate_cost_aic(
     scheduled here: :func:`check_covered` admits a burst of at most one wave)."""
     check_covered(arch, hardware, engine.name, scenario)
     if scenario.concurrency == "max":
-        batch = own.max_concurrency
+        batch = min(own.max_concurrency, scenario.requests or own.max_concurrency)
     else:
         batch = min(int(scenario.concurrency), scenario.requests or int(scenario.concurrency))
     batch = max(int(batch), 1)
