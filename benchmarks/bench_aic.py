@@ -26,7 +26,6 @@ from _util import provenance, write
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving import aic
 from autocompress_opt.serving.costmodel import estimate_cost
-from autocompress_opt.serving.profiles import get_profile
 from autocompress_opt.serving.validation import is_moe, leave_one_source_out, load_measurements
 
 
@@ -37,26 +36,18 @@ def _median_abs(errors: list[float]) -> float | None:
 def side_by_side() -> tuple[list[dict[str, Any]], Counter[str]]:
     rows = load_measurements()
     held = {row.id: row for row in leave_one_source_out(rows)}
+    priced = aic.predict_rows(rows)
     out, skipped = [], Counter()
     for obs, source in rows:
-        if is_moe(obs):
-            skipped["MoE / Mamba-2 model"] += 1
+        if obs.label not in priced:
+            try:
+                aic.check_covered(obs.arch, obs.hardware.name, obs.engine.name, obs.scenario)
+                reason = f"metric {obs.metric}"
+            except ConfigError as exc:
+                reason = "MoE / Mamba-2 model" if is_moe(obs) else str(exc).split(";")[0].split(":")[0]
+            skipped[reason] += 1
             continue
-        try:
-            aic.check_covered(obs.arch, obs.hardware.name, obs.engine.name, obs.scenario)
-        except ConfigError as exc:
-            skipped[str(exc).split(";")[0].split(":")[0]] += 1
-            continue
-        own = estimate_cost(
-            obs.arch, obs.hardware.name, obs.engine, obs.scenario, get_profile(obs.engine.name, obs.hardware.name)
-        )
-        value = (
-            aic.estimate_cost_aic(obs.arch, obs.hardware.name, obs.engine, obs.scenario, own).to_dict().get(obs.metric)
-        )
-        if value is None or obs.label not in held:
-            skipped[f"metric {obs.metric}"] += 1
-            continue
-        row = held[obs.label]
+        row, value = held[obs.label], priced[obs.label]
         out.append(
             {
                 "id": obs.label,
@@ -68,9 +59,9 @@ def side_by_side() -> tuple[list[dict[str, Any]], Counter[str]]:
                 "metric": obs.metric,
                 "measured": obs.value,
                 "own_held_out": row.predicted,
-                "aic": float(value),
+                "aic": value,
                 "own_error": row.error,
-                "aic_error": float(value) / obs.value - 1,
+                "aic_error": value / obs.value - 1,
                 "source": source,
             }
         )

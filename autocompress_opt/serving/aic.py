@@ -19,10 +19,11 @@ removed in 0.12); the op constructors follow ``aiconfigurator_core/sdk/models/ll
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from autocompress_opt.arch.architecture import Architecture, LayerSpec
     from autocompress_opt.serving.costmodel import CostEstimate, Scenario
     from autocompress_opt.serving.engine_models import Engine
+    from autocompress_opt.serving.fitting import Observation
 
 __all__ = [
     "BACKENDS",
@@ -43,6 +45,7 @@ __all__ = [
     "aic_installed",
     "check_covered",
     "estimate_cost_aic",
+    "predict_rows",
     "resolve_backend",
 ]
 
@@ -267,16 +270,11 @@ class AicPricer:
         if not op_list:
             return []
         # The engine needs each attention op's table lane resolved first (what its own
-        # _evaluate_single_op does). For trtllm that logs "unknown backend" on every call (its
-        # lane map lists sglang and vllm only; AIConfigurator's own compile logs the same) — quiet.
-        lanes = logging.getLogger("aiconfigurator_core.sdk.attention_lanes")
-        level = lanes.level
-        lanes.setLevel(logging.ERROR)
-        try:
+        # _evaluate_single_op does).
+        with _quiet():
             _resolve_attention_lane_orders(list(op_list), self.database, None)
-        finally:
-            lanes.setLevel(level)
-        rows = self.handle.evaluate_ops_json(build_ops_json(list(op_list)), is_context=context, batch_size=batch, s=seq)
+            ops_json = build_ops_json(list(op_list))
+            rows = self.handle.evaluate_ops_json(ops_json, is_context=context, batch_size=batch, s=seq)
         return [(str(name), float(ms)) for name, ms, *_ in rows]
 
     # ------------------------------------------------------------------ prices (ms)
@@ -319,6 +317,21 @@ class AicPricer:
         return sum(self.decode_step_ms(arch, batch, c) for c in contexts) / n
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Hold AIConfigurator's loggers at ERROR. Loading and the first lookups log a warning per
+    low-fidelity table of model families the dense ops here never read (MLA, DSA), and for trtllm an
+    "unknown backend" from the attention lane map on every call (it lists sglang and vllm only;
+    AIConfigurator's own compile logs the same)."""
+    log = logging.getLogger("aiconfigurator_core")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 @functools.lru_cache(maxsize=8)
 def _database(system: str, backend: str) -> tuple[Any, Any]:
     """AIConfigurator's maintained database for (system, backend) and a model-less engine over it
@@ -326,19 +339,12 @@ def _database(system: str, backend: str) -> tuple[Any, Any]:
     from aiconfigurator_core.sdk import perf_database
     from aiconfigurator_core.sdk.engine import EngineHandle
 
-    # Loading logs a warning per low-fidelity table of other model families (MLA, DSA, ...) that
-    # the dense ops priced here never read: quiet while loading.
-    log = logging.getLogger("aiconfigurator_core.sdk.perf_database")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
+    with _quiet():
         version = perf_database.get_latest_database_version(system, backend)
         database = perf_database.get_database(system, backend, version) if version else None
-    finally:
-        log.setLevel(level)
-    if database is None:
-        raise ConfigError(f"AIConfigurator has no database for system {system!r}, backend {backend!r}")
-    return database, EngineHandle.for_database(database)
+        if database is None:
+            raise ConfigError(f"AIConfigurator has no database for system {system!r}, backend {backend!r}")
+        return database, EngineHandle.for_database(database)
 
 
 def estimate_cost_aic(
@@ -366,3 +372,24 @@ def estimate_cost_aic(
         e2e_latency_ms=e2e,
         output_throughput_tok_s=batch * scenario.output_len / e2e * 1e3,
     )
+
+
+def predict_rows(rows: Sequence[tuple[Observation, str]]) -> dict[str, float]:
+    """AIConfigurator's prediction of each measured row it can express, by row label: dense
+    models on covered hardware, engines and formats, one offline burst wave
+    (:func:`check_covered`); the other rows are left out. Nothing is fitted to the rows."""
+    from autocompress_opt.serving.costmodel import estimate_cost
+    from autocompress_opt.serving.profiles import get_profile
+
+    out: dict[str, float] = {}
+    for obs, _ in rows:
+        hardware, engine = obs.hardware.name, obs.engine
+        try:
+            check_covered(obs.arch, hardware, engine.name, obs.scenario)
+        except ConfigError:
+            continue
+        own = estimate_cost(obs.arch, hardware, engine, obs.scenario, get_profile(engine.name, hardware))
+        value = estimate_cost_aic(obs.arch, hardware, engine, obs.scenario, own).to_dict().get(obs.metric)
+        if value is not None:
+            out[obs.label] = float(value)
+    return out

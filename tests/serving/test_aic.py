@@ -192,3 +192,29 @@ def test_a_format_the_database_did_not_measure_is_a_config_error() -> None:
     assert (
         aic.resolve_backend("auto", load_architecture("llama-3.1-8b"), "h100-sxm", "trtllm", Scenario("fp4")) == "own"
     )
+
+
+def _two_rows(tmp_path: Any) -> str:
+    """pub1 (Llama-3.1-8B, H100, TRT-LLM: aic expresses it) and the first GeForce row (it does not)."""
+    from autocompress_opt.serving.validation import SHIPPED_MEASUREMENTS
+
+    lines = SHIPPED_MEASUREMENTS.read_text().splitlines()
+    geforce = next(line for line in lines if ",rtx" in line)
+    path = tmp_path / "two.csv"
+    path.write_text("\n".join([lines[0], *[line for line in lines if line.startswith("pub1,")], geforce]) + "\n")
+    return str(path)
+
+
+def test_validate_without_the_package_has_no_aic_column(capsys: Any, tmp_path: Any, not_installed: None) -> None:
+    code, out, _ = _cli(capsys, "validate", "--measurements", _two_rows(tmp_path), "--json")
+    assert code == 0 and all("aic_predicted" not in row for row in json.loads(out))
+
+
+def test_validate_puts_aic_beside_the_rows_it_expresses(capsys: Any, tmp_path: Any) -> None:
+    pytest.importorskip("aiconfigurator_core", reason=SKIP)
+    code, out, _ = _cli(capsys, "validate", "--measurements", _two_rows(tmp_path), "--json")
+    rows = {row["id"]: row for row in json.loads(out)}
+    assert code == 0 and len(rows) == 2
+    assert rows["pub1"]["aic_predicted"] > 0 and abs(rows["pub1"]["aic_error"]) < 0.1  # 2.5 % when written
+    geforce = next(r for r in rows.values() if r["id"] != "pub1")
+    assert geforce["aic_predicted"] is None and geforce["aic_error"] is None
