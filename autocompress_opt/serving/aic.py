@@ -323,13 +323,18 @@ def _quiet() -> Iterator[None]:
     low-fidelity table of model families the dense ops here never read (MLA, DSA), and for trtllm an
     "unknown backend" from the attention lane map on every call (it lists sglang and vllm only;
     AIConfigurator's own compile logs the same)."""
-    log = logging.getLogger("aiconfigurator_core")
-    level = log.level
-    log.setLevel(logging.ERROR)
+    # Its modules may set their own levels, so hold each existing logger under the package, not only the root one.
+    names = ["aiconfigurator_core", "aiconfigurator_core.sdk.perf_database", "aiconfigurator_core.sdk.attention_lanes"]
+    names += [n for n in logging.root.manager.loggerDict if n.startswith("aiconfigurator_core.")]
+    logs = [logging.getLogger(n) for n in dict.fromkeys(names)]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        log.setLevel(level)
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
 
 
 @functools.lru_cache(maxsize=8)
