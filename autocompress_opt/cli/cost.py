@@ -17,6 +17,7 @@ from autocompress_opt.cli._common import (
 from autocompress_opt.errors import ConfigError, check_fraction
 
 ARRIVAL_CHOICES = ("burst", "steady", "poisson")  # serving.costmodel.ARRIVALS, without importing numpy for --help
+BACKEND_CHOICES = ("auto", "own", "aic")  # serving.aic.BACKENDS
 
 
 def add_parser(sub: Any) -> None:
@@ -37,7 +38,9 @@ def add_parser(sub: Any) -> None:
   autocompress cost --model qwen3-8b --hardware rtx5090 --engine llamacpp --dtype q8_0 --arrival poisson \
       --rate 0.2 --input-len 512 --output-len 128
   autocompress cost --model nemotron-3-super-120b-a12b --hardware b200 --engine vllm --dtype bf16 \
-      --input-len 130048 --output-len 1024   # MoE + Mamba-2: active params, experts read per step, SSM state""",
+      --input-len 130048 --output-len 1024   # MoE + Mamba-2: active params, experts read per step, SSM state
+  autocompress cost --model llama-3.1-8b --hardware h200 --engine trtllm --dtype fp8 --concurrency 16 \
+      --input-len 1000 --output-len 1000 --backend aic  # AIConfigurator's measured kernels, layer by layer""",
     )
     p.add_argument("--model", required=True, help="known name, HF directory, config.json, .gguf or architecture file")
     p.add_argument("--hardware", required=True, help="catalog name (see 'autocompress hardware list')")
@@ -93,12 +96,21 @@ def add_parser(sub: Any) -> None:
         help="print one JSON object: the metric keys, fits, arrival, regime, then <metric>_low/_high and confidence; "
         "for a MoE or Mamba-2 model also 'sparse' (experts touched per decode step, KV and state per sequence)",
     )
+    p.add_argument(
+        "--backend",
+        choices=BACKEND_CHOICES,
+        default="auto",
+        help="who prices TTFT/TPOT: own (this toolkit's calibrated model), aic (NVIDIA AIConfigurator's measured "
+        "kernels summed per layer; needs pip install 'autocompress-opt[aic]'; H100-SXM, H200, B200 with vllm or "
+        "trtllm, a static batch), auto (default: aic when installed and it covers the target, else own)",
+    )
     add_hardware_file(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from autocompress_opt.arch.catalog import load_architecture
+    from autocompress_opt.serving.aic import estimate_cost_aic, resolve_backend
     from autocompress_opt.serving.costmodel import Scenario, cost_intervals, describe_regime, estimate_cost
     from autocompress_opt.serving.engine_models import get_engine
     from autocompress_opt.serving.hardware import get_hardware
@@ -124,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     _check_context(arch, args.input_len, args.output_len)
     check_fraction(args.confidence, "--confidence", one=False, hint="e.g. 0.9")
     profile = get_profile(engine.name, hardware.name)
+    backend = resolve_backend(args.backend, arch, hardware.name, engine.name, scenario)
     cost = estimate_cost(arch, hardware.name, engine, scenario, profile)
     fits = cost.peak_memory_gib <= hardware.memory_gib
     regime = describe_regime(scenario, cost)
@@ -131,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
         k: None if v is None else float(v)
         for k, v in cost_intervals(cost.to_dict(), scenario, profile, args.confidence).items()
     }
+    if backend == "aic":  # the profile's residuals are this toolkit's errors, not AIConfigurator's: no interval
+        cost = estimate_cost_aic(arch, hardware.name, engine, scenario, cost)
+        bounds = dict.fromkeys(bounds)
     sparse = _sparse_report(arch, engine, scenario, cost) if arch.dense_problem() else None
     if args.json:
         values = {**cost.to_dict(), **bounds}
@@ -143,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
                 "fits": fits,
                 "arrival": scenario.arrival,
                 "regime": regime,
+                "backend": backend,
                 **intervals,
                 "confidence": args.confidence,
                 **({"sparse": sparse} if sparse is not None else {}),
@@ -152,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     load = f"rate={args.rate:g}/s" if args.arrival == "poisson" else f"concurrency={args.concurrency}"
     print(
         f"{arch.summary()}\non {args.hardware} with {engine.name}, {args.dtype}, tp={args.tp}, "
-        f"{load}, {args.input_len} in / {args.output_len} out\n{regime}"
+        f"{load}, {args.input_len} in / {args.output_len} out\n{regime}\npriced by: {_BACKEND_WORDS[backend]}"
     )
     level = f"{args.confidence:.0%}"
     for key, value in cost.to_dict().items():
@@ -162,7 +179,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {key:<26} {int(value):>14,}" if whole else f"  {key:<26} {value:>14,.3f}{band}")
     if sparse is not None:
         _print_sparse(sparse)
-    if all(v is None for v in bounds.values()):
+    if backend == "aic":
+        print("  (no interval: AIConfigurator's held-out errors are not measured here)")
+    elif all(v is None for v in bounds.values()):
         print(f"  (no interval: the {engine.name} profile for {hardware.name} holds no held-out residuals)")
     if not fits:
         print(
@@ -170,6 +189,12 @@ def run(args: argparse.Namespace) -> int:
             f"{hardware.name}'s {hardware.memory_gib:g} GiB; the figures above are not reachable"
         )
     return 0
+
+
+_BACKEND_WORDS = {
+    "own": "own (this toolkit's calibrated cost model)",
+    "aic": "aic (AIConfigurator's measured kernels summed per layer; memory and concurrency: own)",
+}
 
 
 def _decode_batch(scenario: Any, cost: Any) -> int:

@@ -77,8 +77,11 @@ def run(args: argparse.Namespace) -> int:
         results = leave_one_source_out(rows)
     else:
         results = validate(rows)
+    # Beside each row, AIConfigurator's per-layer price where the optional backend is installed and
+    # can express the row (serving/aic.py); without the extra the output is as before.
+    aic = _aic_predictions(rows)
     if args.json:
-        print_json([r.to_dict() for r in results])
+        print_json([{**r.to_dict(), **_aic_fields(aic, r)} for r in results])
         return 0
     body = [
         [
@@ -92,12 +95,18 @@ def run(args: argparse.Namespace) -> int:
             f"{r.error:+.1%}",
             f"{r.bound:,.2f}",
             "ok" if r.bound_ok else "VIOLATED",
+            *(
+                [f"{aic[r.id]:,.2f}", f"{aic[r.id] / r.measured - 1:+.1%}"]
+                if r.id in aic
+                else ["—", "—"]
+                if aic
+                else []
+            ),
         ]
         for r in results
     ]
-    print(
-        table(body, ["id", "model", "hardware", "engine", "metric", "predicted", "measured", "error", "bound", "bound"])
-    )
+    head = ["id", "model", "hardware", "engine", "metric", "predicted", "measured", "error", "bound", "bound"]
+    print(table(body, head + (["aic", "aic error"] if aic else [])))
     errors = [abs(r.error) for r in results]
     kind = "held-out median |error|" if args.held_out else "median |error|"
     if errors:
@@ -113,9 +122,38 @@ def run(args: argparse.Namespace) -> int:
         mine = [abs(r.error) for r in results if (r.id in moe) == want]
         if mine:
             print(f"{label:<17} {len(mine):>3} rows: {kind} {statistics.median(mine):.1%}, max {max(mine):.1%}")
+    if aic:
+        _print_side_by_side(results, aic, kind)
     families = {obs.label: family_of(obs) for obs, _ in rows}
     for family in sorted({families[r.id] for r in results}):
         mine = [abs(r.error) for r in results if families[r.id] == family]
         median, worst = statistics.median(mine), max(mine)
         print(f"family {family:<12} {len(mine):>3} rows: {kind} {median:.1%}, max {worst:.1%}")
     return 0
+
+
+def _aic_predictions(rows: Any) -> dict[str, float]:
+    """Row label -> AIConfigurator's prediction; empty when the ``aic`` extra is not installed."""
+    from autocompress_opt.serving import aic
+
+    return aic.predict_rows(rows) if aic.aic_installed() else {}
+
+
+def _aic_fields(aic: dict[str, float], row: Any) -> dict[str, float | None]:
+    if not aic:
+        return {}
+    value = aic.get(row.id)
+    return {"aic_predicted": value, "aic_error": None if value is None else value / row.measured - 1}
+
+
+def _print_side_by_side(results: Any, aic: dict[str, float], kind: str) -> None:
+    """Median |error| of both models on the rows both express, in all and per engine and hardware."""
+    both = [r for r in results if r.id in aic]
+    groups = [("rows both express", both)]
+    groups += [(f"engine {e}", [r for r in both if r.engine == e]) for e in sorted({r.engine for r in both})]
+    groups += [(f"hardware {h}", [r for r in both if r.hardware == h]) for h in sorted({r.hardware for r in both})]
+    for label, mine in groups:
+        own = statistics.median(abs(r.error) for r in mine)
+        theirs = statistics.median(abs(aic[r.id] / r.measured - 1) for r in mine)
+        closer = sum(abs(aic[r.id] / r.measured - 1) < abs(r.error) for r in mine)
+        print(f"{label:<17} {len(mine):>3} rows: own {kind} {own:.1%}, aic {theirs:.1%} (aic closer on {closer})")
