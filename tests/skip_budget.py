@@ -43,6 +43,9 @@ ALLOWED: tuple[Allowance, ...] = (
     Allowance(
         "wikihow-goal-step: fetch it with", 1, "tests/tasks/test_task_builders.py: BIG-bench 1.0.0 not downloadable"
     ),
+    # The optional aic extra (NVIDIA AIConfigurator) is not part of make test's install: CI checks that
+    # everything works without it (issue 45); its tests with the package skip there.
+    Allowance("AIConfigurator is not installed", 8, "tests/serving/test_aic.py: the backend's own lookups"),
     # CI containers run as root, which may write into read-only folders.
     Allowance(
         "root writes into read-only folders anyway", 7, "tests/cli/test_bad_inputs.py: one per verb of READ_ONLY"
