@@ -158,3 +158,28 @@ def test_contexts_that_differ_only_by_data_share_one_loaded_parent(
     run_weights_trial(request(parent_dir, tmp_path, inner={**INNER, "compute_dtype": "bf16"}))
     assert len(loads) == 2
     clear_trial_cache()
+
+
+def test_the_block_library_answer_is_weighed_as_a_candidate_and_its_library_built_once(
+    parent_dir: Path, tmp_path: Path
+) -> None:
+    """``inner.block_library``: the solver's answer for the trial's budget joins the inner search's
+    candidates under ``block-library`` (judged on the choice rows like the others); the library is
+    built on the first trial and read from disk by the next; off by default (no such candidate)."""
+    clear_trial_cache()
+    plain = run_weights_trial(request(parent_dir, tmp_path / "plain"))
+    assert "block-library" not in plain["selection"]["feasible"]
+
+    inner = {**INNER, "block_library": True}
+    first = run_weights_trial(request(parent_dir, tmp_path / "lib", inner=inner))
+    assert first["selection"]["feasible"]["block-library"] is True
+    assert first["selection"]["chosen"] in first["selection"]["feasible"]
+    libraries = list((tmp_path / "lib" / "block_library").rglob("*.json"))
+    assert len(libraries) == 1
+    stamp = libraries[0].stat().st_mtime_ns
+    second = run_weights_trial(request(parent_dir, tmp_path / "lib", inner=inner, seed=1))
+    assert "block-library" in second["selection"]["feasible"]
+    assert libraries[0].stat().st_mtime_ns == stamp  # read back, not rebuilt
+
+    with pytest.raises(ConfigError, match="block_library"):
+        TrialConfig.from_dict({"block_library": "yes"})

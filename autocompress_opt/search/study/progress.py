@@ -54,6 +54,7 @@ PHASES: tuple[str, ...] = (
     "importance",
     "teacher",
     "baseline",
+    "block library",
     "inner search",
     "materialise",
     "quality",

@@ -81,7 +81,7 @@ from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.hybrid import is_sparse
 from autocompress_opt.arch.search_space import SearchSpace, uniform_allocation
 from autocompress_opt.cache import cache_key, content_digest, fetch
-from autocompress_opt.errors import ConfigError, check_choice, check_int, check_number, suggest
+from autocompress_opt.errors import ConfigError, check_bool, check_choice, check_int, check_number, suggest
 from autocompress_opt.hf.adapters import MOE_ADAPTERS, architecture_mismatch, model_type_of
 from autocompress_opt.hf.device import dtype_name, resolve_compute_dtype, resolve_device
 from autocompress_opt.hf.memory import DEFAULT_TEACHER_BUDGET_GIB
@@ -89,6 +89,7 @@ from autocompress_opt.prune.importance import Importance, estimate_importance
 from autocompress_opt.prune.loadability import shape_rules
 from autocompress_opt.prune.plan import PrunePlan, plan_pruning
 from autocompress_opt.quality.metrics import Teacher, kl_and_perplexity
+from autocompress_opt.search.inner.block_solver import NAME as BLOCK_LIBRARY
 from autocompress_opt.search.inner.budget import Budget, CostGoal
 from autocompress_opt.search.inner.inner_search import InnerConfig, InnerResult, StepListener, search
 from autocompress_opt.search.inner.teacher import teacher_form, teacher_log_probs
@@ -161,6 +162,14 @@ class TrialConfig:
             do), else the top-k tokens plus tail mass with the largest k that fits (at least 64, or a
             ConfigError; :func:`~autocompress_opt.hf.memory.teacher_top_k`). The inner search's KL
             against top-k targets is a lower bound of the full one.
+        block_library: also weigh the block-library solver's answer for the trial's budget and target
+            (:func:`~autocompress_opt.search.inner.block_solver.solve_block_library` over
+            :func:`~autocompress_opt.prune.block_library.build_block_library` of the search's
+            training rows at the trial's hidden size, built once per parent, rows and hidden size
+            and cached under ``cache_dir/block_library``) as the inner search's candidate
+            ``block-library``, judged like the others on the choice rows. Building costs one
+            replace-one pass per layer variant (about 15 minutes for SmolLM2-135M at one hidden size
+            on a 2-core CPU in fp32), so it is off by default.
     """
 
     inner: InnerConfig = field(default_factory=InnerConfig)
@@ -175,6 +184,7 @@ class TrialConfig:
     device: str = "auto"
     compute_dtype: str = "auto"
     teacher_budget_gib: float = DEFAULT_TEACHER_BUDGET_GIB
+    block_library: bool = False
 
     def __post_init__(self) -> None:
         from autocompress_opt.hf.device import check_compute_dtype, check_device
@@ -187,6 +197,9 @@ class TrialConfig:
         check_choice(self.data_domain, "inner.data_domain", DATA_DOMAINS)
         for f in fields(self):
             if f.name in ("inner", "device", "compute_dtype", "teacher_budget_gib", "data", "data_domain"):
+                continue
+            if f.name == "block_library":
+                check_bool(self.block_library, "inner.block_library")
                 continue
             value, minimum = getattr(self, f.name), (0 if f.name.endswith("seed") else 1 if "samples" in f.name else 2)
             check_int(value, f"inner.{f.name}", minimum)
@@ -680,6 +693,11 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         if fallback is not None:
             report(TrialProgress("baseline", 0, steps, fallback=json.dumps(fallback)))
     say(last[0])
+    extra = dict(baselines)
+    if config.block_library:
+        solved = _block_library_answer(parent, params, target, config, cache_dir, serve_as)
+        if solved is not None:
+            extra[BLOCK_LIBRARY] = solved
     searching = time.perf_counter()
     if baselines:
         timings["baseline"] = searching - ready
@@ -695,7 +713,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
             else TrialProgress("inner search", step, steps, kl, violation)
         ),
         serve_as=serve_as,
-        extra=baselines,
+        extra=extra,
         measure_at=request.get("measure_at"),
     )
     searched = time.perf_counter()
@@ -725,6 +743,38 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         **_payload(parent, arch, plan, target, quality, cached, selection, timings),
         "inner": {**result.summary(), "config": config.to_dict()},
     }
+
+
+def _block_library_answer(
+    parent: ParentContext,
+    params: Mapping[str, int],
+    target: Target,
+    config: TrialConfig,
+    cache_dir: Path,
+    serve_as: str,
+) -> Architecture | None:
+    """The block-library solver's architecture for ``params`` under ``target`` and the ``serve_as``
+    engine's rules (None when it finds none feasible); the library of the search's training rows at
+    the trial's hidden size is built once and cached (:attr:`TrialConfig.block_library`)."""
+    from autocompress_opt.prune.block_library import build_block_library
+    from autocompress_opt.search.inner.block_solver import solve_block_library
+
+    budget = Budget.from_params(params)
+    report(TrialProgress("block library", 0, config.inner.steps))
+    training = parent.tokens[config.inner.val_samples :]
+    library, _ = build_block_library(
+        parent.model,
+        parent.importance,
+        training,
+        hidden_size=budget.hidden_size,
+        model_id=parent.parent_id,
+        cache_dir=cache_dir / "block_library",
+    )
+    rules = shape_rules(
+        serve_as, parent.architecture, hidden_size=budget.hidden_size, query_heads=budget.num_kv_heads * budget.q_per_kv
+    )
+    solution = solve_block_library(library, budget, CostGoal.for_target(target, parent.architecture), rules=rules)
+    return solution.architecture if solution.feasible else None
 
 
 def _payload(
