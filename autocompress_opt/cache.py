@@ -60,6 +60,7 @@ __all__ = [
     "fetch",
     "file_digest",
     "file_lock",
+    "process_alive",
     "publish",
 ]
 
@@ -230,8 +231,11 @@ def _host() -> str:
     return "".join(c if c.isalnum() or c in "._" else "_" for c in socket.gethostname()) or "localhost"
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (one of another user counts as alive)."""
+def process_alive(pid: object) -> bool:
+    """Whether process ``pid`` exists on this host (one of another user counts as alive; anything but
+    an int is no process)."""
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -339,7 +343,7 @@ def _lock_state(held: Path) -> int | None:
 def _dead_here(holder: str) -> bool:
     host, _, rest = holder.partition(" ")
     pid = rest.partition(" ")[0]
-    return host == _host() and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid))
+    return host == _host() and pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid))
 
 
 def _take_over(held: Path, holder: str) -> None:
@@ -389,7 +393,7 @@ def _leftover_of_dead_writer(name: str) -> bool:
     host, _, pid = host_pid.rpartition("-")
     if not (host and pid.isdigit() and token):
         return False
-    return host == _host() and int(pid) != os.getpid() and not _alive(int(pid))
+    return host == _host() and int(pid) != os.getpid() and not process_alive(int(pid))
 
 
 def publish(entry: str | Path, write: Callable[[Path], object]) -> Path:

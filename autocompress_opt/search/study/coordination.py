@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.cache import file_lock
+from autocompress_opt.cache import file_lock, process_alive
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.loadability import parent_problems
 from autocompress_opt.search.study._optuna_private import stale_trial_ids
@@ -193,7 +193,7 @@ def repair_orphans(study: Any, storage: Any, keep: set[int] | frozenset[int] = f
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
         owner = trial.user_attrs.get("driver") or {}
         here = owner.get("host") == me["host"]
-        other_live_here = here and owner.get("pid") != me["pid"] and _alive(owner.get("pid"))
+        other_live_here = here and owner.get("pid") != me["pid"] and process_alive(owner.get("pid"))
         if trial.system_attrs.get("heartbeat"):
             orphaned = trial_id in stale or (here and not other_live_here)
         else:
@@ -209,18 +209,6 @@ def repair_orphans(study: Any, storage: Any, keep: set[int] | frozenset[int] = f
             study.enqueue_trial(dict(trial.params), user_attrs={"requeued_from": trial.number})
         repaired.append(trial.number)
     return repaired
-
-
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tuple[Any, Any, dict[str, float]]:
