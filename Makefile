@@ -56,7 +56,7 @@ demo-plan: $(STAMP)
 # exports in vLLM and llama.cpp and time them; a built llama.cpp and an installed .venv-vllm are
 # reused, so only the first run pays (about 9 minutes on 2 cores). `make test ENGINES= SKIP_BUDGET=0`
 # skips them. tests/gpu runs on the CPU here (AUTOCOMPRESS_GPU_SUITE_DEVICE=cpu: the GPU code paths in
-# bf16 and fp32), and the skip budget fails the run when tests skip beyond the reasons and counts
+# bf16 and fp32; the real-model module only where the CPU has bf16 instructions, docs/gpu.md), and the skip budget fails the run when tests skip beyond the reasons and counts
 # tests/skip_budget.py lists (a missing engine or data set, a GPU suite that skipped), naming them.
 SKIP_BUDGET ?= 1
 test: $(STAMP) data engines lint

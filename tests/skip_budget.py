@@ -36,6 +36,11 @@ ALLOWED: tuple[Allowance, ...] = (
     # driver too old for torch's CUDA) have no allowance: a GPU suite that skipped fails the budget.
     Allowance("needs a CUDA GPU", 1, "tests/hf/test_loading_devices.py: a load straight onto cuda:0"),
     Allowance("needs two CUDA GPUs", 1, "tests/hf/test_loading_devices.py: a model spread over two GPUs"),
+    # The real-model GPU-suite module on a CPU that emulates bf16 (tests/gpu/conftest.py: over 10 minutes
+    # of CI for code paths test_gpu_tiny.py checks too); AUTOCOMPRESS_GPU_SUITE_REAL_ON_CPU=1 runs it.
+    Allowance(
+        "real SmolLM2 in bf16 on a CPU that emulates bf16", 6, "tests/gpu/test_gpu_smollm2.py: every test of the module"
+    ),
     # A machine with a GPU skips the two no-GPU checks instead.
     Allowance("this machine has a CUDA GPU", 2, "tests/hf/test_device.py: auto and cuda without a GPU"),
     # PyPI stopped serving the bigbench-1.0.0 sdist (HTTP 403 since 2026-12; its index lists only 0.0.1,

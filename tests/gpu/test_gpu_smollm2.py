@@ -53,8 +53,10 @@ INNER = {
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_gguf: Path, suite_device: torch.device) -> dict[str, LoadedModel]:
-    """SmolLM2 on the device in bf16 and in fp32 (``smollm2_gguf`` skips when the wheel is absent)."""
+def smollm2(smollm2_gguf: Path, real_model_device: torch.device) -> dict[str, LoadedModel]:
+    """SmolLM2 on the device in bf16 and in fp32 (``smollm2_gguf`` skips when the wheel is absent;
+    ``real_model_device`` on a CPU that emulates bf16 unless asked)."""
+    suite_device = real_model_device
     return {
         "bf16": load_model(MODEL, device=suite_device, dtype=BF16, cache=False),
         "fp32": load_model(MODEL, device=suite_device, dtype=torch.float32, cache=False),

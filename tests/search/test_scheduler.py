@@ -296,6 +296,7 @@ def test_a_tiny_weights_study_with_asha_stops_trials_and_keeps_them_off_the_fron
         inner={**INNER, "steps": 8, "report_every": 1},
         concurrency=1,
         seed_baselines=False,
+        serve_as="any",  # under vLLM's rules the tiny parent loads only uniform models, which do not train
     )
     assert cfg.scheduler_name == "asha"
     [outcome] = run_study(cfg, progress=False)
