@@ -220,6 +220,7 @@ def test_the_uniform_allocation_is_returned_when_its_held_out_kl_is_the_lowest(
         "chosen": "uniform",
         "val_kl": {"trained": 1.0, "start": 1.0, "uniform": 0.1},
         "feasible": {"trained": True, "start": True, "uniform": True},
+        "start_from": "importance",
     }
     child = materialize(parent.model, result.plan)
     assert architecture_mismatch(uniform.active(), adapter_for(child).architecture(child)) is None

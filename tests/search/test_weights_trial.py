@@ -183,3 +183,24 @@ def test_the_block_library_answer_is_weighed_as_a_candidate_and_its_library_buil
 
     with pytest.raises(ConfigError, match="block_library"):
         TrialConfig.from_dict({"block_library": "yes"})
+
+
+def test_the_inner_search_starts_from_the_block_library_answer_when_asked(parent_dir: Path, tmp_path: Path) -> None:
+    """``inner.start_from: block-library``: the masks start at the solver's answer (built as for
+    ``block_library``, which it implies), which is then the candidate ``start`` as it is: the start
+    candidate's KL on the choice rows equals the block-library candidate's (one architecture). The
+    default start is importance's; a bad value is refused naming the valid ones."""
+    clear_trial_cache()
+    inner = {**INNER, "start_from": "block-library"}
+    result = run_weights_trial(request(parent_dir, tmp_path / "lib", inner=inner))
+    selection = result["selection"]
+    assert selection["start_from"] == "block-library" and selection["feasible"]["block-library"] is True
+    assert isinstance(selection["val_kl"]["start"], float)
+    assert selection["val_kl"]["start"] == selection["val_kl"]["block-library"]
+    record = result["inner"]["selection"]
+    assert record["start"]["summary"] == record["block-library"]["summary"]
+    plain = run_weights_trial(request(parent_dir, tmp_path / "lib"))
+    assert plain["selection"]["start_from"] == "importance"
+
+    with pytest.raises(ConfigError, match="start_from.*importance.*block-library"):
+        TrialConfig.from_dict({"start_from": "solver"})

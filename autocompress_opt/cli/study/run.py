@@ -161,7 +161,8 @@ def add_parser(actions: Any) -> None:
         default=None,
         metavar="KEY=VALUE",
         help="weights mode: per-trial settings, repeatable: inner-search keys (InnerConfig: steps=24, "
-        "checkpoint_activations=true, ...) and data keys (TrialConfig: eval_samples=16, teacher_budget_gib=4, ...)",
+        "checkpoint_activations=true, ...) and data keys (TrialConfig: eval_samples=16, teacher_budget_gib=4, "
+        "start_from=block-library, ...)",
     )
     run.add_argument(
         "--plugin",

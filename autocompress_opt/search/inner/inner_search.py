@@ -302,7 +302,7 @@ class InnerResult:
         """Which candidate was returned and how each did, JSON-safe: ``chosen`` (one of
         :data:`CANDIDATES`), ``val_kl`` per candidate (nats on the held-out calibration rows; None
         when not measured) and ``feasible`` per candidate."""
-        rows = {n: v for n, v in self.selection.items() if n not in ("chosen", "paired", "skipped")}
+        rows = {n: v for n, v in self.selection.items() if isinstance(v, dict) and n != "paired"}
         out = {
             "chosen": self.selection.get("chosen"),
             "val_kl": {n: v["val_kl"] if math.isfinite(v["val_kl"]) else None for n, v in rows.items()},
@@ -310,8 +310,9 @@ class InnerResult:
         }
         if "paired" in self.selection:
             out["paired"] = dict(self.selection["paired"])
-        if "skipped" in self.selection:
-            out["skipped"] = self.selection["skipped"]
+        for key in ("skipped", "start_from", "start_from_refused"):
+            if key in self.selection:
+                out[key] = self.selection[key]
         return out
 
 
@@ -331,6 +332,7 @@ def search(
     rules: ShapeRules | None = None,
     extra: Mapping[str, Architecture] | None = None,
     measure_at: Collection[int] | None = None,
+    start_from: str | None = None,
 ) -> InnerResult:
     """Search per-layer structure under ``budget`` and ``goal``; see the module doc.
 
@@ -377,6 +379,10 @@ def search(
             they are, when they meet every budget and constraint, after the others on ties. A study
             passes a seeded baseline's own model (its kept layers by its own criterion), so the trial
             of the baseline's global choices never returns worse than that baseline.
+        start_from: the name of an ``extra`` candidate to start from instead of step 1's importance
+            start (the block-library solver's answer): when it is feasible the masks are reset to it
+            as it is and it is the ``start`` candidate (``selection["start_from"]`` names it);
+            otherwise the importance start stands, and the record says so.
     """
     adapter = adapter or adapter_for(model)
     clash = sorted(set(extra or ()) & set(CANDIDATES))
@@ -384,6 +390,8 @@ def search(
         raise ConfigError(f"extra candidate name(s) {clash} are taken; use names other than {', '.join(CANDIDATES)}")
     if tuple(teacher.shape[:2]) != tuple(tokens.shape):
         raise ConfigError(f"teacher log-probs {tuple(teacher.shape)} do not fit tokens {tuple(tokens.shape)}")
+    if start_from is not None and start_from not in (extra or {}):
+        raise ConfigError(f"start_from={start_from!r} names no extra candidate; given: {sorted(extra or {})}")
     if config.val_samples >= tokens.shape[0]:
         raise ConfigError(f"val_samples={config.val_samples} leaves no training rows of the {tokens.shape[0]} given")
     began = time.perf_counter()
@@ -399,14 +407,21 @@ def search(
         ffn_unit=ffn_unit,
         device=next(model.parameters()).device,  # beside the parent: no copy per hook (ParentMasks)
     )
-    start = discretise(masks, importance, budget, goal, fill=config.fill, rules=rules)
+    uniform = _as_candidate(init, budget, goal) if init is not None else None
+    judged = {"uniform": uniform} if uniform is not None else {}
+    judged.update({name: _as_candidate(arch, budget, goal) for name, arch in (extra or {}).items()})
+    start_record: dict[str, str] = {"start_from": "importance"}
+    if start_from is not None and judged[start_from].feasible:
+        start = judged[start_from]
+        start_record["start_from"] = start_from
+    else:
+        start = discretise(masks, importance, budget, goal, fill=config.fill, rules=rules)
+        if start_from is not None:
+            start_record["start_from_refused"] = f"{start_from} is not feasible by the exact cost model"
     if start.feasible:
         masks.reset(start.architecture, config.init_log_alpha)
     started = time.perf_counter()
     val, train = slice(0, config.val_samples), slice(config.val_samples, None)
-    uniform = _as_candidate(init, budget, goal) if init is not None else None
-    judged = {"uniform": uniform} if uniform is not None else {}
-    judged.update({name: _as_candidate(arch, budget, goal) for name, arch in (extra or {}).items()})
     fixed = {"start": start, **{name: cand for name, cand in judged.items() if cand.feasible}}
     rows = _RowKLs(tokens[val], teacher[val], config.batch_size)
     meter = _Meter(model, masks, importance, budget, goal, config, rules, rows, fixed)
@@ -445,6 +460,7 @@ def search(
             selection[name] = {"feasible": False, "val_kl": math.nan, "summary": cand.architecture.summary()}
     if skipped:
         selection["skipped"] = skipped
+    selection.update(start_record)
     plan = plan_pruning(parent, importance, chosen.architecture)
     seconds = {
         "start": started - began,

@@ -123,6 +123,10 @@ __all__ = [
     "workload_domain",
 ]
 
+# TrialConfig's fields that are not counts (checked on their own).
+_NOT_COUNTS = ("data", "data_domain", "start_from", "block_library")
+# Where a trial's inner search starts (TrialConfig.start_from).
+START_FROM = ("importance", BLOCK_LIBRARY)
 # With the built-in sources: both domains, or the one a workload serves (workload_domain).
 DATA_DOMAINS = ("auto", "mixed", "code", "prose")
 DEFAULT_CACHE_DIR = Path(CACHE_DIR_NAME)  # the name is search.placement's (the driver resolves it there)
@@ -170,6 +174,11 @@ class TrialConfig:
             ``block-library``, judged like the others on the choice rows. Building costs one
             replace-one pass per layer variant (about 15 minutes for SmolLM2-135M at one hidden size
             on a 2-core CPU in fp32), so it is off by default.
+        start_from: where the inner search's masks start: ``importance`` (the trial's uniform
+            allocation, repaired and filled by importance and the exact cost model) or
+            ``block-library`` (the solver's answer above, built as for ``block_library``, which it
+            implies; the importance start where the solver finds nothing feasible). Either way the
+            start point is the candidate ``start`` and the training refines it.
     """
 
     inner: InnerConfig = field(default_factory=InnerConfig)
@@ -185,6 +194,7 @@ class TrialConfig:
     compute_dtype: str = "auto"
     teacher_budget_gib: float = DEFAULT_TEACHER_BUDGET_GIB
     block_library: bool = False
+    start_from: str = "importance"
 
     def __post_init__(self) -> None:
         from autocompress_opt.hf.device import check_compute_dtype, check_device
@@ -195,11 +205,10 @@ class TrialConfig:
             raise ConfigError(f"inner.data must be a list of --data specs (strings), got {self.data!r}")
         object.__setattr__(self, "data", tuple(self.data))
         check_choice(self.data_domain, "inner.data_domain", DATA_DOMAINS)
+        check_choice(self.start_from, "inner.start_from", START_FROM)
+        check_bool(self.block_library, "inner.block_library")
         for f in fields(self):
-            if f.name in ("inner", "device", "compute_dtype", "teacher_budget_gib", "data", "data_domain"):
-                continue
-            if f.name == "block_library":
-                check_bool(self.block_library, "inner.block_library")
+            if f.name in ("inner", "device", "compute_dtype", "teacher_budget_gib", *_NOT_COUNTS):
                 continue
             value, minimum = getattr(self, f.name), (0 if f.name.endswith("seed") else 1 if "samples" in f.name else 2)
             check_int(value, f"inner.{f.name}", minimum)
@@ -619,6 +628,7 @@ def inner_search(
     serve_as: str = "any",
     extra: Mapping[str, Architecture] | None = None,
     measure_at: Sequence[int] | None = None,
+    start_from: str | None = None,
 ) -> InnerResult:
     """The trial's inner search: from the uniform allocation of ``params`` (layers ranked by
     ``layer_order``, else by the importance ``skip_loss``), holding ``params`` as budgets, under
@@ -627,7 +637,8 @@ def inner_search(
     the result is a shape the ``serve_as`` engine loads (:func:`~autocompress_opt.prune.loadability.shape_rules`;
     ``any``: every shape); ``extra``: more candidates by name (a seeded baseline's own model);
     ``measure_at``: the steps whose held-out KL is measured (the study scheduler's rungs; None: every
-    eighth of the search)."""
+    eighth of the search); ``start_from``: the name of an ``extra`` candidate the masks start from
+    (None: the importance start)."""
     order = layer_order or parent.importance.layer_order()
     budget = Budget.from_params(params)
     rules = shape_rules(
@@ -647,6 +658,7 @@ def inner_search(
         rules=rules,
         extra=extra,
         measure_at=measure_at,
+        start_from=start_from,
     )
 
 
@@ -694,10 +706,12 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
             report(TrialProgress("baseline", 0, steps, fallback=json.dumps(fallback)))
     say(last[0])
     extra = dict(baselines)
-    if config.block_library:
+    start_from = None
+    if config.block_library or config.start_from == BLOCK_LIBRARY:
         solved = _block_library_answer(parent, params, target, config, cache_dir, serve_as)
         if solved is not None:
             extra[BLOCK_LIBRARY] = solved
+            start_from = BLOCK_LIBRARY if config.start_from == BLOCK_LIBRARY else None
     searching = time.perf_counter()
     if baselines:
         timings["baseline"] = searching - ready
@@ -715,6 +729,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         serve_as=serve_as,
         extra=extra,
         measure_at=request.get("measure_at"),
+        start_from=start_from,
     )
     searched = time.perf_counter()
 
