@@ -122,3 +122,27 @@ def test_workload_picks_the_built_in_text_when_no_data_is_given() -> None:
     assert objective_domains(auto.for_workload(None)) == ("code", "prose")
     assert objective_domains(TrialConfig(data=("x.jsonl",)).for_workload("local-coding")) == ("data",)
     assert "built-in code" in auto.for_workload("local-coding").data_label()
+
+
+def test_an_empty_study_exits_1_saying_why_and_a_finished_one_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    """A target whose study holds no COMPLETE trial and no failure (the proxy screened out every point
+    the sampler proposed) is not a result: exit 1 with the reason; a resumed study with nothing left
+    to run (its trials done before) exits 0; failed trials and no feasible one keep their codes."""
+    from autocompress_opt.cli.study.run import exit_status
+    from autocompress_opt.search.study.records import TargetOutcome
+
+    screened = TargetOutcome("s.b200", complete=0, screened=200)
+    assert exit_status([screened]) == 1
+    err = capsys.readouterr().err
+    assert "s.b200: the study has no COMPLETE trial" in err and "all 200 points" in err and "--min-throughput" in err
+    assert exit_status([TargetOutcome("s.h100", complete=0)]) == 1
+    assert "no trial ran" in capsys.readouterr().err
+    done = TargetOutcome("s.h100", complete=4, before=4, feasible=2)
+    assert exit_status([done]) == 0 and capsys.readouterr().err == ""
+    assert exit_status([done, screened]) == 1  # one empty target is enough
+    assert exit_status([TargetOutcome("s.x", complete=0, failed=3, first_error="boom")]) == 1
+    assert "no trial completed; first error: boom" in capsys.readouterr().err
+    assert exit_status([TargetOutcome("s.x", complete=3)]) == 3  # complete, none feasible
+    late = TargetOutcome("s.rtx5080", complete=0, out_of_time=True)  # the demo's time budget ended first
+    assert exit_status([done, late]) == 0
+    assert "s.rtx5080: the time budget ended before any trial of this target completed" in capsys.readouterr().err

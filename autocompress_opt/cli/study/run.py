@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autocompress_opt.cli._common import add_data_arg, add_hardware_file, concurrency
 from autocompress_opt.cli.study.config import build_config, gpus_per_trial, merged
+
+if TYPE_CHECKING:
+    from autocompress_opt.search.study.records import TargetOutcome
 
 RUN_EXAMPLES = """
   autocompress study run --model smollm2-135m --targets rtx5070,b200 --workload datacenter \\
@@ -253,10 +257,36 @@ def _run(args: argparse.Namespace) -> int:
         f"storage: {config.storage_url}\nnext: autocompress study show {config.name} --storage {config.storage_url}\n"
         f"      autocompress plot {config.name} --storage {config.storage_url}"
     )
+    return exit_status(outcomes)
+
+
+def exit_status(outcomes: Sequence[TargetOutcome]) -> int:
+    """The run's exit status (docs/studies.md "Exit codes"), printing why on stderr when it is not 0:
+    1 when a target's trials all failed, or when a target's study holds no COMPLETE trial and
+    nothing failed (every point the sampler proposed was screened out as infeasible, or none was
+    left to run): an empty study is not a result, unless the run's time budget ended first (a
+    warning says so); 3 when trials completed but none is feasible."""
     broken = [o for o in outcomes if o.completed_none]
     for o in broken:
         print(f"error: {o.study_name}: no trial completed; first error: {o.first_error}", file=sys.stderr)
-    if broken:
+    empty = [o for o in outcomes if o.complete == 0 and not o.completed_none]
+    for o in [o for o in empty if o.out_of_time]:  # the time budget's choice, not a failure: said, exit 0
+        print(
+            f"warning: {o.study_name}: the time budget ended before any trial of this target completed; "
+            "rerun the same command to continue it, or give a larger --time-budget",
+            file=sys.stderr,
+        )
+    empty = [o for o in empty if not o.out_of_time]
+    for o in empty:
+        why = (
+            f"the proxy found all {o.screened} points the sampler proposed infeasible" if o.screened else "no trial ran"
+        )
+        print(
+            f"error: {o.study_name}: the study has no COMPLETE trial: {why}; relax the constraints "
+            "(--min-throughput, --max-tpot-ms, ...) or widen the search space (--space), then rerun",
+            file=sys.stderr,
+        )
+    if broken or empty:
         return 1
     if any(o.complete for o in outcomes) and not any(o.feasible for o in outcomes):
         print("error: no COMPLETE trial is feasible on any target; relax the binding constraints:", file=sys.stderr)

@@ -162,6 +162,7 @@ class TargetOutcome:
     stopped: int = 0  # trials in the study stopped early by the scheduler (PRUNED; every run's)
     screened: int = 0  # points this run's proxy kept from running (PRUNED, proxy_infeasible)
     best: TrialRecord | None = None  # the feasible COMPLETE trial of highest quality (None: none)
+    out_of_time: bool = False  # the run's time budget had ended when it stopped
 
     @property
     def completed_none(self) -> bool:

@@ -429,4 +429,5 @@ def _outcome(run: _TargetRun) -> TargetOutcome:
         stopped=n_stopped,
         screened=run.searcher.screened if run.searcher is not None else 0,
         best=best_feasible(records),
+        out_of_time=run.deadline is not None and time.monotonic() >= run.deadline,
     )
