@@ -193,6 +193,20 @@ def test_budgets_are_respected_and_the_plan_materialises(parent: Parent) -> None
     assert architecture_mismatch(arch.active(), adapter_for(child).architecture(child)) is None
 
 
+def test_the_shared_width_step_moves_layers_apart_where_adam_moves_them_in_lockstep(parent: Parent) -> None:
+    """``width_step``: one step from the same start moves the KV-group keep-fraction of every layer
+    that has a gradient by the same amount under elementwise Adam (``lr``), and by amounts that
+    differ between layers under ``shared`` (each in proportion to its gradient)."""
+    start = parent.search(TIGHT, steps=0).learned.kv_keep.detach()
+    moved = {}
+    for rule in ("adam", "shared"):
+        step = parent.search(TIGHT, steps=1, width_step=rule).learned.kv_keep.detach() - start
+        moved[rule] = step.abs()[step != 0]
+    assert len(moved["adam"]) >= 2 and len(moved["shared"]) == len(moved["adam"])
+    assert torch.allclose(moved["adam"], torch.full_like(moved["adam"], InnerConfig().lr), rtol=0.01)
+    assert float(moved["shared"].max()) > 2 * float(moved["shared"].min())
+
+
 # ----------------------------------------------------------------------------- selection
 def unnamed(arch: Any) -> Any:
     return replace(arch, name="")

@@ -87,6 +87,7 @@ from autocompress_opt.search.inner.budget import (
     expected_totals,
 )
 from autocompress_opt.search.inner.discretise import Discrete, discretise
+from autocompress_opt.search.inner.optim import SharedScaleAdam
 from autocompress_opt.search.inner.relaxation import ExpectedStructure, LiveMasks, ParentMasks, ffn_unit_for
 from autocompress_opt.serving.targets import all_satisfied
 
@@ -101,6 +102,8 @@ StepListener = Callable[[int, float | None, float | None], None]
 # uniform allocation of the trial's global choices as it is (only when feasible).
 # A caller may add more, judged the same way (:func:`search`'s ``extra``: a seeded baseline's own model).
 CANDIDATES: tuple[str, ...] = ("trained", "start", "uniform")
+# InnerConfig.width_step's choices.
+WIDTH_STEPS = ("adam", "shared")
 
 
 # ----------------------------------------------------------------------------- config
@@ -128,6 +131,10 @@ class InnerConfig:
             to ``val_samples``; per-row KLs are kept, so the final choice measures only the rows
             not read yet (a trial stopped at a low rung pays for few rows).
         lr: Adam step on the width keep-fractions (fractions of the parent layer's units).
+        width_step: the step rule of the width keep-fractions: ``adam`` (elementwise: every layer
+            moves about ``lr`` a step, in lockstep across layers of one shape) or ``shared``
+            (:class:`~autocompress_opt.search.inner.optim.SharedScaleAdam`: one second moment per
+            tensor, so each layer moves in proportion to its own gradient).
         gate_lr: Adam step on the gates' log α.
         tau_start / tau_end: softness of the width steps, in units, annealed geometrically.
         dual_lr: η of the dual ascent on the multipliers.
@@ -167,6 +174,7 @@ class InnerConfig:
     n_samples: int = 32
     val_samples: int = 16
     lr: float = 0.05
+    width_step: str = "adam"
     gate_lr: float = 0.25
     tau_start: float = 0.5
     tau_end: float = 0.05
@@ -209,6 +217,7 @@ class InnerConfig:
         if self.tau_end > self.tau_start:
             raise ConfigError(f"InnerConfig.tau_end={self.tau_end} must not exceed tau_start={self.tau_start}")
         check_choice(self.init, "InnerConfig.init", ("budget", "parent"))
+        check_choice(self.width_step, "InnerConfig.width_step", WIDTH_STEPS)
         check_int(self.ffn_unit, "InnerConfig.ffn_unit", also=(None,))
 
     @classmethod
@@ -658,12 +667,13 @@ def _train(
     was_training = model.training
     model.eval()
     widths = [masks.kv_keep, masks.q_keep, masks.ffn_keep] if train_heads else [masks.ffn_keep]
-    optimizer = torch.optim.Adam(
-        [
-            {"params": widths, "lr": config.lr},
-            {"params": [masks.attn_log_alpha, masks.ffn_log_alpha], "lr": config.gate_lr},
-        ]
-    )
+    gates = torch.optim.Adam([masks.attn_log_alpha, masks.ffn_log_alpha], lr=config.gate_lr)
+    steppers = [
+        gates,
+        SharedScaleAdam(widths, lr=config.lr)
+        if config.width_step == "shared"
+        else torch.optim.Adam(widths, lr=config.lr),
+    ]
     duals: dict[str, float] = {}
     history = []
     try:
@@ -688,9 +698,11 @@ def _train(
                     config=config,
                     generator=gen,
                 )
-                optimizer.zero_grad(set_to_none=True)
+                for stepper in steppers:
+                    stepper.zero_grad(set_to_none=True)
                 loss.backward()
-                optimizer.step()
+                for stepper in steppers:
+                    stepper.step()
                 masks.clamp_()
                 for k, v in violations.items():
                     duals[k] = max(0.0, duals.get(k, 0.0) + config.dual_lr * v)
