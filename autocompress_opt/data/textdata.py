@@ -87,6 +87,7 @@ __all__ = [
     "DOMAINS",
     "ROLES",
     "SELECTION_FRACTION",
+    "SPLIT_RULE",
     "TEST_FRACTION",
     "BibleKJVSource",
     "DataSplit",
@@ -116,6 +117,9 @@ DEFAULT_SPLIT_SEED = 0
 TEST_FRACTION = 0.2
 SELECTION_FRACTION = 0.15
 _PIECE_SEPARATOR = "\n\n"
+# The rule that assigns text to roles, recorded by studies (their trials' rows depend on it): bump it
+# when a change of the rule gives other rows. "content/1": roles by content group, rows checked.
+SPLIT_RULE = "content/1"
 # Above this many documents (all sources of a split) the content checks are skipped: they hold every
 # document's words in memory (about 16 bytes a word: a million rows of a page each would take ~5 GB).
 CONTENT_CHECK_MAX_DOCUMENTS = 100_000
@@ -485,7 +489,8 @@ class DataSplit:
             "selection_fraction": self.selection_fraction,
             "sources": [vars(s).copy() for s in self.sources],
             **{f"n_{role}_documents": len(self.documents(role)) for role in ROLES},
-            "ngram_tokens": _overlap.NGRAM_TOKENS,  # the content rule: groups, and the rows' check
+            "rule": SPLIT_RULE,
+            "ngram_tokens": _overlap.NGRAM_TOKENS,
             "grouped_documents": self.grouped_documents,
             "content_checked": self.content_checked,
             "assignment_sha256": self.assignment_sha256,
