@@ -27,7 +27,10 @@ to one of three roles, decided by a hash ``u = hash(split_seed, *source.role_id(
 (a built-in document's source and key; a user's document's text, so that appending rows moves no
 earlier row and identical rows share a role):
 ``test`` when ``u < test_fraction``, ``selection`` when ``u < test_fraction + selection_fraction``,
-else ``calibration``. The roles never share a document:
+else ``calibration``. Documents that hold the same text, or whose text (13 words or more) stands
+inside another's, form a content group and all take the role of its largest member
+(:mod:`~autocompress_opt.data.overlap`; pydoc topics nest inside each other). The roles never share a
+document:
 
 - ``calibration``: importance, the inner search's training steps, a baseline's own candidate scoring,
   distillation;
@@ -46,8 +49,10 @@ of the role are ordered by a hash of ``(seed, source, key)``;
 each is tokenised and cut into ``seq_len``-token pieces (in a per-document hashed order). Pass
 ``k`` appends piece ``k`` of every document, separated by ``"\\n\\n"``, until the stream holds
 enough tokens; the stream is then cut into consecutive rows (each led by BOS when the tokenizer
-adds one). So rows spread over as many documents as possible. Everything is a pure function of
-the installed files, the tokenizer and the seeds.
+adds one). So rows spread over as many documents as possible. A selection row sharing
+13 consecutive words with calibration text, or a test row sharing them with calibration or
+selection text, is dropped (counted in :attr:`TextBatches.rows_dropped`) and the next row cut
+instead. Everything is a pure function of the installed files, the tokenizer and the seeds.
 """
 
 from __future__ import annotations
