@@ -684,7 +684,7 @@ class TextBatches:
             **({"rendering": dict(self.renderings)} if self.renderings else {}),
             "overlap_check": {
                 "ngram_tokens": _overlap.NGRAM_TOKENS,
-                "against": list(_CHECKED_AGAINST[self.role]),
+                "against": list(_CHECKED_AGAINST[self.role]) if self.split.content_checked else [],
                 "rows_dropped": self.rows_dropped,
             },
             "tokenizer": self.tokenizer,
