@@ -92,6 +92,24 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
+def dropped_rows_note(records: dict[str, Any]) -> str:
+    """``"; 3 code rows dropped (...)"`` from rows' records (:meth:`TextBatches.to_dict` by domain): the
+    held-out rows left out for sharing a long n-gram with another role's text, or "" when none were."""
+    dropped = {
+        dom: r["overlap_check"]
+        for dom, r in records.items()
+        if isinstance(r, dict) and (r.get("overlap_check") or {}).get("rows_dropped")
+    }
+    if not dropped:
+        return ""
+    check = next(iter(dropped.values()))
+    counts = ", ".join(f"{c['rows_dropped']} {dom}" for dom, c in dropped.items())
+    return (
+        f"; rows dropped for sharing {check['ngram_tokens']} consecutive words with "
+        f"{' or '.join(check['against'])} text: {counts}"
+    )
+
+
 def table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     line = lambda cells: "  ".join(

@@ -14,6 +14,7 @@ from autocompress_opt.cli._common import (
     check_output_file,
     check_positive,
     compute_of,
+    dropped_rows_note,
     print_json,
     table,
 )
@@ -221,6 +222,7 @@ def _print_table(model: str, parent: str | None, report: Any) -> None:
     print(
         f"model:  {model}\nparent: {parent or '(none)'}\n"
         f"test split: {report.n_samples} rows x {report.seq_len} tokens per domain, seed {report.seed}"
+        f"{dropped_rows_note(report.data)}"
     )
     print(table(rows, ["domain", "perplexity", "KL(parent||model) nats", "seconds"]))
 

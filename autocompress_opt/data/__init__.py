@@ -1,7 +1,8 @@
 """The text every verb reads: built-in sources, a user's ``--data``, and the split into three roles.
 
 - :mod:`~autocompress_opt.data.textdata`: sources, the calibration / selection / test split by
-  document, and token rows with their record.
+  document, and token rows with their record; :mod:`~autocompress_opt.data.overlap` keeps nested
+  documents in one role and drops held-out rows that share a long n-gram with calibration text.
 - :mod:`~autocompress_opt.data.user`: a user's files and datasets as sources (``--data SPEC``: the
   grammar, and every spec checked before a model loads), read by
   :mod:`~autocompress_opt.data.tables` (rows of JSONL, JSON, parquet, ``datasets``; JSONL streamed),

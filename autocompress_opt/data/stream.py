@@ -22,6 +22,10 @@ a new order, with a :class:`TextRepeatsWarning` on the first repeat (every pass 
 token offset, rows and tokens read); :meth:`TokenStream.seek` restores it, tokenising only the
 document at the cursor, so a reader stopped and resumed reads exactly the rows an uninterrupted one
 does. Everything is a pure function of the data, the tokenizer and the seeds.
+
+A stream's documents are those of its role in the split, roles by content included; its rows are
+not checked for n-grams shared with other roles as held-out rows of ``text_batches`` are (a stream
+reads calibration text, for distillation).
 """
 
 from __future__ import annotations

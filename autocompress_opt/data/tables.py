@@ -6,7 +6,8 @@ chat), hashes it, and adds it to the source's digest; what the pass found is a
 :class:`~autocompress_opt.data.file_index.RowIndex`. A document's key is its row's line (JSONL) or
 row number, zero-padded to :data:`KEY_DIGITS` so keys sort as rows do and never change when rows are
 appended; its **role** is hashed from its text (:meth:`RowsSource.role_id`), so appending rows never
-moves an earlier row to another role and identical rows share one.
+moves an earlier row to another role (unless the new row holds it: rows nested in others take their
+role, :mod:`~autocompress_opt.data.overlap`) and identical rows share one.
 
 A JSONL file is streamed: the pass holds one line at a time, the index (about 40 bytes a row) is kept
 on disk by the file's (path, size, mtime) for every later process, and a document is read back by

@@ -27,7 +27,10 @@ to one of three roles, decided by a hash ``u = hash(split_seed, *source.role_id(
 (a built-in document's source and key; a user's document's text, so that appending rows moves no
 earlier row and identical rows share a role):
 ``test`` when ``u < test_fraction``, ``selection`` when ``u < test_fraction + selection_fraction``,
-else ``calibration``. The roles never share a document:
+else ``calibration``. Documents that hold the same text, or whose text (13 words or more) stands
+inside another's, form a content group and all take the role of its largest member
+(:mod:`~autocompress_opt.data.overlap`; pydoc topics nest inside each other). The roles never share a
+document:
 
 - ``calibration``: importance, the inner search's training steps, a baseline's own candidate scoring,
   distillation;
@@ -46,8 +49,10 @@ of the role are ordered by a hash of ``(seed, source, key)``;
 each is tokenised and cut into ``seq_len``-token pieces (in a per-document hashed order). Pass
 ``k`` appends piece ``k`` of every document, separated by ``"\\n\\n"``, until the stream holds
 enough tokens; the stream is then cut into consecutive rows (each led by BOS when the tokenizer
-adds one). So rows spread over as many documents as possible. Everything is a pure function of
-the installed files, the tokenizer and the seeds.
+adds one). So rows spread over as many documents as possible. A selection row sharing
+13 consecutive words with calibration text, or a test row sharing them with calibration or
+selection text, is dropped (counted in :attr:`TextBatches.rows_dropped`) and the next row cut
+instead. Everything is a pure function of the installed files, the tokenizer and the seeds.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ import bisect
 import functools
 import hashlib
 import itertools
+import json
+import logging
 import os
 import re
 import shutil
@@ -63,6 +70,7 @@ import subprocess
 import sys
 import sysconfig
 import tokenize
+import warnings
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
@@ -72,16 +80,19 @@ from typing import Any
 
 import torch
 
+from autocompress_opt.data import overlap as _overlap
 from autocompress_opt.data import tokens as _tokens
 from autocompress_opt.errors import ConfigError, check_choice, check_fraction, check_int, check_number
 from autocompress_opt.registry import Registry
 
 __all__ = [
+    "CONTENT_CHECK_MAX_DOCUMENTS",
     "DEFAULT_SOURCES",
     "DEFAULT_SPLIT_SEED",
     "DOMAINS",
     "ROLES",
     "SELECTION_FRACTION",
+    "SPLIT_RULE",
     "TEST_FRACTION",
     "BibleKJVSource",
     "DataSplit",
@@ -111,6 +122,19 @@ DEFAULT_SPLIT_SEED = 0
 TEST_FRACTION = 0.2
 SELECTION_FRACTION = 0.15
 _PIECE_SEPARATOR = "\n\n"
+# The rule that assigns text to roles, recorded by studies (their trials' rows depend on it): bump it
+# when a change of the rule gives other rows. "content/1": roles by content group, rows checked.
+SPLIT_RULE = "content/1"
+# Above this many documents (all sources of a split) the content checks are skipped: they hold every
+# document's words in memory (about 16 bytes a word: a million rows of a page each would take ~5 GB).
+CONTENT_CHECK_MAX_DOCUMENTS = 100_000
+# The roles whose text a role's rows must not share an n-gram with (overlap.NGRAM_TOKENS words).
+_CHECKED_AGAINST: dict[str, tuple[str, ...]] = {
+    "calibration": (),
+    "selection": ("calibration",),
+    "test": ("calibration", "selection"),
+}
+_log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------- sources
@@ -436,6 +460,10 @@ class DataSplit:
         test_fraction / selection_fraction: probability that a document is test / selection.
         sources: the sources split.
         calibration / selection / test: ``"source:key"`` of each document in the role, sorted; disjoint.
+        grouped_documents: documents that took the role of another document of their content group
+            (same words, or nested in it: :mod:`~autocompress_opt.data.overlap`).
+        content_checked: whether the documents were grouped by content and held-out rows are checked
+            for shared n-grams (False above :data:`CONTENT_CHECK_MAX_DOCUMENTS` documents).
     """
 
     split_seed: int
@@ -445,6 +473,8 @@ class DataSplit:
     calibration: tuple[str, ...] = field(repr=False)
     selection: tuple[str, ...] = field(repr=False)
     test: tuple[str, ...] = field(repr=False)
+    grouped_documents: int = 0
+    content_checked: bool = True
 
     def documents(self, role: str) -> tuple[str, ...]:
         """Documents of ``role`` (one of :data:`ROLES`)."""
@@ -464,6 +494,10 @@ class DataSplit:
             "selection_fraction": self.selection_fraction,
             "sources": [vars(s).copy() for s in self.sources],
             **{f"n_{role}_documents": len(self.documents(role)) for role in ROLES},
+            "rule": SPLIT_RULE,
+            "ngram_tokens": _overlap.NGRAM_TOKENS,
+            "grouped_documents": self.grouped_documents,
+            "content_checked": self.content_checked,
             "assignment_sha256": self.assignment_sha256,
         }
 
@@ -493,31 +527,93 @@ def _split(
             f"test_fraction={test_fraction} + selection_fraction={selection_fraction} leave no calibration "
             "documents; their sum must be below 1"
         )
-    roles: dict[str, list[str]] = {role: [] for role in ROLES}
-    infos = []
+    infos, docs, role_ids = [], [], []
     for source in sources:
         keys = source.keys()
-        info = SourceInfo(
-            source.name, source.domain, source.licence, source.origin(), len(keys), source.content_sha256()
+        infos.append(
+            SourceInfo(source.name, source.domain, source.licence, source.origin(), len(keys), source.content_sha256())
         )
-        infos.append(info)
-        for key, role_id in zip(keys, source.role_ids()):
-            u = _unit(split_seed, *role_id)
-            role = (
-                "test"
-                if u < test_fraction
-                else "selection"
-                if u < test_fraction + selection_fraction
-                else "calibration"
-            )
-            roles[role].append(f"{source.name}:{key}")
+        docs += [f"{source.name}:{key}" for key in keys]
+        role_ids += list(source.role_ids())
+    checked = len(docs) <= CONTENT_CHECK_MAX_DOCUMENTS
+    if not checked:
+        warnings.warn(
+            f"the split's {len(docs):,} documents are more than CONTENT_CHECK_MAX_DOCUMENTS="
+            f"{CONTENT_CHECK_MAX_DOCUMENTS:,}: documents nested in others are not grouped and held-out rows "
+            "are not checked for text shared with calibration (identical documents still share a role)",
+            stacklevel=3,
+        )
+    representatives = _content_representatives(sources) if checked else list(range(len(docs)))
+    roles: dict[str, list[str]] = {role: [] for role in ROLES}
+    for doc, representative in zip(docs, representatives):
+        u = _unit(split_seed, *role_ids[representative])  # a group's role is its representative's
+        role = "test" if u < test_fraction else "selection" if u < test_fraction + selection_fraction else "calibration"
+        roles[role].append(doc)
     return DataSplit(
         split_seed,
         float(test_fraction),
         float(selection_fraction),
         tuple(infos),
         *(tuple(sorted(roles[role])) for role in ROLES),
+        grouped_documents=sum(i != r for i, r in enumerate(representatives)),
+        content_checked=checked,
     )
+
+
+_WORDS_CACHE_SIZE = 8  # sources' words kept per process (the built-in ones: about 10 MB each)
+_WORDS: dict[tuple[str, str, str], tuple[_overlap.DocumentWords, ...]] = {}
+_GROUPS: dict[tuple[tuple[str, str], ...], list[int]] = {}
+_INDEXES: dict[tuple[object, ...], _overlap.NgramIndex] = {}
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> Any:
+    """``value`` stored under ``key`` in a per-process cache of at most :data:`_WORDS_CACHE_SIZE` entries."""
+    cache[key] = value
+    while len(cache) > _WORDS_CACHE_SIZE:
+        cache.pop(next(iter(cache)))
+    return value
+
+
+def _document_words(source: TextSource, tokenizer: Any = None) -> tuple[_overlap.DocumentWords, ...]:
+    """:class:`~autocompress_opt.data.overlap.DocumentWords` of every document, in key order: of the
+    text as read, or with ``tokenizer`` as the model sees it (they differ only for a chat source)."""
+    key = _words_key(source, tokenizer)
+    if key not in _WORDS:
+        read = source.read if key[2] == "null" else lambda k: source.text(k, tokenizer)
+        _remember(_WORDS, key, tuple(_overlap.DocumentWords.of(read(k)) for k in source.keys()))  # noqa: SIM118 (a TextSource, not a dict)
+    return _WORDS[key]
+
+
+def _words_key(source: TextSource, tokenizer: Any) -> tuple[str, str, str]:
+    """What a source's words depend on: its name, its content and how ``tokenizer`` renders it."""
+    rendering = source.rendering(tokenizer) if tokenizer is not None else None
+    return source.name, source.content_sha256(), json.dumps(rendering, sort_keys=True, default=str)
+
+
+def _content_representatives(sources: Sequence[TextSource]) -> list[int]:
+    """For each document of ``sources`` (in source, then key order), the index of the document whose
+    role it takes (:func:`~autocompress_opt.data.overlap.content_groups`)."""
+    key = tuple((s.name, s.content_sha256()) for s in sources)
+    if key not in _GROUPS:
+        words = [w for s in sources for w in _document_words(s)]
+        _remember(_GROUPS, key, _overlap.content_groups(words))
+    return _GROUPS[key]
+
+
+def _overlap_index(
+    split: DataSplit, role: str, sources: Sequence[TextSource], tokenizer: Any
+) -> _overlap.NgramIndex | None:
+    """The n-grams that rows of ``role`` must not share: those of the calibration text for selection
+    rows, of the calibration and selection text for test rows (None for calibration rows)."""
+    against = _CHECKED_AGAINST[role]
+    if not against or not split.content_checked:
+        return None
+    key = (split.assignment_sha256, role, *(_words_key(s, tokenizer) for s in sources))
+    if key not in _INDEXES:
+        found = {s.name: dict(zip(s.keys(), _document_words(s, tokenizer))) for s in sources}
+        held = [doc.split(":", 1) for r in against for doc in split.documents(r)]
+        _remember(_INDEXES, key, _overlap.NgramIndex([found[name][k].grams for name, k in held]))
+    return _INDEXES[key]
 
 
 # --------------------------------------------------------------------- batches
@@ -539,6 +635,9 @@ class TextBatches:
         weights: the groups' row weights (``{source: weight}`` with user weights, else by domain).
         renderings: ``(source, how its documents became text)`` for each source that renders them
             (a chat source: the template, and whether its default system prompt was removed).
+        rows_dropped: rows of the role left out because they share an n-gram with the text of a
+            role they are checked against (:data:`_CHECKED_AGAINST`; test rows: calibration and
+            selection text); the rows kept were cut on after them.
     """
 
     tokens: torch.Tensor = field(repr=False)
@@ -551,6 +650,7 @@ class TextBatches:
     row_documents: tuple[tuple[str, ...], ...] = field(repr=False, default=())
     weights: tuple[tuple[str, float], ...] = ()
     renderings: tuple[tuple[str, dict[str, Any]], ...] = ()
+    rows_dropped: int = 0
 
     @property
     def n_samples(self) -> int:
@@ -582,6 +682,11 @@ class TextBatches:
             "rows_by_source": self.rows_by_source(),
             "weights": dict(self.weights),
             **({"rendering": dict(self.renderings)} if self.renderings else {}),
+            "overlap_check": {
+                "ngram_tokens": _overlap.NGRAM_TOKENS,
+                "against": list(_CHECKED_AGAINST[self.role]) if self.split.content_checked else [],
+                "rows_dropped": self.rows_dropped,
+            },
             "tokenizer": self.tokenizer,
             "split": self.split.to_dict(),
         }
@@ -626,17 +731,28 @@ def text_batches(
     groups = _groups(resolved, domain, weights)
     by_name = {s.name: s for s in resolved}
     store = _tokens.TokenStore(tokenizer, _token_folder(token_cache))
+    held_out = _overlap_index(split, role, resolved, tokenizer)
     rows: list[list[tuple[list[int], tuple[str, ...]]]] = []
     used: list[str] = []
+    dropped = 0
     for (label, members, _), count in zip(groups, _shares(n_samples, [w for _, _, w in groups])):
         if not count:
             rows.append([])
             continue
         docs = [d for d in split.documents(role) if d.split(":", 1)[0] in members]
-        group_rows, group_used = _group_rows(store, docs, by_name, count, seq_len, seed, role, label)
-        rows.append(group_rows)
-        used += group_used
+        group = _group_rows(store, docs, by_name, count, seq_len, seed, role, label, held_out)
+        rows.append(group.rows)
+        used += group.documents
+        dropped += group.dropped
     store.save()
+    if dropped:
+        _log.info(
+            "%d %s rows dropped: they share %d consecutive words with %s text",
+            dropped,
+            role,
+            _overlap.NGRAM_TOKENS,
+            " or ".join(_CHECKED_AGAINST[role]),
+        )
     ordered = _interleave(rows)
     tokens = torch.tensor([r for r, _ in ordered], dtype=torch.long)
     name = _tokens.tokenizer_label(tokenizer)
@@ -651,6 +767,7 @@ def text_batches(
         tuple(d for _, d in ordered),
         tuple((label, float(w)) for label, _, w in groups),
         _renderings(resolved, tokenizer),
+        dropped,
     )
 
 
@@ -718,6 +835,15 @@ def test_batches(
 test_batches.__test__ = False  # type: ignore[attr-defined]  # pytest: not a test despite the name
 
 
+@dataclass(frozen=True)
+class _GroupRows:
+    """One group's rows (token ids, documents), the documents used in order, and the rows dropped."""
+
+    rows: list[tuple[list[int], tuple[str, ...]]]
+    documents: list[str]
+    dropped: int
+
+
 def _group_rows(
     store: _tokens.TokenStore,
     docs: Sequence[str],
@@ -727,8 +853,10 @@ def _group_rows(
     seed: int,
     role: str,
     label: str,
-) -> tuple[list[tuple[list[int], tuple[str, ...]]], list[str]]:
-    """Rows of one group, each with its documents, built by the piece-per-pass scheme of the module doc."""
+    held_out: _overlap.NgramIndex | None = None,
+) -> _GroupRows:
+    """Rows of one group, each with its documents, built by the piece-per-pass scheme of the module
+    doc; with ``held_out``, a row sharing one of its n-grams is dropped and the next one cut instead."""
     if not docs:
         raise ConfigError(
             f"no {label} documents in the {role} split; add {label} text "
@@ -737,37 +865,52 @@ def _group_rows(
     tokenizer = store.tokenizer
     bos = _bos_id(tokenizer)
     body = seq_len - (bos is not None)
-    need, separator = n_rows * body, _tokens.encode(tokenizer, _PIECE_SEPARATOR)
+    separator = _tokens.encode(tokenizer, _PIECE_SEPARATOR)
     order = sorted(docs, key=lambda d: _digest(seed, "order", d))
-    pieces: dict[str, list[list[int]]] = {}
     stream: list[int] = []
     starts: list[int] = []  # stream offset where each appended piece begins
     owners: list[str] = []  # ... and its document
-    for round_ in itertools.count():
-        progressed = False
-        for doc in order:
-            if doc not in pieces:
-                pieces[doc] = _pieces(store, sources, doc, seq_len, seed)
-            if round_ < len(pieces[doc]):
-                starts.append(len(stream))
-                owners.append(doc)
-                stream += pieces[doc][round_] + separator
-                progressed = True
-            if len(stream) >= need:
-                break
-        if len(stream) >= need or not progressed:
-            break
-    if len(stream) < need:
-        raise ConfigError(
-            f"the {role} {label} text holds {len(stream):,} tokens from {len(docs)} documents; "
-            f"{n_rows} rows of {seq_len} need {need:,}: ask for fewer or shorter rows, or give more data"
-        )
+
+    def appended() -> Iterable[None]:
+        """Appends the next piece to the stream at each step (pass k: piece k of every document)."""
+        pieces: dict[str, list[list[int]]] = {}
+        for round_ in itertools.count():
+            progressed = False
+            for doc in order:
+                if doc not in pieces:
+                    pieces[doc] = _pieces(store, sources, doc, seq_len, seed)
+                if round_ < len(pieces[doc]):
+                    starts.append(len(stream))
+                    owners.append(doc)
+                    stream.extend(pieces[doc][round_] + separator)
+                    progressed = True
+                    yield None
+            if not progressed:
+                return
+
+    growing = appended()
     head = [] if bos is None else [bos]
-    rows = []
-    for i in range(n_rows):
+    rows: list[tuple[list[int], tuple[str, ...]]] = []
+    dropped = 0
+    for i in itertools.count():
+        if len(rows) == n_rows:
+            break
+        more = True
+        while more and len(stream) < (i + 1) * body:
+            more = next(growing, False) is None
+        if len(stream) < (i + 1) * body:
+            shared = f" ({dropped} rows of it dropped for sharing text with another role)" if dropped else ""
+            raise ConfigError(
+                f"the {role} {label} text holds {len(stream):,} tokens from {len(docs)} documents{shared}; "
+                f"{n_rows} rows of {seq_len} need {n_rows * body:,}: ask for fewer or shorter rows, or give more data"
+            )
+        ids = stream[i * body : (i + 1) * body]
+        if held_out is not None and held_out.shares(tokenizer.decode(ids)):
+            dropped += 1
+            continue
         first, last = bisect.bisect_right(starts, i * body) - 1, bisect.bisect_left(starts, (i + 1) * body)
-        rows.append((head + stream[i * body : (i + 1) * body], tuple(dict.fromkeys(owners[first:last]))))
-    return rows, list(dict.fromkeys(owners))
+        rows.append((head + ids, tuple(dict.fromkeys(owners[first:last]))))
+    return _GroupRows(rows, list(dict.fromkeys(owners)), dropped)
 
 
 def _pieces(

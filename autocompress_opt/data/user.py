@@ -43,8 +43,9 @@ at once unless the dataset is in the local cache.
 
 A document is the unit of the calibration / selection / test split, so a row never has tokens in
 two roles; a row's role is hashed from its text (appending rows moves no earlier row; equal rows
-share a role). A source's name (part of each document id) is the file or folder's name, not its
-path. ``datasets`` is imported only when a ``save_to_disk`` folder or a Hub dataset is read.
+share a role; a row nested in another takes its role: :mod:`~autocompress_opt.data.overlap`). A
+source's name (part of each document id) is the file or folder's name, not its path. ``datasets``
+is imported only when a ``save_to_disk`` folder or a Hub dataset is read.
 """
 
 from __future__ import annotations

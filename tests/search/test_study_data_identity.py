@@ -94,3 +94,34 @@ def test_a_study_from_before_data_digests_resumes_on_user_data_only_when_told(tm
         open_study(config, target, parent)
     open_study(replace(config, allow_data_change=True), target, parent)
     open_study(config, target, parent)
+
+
+def test_a_study_from_before_roles_by_content_resumes_only_when_told(tmp_path: Path) -> None:
+    """A weights study on the built-in text whose identity has no split rule (begun when roles were
+    hashed per document, and held-out rows not checked for shared text) chose its trials on other
+    rows: refused in one line naming the rule, resumed with allow_data_change, then the study's."""
+    from autocompress_opt.data.textdata import SPLIT_RULE
+
+    target = Target("rtx5070", "in-game")
+    config = StudyConfig(
+        name="rule",
+        model="smollm2-135m",
+        targets=(target,),
+        space=load_search_space("smollm2-135m"),
+        trials=2,
+        mode="weights",
+        storage=f"sqlite:///{tmp_path}/s.db",
+    )
+    parent = load_architecture("smollm2-135m")
+    study, _, _ = open_study(config, target, parent)
+    identity = dict(study.user_attrs["identity"])
+    assert identity["split_rule"] == SPLIT_RULE
+    del identity["split_rule"]  # as an earlier version stored it
+    study.set_user_attr("identity", identity)
+    with pytest.raises(ConfigError) as error:
+        open_study(config, target, parent)
+    message = str(error.value)
+    assert "\n" not in message and f"its split rule was None, now {SPLIT_RULE}" in message
+    assert "--allow-data-change" in message
+    open_study(replace(config, allow_data_change=True), target, parent)
+    open_study(config, target, parent)

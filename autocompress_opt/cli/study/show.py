@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from autocompress_opt.cli._common import print_json, table
+from autocompress_opt.cli._common import dropped_rows_note, print_json, table
 
 if TYPE_CHECKING:
     from autocompress_opt.arch.architecture import Architecture
@@ -81,6 +81,7 @@ def _test_line(scores: dict[int, dict[str, Any]]) -> str:
     return (
         f"test quality: exp(-KL) on the test split ({first['n_samples']} rows x {first['seq_len']} tokens per "
         f"domain; the objective's text: {domains}), documents no trial read; the Pareto points only"
+        f"{dropped_rows_note(first.get('data') or {})}"
     )
 
 

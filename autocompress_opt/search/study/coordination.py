@@ -248,8 +248,10 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
             # ... and before it recorded what its data held: alike without --data; with it, the rows'
             # roles were then hashed from row numbers, so such a study resumes only when told to
             added_later["data"] = None
+            # ... and before roles were assigned by content: its trials were chosen on other rows
+            added_later["split_rule"] = None
             diffs = [k for k in identity if old.get(k, added_later.get(k)) != identity[k]]
-            if diffs == ["data"]:
+            if diffs and set(diffs) <= {"data", "split_rule"}:
                 _resume_on_changed_data(study, name, old, identity, config.allow_data_change)
             elif diffs:
                 detail = "; ".join(f"{k}: stored {old.get(k)!r}, now {identity[k]!r}" for k in diffs)
@@ -282,7 +284,13 @@ def _resume_on_changed_data(
     change logged in the study's ``data_changes`` attribute."""
     from autocompress_opt.data.user import data_changes
 
-    what = data_changes(old.get("data"), identity["data"])
+    changes = [data_changes(old.get("data"), identity["data"])]
+    if old.get("split_rule") != identity["split_rule"]:
+        changes.append(
+            f"its split rule was {old.get('split_rule')}, now {identity['split_rule']} (documents nested in others "
+            "share their role; held-out rows sharing a long n-gram with calibration text are dropped)"
+        )
+    what = "; ".join(c for c in changes if c)
     if not allowed:
         raise ConfigError(
             f"study {name!r} was run on other data: {what}; resume on the new data with --allow-data-change, "
@@ -294,6 +302,7 @@ def _resume_on_changed_data(
 
 
 def _identity(config: StudyConfig, target: Target, objectives: Sequence[Objective]) -> dict[str, Any]:
+    from autocompress_opt.data.textdata import SPLIT_RULE
     from autocompress_opt.data.user import data_record
 
     specs = config.inner.get("data") if config.mode == "weights" else None
@@ -310,6 +319,8 @@ def _identity(config: StudyConfig, target: Target, objectives: Sequence[Objectiv
         "serve_as": config.serve_as_for(target),  # the engine whose loadable shapes the trials keep
         # what the --data specs held (source, documents, content SHA-256): a grown file is other data
         "data": data_record(specs) if specs else None,
+        # how text is assigned to roles (weights trials read it): another rule gives other rows
+        "split_rule": SPLIT_RULE if config.mode == "weights" else None,
     }
 
 
