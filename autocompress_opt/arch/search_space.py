@@ -4,7 +4,10 @@ A space names, for a parent model, the candidate values of five global choices:
 
 * ``num_layers`` — layers kept (the rest dropped);
 * ``hidden_size`` — residual width;
-* ``ffn_width`` — FFN intermediate size (every kept layer in plan mode; the mean budget later);
+* ``ffn_width`` — FFN intermediate size (every kept layer in plan mode; in weights mode the mean
+  budget, which the uniform model keeps exactly and a per-layer shape meets in the engine's width
+  multiple, to within the total rounded down to it:
+  :meth:`~autocompress_opt.prune.loadability.ShapeRules.ffn_total`);
 * ``num_kv_heads`` — KV heads per attention layer;
 * ``q_per_kv`` — query heads per KV head (query heads = ``num_kv_heads · q_per_kv``).
 
@@ -41,6 +44,7 @@ __all__ = [
     "SearchSpace",
     "default_space",
     "load_search_space",
+    "space_changes",
     "uniform_allocation",
 ]
 
@@ -358,6 +362,24 @@ def _sparse_space(parent: Architecture, sampler: str) -> SearchSpace:
         ranges["mamba_heads"] = fraction_steps(mamba.num_heads, 0.5, multiple=mamba.groups)
     order = [name for name in CHOICES + SPARSE_CHOICES if name in ranges]  # the YAML form's order
     return SearchSpace(tuple(Choice(name, ranges[name]) for name in order), sampler=sampler)
+
+
+def space_changes(stored: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """What differs between two serialised spaces (:meth:`SearchSpace.to_dict`), one clause per changed
+    key, a range written ``min..max step s``: e.g. ``ffn_width stored 256..1536 step 64, now 256..1536
+    step 256``. Empty when they are equal."""
+
+    def brief(raw: Any) -> str:
+        values = raw.get("choices") if isinstance(raw, Mapping) else raw
+        if not isinstance(values, list) or not all(isinstance(v, int) for v in values):
+            return repr(raw)
+        steps = {b - a for a, b in itertools.pairwise(values)}
+        if len(values) > 2 and len(steps) == 1:
+            return f"{values[0]}..{values[-1]} step {steps.pop()}"
+        return str(values)
+
+    keys = [k for k in (*stored, *(k for k in now if k not in stored)) if stored.get(k) != now.get(k)]
+    return "; ".join(f"{k} stored {brief(stored.get(k))}, now {brief(now.get(k))}" for k in keys)
 
 
 def _down_from(top: int, step: int, floor: int) -> tuple[int, ...]:

@@ -237,6 +237,21 @@ class ShapeRules:
     first_layer_attention: bool = False
     why_uniform: str = ""
 
+    def ffn_total(self, num_layers: int, ffn_width: int) -> int:
+        """The most FFN channels, summed over the layers, that a shape under these rules keeps within a
+        mean FFN width of ``ffn_width`` over ``num_layers`` layers (a trial's budget,
+        :class:`~autocompress_opt.search.inner.budget.Budget`).
+
+        The uniform model keeps ``ffn_width`` in every layer: a plain checkpoint loads any width, so
+        every value of a search space's FFN axis is realised exactly. A per-layer shape mixes widths
+        in multiples of :attr:`ffn_multiple` (256 for the DeciLM readers), so it meets the mean up to
+        the total ``num_layers · ffn_width`` rounded down to that multiple: less than
+        ``ffn_multiple / num_layers`` channels per layer short (SmolLM2, 30 layers at 1088: 32512 of
+        32640 channels, a mean of 1083.7). Without per-layer shapes (:attr:`heterogeneous` False) it
+        is the uniform model's total."""
+        total = num_layers * ffn_width
+        return total // self.ffn_multiple * self.ffn_multiple if self.heterogeneous else total
+
     def to_dict(self) -> dict[str, object]:
         return {
             "engine": self.engine,

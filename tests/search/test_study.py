@@ -531,6 +531,9 @@ def test_a_weights_study_seeds_kl_scored_baselines_and_records_the_inner_candida
         own = {n for n in (r.baseline or "").split("+") if n and "architecture" in seeds[n]}
         assert r.selection is not None and r.selection["chosen"] in set(CANDIDATES) | own
         assert r.timings_s is not None and r.timings_s["total"] >= r.timings_s["search"] > 0  # where the time went
+        # how the sampled FFN width was realised (serve_as any: any width in any layer, nothing rounded)
+        assert r.ffn_budget is not None and r.ffn_budget["multiple"] == 1
+        assert r.ffn_budget["channels"] == r.ffn_budget["heterogeneous_channels"] >= r.ffn_budget["kept_channels"]
         assert set(r.selection["val_kl"]) == set(CANDIDATES) | own
         heldout = r.selection.get("heldout_kl")
         if heldout:  # the baselines' models competed on the study's objective too: the trial kept the best
@@ -548,6 +551,7 @@ def test_a_weights_study_seeds_kl_scored_baselines_and_records_the_inner_candida
     rows = [r for r in json.loads(capsys.readouterr().out) if r["state"] == "COMPLETE"]
     assert all(r["candidate"] in set(CANDIDATES) | set(SEEDED_BASELINES) and "val_kl[uniform]" in r for r in rows)
     assert all(r["seconds[total]"] >= r["seconds[quality]"] >= 0 for r in rows)
+    assert all(r["ffn_channels[budget]"] >= r["ffn_channels[kept]"] for r in rows)
 
 
 def test_the_120b_case_finds_architectures_that_fit_one_b200(tmp_path: Path) -> None:

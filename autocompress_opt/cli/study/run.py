@@ -115,7 +115,7 @@ def add_parser(actions: Any) -> None:
     run.add_argument(
         "--space",
         help="search-space YAML or bundled name (default: search_spaces/<model>.yaml if "
-        "present, else derived from the parent)",
+        "present, else derived from the parent); part of a study's identity: a resume with another space is refused",
     )
     run.add_argument("--sampler", choices=["tpe", "nsga2", "gp", "random"], help="override the space's sampler")
     run.add_argument(

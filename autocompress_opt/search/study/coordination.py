@@ -15,11 +15,12 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.search_space import space_changes
 from autocompress_opt.cache import file_lock, process_alive
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.loadability import parent_problems
@@ -254,7 +255,7 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
             if diffs and set(diffs) <= {"data", "split_rule"}:
                 _resume_on_changed_data(study, name, old, identity, config.allow_data_change)
             elif diffs:
-                detail = "; ".join(f"{k}: stored {old.get(k)!r}, now {identity[k]!r}" for k in diffs)
+                detail = "; ".join(_difference(k, old.get(k), identity[k]) for k in diffs)
                 raise ConfigError(f"study {name!r} exists with different settings ({detail}). Use another --name.")
             return study, storage, dict(study.user_attrs["parent_metrics"])
         cost = cost if cost is not None else parent_metrics(parent, target)
@@ -274,6 +275,15 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
             optuna.delete_study(study_name=name, storage=storage)
             raise
         return study, storage, cost
+
+
+def _difference(key: str, stored: Any, now: Any) -> str:
+    """One clause of a refused resume: the identity ``key``'s stored and new values; a search space by
+    the choices that changed (:func:`~autocompress_opt.arch.search_space.space_changes`), since the
+    study's sampler has drawn every stored trial from the stored space."""
+    if key == "space" and isinstance(stored, Mapping) and isinstance(now, Mapping):
+        return f"space: {space_changes(stored, now)}"
+    return f"{key}: stored {stored!r}, now {now!r}"
 
 
 def _resume_on_changed_data(

@@ -50,6 +50,9 @@ class TrialRecord:
     ``search``: the inner search; ``quality``: the held-out measurement(s); ``total``). ``kept``
     (weights mode): the parent layers, heads, KV groups, FFN and hidden channels the trial's model
     kept (:meth:`~autocompress_opt.prune.plan.PrunePlan.kept`; None for trials stored before it was).
+    ``ffn_budget`` (weights mode): the sampled FFN width, the most FFN channels a per-layer shape under
+    the engine's rules keeps within it and what the trial's model kept
+    (:func:`~autocompress_opt.search.study.weights_trial.ffn_budget`; None for trials stored before it was).
     """
 
     study: str
@@ -72,6 +75,7 @@ class TrialRecord:
     proxy_rank: int | None = None  # the proxy's rank of a point it enqueued (1 = best)
     timings_s: dict[str, float] | None = None  # weights mode: parent / search / quality / total seconds
     kept: dict[str, Any] | None = None  # weights mode: the kept indices the trial measured (PrunePlan.kept)
+    ffn_budget: dict[str, int] | None = None  # weights mode: the sampled FFN width and what was kept of it
 
     def arch(self) -> Architecture | None:
         return Architecture.from_dict(self.architecture) if self.architecture else None
@@ -102,6 +106,7 @@ def trial_record(study_name: str, trial: Any) -> TrialRecord:
         proxy_rank=attrs.get("proxy_rank"),
         timings_s=attrs.get("timings_s"),
         kept=attrs.get("kept"),
+        ffn_budget=attrs.get("ffn_budget"),
     )
 
 

@@ -380,6 +380,8 @@ class StudySearcher(Searcher):
             trial.set_user_attr("selection", payload["selection"])
         if "timings_s" in payload:  # weights mode: where the trial's time went (parent, search, quality)
             trial.set_user_attr("timings_s", payload["timings_s"])
+        if "ffn_budget" in payload:  # weights mode: the sampled FFN width and what the trial's model kept of it
+            trial.set_user_attr("ffn_budget", payload["ffn_budget"])
         violations = self.target.violations(metrics, self.parent_cost)
         for key, value in violations.items():
             trial.set_constraint(key, float(value))

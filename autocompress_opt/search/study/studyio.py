@@ -117,7 +117,9 @@ def export_rows(view: StudyView) -> list[dict[str, Any]]:
     stopped early (state PRUNED), ``stopped_at_step``, ``stopped_val_kl`` and ``stopped_violation``:
     its last report; ``proxy_infeasible`` (the proxy's violations, JSON) for a point the proxy kept
     from running, ``proxy_rank`` for one it enqueued; ``seconds[<part>]``: where a completed weights
-    trial's time went (parent load, inner search, quality, total)."""
+    trial's time went (parent load, inner search, quality, total); ``ffn_channels[<part>]``: a weights
+    trial's FFN budget (``budget``: ``num_layers · ffn_width``), the most a per-layer shape keeps
+    within it under the engine's rules (``heterogeneous``) and what its model kept (``kept``)."""
     rows = []
     for r in view.records:
         row: dict[str, Any] = {
@@ -150,6 +152,15 @@ def export_rows(view: StudyView) -> list[dict[str, Any]]:
         if r.timings_s:
             row.update(
                 {f"seconds[{k}]": v for k, v in r.timings_s.items() if k in ("parent", "search", "quality", "total")}
+            )
+        if r.ffn_budget:
+            b = r.ffn_budget
+            row.update(
+                {
+                    "ffn_channels[budget]": b["channels"],
+                    "ffn_channels[heterogeneous]": b["heterogeneous_channels"],
+                    "ffn_channels[kept]": b["kept_channels"],
+                }
             )
         if r.error:
             row["error"] = r.error.splitlines()[0]

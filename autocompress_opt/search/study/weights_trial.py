@@ -14,6 +14,7 @@
     result  = {"architecture": dict, "kept": {...}, "metrics": {...}, "quality": exp(-KL), "quality_kind": "exp_neg_kl",
                "kl_to_parent": nats, "kl_code", "kl_prose", "ppl_code", "ppl_prose",
                "quality_cached": bool, "inner": {...search summary...}, "timings_s": {...},
+               "ffn_budget": {"width", "multiple", "channels", "heterogeneous_channels", "kept_channels"},
                "selection": {"chosen": "trained" | "start" | "uniform" | a baseline's name,
                              "val_kl": {candidate: nats | None}, "feasible": {candidate: bool}},
                "compute": {"device": "cpu" | "cuda:0" | ..., "dtype": "fp32" | "bf16" | "fp16", "devices": [...]},
@@ -38,6 +39,12 @@ worse than the baseline it was seeded with. Such a trial measures its baselines'
 (:attr:`~autocompress_opt.search.study.progress.TrialProgress.fallback`): if the study's scheduler stops
 the trial early, the study records that result (``selection["stopped_at_step"]``), so a seeded
 point can be stopped like any other without losing the baseline it holds.
+
+``ffn_budget`` (:func:`ffn_budget`) says how the sampled FFN width was realised: the uniform
+candidate keeps it exactly in every layer (a plain checkpoint loads any width), while a per-layer
+shape under a DeciLM engine's rules mixes widths in multiples of 256 and so keeps at most the
+budget's ``num_layers · ffn_width`` channels rounded down to 256; the record gives that bound and
+what the returned model keeps, so no shortfall is silent.
 
 Steps: load the parent (cached per process), its importance (``estimate_importance`` with its disk
 cache, ``.autocompress/importance/``), the parent's log-probs on the calibration rows (once,
@@ -72,6 +79,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +94,7 @@ from autocompress_opt.hf.adapters import MOE_ADAPTERS, architecture_mismatch, mo
 from autocompress_opt.hf.device import dtype_name, resolve_compute_dtype, resolve_device
 from autocompress_opt.hf.memory import DEFAULT_TEACHER_BUDGET_GIB
 from autocompress_opt.prune.importance import Importance, estimate_importance
-from autocompress_opt.prune.loadability import shape_rules
+from autocompress_opt.prune.loadability import SERVE_AS_ANY, ShapeRules, shape_rules
 from autocompress_opt.prune.plan import PrunePlan, plan_pruning
 from autocompress_opt.quality.metrics import Teacher, kl_and_perplexity
 from autocompress_opt.search.inner.block_solver import NAME as BLOCK_LIBRARY
@@ -111,6 +119,7 @@ __all__ = [
     "choice_rows",
     "clear_trial_cache",
     "evaluate_architecture",
+    "ffn_budget",
     "heldout_quality",
     "inner_search",
     "load_parent",
@@ -120,6 +129,7 @@ __all__ = [
     "parent_parts",
     "run_weights_trial",
     "search_rows",
+    "trial_rules",
     "workload_domain",
 ]
 
@@ -618,6 +628,33 @@ def _quality(
 
 
 # ------------------------------------------------------------------------------- trial
+def trial_rules(serve_as: str, parent: Architecture, budget: Budget) -> ShapeRules | None:
+    """The ``serve_as`` engine's shape rules for a trial of ``budget`` on ``parent``
+    (:func:`~autocompress_opt.prune.loadability.shape_rules` at the trial's hidden size and query heads)."""
+    return shape_rules(
+        serve_as, parent, hidden_size=budget.hidden_size, query_heads=budget.num_kv_heads * budget.q_per_kv
+    )
+
+
+def ffn_budget(budget: Budget, rules: ShapeRules | None, arch: Architecture) -> dict[str, int]:
+    """How a trial realised its sampled FFN width (JSON-safe; the study stores it as ``ffn_budget``).
+
+    ``width``: the sampled mean, which the uniform candidate keeps in every layer; ``multiple``: the
+    width multiple of every layer of a per-layer shape under the engine's rules (1: any width);
+    ``channels``: the budget, ``num_layers · width`` FFN channels; ``heterogeneous_channels``: the
+    most a per-layer shape keeps within it (:meth:`~autocompress_opt.prune.loadability.ShapeRules.ffn_total`:
+    ``channels`` rounded down to ``multiple``); ``kept_channels``: what ``arch`` keeps. So a
+    trial whose per-layer widths fall short of its sampled width says by how much, and why."""
+    legal = rules if rules is not None else ShapeRules(SERVE_AS_ANY)  # no rules: any width in any layer
+    return {
+        "width": budget.ffn_width,
+        "multiple": legal.ffn_multiple if legal.heterogeneous else 1,
+        "channels": budget.num_layers * budget.ffn_width,
+        "heterogeneous_channels": legal.ffn_total(budget.num_layers, budget.ffn_width),
+        "kept_channels": sum(layer.ffn_width for layer in arch.active().layers if layer.ffn),
+    }
+
+
 def inner_search(
     parent: ParentContext,
     params: Mapping[str, int],
@@ -641,9 +678,7 @@ def inner_search(
     (None: the importance start)."""
     order = layer_order or parent.importance.layer_order()
     budget = Budget.from_params(params)
-    rules = shape_rules(
-        serve_as, parent.architecture, hidden_size=budget.hidden_size, query_heads=budget.num_kv_heads * budget.q_per_kv
-    )
+    rules = trial_rules(serve_as, parent.architecture, budget)
     return search(
         parent.model,
         parent.architecture,
@@ -695,6 +730,8 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     params = dict(request["params"])
     if serve_as != "any":
         params = legal_point(params, SearchSpace.from_dict(request["space"]), parent_arch, serve_as)
+    budget = Budget.from_params(params)
+    realised = partial(ffn_budget, budget, trial_rules(serve_as, parent_arch, budget))  # of the returned model
     baselines = {name: Architecture.from_dict(a) for name, a in (request.get("baselines") or {}).items()}
     timings = {"parent": ready - began}
     if fresh:
@@ -703,6 +740,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         report(TrialProgress("baseline", 0, steps))
         fallback = _baseline_fallback(parent, baselines, target, cache_dir, timings, began)
         if fallback is not None:
+            fallback["ffn_budget"] = realised(Architecture.from_dict(fallback["architecture"]))
             report(TrialProgress("baseline", 0, steps, fallback=json.dumps(fallback)))
     say(last[0])
     extra = dict(baselines)
@@ -756,6 +794,7 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     timings.update({"search": searched - searching, "quality": done - searched, "total": done - began})
     return {
         **_payload(parent, arch, plan, target, quality, cached, selection, timings),
+        "ffn_budget": realised(arch),
         "inner": {**result.summary(), "config": config.to_dict()},
     }
 
@@ -785,9 +824,7 @@ def _block_library_answer(
         model_id=parent.parent_id,
         cache_dir=cache_dir / "block_library",
     )
-    rules = shape_rules(
-        serve_as, parent.architecture, hidden_size=budget.hidden_size, query_heads=budget.num_kv_heads * budget.q_per_kv
-    )
+    rules = trial_rules(serve_as, parent.architecture, budget)
     solution = solve_block_library(library, budget, CostGoal.for_target(target, parent.architecture), rules=rules)
     return solution.architecture if solution.feasible else None
 
