@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from _h2h_test import TestRows, differences, summary
 from _util import provenance, write
-from bench_ablation import engine_for
+from bench_ablation import _overrides, engine_for
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.prune.plan import plan_pruning
@@ -73,6 +73,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=128, help="tokens per test row")
     p.add_argument("--seed", type=int, default=0, help="inner-search seed")
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of each interval")
+    p.add_argument(
+        "--inner",
+        default="",
+        help="inner-search overrides of the trained arms, key=value,... (e.g. width_step=shared)",
+    )
     p.add_argument("--name", default="inner_arms", help="results/<name>.json")
     return p.parse_args(argv)
 
@@ -90,10 +95,17 @@ def per_layer(arch: Architecture) -> list[dict[str, int]]:
 
 
 def cell(
-    context: Any, target: Target, params: dict[str, int], seed: int, test_rows: TestRows, n_boot: int
+    context: Any,
+    target: Target,
+    params: dict[str, int],
+    seed: int,
+    test_rows: TestRows,
+    n_boot: int,
+    inner: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The five arms of one (target, budget): searched, cut, scored on the test rows."""
-    config = TrialConfig.from_dict(None, seed=seed)
+    """The five arms of one (target, budget): searched, cut, scored on the test rows; ``inner``
+    overrides the inner search's settings (the data settings stay the defaults)."""
+    config = TrialConfig.from_dict(inner or None, seed=seed)
     engine = engine_for(target, "target")
     seconds: dict[str, float] = {}
     began = time.perf_counter()
@@ -166,7 +178,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--budgets: {unknown} not among {', '.join(BUDGETS)}")
     targets = [Target(*t.split(":", 1)) for t in args.targets.split(",")]
     path = RESULTS / f"{args.name}.json"
-    settings = {"rows": args.rows, "seq_len": args.seq_len, "seed": args.seed, "n_boot": args.n_boot}
+    inner = _overrides(args.inner)
+    settings: dict[str, Any] = {"rows": args.rows, "seq_len": args.seq_len, "seed": args.seed, "n_boot": args.n_boot}
+    if inner:  # only when given: results written before the option resume as they were
+        settings["inner"] = inner
     done: dict[str, Any] = {}
     if path.exists():
         old = json.loads(path.read_text())
@@ -184,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
             began = time.perf_counter()
             done[key] = {
                 "budget": budget,
-                **cell(context, target, dict(BUDGETS[budget]), args.seed, test_rows, args.n_boot),
+                **cell(context, target, dict(BUDGETS[budget]), args.seed, test_rows, args.n_boot, inner),
             }
             done[key]["seconds"]["cell"] = time.perf_counter() - began
             line = ", ".join(
