@@ -110,7 +110,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autocompress_opt.arch.catalog import load_architecture
-    from autocompress_opt.serving.aic import estimate_cost_aic, resolve_backend
+    from autocompress_opt.serving.aic import estimate_cost_backend
     from autocompress_opt.serving.costmodel import Scenario, cost_intervals, describe_regime, estimate_cost
     from autocompress_opt.serving.engine_models import get_engine
     from autocompress_opt.serving.hardware import get_hardware
@@ -136,7 +136,6 @@ def run(args: argparse.Namespace) -> int:
     _check_context(arch, args.input_len, args.output_len)
     check_fraction(args.confidence, "--confidence", one=False, hint="e.g. 0.9")
     profile = get_profile(engine.name, hardware.name)
-    backend = resolve_backend(args.backend, arch, hardware.name, engine.name, scenario)
     cost = estimate_cost(arch, hardware.name, engine, scenario, profile)
     fits = cost.peak_memory_gib <= hardware.memory_gib
     regime = describe_regime(scenario, cost)
@@ -144,8 +143,8 @@ def run(args: argparse.Namespace) -> int:
         k: None if v is None else float(v)
         for k, v in cost_intervals(cost.to_dict(), scenario, profile, args.confidence).items()
     }
+    cost, backend = estimate_cost_backend(args.backend, arch, hardware.name, engine, scenario, cost)
     if backend == "aic":  # the profile's residuals are this toolkit's errors, not AIConfigurator's: no interval
-        cost = estimate_cost_aic(arch, hardware.name, engine, scenario, cost)
         bounds = dict.fromkeys(bounds)
     sparse = _sparse_report(arch, engine, scenario, cost) if arch.dense_problem() else None
     if args.json:

@@ -39,6 +39,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from autocompress_opt.serving.profiles import clear_cache, save_profile
     from autocompress_opt.serving.validation import (
+        SEGMENTS,
         SHIPPED_MEASUREMENTS,
         family_of,
         fit_published,
@@ -122,6 +123,12 @@ def run(args: argparse.Namespace) -> int:
         mine = [abs(r.error) for r in results if (r.id in moe) == want]
         if mine:
             print(f"{label:<17} {len(mine):>3} rows: {kind} {statistics.median(mine):.1%}, max {max(mine):.1%}")
+    # Datacenter and consumer rows apart (issue 45): consumer GPUs and llama.cpp keep the own calibrated
+    # model, so a gain on the datacenter rows must not average away a loss on them.
+    for segment in SEGMENTS:
+        mine = [abs(r.error) for r in results if r.segment == segment]
+        if mine:
+            print(f"{segment:<24} {len(mine):>3} rows: {kind} {statistics.median(mine):.1%}, max {max(mine):.1%}")
     if aic:
         _print_side_by_side(results, aic, kind)
     families = {obs.label: family_of(obs) for obs, _ in rows}

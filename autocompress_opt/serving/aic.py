@@ -45,6 +45,7 @@ __all__ = [
     "aic_installed",
     "check_covered",
     "estimate_cost_aic",
+    "estimate_cost_backend",
     "predict_rows",
     "resolve_backend",
 ]
@@ -271,10 +272,20 @@ class AicPricer:
             return []
         # The engine needs each attention op's table lane resolved first (what its own
         # _evaluate_single_op does).
+        from aiconfigurator_core.sdk.errors import InterpolationDataNotAvailableError, PerfDataNotAvailableError
+
         with _quiet():
             _resolve_attention_lane_orders(list(op_list), self.database, None)
             ops_json = build_ops_json(list(op_list))
-            rows = self.handle.evaluate_ops_json(ops_json, is_context=context, batch_size=batch, s=seq)
+            try:
+                rows = self.handle.evaluate_ops_json(ops_json, is_context=context, batch_size=batch, s=seq)
+            except (PerfDataNotAvailableError, InterpolationDataNotAvailableError) as exc:
+                # e.g. grouped-query attention with 3, 5, 6 or 7 KV heads: its attention tables hold
+                # 1, 2, 4 and 8 KV heads per rank, and any count when every query head has its own.
+                first = str(exc).splitlines()[0][:200]
+                raise ConfigError(
+                    f"AIConfigurator's {self.system}/{self.backend} database lacks a shape: {first}"
+                ) from None
         return [(str(name), float(ms)) for name, ms, *_ in rows]
 
     # ------------------------------------------------------------------ prices (ms)
@@ -379,6 +390,24 @@ def estimate_cost_aic(
     )
 
 
+def estimate_cost_backend(
+    requested: str, arch: Architecture, hardware: str, engine: Engine, scenario: Scenario, own: CostEstimate
+) -> tuple[CostEstimate, str]:
+    """``own`` (this toolkit's estimate) priced by the backend ``requested`` resolves to
+    (:func:`resolve_backend`), and that backend's name. Under ``auto`` the backend falls back to
+    ``own`` also where its database lacks one of ``arch``'s shapes (a :class:`ConfigError` from the
+    lookups); under ``aic`` that error is raised."""
+    backend = resolve_backend(requested, arch, hardware, engine.name, scenario)
+    if backend == "own":
+        return own, "own"
+    try:
+        return estimate_cost_aic(arch, hardware, engine, scenario, own), "aic"
+    except ConfigError:
+        if requested == "aic":
+            raise
+        return own, "own"
+
+
 def predict_rows(rows: Sequence[tuple[Observation, str]]) -> dict[str, float]:
     """AIConfigurator's prediction of each measured row it can express, by row label: dense
     models on covered hardware, engines and formats, one offline burst wave
@@ -394,7 +423,10 @@ def predict_rows(rows: Sequence[tuple[Observation, str]]) -> dict[str, float]:
         except ConfigError:
             continue
         own = estimate_cost(obs.arch, hardware, engine, obs.scenario, get_profile(engine.name, hardware))
-        value = estimate_cost_aic(obs.arch, hardware, engine, obs.scenario, own).to_dict().get(obs.metric)
+        try:
+            value = estimate_cost_aic(obs.arch, hardware, engine, obs.scenario, own).to_dict().get(obs.metric)
+        except ConfigError:  # a shape its database lacks
+            continue
         if value is not None:
             out[obs.label] = float(value)
     return out

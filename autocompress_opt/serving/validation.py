@@ -49,6 +49,7 @@ from autocompress_opt.serving.profiles import (
 )
 
 __all__ = [
+    "SEGMENTS",
     "SHIPPED_MEASUREMENTS",
     "ValidationRow",
     "family_of",
@@ -57,6 +58,7 @@ __all__ = [
     "is_moe",
     "leave_one_source_out",
     "load_measurements",
+    "segment_of",
     "validate",
 ]
 
@@ -101,6 +103,7 @@ class ValidationRow:
     bound_ok: bool
     source: str
     routed_pair_ns: float = 0.0  # the profile's time per routed (token, expert) pair it was predicted with
+    segment: str = ""  # datacenter or consumer GPU / llama.cpp (segment_of)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -241,6 +244,7 @@ def validate(rows: Sequence[tuple[Observation, str]], profile: CostProfile | Non
                 bound_ok=bound <= obs.value if is_latency else bound >= obs.value,
                 source=source,
                 routed_pair_ns=round(float(_used(obs, profile).routed_pair_ns), 4),
+                segment=segment_of(obs),
             )
         )
     return results
@@ -291,6 +295,21 @@ def family_of(obs: Observation) -> str:
     """The row's model family (``llama``, ``qwen3_moe``, ``gpt_oss``, ``nemotron_h`` …): errors are
     reported per family."""
     return obs.arch.family
+
+
+# The two kinds of row whose errors are reported apart (issue 45): a better predictor of the
+# datacenter rows (e.g. NVIDIA AIConfigurator's kernels) must not hide a loss on the consumer ones,
+# which keep this toolkit's own calibrated model.
+SEGMENTS: tuple[str, ...] = ("datacenter", "consumer GPU / llama.cpp")
+
+
+def segment_of(obs: Observation) -> str:
+    """Which of :data:`SEGMENTS` a row belongs to: ``consumer GPU / llama.cpp`` for a GeForce card
+    (a device with an FP16-accumulate rate of its own, ``Hardware.fp16_acc_tflops``), the host CPU,
+    or any row served by llama.cpp; ``datacenter`` for the rest (H100, H200, B200 with vLLM or
+    TensorRT-LLM)."""
+    consumer = obs.hardware.fp16_acc_tflops is not None or obs.hardware.name == "cpu" or obs.engine.name == "llamacpp"
+    return SEGMENTS[1] if consumer else SEGMENTS[0]
 
 
 def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True) -> list[CostProfile]:

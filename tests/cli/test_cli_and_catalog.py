@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -305,6 +306,29 @@ def test_validate_held_out_predicts_each_source_without_its_own_rows(
     code, out, _ = run_cli(capsys, "validate", "--measurements", str(path), "--held-out")
     assert code == 0 and re.search(r"family nemotron_h +\d+ rows: held-out median \|error\| \d+\.\d%", out)
     assert re.search(r"^MoE/hybrid +\d+ rows: held-out median \|error\| \d+\.\d%", out, re.M)
+
+
+def test_validate_held_out_reports_datacenter_and_consumer_rows_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 45: consumer GPUs and llama.cpp keep the own model, so their error is printed on a line of
+    its own beside the datacenter rows' (a gain on one cannot hide a loss on the other), and each
+    JSON row says which it is. pub1 is Llama-3.1-8B on H100 with TensorRT-LLM; the others run llama.cpp
+    on GeForce cards."""
+    from autocompress_opt.serving.validation import SHIPPED_MEASUREMENTS
+
+    lines = SHIPPED_MEASUREMENTS.read_text(encoding="utf-8").splitlines()
+    geforce = [line for line in lines if ",rtx" in line][:2]
+    path = tmp_path / "three.csv"
+    path.write_text("\n".join([lines[0], *[line for line in lines if line.startswith("pub1,")], *geforce]) + "\n")
+    code, out, _ = run_cli(capsys, "validate", "--measurements", str(path), "--held-out", "--json")
+    rows = {r["id"]: r for r in json.loads(out)}
+    assert code == 0 and rows.pop("pub1")["segment"] == "datacenter"
+    assert [r["segment"] for r in rows.values()] == ["consumer GPU / llama.cpp"] * 2
+    code, out, _ = run_cli(capsys, "validate", "--measurements", str(path), "--held-out")
+    consumer = statistics.median(abs(r["error"]) for r in rows.values())
+    assert code == 0 and re.search(r"^datacenter +1 rows: held-out median \|error\| \d+\.\d%", out, re.M)
+    assert re.search(rf"^consumer GPU / llama\.cpp +2 rows: held-out median \|error\| {consumer:.1%}", out, re.M)
 
 
 def test_validate_held_out_and_fit_together_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
