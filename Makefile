@@ -21,22 +21,23 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# A machine with an NVIDIA GPU: torch 2.13.0's CUDA build from PyTorch's wheel index (it replaces
-# the CPU build; `install`'s `torch==2.13.0` is then already met), then everything `install`
-# installs, in the same .venv. TORCH_CUDA=cu130 (CUDA 13.0, the build PyPI serves for Linux: needs
-# an NVIDIA driver >= 580; Hopper and Blackwell GPUs: H100/H200, B200, RTX 5070/5080); another
-# build of that index with e.g. `make install-gpu TORCH_CUDA=cu128` (driver >= 570). Not part of
-# demo/test/CI, which run on the CPU. The last line prints torch's CUDA version and the GPUs it sees.
-TORCH_CUDA  ?= cu130
-TORCH_INDEX ?= https://download.pytorch.org/whl/$(TORCH_CUDA)
+# A machine with an NVIDIA GPU: torch 2.13.0's CUDA build from pip's own index (PyPI's Linux wheels
+# carry CUDA 13.0, needing an NVIDIA driver >= 580; a PyPI mirror, PIP_INDEX_URL, serves the same),
+# reinstalled over `install`'s CPU build (2.13.0+cpu satisfies `torch==2.13.0`, hence the forced
+# reinstall), then everything `install` installs, in the same .venv. Another index only when named:
+# `make install-gpu TORCH_INDEX=https://download.pytorch.org/whl/cu128` (PyTorch's, for a driver
+# >= 570). It ends with the torch / CUDA / driver triple, or one line and exit 1 where CUDA is not
+# usable (a CPU wheel from the index, a driver too old): python -m autocompress_opt.hf.cuda_check.
+# Not part of demo/test/CI, which run on the CPU.
+TORCH_INDEX ?=
 
 install-gpu:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "torch==2.13.0+$(TORCH_CUDA)" --index-url $(TORCH_INDEX)
+	$(PY) -m pip install -q --force-reinstall "torch==2.13.0" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	rm -f $(STAMP)
 	$(MAKE) install
-	$(PY) -c "import torch; n = torch.cuda.device_count(); print('torch', torch.__version__, 'CUDA', torch.version.cuda, '-', n, 'GPU(s):', ', '.join(torch.cuda.get_device_name(i) for i in range(n)) or 'none visible (driver?)')"
+	$(PY) -m autocompress_opt.hf.cuda_check
 
 # The demo's three phases (study run, study show, plot) run through benchmarks/demo_result.py, which
 # times each and writes benchmarks/results/demo.json (timings, trial counts, best point per target,
