@@ -73,7 +73,7 @@ import tokenize
 import warnings
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -554,7 +554,9 @@ def _split(
         float(test_fraction),
         float(selection_fraction),
         tuple(infos),
-        *(tuple(sorted(roles[role])) for role in ROLES),
+        calibration=tuple(sorted(roles["calibration"])),
+        selection=tuple(sorted(roles["selection"])),
+        test=tuple(sorted(roles["test"])),
         grouped_documents=sum(i != r for i, r in enumerate(representatives)),
         content_checked=checked,
     )
@@ -871,7 +873,7 @@ def _group_rows(
     starts: list[int] = []  # stream offset where each appended piece begins
     owners: list[str] = []  # ... and its document
 
-    def appended() -> Iterable[None]:
+    def appended() -> Iterator[None]:
         """Appends the next piece to the stream at each step (pass k: piece k of every document)."""
         pieces: dict[str, list[list[int]]] = {}
         for round_ in itertools.count():
