@@ -134,7 +134,7 @@ the export is the model the trial measured; a plan-mode trial is cut like --arch
     )
     p.add_argument("--seq-len", type=int, default=128, help="tokens per calibration sequence (default 128)")
     p.add_argument("--seed", type=int, default=0, help="calibration sampling seed (default 0)")
-    add_data_arg(p, "importance and a baseline's candidate scoring (their calibration split)")
+    add_data_arg(p, "importance (its calibration split) and a --baseline's candidate scoring (its selection split)")
     p.add_argument("--batch-size", type=int, default=4, help="sequences per forward pass (default 4)")
     p.add_argument(
         "--layer-metric",
@@ -561,10 +561,11 @@ def _baseline(
     target, data, space and inner settings seeds this very model."""
     from autocompress_opt.prune.loadability import rules_engine_for
     from autocompress_opt.search.study.seeding import baseline_rows, baseline_scorer, choose_baseline
-    from autocompress_opt.search.study.weights_trial import parent_identity, parent_importance
+    from autocompress_opt.search.study.weights_trial import importance_rows, parent_identity, parent_importance
 
     trial = _baseline_trial(args, serving_target)
     cache = Path(args.cache_dir)
+    args.data_record = importance_rows(loaded.tokenizer, trial).to_dict()  # the card's record of the text
     importance = parent_importance(loaded.model, loaded.tokenizer, parent_identity(loaded), trial, cache, folder=cache)
     rows = baseline_rows(loaded.tokenizer, trial)
     score, score_record = None, None

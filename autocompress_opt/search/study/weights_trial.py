@@ -121,6 +121,7 @@ __all__ = [
     "evaluate_architecture",
     "ffn_budget",
     "heldout_quality",
+    "importance_rows",
     "inner_search",
     "load_parent",
     "objective_domains",
@@ -469,16 +470,7 @@ def parent_importance(
     calibration rows, on disk under ``cache_dir/importance`` (one entry per parent and data, shared
     by every trial, the study's seeding and ``prune --baseline``; ``folder`` names another
     importance folder, the entry's key is the same)."""
-    from autocompress_opt.data.user import data_batches
-
-    imp_rows = data_batches(
-        tokenizer,
-        role="calibration",
-        n_samples=config.importance_samples,
-        seq_len=config.importance_seq_len,
-        seed=config.data_seed,
-        **_data_kwargs(config),
-    )
+    imp_rows = importance_rows(tokenizer, config)
     return estimate_importance(
         model,
         imp_rows.tokens,
@@ -488,6 +480,21 @@ def parent_importance(
         seed=config.data_seed,
         cache_dir=folder if folder is not None else cache_dir / "importance",
         progress=False,
+    )
+
+
+def importance_rows(tokenizer: Any, config: TrialConfig) -> Any:
+    """The rows :func:`parent_importance` estimates on: ``importance_samples`` calibration rows of
+    ``importance_seq_len`` tokens, seed ``data_seed``, of the trial's text."""
+    from autocompress_opt.data.user import data_batches
+
+    return data_batches(
+        tokenizer,
+        role="calibration",
+        n_samples=config.importance_samples,
+        seq_len=config.importance_seq_len,
+        seed=config.data_seed,
+        **_data_kwargs(config),
     )
 
 
