@@ -3,8 +3,10 @@
 Four modes: ``--params`` is the practitioner's parameter-target recipe (a uniform architecture
 chosen by parameter count, :func:`~autocompress_opt.prune.baselines.uniform_baseline`); ``--arch``
 exports a given (e.g. searched, heterogeneous) architecture; ``--baseline`` chooses a uniform model
-under a serving target's constraints (:func:`~autocompress_opt.prune.baselines.make_baseline`:
-``minitron``, ``depth`` or ``best-uniform``), scoring candidates by held-out KL to the parent. These
+under a serving target's constraints (``minitron``, ``depth`` or ``best-uniform``) exactly as a study
+seeds it (:func:`~autocompress_opt.search.study.seeding.choose_baseline`, scored by
+:func:`~autocompress_opt.search.study.seeding.baseline_scorer` on the study's choice rows, importance
+of the study's trials, snapped onto the study's search space). These
 score the parent on calibration text (cached), keep the most important layers/heads/channels, and
 write a checkpoint with a model card. ``--from-study`` exports a study trial's model exactly as the
 trial built it: its architecture cut with the trial's own importance scores (same data, same
@@ -85,19 +87,26 @@ and FFN by one ratio, Minitron's width recipe, which also cuts the embeddings). 
 (a file written by Architecture.save, possibly heterogeneous).
 
 --baseline chooses a uniform model that meets the target's constraints (--hardware, --workload, the
-workload's constraints, overridden by --max-ttft-ms etc.) by the same cost model as the search:
+workload's constraints, overridden by --max-ttft-ms etc.) by the same cost model as the search, among
+the shapes the target's engine loads (--serve-as overrides the engine):
   minitron      ModelOpt's Minitron search: uniform candidates cutting at most 40 % of each width
                 (hidden, FFN, KV groups, query heads) and 20 % of the layers; the --top-k feasible
-                ones with the most parameters are scored by KL to the parent on held-out calibration
-                rows and the lowest wins. When nothing inside the limits is feasible it says so and
-                searches again with the limits lifted.
+                ones with the most parameters are scored by KL to the parent and the lowest wins.
+                When nothing inside the limits is feasible it says so and searches again with the
+                limits lifted.
   depth         the deepest feasible model at full width, layers dropped in ShortGPT's
                 block-influence order or in Minitron's LM-loss (skip_loss) order, whichever
                 scores lower (--layer-metric fixes one; without a score: block influence).
   best-uniform  the lowest-KL of the --top-k largest feasible uniform models on the whole grid
                 (each not contained in another feasible one).
-It prints what it considered and chose, and the model card records it. --score-samples 0 ranks by
-parameters alone.
+This is the one implementation a study seeds its baselines with: the same importance (the study
+trials', on the workload's calibration text: --samples, --seq-len, --seed set importance_samples,
+importance_seq_len, data_seed), the same score (KL to the parent on the inner search's choice rows of
+the selection split, never the study objective's rows: --score-samples sets inner.val_samples,
+default 16; 0 ranks by parameters alone), the choice snapped onto the study's search space (--space,
+default the bundled search_spaces/MODEL.yaml or the one derived from the parent). Pass a study's
+--inner settings to reproduce its seed. It prints what it considered and chose, and the model card
+records it.
 
 --from-study STUDY exports a trial of a study (NAME.HARDWARE, or a group NAME with one target):
 --trial best (default: the feasible trial with the highest quality) or a trial number. The parent
@@ -125,7 +134,7 @@ the export is the model the trial measured; a plan-mode trial is cut like --arch
     )
     p.add_argument("--seq-len", type=int, default=128, help="tokens per calibration sequence (default 128)")
     p.add_argument("--seed", type=int, default=0, help="calibration sampling seed (default 0)")
-    add_data_arg(p, "importance and a baseline's candidate scoring (their calibration split)")
+    add_data_arg(p, "importance (its calibration split) and a --baseline's candidate scoring (its selection split)")
     p.add_argument("--batch-size", type=int, default=4, help="sequences per forward pass (default 4)")
     p.add_argument(
         "--layer-metric",
@@ -166,13 +175,29 @@ the export is the model the trial measured; a plan-mode trial is cut like --arch
         "--score-samples",
         type=int,
         default=None,
-        help="held-out calibration rows of --seq-len tokens (drawn with --seed + 1) for the KL score "
-        "(default 8; 0: rank by parameters)",
+        help="selection rows the KL score reads: a study's inner.val_samples, the inner search's choice rows, "
+        "none of them a row of the study's objective (default 16; 0: rank by parameters)",
+    )
+    base.add_argument(
+        "--space",
+        default=None,
+        help="search space the choice is snapped onto, as a study's --space (default: the bundled "
+        "search_spaces/MODEL.yaml, else the space derived from the parent)",
+    )
+    base.add_argument(
+        "--inner",
+        action="append",
+        metavar="KEY=VALUE",
+        default=None,
+        help="a study's inner setting (repeatable, as 'study run --inner'): those that decide the importance and "
+        "score rows (seq_len, val_samples, eval_samples, eval_seq_len, eval_seed, data_domain, ...) make the "
+        "choice the study's seed; they take precedence over --samples, --seq-len, --seed, --score-samples",
     )
     p.add_argument(
         "--cache-dir",
         default=str(_DEFAULT_CACHE),
-        help=f"importance cache folder (default {_DEFAULT_CACHE}); scores are reused across runs",
+        help=f"importance cache folder (default {_DEFAULT_CACHE}, where a study keeps its trials' importance); "
+        "scores are reused across runs",
     )
     study = p.add_argument_group("--from-study only")
     study.add_argument("--trial", default=None, help="'best' (default) or a trial number")
@@ -199,6 +224,9 @@ def run(args: argparse.Namespace) -> int:
     if args.model is None:
         raise ConfigError("--model is required (the parent to prune), except with --from-study")
     serving_target = _serving_target(args)  # argument checks before the model loads
+    if serving_target is not None:  # the study settings and space --baseline reads, checked as early
+        _baseline_trial(args, serving_target)
+        _study_space(args)
     _check_out(Path(args.out).expanduser(), force=args.force)
     arch_file = _arch_file(args)
     if arch_file is not None:
@@ -219,13 +247,14 @@ def _prune(args: argparse.Namespace, serving_target: Any, arch_file: Any, study:
     loaded = load_model(args.model, **compute_of(args), cache=False)  # one copy of the parent, not two
     adapter = adapter_for(loaded.model)
     parent = adapter.architecture(loaded.model)
-    importance = _importance(args, loaded, adapter)
     metric = args.layer_metric or ("block_influence" if args.baseline == "depth" else "skip_loss")
-    if study is not None:
+    if serving_target is not None:  # the importance a study's trials use, so the choice is the study's seed
+        target, recipe, importance = _baseline(args, loaded, serving_target, parent)
+    elif study is not None:
+        importance = _importance(args, loaded, adapter)
         target, recipe = arch_file, study["recipe"]
-    elif serving_target is not None:
-        target, recipe = _baseline(args, loaded, importance, serving_target, parent, metric)
     else:
+        importance = _importance(args, loaded, adapter)
         if args.params is not None:
             _check_params(args.params, parent)
         target, recipe = _target(args, parent, arch_file)
@@ -494,7 +523,8 @@ def _serving_target(args: argparse.Namespace) -> Any:
     """The :class:`~autocompress_opt.serving.targets.Target` of ``--baseline`` (None without it), or a
     :class:`ConfigError` for target flags without ``--baseline``, a missing ``--hardware`` /
     ``--workload``, an unknown name or a bad count. Cheap: nothing is loaded."""
-    flags = [*_TARGET_FLAGS, *_CONSTRAINT_FLAGS, ("--top-k", ""), ("--score-samples", "")]
+    flags = [*_TARGET_FLAGS, *_CONSTRAINT_FLAGS, ("--top-k", ""), ("--score-samples", ""), ("--space", "")]
+    flags += [("--inner", "")]
     given = [flag for flag, _ in flags if getattr(args, _flag_dest(flag)) is not None]
     if args.baseline is None:
         if given:
@@ -523,54 +553,96 @@ def _serving_target(args: argparse.Namespace) -> Any:
 
 
 def _baseline(
-    args: argparse.Namespace, loaded: Any, importance: Any, serving_target: Any, parent: Any, metric: str
-) -> tuple[Any, dict[str, Any]]:
-    """The architecture ``--baseline`` chooses (named after --out) and the recipe record; prints why."""
-    from autocompress_opt.data.user import data_batches
-    from autocompress_opt.prune.baselines import make_baseline, masked_kl_scorer, target_feasibility
+    args: argparse.Namespace, loaded: Any, serving_target: Any, parent: Any
+) -> tuple[Any, dict[str, Any], Any]:
+    """The architecture ``--baseline`` chooses (named after --out), the recipe record and the
+    importance it is cut with; prints why. The study's seeding runs here with the study's inputs
+    (:func:`~autocompress_opt.search.study.seeding.choose_baseline`), so a study of the same model,
+    target, data, space and inner settings seeds this very model."""
+    from autocompress_opt.prune.loadability import rules_engine_for
+    from autocompress_opt.search.study.seeding import baseline_rows, baseline_scorer, choose_baseline
+    from autocompress_opt.search.study.weights_trial import importance_rows, parent_identity, parent_importance
 
-    samples = 8 if args.score_samples is None else args.score_samples
+    trial = _baseline_trial(args, serving_target)
+    cache = Path(args.cache_dir)
+    args.data_record = importance_rows(loaded.tokenizer, trial).to_dict()  # the card's record of the text
+    importance = parent_importance(loaded.model, loaded.tokenizer, parent_identity(loaded), trial, cache, folder=cache)
+    rows = baseline_rows(loaded.tokenizer, trial)
     score, score_record = None, None
-    if samples:
-        rows = data_batches(
-            loaded.tokenizer,
-            data=args.data,
-            role="calibration",
-            n_samples=samples,
-            seq_len=args.seq_len,
-            seed=args.seed + 1,
-        ).tokens
-        kl = masked_kl_scorer(loaded.model, importance, rows, layer_metric=metric, batch_size=args.batch_size)
+    if rows is not None:
+        kl = baseline_scorer(loaded.model, importance, rows.tokens, batch_size=args.batch_size)
         score = _announced(kl, quiet=args.no_progress)
         score_record = {
             "metric": "KL(parent || pruned), nats, mean per position",
-            "rows": samples,
-            "seq_len": args.seq_len,
-            "seed": args.seed + 1,
+            "split": "selection (the inner search's choice rows, none of them the study objective's)",
+            "rows": int(rows.tokens.shape[0]),
+            "seq_len": int(rows.tokens.shape[1]),
+            "data": rows.to_dict(),
         }
+    space = _study_space(args)
+    serve_as = args.serve_as or rules_engine_for(serving_target.engine_name)
     began = time.perf_counter()
-    result = make_baseline(
+    seed = choose_baseline(
         args.baseline,
+        serving_target,
         parent,
-        target_feasibility(serving_target, parent),
+        space,
         importance=importance,
         score=score,
         top_k=args.top_k,
         layer_metric=args.layer_metric,  # None: each baseline's default (depth: the better of two orders)
+        serve_as=serve_as,
     )
+    result = seed.result
     print(f"target: {serving_target.hardware} / {serving_target.workload} ({serving_target.engine_name})")
     print(result.report())
+    if seed.snapped:
+        print(f"snapped onto the search space ({args.space or 'the study default'}): {seed.point}")
     print(f"chosen in {time.perf_counter() - began:.1f} s")
-    if result.choice is None:
-        raise ConfigError(f"--baseline {args.baseline}: {result.finding}; nothing exported")
+    if seed.architecture is None:
+        raise ConfigError(f"--baseline {args.baseline}: {seed.skipped}; nothing exported")
     recipe = {
         "mode": "baseline",
         "baseline": args.baseline,
         "target": serving_target.to_dict(),
         "score": score_record,
         "search": result.to_dict(),
+        "point": seed.point,
+        "space": args.space or "study default",
+        "serve_as": serve_as,
+        "inner": trial.to_dict(),
     }
-    return replace(result.architecture, name=Path(args.out).name), recipe
+    return replace(seed.architecture, name=Path(args.out).name), recipe, importance
+
+
+def _baseline_trial(args: argparse.Namespace, serving_target: Any) -> Any:
+    """The study trial settings ``--baseline`` scores with: the study's defaults, --samples, --seq-len,
+    --seed (importance), --score-samples (``val_samples``), --data, --device, --compute-dtype, then
+    --inner, resolved for the target's workload (:meth:`TrialConfig.for_workload`)."""
+    from autocompress_opt.cli._common import setting_options
+    from autocompress_opt.search.study.weights_trial import TrialConfig
+
+    settings: dict[str, Any] = {
+        "importance_samples": args.samples,
+        "importance_seq_len": args.seq_len,
+        "data_seed": args.seed,
+    }
+    if args.score_samples is not None:
+        settings["val_samples"] = args.score_samples
+    if args.data:
+        settings["data"] = list(args.data)
+    for key in ("device", "compute_dtype"):
+        if getattr(args, key, None) is not None:
+            settings[key] = getattr(args, key)
+    settings.update(setting_options(args.inner or [], "--inner"))
+    return TrialConfig.from_dict(settings).for_workload(serving_target.workload)
+
+
+def _study_space(args: argparse.Namespace) -> Any:
+    """The search space a study of ``--model`` searches (``--space``, else the study's default)."""
+    from autocompress_opt.cli.study.config import study_space
+
+    return study_space(str(args.model), "weights", args.space)
 
 
 def _announced(score: Any, *, quiet: bool) -> Any:

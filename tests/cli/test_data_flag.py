@@ -77,6 +77,8 @@ def test_prune_baseline_depth_reads_weighted_data(
     argv = ["prune", "--model", str(parent), "--out", str(tmp_path / "out"), "--samples", "2", "--seq-len", "16"]
     argv += ["--cache-dir", str(tmp_path / "cache"), "--no-progress", "--baseline", "depth"]
     argv += ["--hardware", "rtx5080", "--workload", "local-coding", *RELAXED, "--score-samples", "2"]
+    # the choice rows sit beside the study objective's in the selection split: small data, small rows
+    argv += ["--inner", "eval_samples=2", "--inner", "eval_seq_len=16", "--inner", "seq_len=16"]
     argv += ["--data", f"{files['jsonl']}:0.5", "--data", f"{files['parquet']}:0.25", "--data", f"{files['disk']}:0.25"]
     assert main(argv) == 0
     record = json.loads((tmp_path / "out" / CARD_FILE).read_text())["extra"]["data"]

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-import types
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from tiny_families import tiny_model, tokens
+from tiny_families import tiny_model
 
 from autocompress_opt.cli import main
 from autocompress_opt.hf.adapters import adapter_for
@@ -92,32 +90,29 @@ def test_baseline_choices_are_checked_by_argparse(no_loading: None, tmp_path: Pa
         main(prune_argv(tmp_path, "--baseline", "depth", "--params", "0.6"))
 
 
-@pytest.fixture
-def fake_loading(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Stand-ins for loading.load_model / data.user.data_batches: a tiny llama and random tokens
-    (the real functions are replaced, so a renamed API fails here)."""
-    parent = tiny_model("llama")
-    loaded = types.SimpleNamespace(
-        model=parent,
-        tokenizer=None,
-        source="tiny test model",
-        path=Path("tiny-llama"),
-        architecture=adapter_for(parent).architecture(parent),
-    )
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny llama of :mod:`tiny_families` (3 layers, hidden 48, 6 query heads in 2 KV groups, FFN 48)
+    saved with a byte tokenizer: ``--baseline`` reads the study's text (importance, choice rows)."""
+    from tiny_lm import VOCAB, save_hf_dir
 
-    def data_batches(tokenizer: Any, *, data: Any, role: str, n_samples: int, seq_len: int, seed: int) -> Any:
-        assert role == "calibration"
-        return SimpleNamespace(tokens=tokens(n_samples, seq_len, seed), to_dict=lambda: {"role": role, "seed": seed})
+    model = tiny_model("llama", vocab_size=VOCAB, max_position_embeddings=128)
+    return save_hf_dir(model, tmp_path_factory.mktemp("baseline-cli") / "tiny-llama")
 
-    monkeypatch.setattr("autocompress_opt.hf.loading.load_model", lambda ref, **kw: loaded)
-    monkeypatch.setattr("autocompress_opt.data.user.data_batches", data_batches)
-    return parent
+
+def baseline_argv(tmp_path: Path, tiny_dir: Path, *extra: str) -> list[str]:
+    """``prune --baseline ...`` of the saved tiny llama, its candidates scored on choice rows of 32 tokens."""
+    argv = prune_argv(tmp_path, *extra, "--inner", "seq_len=32", "--inner", "eval_seq_len=32")
+    argv[argv.index("tiny")] = str(tiny_dir)
+    return argv
 
 
 def test_depth_baseline_exports_the_deepest_feasible_full_width_model(
-    fake_loading: Any, tmp_path: Path, capsys: Any
+    tiny_dir: Path, tmp_path: Path, capsys: Any
 ) -> None:
-    argv = prune_argv(tmp_path, "--baseline", "depth", "--hardware", "rtx5080", "--workload", "local-coding", *RELAXED)
+    argv = baseline_argv(
+        tmp_path, tiny_dir, "--baseline", "depth", "--hardware", "rtx5080", "--workload", "local-coding", *RELAXED
+    )
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "target: rtx5080 / local-coding" in out and "depth: chose 1L h48 ffn48 kv2x3" in out and "wrote" in out
@@ -139,13 +134,14 @@ def test_depth_baseline_exports_the_deepest_feasible_full_width_model(
 
 
 def test_minitron_baseline_scores_candidates_and_reports_the_lifted_search(
-    fake_loading: Any, tmp_path: Path, capsys: Any
+    tiny_dir: Path, tmp_path: Path, capsys: Any
 ) -> None:
     """The tiny model cannot meet the target inside Minitron's limits (it must lose 2 of 3 layers):
     the CLI prints that finding, searches with the limits lifted, scores the top K by KL and exports
     the lowest."""
-    argv = prune_argv(
+    argv = baseline_argv(
         tmp_path,
+        tiny_dir,
         "--baseline",
         "minitron",
         "--hardware",
@@ -170,9 +166,11 @@ def test_minitron_baseline_scores_candidates_and_reports_the_lifted_search(
     assert adapter_for(model).architecture(model).num_params == search["num_params"]
 
 
-def test_nothing_feasible_is_reported_and_nothing_is_written(fake_loading: Any, tmp_path: Path, capsys: Any) -> None:
+def test_nothing_feasible_is_reported_and_nothing_is_written(tiny_dir: Path, tmp_path: Path, capsys: Any) -> None:
     """The workload's own limits (TTFT 0.6x the parent's) are out of reach of the tiny model."""
-    argv = prune_argv(tmp_path, "--baseline", "best-uniform", "--hardware", "rtx5080", "--workload", "local-coding")
+    argv = baseline_argv(
+        tmp_path, tiny_dir, "--baseline", "best-uniform", "--hardware", "rtx5080", "--workload", "local-coding"
+    )
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert "best-uniform: no uniform candidate of the 162 meets the constraints" in captured.out

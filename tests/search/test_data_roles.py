@@ -15,6 +15,7 @@ from weights_helpers import request
 from autocompress_opt.data import user
 from autocompress_opt.prune import baselines
 from autocompress_opt.search.study import seeding, weights_trial
+from autocompress_opt.serving.targets import Target
 
 
 def _rows(tokens: Any) -> list[tuple[int, ...]]:
@@ -26,7 +27,7 @@ def test_no_document_reaches_what_its_role_forbids(tmp_path: Path, monkeypatch: 
     """Trace every row a trial and the baseline scoring read back to its documents: importance and the
     inner search's training steps read calibration documents only, the inner search's choice and the
     trial's objective selection documents only, and never the same rows; baseline candidate scoring
-    calibration documents only; no test document is read at all."""
+    the inner search's choice rows (selection, never an objective row); no test document is read at all."""
     parent_dir = save_hf_dir(tiny_model("llama", num_hidden_layers=4), tmp_path / "llama")
     inner = {"steps": 2, "n_samples": 6, "val_samples": 2, "seq_len": 32, "eval_samples": 2, "eval_seq_len": 32}
     inner |= {"importance_samples": 2, "importance_seq_len": 32}
@@ -91,13 +92,13 @@ def test_no_document_reaches_what_its_role_forbids(tmp_path: Path, monkeypatch: 
         address=None,
         driver_device="cpu",
     )
-    seeding.seed_scoring(study)  # type: ignore[arg-type]
+    seeding.seed_scoring(study, Target.from_dict(req["target"]))  # type: ignore[arg-type]  # the trial's data
     weights_trial.clear_trial_cache()
 
     allowed = {
         "importance": "calibration",
         "train": "calibration",
-        "baseline": "calibration",
+        "baseline": "selection",
         "choice": "selection",
         "objective": "selection",
     }
@@ -113,5 +114,7 @@ def test_no_document_reaches_what_its_role_forbids(tmp_path: Path, monkeypatch: 
     # trial's quality would be inflated by its own pick), nor does any test row reach either
     assert not set(read["choice"]) & set(read["objective"]), "a choice row is an objective row"
     assert len(set(read["choice"])) == inner["val_samples"]
+    # the baselines choose among their candidates on those same choice rows (issue 47 item 2)
+    assert set(read["baseline"]) == set(read["choice"]), "the baselines' rows are not the choice rows"
     if data == "user":
         assert all(d.startswith("rows.jsonl:") for row in read["train"] for d in drawn[row][1])

@@ -127,8 +127,8 @@ def test_candidate_scores_are_kept_on_disk_and_equal_the_masked_kl(
     parent_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A candidate scored once is not scored again by a later study's seeding on the same cache (no
-    masked forward pass), and the stored value is the scorer's own: the masked KL on the first
-    val_samples calibration rows of the search."""
+    masked forward pass), and the stored value is the scorer's own: the masked KL on the inner
+    search's choice rows (selection rows beside the objective's); other rows are another entry."""
     cache = tmp_path / "cache"
     calls = _counting(monkeypatch)
     parent = _arch(parent_dir)
@@ -143,13 +143,20 @@ def test_candidate_scores_are_kept_on_disk_and_equal_the_masked_kl(
     assert [again(small), again(smaller)] == values[:2]
     assert calls[0] == 2  # both read back from disk
 
-    # the value is the masked KL on the search's first calibration rows, recomputed here by hand
+    more_rows = _config(parent_dir, cache)
+    more_rows.inner = {**INNER, "val_samples": 2}  # other choice rows: the stored scores are not theirs
+    _, other = seeding.SeedScoring(more_rows)(CODE)
+    other(small)
+    assert calls[0] == 3
+
+    # the value is the masked KL on the inner search's choice rows, recomputed here by hand
     trial = TrialConfig.from_dict(INNER, seed=0).for_workload(CODE.workload)
     model, tokenizer, _, parent_id, _ = weights_trial.parent_parts(str(parent_dir), trial)
     importance = weights_trial.parent_importance(model, tokenizer, parent_id, trial, cache)
-    rows = weights_trial.search_rows(tokenizer, trial)[-1].tokens[: trial.inner.val_samples]
+    rows = weights_trial.choice_rows(tokenizer, trial)
+    assert rows.role == "selection" and rows.tokens.shape[0] == trial.inner.val_samples
     monkeypatch.undo()
-    by_hand = baselines.masked_kl_scorer(model, importance, rows)(small)
+    by_hand = baselines.masked_kl_scorer(model, importance, rows.tokens)(small)
     assert values[0] == pytest.approx(by_hand, rel=1e-6)
 
 

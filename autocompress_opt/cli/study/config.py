@@ -10,7 +10,7 @@ from typing import Any
 from autocompress_opt._data import REPO_SEARCH_SPACES
 from autocompress_opt.cli._common import engine_options, setting_options
 
-__all__ = ["DEFAULTS", "RUN_KEYS", "build_config", "gpus_per_trial", "merged"]
+__all__ = ["DEFAULTS", "RUN_KEYS", "build_config", "gpus_per_trial", "merged", "study_space"]
 
 DEFAULTS = {
     "model": "smollm2-135m",
@@ -122,7 +122,6 @@ def _seed_top_k(value: Any) -> Any:
 
 def build_config(values: dict[str, Any]) -> Any:
     """Flags/YAML values → StudyConfig (the CLI's only logic)."""
-    from autocompress_opt.arch.search_space import load_search_space
     from autocompress_opt.errors import check_int
     from autocompress_opt.search.study import Objective, StudyConfig
     from autocompress_opt.serving.targets import Target
@@ -161,11 +160,7 @@ def build_config(values: dict[str, Any]) -> Any:
             )
         )
     model = str(values["model"])
-    if values.get("space"):
-        space = load_search_space(values["space"])
-    else:
-        bundled = REPO_SEARCH_SPACES / f"{model}.yaml"
-        space = load_search_space(bundled) if bundled.is_file() else _default_space(model, str(values["mode"]))
+    space = study_space(model, str(values["mode"]), values.get("space"))
     if values.get("sampler"):
         from dataclasses import replace
 
@@ -201,6 +196,18 @@ def build_config(values: dict[str, Any]) -> Any:
         cache_dir=values.get("cache_dir"),
         driver_device=values.get("driver_device") or "cpu",
     )
+
+
+def study_space(model: str, mode: str, space: str | None = None) -> Any:
+    """The search space a study of ``model`` searches: ``space`` (a YAML path or a bundled name) when
+    given, else the bundled ``search_spaces/<model>.yaml``, else the one derived from the parent
+    (``prune --baseline`` snaps its choice onto the same space)."""
+    from autocompress_opt.arch.search_space import load_search_space
+
+    if space:
+        return load_search_space(space)
+    bundled = REPO_SEARCH_SPACES / f"{model}.yaml"
+    return load_search_space(bundled) if bundled.is_file() else _default_space(model, mode)
 
 
 def _default_space(model: str, mode: str) -> Any:

@@ -2,13 +2,16 @@
 
 **Seeding with the baselines** (:attr:`~.config.StudyConfig.seed_baselines`, on by default in
 weights mode): before its own samples a study enqueues the global choices of the ``depth``,
-``minitron`` and ``best-uniform`` baselines for its target
-(:func:`~autocompress_opt.prune.baselines.make_baseline`, feasibility by the target's exact
-constraint check), snapped down onto the search space's values. Together with the inner search's
-``uniform`` candidate, a weights study's best is then never worse on its own objective than the
-uniform models it would be compared with. The points are stored in the study (``baseline_seeds``)
-and enqueued with ``skip_if_exists``, so resuming never adds them twice. The proxy's ranked points
-(:mod:`~autocompress_opt.search.study.proxy`) are stored and enqueued the same way (``proxy_points``).
+``minitron`` and ``best-uniform`` baselines for its target, each chosen by :func:`choose_baseline`
+(:func:`~autocompress_opt.prune.baselines.make_baseline` among the candidates that meet the target's
+exact constraint check and that the trials' engine loads, scored by :func:`baseline_scorer` on
+:func:`baseline_rows`, then snapped down onto the search space's values). ``autocompress prune
+--baseline`` calls the same two functions with the same inputs, so it exports the model a study
+seeds. Together with the inner search's ``uniform`` candidate, a weights study's best is then never
+worse on its own objective than the uniform models it would be compared with. The points are stored
+in the study (``baseline_seeds``) and enqueued with ``skip_if_exists``, so resuming never adds them
+twice. The proxy's ranked points (:mod:`~autocompress_opt.search.study.proxy`) are stored and
+enqueued the same way (``proxy_points``).
 """
 
 from __future__ import annotations
@@ -31,8 +34,12 @@ from autocompress_opt.search.study.placement import Placement, driver_cache_dir,
 from autocompress_opt.search.study.trials import Target
 
 __all__ = [
+    "BaselineSeed",
     "SeedScoring",
+    "baseline_rows",
+    "baseline_scorer",
     "baseline_seeds",
+    "choose_baseline",
     "enqueue_proxy_points",
     "make_proxy",
     "seed_scoring",
@@ -52,46 +59,127 @@ def baseline_seeds(
     score: Any = None,
     layer_order: Sequence[int] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """The study's seed point of each of :data:`SEEDED_BASELINES` for ``target``.
-
-    Each baseline is chosen by :func:`~autocompress_opt.prune.baselines.make_baseline` under the
-    target's exact constraint check (:func:`~autocompress_opt.prune.baselines.target_feasibility`),
-    with ``importance`` (its layer orders), ``score`` (the candidates' score, lower is better; None
-    ranks by parameters) and ``config.seed_top_k`` (how many candidates each scores). Its point is
-    snapped onto ``config.space``: each choice to the largest allowed value not above it (never a
-    larger, costlier model), and the snapped point's
-    architecture (:func:`uniform_allocation` in ``layer_order``) is checked again. Returns, per
-    baseline, ``{"point", "baseline_point", "finding"}`` plus, when the point needed no snapping,
+    """The study's seed point of each of :data:`SEEDED_BASELINES` for ``target``: :func:`choose_baseline`
+    with ``importance``, ``score``, ``config.seed_top_k`` (how many candidates each scores),
+    ``config.space`` and the engine the target's trials keep shapes for
+    (:meth:`~.config.StudyConfig.serve_as_for`). Returns, per baseline, :meth:`BaselineSeed.record`:
+    ``{"point", "baseline_point", "finding"}`` plus, when the point needed no snapping,
     ``"architecture"``: the baseline's own model (its layers kept by its own criterion), which the
     trial of that point weighs as a candidate (:func:`~.searcher.baseline_candidates`); or ``{"skipped": reason}``.
     """
-    from autocompress_opt.prune.baselines import make_baseline, target_feasibility
-
-    feasible = target_feasibility(target, parent)
     if config.mode == "weights" and is_moe(parent):  # expert trials: the expert seeds (moe_study)
+        from autocompress_opt.prune.baselines import target_feasibility
         from autocompress_opt.search.study.moe_study import expert_seeds
 
-        return expert_seeds(config.space, parent, feasible, score)
+        return expert_seeds(config.space, parent, target_feasibility(target, parent), score)
     if is_moe(parent):  # plan mode: the uniform baselines cut dense layers only
         return {name: {"skipped": _PLAN_MOE_SKIP} for name in SEEDED_BASELINES}
-    out: dict[str, dict[str, Any]] = {}
-    for name in SEEDED_BASELINES:
-        top_k = config.seed_top_k.get(name)
-        result = make_baseline(name, parent, feasible, importance=importance, score=score, top_k=top_k)
-        if result.choice is None:
-            out[name] = {"skipped": result.finding}
-            continue
-        wanted = result.choice.point
-        point, why = _snap(wanted, config.space)
-        if point is None:
-            out[name] = {"skipped": f"{result.choice.label()} is outside the search space: {why}"}
-        elif point != wanted and not feasible(uniform_allocation(point, parent, layer_order)):
-            out[name] = {"skipped": f"{result.choice.label()} snapped onto the search space as {point} is infeasible"}
-        else:
-            out[name] = {"point": point, "baseline_point": wanted, "finding": result.finding}
-            if point == wanted:  # the trial of this point also weighs the baseline's own model
-                out[name]["architecture"] = result.choice.architecture.to_dict()
-    return out
+    return {
+        name: choose_baseline(
+            name,
+            target,
+            parent,
+            config.space,
+            importance=importance,
+            score=score,
+            top_k=config.seed_top_k.get(name),
+            layer_order=layer_order,
+            serve_as=config.serve_as_for(target),
+        ).record()
+        for name in SEEDED_BASELINES
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineSeed:
+    """What :func:`choose_baseline` chose: the study's seed point of a baseline and the model
+    ``prune --baseline`` exports.
+
+    Attributes:
+        result: the baseline's own search (:class:`~autocompress_opt.prune.baselines.BaselineResult`).
+        point: its choice snapped onto the search space (None when it is not seeded: ``skipped`` says why).
+        architecture: the model ``point`` stands for: the baseline's own choice when no snapping was
+            needed, else the point's uniform allocation in the trials' layer order (the model a
+            trial of ``point`` starts from); None when skipped.
+        skipped: why there is no point (nothing feasible, or nothing feasible in the space), else None.
+    """
+
+    result: Any
+    point: dict[str, int] | None
+    architecture: Architecture | None
+    skipped: str | None = None
+
+    @property
+    def snapped(self) -> bool:
+        """Whether the point differs from the baseline's own choice (snapped onto the space)."""
+        return self.point is not None and self.point != self.result.choice.point
+
+    def record(self) -> dict[str, Any]:
+        """The form a study stores (``baseline_seeds``, module doc)."""
+        if self.point is None or self.architecture is None:
+            return {"skipped": self.skipped}
+        out: dict[str, Any] = {
+            "point": self.point,
+            "baseline_point": self.result.choice.point,
+            "finding": self.result.finding,
+        }
+        if not self.snapped:  # the trial of this point also weighs the baseline's own model
+            out["architecture"] = self.architecture.to_dict()
+        return out
+
+
+def choose_baseline(
+    name: str,
+    target: Target,
+    parent: Architecture,
+    space: SearchSpace,
+    *,
+    importance: Any = None,
+    score: Callable[[Architecture], float] | None = None,
+    top_k: int | None = None,
+    layer_metric: str | None = None,
+    layer_order: Sequence[int] | None = None,
+    serve_as: str = "any",
+) -> BaselineSeed:
+    """The baseline ``name``'s choice for ``target``, as a study seeds it and ``prune --baseline``
+    exports it: the one implementation both call.
+
+    1. :func:`~autocompress_opt.prune.baselines.make_baseline` on the parent's uniform grid, among the
+       candidates that meet the target's exact constraint check (relative constraints against the
+       parent's cost, :func:`~autocompress_opt.prune.baselines.target_feasibility`) and that the
+       ``serve_as`` engine loads (:func:`~.trials.engine_loads`; ``any``: every shape), ranked by
+       ``score`` (lower is better; :func:`baseline_scorer`; None: by parameters), ``top_k`` and
+       ``layer_metric`` (None: each baseline's default), layers ordered by ``importance``.
+    2. The choice snapped onto ``space``: each choice to the largest allowed value not above it (never
+       a larger, costlier model). A snapped point is checked again (constraints and engine) on its
+       uniform allocation in the trials' layer order (``layer_order``, else the importance's
+       ``skip_loss`` order, else the default): a trial of the point starts from that model.
+
+    Deterministic given its inputs. Dense parents only (a MoE parent's seeds: :mod:`.moe_study`).
+    """
+    from autocompress_opt.prune.baselines import make_baseline, target_feasibility
+    from autocompress_opt.search.study.trials import engine_loads
+
+    meets, loads = target_feasibility(target, parent), engine_loads(parent, serve_as)
+    accept = lambda arch: loads(arch) and meets(arch)
+    result = make_baseline(
+        name, parent, accept, importance=importance, score=score, top_k=top_k, layer_metric=layer_metric
+    )
+    if result.choice is None:
+        return BaselineSeed(result, None, None, result.finding)
+    wanted = result.choice.point
+    point, why = _snap(wanted, space)
+    if point is None:
+        return BaselineSeed(result, None, None, f"{result.choice.label()} is outside the search space: {why}")
+    if point == wanted:
+        return BaselineSeed(result, point, result.choice.architecture)
+    order = layer_order or (importance.layer_order() if importance is not None else None)
+    arch = uniform_allocation(point, parent, order)
+    if not accept(arch):
+        why = "infeasible" if loads(arch) else f"not a shape {serve_as} loads"
+        skipped = f"{result.choice.label()} snapped onto the search space as {point} is {why}"
+        return BaselineSeed(result, None, None, skipped)
+    return BaselineSeed(result, point, arch)
 
 
 _PLAN_MOE_SKIP = (
@@ -161,10 +249,35 @@ def seed_study(
     return lines
 
 
-# How many calibration rows score a baseline's candidates (the inner search's choice read as many
-# before it moved to 16 selection rows; kept so the seeded baselines and their cached scores stay the same).
-BASELINE_CHOICE_ROWS = 4
-SEED_SCORE_VERSION = "seed-score/1"  # part of every candidate score's cache key: bump when the score changes
+# Part of every candidate score's cache key: bump when the score changes (2: the choice rows of the
+# selection split, was the first calibration rows; their tokens are in the key as well).
+SEED_SCORE_VERSION = "seed-score/2"
+
+
+def baseline_rows(tokenizer: Any, trial: Any) -> Any | None:
+    """The rows on which every baseline chooses among its candidates: the inner search's choice rows
+    (:func:`~.weights_trial.choice_rows`: ``inner.val_samples`` selection rows of ``inner.seq_len``
+    tokens, none of them a row of the trial's objective), so a baseline chooses on the split and by
+    the score the study's own candidates are chosen by. None when ``val_samples`` is 0 (then the
+    baselines rank by parameters). ``trial``: a
+    :class:`~.weights_trial.TrialConfig` resolved for the target's workload."""
+    from autocompress_opt.search.study.weights_trial import choice_rows
+
+    return choice_rows(tokenizer, trial) if trial.inner.val_samples else None
+
+
+def baseline_scorer(model: Any, importance: Any, rows: Any, *, batch_size: int = 4) -> Callable[[Architecture], float]:
+    """``score(arch)``: KL(parent ‖ ``arch``) on ``rows`` (``(n, T)`` token ids, :func:`baseline_rows`'),
+    ``arch`` cut from ``model`` by ``importance``
+    (:func:`~autocompress_opt.prune.baselines.masked_kl_scorer`; a MoE parent's expert search:
+    :func:`~.moe_study.expert_kl_scorer`). Lower is better; deterministic."""
+    if is_moe(Architecture.from_hf_config(model.config)):  # the expert search's start point, scored
+        from autocompress_opt.search.study.moe_study import expert_kl_scorer
+
+        return expert_kl_scorer(model, importance, rows)
+    from autocompress_opt.prune.baselines import masked_kl_scorer
+
+    return masked_kl_scorer(model, importance, rows, batch_size=batch_size)
 
 
 class SeedScoring:
@@ -174,9 +287,9 @@ class SeedScoring:
     rows of its workload's data, :meth:`TrialConfig.for_workload
     <autocompress_opt.search.study.weights_trial.TrialConfig.for_workload>`; read from or written to the
     trials' own disk cache, so the trials then find it there) and ``score``, the KL of a candidate to
-    the parent on the ``val_samples`` first calibration (training) rows of its inner search
-    (:func:`~autocompress_opt.prune.baselines.masked_kl_scorer`). Nothing else of a trial's context is
-    built: no teacher on the search's rows, none on the selection rows. A candidate's score depends on
+    the parent on the inner search's choice rows (:func:`baseline_scorer` on :func:`baseline_rows`:
+    selection rows, none of them the objective's). Nothing else of a trial's context is built: no
+    teacher on the search's training rows, none on the objective's rows. A candidate's score depends on
     the parent and the rows, not on the hardware (only the choice among candidates does), so targets
     whose workloads read the same data share one pair, and each score is kept on disk
     (``cache_dir/seed_scores``, keyed by the parent, the importance, the rows and the candidate): a
@@ -302,8 +415,7 @@ class SeedScoring:
             torch.cuda.empty_cache()
 
     def _weights_pair(self, trial: Any) -> tuple[Any, Any]:
-        from autocompress_opt.prune.baselines import masked_kl_scorer
-        from autocompress_opt.search.study.weights_trial import calibration_rows, parent_importance
+        from autocompress_opt.search.study.weights_trial import parent_importance
 
         cache = Path(driver_cache_dir(self.config.cache_dir))
         self.settle()
@@ -314,21 +426,13 @@ class SeedScoring:
             self._parent = self._load_parent(trial)
         model, tokenizer, parent_id = self._parent
         importance = parent_importance(model, tokenizer, parent_id, trial, cache)
-        # A baseline's own choice among its candidates is part of the baseline (its calibration), so it
-        # scores them on the search's first calibration (training) rows; the comparison of the seeded
-        # baselines is the trials' objective, on selection rows.
-        calibration = calibration_rows(tokenizer, trial)
-        count = min(trial.inner.val_samples, BASELINE_CHOICE_ROWS)
-        rows = calibration.tokens[:count] if calibration is not None else None
-        if rows is None or not rows.shape[0]:
+        # A baseline chooses among its candidates as the inner search does among its own: on the
+        # choice rows of the selection split, never the rows of the study's objective.
+        rows = baseline_rows(tokenizer, trial)
+        if rows is None:
             return importance, None
-        if is_moe(Architecture.from_hf_config(model.config)):  # the expert search's start point, scored
-            from autocompress_opt.search.study.moe_study import expert_kl_scorer
-
-            score = expert_kl_scorer(model, importance, rows)
-        else:
-            score = masked_kl_scorer(model, importance, rows)
-        return importance, _stored_scores(score, cache / "seed_scores", parent_id, importance, rows)
+        score = baseline_scorer(model, importance, rows.tokens)
+        return importance, _stored_scores(score, cache / "seed_scores", parent_id, importance, rows.tokens)
 
 
 def _stored_scores(

@@ -44,6 +44,7 @@ __all__ = [
     "Target",
     "check_loadable",
     "device_fit_violation",
+    "engine_loads",
     "legal_point",
     "parent_metrics",
     "plan_quality",
@@ -259,6 +260,15 @@ def _legal_point(
             f"({'; '.join(why)}); widen the space's hidden_size / head choices or use serve_as any"
         )
     return best[1]
+
+
+def engine_loads(parent: Architecture, serve_as: str) -> Callable[[Architecture], bool]:
+    """Whether the ``serve_as`` engine loads a model cut from ``parent``, as a predicate: no problem
+    pruning could have avoided (:func:`check_loadable`'s test; ``any``: every model)."""
+    if serve_as == SERVE_AS_ANY:
+        return lambda arch: True
+    own = set(parent_problems(parent, serve_as))
+    return lambda arch: not _avoidable_problems(arch, serve_as, own)
 
 
 def check_loadable(arch: Architecture, parent: Architecture, serve_as: str) -> None:

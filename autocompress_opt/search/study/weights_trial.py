@@ -121,10 +121,12 @@ __all__ = [
     "evaluate_architecture",
     "ffn_budget",
     "heldout_quality",
+    "importance_rows",
     "inner_search",
     "load_parent",
     "objective_domains",
     "parent_context",
+    "parent_identity",
     "parent_importance",
     "parent_parts",
     "run_weights_trial",
@@ -450,26 +452,25 @@ def parent_parts(
     began = time.perf_counter()
     loaded = load_parent(ref, config, cache_dir)
     model, tokenizer, arch = loaded.model, loaded.tokenizer, loaded.architecture
-    dtype = next(model.parameters()).dtype
-    # importance, teacher and quality caches are keyed by it: a bf16 parent is another parent
-    parent_id = _parent_id(loaded.path, arch) + ("" if dtype == torch.float32 else f":{dtype_name(dtype)}")
-    return model, tokenizer, arch, parent_id, {"load": time.perf_counter() - began}
+    return model, tokenizer, arch, parent_identity(loaded), {"load": time.perf_counter() - began}
 
 
-def parent_importance(model: Any, tokenizer: Any, parent_id: str, config: TrialConfig, cache_dir: Path) -> Importance:
+def parent_identity(loaded: LoadedModel) -> str:
+    """The id by which the importance, teacher, quality and seed-score caches know a loaded parent:
+    its weights' content and architecture (:func:`_parent_id`), and its dtype unless fp32 (a bf16
+    parent is another parent)."""
+    dtype = next(loaded.model.parameters()).dtype
+    return _parent_id(loaded.path, loaded.architecture) + ("" if dtype == torch.float32 else f":{dtype_name(dtype)}")
+
+
+def parent_importance(
+    model: Any, tokenizer: Any, parent_id: str, config: TrialConfig, cache_dir: Path, *, folder: Path | None = None
+) -> Importance:
     """The trials' importance of the parent under ``config``'s data settings: estimated on its
     calibration rows, on disk under ``cache_dir/importance`` (one entry per parent and data, shared
-    by every trial and the study's seeding)."""
-    from autocompress_opt.data.user import data_batches
-
-    imp_rows = data_batches(
-        tokenizer,
-        role="calibration",
-        n_samples=config.importance_samples,
-        seq_len=config.importance_seq_len,
-        seed=config.data_seed,
-        **_data_kwargs(config),
-    )
+    by every trial, the study's seeding and ``prune --baseline``; ``folder`` names another
+    importance folder, the entry's key is the same)."""
+    imp_rows = importance_rows(tokenizer, config)
     return estimate_importance(
         model,
         imp_rows.tokens,
@@ -477,8 +478,23 @@ def parent_importance(model: Any, tokenizer: Any, parent_id: str, config: TrialC
         model_id=parent_id,
         data_id=_digest(imp_rows.to_dict()),
         seed=config.data_seed,
-        cache_dir=cache_dir / "importance",
+        cache_dir=folder if folder is not None else cache_dir / "importance",
         progress=False,
+    )
+
+
+def importance_rows(tokenizer: Any, config: TrialConfig) -> Any:
+    """The rows :func:`parent_importance` estimates on: ``importance_samples`` calibration rows of
+    ``importance_seq_len`` tokens, seed ``data_seed``, of the trial's text."""
+    from autocompress_opt.data.user import data_batches
+
+    return data_batches(
+        tokenizer,
+        role="calibration",
+        n_samples=config.importance_samples,
+        seq_len=config.importance_seq_len,
+        seed=config.data_seed,
+        **_data_kwargs(config),
     )
 
 
