@@ -56,11 +56,13 @@ __all__ = [
     "describe_tasks",
     "encode_pair",
     "evaluate_tasks",
+    "holm",
     "loglikelihoods",
     "model_max_length",
     "paired_bootstrap",
     "score_task",
     "seeded_bootstrap",
+    "seeded_bootstrap_p",
 ]
 
 DEFAULT_BATCH_SIZE = 16  # requests per forward pass; items are short (tens of tokens)
@@ -673,13 +675,59 @@ def seeded_bootstrap(
     (each domain weighted equally, as tasks are), with its paired interval over rows and seeds.
     ``scale`` multiplies the mean over tasks (100: points of accuracy).
     """
+    if not 0 < confidence < 1 or n_boot < 1:
+        raise ConfigError(f"need 0 < confidence < 1 and n_boot >= 1, got confidence={confidence}, n_boot={n_boot}")
+    observed, replicates = _seeded_replicates(a_runs, b_runs, n_boot=n_boot, seed=seed, scale=scale)
+    tail = (1 - confidence) / 2
+    lo, hi = np.quantile(replicates, [tail, 1 - tail])
+    return observed, float(lo), float(hi)
+
+
+def seeded_bootstrap_p(
+    a_runs: Sequence[Mapping[str, Sequence[float]]],
+    b_runs: Sequence[Mapping[str, Sequence[float]]],
+    *,
+    n_boot: int = 10_000,
+    seed: int = 0,
+) -> float:
+    """The two-sided bootstrap p-value of :func:`seeded_bootstrap`'s difference (the same replicates
+    for the same ``seed``): ``2 · min(P*(d ≤ 0), P*(d ≥ 0))`` with the add-one correction
+    ``(k + 1) / (n_boot + 1)``, at most 1. Below ``1 - confidence`` exactly when that interval
+    excludes 0 (up to the quantiles' interpolation); :func:`holm` corrects a table of them."""
+    _, replicates = _seeded_replicates(a_runs, b_runs, n_boot=n_boot, seed=seed, scale=1.0)
+    below, above = int((replicates <= 0).sum()), int((replicates >= 0).sum())
+    return min(1.0, 2 * (min(below, above) + 1) / (n_boot + 1))
+
+
+def holm(p_values: Mapping[str, float]) -> dict[str, float]:
+    """Holm's step-down adjustment of a family of p-values by name: the i-th smallest of m becomes
+    ``max over j <= i of min(1, (m - j + 1) · p_(j))``; a comparison is resolved at level α after
+    correction when its adjusted value is below α (the family-wise error rate held at α)."""
+    ranked = sorted(p_values.items(), key=lambda kv: kv[1])
+    out: dict[str, float] = {}
+    running = 0.0
+    for j, (name, p) in enumerate(ranked):
+        running = max(running, min(1.0, (len(ranked) - j) * p))
+        out[name] = running
+    return {name: out[name] for name in p_values}
+
+
+def _seeded_replicates(
+    a_runs: Sequence[Mapping[str, Sequence[float]]],
+    b_runs: Sequence[Mapping[str, Sequence[float]]],
+    *,
+    n_boot: int,
+    seed: int,
+    scale: float,
+) -> tuple[float, np.ndarray]:
+    """The observed difference and its ``n_boot`` bootstrap replicates (see :func:`seeded_bootstrap`)."""
     if not a_runs or not b_runs:
         raise ConfigError(f"seeded_bootstrap needs at least one run per model, got {len(a_runs)} and {len(b_runs)}")
     tasks = set(a_runs[0])
     if not tasks or any(set(r) != tasks for r in [*a_runs, *b_runs]):
         raise ConfigError("seeded_bootstrap needs the same non-empty set of tasks in every run of both models")
-    if not 0 < confidence < 1 or n_boot < 1:
-        raise ConfigError(f"need 0 < confidence < 1 and n_boot >= 1, got confidence={confidence}, n_boot={n_boot}")
+    if n_boot < 1:
+        raise ConfigError(f"need n_boot >= 1, got n_boot={n_boot}")
     rng = np.random.default_rng(seed)
     pick_a = rng.integers(0, len(a_runs), size=(n_boot, len(a_runs)))
     pick_b = rng.integers(0, len(b_runs), size=(n_boot, len(b_runs)))
@@ -697,6 +745,4 @@ def seeded_bootstrap(
         replicates += np.take_along_axis(a_item, pick_a, axis=1).mean(axis=1)
         replicates -= np.take_along_axis(b_item, pick_b, axis=1).mean(axis=1)
     per_task = scale / len(tasks)
-    tail = (1 - confidence) / 2
-    lo, hi = np.quantile(replicates * per_task, [tail, 1 - tail])
-    return float(observed * per_task), float(lo), float(hi)
+    return float(observed * per_task), replicates * per_task

@@ -492,3 +492,23 @@ def test_eval_tasks_prints_a_table_and_writes_json(
     assert saved["averaged_tasks"] == ["numbers"] and len(saved["tasks"][0]["correct"]) == 3
     code, _, err = run_cli(capsys, "eval", "--tasks", "numbers")
     assert code == 2 and "--model is required" in err
+
+
+def test_the_bootstrap_p_value_agrees_with_the_interval_and_holm_corrects_a_family() -> None:
+    """``seeded_bootstrap_p`` is below 0.05 exactly when the 95 % interval (same replicates) excludes 0;
+    Holm's step-down: the smallest of m values times m, then m-1, ..., never decreasing, capped at 1."""
+    from autocompress_opt.tasks.scoring import holm, seeded_bootstrap, seeded_bootstrap_p
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(1.0, 0.3, size=40)
+    for shift, resolved in ((0.2, True), (0.0, False)):
+        a = [{"kl": list(base - shift + rng.normal(0, 0.05, size=40))}]
+        b = [{"kl": list(base)}]
+        _, lo, hi = seeded_bootstrap(a, b, n_boot=2000, seed=3, scale=1.0)
+        p = seeded_bootstrap_p(a, b, n_boot=2000, seed=3)
+        assert (hi < 0 or lo > 0) is resolved and (p < 0.05) is resolved
+        assert 0 < p <= 1
+    adjusted = holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.5})
+    assert adjusted == pytest.approx({"a": 0.04, "b": 0.09, "c": 0.09, "d": 0.5})
+    assert list(adjusted) == ["a", "b", "c", "d"]  # the caller's order
+    assert holm({}) == {} and holm({"x": 0.9}) == {"x": 0.9}
