@@ -55,7 +55,11 @@ def test_install_gpu_uses_pips_own_index_unless_one_is_named() -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
         return subprocess.run(
             ["make", "--no-print-directory", "-n", "install-gpu", *extra],
-            cwd=ROOT, capture_output=True, text=True, check=True, env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
         ).stdout
 
     default = [line for line in dry().splitlines() if "--force-reinstall" in line]
