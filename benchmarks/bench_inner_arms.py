@@ -415,7 +415,7 @@ def plot(data: dict[str, Any], out: Path) -> Path:
             ax.set_ylim(0, 1.05)
         axes[0][col].annotate(key, (0.5, 1.45), xycoords="axes fraction", ha="center", fontsize=9, weight="bold")
     fig.suptitle(
-        "Per-layer structure of each arm: bar = FFN width kept, dark foot = attention kept (layers 0 → 29)", fontsize=9
+        "Per-layer structure of each arm\nbar: FFN width kept; dark foot: attention kept (layers 0 → 29)", fontsize=9
     )
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(out, dpi=110)
