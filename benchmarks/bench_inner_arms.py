@@ -275,6 +275,12 @@ def recovered_once(
         shutil.rmtree(where, ignore_errors=True)
 
 
+def _model_key(arm: dict[str, Any]) -> str:
+    """What identifies an arm's model across cells: its per-layer structure and summary (every arm is
+    cut from the one parent by the one importance)."""
+    return json.dumps(arm["layers"]) + arm["summary"]
+
+
 def recover(
     context: Any,
     done: dict[str, Any],
@@ -297,12 +303,12 @@ def recover(
     for c in done.values():
         for arm, runs in c.get("recovered", {}).items():
             for seed, run in runs.items():
-                seen[(json.dumps(c["arms"][arm]["layers"]) + c["arms"][arm]["summary"], int(seed))] = run
+                seen[(_model_key(c["arms"][arm]), int(seed))] = run
     for key, c in done.items():
         names = to_recover(c, args.recover_top)
         for name in names:
             arm = c["arms"][name]
-            shape_key = json.dumps(arm["layers"]) + arm["summary"]
+            shape_key = _model_key(arm)
             for seed in args.seeds:
                 have = c.setdefault("recovered", {}).setdefault(name, {})
                 if str(seed) in have:
@@ -327,14 +333,10 @@ def recover(
         save()
 
 
-def _kl_runs(arm: dict[str, Any]) -> list[dict[str, list[float]]]:
-    """One arm's per-row test KL by domain, as the one run :func:`seeded_bootstrap_p` takes."""
-    return [{dom: arm["rows"][dom]["kl"] for dom in ("code", "prose")}]
-
-
-def _recovered_runs(c: dict[str, Any], name: str) -> list[dict[str, list[float]]]:
-    """A recovered arm's per-row test KL by domain, one run per recovery seed."""
-    return [{dom: run["rows"][dom]["kl"] for dom in ("code", "prose")} for run in c["recovered"][name].values()]
+def _kl_runs(*scored: dict[str, Any]) -> list[dict[str, list[float]]]:
+    """Per-row test KL by domain of each scored model (an arm before recovery, or one recovery seed's
+    run), one run each, as :func:`seeded_bootstrap_p` takes them."""
+    return [{dom: s["rows"][dom]["kl"] for dom in ("code", "prose")} for s in scored]
 
 
 def corrected(cells: dict[str, Any], n_boot: int) -> dict[str, Any]:
@@ -358,7 +360,10 @@ def corrected(cells: dict[str, Any], n_boot: int) -> dict[str, Any]:
         for name, d in c.get("vs_best_uniform_kl_recovered", {}).items():
             comparison = f"{key}/{name} vs best-uniform, after recovery"
             raw[comparison] = seeded_bootstrap_p(
-                _recovered_runs(c, name), _recovered_runs(c, "best-uniform"), n_boot=n_boot, seed=0
+                _kl_runs(*c["recovered"][name].values()),
+                _kl_runs(*c["recovered"]["best-uniform"].values()),
+                n_boot=n_boot,
+                seed=0,
             )
             diffs[comparison] = d["mean"]
     adjusted = holm(raw)
