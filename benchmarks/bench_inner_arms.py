@@ -29,7 +29,7 @@ rows, each of ``--recovery-seeds``) and scored on the same test rows; their diff
 is one family: bootstrap p-values, Holm-corrected (``corrected``). Recorded too: what each inner search
 would itself have returned (its choice on its own choice rows), each arm's per-layer structure,
 parameters and cost-model metrics, and the seconds of every stage. ``--plot`` draws each arm's
-per-layer widths (``results/<name>.png``, shown in docs/results/inner-arms.md).
+per-layer widths (``results/<name>.png``).
 
 Resumable: every finished cell, and every recovered (arm, seed), is written at once to
 ``results/<name>.json`` and skipped by the next run with the same settings; a model two cells share
