@@ -68,6 +68,7 @@ from autocompress_opt.serving.targets import Target
 MODEL = "smollm2-135m"
 CACHE = Path(".autocompress")
 RESULTS = Path(__file__).parent / "results"
+DOCS_PICTURE = Path(__file__).resolve().parent.parent / "docs" / "results" / "inner-arms.png"
 TARGETS = ("h100-sxm:datacenter", "rtx5070:in-game")
 # Global choices at SmolLM2's hidden size (576): one block library for every cell.
 BUDGETS = {
@@ -380,9 +381,10 @@ def corrected(cells: dict[str, Any], n_boot: int) -> dict[str, Any]:
     }
 
 
-def plot(data: dict[str, Any], out: Path) -> Path:
+def plot(data: dict[str, Any], out: Path, *copies: Path) -> Path:
     """Each cell's arms as rows of per-layer bars: the FFN width kept (bar height, of the parent's) and
-    whether attention stays (dark bar foot); the test KL before (and after) recovery in the row's title."""
+    whether attention stays (dark bar foot); the test KL before (and after) recovery in the row's title.
+    Written to ``out`` and to each of ``copies`` (the docs page's picture)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -423,9 +425,10 @@ def plot(data: dict[str, Any], out: Path) -> Path:
         "Per-layer structure of each arm\nbar: FFN width kept; dark foot: attention kept (layers 0 → 29)", fontsize=9
     )
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(out, dpi=110)
+    for path in (out, *copies):
+        fig.savefig(path, dpi=110)
+        print(f"wrote {path}")
     plt.close(fig)
-    print(f"wrote {out}")
     return out
 
 
@@ -435,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.summarise or args.plot:
         data = json.loads(path.read_text())
         if args.plot:
-            plot(data, RESULTS / f"{args.name}.png")
+            plot(data, *pictures(args.name))
             return
         data["corrected"] = corrected(data["cells"], data["settings"]["n_boot"])
         write(args.name, {k: v for k, v in data.items() if k not in ("benchmark", "date", "machine")})
@@ -507,7 +510,16 @@ def main(argv: list[str] | None = None) -> None:
             save()
     if not args.no_recover:
         recover(context, done, test_rows, args, save)
-    plot(json.loads(path.read_text()), RESULTS / f"{args.name}.png")
+    plot(json.loads(path.read_text()), *pictures(args.name))
+
+
+def pictures(name: str) -> list[Path]:
+    """Where the picture goes: results/<name>.png, and for the default file also the one
+    docs/results/inner-arms.md shows (docs links stay inside docs/)."""
+    paths = [RESULTS / f"{name}.png"]
+    if name == "inner_arms":
+        paths.append(DOCS_PICTURE)
+    return paths
 
 
 if __name__ == "__main__":

@@ -700,6 +700,12 @@ def hybrid_plan() -> str:
     )
 
 
+def inner_arms() -> str:
+    from _render_arms import inner_arms as render
+
+    return render()
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "hybrid-plan": hybrid_plan,
     "h2h-summary": h2h_summary,
@@ -709,6 +715,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "h2h-gemma3-findings": h2h_findings("head_to_head_gemma3-270m"),
     "ablation": ablation,
     "ablation-history": ablation_history,
+    "inner-arms": inner_arms,
     "multifidelity-8min": multifidelity("multifidelity"),
     "multifidelity-15min": multifidelity("multifidelity_15min", "multifidelity_15min_seed1"),
     "validation": validation,
