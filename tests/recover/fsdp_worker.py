@@ -5,7 +5,8 @@ rank 0 writes the result record to RESULT_JSON, with each process's observations
 ``"ranks"``: whether the student was still on the meta device when it was sharded, which
 models that process loaded, and the token rows it trained on in each update. MODE: ``crash``
 interrupts every process in its third update (after the step-2 checkpoint) and makes the same call
-again, which resumes; ``bf16`` trains with
+again, which resumes; ``stop`` interrupts it the same way and ends there (the checkpoint of step 2
+is left for another layout to resume); ``bf16`` trains with
 ``compute_dtype="bf16"`` (fp32 master weights, bf16 compute); ``bf16-crash`` both; ``mismatch``
 calls it with another learning rate on OUT's checkpoint and records each process's error.
 """
@@ -28,7 +29,7 @@ RECIPE = {"steps": 4, "batch_size": 4, "seq_len": 16, "lr": 3e-3, "save_every": 
 OPTIONS = {"gradient_checkpointing": True, "kl_chunk": 5}
 
 
-def _interrupted_then_resumed(run: Any) -> Any:
+def _interrupted_then_resumed(run: Any, resume: bool = True) -> Any:
     real_step, calls = distill_module._train_step, []
 
     def crashing_step(*args: Any) -> float:
@@ -44,7 +45,7 @@ def _interrupted_then_resumed(run: Any) -> Any:
         pass
     finally:
         distill_module._train_step = real_step
-    return run()
+    return run() if resume else None
 
 
 def _observe(seen: dict[str, list[Any]]) -> None:
@@ -86,8 +87,11 @@ def main(student: str, teacher: str, out: str, result_json: str, mode: str = "")
             except RecipeMismatchError as exc:  # rank 0 found it; every process must raise it
                 seen["error"] = [str(exc)]
         else:
-            result = _interrupted_then_resumed(run) if mode.endswith("crash") else run()
-            record = result.to_dict()
+            if mode == "stop":
+                _interrupted_then_resumed(run, resume=False)
+            else:
+                result = _interrupted_then_resumed(run) if mode.endswith("crash") else run()
+                record = result.to_dict()
         ranks: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, seen)
         if dist.get_rank() == 0:

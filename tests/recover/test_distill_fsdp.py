@@ -31,18 +31,27 @@ from autocompress_opt.recover.distill import STATE_DIR, DistillRecipe, distill
 RECIPE = DistillRecipe(**WORKER_RECIPE)
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    teacher = tiny_model("llama", seed=1)
+def _models(root: Path, **overrides: Any) -> tuple[Path, Path]:
+    teacher = tiny_model("llama", seed=1, **overrides)
     student = copy.deepcopy(teacher)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for param in student.parameters():
             param.add_(0.05 * torch.randn(param.shape, generator=gen))
-    root = tmp_path_factory.mktemp("fsdp")
     arch = adapter_for(student).architecture(student)
     student_dir = export_model(student, arch, root / "student", parent={"model": "t"}, tokenizer=byte_tokenizer())
     return student_dir, save_hf_dir(teacher, root / "teacher")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return _models(tmp_path_factory.mktemp("fsdp"))
+
+
+@pytest.fixture(scope="module")
+def tied_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Student and teacher whose output head is the input embedding (one parameter, as SmolLM2's)."""
+    return _models(tmp_path_factory.mktemp("fsdp-tied"), tie_word_embeddings=True)
 
 
 def _sharded(models: tuple[Path, Path], out: Path, *mode: str) -> dict[str, Any]:
@@ -134,6 +143,51 @@ def test_an_interrupted_sharded_run_resumes_sharded(models: tuple[Path, Path], t
     refused = _sharded(models, tmp_path / "resumed", "mismatch")
     for seen in refused["ranks"]:
         assert "was made with lr=0.003" in seen["error"][0]
+
+
+def _stopped_in_step_3(student_dir: Path, teacher_dir: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-process run interrupted in its third update (after the step-2 checkpoint)."""
+    import autocompress_opt.recover.distill as distill_module
+
+    real_step, calls = distill_module._train_step, []
+
+    def crashing_step(*args: Any) -> float:
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_step(*args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(distill_module, "_train_step", crashing_step)
+        with pytest.raises(KeyboardInterrupt):
+            distill(student_dir, teacher_dir, out, RECIPE, progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied-embeddings"])
+def test_a_run_stopped_under_one_process_count_resumes_under_another(
+    models: tuple[Path, Path], tied_models: tuple[Path, Path], tied: bool, tmp_path: Path, monkeypatch
+) -> None:
+    """The checkpoint is layout-free (full weights and moments, the global batch order): a run stopped
+    under 2 sharded processes resumes in one plain process, and one stopped in a plain process resumes
+    under 2, each from step 2 and ending with the weights of the uninterrupted run (tied output head
+    and embedding included)."""
+    pair = tied_models if tied else models
+    student_dir, teacher_dir = pair
+    single = distill(student_dir, teacher_dir, tmp_path / "single", RECIPE, progress=False)
+    if tied:  # the student really has one tensor for both ends, before and after training
+        trained = load_model(tmp_path / "single", cache=False).model
+        assert trained.lm_head.weight.data_ptr() == trained.get_input_embeddings().weight.data_ptr()
+    # 2 → 1
+    _sharded(pair, tmp_path / "two-then-one", "stop")
+    resumed = distill(student_dir, teacher_dir, tmp_path / "two-then-one", RECIPE, progress=False)
+    assert resumed.resumed_from_step == 2
+    _assert_trains_as(resumed.to_dict(), single, tmp_path / "two-then-one", tmp_path / "single")
+    # 1 → 2
+    _stopped_in_step_3(student_dir, teacher_dir, tmp_path / "one-then-two", monkeypatch)
+    sharded = _sharded(pair, tmp_path / "one-then-two")
+    assert sharded["resumed_from_step"] == 2
+    _assert_trains_as(sharded, single, tmp_path / "one-then-two", tmp_path / "single")
 
 
 def test_fsdp_without_a_process_group_is_refused(models: tuple[Path, Path], tmp_path: Path) -> None:

@@ -287,3 +287,44 @@ def test_a_study_without_an_address_starts_its_own_ray_beside_a_running_cluster(
         assert len([n for n in ray.nodes() if n["Alive"]]) == 1  # not the cluster's head + worker
     finally:
         ray.shutdown()
+
+
+@pytest.fixture
+def gpu_worker():
+    """A two-node cluster on this machine whose head (the driver's node) has no GPU and whose worker
+    has 2 logical GPUs: the layout of a GPU-less login / head node in front of GPU nodes."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    try:
+        cluster.add_node(
+            num_cpus=2,
+            num_gpus=2,
+            env_vars={"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])},
+        )
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.mark.slow
+def test_a_driver_on_a_gpu_less_head_runs_its_trials_on_the_gpu_worker(gpu_worker, tmp_path: Path) -> None:
+    """The driver's node has no GPU; with gpus_per_trial=1 every trial runs on the worker, each on its
+    own GPU (seen as cuda:0), the study completes, and the placement counts the worker's GPUs only."""
+    import ray
+
+    config = study_config(tmp_path, address=gpu_worker.address, gpus_per_trial=1, trials=4)
+    config = replace(config, inner={**config.inner, "sleep_s": 2.0})
+    outcomes = run_study(config, progress=False)
+    assert [o.complete for o in outcomes] == [4]
+    placement = study_placement(config)
+    assert placement.concurrency == 2  # the worker's 2 GPUs, not the head's none
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and not n["Resources"].get("GPU"))
+    trials = [json.loads(line) for line in (tmp_path / "trials.jsonl").read_text().splitlines()]
+    assert len(trials) >= 4
+    assert all(t["node"] != head for t in trials)  # none on the driver's GPU-less node
+    assert all(len(t["gpu_ids"]) == 1 and t["device"] == "cuda:0" for t in trials)
+    assert {t["gpu_ids"][0] for t in trials} <= {"0", "1"}
