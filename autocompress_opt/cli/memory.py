@@ -16,8 +16,8 @@ def add_parser(sub: Any) -> None:
         """
   autocompress memory --model llama-3.1-8b --mode weights
   autocompress memory --model llama-3.1-8b --mode weights --seq-len 2048 --checkpointing --teacher-budget-gib 4
-  autocompress memory --model llama-3.1-8b --mode distill --gpus 8
-  autocompress memory --model smollm2-135m --mode distill --compute-dtype fp32 --no-checkpointing --kl-chunk 0 --json
+  autocompress memory --model llama-3.1-8b --mode distill --gpus 8 --checkpointing --kl-chunk 32
+  autocompress memory --model smollm2-135m --mode distill --compute-dtype fp32 --json
   autocompress memory --model llama-3.1-8b --mode distill --student pruned/llama-6b/config.json --gpus 4
 
 No weights are read: the figures are arithmetic over the architecture (see autocompress_opt.hf.memory),
@@ -25,7 +25,9 @@ checked in tests against measured peaks of small models. Weights trial: the pare
 dtype on one GPU, importance, teacher targets (full vocabulary, or top-k when they exceed
 --teacher-budget-gib; their host memory is printed), the inner search's forward and backward, the
 child materialised beside the parent, held-out quality. Distill: teacher and student, gradients and AdamW
-moments (FSDP-sharded over --gpus), activations, logits and the KL. Every figure adds 1 GiB for the
+moments (FSDP-sharded over --gpus), activations, logits and the KL, and the held-out KL before and after
+training; the defaults are distill's own (no checkpointing, the KL over the whole sequence: pass the
+flags you give distill, --checkpointing for --gradient-checkpointing). Every figure adds 1 GiB for the
 CUDA context and allocator slack; the assumptions are printed with the table.""",
     )
     p.add_argument(
@@ -62,11 +64,17 @@ CUDA context and allocator slack; the assumptions are printed with the table."""
         "--checkpointing",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="activation checkpointing: distill (default on) and the weights trial's inner search "
-        "(inner checkpoint_activations, default off)",
+        help="activation checkpointing: distill's --gradient-checkpointing and the weights trial's inner "
+        "search (inner checkpoint_activations); default off, as in both",
     )
     p.add_argument(
-        "--kl-chunk", type=int, default=32, help="distill: positions per KL chunk, 0 = whole sequence (default 32)"
+        "--kl-chunk",
+        type=int,
+        default=0,
+        help="distill: positions per KL chunk, as distill's --kl-chunk; 0 = the whole sequence (default, as distill)",
+    )
+    p.add_argument(
+        "--eval-rows", type=int, default=8, help="distill: held-out rows of its KL before and after (default 8)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
@@ -76,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from autocompress_opt.arch.catalog import load_architecture
     from autocompress_opt.hf.memory import DistillShape, WeightsTrialShape, predict_memory
 
-    check_positive(args, "--batch-size", "--seq-len")
+    check_positive(args, "--batch-size", "--seq-len", "--eval-rows")
     check_positive(args, "--kl-chunk", minimum=0)  # 0: the whole sequence at once
     arch = load_architecture(args.model)
     sizes = {k: v for k, v in (("batch_size", args.batch_size), ("seq_len", args.seq_len)) if v is not None}
@@ -90,8 +98,9 @@ def run(args: argparse.Namespace) -> int:
         student = load_architecture(args.student) if args.student else None
         distill = DistillShape(
             master_dtype=args.master_dtype,
-            checkpointing=args.checkpointing is not False,
+            checkpointing=bool(args.checkpointing),
             kl_chunk=args.kl_chunk or None,
+            n_eval_rows=args.eval_rows,
             student=student,
             **sizes,
         )

@@ -289,16 +289,26 @@ class DistillShape:
     ``master_dtype``: the student's trained weights, gradients and AdamW moments (``fp32``: mixed
     precision, the forward casts to the compute dtype; ``bf16``: pure bf16 training).
     ``checkpointing`` / ``kl_chunk``: activation checkpointing and the chunked KL
-    (None = the whole sequence at once). ``student``: the student's architecture (None: the same
-    as the teacher's, the upper bound for any pruned child).
+    (None = the whole sequence at once), off by default as in ``distill`` (its
+    ``--gradient-checkpointing`` / ``--kl-chunk``). ``n_eval_rows``: the held-out rows whose KL
+    ``distill`` measures before the first and after the last update, ``batch_size`` rows at a
+    time, split over the GPUs like the training batch, with the same KL chunk
+    (:mod:`autocompress_opt.recover.held_out`). ``student``: the student's architecture (None: the
+    same as the teacher's, the upper bound for any pruned child).
     """
 
     batch_size: int = 8
     seq_len: int = 256
     master_dtype: str = "fp32"
-    checkpointing: bool = True
-    kl_chunk: int | None = 32
+    checkpointing: bool = False
+    kl_chunk: int | None = None
+    n_eval_rows: int = 8
     student: Architecture | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "seq_len", "n_eval_rows"):
+            check_int(getattr(self, name), name)
+        check_int(self.kl_chunk, "kl_chunk", also=(None,))
 
 
 @dataclass(frozen=True)
@@ -468,13 +478,34 @@ def _weights_stages(
     return stages, assumptions, ({} if shape.teacher_on_device else {"teacher targets": targets})
 
 
+def _held_out_bytes(
+    arch: Architecture, student: Architecture, shape: DistillShape, gpus: int, c: int
+) -> dict[str, int]:
+    """The held-out KL's transient bytes per GPU (:func:`~autocompress_opt.recover.held_out.held_out_kl`):
+    both models' logits of one batch of this GPU's share of the rows in the compute dtype, and five
+    float32 ``(rows, chunk, V)`` tensors of the chunk's KL (two log-probabilities, the teacher's
+    probabilities, their difference and its product; measured in the tests); or, if larger, the
+    teacher's forward beside the student's logits (its widest layer's intermediates, or its logits)."""
+    rows = min(shape.batch_size, -(-shape.n_eval_rows // gpus))
+    tokens, vocab = rows * shape.seq_len, arch.vocab_size
+    positions = rows * min(shape.kl_chunk or shape.seq_len, shape.seq_len)
+    kl = 2 * tokens * vocab * c + 5 * positions * vocab * _F32
+    # The teacher's forward beside the student's logits: one layer's FFN transients (act(gate), up,
+    # their product) and the residual stream, then its logits beside the student's (and the final norm).
+    d = arch.hidden_size
+    widest = max(max(3 * layer.ffn_width + 2 * d, vocab + d) for layer in (*arch.layers, *student.layers))
+    forward = tokens * c * (vocab + widest)
+    if kl >= forward:
+        return {"logits (student, teacher)": 2 * tokens * vocab * c, "KL chunk (float32)": 5 * positions * vocab * _F32}
+    return {"forward (teacher, beside the student's logits)": forward}
+
+
 def _distill_stages(
     arch: Architecture, dtype: str, gpus: int, shape: DistillShape
 ) -> tuple[list[Stage], tuple[str, ...]]:
     c, m = _dtype_bytes(dtype), _dtype_bytes(shape.master_dtype, "master dtype")
     student = shape.student or arch
     rows = -(-shape.batch_size // gpus)  # each process trains on its share of the step's rows
-    tokens = rows * shape.seq_len
     teacher = arch.num_params * c
     master = math.ceil(student.num_params * m / gpus)
     # The forward works on full weights: under FSDP (``distill(fsdp=True)``, no mixed-precision
@@ -507,7 +538,7 @@ def _distill_stages(
     base = {"teacher weights": teacher, "student weights (shard)": master}
     stages = [
         Stage("load", dict(base)),
-        Stage("held-out KL", base | {"forward": 2 * _no_grad_pass(arch, tokens, c)}),
+        Stage("held-out KL", base | _held_out_bytes(arch, student, shape, gpus, c)),
         Stage(
             "train step",
             base
@@ -537,6 +568,8 @@ def _distill_stages(
         f"{shape.batch_size} x {shape.seq_len} tokens per step, {rows} row(s) per GPU; activation checkpointing "
         + ("on" if shape.checkpointing else "off")
         + f"; KL over the vocabulary {chunk}",
+        f"held-out KL on {shape.n_eval_rows} rows, at most {shape.batch_size} at a time, split over the GPUs, "
+        f"KL {chunk}",
         "student counted at the teacher's size unless given (the upper bound for any pruned child)",
     )
     return stages, assumptions

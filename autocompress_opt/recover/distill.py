@@ -82,7 +82,7 @@ from typing import Any
 import torch
 
 from autocompress_opt.errors import ConfigError, check_int
-from autocompress_opt.quality.metrics import kl_divergence, log_probs, token_kl
+from autocompress_opt.quality.metrics import log_probs, token_kl
 from autocompress_opt.recover.checkpoint import (
     _STATE_FORMAT,
     _STATE_JSON,
@@ -106,6 +106,7 @@ from autocompress_opt.recover.fsdp import (
     _skeleton,
     _world_size,
 )
+from autocompress_opt.recover.held_out import held_out_kl
 from autocompress_opt.recover.preflight import (
     check_compatible,
     checkpoint_layers,
@@ -468,7 +469,10 @@ class _Run:
         optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
         if state is None:
             torch.manual_seed(recipe.seed)
-            initial_kl = _held_out_kl(model, teacher.model, held_out.tokens, recipe.batch_size)
+            world = options.world_size
+            initial_kl = held_out_kl(
+                model, teacher.model, held_out.tokens, recipe.batch_size, chunk=options.kl_chunk, world=world
+            )
             state = {"step": 0, "losses": [], "train_s_total": 0.0, "final_kl": None}
         else:
             _restore(model, optimizer, out, state)
@@ -527,7 +531,14 @@ class _Run:
                 bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
                 done = step + 1
                 if done == recipe.steps:
-                    final_kl = _held_out_kl(self.model, self.teacher.model, self.eval_tokens, recipe.batch_size)
+                    final_kl = held_out_kl(
+                        self.model,
+                        self.teacher.model,
+                        self.eval_tokens,
+                        recipe.batch_size,
+                        chunk=self.options.kl_chunk,
+                        world=self.options.world_size,
+                    )
                 if done == recipe.steps or done % recipe.save_every == 0:
                     self._save(done, final_kl, self.train_s_total + session_s)
         return self._result(len(self.losses), final_kl, session_s)
@@ -709,40 +720,3 @@ def _train_step(
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
     optimizer.step()
     return float(loss.detach())
-
-
-def _held_out_kl(model: Any, teacher: Any, tokens: torch.Tensor, batch_size: int) -> float:
-    if hasattr(model, "reshard"):  # FSDP2-sharded: see _OutsideInferenceMode
-        model = _OutsideInferenceMode(model)
-    return kl_divergence(model, teacher, tokens, batch_size=batch_size, progress=False)
-
-
-class _OutsideInferenceMode:
-    """An FSDP2-sharded model whose forward runs under ``no_grad`` with inference mode switched off.
-
-    ``kl_divergence`` scores under ``torch.inference_mode``, in which FSDP2's all-gather would
-    leave inference tensors behind as the module's parameters, and training would then update
-    tensors the model no longer uses; the logits it returns are ordinary tensors either way.
-    """
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-
-    @property
-    def training(self) -> bool:
-        return bool(self.model.training)
-
-    def eval(self) -> _OutsideInferenceMode:
-        self.model.eval()
-        return self
-
-    def train(self, mode: bool = True) -> _OutsideInferenceMode:
-        self.model.train(mode)
-        return self
-
-    def parameters(self) -> Any:
-        return self.model.parameters()
-
-    def __call__(self, **kwargs: Any) -> Any:
-        with torch.inference_mode(False), torch.no_grad():
-            return self.model(**kwargs)

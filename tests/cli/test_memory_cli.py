@@ -28,8 +28,9 @@ def test_llama_8b_weights_trial_predicted_under_60_gb(capsys: Any) -> None:
 
 
 def test_llama_8b_distill_under_80_gb_per_gpu_with_8_way_sharding(capsys: Any) -> None:
-    sharded = _json(capsys, "--model", "llama-3.1-8b", "--mode", "distill", "--gpus", "8")
-    single = _json(capsys, "--model", "llama-3.1-8b", "--mode", "distill")
+    options = ["--checkpointing", "--kl-chunk", "32"]  # distill --gradient-checkpointing --kl-chunk 32
+    sharded = _json(capsys, "--model", "llama-3.1-8b", "--mode", "distill", "--gpus", "8", *options)
+    single = _json(capsys, "--model", "llama-3.1-8b", "--mode", "distill", *options)
     assert sharded["peak_bytes"] < 80e9 < single["peak_bytes"]
     assert sharded["gpus"] == 8 and sharded["compute_dtype"] == "bf16"
     assert any("FSDP-sharded 8 ways" in a for a in sharded["assumptions"])
@@ -39,8 +40,15 @@ def test_llama_8b_distill_under_80_gb_per_gpu_with_8_way_sharding(capsys: Any) -
 def test_options_reach_the_prediction(capsys: Any) -> None:
     base = ["--model", "smollm2-135m", "--mode", "distill"]
     default = _json(capsys, *base)["peak_bytes"]
-    fp32 = _json(capsys, *base, "--compute-dtype", "fp32", "--no-checkpointing", "--kl-chunk", "0")["peak_bytes"]
+    fp32 = _json(capsys, *base, "--compute-dtype", "fp32")["peak_bytes"]
     assert fp32 > default
+    # distill's defaults (no checkpointing, the whole sequence's KL) are the predictor's: the flags lower it
+    lean = _json(capsys, *base, "--checkpointing", "--kl-chunk", "32")["peak_bytes"]
+    assert lean < default
+    fewer = _json(capsys, *base, "--eval-rows", "1", "--batch-size", "8", "--seq-len", "2048")
+    more = _json(capsys, *base, "--eval-rows", "8", "--batch-size", "8", "--seq-len", "2048")
+    held_out = lambda record: next(s for s in record["stages"] if s["name"] == "held-out KL")["peak_bytes"]
+    assert held_out(fewer) < held_out(more)
     small = _json(capsys, "--model", "smollm2-135m", "--mode", "weights", "--batch-size", "1", "--seq-len", "64")
     big = _json(capsys, "--model", "smollm2-135m", "--mode", "weights", "--teacher-on-device", "--batch-size", "8")
     search = lambda record: next(s for s in record["stages"] if s["name"] == "inner search")["peak_bytes"]
@@ -55,6 +63,7 @@ def test_options_reach_the_prediction(capsys: Any) -> None:
         (["--master-dtype", "fp64"], "master dtype 'fp64'"),
         (["--kl-chunk", "-1"], "--kl-chunk"),
         (["--batch-size", "0"], "--batch-size"),
+        (["--eval-rows", "0"], "--eval-rows"),
         (["--student", "no-such-model"], "no-such-model"),
     ],
 )

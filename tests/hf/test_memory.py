@@ -226,30 +226,43 @@ def test_bad_arguments_are_config_errors() -> None:
         predict_memory(arch, "distill", gpus=0)
 
 
-@pytest.mark.parametrize(("checkpointing", "chunk"), [(False, None), (True, None), (True, 8), (False, 8)])
-def test_distill_stages_within_10_percent_of_a_measured_distill_step(checkpointing: bool, chunk: int | None) -> None:
+@pytest.mark.parametrize(
+    ("checkpointing", "chunk", "precision"),
+    [
+        (False, None, "fp32"),
+        (True, None, "fp32"),
+        (True, 8, "fp32"),
+        (False, 8, "fp32"),
+        # distill --compute-dtype bf16 on a CPU: bf16 autocast over fp32 master weights, a bf16 teacher
+        (False, None, "bf16-autocast"),
+        (True, 8, "bf16-autocast"),
+    ],
+)
+def test_distill_stages_within_10_percent_of_a_measured_distill_step(
+    checkpointing: bool, chunk: int | None, precision: str
+) -> None:
     """distill's own update (teacher forward, student forward and backward, clipping, AdamW with its
     moments from the step before) against the larger of the predicted train and optimizer steps."""
     from autocompress_opt.recover.distill import _train_step
     from autocompress_opt.recover.preflight import checkpoint_layers
     from autocompress_opt.recover.recipe import DistillRecipe
 
+    compute = "fp32" if precision == "fp32" else "bf16"
     student, arch = _llama("cpu", "fp32")
-    teacher, _ = _llama("cpu", "fp32")
+    teacher, _ = _llama("cpu", compute)
     teacher.eval().requires_grad_(False)
     if checkpointing:
         checkpoint_layers(student)
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3)
     recipe = DistillRecipe(steps=2, batch_size=2, seq_len=64)
     tokens = torch.randint(0, arch.vocab_size, (2, 64))
-    _train_step(student, teacher, tokens, optimizer, 1e-3, recipe, "fp32", chunk)  # AdamW's moments now exist
+    step = lambda: _train_step(student, teacher, tokens, optimizer, 1e-3, recipe, precision, chunk)
+    step()  # AdamW's moments now exist
     moments = [value for state in optimizer.state.values() for value in state.values()]
     live = [*student.parameters(), *teacher.parameters(), *moments]
-    measured = measure_peak_bytes(
-        lambda: _train_step(student, teacher, tokens, optimizer, 1e-3, recipe, "fp32", chunk), live=live
-    ).peak_bytes
+    measured = measure_peak_bytes(step, live=live).peak_bytes
     shape = DistillShape(batch_size=2, seq_len=64, checkpointing=checkpointing, kl_chunk=chunk)
-    prediction = predict_memory(arch, "distill", compute_dtype="fp32", cuda=False, distill=shape)
+    prediction = predict_memory(arch, "distill", compute_dtype=compute, cuda=False, distill=shape)
     stages = {s.name: s.peak_bytes for s in prediction.stages}
     predicted = max(stages["train step"], stages["optimizer step"])
     assert abs(predicted - measured) <= 0.10 * measured, (predicted, measured)
