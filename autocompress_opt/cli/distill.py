@@ -188,10 +188,16 @@ def _start_processes(args: argparse.Namespace) -> int:
     """Join the process group torchrun set up (nccl on CUDA, gloo on the CPU); returns this rank.
 
     Under NCCL this process's GPU (``LOCAL_RANK``) is made current first and bound to the group, so
-    NCCL never guesses a device (every collective then runs on it: recover/fsdp.py)."""
+    NCCL never guesses a device (every collective then runs on it: recover/fsdp.py). The group's
+    timeout covers rank 0 writing a checkpoint of this student while the others wait
+    (:func:`~autocompress_opt.recover.fsdp.collective_timeout`)."""
     import os
+    from datetime import timedelta
 
     import torch.distributed as dist
+
+    from autocompress_opt.recover.fsdp import collective_timeout
+    from autocompress_opt.recover.preflight import resolve_student_dir
 
     if "WORLD_SIZE" not in os.environ:
         raise ConfigError(
@@ -200,12 +206,13 @@ def _start_processes(args: argparse.Namespace) -> int:
         )
     import torch
 
+    timeout = timedelta(seconds=collective_timeout(resolve_student_dir(args.student)))
     if args.device != "cpu" and torch.cuda.is_available():
         gpu = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(gpu)
-        dist.init_process_group("nccl", device_id=gpu)
+        dist.init_process_group("nccl", device_id=gpu, timeout=timeout)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timeout)
     return dist.get_rank()
 
 

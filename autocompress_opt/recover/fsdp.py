@@ -36,6 +36,33 @@ _T = TypeVar("_T")
 
 # Backends whose collectives take CUDA tensors only (torch.distributed's Backend names).
 _CUDA_ONLY_BACKENDS = frozenset({"nccl", "xccl"})
+# torch.distributed's default timeout of a collective (NCCL and gloo): 10 minutes.
+DEFAULT_TIMEOUT_S = 600.0
+# The slowest write a checkpoint is allowed for (a busy shared file system), and what rank 0 writes
+# per parameter while the others wait at the barrier: fp32 weights and AdamW's two fp32 moments.
+SAVE_BYTES_PER_S = 50e6
+_CHECKPOINT_BYTES_PER_PARAM = 12
+
+
+def collective_timeout(student_dir: str | Path) -> float:
+    """Seconds a collective may wait in a sharded run of this student: torch's 10 minutes, or twice
+    the time rank 0 takes to write the student's checkpoint at :data:`SAVE_BYTES_PER_S` while the
+    other processes wait at the barrier after it, whichever is longer. A 1B student: 10 minutes; an
+    8B one: 64 minutes. The parameters are counted from the safetensors headers (no weights read)."""
+    params = sum(_stored_parameters(file) for file in sorted(Path(student_dir).glob("*.safetensors")))
+    return max(DEFAULT_TIMEOUT_S, 2 * params * _CHECKPOINT_BYTES_PER_PARAM / SAVE_BYTES_PER_S)
+
+
+def _stored_parameters(file: Path) -> int:
+    """The number of values of every tensor a safetensors file holds, from its header alone."""
+    import json
+    import math
+    import struct
+
+    with file.open("rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+    return sum(math.prod(entry["shape"]) for name, entry in header.items() if name != "__metadata__")
 
 
 def _world_size(fsdp: bool, recipe: DistillRecipe) -> int:

@@ -190,6 +190,40 @@ def test_a_run_stopped_under_one_process_count_resumes_under_another(
     _assert_trains_as(sharded, single, tmp_path / "one-then-two", tmp_path / "single")
 
 
+@pytest.mark.slow
+def test_the_cli_under_torchrun_trains_one_sharded_student(models: tuple[Path, Path], tmp_path: Path) -> None:
+    """``torchrun --nproc_per_node 2 autocompress distill --fsdp`` as a user runs it: the CLI joins the
+    process group (gloo on the CPU, with the checkpoint-sized timeout), rank 0 alone reports, and
+    the run is the one-process run's."""
+    student_dir, teacher_dir = models
+    out = tmp_path / "cli"
+    path = [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    argv = ["--student", str(student_dir), "--teacher", str(teacher_dir), "--out", str(out), "--fsdp"]
+    sizes = ["--steps", "4", "--batch-size", "4", "--seq-len", "16", "--lr", "3e-3", "--save-every", "2"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "autocompress_opt",
+        ]
+        + ["distill", *argv, *sizes, "--eval-rows", "2", "--device", "cpu", "--json", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(done.stdout)  # one JSON object: rank 1 printed nothing
+    single = distill(student_dir, teacher_dir, tmp_path / "single", RECIPE, progress=False)
+    _assert_trains_as(record, single, out, tmp_path / "single")
+
+
 def test_fsdp_without_a_process_group_is_refused(models: tuple[Path, Path], tmp_path: Path) -> None:
     student_dir, teacher_dir = models
     with pytest.raises(ConfigError, match="torchrun"):
@@ -287,3 +321,26 @@ def test_an_error_rank_0_finds_is_raised_on_every_process(monkeypatch: pytest.Mo
 
     with pytest.raises(ConfigError, match="lr=0.1"):
         fsdp._from_rank0(refuse, 2)
+
+
+def _header_only(path: Path, shapes: dict[str, list[int]]) -> None:
+    """A safetensors file whose header names tensors of ``shapes`` (no data: only the header is read)."""
+    import struct
+
+    header = json.dumps(
+        {name: {"dtype": "BF16", "shape": shape, "data_offsets": [0, 0]} for name, shape in shapes.items()}
+    )
+    path.write_bytes(struct.pack("<Q", len(header)) + header.encode())
+
+
+def test_the_collective_timeout_covers_rank_0_writing_the_checkpoint(tmp_path: Path) -> None:
+    """Rank 0 writes fp32 weights and two moments (12 bytes a parameter) while the others wait at a
+    barrier: the group's timeout is torch's 10 minutes for a small student and grows with its size."""
+    small, large = tmp_path / "small", tmp_path / "large"
+    small.mkdir(), large.mkdir()
+    _header_only(small / "model.safetensors", {"w": [1000, 1000]})
+    _header_only(large / "model-00001.safetensors", {"a": [4_000_000_000]})
+    _header_only(large / "model-00002.safetensors", {"b": [2_000_000, 2000], "__metadata__": [0]})
+    assert fsdp.collective_timeout(small) == fsdp.DEFAULT_TIMEOUT_S
+    # 8e9 parameters x 12 bytes at 50 MB/s = 1920 s of writing, doubled
+    assert fsdp.collective_timeout(large) == pytest.approx(2 * 8e9 * 12 / 50e6)
