@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -145,6 +145,16 @@ class LiveMasks:
     ffn_gate: torch.Tensor
     heads: torch.Tensor
     ffn: torch.Tensor
+    _off: dict[str, list[bool]] = field(default_factory=dict, compare=False, repr=False)
+
+    def off(self, which: str) -> list[bool]:
+        """Per layer, whether the gate ``which`` (``attn_gate`` / ``ffn_gate``) is exactly 0 in this
+        pass: that sub-block's output is multiplied by 0 and its gradients are 0 (a hard-concrete gate
+        clamped at 0 passes none), so its computation can be skipped with the same result. Read
+        from the device once per pass and gate."""
+        if which not in self._off:
+            self._off[which] = (getattr(self, which).detach() == 0).tolist()
+        return self._off[which]
 
 
 @dataclass(frozen=True)
@@ -388,14 +398,17 @@ class ParentMasks(torch.nn.Module):
         return replace(self.parent, hidden_size=self.hidden_size, layers=tuple(specs), name=name)
 
     # ------------------------------------------------------------------------ hooks
-    def install(self, model: Any, *, adapter: FamilyAdapter | None = None) -> MaskHandle:
+    def install(self, model: Any, *, adapter: FamilyAdapter | None = None, skip_off: bool = True) -> MaskHandle:
         """Hook ``model`` (the parent) so it computes with the masks set by :meth:`use`.
 
         The parent's parameters are frozen (``requires_grad=False``) while installed: only mask
         parameters receive gradients. The fixed hidden-channel mask goes through
         :func:`apply_masks`; the float masks through ``o_proj``/``down_proj`` pre-hooks and gate
-        hooks on each sub-block's residual contribution. Removing the returned handle restores the
-        parent (hooks and ``requires_grad`` flags).
+        hooks on each sub-block's residual contribution. ``skip_off``: a sub-block (attention or
+        dense MLP module) whose gate is exactly 0 in a pass returns zeros without computing
+        (:meth:`LiveMasks.off`; the same output and gradients: tested); a dropped layer then costs
+        nothing, in training, the rung measurements and the candidates' scores. Removing the
+        returned handle restores the parent (hooks, ``forward`` methods and ``requires_grad`` flags).
         """
         adapter = adapter or adapter_for(model)
         mismatch = architecture_mismatch(self.parent, adapter.architecture(model))
@@ -411,9 +424,13 @@ class ParentMasks(torch.nn.Module):
                 if p.attention is not None:
                     handles.append(p.o_proj.register_forward_pre_hook(self._head_hook(i, p.num_heads, p.head_dim)))
                     handles.append(p.attn_residual.register_forward_hook(self._gate_hook(i, "attn_gate")))
+                    if skip_off:
+                        handles.append(_SkippedWhenOff(p.attention, self, i, "attn_gate"))
                 if p.mlp is not None:
                     handles.append(p.down_proj.register_forward_pre_hook(self._ffn_hook(i, p.ffn_width)))
                     handles.append(p.ffn_residual.register_forward_hook(self._gate_hook(i, "ffn_gate")))
+                    if skip_off:
+                        handles.append(_SkippedWhenOff(p.mlp, self, i, "ffn_gate"))
         except BaseException:
             MaskHandle(handles).remove()
             raise
@@ -501,6 +518,38 @@ class _Frozen:
         for p, flag in self._flags:
             p.requires_grad_(flag)
         self._flags = []
+
+
+class _SkippedWhenOff:
+    """A sub-block module (a layer's attention or dense MLP) whose ``forward`` returns zeros shaped
+    like its input when its gate is exactly 0 in the current pass (:meth:`LiveMasks.off`), without
+    computing; ``remove()`` puts the previous ``forward`` back. The attention module returns
+    ``(zeros, None)`` (output, attention weights: what the decoder layers of transformers 5 unpack)."""
+
+    def __init__(self, module: Any, masks: ParentMasks, index: int, which: str) -> None:
+        self._module = module
+        self._had_own = "forward" in vars(module)
+        self._previous = vars(module).get("forward")
+        forward = module.forward
+        attention = which == "attn_gate"
+
+        def skipped_when_off(*args: Any, **kwargs: Any) -> Any:
+            if not masks._current().off(which)[index]:
+                return forward(*args, **kwargs)
+            x = args[0] if args else kwargs["hidden_states"]
+            zeros = torch.zeros_like(x)
+            return (zeros, None) if attention else zeros
+
+        module.forward = skipped_when_off
+
+    def remove(self) -> None:
+        if self._module is None:
+            return
+        if self._had_own:
+            self._module.forward = self._previous
+        else:
+            del self._module.forward
+        self._module = None
 
 
 class _CheckpointedLayer:
