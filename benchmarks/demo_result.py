@@ -130,8 +130,27 @@ def target_summary(view: Any) -> dict[str, Any]:
             "kl_to_parent": kl,
             "baseline": best.baseline,
             "candidate": (best.selection or {}).get("chosen"),
+            "spread": width_spread(arch) if arch else None,
         }
     return summary
+
+
+def width_spread(arch: Any) -> dict[str, Any]:
+    """How far an architecture's per-layer widths spread: the kept layers, those with attention and
+    with an FFN, the FFN widths' least and largest and how many distinct ones, and the query heads'."""
+    layers = [layer for layer in arch.layers if layer.attention or layer.ffn]
+    ffn = sorted({layer.ffn_width for layer in layers if layer.ffn})
+    heads = sorted({layer.num_heads for layer in layers if layer.attention})
+    return {
+        "layers": len(layers),
+        "attention_layers": sum(1 for layer in layers if layer.attention),
+        "ffn_layers": sum(1 for layer in layers if layer.ffn),
+        "ffn_min": ffn[0] if ffn else 0,
+        "ffn_max": ffn[-1] if ffn else 0,
+        "ffn_distinct": len(ffn),
+        "heads_distinct": len(heads),
+        "ffn_widths": [layer.ffn_width if layer.ffn else 0 for layer in arch.layers],
+    }
 
 
 def record(

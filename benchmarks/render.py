@@ -656,12 +656,27 @@ def demo() -> str:
                 f"trial {best['trial']}: {shape(best['architecture'])}" if best else "none feasible",
                 f"{best['quality']:.3f}" if best.get("quality") is not None else "—",
                 f"{best['kl_to_parent']:.2f}" if best.get("kl_to_parent") is not None else "—",
+                _spread(best.get("spread")),
             ]
             + ([_seconds(target.get("prepared_s")), _seconds(target.get("first_trial_s"))] if timed else [])
         )
-    header = ["target", "trials", "best feasible", "quality", "held-out KL"]
+    header = ["target", "trials", "best feasible", "quality", "held-out KL", "per-layer spread"]
     lines.append(table(header + (["prepared at", "first trial at"] if timed else []), rows))
     return "\n".join(lines)
+
+
+def _spread(spread: dict[str, Any] | None) -> str:
+    """A best point's per-layer spread (demo_result.width_spread): ``uniform`` or the FFN range."""
+    if not spread:
+        return "—"
+    kept = f"{spread['attention_layers']} attention / {spread['ffn_layers']} FFN of {spread['layers']} layers"
+    if (
+        spread["ffn_distinct"] <= 1
+        and spread["heads_distinct"] <= 1
+        and spread["attention_layers"] == spread["ffn_layers"]
+    ):
+        return f"uniform ({kept})"
+    return f"FFN {spread['ffn_min']}..{spread['ffn_max']} ({spread['ffn_distinct']} widths), {kept}"
 
 
 def _hybrid_point(q: dict[str, Any]) -> list[str]:

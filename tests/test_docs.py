@@ -224,3 +224,22 @@ def test_the_demo_runs_times_its_phases_and_records_the_study(tmp_path: Path, mo
     assert render.NOT_MEASURED not in page and "rtx5070 in-game" in page and result["code_version"] in page
     assert f"{result['machine']['cores']} cores" in render.demo_line() and "first trial" in render.demo_line()
     assert "prepared at" in page
+
+
+def test_the_demo_records_and_renders_how_far_a_best_points_widths_spread() -> None:
+    from dataclasses import replace
+
+    from autocompress_opt.arch.catalog import load_architecture
+
+    parent = load_architecture("smollm2-135m")
+    uniform = demo_result.width_spread(parent)
+    assert (uniform["layers"], uniform["ffn_min"], uniform["ffn_max"], uniform["ffn_distinct"]) == (30, 1536, 1536, 1)
+    assert render._spread(uniform) == "uniform (30 attention / 30 FFN of 30 layers)"
+    layers = list(parent.layers)
+    layers[0] = replace(layers[0], ffn_width=512)
+    layers[1] = replace(layers[1], ffn=False, ffn_width=0)
+    layers[2] = replace(layers[2], attention=False, num_heads=0, num_kv_heads=0, head_dim=0, ffn=False, ffn_width=0)
+    spread = demo_result.width_spread(replace(parent, layers=tuple(layers)))
+    assert spread["ffn_widths"][:3] == [512, 0, 0] and spread["layers"] == 29
+    assert render._spread(spread) == "FFN 512..1536 (2 widths), 29 attention / 28 FFN of 29 layers"
+    assert render._spread(None) == "—"
