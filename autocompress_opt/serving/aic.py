@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from autocompress_opt.serving.costmodel import CostEstimate, Scenario
     from autocompress_opt.serving.engine_models import Engine
     from autocompress_opt.serving.fitting import Observation
+    from autocompress_opt.serving.targets import Target
 
 __all__ = [
     "BACKENDS",
@@ -43,6 +44,7 @@ __all__ = [
     "SYSTEMS",
     "AicPricer",
     "aic_installed",
+    "backend_check",
     "check_covered",
     "estimate_cost_aic",
     "estimate_cost_backend",
@@ -129,10 +131,12 @@ def _check_measured(system: str, backend: str, dtype: str, kv_dtype: str) -> Non
     """:class:`ConfigError` unless the (system, backend) database holds GEMMs in ``dtype`` and
     generation attention over a ``kv_dtype`` cache, naming the formats it does hold."""
     database, _ = _database(system, backend)
-    modes = database.supported_quant_mode
+    with _quiet():  # the first read of the modes loads the tables, with their deferred warnings
+        modes = database.supported_quant_mode
+        gemm, attention = modes.get("gemm", []), modes.get("generation_attention", [])
     for ours, table, theirs, what in (
-        (dtype, DTYPES, {str(m) for m in modes.get("gemm", [])}, "GEMMs"),
-        (kv_dtype, KV_DTYPES, {str(m) for m in modes.get("generation_attention", [])}, "decode attention"),
+        (dtype, DTYPES, {str(m) for m in gemm}, "GEMMs"),
+        (kv_dtype, KV_DTYPES, {str(m) for m in attention}, "decode attention"),
     ):
         if table[ours] not in theirs:
             valid = [name for name, mode in table.items() if mode in theirs]
@@ -377,9 +381,10 @@ def estimate_cost_aic(
     else:
         batch = min(int(scenario.concurrency), scenario.requests or int(scenario.concurrency))
     batch = max(int(batch), 1)
-    pricer = AicPricer(hardware, engine.name, scenario.dtype, scenario.kv_dtype, scenario.tp)
-    ttft = pricer.prefill_ms(arch, batch, scenario.input_len)
-    tpot = pricer.tpot_ms(arch, batch, scenario.input_len, scenario.output_len)
+    with _quiet():  # the database's deferred warnings fire at the first lookups, not at loading
+        pricer = AicPricer(hardware, engine.name, scenario.dtype, scenario.kv_dtype, scenario.tp)
+        ttft = pricer.prefill_ms(arch, batch, scenario.input_len)
+        tpot = pricer.tpot_ms(arch, batch, scenario.input_len, scenario.output_len)
     e2e = ttft + tpot * max(scenario.output_len - 1, 0)
     return replace(
         own,
@@ -406,6 +411,40 @@ def estimate_cost_backend(
         if requested == "aic":
             raise
         return own, "own"
+
+
+def backend_check(
+    arch: Architecture, target: Target, parent: Architecture, requested: str = "auto"
+) -> dict[str, Any] | None:
+    """``target``'s constraints on ``arch`` checked again with the prices of the backend ``requested``
+    resolves to (:func:`resolve_backend`): the final check of a study's front points, whose trials
+    were judged by this toolkit's differentiable model. None where that backend is ``own`` (or,
+    under ``auto``, its database lacks one of the shapes). A constraint relative to the parent
+    (``0.6x``) is relative to the parent priced by the same backend; no interval is applied (the
+    own profile's residuals are not AIConfigurator's errors). Returns ``{"backend", "feasible",
+    "violations", "metrics"}`` (violations ``<= 0`` satisfied, as :meth:`Target.violations`)."""
+    from autocompress_opt.serving.costmodel import estimate_cost
+    from autocompress_opt.serving.hardware import get_hardware
+    from autocompress_opt.serving.targets import all_satisfied
+
+    hardware, engine, scenario = get_hardware(target.hardware).name, target.engine_obj(), target.scenario()
+    if resolve_backend(requested, arch, hardware, engine.name, scenario) == "own":
+        return None
+    priced = []
+    for model in (arch, parent):
+        own = estimate_cost(model, target.hardware, engine, scenario)
+        cost, backend = estimate_cost_backend(requested, model, hardware, engine, scenario, own)
+        if backend == "own":
+            return None
+        priced.append(cost.to_dict())
+    violations = {k: float(v) for k, v in replace(target, confidence=None).violations(*priced).items()}
+    kept = ("ttft_ms", "tpot_ms", "e2e_latency_ms", "output_throughput_tok_s")
+    return {
+        "backend": "aic",
+        "feasible": all_satisfied(violations),
+        "violations": violations,
+        "metrics": {k: priced[0][k] for k in kept},
+    }
 
 
 def predict_rows(rows: Sequence[tuple[Observation, str]]) -> dict[str, float]:

@@ -218,3 +218,46 @@ def test_validate_puts_aic_beside_the_rows_it_expresses(capsys: Any, tmp_path: A
     assert rows["pub1"]["aic_predicted"] > 0 and abs(rows["pub1"]["aic_error"]) < 0.1  # 2.5 % when written
     geforce = next(r for r in rows.values() if r["id"] != "pub1")
     assert geforce["aic_predicted"] is None and geforce["aic_error"] is None
+
+
+def _plan_study(tmp_path: Any, capsys: Any) -> str:
+    storage = f"sqlite:///{tmp_path}/aic.db"
+    run = ["study", "run", "--model", "llama-3.1-8b", "--targets", "h200", "--workload", "datacenter"]
+    run += ["--engine", "trtllm", "--mode", "plan", "--trials", "6", "--name", "a", "--storage", storage, "--quiet"]
+    code, _, err = _cli(capsys, *run)
+    assert code == 0, err
+    return storage
+
+
+def test_study_show_checks_the_front_again_with_the_backend(capsys: Any, tmp_path: Any) -> None:
+    """The final check of a study's front: each point's constraints with AIConfigurator's prices,
+    relative limits against the parent priced the same way; --backend own adds nothing."""
+    pytest.importorskip("aiconfigurator_core", reason=SKIP)
+    from autocompress_opt.search.study.studyio import load_group
+    from autocompress_opt.serving.targets import Target
+
+    storage = _plan_study(tmp_path, capsys)
+    code, out, _ = _cli(capsys, "study", "show", "a", "--storage", storage, "--json")
+    points = json.loads(out)[0]["pareto"]
+    assert code == 0 and points and all(p["backend_check"]["backend"] == "aic" for p in points)
+    view = load_group("a", storage)[0]
+    target, parent = Target.from_dict(view.target), view.parent
+    first = next(r for r in view.pareto() if r.number == points[0]["number"])
+    check = aic.backend_check(first.arch(), target, parent)
+    assert check == points[0]["backend_check"]
+    own = target.cost_metrics(first.arch())
+    assert check["metrics"]["ttft_ms"] > 0 and check["metrics"]["ttft_ms"] != own["ttft_ms"]  # the backend's price
+    # a relative limit is judged against the parent priced by the backend: the parent itself sits at 1.0x
+    parent_check = aic.backend_check(parent, target, parent)
+    assert all(v <= 1e-9 for k, v in parent_check["violations"].items() if k.endswith("1.0x"))
+    code, out, _ = _cli(capsys, "study", "show", "a", "--storage", storage)
+    assert "checked again with AIConfigurator's measured kernels" in out and "aic check" in out
+    assert ("meets" in out) or ("misses" in out)
+    code, out, _ = _cli(capsys, "study", "show", "a", "--storage", storage, "--backend", "own", "--json")
+    assert all("backend_check" not in p for p in json.loads(out)[0]["pareto"])
+
+
+def test_study_show_without_the_package_has_no_check(capsys: Any, tmp_path: Any, not_installed: None) -> None:
+    storage = _plan_study(tmp_path, capsys)
+    code, out, _ = _cli(capsys, "study", "show", "a", "--storage", storage)
+    assert code == 0 and "aic check" not in out and "AIConfigurator" not in out

@@ -30,7 +30,45 @@ def add_parser(actions: Any) -> None:
         help="the trials' caches, where --test finds the importance scores and keeps its results "
         "(default .autocompress: as for study run)",
     )
+    show.add_argument(
+        "--backend",
+        choices=["auto", "own", "aic"],
+        default="auto",
+        help="check each shown point's constraints again with this cost backend: aic (NVIDIA AIConfigurator's "
+        "measured kernels summed per layer; pip install 'autocompress-opt[aic]'; H100-SXM, H200, B200 with vllm "
+        "or trtllm), auto (default: aic where installed and it covers the target), own (no second check: the "
+        "trials were judged by this toolkit's model)",
+    )
     show.set_defaults(run=_show)
+
+
+def _backend_checks(view: Any, records: Any, requested: str) -> dict[int, dict[str, Any]]:
+    """Per trial number, its constraints checked again by the backend (serving.aic.backend_check);
+    only complete trials with an architecture, and only where the backend is not the own model."""
+    from autocompress_opt.serving.aic import backend_check
+    from autocompress_opt.serving.targets import Target
+
+    parent = view.parent
+    if requested == "own" or parent is None or not view.target:
+        return {}
+    target = Target.from_dict(view.target)
+    out = {}
+    for r in records:
+        arch = r.arch()
+        if r.state == "COMPLETE" and arch is not None:
+            check = backend_check(arch, target, parent, requested)
+            if check is not None:
+                out[r.number] = check
+    return out
+
+
+def _check_cell(check: dict[str, Any] | None) -> str:
+    if check is None:
+        return "-"
+    if check["feasible"]:
+        return "meets"
+    missed = [f"{k} by {100 * v:.1f} %" for k, v in check["violations"].items() if v > 0]
+    return "misses " + "; ".join(missed)
 
 
 def _data_line(view: Any) -> str | None:
@@ -90,6 +128,7 @@ def _show(args: argparse.Namespace) -> int:
 
     views = load_group(args.name, args.storage)
     tests = {v.name: _test_scores(v, args.cache_dir) if args.test else {} for v in views}
+    checks = {v.name: _backend_checks(v, v.records if args.all else v.pareto(), args.backend) for v in views}
     if args.json:
         print_json(
             [
@@ -100,7 +139,11 @@ def _show(args: argparse.Namespace) -> int:
                     "quality": v.quality_label,
                     "quality_split": "selection" if (v.attrs.get("identity") or {}).get("mode") == "weights" else None,
                     "pareto": [
-                        {**r.__dict__, **({"test": tests[v.name][r.number]} if r.number in tests[v.name] else {})}
+                        {
+                            **r.__dict__,
+                            **({"test": tests[v.name][r.number]} if r.number in tests[v.name] else {}),
+                            **({"backend_check": checks[v.name][r.number]} if r.number in checks[v.name] else {}),
+                        }
                         for r in v.pareto()
                     ],
                 }
@@ -124,7 +167,12 @@ def _show(args: argparse.Namespace) -> int:
         data = _data_line(view)
         split = " on the selection split, which chose the points" if data else ""
         print(f"   quality: {view.quality_label}{split} (higher is better; 1.0 = the parent)")
-        test = tests[view.name]
+        test, check = tests[view.name], checks[view.name]
+        if check:
+            print(
+                "   checked again with AIConfigurator's measured kernels, summed per layer (the trials were judged "
+                "by this toolkit's model; relative limits against the parent priced the same way)"
+            )
         if test:
             print(f"   {_test_line(test)}")
         elif data:
@@ -153,12 +201,15 @@ def _show(args: argparse.Namespace) -> int:
                 "yes" if r.feasible else ("no" if r.state == "COMPLETE" else _state(r)),
                 *([_candidate(r.selection)] if counts else []),
                 *([f"{test[r.number]['quality']:.3f}" if r.number in test else "-"] if test else []),
+                *([_check_cell(check.get(r.number))] if check else []),
             ]
             for r in shown
         ]
         header = ["#", "architecture", *(["experts", "params", "active"] if moe else [])]
         header += ["quality (selection)" if data else "quality", "ttft_ms", "tpot_ms", "tok/s", "mem_gib", "feasible"]
-        print(table(rows, header + (["inner (val KL)"] if counts else []) + (["test quality"] if test else [])))
+        header += ["inner (val KL)"] if counts else []
+        header += ["test quality"] if test else []
+        print(table(rows, header + (["aic check"] if check else [])))
     return 0
 
 
