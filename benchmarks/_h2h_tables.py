@@ -27,11 +27,22 @@ def accuracy_ci(diff: dict[str, Any]) -> str:
     return f"{_bold(claim, lo, hi)} [{_pts(lo)}, {_pts(hi)}]"
 
 
-def kl_ci(diff: dict[str, Any]) -> str:
-    """A test-KL difference in nats with its interval, bold when it excludes zero."""
+def kl_ci(diff: dict[str, Any], p_holm: float | None = None) -> str:
+    """A test-KL difference in nats with its interval, bold when it excludes zero (and, given the
+    Holm-adjusted p-value of the file's family, only when that is below 5 %, which it then names)."""
     lo, hi = diff["ci95"]
     claim = f"{diff['mean']:+.3f}"
-    return f"{_bold(claim, lo, hi)} [{lo:+.3f}, {hi:+.3f}]"
+    if p_holm is None:
+        return f"{_bold(claim, lo, hi)} [{lo:+.3f}, {hi:+.3f}]"
+    text = f"{claim} [{lo:+.3f}, {hi:+.3f}], p_holm {p_holm:.2g}"
+    return f"**{text}**" if (lo > 0 or hi < 0) and p_holm < 0.05 else text
+
+
+def holm_p(summary: dict[str, Any], row: dict[str, Any], baseline: str, when: str = "after") -> float | None:
+    """The Holm-adjusted p-value of ``row``'s searched-vs-``baseline`` test KL (``when`` recovery),
+    from the file's ``corrected`` family (_h2h_test.corrected); None where the file has none."""
+    key = f"{row['hardware']}/{row['workload']}: searched vs {baseline}, {when} recovery"
+    return ((summary.get("corrected") or {}).get("comparisons", {}).get(key) or {}).get("p_holm")
 
 
 def ratio_ci(diff: dict[str, Any]) -> str:

@@ -124,3 +124,41 @@ def differences(
         ratio.update(mean=math.exp(ce[0]), ci95=[math.exp(ce[1]), math.exp(ce[2])])
         out[f"ppl_ratio_{dom}"] = ratio
     return out
+
+
+def corrected(targets: list[dict[str, Any]], *, n_boot: int, seed: int = 0) -> dict[str, Any]:
+    """Holm's correction over every test-KL comparison of a head-to-head: per target, the searched
+    model against each baseline, before and after recovery; each comparison's two-sided bootstrap
+    p-value over the test rows (and recovery seeds) from the same replicates as its interval
+    (:func:`~autocompress_opt.tasks.scoring.seeded_bootstrap_p`). The accuracy differences are not
+    in the family: the file keeps each task's accuracy per seed, not per item."""
+    from autocompress_opt.tasks.scoring import holm, seeded_bootstrap_p
+
+    def runs(arm: dict[str, Any], when: str) -> list[dict[str, list[float]]]:
+        scores = arm["test_rows"][when]
+        scores = scores if isinstance(scores, list) else [scores]
+        return [{dom: s[dom]["kl"] for dom in DOMAINS} for s in scores]
+
+    raw: dict[str, float] = {}
+    diffs: dict[str, float] = {}
+    for row in targets:
+        arms = row["arms"]
+        for name, diff in (row.get("differences_test") or {}).items():
+            for when in ("before", "after"):
+                key = f"{row['hardware']}/{row['workload']}: searched vs {name}, {when} recovery"
+                raw[key] = seeded_bootstrap_p(
+                    runs(arms["searched"], when), runs(arms[name], when), n_boot=n_boot, seed=seed
+                )
+                diffs[key] = diff[when]["kl"]["mean"]
+    adjusted = holm(raw)
+    out = {}
+    for key, p in raw.items():
+        resolved = adjusted[key] < 0.05
+        verdict = ("searched better" if diffs[key] < 0 else "baseline better") if resolved else "not resolved"
+        out[key] = {"kl_diff": diffs[key], "p": p, "p_holm": adjusted[key], "verdict": verdict}
+    return {
+        "family": len(raw),
+        "method": "Holm over every test-KL comparison of the file (searched vs each baseline, before and after "
+        "recovery, every target); bootstrap over test rows and recovery seeds",
+        "comparisons": out,
+    }

@@ -65,7 +65,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _h2h_tables import ARMS, tables
-from _h2h_test import TestRows, differences
+from _h2h_test import TestRows, corrected, differences
 from _h2h_test import summary as test_summary
 from _util import code_hash, provenance, write
 
@@ -124,6 +124,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-study", action="store_true", help="use the study storage as it is (no study run)")
     p.add_argument(
         "--keep-models", action="store_true", help="keep the recovered weights (default: deleted once scored)"
+    )
+    p.add_argument(
+        "--summarise",
+        action="store_true",
+        help="only recompute the Holm-corrected p-values of the summary JSON of --model (runs nothing)",
     )
     p.add_argument(
         "--tables",
@@ -493,6 +498,13 @@ def plot(rows: list[dict[str, Any]], parent_accuracy: float, path: Path, model: 
 # ------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.summarise:
+        path = args.results / f"{result_name(args.model)}.json"
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data["corrected"] = corrected(data["targets"], n_boot=data["budgets"]["boot"])
+        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {path}: Holm over {data['corrected']['family']} comparisons")
+        return
     if args.tables:
         path = args.results / f"{result_name(args.model)}.json"
         if not path.is_file():
@@ -502,9 +514,11 @@ def main(argv: list[str] | None = None) -> None:
     began = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
     args.started_code = provenance()["code"]  # the code this run imports (modules load once)
-    from autocompress_opt.prune.baselines import make_baseline, target_feasibility
+    from autocompress_opt.arch.search_space import load_search_space
+    from autocompress_opt.prune.baselines import target_feasibility
+    from autocompress_opt.prune.loadability import rules_engine_for
     from autocompress_opt.search.study.export import trial_parent
-    from autocompress_opt.search.study.seeding import SeedScoring
+    from autocompress_opt.search.study.seeding import SeedScoring, choose_baseline
     from autocompress_opt.tasks.scoring import seeded_bootstrap
 
     targets = [Target(h, w) for h, _, w in (t.partition(":") for t in args.targets.split(","))]
@@ -535,11 +549,29 @@ def main(argv: list[str] | None = None) -> None:
         archs = {"searched": Architecture.from_dict(pick["architecture"])}
         kept = {"searched": pick["kept"]}
         findings: dict[str, Any] = {}
+        # The one implementation the study's seeding and `prune --baseline` use (seeding.choose_baseline):
+        # the target's constraints, the engine's loadable shapes, the choice snapped onto the study's space.
+        space = load_search_space(args.model)
         for name in BASELINES:
-            result = make_baseline(name, parent, feasible, importance=importance, score=score)
-            findings[name] = {"finding": result.finding, "lifted_from": result.lifted_from}
-            if result.choice is not None:
-                archs[name] = result.choice.architecture
+            seed = choose_baseline(
+                name,
+                target,
+                parent,
+                space,
+                importance=importance,
+                score=score,
+                serve_as=rules_engine_for(target.engine_name),
+            )
+            result = seed.result
+            findings[name] = {
+                "finding": result.finding,
+                "lifted_from": result.lifted_from,
+                "point": seed.point,
+                "snapped": seed.snapped,
+                "skipped": seed.skipped,
+            }
+            if seed.architecture is not None:
+                archs[name] = seed.architecture
         row: dict[str, Any] = {
             "code": args.started_code,  # a resumed run may add targets at a later commit
             "hardware": target.hardware,
@@ -677,6 +709,7 @@ def summarise(
             "quality_split": args.quality_split,
             "tasks": tasks,
             "targets": rows,
+            "corrected": corrected(rows, n_boot=args.boot),
             "seconds": seconds,
         },
         args.results,

@@ -103,7 +103,7 @@ def h2h_summary() -> str:
     """README: one row per target, the searched model against the three baselines: on the test split
     (KL after recovery, paired intervals) when the JSON has it, else as measured before the split."""
     s = need("head_to_head")
-    from _h2h_tables import accuracy_ci, kl_ci
+    from _h2h_tables import accuracy_ci, holm_p, kl_ci
     from bench_head_to_head import BASELINES
 
     new = "quality_split" in s
@@ -115,7 +115,9 @@ def h2h_summary() -> str:
         if new:
             tests = row["differences_test"]
             kl = f"{searched['kl_after']['mean']:.2f}"
-            kl_versus = " · ".join(f"{a} {kl_ci(tests[a]['after']['kl'])}" for a in BASELINES if a in tests)
+            kl_versus = " · ".join(
+                f"{a} {kl_ci(tests[a]['after']['kl'], holm_p(s, row, a))}" for a in BASELINES if a in tests
+            )
             cells = [kl, kl_versus]
         else:
             cells = [" / ".join(f"{arms[a]['kl_before']:.2f}" if a in arms else "—" for a in ("searched", *BASELINES))]
@@ -131,7 +133,8 @@ def h2h_summary() -> str:
     if new:
         kl_header = [
             "test KL after recovery, searched (nats)",
-            "searched − baseline, test KL after recovery (nats, 95 % CI paired over test rows and seeds)",
+            "searched − baseline, test KL after recovery (nats, 95 % CI paired over test rows and seeds; "
+            "p Holm-corrected over the file's test-KL comparisons, bold: resolved after correction)",
         ]
     else:
         kl_header = ["KL before recovery on the study's selection rows: searched / minitron / depth / best-uniform"]

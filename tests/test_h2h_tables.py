@@ -96,7 +96,10 @@ def test_a_test_split_summary_renders_paired_intervals_and_names_its_split(runs,
     monkeypatch.setattr(render, "need", lambda name: s)
     readme = render.h2h_summary()
     assert "on the test split" in readme and "perplexity 9.5 code / 21.0 prose on the test rows" in readme
-    assert f"minitron **{kl['mean']:+.3f}**" in readme
+    # with the file's Holm family: the adjusted p beside the interval, bold only when it survives
+    assert f"minitron **{kl['mean']:+.3f} [{kl['ci95'][0]:+.3f}, {kl['ci95'][1]:+.3f}], p_holm" in readme
+    s.pop("corrected", None)  # a file without the family: bold by the interval alone, as before
+    assert f"minitron **{kl['mean']:+.3f}**" in render.h2h_summary()
     findings = render.h2h_findings("head_to_head")()
     assert "Lowest test KL before recovery" in findings
     assert "in test KL after recovery: lower on 1, higher on 0, not resolved on 0" in findings
@@ -109,3 +112,23 @@ def test_the_committed_summary_names_its_split() -> None:
     assert words in _h2h_tables.tables(s) and words in render.h2h_summary()
     assert ("on the test split" in words) == ("quality_split" in s)
     assert ("rows the study selected on" in words) == ("quality_split" not in s)
+
+
+def test_holm_family_of_the_head_to_head_covers_every_test_kl_comparison() -> None:
+    """_h2h_test.corrected: per target, searched vs each baseline, before and after recovery; the
+    adjusted p-values are Holm's of the raw ones and a verdict is 'resolved' only below 5 %."""
+    import json
+    from pathlib import Path
+
+    import _h2h_test
+
+    from autocompress_opt.tasks.scoring import holm
+
+    summary = json.loads((Path(__file__).parents[1] / "benchmarks/results/head_to_head.json").read_text())
+    family = _h2h_test.corrected(summary["targets"], n_boot=200)
+    pairs = sum(len(row["differences_test"]) for row in summary["targets"])
+    assert family["family"] == 2 * pairs
+    comparisons = family["comparisons"]
+    assert {k: v["p_holm"] for k, v in comparisons.items()} == holm({k: v["p"] for k, v in comparisons.items()})
+    for entry in comparisons.values():
+        assert (entry["verdict"] == "not resolved") == (entry["p_holm"] >= 0.05)
