@@ -75,7 +75,7 @@ from autocompress_opt.errors import ConfigError, check_bool, check_choice, check
 from autocompress_opt.hf.adapters import FamilyAdapter, adapter_for
 from autocompress_opt.prune.importance import Importance
 from autocompress_opt.prune.loadability import ShapeRules
-from autocompress_opt.prune.masking import Masks, apply_masks
+from autocompress_opt.prune.masking import Masks
 from autocompress_opt.prune.plan import PrunePlan, plan_pruning
 from autocompress_opt.quality.metrics import Teacher, log_probs, teacher_kl
 from autocompress_opt.search.inner.budget import (
@@ -634,10 +634,19 @@ def _row_kls(
     rows: _RowKLs,
     adapter: FamilyAdapter,
 ) -> list[float]:
-    """Per-row KL(parent ‖ ``arch``) on every choice row, computing ``arch`` with the bool masks of
-    its pruning plan over the parent (rows already held are not computed again)."""
-    masks = lambda: apply_masks(model, plan_pruning(parent, importance, arch).masks(), adapter=adapter)
-    return rows.first(arch, rows.count, masks, model)
+    """Per-row KL(parent ‖ ``arch``) on every choice row, computed by ``arch`` materialised from the
+    parent's weights by its pruning plan (rows already held are not computed again)."""
+    held = rows.held.get(replace(arch, name=""), [])
+    if len(held) >= rows.count:
+        return held[: rows.count]
+    from autocompress_opt.prune.slicing import materialize
+
+    # The candidate itself, cut from the parent's weights: it computes only what it keeps (the
+    # parent under the plan's masks computes every head and channel and zeroes the cut ones), the
+    # same logits up to float rounding (tests/prune: masked and sliced models agree), about a third
+    # less time for a mid-size SmolLM2 point. Built once, only when a row is missing.
+    child = materialize(model, plan_pruning(parent, importance, arch), adapter=adapter)
+    return rows.first(arch, rows.count, contextlib.nullcontext, child)
 
 
 def _train(
