@@ -127,3 +127,44 @@ def inner_arms() -> str:
             target, budget = key.split("/")
             parts.append(f"**{target}, {budget} budget**: not yet measured.")
     return "\n\n".join(parts)
+
+
+def inner_arms_verdict() -> str:
+    """One sentence per measured cell, from the file: the best searched arm against the best uniform
+    model before and after equal recovery, resolved after Holm's correction or not."""
+    data = load(NAME)
+    if data is None:
+        return "The inner search's arms are not yet measured (`benchmarks/results/inner_arms.json`)."
+    lines = []
+    for key in PLANNED:
+        cell = data["cells"].get(key)
+        if cell is None:
+            continue
+        before = cell.get("vs_best_uniform_kl") or {}
+        after = cell.get("vs_best_uniform_kl_recovered") or {}
+        where = f"{cell['target']} ({cell['budget']} budget)"
+        if not before:
+            lines.append(f"- {where}: no searched arm to compare.")
+            continue
+        arm = min(before, key=lambda a: before[a]["mean"])
+        p = _p_holm(data, f"{key}/{arm} vs best-uniform")
+        text = f"- {where}: {arm} {_words(before[arm], p)} than the best uniform model before recovery"
+        if after:
+            best = min(after, key=lambda a: after[a]["mean"])
+            p_after = _p_holm(data, f"{key}/{best} vs best-uniform, after recovery")
+            text += f"; after equal recovery {best} {_words(after[best], p_after)}"
+        else:
+            text += "; not yet recovered"
+        lines.append(text + ".")
+    return "\n".join(lines) if lines else "No cell of `benchmarks/results/inner_arms.json` is measured yet."
+
+
+def _words(diff: dict[str, Any], p_holm: float | None) -> str:
+    """``is 0.347 nats closer to the parent (resolved after Holm, p 0.01)`` or ``is not resolved ...``."""
+    mean, (low, high) = diff["mean"], diff["ci95"]
+    resolved = (high < 0 or low > 0) and (p_holm is None or p_holm < 0.05)
+    side = "closer to" if mean < 0 else "further from"
+    p = f", p_holm {p_holm:.2g}" if p_holm is not None else ""
+    if resolved:
+        return f"is {abs(mean):.3f} nats {side} the parent (resolved after correction{p})"
+    return f"differs by {mean:+.3f} nats [{low:+.3f}, {high:+.3f}]: not resolved{p}"

@@ -718,10 +718,9 @@ def hybrid_plan() -> str:
     )
 
 
-def inner_arms() -> str:
-    from _render_arms import inner_arms as render
-
-    return render()
+def arms(name: str) -> Callable[[], str]:
+    """The renderer ``name`` of benchmarks/_render_arms.py (imported when a page renders it)."""
+    return lambda: getattr(__import__("_render_arms"), name)()
 
 
 RENDERERS: dict[str, Callable[[], str]] = {
@@ -733,7 +732,8 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "h2h-gemma3-findings": h2h_findings("head_to_head_gemma3-270m"),
     "ablation": ablation,
     "ablation-history": ablation_history,
-    "inner-arms": inner_arms,
+    "inner-arms": arms("inner_arms"),
+    "inner-arms-verdict": arms("inner_arms_verdict"),
     "multifidelity-8min": multifidelity("multifidelity"),
     "multifidelity-15min": multifidelity("multifidelity_15min", "multifidelity_15min_seed1"),
     "validation": validation,
