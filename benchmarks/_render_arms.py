@@ -148,15 +148,24 @@ def inner_arms_verdict() -> str:
             continue
         arm = min(before, key=lambda a: before[a]["mean"])
         p = _p_holm(data, f"{key}/{arm} vs best-uniform")
-        text = f"- {where}: {arm} {_words(before[arm], p)} than the best uniform model before recovery"
+        size = _sizer(cell)
+        text = (
+            f"- {where}: {arm} ({size(arm)} parameters; the best uniform model {size('best-uniform')}) "
+            f"{_words(before[arm], p)} than the best uniform model before recovery"
+        )
         if after:
             best = min(after, key=lambda a: after[a]["mean"])
             p_after = _p_holm(data, f"{key}/{best} vs best-uniform, after recovery")
-            text += f"; after equal recovery {best} {_words(after[best], p_after)}"
+            text += f"; after equal recovery {best} ({size(best)}) {_words(after[best], p_after)}"
         else:
             text += "; not yet recovered"
         lines.append(text + ".")
     return "\n".join(lines) if lines else "No cell of `benchmarks/results/inner_arms.json` is measured yet."
+
+
+def _sizer(cell: dict[str, Any]) -> Any:
+    """An arm's parameter count in millions, ``99.1M``."""
+    return lambda arm: f"{cell['arms'][arm]['params'] / 1e6:.1f}M"
 
 
 def _words(diff: dict[str, Any], p_holm: float | None) -> str:
