@@ -154,9 +154,11 @@ def inner_arms_verdict() -> str:
             f"{_words(before[arm], p)} than the best uniform model before recovery"
         )
         if after:
-            best = min(after, key=lambda a: after[a]["mean"])
-            p_after = _p_holm(data, f"{key}/{best} vs best-uniform, after recovery")
-            text += f"; after equal recovery {best} ({size(best)}) {_words(after[best], p_after)}"
+            recovered = [
+                f"{a} ({size(a)}) {_words(after[a], _p_holm(data, f'{key}/{a} vs best-uniform, after recovery'))}"
+                for a in sorted(after, key=lambda a: after[a]["mean"])
+            ]
+            text += "; after equal recovery " + ", and ".join(recovered)
         else:
             text += "; not yet recovered"
         lines.append(text + ".")
