@@ -650,7 +650,7 @@ def demo() -> str:
     rows = []
     for target in s["targets"]:
         best = target["best"] or {}
-        trials = ", ".join(f"{n} {state}" for state, n in target["trials"].items())
+        trials = ", ".join(f"{n} {state}" for state, n in target["trials"].items()) or "none: not prepared in time"
         rows.append(
             [
                 f"{target['hardware']} {target['workload']}",
