@@ -584,6 +584,39 @@ def bypass_layer(layer: Any) -> Any:
     return layer.register_forward_hook(hook, with_kwargs=True)
 
 
+class ReplacedForward:
+    """A module whose ``forward`` is ``make(forward)`` (``forward``: the one it had) until
+    ``remove()``, which puts back exactly what was there: an instance-level ``forward`` someone else
+    set, or none (the class's). The handle of every forward replacement of the package."""
+
+    def __init__(self, module: Any, make: Any) -> None:
+        self._module = module
+        self._had_own = "forward" in vars(module)
+        self._previous = vars(module).get("forward")
+        module.forward = make(module.forward)
+
+    def remove(self) -> None:
+        if self._module is None:
+            return
+        if self._had_own:
+            self._module.forward = self._previous
+        else:
+            del self._module.forward
+        self._module = None
+
+
+def zero_sub_block(attention: bool) -> Any:
+    """A sub-block's ``forward`` that computes nothing: zeros shaped like its input, ``(zeros, None)``
+    for an attention (output and attention weights: what transformers 5's decoder layers unpack)."""
+    import torch
+
+    def zeros(*args: Any, **kwargs: Any) -> Any:
+        out = torch.zeros_like(layer_input(args, kwargs))
+        return (out, None) if attention else out
+
+    return zeros
+
+
 def layer_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The hidden states (batch, time, D) a decoder layer was called with."""
     return args[0] if args else kwargs["hidden_states"]

@@ -32,7 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.hf.adapters import FamilyAdapter, LayerParts, adapter_for, bypass_layer
+from autocompress_opt.hf.adapters import (
+    FamilyAdapter,
+    LayerParts,
+    ReplacedForward,
+    adapter_for,
+    bypass_layer,
+    zero_sub_block,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -227,13 +234,13 @@ def _layer_hooks(p: LayerParts, mask: LayerMask, scoring: str = "softmax") -> li
     handles = []
     if has_attn:
         if mask.heads is None:
-            handles.append(_Skipped(p.attention, attention=True))
+            handles.append(ReplacedForward(p.attention, lambda _: zero_sub_block(attention=True)))
         elif not bool(mask.heads.all()):
             head_mask = mask.heads.repeat_interleave(p.head_dim)  # (H·d,)
             handles.append(p.o_proj.register_forward_pre_hook(_scale_input(head_mask)))
     if has_ffn:
         if mask.ffn is None:
-            handles.append(_Skipped(p.mlp, attention=False))
+            handles.append(ReplacedForward(p.mlp, lambda _: zero_sub_block(attention=False)))
         elif not bool(mask.ffn.all()):
             handles.append(p.down_proj.register_forward_pre_hook(_scale_input(mask.ffn)))
     if p.moe is not None:
@@ -381,35 +388,6 @@ def _hidden_hooks(
     for norm in adapter.hidden_norms(model):  # post-norms (Gemma) included: they zero pruned channels too
         handles.append(norm.register_forward_hook(_kept_channel_rmsnorm(hidden, norm_offset)))
     return handles
-
-
-class _Skipped:
-    """A removed sub-block (a layer's attention or dense MLP): its ``forward`` returns zeros shaped
-    like its input without computing (``(zeros, None)`` for an attention: output and attention
-    weights, what transformers 5's decoder layers unpack), as computing it and zeroing its output
-    would give; ``remove()`` puts the previous ``forward`` back."""
-
-    def __init__(self, module: Any, *, attention: bool) -> None:
-        import torch
-
-        self._module = module
-        self._had_own = "forward" in vars(module)
-        self._previous = vars(module).get("forward")
-
-        def zeros(*args: Any, **kwargs: Any) -> Any:
-            out = torch.zeros_like(args[0] if args else kwargs["hidden_states"])
-            return (out, None) if attention else out
-
-        module.forward = zeros
-
-    def remove(self) -> None:
-        if self._module is None:
-            return
-        if self._had_own:
-            self._module.forward = self._previous
-        else:
-            del self._module.forward
-        self._module = None
 
 
 def _zero_output(module: Any, args: tuple[Any, ...], output: Any) -> Any:

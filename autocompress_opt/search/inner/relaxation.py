@@ -61,7 +61,13 @@ import torch
 
 from autocompress_opt.arch.architecture import Architecture, LayerSpec
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.hf.adapters import FamilyAdapter, adapter_for, architecture_mismatch
+from autocompress_opt.hf.adapters import (
+    FamilyAdapter,
+    ReplacedForward,
+    adapter_for,
+    architecture_mismatch,
+    zero_sub_block,
+)
 from autocompress_opt.prune.importance import Importance, ranked
 from autocompress_opt.prune.masking import LayerMask, MaskHandle, Masks, apply_masks
 
@@ -425,12 +431,12 @@ class ParentMasks(torch.nn.Module):
                     handles.append(p.o_proj.register_forward_pre_hook(self._head_hook(i, p.num_heads, p.head_dim)))
                     handles.append(p.attn_residual.register_forward_hook(self._gate_hook(i, "attn_gate")))
                     if skip_off:
-                        handles.append(_SkippedWhenOff(p.attention, self, i, "attn_gate"))
+                        handles.append(_skipped_when_off(p.attention, self, i, "attn_gate"))
                 if p.mlp is not None:
                     handles.append(p.down_proj.register_forward_pre_hook(self._ffn_hook(i, p.ffn_width)))
                     handles.append(p.ffn_residual.register_forward_hook(self._gate_hook(i, "ffn_gate")))
                     if skip_off:
-                        handles.append(_SkippedWhenOff(p.mlp, self, i, "ffn_gate"))
+                        handles.append(_skipped_when_off(p.mlp, self, i, "ffn_gate"))
         except BaseException:
             MaskHandle(handles).remove()
             raise
@@ -448,7 +454,7 @@ class ParentMasks(torch.nn.Module):
         handles: list[Any] = []
         try:
             for part in adapter.all_layer_parts(model):
-                handles.append(_CheckpointedLayer(part.layer, self))
+                handles.append(_checkpointed_layer(part.layer, self))
         except BaseException:
             MaskHandle(handles).remove()
             raise
@@ -520,50 +526,29 @@ class _Frozen:
         self._flags = []
 
 
-class _SkippedWhenOff:
-    """A sub-block module (a layer's attention or dense MLP) whose ``forward`` returns zeros shaped
-    like its input when its gate is exactly 0 in the current pass (:meth:`LiveMasks.off`), without
-    computing; ``remove()`` puts the previous ``forward`` back. The attention module returns
-    ``(zeros, None)`` (output, attention weights: what the decoder layers of transformers 5 unpack)."""
+def _skipped_when_off(module: Any, masks: ParentMasks, index: int, which: str) -> ReplacedForward:
+    """A sub-block module (a layer's attention or dense MLP) whose ``forward`` computes nothing when
+    its gate ``which`` is exactly 0 in the current pass (:meth:`LiveMasks.off`): zeros shaped like its
+    input (:func:`~autocompress_opt.hf.adapters.zero_sub_block`); the handle's ``remove()`` restores it."""
+    zeros = zero_sub_block(attention=which == "attn_gate")
 
-    def __init__(self, module: Any, masks: ParentMasks, index: int, which: str) -> None:
-        self._module = module
-        self._had_own = "forward" in vars(module)
-        self._previous = vars(module).get("forward")
-        forward = module.forward
-        attention = which == "attn_gate"
-
+    def make(forward: Any) -> Any:
         def skipped_when_off(*args: Any, **kwargs: Any) -> Any:
-            if not masks._current().off(which)[index]:
-                return forward(*args, **kwargs)
-            x = args[0] if args else kwargs["hidden_states"]
-            zeros = torch.zeros_like(x)
-            return (zeros, None) if attention else zeros
+            if masks._current().off(which)[index]:
+                return zeros(*args, **kwargs)
+            return forward(*args, **kwargs)
 
-        module.forward = skipped_when_off
+        return skipped_when_off
 
-    def remove(self) -> None:
-        if self._module is None:
-            return
-        if self._had_own:
-            self._module.forward = self._previous
-        else:
-            del self._module.forward
-        self._module = None
+    return ReplacedForward(module, make)
 
 
-class _CheckpointedLayer:
+def _checkpointed_layer(layer: Any, masks: ParentMasks) -> ReplacedForward:
     """One decoder layer's ``forward`` replaced by a checkpointed call (see
-    :meth:`ParentMasks.checkpoint_layers`); ``remove()`` puts the previous one back."""
+    :meth:`ParentMasks.checkpoint_layers`); the handle's ``remove()`` puts the previous one back."""
+    from torch.utils.checkpoint import checkpoint
 
-    def __init__(self, layer: Any, masks: ParentMasks) -> None:
-        from torch.utils.checkpoint import checkpoint
-
-        self._layer = layer
-        self._had_own = "forward" in vars(layer)  # an instance-level forward set by someone else
-        self._previous = vars(layer).get("forward")
-        forward = layer.forward
-
+    def make(forward: Any) -> Any:
         def checkpointed(*args: Any, **kwargs: Any) -> Any:
             if not torch.is_grad_enabled():
                 return forward(*args, **kwargs)
@@ -575,16 +560,9 @@ class _CheckpointedLayer:
 
             return checkpoint(run, *args, use_reentrant=False, **kwargs)
 
-        layer.forward = checkpointed
+        return checkpointed
 
-    def remove(self) -> None:
-        if self._layer is None:
-            return
-        if self._had_own:
-            self._layer.forward = self._previous
-        else:
-            del self._layer.forward
-        self._layer = None
+    return ReplacedForward(layer, make)
 
 
 def _beside(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
