@@ -29,16 +29,23 @@ RECIPE = {"steps": 4, "batch_size": 4, "seq_len": 16, "lr": 3e-3, "save_every": 
 OPTIONS = {"gradient_checkpointing": True, "kl_chunk": 5}
 
 
-def _interrupted_then_resumed(run: Any, resume: bool = True) -> Any:
-    real_step, calls = distill_module._train_step, []
+def crashing(real_step: Any, at: int = 3) -> Any:
+    """``real_step`` (distill's ``_train_step``) that raises KeyboardInterrupt in its ``at``-th call
+    (after the step-2 checkpoint of the test recipe), as a killed run stops."""
+    calls = []
 
     def crashing_step(*args: Any) -> float:
         calls.append(1)
-        if len(calls) == 3:
+        if len(calls) == at:
             raise KeyboardInterrupt
         return real_step(*args)
 
-    distill_module._train_step = crashing_step
+    return crashing_step
+
+
+def _interrupted_then_resumed(run: Any, resume: bool = True) -> Any:
+    real_step = distill_module._train_step
+    distill_module._train_step = crashing(real_step)
     try:
         run()
     except KeyboardInterrupt:

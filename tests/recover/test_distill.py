@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from fsdp_worker import crashing
 from tiny_lm import VOCAB, byte_tokenizer, save_hf_dir, tiny_model
 
 import autocompress_opt.recover.distill as distill_module
@@ -170,15 +171,8 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     """4 steps straight vs. a crash in step 3 (after the step-2 checkpoint) and a re-run: equal to the bit."""
     straight = distill(student_dir, teacher_dir, tmp_path / "straight", RECIPE, progress=False)
 
-    real_step, calls = distill_module._train_step, []
-
-    def crashing_step(*args: Any) -> float:
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real_step(*args)
-
-    monkeypatch.setattr(distill_module, "_train_step", crashing_step)
+    real_step = distill_module._train_step
+    monkeypatch.setattr(distill_module, "_train_step", crashing(real_step))
     with pytest.raises(KeyboardInterrupt):
         distill(student_dir, teacher_dir, tmp_path / "resumed", RECIPE, progress=False)
     monkeypatch.setattr(distill_module, "_train_step", real_step)

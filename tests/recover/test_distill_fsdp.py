@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from fsdp_worker import RECIPE as WORKER_RECIPE
+from fsdp_worker import crashing
 from safetensors.torch import load_file
 from tiny_lm import byte_tokenizer, save_hf_dir, tiny_model
 
@@ -149,16 +150,8 @@ def _stopped_in_step_3(student_dir: Path, teacher_dir: Path, out: Path, monkeypa
     """A one-process run interrupted in its third update (after the step-2 checkpoint)."""
     import autocompress_opt.recover.distill as distill_module
 
-    real_step, calls = distill_module._train_step, []
-
-    def crashing_step(*args: Any) -> float:
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real_step(*args)
-
     with monkeypatch.context() as patch:
-        patch.setattr(distill_module, "_train_step", crashing_step)
+        patch.setattr(distill_module, "_train_step", crashing(distill_module._train_step))
         with pytest.raises(KeyboardInterrupt):
             distill(student_dir, teacher_dir, out, RECIPE, progress=False)
 

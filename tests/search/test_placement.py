@@ -7,11 +7,14 @@ fewer CPUs than the head, and run real studies with the ``placement-probe`` tria
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -240,20 +243,27 @@ def test_more_gpus_per_trial_than_the_cluster_has_stops_before_any_study(logical
     assert optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/p.db") == []
 
 
-@pytest.fixture
-def small_worker():
-    """A two-node cluster on this machine: a head of 2 CPUs and a worker of 1 CPU."""
+@contextlib.contextmanager
+def two_nodes(head: dict[str, Any], worker: dict[str, Any]) -> Iterator[Any]:
+    """A two-node ``ray.cluster_utils.Cluster`` on this machine: a head and one worker of these resources."""
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
-        cluster.add_node(num_cpus=1)
+        cluster.add_node(**worker)
         cluster.wait_for_nodes()
         yield cluster
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.fixture
+def small_worker():
+    """A two-node cluster on this machine: a head of 2 CPUs and a worker of 1 CPU."""
+    with two_nodes({"num_cpus": 2}, {"num_cpus": 1}) as cluster:
+        yield cluster
 
 
 @pytest.mark.slow
@@ -293,21 +303,11 @@ def test_a_study_without_an_address_starts_its_own_ray_beside_a_running_cluster(
 def gpu_worker():
     """A two-node cluster on this machine whose head (the driver's node) has no GPU and whose worker
     has 2 logical GPUs: the layout of a GPU-less login / head node in front of GPU nodes."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    try:
-        cluster.add_node(
-            num_cpus=2,
-            num_gpus=2,
-            env_vars={"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])},
-        )
-        cluster.wait_for_nodes()
+    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    with two_nodes(
+        {"num_cpus": 1, "num_gpus": 0}, {"num_cpus": 2, "num_gpus": 2, "env_vars": {"PYTHONPATH": path}}
+    ) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 @pytest.mark.slow
