@@ -132,7 +132,7 @@ def corrected(targets: list[dict[str, Any]], *, n_boot: int, seed: int = 0) -> d
     p-value over the test rows (and recovery seeds) from the same replicates as its interval
     (:func:`~autocompress_opt.tasks.scoring.seeded_bootstrap_p`). The accuracy differences are not
     in the family: the file keeps each task's accuracy per seed, not per item."""
-    from autocompress_opt.tasks.scoring import holm, seeded_bootstrap_p
+    from autocompress_opt.tasks.scoring import seeded_bootstrap_p
 
     def runs(arm: dict[str, Any], when: str) -> list[dict[str, list[float]]]:
         scores = arm["test_rows"][when]
@@ -150,15 +150,26 @@ def corrected(targets: list[dict[str, Any]], *, n_boot: int, seed: int = 0) -> d
                     runs(arms["searched"], when), runs(arms[name], when), n_boot=n_boot, seed=seed
                 )
                 diffs[key] = diff[when]["kl"]["mean"]
-    adjusted = holm(raw)
-    out = {}
-    for key, p in raw.items():
-        resolved = adjusted[key] < 0.05
-        verdict = ("searched better" if diffs[key] < 0 else "baseline better") if resolved else "not resolved"
-        out[key] = {"kl_diff": diffs[key], "p": p, "p_holm": adjusted[key], "verdict": verdict}
     return {
         "family": len(raw),
         "method": "Holm over every test-KL comparison of the file (searched vs each baseline, before and after "
         "recovery, every target); bootstrap over test rows and recovery seeds",
-        "comparisons": out,
+        "comparisons": holm_comparisons(raw, diffs, ("searched better", "baseline better", "not resolved")),
     }
+
+
+def holm_comparisons(
+    raw: dict[str, float], diffs: dict[str, float], verdicts: tuple[str, str, str]
+) -> dict[str, dict[str, Any]]:
+    """Per comparison its KL difference, raw p-value, Holm-adjusted p-value over the family ``raw``
+    and its verdict at 5 % after correction: ``verdicts`` = (the first side better, the second side
+    better, not resolved)."""
+    from autocompress_opt.tasks.scoring import holm
+
+    adjusted = holm(raw)
+    out = {}
+    for key, p in raw.items():
+        resolved = adjusted[key] < 0.05
+        verdict = (verdicts[0] if diffs[key] < 0 else verdicts[1]) if resolved else verdicts[2]
+        out[key] = {"kl_diff": diffs[key], "p": p, "p_holm": adjusted[key], "verdict": verdict}
+    return out

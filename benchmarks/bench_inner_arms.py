@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _h2h_test import TestRows, differences, summary
+from _h2h_test import TestRows, differences, holm_comparisons, summary
 from _util import provenance, write
 from bench_ablation import _overrides, engine_for
 
@@ -346,7 +346,7 @@ def corrected(cells: dict[str, Any], n_boot: int) -> dict[str, Any]:
     comparison the KL difference, its two-sided bootstrap p-value over the test rows (and recovery
     seeds; :func:`seeded_bootstrap_p`, the interval's replicates) and Holm's adjustment across the
     family; ``verdict`` says whether it is resolved at 5 % after correction."""
-    from autocompress_opt.tasks.scoring import holm, seeded_bootstrap_p
+    from autocompress_opt.tasks.scoring import seeded_bootstrap_p
 
     raw: dict[str, float] = {}
     diffs: dict[str, float] = {}
@@ -367,17 +367,10 @@ def corrected(cells: dict[str, Any], n_boot: int) -> dict[str, Any]:
                 seed=0,
             )
             diffs[comparison] = d["mean"]
-    adjusted = holm(raw)
-    out = {}
-    for comparison, p in raw.items():
-        diff = diffs[comparison]
-        resolved = adjusted[comparison] < 0.05
-        verdict = ("arm better" if diff < 0 else "baseline better") if resolved else "not resolved after correction"
-        out[comparison] = {"kl_diff": diff, "p": p, "p_holm": adjusted[comparison], "verdict": verdict}
     return {
         "family": len(raw),
         "method": "Holm over every comparison of the file; bootstrap over test rows (and recovery seeds)",
-        "comparisons": out,
+        "comparisons": holm_comparisons(raw, diffs, ("arm better", "baseline better", "not resolved after correction")),
     }
 
 
