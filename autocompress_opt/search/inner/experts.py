@@ -2,8 +2,8 @@
 expert channels each MoE layer keeps, which shared-expert channels, and which Mamba-2 heads each
 Mamba-2 layer keeps, under the outer trial's uniform choice of *how many*.
 
-Engines load a MoE / hybrid family only as its plain config (one expert count, top-``k``, expert
-width, shared width for every MoE layer and one head count for every Mamba-2 layer:
+Without per-layer counts (below) the child is the family's plain config (one expert count, top-``k``,
+expert width, shared width for every MoE layer and one head count for every Mamba-2 layer:
 :func:`~autocompress_opt.prune.experts.slice_experts`), so the trial's point fixes the counts
 (:data:`SEARCHED_CHOICES` the parent has: ``num_experts``, ``experts_per_token``, ``expert_width``,
 and for Nemotron-H ``shared_width`` and ``mamba_heads``) and this search decides, per layer, which
@@ -40,6 +40,21 @@ top-``n`` rounds to exactly ``n`` units, those budgets hold at every step: the c
 serving cost, are the outer loop's, and the exact cost model judges the discretised child's
 feasibility (:meth:`~autocompress_opt.serving.targets.Target.check`).
 
+Per layer (``per_layer=True``, the Puzzle form: :func:`search_experts`): each MoE layer also learns
+its own expert width and experts per token, as keep fractions ``width_keep`` / ``topk_keep`` of the
+parent's (starting at the point's). A layer's channel masks are the soft top-``c_l`` of its scores
+with a fractional count (:func:`~autocompress_opt.search.inner.expert_cost.soft_top_at`: the
+threshold read between the sorted scores, so ``c_l`` has a gradient), and its router returns every
+choice up to the parent's top-``k``, the ``j``-th weighed by ``σ((k_l − j − ½)/τ)`` before the
+renormalisation (at ``τ → 0``: the top-``k_l``, exactly ``apply_masks`` with per-layer top-``k``).
+The counts step by :class:`~autocompress_opt.search.inner.optim.SharedScaleAdam` (``InnerConfig.lr``:
+each layer in proportion to its own KL gradient, not in lockstep) and after every step are
+projected back onto the point's budgets (:func:`project_counts`: one common shift spends the total,
+then the active, expert parameters exactly), so what one layer gains another pays; the Lagrangian
+prices only the other budgets. The discretised choice is rounded per layer, then repaired into the
+budgets and refilled (:func:`repair_counts`). The number of experts and the shared width stay the
+point's in every layer (the Puzzle config's ``n_routed_experts`` and shared width are global).
+
 Selection: the trained choice and the importance start, the lower KL to the parent on the held-out
 rows (ties to ``trained``), as :func:`~autocompress_opt.search.inner.inner_search.search` does.
 Deterministic given ``InnerConfig.seed``. Group-limited routing (``n_group > 1``) is refused.
@@ -58,14 +73,32 @@ import torch
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.hybrid import sparse_limits
-from autocompress_opt.arch.moe import MambaSpec, MoESpec
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import FamilyAdapter, LayerParts, moe_adapter
 from autocompress_opt.prune.experts import expert_masks
-from autocompress_opt.prune.importance import Importance, ranked
+from autocompress_opt.prune.importance import Importance
 from autocompress_opt.prune.masking import Masks, apply_masks, kept_channel_gated_norm
 from autocompress_opt.quality.metrics import Teacher, log_probs, teacher_kl
 from autocompress_opt.search.inner.budget import CostGoal
+from autocompress_opt.search.inner.expert_cost import (
+    expert_param_totals,
+    mamba_param_total,
+    mamba_specs,
+    param_budget,
+    soft_prefix,
+    soft_top,
+    soft_top_at,
+    soft_top_grouped,
+    start_scores,
+)
+from autocompress_opt.search.inner.expert_counts import (
+    PROJECTED,
+    budget_use,
+    layer_architecture,
+    project_counts,
+    repair_counts,
+)
+from autocompress_opt.search.inner.optim import SharedScaleAdam
 from autocompress_opt.serving.targets import all_satisfied
 
 __all__ = [
@@ -116,7 +149,7 @@ def expert_point(params: Mapping[str, int], parent: Architecture) -> dict[str, i
             f"point choice experts_per_token={point['experts_per_token']} exceeds num_experts="
             f"{point['num_experts']}; valid: 1..{point['num_experts']}"
         )
-    mamba = _mamba_specs(parent)
+    mamba = mamba_specs(parent)
     if mamba and point["mamba_heads"] % mamba[0].groups:
         groups, heads = mamba[0].groups, mamba[0].num_heads
         raise ConfigError(
@@ -126,139 +159,19 @@ def expert_point(params: Mapping[str, int], parent: Architecture) -> dict[str, i
     return point
 
 
-# ------------------------------------------------------------------------------ cost
-def _affine(f: Any) -> tuple[int, int]:
-    """``(a, b)`` with ``f(n) = a·n + b`` for an integer-affine ``f`` (read at 1 and 2)."""
-    return f(2) - f(1), 2 * f(1) - f(2)
-
-
-def _sized(spec: MoESpec, experts: int, k: int, width: int, shared: int | None = None) -> MoESpec:
-    return replace(
-        spec,
-        num_experts=experts,
-        experts_per_token=min(k, experts),
-        expert_width=width,
-        shared_width=spec.shared_width if shared is None else shared,
-    )
-
-
-def _moe_specs(parent: Architecture) -> list[MoESpec]:
-    return [layer.moe for layer in parent.layers if layer.moe is not None]
-
-
-def _mamba_specs(parent: Architecture) -> list[MambaSpec]:
-    return [layer.mamba for layer in parent.layers if layer.mamba is not None]
-
-
-def expert_param_totals(
-    parent: Architecture,
-    experts: torch.Tensor,
-    width: torch.Tensor,
-    k: int,
-    shared: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
-    """Parameters of the MoE blocks of ``parent`` sized ``experts`` ``(M,)`` routed experts of ``width``
-    ``(M,)`` channels and a shared expert of ``shared`` ``(M,)`` channels (None: the parent's) in its
-    ``M`` MoE layers (in order), top-``k``: ``total`` (:meth:`~autocompress_opt.arch.moe.MoESpec.params`)
-    and ``active`` per token (:meth:`~autocompress_opt.arch.moe.MoESpec.active_params`), norms excluded.
-    Differentiable in the three sizes (both formulas are affine in each, read off the arch's own
-    methods); at integer sizes equal to those methods."""
-    d, bias = parent.hidden_size, parent.mlp_bias
-    total = active = torch.zeros((), dtype=experts.dtype, device=experts.device)
-    for i, spec in enumerate(_moe_specs(parent)):
-        a_w, b_w = _affine(lambda f, s=spec: _sized(s, 1, 1, f).expert_params(d))  # one routed expert
-        a_e, b_e = _affine(  # router rows and latent projections: what scales with neither width
-            lambda e, s=spec: _sized(s, e, 1, 1, 0).params(d, bias) - e * _sized(s, e, 1, 1, 0).expert_params(d)
-        )
-        expert, always = a_w * width[i] + b_w, a_e * experts[i] + b_e
-        if spec.shared_width:  # the shared expert (affine for widths >= 1; a kept one has at least one channel)
-            a_s, b_s = _affine(
-                lambda w, s=spec: _sized(s, 1, 1, 1, w).params(d, bias) - _sized(s, 1, 1, 1, 0).params(d, bias)
-            )
-            always = always + a_s * (spec.shared_width if shared is None else shared[i]) + b_s
-        total = total + experts[i] * expert + always
-        active = active + min(k, spec.num_experts) * expert + always
-    return {"total": total, "active": active}
-
-
-def mamba_param_total(parent: Architecture, heads: torch.Tensor) -> torch.Tensor:
-    """Parameters of the Mamba-2 mixers of ``parent`` keeping ``heads`` ``(N,)`` SSM heads in its ``N``
-    Mamba-2 layers (in order), pre-norms excluded (:meth:`~autocompress_opt.arch.moe.MambaSpec.params`,
-    affine in the heads; every token runs them, so total and active alike). Differentiable in ``heads``."""
-    total = torch.zeros((), dtype=heads.dtype, device=heads.device)
-    for i, spec in enumerate(_mamba_specs(parent)):
-        g = spec.groups  # read at G and 2G heads: a mixer's heads are a multiple of its groups
-        at = lambda h, s=spec: replace(s, num_heads=h).params(parent.hidden_size)
-        a_h = (at(2 * g) - at(g)) // g
-        total = total + a_h * heads[i] + (at(g) - a_h * g)
-    return total
-
-
-def _param_budget(parent: Architecture, point: Mapping[str, int]) -> dict[str, float]:
-    """The budgets of the point's uniform child: its MoE blocks' total and active parameters, and its
-    Mamba-2 mixers' (a parent with Mamba-2 layers)."""
-    full = lambda key, n: torch.full((n,), float(point[key]), dtype=torch.float64)
-    n = len(_moe_specs(parent))
-    shared = full("shared_width", n) if "shared_width" in point else None
-    totals = expert_param_totals(
-        parent, full("num_experts", n), full("expert_width", n), point["experts_per_token"], shared
-    )
-    out = {"budget:expert_params": float(totals["total"]), "budget:active_expert_params": float(totals["active"])}
-    if "mamba_heads" in point:
-        out["budget:mamba_params"] = float(mamba_param_total(parent, full("mamba_heads", len(_mamba_specs(parent)))))
-    return out
-
-
 # ------------------------------------------------------------------------------ relaxation
-def _soft_top(scores: torch.Tensor, n: int, tau: float) -> torch.Tensor:
-    """Soft top-``n`` over the last axis of ``scores`` (rank units): ``σ((s − t)/τ)`` with ``t`` the
-    midpoint of the ``n``-th and ``(n+1)``-th highest scores (detached); all ones when ``n`` is every
-    unit; ``τ <= 0``: the hard top-``n`` (ties to the lower index, :func:`ranked`)."""
-    size = scores.shape[-1]
-    if n >= size:
-        return torch.ones_like(scores)
-    if tau <= 0:
-        return _hard_top(scores, n).to(scores.dtype)
-    top = torch.topk(scores.detach(), n + 1, dim=-1).values  # (..., n+1) descending
-    threshold = (top[..., n - 1] + top[..., n]) / 2
-    return torch.sigmoid((scores - threshold[..., None]) / tau)
-
-
-def _hard_top(scores: torch.Tensor, n: int) -> torch.Tensor:
-    """Bool mask of the ``n`` highest scores along the last axis, ties to the lower index."""
-    flat = scores.detach().reshape(-1, scores.shape[-1]).cpu()
-    out = torch.zeros(flat.shape, dtype=torch.bool)
-    for row, s in enumerate(flat):
-        out[row, ranked(s)[:n]] = True
-    return out.reshape(scores.shape).to(scores.device)
-
-
-def _start_scores(start: torch.Tensor, tiebreak: torch.Tensor) -> torch.Tensor:
-    """Scores in rank units (``n − rank``) whose top-``start.sum()`` is ``start``: its units first,
-    each group ordered by ``tiebreak`` (higher first, ties to the lower index)."""
-    tie = tiebreak.double()
-    key = start.double() * 2 + 0.5 * tie / (tie.abs().max() + 1)  # kept units above all others
-    n = key.numel()
-    ranks = torch.empty(n, dtype=torch.long)
-    ranks[ranked(key)] = torch.arange(n)
-    return (n - ranks).float()
-
-
-def _soft_top_grouped(scores: torch.Tensor, n: int, groups: int, tau: float) -> torch.Tensor:
-    """Soft top-``n / groups`` within each of ``groups`` equal runs of the last axis (Mamba-2 heads)."""
-    grouped = scores.unflatten(-1, (groups, -1))  # (..., G, H/G)
-    return _soft_top(grouped, n // groups, tau).flatten(-2)
-
-
 @dataclass(frozen=True)
 class LiveExperts:
     """The float masks of one forward pass: ``experts`` ``(M, E)``, ``channels`` ``(M, E, F)``,
-    ``shared`` ``(M, S)`` (None: not searched) and ``mamba`` ``(N, H)`` (None: no Mamba-2 layers)."""
+    ``shared`` ``(M, S)`` (None: not searched), ``mamba`` ``(N, H)`` (None: no Mamba-2 layers) and
+    ``route`` ``(M, K)`` the weight of each layer's ``j``-th routing choice (None: one top-``k`` for
+    every layer, the point's)."""
 
     experts: torch.Tensor
     channels: torch.Tensor
     shared: torch.Tensor | None = None
     mamba: torch.Tensor | None = None
+    route: torch.Tensor | None = None
 
 
 def _uniform(parts: list[LayerParts], what: str, shape: Any) -> tuple[int, ...]:
@@ -288,6 +201,7 @@ class ExpertMasks(torch.nn.Module):
         start: Masks,
         device: torch.device | str | None = None,
         scoring: str = "softmax",
+        per_layer: bool = False,
     ) -> None:
         super().__init__()
         if scoring not in _ROUTER_HOOKS:
@@ -312,13 +226,13 @@ class ExpertMasks(torch.nn.Module):
             mask, freq, chan = start.layers[i], importance.expert_frequency[i], importance.expert_ffn[i]
             if mask.experts is None or mask.expert_ffn is None or freq is None or chan is None:
                 raise ConfigError(f"MoE layer {i} has no expert masks or expert scores to start from")
-            experts.append(_start_scores(mask.experts.cpu(), freq.cpu()))
-            channels.append(torch.stack([_start_scores(m, c) for m, c in zip(mask.expert_ffn.cpu(), chan.cpu())]))
+            experts.append(start_scores(mask.experts.cpu(), freq.cpu()))
+            channels.append(torch.stack([start_scores(m, c) for m, c in zip(mask.expert_ffn.cpu(), chan.cpu())]))
             if "shared_width" in point:
                 scores = importance.shared_ffn[i]
                 if mask.shared_ffn is None or scores is None:
                     raise ConfigError(f"MoE layer {i} has no shared-expert mask or scores to start from")
-                shared.append(_start_scores(mask.shared_ffn.cpu(), scores.cpu()))
+                shared.append(start_scores(mask.shared_ffn.cpu(), scores.cpu()))
         self.expert_score = torch.nn.Parameter(torch.stack(experts))  # (M, E)
         self.channel_score = torch.nn.Parameter(torch.stack(channels))  # (M, E, F)
         self.shared_score = torch.nn.Parameter(torch.stack(shared)) if shared else None  # (M, S)
@@ -327,24 +241,46 @@ class ExpertMasks(torch.nn.Module):
             keep, scores = start.layers[i].mamba_heads, importance.mamba_heads[i]
             if keep is None or scores is None:
                 raise ConfigError(f"Mamba-2 layer {i} has no head mask or head scores to start from")
-            mamba.append(_start_scores(keep.cpu(), scores.cpu()))
+            mamba.append(start_scores(keep.cpu(), scores.cpu()))
         self.mamba_score = torch.nn.Parameter(torch.stack(mamba)) if mamba else None  # (N, H)
+        # Per-layer counts (module doc, "Per layer"): each MoE layer's expert width and top-k as keep
+        # fractions of the parent's, starting at the point's; None: the point's in every layer.
+        self.per_layer = per_layer
+        self.width_size = int(self.channel_score.shape[-1])
+        self.route_size = min(int(self.parts[0].router.top_k), self.point["num_experts"]) if self.parts else 1
+        self.width_keep: torch.nn.Parameter | None = None
+        self.topk_keep: torch.nn.Parameter | None = None
+        if per_layer:
+            m = len(self.moe_layers)
+            self.width_keep = torch.nn.Parameter(torch.full((m,), point["expert_width"] / self.width_size))
+            self.topk_keep = torch.nn.Parameter(torch.full((m,), point["experts_per_token"] / self.route_size))
         self._live: LiveExperts | None = None
         if device is not None:
             self.to(device)
 
     def live(self, tau: float) -> LiveExperts:
         """Soft masks at softness ``tau`` (rank units; ``<= 0``: the hard choice)."""
-        shared = None if self.shared_score is None else _soft_top(self.shared_score, self.point["shared_width"], tau)
+        shared = None if self.shared_score is None else soft_top(self.shared_score, self.point["shared_width"], tau)
         mamba = None
         if self.mamba_score is not None:
-            mamba = _soft_top_grouped(self.mamba_score, self.point["mamba_heads"], self.groups, tau)
-        return LiveExperts(
-            _soft_top(self.expert_score, self.point["num_experts"], tau),
-            _soft_top(self.channel_score, self.point["expert_width"], tau),
-            shared,
-            mamba,
-        )
+            mamba = soft_top_grouped(self.mamba_score, self.point["mamba_heads"], self.groups, tau)
+        if self.width_keep is None or self.topk_keep is None:
+            channels, route = soft_top(self.channel_score, self.point["expert_width"], tau), None
+        else:
+            channels = soft_top_at(self.channel_score, self.width_keep * self.width_size, tau)
+            route = soft_prefix(self.topk_keep.clamp(0.0, 1.0) * self.route_size, self.route_size, tau)
+        return LiveExperts(soft_top(self.expert_score, self.point["num_experts"], tau), channels, shared, mamba, route)
+
+    def layer_counts(self) -> dict[str, list[int]]:
+        """Each MoE layer's hard ``expert_width`` and ``experts_per_token`` (the point's in every layer
+        unless :attr:`per_layer`)."""
+        m = len(self.moe_layers)
+        if self.width_keep is None or self.topk_keep is None:
+            point = self.point
+            return {"expert_width": [point["expert_width"]] * m, "experts_per_token": [point["experts_per_token"]] * m}
+        width = (self.width_keep.detach() * self.width_size).round().clamp(1, self.width_size)
+        k = (self.topk_keep.detach() * self.route_size).round().clamp(1, self.route_size)
+        return {"expert_width": [int(w) for w in width.tolist()], "experts_per_token": [int(v) for v in k.tolist()]}
 
     def expected(self, tau: float, hard: bool = False) -> dict[str, torch.Tensor]:
         """The counts expected per layer: ``experts`` ``(M,)`` kept, ``width`` ``(M,)`` channels per kept
@@ -361,21 +297,27 @@ class ExpertMasks(torch.nn.Module):
             counts["shared_width"] = soft.shared.sum(-1)
         if soft.mamba is not None:
             counts["mamba_heads"] = soft.mamba.sum(-1)
+        if soft.route is not None:
+            counts["experts_per_token"] = soft.route.sum(-1)
         if hard:
             return {k: v.detach().round() for k, v in counts.items()}
-        return {k: v + (float(self.point[k]) - v).detach() for k, v in counts.items()}
+        exact = {k: torch.full_like(v, float(self.point[k])) for k, v in counts.items()}
+        for key, values in self.layer_counts().items() if self.per_layer else ():
+            exact[key] = torch.tensor(values, dtype=counts[key].dtype, device=counts[key].device)
+        return {k: v + (exact[k] - v).detach() for k, v in counts.items()}
 
     def discrete(self, base: Masks) -> Masks:
         """``base`` with every MoE layer's experts, channels, shared channels and top-``k`` and every
         Mamba-2 layer's heads the hard choice of the scores."""
         hard = self.live(0.0)
         layers = list(base.layers)
+        ks = self.layer_counts()["experts_per_token"]
         for j, i in enumerate(self.moe_layers):
             layers[i] = replace(
                 layers[i],
                 experts=hard.experts[j].bool().cpu(),
                 expert_ffn=hard.channels[j].bool().cpu(),
-                experts_per_token=self.point["experts_per_token"],
+                experts_per_token=ks[j],
             )
             if hard.shared is not None:
                 layers[i] = replace(layers[i], shared_ffn=hard.shared[j].bool().cpu())
@@ -420,6 +362,11 @@ class ExpertMasks(torch.nn.Module):
             for module, name in parametrized:
                 parametrize.remove_parametrizations(module, name, leave_parametrized=False)
 
+    def route_k(self) -> int:
+        """How many routing choices the relaxed routers return: the point's top-``k``, or with per-layer
+        counts every choice a layer may keep (:attr:`route_size`), weighed by the route masks."""
+        return self.route_size if self.per_layer else self.point["experts_per_token"]
+
     def _current(self) -> LiveExperts:
         if self._live is None:
             raise RuntimeError("ExpertMasks hooks ran outside ExpertMasks.use(...)")
@@ -445,14 +392,16 @@ class ExpertMasks(torch.nn.Module):
 
 def _softmax_router(masks: ExpertMasks, j: int) -> Any:
     """Qwen3-MoE's rule on ``logits + log m``: softmax, top-``k``, renormalised iff ``norm_topk_prob``."""
-    k = masks.point["experts_per_token"]
 
     def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
         logits = output[0]  # (tokens, E)
-        mask = masks._current().experts[j].to(device=logits.device, dtype=torch.float32)
+        live = masks._current()
+        mask = live.experts[j].to(device=logits.device, dtype=torch.float32)
         shifted = logits.float() + torch.log(mask + _EPS)
         probs = torch.softmax(shifted, dim=-1)
-        top, index = torch.topk(probs, k, dim=-1)  # (tokens, k)
+        top, index = torch.topk(probs, masks.route_k(), dim=-1)  # (tokens, k), highest first
+        if live.route is not None:
+            top = top * live.route[j].to(device=top.device, dtype=top.dtype)
         if getattr(module, "norm_topk_prob", False):
             top = top / top.sum(dim=-1, keepdim=True)
         return (shifted.to(logits.dtype), top.to(logits.dtype), index, *output[3:])
@@ -465,15 +414,18 @@ def _sigmoid_router(masks: ExpertMasks, j: int) -> Any:
     top-``k`` of ``sigmoid(logits) + correction bias + log m``, weights ``m · sigmoid(logits)`` of the
     chosen, renormalised iff ``norm_topk_prob`` (+1e-20, as there), times ``routed_scaling_factor``. At
     ``m`` in {0, 1} it is :func:`~autocompress_opt.prune.masking.apply_masks`' sigmoid reroute."""
-    k = masks.point["experts_per_token"]
 
     def hook(module: Any, args: tuple[Any, ...], output: Any) -> Any:
         logits = output[0]  # (tokens, E), float32
-        mask = masks._current().experts[j].to(device=logits.device, dtype=torch.float32)
+        live = masks._current()
+        mask = live.experts[j].to(device=logits.device, dtype=torch.float32)
         scores = logits.sigmoid()
         choice = scores + module.e_score_correction_bias + torch.log(mask + _EPS)
-        index = torch.topk(choice.detach(), k, dim=-1, sorted=False)[1]  # (tokens, k)
+        per_layer = live.route is not None  # per-layer top-k: the ranked choices, weighed by the route masks
+        index = torch.topk(choice.detach(), masks.route_k(), dim=-1, sorted=per_layer)[1]  # (tokens, k)
         weights = (scores * mask).gather(1, index)
+        if live.route is not None:
+            weights = weights * live.route[j].to(device=weights.device, dtype=weights.dtype)
         if module.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return (logits, weights * module.routed_scaling_factor, index, *output[3:])
@@ -519,6 +471,8 @@ class ExpertResult:
         history: per step ``kl``, ``penalty``, ``tau``; selection: per candidate ``feasible`` and
             held-out ``val_kl``, and ``chosen``; seconds: where the time went.
         candidates: every candidate's masks by name.
+        layers: with per-layer counts, the trained choice's ``expert_width`` and ``experts_per_token``
+            per MoE layer and ``repaired_steps`` (:func:`repair_counts`); else empty.
     """
 
     architecture: Architecture
@@ -530,6 +484,7 @@ class ExpertResult:
     selection: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     candidates: dict[str, Masks] = field(default_factory=dict, repr=False)
+    layers: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """JSON-safe record (no tensors)."""
@@ -541,6 +496,7 @@ class ExpertResult:
             "selection": self.selection,
             "final_kl_train": self.history[-1]["kl"] if self.history else None,
             "steps": len(self.history),
+            **({"per_layer": self.layers} if self.layers else {}),
         }
 
     def choice(self) -> dict[str, Any]:
@@ -573,6 +529,7 @@ def search_experts(
     adapter: FamilyAdapter | None = None,
     on_step: Any = None,
     measure_at: Collection[int] | None = None,
+    per_layer: bool = False,
 ) -> ExpertResult:
     """Choose which experts, expert channels and shared-expert channels every MoE layer of ``model``
     keeps, and which heads every Mamba-2 layer keeps, at the counts of ``params`` (module doc);
@@ -583,7 +540,9 @@ def search_experts(
     between the trained and the start choice). ``on_step(step, val_kl | None, violation | None)``
     after each step; every ``config.measure_every`` steps (or at the steps ``measure_at``:
     :meth:`~autocompress_opt.search.inner.inner_search.InnerConfig.measures`) with the current hard
-    choice's held-out KL.
+    choice's held-out KL. ``per_layer``: each MoE layer learns its own expert width and top-``k``
+    under the point's parameter budgets (module doc, "Per layer"; the Puzzle form,
+    :func:`~autocompress_opt.arch.hybrid.per_layer_moe`); else every layer keeps the point's.
     Raises :class:`ConfigError` for a point that prunes a dense axis (:func:`expert_point`)."""
     from autocompress_opt.arch.search_space import uniform_allocation
 
@@ -594,7 +553,7 @@ def search_experts(
     if config.val_samples >= tokens.shape[0]:
         raise ConfigError(f"val_samples={config.val_samples} leaves no training rows of the {tokens.shape[0]} given")
     began = time.perf_counter()
-    arch = uniform_allocation({**sparse_limits(parent), **point}, parent)
+    arch = uniform = uniform_allocation({**sparse_limits(parent), **point}, parent)
     start = expert_masks(model, importance, point)
     masks = ExpertMasks(
         adapter.all_layer_parts(model),
@@ -603,9 +562,10 @@ def search_experts(
         start,
         device=next(model.parameters()).device,
         scoring=adapter.base(model).router_scoring,
+        per_layer=per_layer,
     )
     val, train = slice(0, config.val_samples), slice(config.val_samples, None)
-    budget = _param_budget(parent, point)
+    budget = param_budget(parent, point)
     history = _train(
         model,
         masks,
@@ -620,6 +580,8 @@ def search_experts(
         adapter,
         measure_at,
     )
+    repaired = repair_counts(masks, parent, budget)
+    arch = layer_architecture(arch, masks)
     trained_at = time.perf_counter()
     candidates = {"trained": discretise_experts(masks, parent), "start": start}
     violations, metrics = _exact(arch, masks, parent, budget, goal)
@@ -630,18 +592,30 @@ def search_experts(
     selection["chosen"] = chosen
     done = time.perf_counter()
     seconds = {"train": trained_at - began, "select": done - trained_at, "total": done - began}
-    return ExpertResult(
+    if chosen == "start":  # the importance choice keeps the point's counts in every layer
+        arch, violations, metrics = uniform, *_exact(uniform, None, parent, budget, goal)
+        feasible = all_satisfied(violations)
+    result = ExpertResult(
         arch, candidates[chosen], feasible, violations, metrics, history, selection, seconds, candidates
     )
+    result.layers = {**masks.layer_counts(), "repaired_steps": repaired} if per_layer else {}
+    return result
 
 
 def _exact(
-    arch: Architecture, masks: ExpertMasks, parent: Architecture, budget: Mapping[str, float], goal: CostGoal | None
+    arch: Architecture,
+    masks: ExpertMasks | None,
+    parent: Architecture,
+    budget: Mapping[str, float],
+    goal: CostGoal | None,
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Violations of the discrete choice: the parameter budgets, then the target's constraints by the
-    exact cost model on the child's architecture."""
-    with torch.no_grad():
-        out = {k: float(v) for k, v in _budget_use(masks, parent, budget, masks.expected(0.0, hard=True)).items()}
+    """Violations of the discrete choice of ``masks`` (None: the point's own counts, its budgets met
+    by definition): the parameter budgets, then the target's constraints by the exact cost model on
+    the child's architecture."""
+    out: dict[str, float] = dict.fromkeys(budget, 0.0)
+    if masks is not None:
+        with torch.no_grad():
+            out = {k: float(v) for k, v in budget_use(masks, parent, budget, masks.expected(0.0, hard=True)).items()}
     metrics: dict[str, float] = {}
     if goal is not None:
         hardware, metrics = goal.target.check(arch, goal.parent_metrics)
@@ -653,29 +627,7 @@ def _violations(
     masks: ExpertMasks, parent: Architecture, budget: Mapping[str, float], tau: float
 ) -> dict[str, torch.Tensor]:
     """Differentiable parameter budgets (straight-through: the hard choice's values)."""
-    return _budget_use(masks, parent, budget, masks.expected(tau))
-
-
-def _budget_use(
-    masks: ExpertMasks, parent: Architecture, budget: Mapping[str, float], counts: Mapping[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """Each budget's relative excess (``used / budget - 1``) at the expected ``counts``."""
-    shared = counts["shared_width"].double() if "shared_width" in counts else None
-    totals = expert_param_totals(
-        parent,
-        counts["num_experts"].double(),
-        counts["expert_width"].double(),
-        masks.point["experts_per_token"],
-        shared,
-    )
-    out = {
-        "budget:expert_params": totals["total"] / budget["budget:expert_params"] - 1,
-        "budget:active_expert_params": totals["active"] / budget["budget:active_expert_params"] - 1,
-    }
-    if "mamba_heads" in counts:
-        mamba = mamba_param_total(parent, counts["mamba_heads"].double())
-        out["budget:mamba_params"] = mamba / budget["budget:mamba_params"] - 1
-    return out
+    return budget_use(masks, parent, budget, masks.expected(tau))
 
 
 def _train(
@@ -696,7 +648,11 @@ def _train(
     if not config.steps:
         return []
     gen = torch.Generator().manual_seed(config.seed)
-    optimizer = torch.optim.Adam(list(masks.parameters()), lr=config.gate_lr)
+    counts = [p for p in (masks.width_keep, masks.topk_keep) if p is not None]
+    scores = [p for p in masks.parameters() if all(p is not c for c in counts)]
+    optimizer = torch.optim.Adam(scores, lr=config.gate_lr)
+    # The per-layer counts move in proportion to each layer's own gradient (SharedScaleAdam), not in lockstep.
+    count_step = SharedScaleAdam(counts, lr=config.lr) if counts else None
     device = next(model.parameters()).device
     flags = [(p, p.requires_grad) for p in model.parameters()]
     was_training = model.training
@@ -714,14 +670,20 @@ def _train(
                     logits = model(input_ids=tokens[rows].to(device), use_cache=False).logits  # (B, T, V)
                 kl = teacher_kl(log_probs(logits), teacher[rows].to(logits.device)).mean()
                 violations = _violations(masks, parent, budget, tau)
+                priced = {k: v for k, v in violations.items() if not (masks.per_layer and k in PROJECTED)}
                 penalty = sum(
-                    (duals.get(k, 0.0) * v + config.penalty / 2 * torch.relu(v) ** 2 for k, v in violations.items()),
+                    (duals.get(k, 0.0) * v + config.penalty / 2 * torch.relu(v) ** 2 for k, v in priced.items()),
                     torch.zeros((), dtype=torch.float64, device=masks.expert_score.device),
                 )
                 loss = kl + penalty.to(device=kl.device, dtype=kl.dtype)
                 optimizer.zero_grad(set_to_none=True)
+                if count_step is not None:
+                    count_step.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
+                if count_step is not None:
+                    count_step.step()
+                    project_counts(masks, parent, budget)
                 values = {k: float(v.detach()) for k, v in violations.items()}
                 for k, v in values.items():
                     duals[k] = max(0.0, duals.get(k, 0.0) + config.dual_lr * v)
