@@ -62,6 +62,26 @@ def is_kind_uniform(arch: Architecture) -> bool:
     return all(len(sizes) == 1 for sizes in kinds.values())
 
 
+# The families whose MoE layers may each keep their own expert width and experts per token (NVIDIA's
+# Puzzle form, ``nemotron_h_puzzle`` with per-layer ``block_configs``; issue 43), and the engines that
+# read it: llama.cpp's NemotronHPuzzleModel converter and nemotron-h graph (per-layer n_ff_exp and
+# n_expert_used; run here in tests/runtimes) and this package's own class
+# (autocompress_opt.hf.puzzle). vLLM 0.32 maps NemotronHPuzzleForCausalLM onto NemotronHForCausalLM,
+# whose MoE reads one moe_intermediate_size and num_experts_per_tok: not a reader of the form.
+PER_LAYER_MOE: dict[str, tuple[str, ...]] = {"nemotron_h": ("llamacpp", "transformers")}
+
+
+def per_layer_moe(arch: Architecture) -> bool:
+    """True when ``arch`` is what the Puzzle form expresses and a plain config does not: its MoE layers
+    differ only in expert width and experts per token (one expert count, shared width, latent width
+    and gating in every MoE layer) and every other kind is alike."""
+    if arch.family not in PER_LAYER_MOE or is_kind_uniform(arch):
+        return False
+    moe = {replace(layer.moe, expert_width=1, experts_per_token=1) for layer in arch.layers if layer.moe is not None}
+    rest = replace(arch, layers=tuple(replace(layer, moe=None) for layer in arch.layers))
+    return len(moe) == 1 and is_kind_uniform(rest)
+
+
 def _first(parent: Architecture, present: str) -> LayerSpec | None:
     return next((layer for layer in parent.layers if getattr(layer, present)), None)
 

@@ -16,6 +16,11 @@ expert's) width, ``heads`` one over the mixer's SSM heads (bit ``i``: index ``i`
 :mod:`autocompress_opt.prune.plan`'s encoding). Everything else of the parent (attention, dense FFNs,
 hidden channels, layers) is kept. Version 1 records (no shared channels or heads: those all kept) are
 still read.
+
+A child whose MoE layers route to different top-``k`` (the per-layer Puzzle form, issue 43; each
+layer's expert width is already its channel sets) is written as version 3
+(:data:`EXPERT_KEPT_PER_LAYER`): ``experts_per_token`` is then a list, one ``k`` per ``layers``
+entry; a uniform child keeps writing version 2.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ from autocompress_opt.prune.plan import _from_hex, _indicator, _to_hex
 __all__ = ["EXPERT_KEPT_FORMAT", "expert_kept", "is_expert_kept", "masks_from_expert_kept"]
 
 EXPERT_KEPT_FORMAT = "autocompress-kept-experts/2"
+EXPERT_KEPT_PER_LAYER = "autocompress-kept-experts/3"  # experts_per_token: one per MoE layer
 # The formats masks_from_expert_kept reads: /1 had no shared channels or Mamba-2 heads.
-_READABLE = ("autocompress-kept-experts/1", EXPERT_KEPT_FORMAT)
+_READABLE = ("autocompress-kept-experts/1", EXPERT_KEPT_FORMAT, EXPERT_KEPT_PER_LAYER)
 
 
 def is_expert_kept(kept: Mapping[str, Any] | None) -> bool:
@@ -48,12 +54,12 @@ def _bits(mask: Any) -> list[int]:
 
 
 def expert_kept(masks: Masks, parent: Architecture) -> dict[str, Any]:
-    """The record of ``masks``'s kept experts, channels and Mamba-2 heads (module doc). Raises
-    :class:`ConfigError` when a MoE layer's masks have no experts or top-``k``, the layers' top-``k``
-    differ, or a Mamba-2 layer's mixer is removed."""
+    """The record of ``masks``'s kept experts, channels and Mamba-2 heads (module doc; version 3 when the
+    MoE layers' top-``k`` differ). Raises :class:`ConfigError` when a MoE layer's masks have no experts
+    or top-``k``, or a Mamba-2 layer's mixer is removed."""
     import torch
 
-    layers, mamba, ks = [], [], set()
+    layers, mamba, ks = [], [], []
     for i, (spec, mask) in enumerate(zip(parent.layers, masks.layers)):
         if spec.mamba is not None:
             if mask.mamba_heads is None:
@@ -71,10 +77,13 @@ def expert_kept(masks: Masks, parent: Architecture) -> dict[str, Any]:
             shared = mask.shared_ffn if mask.shared_ffn is not None else torch.ones(moe.shared_width)
             entry.append(_to_hex(_bits(shared), moe.shared_width))
         layers.append(entry)
-        ks.add(int(mask.experts_per_token))
-    if len(ks) != 1:
-        raise ConfigError(f"the MoE layers route to different top-k {sorted(ks)}; a plain config has one")
-    record: dict[str, Any] = {"format": EXPERT_KEPT_FORMAT, "experts_per_token": ks.pop(), "layers": layers}
+        ks.append(int(mask.experts_per_token))
+    uniform = len(set(ks)) == 1
+    record: dict[str, Any] = {
+        "format": EXPERT_KEPT_FORMAT if uniform else EXPERT_KEPT_PER_LAYER,
+        "experts_per_token": ks[0] if uniform else ks,
+        "layers": layers,
+    }
     if mamba:
         record["mamba"] = mamba
     return record
@@ -91,9 +100,14 @@ def masks_from_expert_kept(parent: Architecture, kept: Mapping[str, Any]) -> Mas
     entries = kept.get("layers")
     if not isinstance(entries, list) or [e[0] if isinstance(e, list) and e else None for e in entries] != moe:
         raise ConfigError(f"kept record: layers must list the parent's MoE layers {moe} in order")
-    k = kept.get("experts_per_token")
+    ks = kept.get("experts_per_token")
+    if kept.get("format") == EXPERT_KEPT_PER_LAYER:
+        if not isinstance(ks, list) or len(ks) != len(entries):
+            raise ConfigError(f"kept record: experts_per_token must list one top-k per MoE layer ({len(entries)})")
+    else:
+        ks = [ks] * len(entries)
     layers = list(Masks.ones(parent).layers)
-    for i, experts_hex, channel_hexes, *rest in entries:
+    for (i, experts_hex, channel_hexes, *rest), k in zip(entries, ks):
         spec = parent.layers[i].moe
         assert spec is not None
         experts = _from_hex(experts_hex, spec.num_experts, f"layers[{i}] experts")

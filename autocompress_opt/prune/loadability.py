@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from autocompress_opt.arch.architecture import Architecture, reference_layer, uniform_child
 from autocompress_opt.arch.families import Family, family, family_names
-from autocompress_opt.arch.hybrid import is_kind_uniform, is_sparse
+from autocompress_opt.arch.hybrid import PER_LAYER_MOE, is_kind_uniform, is_sparse, per_layer_moe
 from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.prune.export import DECILM_FFN_MULTIPLE, decilm_problems
 
@@ -124,11 +124,18 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
                 f"head size {', '.join(map(str, bad))} is not one {engine}'s attention takes "
                 f"({', '.join(map(str, rules.head_sizes))}{'; ' + rules.note if rules.note else ''})"
             )
-    if is_sparse(arch):  # MoE / hybrid: the family's plain config, one size per layer kind
-        if not is_kind_uniform(arch):
+    if is_sparse(arch):  # MoE / hybrid: the family's plain config, one size per layer kind, or the Puzzle form
+        puzzle = PER_LAYER_MOE.get(arch.family, ())
+        if per_layer_moe(arch) and engine not in puzzle:
+            problems.append(
+                f"{engine} loads {arch.family} models with one expert width and top-k in every MoE layer; "
+                f"the per-layer Puzzle form is read by {', '.join(puzzle)}"
+            )
+        elif not is_kind_uniform(arch) and not per_layer_moe(arch):
+            why = f"MoE layers differing only in expert width and top-k ({', '.join(puzzle)})" if puzzle else "none"
             problems.append(
                 f"{engine} loads {arch.family} models with one size per layer kind only (the family's config; "
-                "the per-layer Puzzle form is not written yet)"
+                f"per-layer forms: {why})"
             )
         return problems
     dense = arch.dense_problem()

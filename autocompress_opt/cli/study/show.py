@@ -261,9 +261,17 @@ def _candidate(selection: dict[str, Any] | None) -> str:
 def _experts(arch: Architecture | None) -> str:
     """``"4 x 8ch, top-2"``: the routed experts, their width and top-k of a MoE architecture's MoE
     layers (one size per layer kind), then a shared expert's width and a hybrid's Mamba-2 heads
-    (``"5 x 8ch, top-1, shared 30ch; 6 SSM heads"``); "" for a dense one or none."""
-    sizes = sorted({(m.num_experts, m.expert_width, m.experts_per_token, m.shared_width) for m in _moe_specs(arch)})
-    text = ", ".join(f"{e} x {w}ch, top-{k}" + (f", shared {s}ch" if s else "") for e, w, k, s in sizes)
+    (``"5 x 8ch, top-1, shared 30ch; 6 SSM heads"``); "" for a dense one or none. MoE layers that
+    differ only in width and top-k (the per-layer Puzzle form) list them layer by layer:
+    ``"6 x [9,7]ch, top-[1,2], shared 32ch"``."""
+    specs = _moe_specs(arch)
+    sizes = sorted({(m.num_experts, m.expert_width, m.experts_per_token, m.shared_width) for m in specs})
+    if len(sizes) > 1 and len({(e, s) for e, _, _, s in sizes}) == 1:
+        (e, _, _, s), listed = sizes[0], lambda values: "[" + ",".join(map(str, values)) + "]"
+        widths, ks = listed(m.expert_width for m in specs), listed(m.experts_per_token for m in specs)
+        text = f"{e} x {widths}ch, top-{ks}" + (f", shared {s}ch" if s else "")
+    else:
+        text = ", ".join(f"{e} x {w}ch, top-{k}" + (f", shared {s}ch" if s else "") for e, w, k, s in sizes)
     layers = [] if arch is None else [layer for layer in arch.layers if not layer.is_noop]
     heads = {layer.mamba.num_heads for layer in layers if layer.mamba is not None}
     return text + "".join(f"; {h} SSM heads" for h in sorted(heads))

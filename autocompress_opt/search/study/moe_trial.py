@@ -15,11 +15,15 @@ result follow :func:`~autocompress_opt.search.study.weights_trial.run_weights_tr
 * the candidates are ``trained`` and ``start`` (the importance choice); seeded baselines
   (``request["baselines"]``) are not weighed: the expert seed (:mod:`.moe_study`) is the ``start``
   candidate of its point;
-* ``serve_as``: the child is the family's plain config, which every engine with rules loads
-  (:func:`~autocompress_opt.prune.loadability.loadable_problems`); the point is checked before the search.
+* ``serve_as``: the point's uniform child is checked before the search
+  (:func:`~autocompress_opt.prune.loadability.loadable_problems`). Where the family has a per-layer
+  form and the engine reads it (:data:`~autocompress_opt.arch.hybrid.PER_LAYER_MOE`: Nemotron-H's
+  Puzzle form for llama.cpp and the package's own class, or ``serve_as`` ``any``), the search gives
+  each MoE layer its own expert width and top-``k`` under the point's budgets (issue 43; ``per_layer``
+  in the inner record) and the child is a ``nemotron_h_puzzle`` model; else the family's plain config.
 
 The child is :func:`~autocompress_opt.prune.experts.slice_experts` of the parent (the family's plain
-model); its held-out quality is cached on disk keyed by the kept record too, since which experts a
+model, or its Puzzle form); its held-out quality is cached on disk keyed by the kept record too, since which experts a
 trial keeps is not a function of its architecture here.
 """
 
@@ -34,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.arch.hybrid import hybrid_child, is_sparse
+from autocompress_opt.arch.hybrid import PER_LAYER_MOE, hybrid_child, is_sparse
 from autocompress_opt.cache import cache_key, fetch
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.device import dtype_name
@@ -58,7 +62,7 @@ from autocompress_opt.search.study.weights_trial import (
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
 
-__all__ = ["run_moe_trial", "run_weights_mode"]
+__all__ = ["run_moe_trial", "run_weights_mode", "searches_per_layer"]
 
 
 def run_weights_mode(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -104,6 +108,7 @@ def run_moe_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         config=config.inner,
         on_step=lambda step, kl, violation: report(TrialProgress("inner search", step, steps, kl, violation)),
         measure_at=request.get("measure_at"),
+        per_layer=searches_per_layer(parent_arch, serve_as),
     )
     searched = time.perf_counter()
     kept = expert_kept(result.masks, parent.architecture)
@@ -133,6 +138,13 @@ def run_moe_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         "timings_s": timings,
         "inner": {**result.summary(), "config": config.to_dict()},
     }
+
+
+def searches_per_layer(parent: Architecture, serve_as: str) -> bool:
+    """Whether a trial of ``parent`` served by ``serve_as`` gives each MoE layer its own expert width and
+    top-``k`` (the family has a per-layer form the engine reads; ``any``: every form)."""
+    readers = PER_LAYER_MOE.get(parent.family, ())
+    return bool(readers) and (serve_as == SERVE_AS_ANY or serve_as in readers)
 
 
 def _present(parent: Architecture) -> list[int]:
