@@ -36,7 +36,7 @@ from typing import Any
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.families import family
 from autocompress_opt.errors import AutocompressError, ConfigError
-from autocompress_opt.hf.adapters import adapter_for, architecture_mismatch
+from autocompress_opt.hf.adapters import MOE_ADAPTERS, adapter_for, architecture_mismatch, model_type_of, moe_adapter
 from autocompress_opt.hf.hub import hub_kernel_kwargs
 
 __all__ = [
@@ -104,7 +104,8 @@ def export_model(
     :class:`ConfigError` when ``model`` does not have structure ``arch`` or ``card`` is not JSON-safe.
     """
     out = Path(out_dir).expanduser()
-    adapter = adapter_for(model)
+    # A MoE / hybrid model (e.g. a distilled expert child) is saved as it is: its family's own class.
+    adapter = moe_adapter(model) if model_type_of(model) in MOE_ADAPTERS else adapter_for(model)
     mismatch = architecture_mismatch(arch.active(), adapter.architecture(model))
     if mismatch:
         raise ConfigError(f"the model does not have the given architecture ({mismatch})")
