@@ -273,10 +273,12 @@ _BUILTIN_FAMILIES: tuple[Family, ...] = (
 # engines load of them is their plain config, which holds one size per layer kind ("uniform": every
 # MoE layer alike, every Mamba-2 layer alike): vLLM's mixtral/qwen3_moe/gpt_oss/nemotron_h models,
 # SGLang's and TensorRT-LLM's of the same names, llama.cpp's converters (below), transformers' own
-# classes. vLLM's per-layer NemotronHPuzzle form (block_configs) is not written yet, so nothing loads
-# per-layer shapes of them here. No GGUF names yet: the GGUF reader does not read expert or SSM metadata (llama.cpp
-# writes these as qwen3moe, gpt-oss, nemotron_h_moe, granitehybrid, and Mixtral as "llama" with
-# llama.expert_count, which arch/gguf.py refuses).
+# classes. Nemotron-H has one per-layer form, NVIDIA's "Puzzle" (model_type nemotron_h_puzzle: block_configs
+# with each MoE layer's expert width and top-k, hf/puzzle.py), which prune/experts.py writes and llama.cpp
+# converts; its config reads as a nemotron_h Architecture with per-layer MoE sizes (arch/moe_configs.py).
+# The engine rules (serving below) still describe the plain config only. No GGUF names yet: the GGUF
+# reader does not read expert or SSM metadata (llama.cpp writes these as qwen3moe, gpt-oss, nemotron_h_moe,
+# granitehybrid, and Mixtral as "llama" with llama.expert_count, which arch/gguf.py refuses).
 # Source: transformers 5.24 configuration_{family}.py (defaults) and modeling_{family}.py (parameters):
 #   mixtral: no biases anywhere; 8 KV heads; sliding_window (default None) on every layer; router (E, D).
 #   qwen3_moe: q,k,v,o biased iff attention_bias, q/k RMSNorm, 4 KV heads, head_dim from the config or
@@ -330,7 +332,7 @@ _ARCHITECTURE_ONLY: tuple[Family, ...] = (
     ),
     Family(
         "nemotron_h",
-        model_types=("nemotron_h",),
+        model_types=("nemotron_h", "nemotron_h_puzzle"),  # Puzzle: per-layer MoE sizes (see above)
         gguf_archs=(),
         adapter=None,
         biases={"qkv_bias": False, "o_bias": False, "mlp_bias": "mlp_bias"},

@@ -19,7 +19,8 @@ from ``configuration_{family}.py``).
 * ``nemotron_h``: one block per layer, by ``layers_block_type`` (or the older
   ``hybrid_override_pattern``: ``M`` Mamba-2, ``E`` MoE, ``*`` attention, ``-`` MLP); relu²
   experts and MLP (not gated), a shared expert, an optional latent projection
-  (``moe_latent_size``, Nemotron 3 Super). The multi-token-prediction layers
+  (``moe_latent_size``, Nemotron 3 Super); the Puzzle form (``nemotron_h_puzzle``) gives each layer's
+  kind and each MoE layer's width and top-``k`` in ``block_configs``. The multi-token-prediction layers
   (``num_nextn_predict_layers``) are not built by transformers and not counted.
 * ``granitemoehybrid``: a Mamba-2 or attention mixer (``layer_types``) + a MoE with a gated shared
   expert (or, with ``num_local_experts: 0``, the shared MLP alone).
@@ -113,6 +114,10 @@ _PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "ml
 _EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 # Nemotron-H's default layers_block_type when a config gives none.
 _NEMOTRON_DEFAULT_KINDS = ("linear_attention", "moe", "full_attention", "mlp")
+# The keys a block_configs entry of Nemotron-H's Puzzle form (model_type nemotron_h_puzzle, hf/puzzle.py)
+# sets for its MoE layer; its block_type is a layer kind (released spelling "mamba" / "attention" / "moe" /
+# "mlp", or transformers').
+_PUZZLE_KEYS = ("moe_intermediate_size", "num_experts_per_tok")
 
 
 class _Config:
@@ -230,8 +235,33 @@ def _check_kinds(c: _Config, kinds: list[str], valid: Sequence[str]) -> None:
         raise ConfigError(f"{c.fam.name} config has layer kinds {bad}; valid: {', '.join(valid)}")
 
 
+def _puzzle_blocks(c: _Config) -> list[Mapping[str, Any]] | None:
+    """The per-layer ``block_configs`` of Nemotron-H's Puzzle form (``nemotron_h_puzzle``), or None."""
+    blocks = c.cfg.get("block_configs")
+    if blocks is None:
+        return None
+    if not isinstance(blocks, Sequence) or isinstance(blocks, str) or not blocks:
+        raise ConfigError(f"{c.fam.name} config block_configs must be a non-empty list, got {blocks!r}")
+    for i, block in enumerate(blocks):
+        if not isinstance(block, Mapping) or "block_type" not in block:
+            raise ConfigError(
+                f"{c.fam.name} config block_configs[{i}] must be a mapping with a block_type, got {block!r}"
+            )
+    return list(blocks)
+
+
+def _layer_config(c: _Config, block: Mapping[str, Any] | None) -> _Config:
+    """``c`` with a Puzzle MoE layer's own sizes (those its block gives) in place of the global ones."""
+    own = {key: block[key] for key in _PUZZLE_KEYS if block is not None and block.get(key) is not None}
+    return _Config({**c.cfg, **own}, c.fam) if own else c
+
+
 def _read_nemotron_h(c: _Config) -> dict[str, Any]:
-    kinds = _kinds(c, _NEMOTRON_DEFAULT_KINDS)
+    blocks = _puzzle_blocks(c)  # the Puzzle form: the authority on the kinds, and each MoE layer's sizes
+    if blocks is None:
+        kinds = _kinds(c, _NEMOTRON_DEFAULT_KINDS)
+    else:
+        kinds = [_LEGACY_KINDS.get(str(b["block_type"]), str(b["block_type"])) for b in blocks]
     _check_kinds(c, kinds, ("linear_attention", "full_attention", "moe", "mlp"))
     # NemotronHConfig.__post_init__ renames the older mamba_* keys.
     renamed = (("n_groups", "mamba_n_groups"), ("conv_kernel", "mamba_d_conv"), ("use_conv_bias", "mamba_conv_bias"))
@@ -247,25 +277,25 @@ def _read_nemotron_h(c: _Config) -> dict[str, Any]:
         conv_bias=c.flag("use_conv_bias", True),
         proj_bias=c.flag("use_bias", False),  # NemotronHMamba2Mixer: in_proj/out_proj bias=config.use_bias
     )
-    by_kind: dict[str, Callable[[], Layer]] = {
-        "linear_attention": lambda: dict(attention=False, ffn=False, mamba=mamba),
-        "full_attention": lambda: dict(attention=True, ffn=False, **c.attention()),
-        "mlp": lambda: dict(attention=False, ffn=True, ffn_width=c.size("intermediate_size")),
-        "moe": lambda: dict(
+    by_kind: dict[str, Callable[[_Config], Layer]] = {
+        "linear_attention": lambda _: dict(attention=False, ffn=False, mamba=mamba),
+        "full_attention": lambda _: dict(attention=True, ffn=False, **c.attention()),
+        "mlp": lambda _: dict(attention=False, ffn=True, ffn_width=c.size("intermediate_size")),
+        "moe": lambda lc: dict(
             attention=False,
             ffn=False,
             moe=MoESpec(
-                c.size("n_routed_experts"),
-                c.size("num_experts_per_tok"),
-                c.size("moe_intermediate_size"),
-                shared_width=c.size("moe_shared_expert_intermediate_size"),
-                latent_width=c.size("moe_latent_size", null=0, absent=0, minimum=0),
+                lc.size("n_routed_experts"),
+                lc.size("num_experts_per_tok"),
+                lc.size("moe_intermediate_size"),
+                shared_width=lc.size("moe_shared_expert_intermediate_size"),
+                latent_width=lc.size("moe_latent_size", null=0, absent=0, minimum=0),
                 gated=False,  # NemotronHExperts: up, relu², down
             ),
         ),
     }
-    built = {kind: make() for kind, make in by_kind.items() if kind in kinds}
-    return _architecture(c, [built[kind] for kind in kinds])
+    layers = [by_kind[kind](_layer_config(c, None if blocks is None else blocks[i])) for i, kind in enumerate(kinds)]
+    return _architecture(c, layers)
 
 
 def _read_granitemoehybrid(c: _Config) -> dict[str, Any]:

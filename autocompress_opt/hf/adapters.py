@@ -519,12 +519,16 @@ def moe_adapter(model_or_config: Any) -> FamilyAdapter:
     """The experts path's adapter for a MoE model (or config), by ``config.model_type``; raises
     :class:`ConfigError` naming the model_type and the families the experts path handles."""
     model_type = model_type_of(model_or_config)
-    if model_type not in MOE_ADAPTERS:
+    # By family: Nemotron-H's per-layer ("Puzzle") form, model_type nemotron_h_puzzle (hf/puzzle.py), has the
+    # same modules, each MoE layer of its own expert width and router top_k, which LayerParts reads from them.
+    fam = family_for_model_type(model_type)
+    name = fam.name if fam is not None and fam.name in MOE_ADAPTERS else model_type
+    if name not in MOE_ADAPTERS:
         raise ConfigError(
             f"expert pruning does not handle model_type {model_type or '(none)'!r} yet; "
             f"it handles: {', '.join(MOE_ADAPTERS)} (issue 30)"
         )
-    return MOE_ADAPTERS[model_type]
+    return MOE_ADAPTERS[name]
 
 
 def family_adapter(name: str) -> FamilyAdapter:

@@ -399,6 +399,10 @@ def _check_family(model_type: str, path: Path) -> None:
 
         return
     fam = family_for_model_type(model_type)
+    if model_type.lower() == "nemotron_h_puzzle":  # the per-layer Nemotron-H the experts path exports: register it
+        from autocompress_opt.hf import puzzle  # noqa: F401
+
+        return
     if model_type.lower() in MOE_ADAPTERS:  # architecture-only, but the experts path loads, scores and slices it
         return
     if fam is not None and fam.architecture_only:

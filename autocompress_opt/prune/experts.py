@@ -15,11 +15,14 @@ path handles (:data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`: Qwen3-MoE, Nem
    the ``mamba_heads`` of highest score, the same number per group (:mod:`autocompress_opt.prune.mamba`).
 2. :func:`~autocompress_opt.prune.masking.apply_masks` — the parent computing them (dropped experts'
    router logits ``-inf`` before the top-``k``, masked channels and heads zeroed).
-3. :func:`slice_experts` / :func:`export_experts` — the plain model of the family with the stacked
-   expert tensors, the router rows, the shared expert and the Mamba-2 mixers cut to what is kept, and
-   the config's sizes set (:data:`CONFIG_KEYS`); its logits equal the masked parent's (tested,
-   float32). A plain config has one size per layer kind, so the masks must keep the same number of
-   experts, channels per expert, top-``k`` and heads in every layer of a kind.
+3. :func:`slice_experts` / :func:`export_experts` — the model of the family with the stacked expert
+   tensors, the router rows, the shared expert and the Mamba-2 mixers cut to what is kept, and the
+   config's sizes set (:data:`CONFIG_KEYS`); its logits equal the masked parent's (tested, float32). A
+   plain config has one size per layer kind, so that child needs the same number of experts, channels
+   per expert, top-``k`` and heads in every layer of a kind. Nemotron-H also has a per-layer form,
+   NVIDIA's "Puzzle" (:mod:`autocompress_opt.hf.puzzle`, ``model_type "nemotron_h_puzzle"``, which
+   llama.cpp converts): there each MoE layer keeps its own channels per expert and top-``k``, while the
+   experts kept, the shared expert's channels and the Mamba-2 heads stay one number for the model.
 
 Attention heads, dense FFN channels, hidden channels and layers of a MoE / hybrid parent are not pruned
 here yet (issue 30): :func:`slice_experts` refuses masks that prune them.
@@ -32,7 +35,7 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from autocompress_opt.arch.hybrid import SPARSE_CHOICES, sparse_limits
 from autocompress_opt.errors import ConfigError, check_int, suggest
@@ -62,6 +65,11 @@ CONFIG_KEYS: dict[str, dict[str, str]] = {
         "mamba_heads": "mamba_num_heads",
     },
 }
+# Nemotron-H's per-layer form (hf/puzzle.py): the same keys, each MoE layer's width and top-k in its
+# block_configs entry. The families whose MoE layers may differ in width and top-k: Nemotron-H's.
+_PUZZLE = "nemotron_h_puzzle"
+CONFIG_KEYS[_PUZZLE] = CONFIG_KEYS["nemotron_h"]
+_PER_LAYER_FORM = ("nemotron_h", _PUZZLE)
 
 
 def expert_masks(model: Any, importance: Importance, point: Mapping[str, int]) -> Masks:
@@ -69,9 +77,10 @@ def expert_masks(model: Any, importance: Importance, point: Mapping[str, int]) -
     in every Mamba-2 layer its heads (module docstring); every attention head, dense FFN channel and
     hidden channel is kept.
 
-    ``point`` maps a subset of :data:`EXPERT_CHOICES` to sizes; an absent one stays the parent's.
-    Raises :class:`ConfigError` for an unknown key (with a suggestion), a choice the parent has no
-    sub-block for, a size outside ``1..parent size``, ``experts_per_token`` above the experts kept,
+    ``point`` maps a subset of :data:`EXPERT_CHOICES` to sizes; an absent one stays the parent's (each
+    MoE layer's own in a Puzzle parent, whose layers differ in width and top-``k``; a given one must fit
+    every layer). Raises :class:`ConfigError` for an unknown key (with a suggestion), a choice the
+    parent has no sub-block for, a size outside ``1..parent size``, ``experts_per_token`` above the experts kept,
     Mamba-2 heads not a multiple of the groups, or scores of another model.
     """
     adapter = moe_adapter(model)
@@ -79,18 +88,29 @@ def expert_masks(model: Any, importance: Importance, point: Mapping[str, int]) -
     arch = adapter.architecture(model)
     if not any(p.moe is not None or p.mamba is not None for p in parts):
         raise ConfigError("the model has no mixture-of-experts or Mamba-2 layer: nothing for expert_masks to prune")
-    sizes = _point_sizes(point, {k: v for k, v in sparse_limits(arch).items() if k in EXPERT_CHOICES})
+    sizes = _point_sizes(point, _limits(arch))
     if importance.architecture.layers != arch.layers:
         raise ConfigError("the importance scores were computed for another architecture than this model's")
     layers = []
     base = Masks.ones(arch)
     for i, (p, mask) in enumerate(zip(parts, base.layers)):
-        if p.moe is not None:
-            mask = _layer_mask(importance, i, p, mask, sizes)
+        if p.moe is not None:  # a MoE choice the point leaves out: the layer's own size
+            mask = _layer_mask(importance, i, p, mask, {k: v for k, v in sizes.items() if k in point})
         if p.mamba is not None and "mamba_heads" in sizes:
             mask = mamba_layer_mask(importance, i, p, mask, sizes["mamba_heads"])
         layers.append(mask)
     return replace(base, layers=tuple(layers))
+
+
+def _limits(arch: Any) -> dict[str, int]:
+    """The largest size of each choice the parent has a sub-block for: the smallest MoE layer's for the
+    MoE choices (a Puzzle parent's layers differ), :func:`sparse_limits` for the others."""
+    limits = {k: v for k, v in sparse_limits(arch).items() if k in EXPERT_CHOICES}
+    moe = [layer.moe for layer in arch.layers if layer.moe is not None]
+    for key in ("num_experts", "experts_per_token", "expert_width", "shared_width"):
+        if key in limits:
+            limits[key] = min(getattr(m, key) for m in moe)
+    return limits
 
 
 def _point_sizes(point: Mapping[str, int], limits: dict[str, int]) -> dict[str, int]:
@@ -126,23 +146,41 @@ def _layer_mask(imp: Importance, i: int, p: LayerParts, mask: LayerMask, sizes: 
     by_output = ranked(output)  # most used first; ties: larger output, then the lower index
     order = by_output[torch.argsort(frequency[by_output], descending=True, stable=True)]
     experts = torch.zeros(p.num_experts, dtype=torch.bool)
-    experts[order[: sizes["num_experts"]]] = True
+    experts[order[: sizes.get("num_experts", p.num_experts)]] = True
     expert_ffn = torch.zeros(p.num_experts, p.expert_width, dtype=torch.bool)
     for e in range(p.num_experts):
-        expert_ffn[e, ranked(channels[e])[: sizes["expert_width"]]] = True
-    k = sizes["experts_per_token"]
+        expert_ffn[e, ranked(channels[e])[: sizes.get("expert_width", p.expert_width)]] = True
+    k = sizes.get("experts_per_token", int(p.router.top_k))
     return replace(mask, experts=experts, expert_ffn=expert_ffn, experts_per_token=k, shared_ffn=shared)
 
 
 # ------------------------------------------------------------------------------------ slicing
+class _MoESize(NamedTuple):
+    """What one MoE layer of the child keeps."""
+
+    experts: int
+    top_k: int
+    width: int  # channels per expert
+    shared: int  # shared-expert channels (0: none)
+
+
 def slice_experts(model: Any, masks: Masks, *, adapter: FamilyAdapter | None = None) -> Any:
-    """The family's plain model holding ``model``'s weights with the experts, expert and shared-expert
+    """The family's model holding ``model``'s weights with the experts, expert and shared-expert
     channels, top-``k`` and Mamba-2 heads of ``masks`` (copied, never shared); same dtype and device,
     eval mode. Its logits equal ``apply_masks(model, masks)``'s.
 
+    The child is the family's plain model when every MoE layer keeps one size (experts, top-``k``,
+    channels per expert, shared channels); a Nemotron-H child whose MoE layers differ in channels per
+    expert and/or top-``k`` is Nemotron-H's per-layer "Puzzle" form
+    (:class:`~autocompress_opt.hf.puzzle.NemotronHPuzzleForCausalLM`, each MoE layer's width and top-``k``
+    in ``block_configs``), from a plain or a Puzzle parent (a Puzzle parent cut to one size gives the
+    plain model).
+
     Raises :class:`ConfigError` when the masks prune anything else (attention heads, dense FFN or hidden
-    channels, whole sub-blocks or layers: not yet for MoE / hybrid parents, issue 30) or differ between
-    layers of one kind (a plain config has one expert count, width, top-``k`` and head count).
+    channels, whole sub-blocks or layers: not yet for MoE / hybrid parents, issue 30), keep different
+    channel counts in the experts of one layer, or differ between layers where no form holds the
+    difference: the experts kept and the shared width in Nemotron-H (global in its Puzzle form too),
+    anything in Qwen3-MoE (no per-layer form its engines read), Mamba-2 heads.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -153,11 +191,7 @@ def slice_experts(model: Any, masks: Masks, *, adapter: FamilyAdapter | None = N
     adapter = adapter or moe_adapter(model)
     parts = adapter.all_layer_parts(model)
     apply_masks(model, masks, adapter=adapter).remove()  # the shape checks, nothing installed
-    sizes = _uniform_sizes(parts, masks)
-    keys = CONFIG_KEYS[model_type_of(model)]
-    config = copy.deepcopy(model.config)  # setattr, not a dict: the config class maps its aliases
-    for key, value in sizes.items():
-        setattr(config, keys[key], value)
+    config = _child_config(model.config, parts, masks)
     weight = next(model.parameters())
     with no_init_weights():
         child = AutoModelForCausalLM.from_config(config, dtype=weight.dtype)
@@ -172,12 +206,32 @@ def slice_experts(model: Any, masks: Masks, *, adapter: FamilyAdapter | None = N
     return child.eval()
 
 
-def _uniform_sizes(parts: list[LayerParts], masks: Masks) -> dict[str, int]:
-    """The one (experts kept, top-k, channels per expert, shared channels) of every MoE layer and heads
-    of every Mamba-2 layer; raises when masks prune anything else or the layers of a kind differ."""
+def _child_config(parent: Any, parts: list[LayerParts], masks: Masks) -> Any:
+    """The parent's config with the kept sizes: a copy of its own class when every MoE layer keeps one
+    size, else (Nemotron-H) the Puzzle form; a Puzzle parent's child is plain again when uniform."""
+    model_type = model_type_of(parent)
+    keys = CONFIG_KEYS[model_type]
+    layers = _moe_sizes(parts, masks)
+    uniform = len(set(layers.values())) <= 1
+    config = copy.deepcopy(parent)  # setattr, not a dict: the config class maps its aliases
+    for key, value in _global_sizes(parts, masks, layers, model_type).items():
+        setattr(config, keys[key], value)
+    if uniform and model_type != _PUZZLE:
+        return config
+    from autocompress_opt.hf.puzzle import plain_config, puzzle_config
+
+    # Each MoE layer's width and top-k, in the keys a Puzzle block_configs entry holds (hf/puzzle.py).
+    per_layer = {i: {keys["expert_width"]: s.width, keys["experts_per_token"]: s.top_k} for i, s in layers.items()}
+    config = puzzle_config(config, per_layer)
+    return plain_config(config) if uniform else config
+
+
+def _moe_sizes(parts: list[LayerParts], masks: Masks) -> dict[int, _MoESize]:
+    """What each MoE layer keeps; raises when masks prune anything but experts, their channels and
+    Mamba-2 heads, remove a MoE block, or keep different channel counts in the experts of one layer."""
     if not bool(masks.hidden.all()):
         raise ConfigError("slice_experts prunes experts only: the masks drop hidden channels (not yet for MoE parents)")
-    seen: dict[tuple[int, int, int, int], list[int]] = {}
+    layers: dict[int, _MoESize] = {}
     for i, (p, m) in enumerate(zip(parts, masks.layers)):
         for name, tensor, present in (("heads", m.heads, p.attention is not None), ("ffn", m.ffn, p.mlp is not None)):
             if present and (tensor is None or not bool(tensor.all())):
@@ -192,28 +246,58 @@ def _uniform_sizes(parts: list[LayerParts], masks: Masks) -> dict[str, int]:
         widths = {p.expert_width} if m.expert_ffn is None else set(m.expert_ffn[m.experts.bool()].sum(-1).tolist())
         if len(widths) != 1:
             raise ConfigError(
-                f"layer {i} keeps {sorted(widths)} channels in different experts; a plain config has one width"
+                f"layer {i} keeps {sorted(widths)} channels in different experts; a config has one width per layer"
             )
         k = int(p.router.top_k) if m.experts_per_token is None else m.experts_per_token
         shared = p.shared_width if m.shared_ffn is None else int(m.shared_ffn.sum())
-        seen.setdefault((int(m.experts.sum()), k, int(widths.pop()), shared), []).append(i)
-    if len(seen) > 1:
-        found = "; ".join(
-            f"layers {ls}: {e} experts, top-{k}, width {w}, shared width {s}" for (e, k, w, s), ls in seen.items()
+        layers[i] = _MoESize(int(m.experts.sum()), k, int(widths.pop()), shared)
+    return layers
+
+
+def _global_sizes(
+    parts: list[LayerParts], masks: Masks, layers: dict[int, _MoESize], model_type: str
+) -> dict[str, int]:
+    """The sizes the child's config holds once (:data:`CONFIG_KEYS` names): experts kept, shared width and
+    Mamba-2 heads, plus top-``k`` and expert width when every MoE layer keeps the same; raises where the
+    layers differ in what no form of the family holds per layer."""
+    distinct = set(layers.values())
+    if len(distinct) > 1 and model_type not in _PER_LAYER_FORM:
+        raise ConfigError(
+            f"the MoE layers are pruned to different sizes ({_listing(layers, _MoESize._fields)}); a plain "
+            f"{model_type} config has one size and its engines read no per-layer form: keep the same experts, "
+            "top-k, width and shared width in every MoE layer"
         )
-        raise ConfigError(f"the MoE layers are pruned to different sizes ({found}); a plain config has one size")
+    if len({(s.experts, s.shared) for s in distinct}) > 1:
+        raise ConfigError(
+            f"the MoE layers keep different numbers of experts or shared widths "
+            f"({_listing(layers, ('experts', 'shared'))}); Nemotron-H's per-layer (Puzzle) form holds one "
+            "n_routed_experts and one moe_shared_expert_intermediate_size (llama.cpp reads both as global): "
+            "keep the same in every MoE layer (expert width and top-k may differ)"
+        )
     sizes: dict[str, int] = {}
-    if seen:
-        ((experts, k, width, shared),) = seen
-        sizes = {"num_experts": experts, "experts_per_token": k, "expert_width": width}
+    if layers:
+        first = next(iter(layers.values()))
+        sizes["num_experts"] = first.experts
+        if len(distinct) == 1:
+            sizes.update(experts_per_token=first.top_k, expert_width=first.width)
         if any(p.shared_expert is not None for p in parts):
-            if shared == 0:
+            if first.shared == 0:
                 raise ConfigError("slice_experts cannot remove the shared expert; keep at least one of its channels")
-            sizes["shared_width"] = shared
+            sizes["shared_width"] = first.shared
     heads = uniform_mamba_heads(parts, masks.layers)
     if heads is not None:
         sizes["mamba_heads"] = heads
     return sizes
+
+
+def _listing(layers: dict[int, _MoESize], fields: tuple[str, ...]) -> str:
+    """``layers [1, 5]: experts 6, top_k 2; layers [3]: ...``: the MoE layers grouped by ``fields``."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, size in layers.items():
+        groups.setdefault(tuple(getattr(size, f) for f in fields), []).append(i)
+    return "; ".join(
+        f"layers {ls}: " + ", ".join(f"{f} {v}" for f, v in zip(fields, values)) for values, ls in groups.items()
+    )
 
 
 def _sliced_state(model: Any, parts: list[LayerParts], masks: Masks) -> dict[str, Any]:
@@ -271,8 +355,10 @@ def _slice_mlp(mlp: Any, keep: Any, state: dict[str, Any], names: dict[int, str]
 
 
 def export_experts(model: Any, masks: Masks, out_dir: str | Path, *, force: bool = False) -> Path:
-    """:func:`slice_experts`, saved as a plain checkpoint of the family in ``out_dir`` (created);
-    ``AutoModelForCausalLM.from_pretrained(out_dir)`` gives the masked parent's logits. Raises
+    """:func:`slice_experts`, saved in ``out_dir`` (created): a plain checkpoint of the family, or a
+    ``nemotron_h_puzzle`` one when the child is the Puzzle form (transformers loads it once
+    :mod:`autocompress_opt.hf.puzzle` is imported, as :func:`~autocompress_opt.hf.loading.load_model`
+    does); ``AutoModelForCausalLM.from_pretrained(out_dir)`` gives the masked parent's logits. Raises
     :class:`OutputExistsError` for a non-empty ``out_dir`` without ``force``."""
     out = Path(out_dir).expanduser()
     if out.exists() and any(out.iterdir()):
