@@ -291,9 +291,12 @@ def driver_path(ref: str) -> str:
 # ------------------------------------------------------------------ in the trial
 def _ray() -> Any:
     """The ``ray`` module when this process already imported it and is connected, else None (a
-    trial run outside Ray, e.g. by a test, never imports Ray for nothing)."""
+    trial run outside Ray, e.g. by a test, never imports Ray for nothing). A module another thread is
+    still importing (the driver starts Ray while its parent-loading thread asks: seeding's preload)
+    has no ``is_initialized`` yet: not connected."""
     ray = sys.modules.get("ray")
-    return ray if ray is not None and ray.is_initialized() else None
+    connected = getattr(ray, "is_initialized", None)
+    return ray if connected is not None and connected() else None
 
 
 def assigned_gpus() -> list[str]:
