@@ -506,6 +506,9 @@ for _adapter in (
 # materialize, export_model, the dense inner search), which cannot prune it yet.
 MOE_ADAPTERS: dict[str, FamilyAdapter] = {
     "qwen3_moe": FamilyAdapter("qwen3_moe", "Qwen3-MoE (stacked experts, softmax-then-top-k router, q/k norm)"),
+    # Mixtral (transformers 5.25 MixtralSparseMoeBlock): Qwen3-MoE's modules without q/k norm; its router
+    # always renormalises the top-k (no norm_topk_prob attribute: renormalises_top_k).
+    "mixtral": FamilyAdapter("mixtral", "Mixtral (stacked SwiGLU experts, softmax top-k router, renormalised)"),
     "nemotron_h": FamilyAdapter(
         "nemotron_h",
         "Nemotron-H (one mixer per layer: Mamba-2, attention, relu² MLP or latent MoE; sigmoid router)",
@@ -546,6 +549,12 @@ def _adapter_of(fam: Family) -> FamilyAdapter:
             f"support: {', '.join(n for n in family_names() if not family(n).architecture_only)}"
         )
     return ADAPTERS.get(fam.adapter)
+
+
+def renormalises_top_k(router: Any) -> bool:
+    """Whether a softmax router renormalises the weights of its top-``k`` experts to sum to one:
+    Qwen3-MoE's ``norm_topk_prob``; a router without that switch (Mixtral's) always does."""
+    return bool(getattr(router, "norm_topk_prob", True))
 
 
 def model_type_of(model_or_config: Any) -> str:

@@ -57,6 +57,11 @@ CONFIG_KEYS: dict[str, dict[str, str]] = {
         "experts_per_token": "num_experts_per_tok",
         "expert_width": "moe_intermediate_size",
     },
+    "mixtral": {
+        "num_experts": "num_local_experts",
+        "experts_per_token": "num_experts_per_tok",
+        "expert_width": "intermediate_size",
+    },
     "nemotron_h": {
         "num_experts": "n_routed_experts",
         "experts_per_token": "num_experts_per_tok",

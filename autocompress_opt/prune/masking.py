@@ -38,6 +38,7 @@ from autocompress_opt.hf.adapters import (
     ReplacedForward,
     adapter_for,
     bypass_layer,
+    renormalises_top_k,
     zero_sub_block,
 )
 
@@ -284,7 +285,7 @@ def _reroute(keep: torch.Tensor, k: int) -> Any:
         logits = logits.masked_fill(~keep.to(logits.device), float("-inf"))
         probs = torch.nn.functional.softmax(logits, dtype=torch.float, dim=-1)
         top, index = torch.topk(probs, k, dim=-1)  # (tokens, k)
-        if getattr(module, "norm_topk_prob", False):
+        if renormalises_top_k(module):
             top = top / top.sum(dim=-1, keepdim=True)
         return (logits, top.to(logits.dtype), index, *output[3:])
 

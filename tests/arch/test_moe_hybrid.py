@@ -253,8 +253,8 @@ def test_a_dense_layer_of_an_architecture_only_family_is_refused_too() -> None:
 def test_loading_weights_refuses_them(tmp_path: Path) -> None:
     from autocompress_opt.hf.loading import load_model
 
-    (tmp_path / "config.json").write_text(json.dumps(tiny_config("mixtral").to_dict()))
-    with pytest.raises(ConfigError, match="'mixtral' family is architecture-only.*issue 30"):
+    (tmp_path / "config.json").write_text(json.dumps(tiny_config("gpt_oss").to_dict()))
+    with pytest.raises(ConfigError, match="'gpt_oss' family is architecture-only.*issue 30"):
         load_model(tmp_path)
 
 

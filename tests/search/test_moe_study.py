@@ -81,12 +81,15 @@ def test_the_default_weights_space_prunes_experts_only_and_a_dense_axis_is_refus
 
 
 def test_a_moe_family_without_an_experts_path_is_plan_mode_only() -> None:
-    mixtral = load_architecture("mixtral-8x7b")
+    gpt_oss = load_architecture("gpt-oss-120b")
     with pytest.raises(
         ConfigError,
-        match=r"sparse blocks of qwen3_moe and nemotron_h parents only; mixtral is plan-mode only.*--mode plan",
+        match=r"sparse blocks of qwen3_moe, mixtral, nemotron_h parents only; gpt_oss is plan-mode only "
+        r"\(transformers' GptOss experts carry biases.*--mode plan",
     ):
-        check_config(_config(expert_space(mixtral)), mixtral)
+        check_config(_config(expert_space(gpt_oss)), gpt_oss)
+    mixtral = load_architecture("mixtral-8x7b")
+    check_config(_config(expert_space(mixtral)), mixtral)  # the experts path prunes Mixtral
 
 
 def test_a_plan_mode_study_of_a_moe_or_hybrid_parent_skips_the_uniform_baselines_with_a_reason() -> None:

@@ -74,7 +74,7 @@ import torch
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.hybrid import sparse_limits
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.hf.adapters import FamilyAdapter, LayerParts, moe_adapter
+from autocompress_opt.hf.adapters import FamilyAdapter, LayerParts, moe_adapter, renormalises_top_k
 from autocompress_opt.prune.experts import expert_masks
 from autocompress_opt.prune.importance import Importance
 from autocompress_opt.prune.masking import Masks, apply_masks, kept_channel_gated_norm
@@ -402,7 +402,7 @@ def _softmax_router(masks: ExpertMasks, j: int) -> Any:
         top, index = torch.topk(probs, masks.route_k(), dim=-1)  # (tokens, k), highest first
         if live.route is not None:
             top = top * live.route[j].to(device=top.device, dtype=top.dtype)
-        if getattr(module, "norm_topk_prob", False):
+        if renormalises_top_k(module):
             top = top / top.sum(dim=-1, keepdim=True)
         return (shifted.to(logits.dtype), top.to(logits.dtype), index, *output[3:])
 

@@ -17,7 +17,7 @@ search space, its seeded baseline and its proxy's quality estimate. The trial it
   (:func:`retained_expert_importance`), since the dense plan's retained importance counts no expert.
 
 Only the families of the experts path (:data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`:
-Qwen3-MoE, Nemotron-H) have a weights mode; other MoE and hybrid families are plan-mode only
+Qwen3-MoE, Mixtral, Nemotron-H) have a weights mode; other MoE and hybrid families are plan-mode only
 (:func:`check_moe_space`).
 The module imports torch (through :mod:`~autocompress_opt.prune.experts`): import it where weights mode runs.
 """
@@ -50,15 +50,25 @@ EXPERT_WIDTH_MULTIPLE = 8
 SEED_CANDIDATES = 10
 
 
+# What the experts path lacks for the MoE / hybrid families transformers has classes for but it does not prune.
+_NO_EXPERTS_PATH = {
+    "gpt_oss": "transformers' GptOss experts carry biases and a clamped SwiGLU, its router a bias and its "
+    "attention sinks: none is masked or sliced by the experts path yet",
+    "granitemoehybrid": "transformers' GraniteMoeHybrid experts are stored as one fused input_linear per "
+    "layer and its Mamba-2 mixer differs from Nemotron-H's: no adapter reads them yet",
+}
+
+
 def check_moe_space(space: SearchSpace, parent: Architecture) -> None:
     """Raise :class:`ConfigError` (one line) when a weights-mode study of the MoE ``parent`` cannot run:
     its family has no experts path, or ``space`` varies a choice the expert trial does not prune."""
     from autocompress_opt.hf.adapters import MOE_ADAPTERS
 
     if parent.family not in MOE_ADAPTERS:
+        why = _NO_EXPERTS_PATH.get(parent.family, "the experts path has no adapter for its modules")
         raise ConfigError(
-            f"--mode weights prunes the sparse blocks of {' and '.join(MOE_ADAPTERS)} parents only; "
-            f"{parent.family} is plan-mode only (issue 30): use --mode plan"
+            f"--mode weights prunes the sparse blocks of {', '.join(MOE_ADAPTERS)} parents only; "
+            f"{parent.family} is plan-mode only ({why}): use --mode plan"
         )
     limits = sparse_limits(parent)
     for choice in space.choices:
