@@ -176,6 +176,8 @@ def load_exported(directory: str | Path, **kwargs: Any) -> Any:
     if not (directory / "config.json").is_file():
         raise ConfigError(f"{str(directory)!r} is not a checkpoint directory (no config.json)")
     config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    if config.get("model_type") == "nemotron_h_puzzle":  # the per-layer Nemotron-H: register its class
+        from autocompress_opt.hf import puzzle  # noqa: F401
     if config.get("model_type") == DECILM_MODEL_TYPE:
         ours = AutocompressDeciLMConfig.from_decilm(config)
         return AutocompressDeciLMForCausalLM.from_pretrained(

@@ -137,6 +137,8 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
                 f"{engine} loads {arch.family} models with one size per layer kind only (the family's config; "
                 f"per-layer forms: {why})"
             )
+        if engine == "llamacpp" and arch.family == "nemotron_h":
+            problems += _llamacpp_nemotron_h(arch)
         return problems
     dense = arch.dense_problem()
     if dense is not None:  # dense layers of an architecture-only family: no export of them exists yet
@@ -164,6 +166,19 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
                 f"but the heads have {attn[0].head_dim} channels"
             )
     return problems
+
+
+def _llamacpp_nemotron_h(arch: Architecture) -> list[str]:
+    """What llama.cpp's ``nemotron_h`` / ``nemotron_h_moe`` graph cannot hold (``src/models/nemotron-h.cpp``,
+    ``conversion/nemotron.py``; each tried in tests/runtimes/test_puzzle_llamacpp.py): biased MLPs or
+    Mamba-2 projections (the loader creates no bias tensors), and in the per-layer Puzzle form a dense
+    MLP layer (its converter writes feed-forward length 0, which the loader takes for a Mamba-2 layer)."""
+    out = []
+    if arch.mlp_bias or any(layer.mamba is not None and layer.mamba.proj_bias for layer in arch.layers):
+        out.append("llama.cpp's Nemotron-H has no bias tensors (MLP or Mamba-2 projections)")
+    if per_layer_moe(arch) and any(layer.ffn and layer.moe is None for layer in arch.layers):
+        out.append("llama.cpp's Nemotron-H Puzzle reader takes a dense MLP layer for a Mamba-2 one")
+    return out
 
 
 def _uniform_only(fam: Family, rules: EngineRules) -> list[str]:

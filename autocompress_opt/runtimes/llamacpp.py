@@ -57,11 +57,12 @@ def _run(cmd: Sequence[str | Path], what: str, timeout_s: float = 1800) -> str:
 
 
 def attention_only_layers(config: dict) -> list[int]:
-    """Indices of DeciLM blocks that keep attention but drop the FFN (llama.cpp mishandles them)."""
+    """Indices of DeciLM blocks that keep attention but drop the FFN (llama.cpp mishandles them); none
+    for another form of ``block_configs`` (Nemotron-H's Puzzle: ``block_type`` per layer)."""
     return [
         i
         for i, block in enumerate(config.get("block_configs") or [])
-        if not block["attention"].get("no_op") and block["ffn"].get("ffn_mult") is None
+        if "attention" in block and not block["attention"].get("no_op") and block["ffn"].get("ffn_mult") is None
     ]
 
 

@@ -151,8 +151,9 @@ def _reference(model_dir: Path, sequences: Sequence[Sequence[int]]) -> list[np.n
 
 
 def _architecture(config: dict[str, Any]) -> Architecture:
-    """The architecture of an export's ``config.json`` (plain, package heterogeneous or DeciLM)."""
-    if config.get("block_configs") is not None:
+    """The architecture of an export's ``config.json`` (plain, package heterogeneous, DeciLM, or
+    Nemotron-H's Puzzle form, which its family's reader takes per layer)."""
+    if config.get("block_configs") is not None and config.get("model_type") != "nemotron_h_puzzle":
         return architecture_from_block_configs(config)
     return Architecture.from_hf_config(config)
 

@@ -110,3 +110,22 @@ def test_llamacpp_runs_the_puzzle_export_as_the_masked_parent(
     # Measured: 100 % agreement, max |Δ log p| 1.8e-4 (llama.cpp's KV cache is f16). Against a reference
     # whose layer 1 routes to 2 experts instead of 1: 98.0 % and 0.044, so a per-layer top-k lost fails.
     assert worst < 0.01, (agreement, worst)
+
+
+@pytest.mark.slow
+def test_serve_check_runs_a_puzzle_export_in_llamacpp(puzzle: tuple[Path, list[list[int]], list[np.ndarray]]) -> None:
+    """The user's check of an export, `serve_check` (as `autocompress serve-check` runs it), reads the
+    Puzzle folder (its architecture per layer, no DeciLM padding) and passes; vLLM 0.32 reads one
+    expert width for every layer, which the engine rules say."""
+    from autocompress_opt.prune.loadability import loadable_problems
+    from autocompress_opt.runtimes.serve_check import _architecture, serve_check
+
+    out, _, _ = puzzle
+    arch = _architecture(json.loads((out / "config.json").read_text()))
+    assert [(m.expert_width, m.experts_per_token) for m in (layer.moe for layer in arch.layers) if m] == [
+        (8, 1),
+        (12, 2),
+    ]
+    assert any("Puzzle form is read by llamacpp" in p for p in loadable_problems(arch, "vllm"))
+    check = serve_check(out, "llamacpp", gguf="f32")
+    assert check.positions == 256 and check.top1_agreement >= 0.99 and check.max_abs_logprob_diff < 0.01, check.line()

@@ -27,6 +27,11 @@ from autocompress_opt.serving.targets import Target
 TARGET = Target("h100-sxm", "datacenter", constraints={"output_throughput_tok_s": "1x", "active_params": "0.9x"})
 
 
+# The tiny Nemotron-H without its dense MLP layer: llama.cpp's Puzzle reader takes a dense MLP layer for a
+# Mamba-2 one (prune.loadability), so with it a llama.cpp-served study stays uniform.
+KINDS = ["linear_attention", "moe", "full_attention", "linear_attention", "moe"]
+
+
 def test_only_engines_that_read_the_puzzle_form_search_per_layer() -> None:
     from autocompress_opt.arch.catalog import load_architecture
 
@@ -34,6 +39,10 @@ def test_only_engines_that_read_the_puzzle_form_search_per_layer() -> None:
     assert searches_per_layer(nemotron, "llamacpp") and searches_per_layer(nemotron, "any")
     assert not searches_per_layer(nemotron, "vllm")
     assert not searches_per_layer(load_architecture("qwen3-30b-a3b"), "any")
+    with_mlp, without = hybrid_model(), hybrid_model(layers_block_type=KINDS)
+    arch = lambda m: moe_adapter(m).architecture(m)
+    assert not searches_per_layer(arch(with_mlp), "llamacpp") and searches_per_layer(arch(with_mlp), "any")
+    assert searches_per_layer(arch(without), "llamacpp")
 
 
 @pytest.mark.slow
@@ -48,7 +57,8 @@ def test_a_llamacpp_served_hybrid_study_exports_a_per_layer_puzzle_checkpoint(
     from autocompress_opt.search.study import init_ray, load_records, run_study
 
     monkeypatch.chdir(tmp_path)  # the trials' caches (.autocompress/) go here
-    model_dir = save_hf_dir(hybrid_model(vocab_size=260), tmp_path / "hybrid")
+    tiny = hybrid_model(vocab_size=260, layers_block_type=KINDS, mlp_bias=False, use_bias=False)  # as llama.cpp holds
+    model_dir = save_hf_dir(tiny, tmp_path / "hybrid")
     parent = load_model(model_dir).architecture
     inner = {"steps": 12, "lr": 0.1, "n_samples": 8, "val_samples": 2, "seq_len": 16}
     cfg = StudyConfig(

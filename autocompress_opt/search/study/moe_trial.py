@@ -43,7 +43,7 @@ from autocompress_opt.cache import cache_key, fetch
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.device import dtype_name
 from autocompress_opt.prune.expert_kept import expert_kept
-from autocompress_opt.prune.loadability import SERVE_AS_ANY, check_serve_as
+from autocompress_opt.prune.loadability import SERVE_AS_ANY, check_serve_as, loadable_problems, parent_problems
 from autocompress_opt.search.inner.budget import CostGoal
 from autocompress_opt.search.inner.experts import ExpertResult, search_experts
 from autocompress_opt.search.inner.teacher import teacher_form
@@ -142,9 +142,23 @@ def run_moe_trial(request: Mapping[str, Any]) -> dict[str, Any]:
 
 def searches_per_layer(parent: Architecture, serve_as: str) -> bool:
     """Whether a trial of ``parent`` served by ``serve_as`` gives each MoE layer its own expert width and
-    top-``k`` (the family has a per-layer form the engine reads; ``any``: every form)."""
-    readers = PER_LAYER_MOE.get(parent.family, ())
-    return bool(readers) and (serve_as == SERVE_AS_ANY or serve_as in readers)
+    top-``k``: the family has a per-layer form (``any``: every form) and the engine loads it for this
+    parent (a probe, the parent with one MoE layer narrower, raises no problem the parent has not:
+    e.g. llama.cpp's Puzzle reader takes no dense MLP layer)."""
+    if parent.family not in PER_LAYER_MOE:
+        return False
+    if serve_as == SERVE_AS_ANY:
+        return True
+    moe = [i for i, layer in enumerate(parent.layers) if layer.moe is not None and layer.moe.expert_width > 1]
+    if serve_as not in PER_LAYER_MOE[parent.family] or not moe:
+        return False
+    layers = list(parent.layers)
+    spec = layers[moe[0]].moe
+    assert spec is not None
+    layers[moe[0]] = replace(layers[moe[0]], moe=replace(spec, expert_width=spec.expert_width - 1))
+    probe = replace(parent, layers=tuple(layers))
+    own = set(parent_problems(parent, serve_as))
+    return not [p for p in loadable_problems(probe, serve_as) if p not in own]
 
 
 def _present(parent: Architecture) -> list[int]:
