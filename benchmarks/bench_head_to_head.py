@@ -148,22 +148,29 @@ def result_name(model: str) -> str:
 
 
 # ---------------------------------------------------------------------------------- stages
+def study_command(model: str, targets: str, trials: int, name: str, storage: str, *extra: str) -> list[str]:
+    """``autocompress study run`` of a weights-mode study group ``name`` over ``targets``
+    (``hardware:workload,...``) in ``storage``, ``extra`` flags appended; rerun, it resumes."""
+    cmd = [sys.executable, "-m", "autocompress_opt", "study", "run", "--model", model, "--mode", "weights"]
+    return cmd + ["--targets", targets, "--trials", str(trials), "--name", name, "--storage", storage, *extra]
+
+
 def run_study(args: argparse.Namespace, targets: list[Target]) -> str:
     """The weights-mode study group (resumes when the storage already holds trials)."""
     storage = f"sqlite:///{(args.work / 'study.db').resolve()}"
     spec = ",".join(f"{t.hardware}:{t.workload}" for t in targets)
-    cmd = [sys.executable, "-m", "autocompress_opt", "study", "run", "--model", args.model, "--mode", "weights"]
-    cmd += ["--targets", spec, "--trials", str(args.trials), "--name", "h2h", "--storage", storage]
+    cmd = study_command(args.model, spec, args.trials, "h2h", storage)
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     return storage
 
 
-def best_feasible(storage: str, target: Target) -> dict[str, Any]:
-    """The feasible COMPLETE trial with the lowest held-out KL (ties: the earlier trial)."""
+def best_feasible(storage: str, target: Target, group: str = "h2h") -> dict[str, Any]:
+    """The feasible COMPLETE trial with the lowest held-out KL (ties: the earlier trial) of the
+    study of ``target`` in the study group ``group``."""
     from autocompress_opt.search.study import load_records
 
-    records, _ = load_records(storage, f"h2h.{target.hardware}")
+    records, _ = load_records(storage, f"{group}.{target.hardware}")
     pool = [r for r in records if r.state == "COMPLETE" and r.feasible and r.quality is not None]
     if not pool:
         raise RuntimeError(f"the study of {target.hardware} has no feasible trial; run more trials")

@@ -242,10 +242,11 @@ def to_recover(c: dict[str, Any], top: int) -> list[str]:
 
 
 def recovered_once(
-    context: Any, arch: Architecture, seed: int, recipe: dict[str, Any], test_rows: TestRows
+    context: Any, arch: Architecture, seed: int, recipe: dict[str, Any], test_rows: TestRows, plan: Any = None
 ) -> dict[str, Any]:
-    """``arch`` cut from the parent, exported, distilled from the parent with ``recipe`` and ``seed``,
-    scored on the test rows (per row); the scratch checkpoints are deleted."""
+    """``arch`` cut from the parent (by ``plan``, default the context's importance), exported, distilled
+    from the parent with ``recipe`` and ``seed``, scored on the test rows (per row); the scratch
+    checkpoints are deleted."""
     import shutil
     import tempfile
 
@@ -257,7 +258,8 @@ def recovered_once(
     where = Path(tempfile.mkdtemp(prefix="inner-arms-", dir=CACHE))
     try:
         began = time.perf_counter()
-        child = materialize(context.model, plan_pruning(context.architecture, context.importance, arch))
+        plan = plan_pruning(context.architecture, context.importance, arch) if plan is None else plan
+        child = materialize(context.model, plan)
         export_model(child, arch, where / "export", parent={"model": MODEL}, tokenizer=context.tokenizer)
         del child
         result = distill(

@@ -734,6 +734,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "ablation-history": ablation_history,
     "inner-arms": arms("inner_arms"),
     "inner-arms-verdict": arms("inner_arms_verdict"),
+    **__import__("_render_sweep").RENDERERS,  # sweep, sweep-seeds, sweep-verdict, sweep-timing (_render_sweep.py)
     "multifidelity-8min": multifidelity("multifidelity"),
     "multifidelity-15min": multifidelity("multifidelity_15min", "multifidelity_15min_seed1"),
     "validation": validation,

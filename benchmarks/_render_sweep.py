@@ -1,0 +1,340 @@
+"""Rendered blocks of docs/results/sweep.md and the sweep's plot, from ``benchmarks/results/sweep.json``.
+
+Kept apart from ``render.py`` (which registers :data:`RENDERERS` in one line) so that file stays under
+the house's 800 lines. The numbers come from the JSON only (``bench_sweep.py`` writes it): per cell
+(target, budget, study seed) the searched model against the best uniform model on the test split
+before and after equal recovery, with the Holm-corrected p-values of the file's one family; per
+(target, budget) the study seeds pooled, and the spread across study seeds beside the spread across
+recovery seeds.
+
+``render.py`` imports this module while its own module is still being built, so the helpers of
+``render`` (``load``, ``table``, ``commit_of``) are imported when a block renders, not at the top.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+NAME = "sweep"
+BUDGET_ORDER = ("light", "middle", "aggressive")
+MISSING = "not yet measured (`benchmarks/results/sweep.json` is not committed)"
+
+
+def _render() -> Any:
+    import render
+
+    return render
+
+
+def _comparison(data: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return ((data.get("corrected") or {}).get("comparisons") or {}).get(name)
+
+
+def cell_comparison(data: dict[str, Any], key: str, when: str) -> dict[str, Any] | None:
+    """The corrected comparison of cell ``key`` ``before`` or ``after`` recovery (None: not in the family)."""
+    return _comparison(data, f"{key}: searched vs best-uniform, {when} recovery")
+
+
+def pooled_comparison(data: dict[str, Any], group: str) -> dict[str, Any] | None:
+    """The corrected comparison of a (target, budget) with its study seeds pooled."""
+    g = (data.get("pooled") or {}).get(group)
+    if not g:
+        return None
+    return _comparison(data, f"{group}: searched vs best-uniform, after recovery, {len(g['cells'])} study seeds pooled")
+
+
+def _ordered(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The cells by target (as first met), budget (light to aggressive), study seed."""
+    cells = data.get("cells") or {}
+    targets = list(dict.fromkeys(c["target"] for c in cells.values()))
+    rank = lambda c: (targets.index(c["target"]), BUDGET_ORDER.index(c["budget"]), c["study_seed"])
+    return sorted(cells.items(), key=lambda kv: rank(kv[1]))
+
+
+def _interval(d: dict[str, Any] | None, comparison: dict[str, Any] | None) -> str:
+    """``-0.067 [-0.091, -0.041]``, bold when the interval excludes 0 and Holm keeps it."""
+    if not d:
+        return "—"
+    low, high = d["ci95"]
+    text = f"{d['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
+    resolved = comparison is not None and comparison["p_holm"] < 0.05 and (high < 0 or low > 0)
+    return f"**{text}**" if resolved else text
+
+
+def _margin(arm: dict[str, Any] | None) -> str:
+    """The tightest constraint's slack in % of its limit at the cost model's median (``†``: inside the
+    model's interval, i.e. missed at its pessimistic end)."""
+    if not arm:
+        return "—"
+    median = arm["margins"]["median"]
+    text = f"{100 * min(median.values()):+.1f} %"
+    return text + " †" if arm["margins"].get("inside_interval") else text
+
+
+def _model(arm: dict[str, Any] | None) -> str:
+    if not arm:
+        return "—"
+    shape = arm["summary"].split(": ", 1)[-1]
+    return shape + ("" if arm.get("uniform") else " (per-layer)")
+
+
+def _budget(cell: dict[str, Any]) -> str:
+    return f"{cell['budget']} ({100 * cell['keep']:.0f} %)"
+
+
+def _trials(cell: dict[str, Any]) -> str:
+    t = (cell.get("study") or {}).get("trials") or {}
+    return f"{t.get('complete', 0)} of {t.get('asked', '?')}"
+
+
+def _verdict(cell: dict[str, Any], comparison: dict[str, Any] | None) -> str:
+    if "unavailable" in cell:
+        return cell["unavailable"]
+    if cell.get("same_model"):
+        return "same model"
+    return comparison["verdict"] if comparison else "—"
+
+
+def intro(data: dict[str, Any]) -> str:
+    r = _render()
+    s, rows = data["settings"], data.get("test_rows") or {}
+    rec = s["recovery"]
+    corrected = data.get("corrected") or {}
+    return (
+        f"Measured at {r.commit_of(data.get('provenance') or data)} (last cell {data['date'][:10]}, "
+        f"{data['machine']['cpus']} CPU cores) on {s['model']}: {s['trials']} trials per study; test split, "
+        f"{rows.get('rows_per_domain', s['test_rows'])} code + {rows.get('rows_per_domain', s['test_rows'])} prose "
+        f"rows × {s['seq_len']} tokens; recovery {rec['steps']} distillation steps × {rec['batch_size']} rows, "
+        f"lr {rec['lr']:g}, seeds {', '.join(str(x) for x in rec['seeds'])}, both arms. Differences are searched − "
+        f"best-uniform test KL in nats (negative: the searched model is closer to the parent), paired over test "
+        f"rows and resampled over recovery seeds, {s['n_boot']:,} bootstrap resamples; p_holm is Holm-corrected "
+        f"over all {corrected.get('family', 0)} comparisons of the file; bold = resolved after correction. "
+        "Margin: the tightest constraint's slack by the cost model (†: inside its 90 % interval)."
+    )
+
+
+def sweep() -> str:
+    """The cell table: one row per (target, budget, study seed)."""
+    r = _render()
+    data = r.load(NAME)
+    if data is None:
+        return MISSING
+    rows = []
+    for key, c in _ordered(data):
+        arms = c.get("arms") or {}
+        after = cell_comparison(data, key, "after")
+        diff = c.get("difference") or {}
+        rows.append(
+            [
+                c["target"],
+                _budget(c),
+                c["study_seed"],
+                _trials(c),
+                _model(arms.get("searched")),
+                _model(arms.get("best-uniform")),
+                f"{_margin(arms.get('searched'))} / {_margin(arms.get('best-uniform'))}",
+                _interval(diff.get("before"), cell_comparison(data, key, "before")),
+                _interval(diff.get("after"), after),
+                f"{after['p_holm']:.2g}" if after else "—",
+                _verdict(c, after),
+            ]
+        )
+    header = [
+        "target",
+        "budget (cost kept)",
+        "study seed",
+        "trials complete",
+        "searched",
+        "best uniform",
+        "margin searched / uniform",
+        "− best-uniform, before recovery",
+        "− best-uniform, after recovery",
+        "p_holm (after)",
+        "verdict (after)",
+    ]
+    return intro(data) + "\n\n" + r.table(header, rows)
+
+
+def sweep_seeds() -> str:
+    """Per (target, budget): the study seeds pooled, and the spread across study seeds beside the
+    spread across recovery seeds."""
+    r = _render()
+    data = r.load(NAME)
+    if data is None:
+        return MISSING
+    rows = []
+    for group, g in sorted((data.get("pooled") or {}).items(), key=lambda kv: _group_rank(data, kv[0])):
+        comparison = pooled_comparison(data, group)
+        rows.append(
+            [
+                group.replace("/", ", "),
+                len(g["cells"]),
+                ", ".join(f"{d:+.3f}" for d in g["by_study_seed"]),
+                f"{g['sd_across_study_seeds']:.3f}",
+                "—" if g["sd_across_recovery_seeds"] is None else f"{g['sd_across_recovery_seeds']:.3f}",
+                _interval(g["after"], comparison),
+                f"{comparison['p_holm']:.2g}" if comparison else "—",
+                comparison["verdict"] if comparison else "—",
+            ]
+        )
+    if not rows:
+        return "No (target, budget) has two finished study seeds yet."
+    header = [
+        "target, budget",
+        "study seeds",
+        "− best-uniform after recovery, per study seed",
+        "SD across study seeds",
+        "SD across recovery seeds",
+        "pooled [95 % CI]",
+        "p_holm",
+        "verdict",
+    ]
+    return r.table(header, rows)
+
+
+def _group_rank(data: dict[str, Any], group: str) -> tuple[int, int]:
+    target, budget = group.split("/")
+    targets = list(dict.fromkeys(c["target"] for c in (data.get("cells") or {}).values()))
+    return (targets.index(target) if target in targets else len(targets), BUDGET_ORDER.index(budget))
+
+
+def verdicts(data: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Per (target, budget) in words: its verdict after recovery and what it rests on (the pooled
+    study seeds where two or more finished, else the one cell)."""
+    out: dict[str, tuple[str, str]] = {}
+    for key, c in _ordered(data):
+        group = f"{c['target']}/{c['budget']}"
+        if group in out:
+            continue
+        pooled = pooled_comparison(data, group)
+        if pooled is not None:
+            out[group] = (pooled["verdict"], f"{len(data['pooled'][group]['cells'])} study seeds pooled")
+        elif "unavailable" in c:
+            out[group] = (c["unavailable"], "1 study seed")
+        else:
+            comparison = cell_comparison(data, key, "after")
+            out[group] = (comparison["verdict"] if comparison else "not measured", "1 study seed")
+    return out
+
+
+def sweep_verdict() -> str:
+    """One sentence from the file: where the search beats the best uniform model after correction and
+    where it does not."""
+    data = _render().load(NAME)
+    if data is None or not data.get("cells"):
+        return "The compression sweep has no finished cell yet (`benchmarks/results/sweep.json`)."
+    found = verdicts(data)
+
+    def where(verdict: str) -> str:
+        places = [
+            f"{g.split('/')[0]} at the {g.split('/')[1]} budget ({why})"
+            for g, (v, why) in found.items()
+            if v == verdict
+        ]
+        return "; ".join(places)
+
+    family = (data.get("corrected") or {}).get("family", 0)
+    parts = []
+    if where("searched better"):
+        parts.append(f"the search beats the best uniform model after equal recovery at {where('searched better')}")
+    else:
+        parts.append("the search beats the best uniform model after equal recovery nowhere yet")
+    if where("not resolved after correction"):
+        parts.append(f"no difference is resolved at {where('not resolved after correction')}")
+    if where("best-uniform better"):
+        parts.append(f"the best uniform model is better at {where('best-uniform better')}")
+    if where("no feasible trial"):
+        parts.append(f"the study found no feasible model at {where('no feasible trial')}")
+    return f"After Holm's correction over all {family} comparisons of the sweep, " + ", ".join(parts) + "."
+
+
+def sweep_timing() -> str:
+    """How long a cell took, from the cells' own timings."""
+    data = _render().load(NAME)
+    if data is None or not data.get("cells"):
+        return "No cell has finished yet, so no cell has been timed."
+    cells = list((data.get("cells") or {}).values())
+    minutes = lambda part: [c["seconds"].get(part, 0.0) / 60 for c in cells]
+    median = statistics.median
+    return (
+        f"{len(cells)} cell(s) finished on {data['machine']['cpus']} CPU cores: a cell took "
+        f"{median(minutes('cell')):.0f} minutes (median; {min(minutes('cell')):.0f} to {max(minutes('cell')):.0f}), of "
+        f"which the study {median(minutes('study')):.0f}, recovery {median(minutes('recovery')):.0f} and the "
+        f"baselines {median(minutes('baselines')):.0f}."
+    )
+
+
+def plot(data: dict[str, Any], out: Path, *copies: Path) -> Path:
+    """Searched − best-uniform test KL after recovery against compression (1 − the cost kept): each
+    study seed a dot with its 95 % interval, the pooled seeds a diamond; one colour per target.
+    Written to ``out`` and to each of ``copies``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    cells = [c for _, c in _ordered(data) if "difference" in c]
+    targets = list(dict.fromkeys(c["target"] for c in cells))
+    colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
+    for t, target in enumerate(targets):
+        colour, shift = colours[t % len(colours)], 2.0 * (t - (len(targets) - 1) / 2)
+        for c in (c for c in cells if c["target"] == target):
+            d = c["difference"]["after"]
+            x = 100 * (1 - c["keep"]) + shift + 0.6 * (c["study_seed"] - 1)
+            ax.errorbar(
+                x,
+                d["mean"],
+                yerr=[[d["mean"] - d["ci95"][0]], [d["ci95"][1] - d["mean"]]],
+                fmt="o",
+                ms=4,
+                color=colour,
+                capsize=2,
+                lw=1,
+            )
+        for group, g in (data.get("pooled") or {}).items():
+            if group.split("/")[0] != target:
+                continue
+            keep = next(c["keep"] for c in cells if f"{c['target']}/{c['budget']}" == group)
+            d = g["after"]
+            ax.errorbar(
+                100 * (1 - keep) + shift + 1.2,
+                d["mean"],
+                yerr=[[d["mean"] - d["ci95"][0]], [d["ci95"][1] - d["mean"]]],
+                fmt="D",
+                ms=6,
+                color=colour,
+                mec="black",
+                capsize=3,
+                lw=1.5,
+            )
+        ax.plot([], [], "o", color=colour, label=target)
+    ax.plot([], [], "D", color="white", mec="black", label="study seeds pooled")
+    ax.axhline(0, color="black", lw=0.8)
+    budgets = (data.get("settings") or {}).get("budgets") or {}
+    ax.set_xticks(
+        [100 * (1 - keep) for keep in budgets.values()], [f"{100 * (1 - k):.0f} %\n{b}" for b, k in budgets.items()]
+    )
+    ax.set_xlim(0, 75)
+    ax.set_xlabel("compression: % of the parent's cost removed (budget metric)")
+    ax.set_ylabel("searched − best-uniform test KL (nats)")
+    ax.set_title("After equal recovery; below 0: the search's model is closer to the parent", fontsize=9)
+    ax.legend(fontsize=7, frameon=False)
+    fig.tight_layout()
+    for path in (out, *copies):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        print(f"wrote {path}")
+    plt.close(fig)
+    return out
+
+
+RENDERERS: dict[str, Callable[[], str]] = {
+    "sweep": sweep,
+    "sweep-seeds": sweep_seeds,
+    "sweep-verdict": sweep_verdict,
+    "sweep-timing": sweep_timing,
+}
