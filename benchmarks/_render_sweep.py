@@ -314,6 +314,8 @@ def plot(data: dict[str, Any], out: Path, *copies: Path) -> Path:
         ax.plot([], [], "o", color=colour, label=target)
     ax.plot([], [], "D", color="white", mec="black", label="study seeds pooled")
     ax.axhline(0, color="black", lw=0.8)
+    if not cells:
+        ax.text(0.5, 0.75, "no cell of the sweep has finished yet", transform=ax.transAxes, ha="center", color="gray")
     budgets = (data.get("settings") or {}).get("budgets") or {}
     ax.set_xticks(
         [100 * (1 - keep) for keep in budgets.values()], [f"{100 * (1 - k):.0f} %\n{b}" for b, k in budgets.items()]

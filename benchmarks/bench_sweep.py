@@ -156,7 +156,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--work", type=Path, default=None, help="study storage, spaces, logs (None: <results>/h2h-sweep)")
     p.add_argument("--plan", action="store_true", help="print the cells in the order they would run, run nothing")
-    p.add_argument("--summarise", action="store_true", help="recompute the pooled intervals and Holm, run nothing")
+    p.add_argument(
+        "--summarise", action="store_true", help="recompute the pooled intervals, Holm and the plot, run nothing"
+    )
     args = p.parse_args(argv)
     try:
         args.seed_list = [int(s) for s in args.recovery_seeds.split(",") if s.strip()]
@@ -630,6 +632,7 @@ def main(argv: list[str] | None = None) -> None:
         data = save(path, data["settings"], {}, None, None)
         for name, v in data["corrected"]["comparisons"].items():
             print(f"{name}: {v['kl_diff']:+.4f} nats, p {v['p']:.4f}, Holm {v['p_holm']:.4f}: {v['verdict']}")
+        __import__("_render_sweep").plot(data, *pictures(args.results))
         return
     if len(args.seed_list) < 2:
         raise SystemExit("--recovery-seeds: at least two, so that recovery's own spread is measured")
