@@ -1,6 +1,6 @@
 """Build the real-weights MoE (issue 44): SmolLM2-135M MoEfied into a Mixtral, and measure it.
 
-    python benchmarks/build_moe.py                     # 8 experts of 192 channels, top-2 (defaults)
+    python benchmarks/build_moe.py                     # 8 experts of 192 channels, top-4 (defaults)
     python benchmarks/build_moe.py --distill-steps 200  # then recover it from the dense model
 
 Stages (each cached: a rerun skips what is on disk):
@@ -35,7 +35,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m", help="the dense parent (a Llama / Mistral model)")
     parser.add_argument("--experts", type=int, default=8, help="experts per layer (divides the FFN width)")
-    parser.add_argument("--top-k", type=int, default=2, help="experts routed per token")
+    parser.add_argument("--top-k", type=int, default=4, help="experts routed per token")
     parser.add_argument("--calib-rows", type=int, default=32, help="calibration rows for the split and router")
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per calibration / test row")
     parser.add_argument("--test-rows", type=int, default=32, help="test-split rows (half code, half prose)")

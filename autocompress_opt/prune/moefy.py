@@ -10,8 +10,9 @@ from the FFN's input to each expert's activation mass on those tokens. The resul
 of the expert's channels, the matching down columns; the attention, norms and embeddings copied), so
 transformers loads it with its own classes and llama.cpp converts it.
 
-Mixtral weighs the top-``k`` experts by their renormalised router softmax. Scaled by
-``router_scale`` the fitted logits are small, so those weights are close to ``1 / k``, and every
+Mixtral weighs the top-``k`` experts by their renormalised router softmax. Scaled to a spread of
+``router_scale`` (standard deviation over the calibration tokens) the fitted logits are small, so
+those weights are close to ``1 / k``, and every
 expert's down projection is multiplied by ``k``: a token routed to the experts holding its active
 channels then computes close to the dense FFN. With ``top_k = E`` and a zero router
 (``router_scale=0``) the MoE computes exactly the dense model (tested). A brief distillation from
@@ -147,7 +148,7 @@ def moefy(
     *,
     experts: int,
     top_k: int,
-    router_scale: float = 0.05,
+    router_scale: float = 0.01,
     iterations: int = 20,
     seed: int = 0,
     batch_size: int = 4,
@@ -202,6 +203,7 @@ def moefy(
         mass = torch.stack([h[:, clusters == e].abs().sum(1) for e in range(experts)], dim=1)  # (T, E)
         router = fit_router(x, mass)
         splits.append(LayerSplit(clusters, router, _recall(x, mass, router, top_k)))
+        router = router / (x @ router.T).std().clamp_min(1e-12)  # logits of unit spread on the calibration tokens
         prefix = f"model.layers.{i}.mlp."
         gate, up, down = (dense[prefix + f"{n}.weight"] for n in ("gate_proj", "up_proj", "down_proj"))
         index = [torch.nonzero(clusters == e).flatten().to(gate.device) for e in range(experts)]
