@@ -15,6 +15,9 @@ Stages (each cached: a rerun skips what is on disk):
 3. **Measure**: on ``--test-rows`` test-split rows (code and prose, never calibration text): the dense
    model's perplexity, and each MoE's KL to the dense model and perplexity; the router's recall of
    each token's top-``k`` experts by activation mass. Written to ``benchmarks/results/moe_build.json``.
+4. **Serve** (``--llamacpp``): llama.cpp converts the MoE (a Mixtral GGUF), ``serve-check`` compares its
+   next tokens with transformers', and ``llama-bench`` times it beside the dense model in the same run
+   (prompt and generation tokens per second; compare the ratio, not the seconds).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--distill-batch", type=int, default=4, help="rows per recovery step")
     parser.add_argument("--distill-lr", type=float, default=1e-4, help="recovery learning rate")
     parser.add_argument("--seed", type=int, default=0, help="seed of the split, the data rows and the recovery")
+    parser.add_argument("--llamacpp", action="store_true", help="convert, check and time the MoE in llama.cpp")
     parser.add_argument("--out", type=Path, default=None, help=f"checkpoint folder (default: under {DEFAULT_OUT})")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where moe_build.json goes")
     return parser.parse_args(argv)
@@ -63,6 +67,30 @@ def _measure(model: Any, dense_lp: Any, ids: Any, batch: int = 4) -> dict[str, f
             nll -= float(lp[:, :-1].gather(-1, rows[:, 1:, None]).sum())
     positions = ids.shape[0] * ids.shape[1]
     return {"kl_to_dense": kl / positions, "perplexity": math.exp(nll / (ids.shape[0] * (ids.shape[1] - 1)))}
+
+
+def _llamacpp(dense_ref: str, models: dict[str, Path], out: Path) -> dict[str, Any]:
+    """serve-check of each MoE in llama.cpp (f16 GGUF), and llama-bench of it and the dense model, one run."""
+    from autocompress_opt.hf.loading import load_model
+    from autocompress_opt.runtimes.llamacpp import bench, convert_to_gguf
+    from autocompress_opt.runtimes.serve_check import serve_check
+
+    result: dict[str, Any] = {}
+    dense_dir = out / "dense-hf"  # the dense parent as a safetensors folder, converted like the MoE (f16 both)
+    if not (dense_dir / "config.json").is_file():
+        dense = load_model(dense_ref)
+        dense.model.save_pretrained(dense_dir)
+        dense.tokenizer.save_pretrained(dense_dir)
+    ggufs = {"dense": convert_to_gguf(dense_dir, out / "dense-f16.gguf", "f16")}
+    for name, path in models.items():
+        print(f"[llamacpp] serve-check {name}", flush=True)
+        check = serve_check(path, "llamacpp", gguf="f16", keep_gguf=out / f"{name}-f16.gguf")
+        result[name] = {"serve_check": check.to_dict()}
+        ggufs[name] = out / f"{name}-f16.gguf"
+    for name, gguf in ggufs.items():
+        print(f"[llamacpp] llama-bench {name}", flush=True)
+        result.setdefault(name, {})["bench"] = bench(gguf)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         expert = sum(p.numel() for n, p in moe.named_parameters() if ".experts." in n)
         record[name]["num_params"] = sum(p.numel() for p in moe.parameters())
         record[name]["active_params"] = int(record[name]["num_params"] - expert * (1 - active))
+    if args.llamacpp:
+        record["llamacpp"] = _llamacpp(args.model, models, out)
     record["checkpoints"] = {name: str(path) for name, path in models.items()}
     record["seconds"] = time.perf_counter() - began
     record["provenance"] = provenance(seed=args.seed)
