@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from puzzle_helpers import per_layer_masks
-from tiny_families import tiny_model, tokens
+from tiny_families import hybrid_model, tokens
 
 from autocompress_opt.hf.adapters import moe_adapter
 from autocompress_opt.prune.experts import export_experts
@@ -43,26 +43,16 @@ PER_LAYER = {1: {"expert_width": 8, "experts_per_token": 1}, 4: {"expert_width":
 
 
 def engine_ready_model() -> Any:
-    """The tiny Nemotron-H above, random weights (the routers' correction biases too)."""
-    model = tiny_model(
-        "nemotron_h",
+    """The tiny Nemotron-H above, random weights (the routers' correction biases too): tiny_families'
+    hybrid with the layers, vocabulary, head size and biases llama.cpp holds."""
+    return hybrid_model(
         vocab_size=VOCAB,
         max_position_embeddings=512,
         layers_block_type=KINDS,
-        mamba_num_heads=8,
         mamba_head_dim=64,
-        n_groups=2,
-        n_routed_experts=8,
-        moe_intermediate_size=16,
         mlp_bias=False,
         use_bias=False,
     )
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for i in (1, 4):
-            bias = model.model.layers[i].mixer.gate.e_score_correction_bias
-            bias.copy_(0.1 * torch.randn(bias.shape, generator=gen))
-    return model
 
 
 @pytest.fixture(scope="module")
