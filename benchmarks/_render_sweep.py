@@ -86,8 +86,10 @@ def _budget(cell: dict[str, Any]) -> str:
 
 
 def _trials(cell: dict[str, Any]) -> str:
+    """``5 + 8 stopped early of 12, 1 failed``: complete trials, those ASHA stopped, those asked for."""
     t = (cell.get("study") or {}).get("trials") or {}
-    return f"{t.get('complete', 0)} of {t.get('asked', '?')}"
+    text = f"{t.get('complete', 0)} + {t.get('pruned', 0)} stopped early of {t.get('asked', '?')}"
+    return text + (f", {t['fail']} failed" if t.get("fail") else "")
 
 
 def _verdict(cell: dict[str, Any], comparison: dict[str, Any] | None) -> str:
@@ -146,7 +148,7 @@ def sweep() -> str:
         "target",
         "budget (cost kept)",
         "study seed",
-        "trials complete",
+        "trials (complete + stopped early)",
         "searched",
         "best uniform",
         "margin searched / uniform",

@@ -83,9 +83,10 @@ FLAGS = {  # `study run`'s flag of each constrainable metric
     "output_throughput_tok_s": "--min-throughput",
     "peak_memory_gib": "--max-memory-gib",
 }
-# A study that exits with an error is run again (it resumes from its storage) this many times: a
-# crash in one of a long sweep's studies, e.g. a trial killed for memory, should not cost the cell.
-STUDY_RETRIES = 2
+# A study that exits with an error is run again (it resumes from its storage) this many times: one
+# crash in a long sweep (a trial killed for memory on a shared host: the study exits 1) should not
+# cost the cell.
+STUDY_RETRIES = 3
 CONFIDENCE = 0.9  # the cost model's interval a margin is also judged at
 ARMS = ("searched", "best-uniform")
 VERDICTS = ("searched better", "best-uniform better", "not resolved after correction")
