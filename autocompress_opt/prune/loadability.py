@@ -125,20 +125,20 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
                 f"({', '.join(map(str, rules.head_sizes))}{'; ' + rules.note if rules.note else ''})"
             )
     if is_sparse(arch):  # MoE / hybrid: the family's plain config, one size per layer kind, or the Puzzle form
-        puzzle = PER_LAYER_MOE.get(arch.family, ())
-        if per_layer_moe(arch) and engine not in puzzle:
+        puzzle, per_layer = PER_LAYER_MOE.get(arch.family, ()), per_layer_moe(arch)
+        if per_layer and engine not in puzzle:
             problems.append(
                 f"{engine} loads {arch.family} models with one expert width and top-k in every MoE layer; "
                 f"the per-layer Puzzle form is read by {', '.join(puzzle)}"
             )
-        elif not is_kind_uniform(arch) and not per_layer_moe(arch):
+        elif not is_kind_uniform(arch) and not per_layer:
             why = f"MoE layers differing only in expert width and top-k ({', '.join(puzzle)})" if puzzle else "none"
             problems.append(
                 f"{engine} loads {arch.family} models with one size per layer kind only (the family's config; "
                 f"per-layer forms: {why})"
             )
         if engine == "llamacpp" and arch.family == "nemotron_h":
-            problems += _llamacpp_nemotron_h(arch)
+            problems += _llamacpp_nemotron_h(arch, per_layer)
         return problems
     dense = arch.dense_problem()
     if dense is not None:  # dense layers of an architecture-only family: no export of them exists yet
@@ -168,15 +168,16 @@ def loadable_problems(arch: Architecture, engine: str) -> list[str]:
     return problems
 
 
-def _llamacpp_nemotron_h(arch: Architecture) -> list[str]:
+def _llamacpp_nemotron_h(arch: Architecture, per_layer: bool) -> list[str]:
     """What llama.cpp's ``nemotron_h`` / ``nemotron_h_moe`` graph cannot hold (``src/models/nemotron-h.cpp``,
     ``conversion/nemotron.py``; each tried in tests/runtimes/test_puzzle_llamacpp.py): biased MLPs or
     Mamba-2 projections (the loader creates no bias tensors), and in the per-layer Puzzle form a dense
-    MLP layer (its converter writes feed-forward length 0, which the loader takes for a Mamba-2 layer)."""
+    MLP layer (its converter writes feed-forward length 0, which the loader takes for a Mamba-2 layer);
+    ``per_layer``: :func:`~autocompress_opt.arch.hybrid.per_layer_moe` of ``arch``."""
     out = []
     if arch.mlp_bias or any(layer.mamba is not None and layer.mamba.proj_bias for layer in arch.layers):
         out.append("llama.cpp's Nemotron-H has no bias tensors (MLP or Mamba-2 projections)")
-    if per_layer_moe(arch) and any(layer.ffn and layer.moe is None for layer in arch.layers):
+    if per_layer and any(layer.ffn and layer.moe is None for layer in arch.layers):
         out.append("llama.cpp's Nemotron-H Puzzle reader takes a dense MLP layer for a Mamba-2 one")
     return out
 

@@ -43,12 +43,12 @@ from autocompress_opt.cache import cache_key, fetch
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.device import dtype_name
 from autocompress_opt.prune.expert_kept import expert_kept
-from autocompress_opt.prune.loadability import SERVE_AS_ANY, check_serve_as, loadable_problems, parent_problems
+from autocompress_opt.prune.loadability import SERVE_AS_ANY, check_serve_as
 from autocompress_opt.search.inner.budget import CostGoal
 from autocompress_opt.search.inner.experts import ExpertResult, search_experts
 from autocompress_opt.search.inner.teacher import teacher_form
 from autocompress_opt.search.study.progress import TrialProgress, report
-from autocompress_opt.search.study.trials import check_loadable
+from autocompress_opt.search.study.trials import check_loadable, engine_loads
 from autocompress_opt.search.study.weights_trial import (
     DEFAULT_CACHE_DIR,
     QUALITY_CACHE_VERSION,
@@ -156,9 +156,7 @@ def searches_per_layer(parent: Architecture, serve_as: str) -> bool:
     spec = layers[moe[0]].moe
     assert spec is not None
     layers[moe[0]] = replace(layers[moe[0]], moe=replace(spec, expert_width=spec.expert_width - 1))
-    probe = replace(parent, layers=tuple(layers))
-    own = set(parent_problems(parent, serve_as))
-    return not [p for p in loadable_problems(probe, serve_as) if p not in own]
+    return engine_loads(parent, serve_as)(replace(parent, layers=tuple(layers)))
 
 
 def _present(parent: Architecture) -> list[int]:
