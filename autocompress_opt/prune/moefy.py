@@ -130,7 +130,8 @@ def fit_router(x: torch.Tensor, mass: torch.Tensor, *, ridge: float = 1e-3) -> t
     per-expert activation ``mass`` ``(T, E)`` (centred per token: only the order among experts
     matters to a top-``k``) from the FFN inputs ``x`` ``(T, D)``."""
     x64, target = x.double(), mass.double() - mass.double().mean(dim=1, keepdim=True)
-    gram = x64.T @ x64 + ridge * torch.trace(x64.T @ x64) / x64.shape[1] * torch.eye(x64.shape[1], dtype=x64.dtype)
+    gram = x64.T @ x64
+    gram = gram + ridge * torch.trace(gram) / x64.shape[1] * torch.eye(x64.shape[1], dtype=x64.dtype)
     return torch.linalg.solve(gram, x64.T @ target).T.float()
 
 
