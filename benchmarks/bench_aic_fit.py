@@ -141,7 +141,9 @@ def main() -> None:
         PROFILES,
         profiles,
         header="Per-(hardware, engine) profiles fitted to AIConfigurator's per-layer sums by "
-        "benchmarks/bench_aic_fit.py (issue 45).\nCopy into ~/.cache/autocompress_opt/profiles/ "
+        "benchmarks/bench_aic_fit.py (issue 45).\nrouted_passes is not fitted here: it is the engine-wide value of "
+        "data/profiles/published.yaml (issue 44\nreplaced the earlier routed_pair_ns, a time per pair, by this count "
+        "of weight passes).\nCopy into ~/.cache/autocompress_opt/profiles/ "
         "(or run it with --install) for the own model to use them.",
     )
     if args.install:

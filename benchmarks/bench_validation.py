@@ -4,10 +4,13 @@ engine and per arrival regime, and the roofline check of every row.
 Each engine's profile is refitted to the dense rows of that engine (the shipped fit), and, for the
 held-out errors, refitted without each publication in turn (rows sharing a ``source`` are left out
 together) and scored on the rows it did not see. The mixture-of-experts and hybrid Mamba-2 rows fit
-one parameter, the time per routed (token, expert) pair, with the dense parameters held (inside the
-same leave-one-source-out loop: a held-out publication's MoE rows never fit it); their errors are
-reported per model family under ``moe_hybrid`` and the fitted values per fold under
-``routed_pair_ns``. Free parameters stay below each profile's row count
+one parameter per engine, ``routed_passes`` (how many times a routed (token, expert) pair's
+activations cross memory), with the dense parameters held, inside the same leave-one-source-out loop:
+a held-out publication's MoE rows never fit it, nor do other publications' rows of the same
+(model, device, engine), and an engine left without MoE rows takes every other engine's. Their
+errors are reported per model family under ``moe_hybrid``, per publication under
+``per_publication`` with the median of the publications' medians, and the fitted values per fold
+under ``routed_passes``. Free parameters stay below each profile's row count
 (``serving.validation.free_parameters``).
 
 .venv/bin/python benchmarks/bench_validation.py [--measurements CSV]   # ~1.5 min on 2 CPU threads
@@ -33,6 +36,8 @@ from autocompress_opt.serving.validation import (
     is_moe,
     leave_one_source_out,
     load_measurements,
+    median_of_medians,
+    per_publication,
     validate,
 )
 
@@ -86,6 +91,7 @@ def main() -> None:
         )
     families = {obs.label: family_of(obs) for obs, _ in rows}
     moe = {obs.label for obs, _ in rows if is_moe(obs)}
+    publications = per_publication(held_out, moe)
     split = {
         kind: ([r for r in in_sample if (r.id in moe) == want], [r for r in held_out if (r.id in moe) == want])
         for kind, want in (("dense", False), ("moe_hybrid", True))
@@ -93,7 +99,7 @@ def main() -> None:
     result = {
         "command": "python benchmarks/bench_validation.py",
         "measurements": args.measurements.name,
-        # "overall" is the dense rows' score; the MoE/hybrid rows fit only routed_pair_ns (0 for a dense row).
+        # "overall" is the dense rows' score; the MoE/hybrid rows fit only routed_passes (0 for a dense row).
         "overall": {"in_sample": summary(split["dense"][0]), "held_out": summary(split["dense"][1])},
         "moe_hybrid": {
             "overall": {"in_sample": summary(split["moe_hybrid"][0]), "held_out": summary(split["moe_hybrid"][1])},
@@ -108,14 +114,20 @@ def main() -> None:
         "by_engine_and_regime": table(*split["dense"], "engine/regime"),
         "all_bounds_ok": all(r.bound_ok for r in in_sample),  # every row, MoE/hybrid too
         "free_parameters": {e: list(p.fit["free"]) for e, p in profiles.items()},
-        # routed_pair_ns fitted to each engine's MoE/hybrid rows: all of them (the shipped fit), and per
-        # held-out publication the value fitted to the engine's other publications (its fold).
-        "routed_pair_ns": {
+        # routed_passes fitted to each engine's MoE/hybrid rows: all of them (the shipped fit), and per
+        # held-out publication the value fitted without it (its fold).
+        "routed_passes": {
             e: {
-                "all_moe_rows": p.routed_pair_ns,
-                "folds": {r.source: r.routed_pair_ns for r in held_out if r.id in moe and r.engine == e},
+                "all_moe_rows": p.routed_passes,
+                "folds": {r.source: r.routed_passes for r in held_out if r.id in moe and r.engine == e},
             }
             for e, p in profiles.items()
+        },
+        # One figure per publication (a long sweep weighs as much as a one-row table), held out.
+        "per_publication": [vars(p) for p in publications],
+        "median_of_publication_medians": {
+            "dense": median_of_medians(publications, moe=False),
+            "moe_hybrid": median_of_medians(publications, moe=True),
         },
         "per_row": [
             {**fit.to_dict(), "held_out_predicted": out.predicted, "held_out_error": out.error}

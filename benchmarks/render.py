@@ -313,26 +313,6 @@ def validation() -> str:
     )
 
 
-def validation_moe() -> str:
-    """The MoE/hybrid rows' held-out error per model family (``moe_hybrid`` in the results)."""
-    s = need("validation_published")["moe_hybrid"]
-    held = s["overall"]["held_out"]
-    header = ["model family", "rows", "held-out median", "held-out max", "predicted faster than measured"]
-    rows = [
-        [family, v["held_out"]["rows"], f"**{pct(v['held_out']['median_abs_error'])}**",
-         f"{100 * v['held_out']['max_abs_error']:.0f} %", f"{v['held_out']['optimistic_rows']}/{v['held_out']['rows']}"]
-        for family, v in s["by_family"].items()
-    ]  # fmt: skip
-    return (
-        f"{held['rows']} published mixture-of-experts and hybrid measurements, predicted by the engine "
-        f"profiles fitted to the dense rows plus one time per routed (token, expert) pair fitted to the "
-        f"other publications' MoE/hybrid rows: median error held out one "
-        f"publication at a time **{pct(held['median_abs_error'])}** (max {pct(held['max_abs_error'], 0)}); "
-        f"{held['optimistic_rows']} of {held['rows']} rows predict less time than was measured.\n\n"
-        + table(header, rows)
-    )
-
-
 def engine_calibration() -> str:
     header = [
         "engine on this CPU",
@@ -738,7 +718,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "multifidelity-8min": multifidelity("multifidelity"),
     "multifidelity-15min": multifidelity("multifidelity_15min", "multifidelity_15min_seed1"),
     "validation": validation,
-    "validation-moe": validation_moe,
+    **__import__("_render_validation").RENDERERS,  # validation-moe, validation-publications
     "engine-calibration": engine_calibration,
     "cpu-calibration": cpu_calibration,
     "performance": performance,

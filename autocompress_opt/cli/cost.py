@@ -110,6 +110,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autocompress_opt.arch.catalog import load_architecture
+    from autocompress_opt.arch.hybrid import is_sparse
     from autocompress_opt.serving.aic import estimate_cost_backend
     from autocompress_opt.serving.costmodel import Scenario, cost_intervals, describe_regime, estimate_cost
     from autocompress_opt.serving.engine_models import get_engine
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     regime = describe_regime(scenario, cost)
     bounds = {
         k: None if v is None else float(v)
-        for k, v in cost_intervals(cost.to_dict(), scenario, profile, args.confidence).items()
+        for k, v in cost_intervals(cost.to_dict(), scenario, profile, args.confidence, is_sparse(arch)).items()
     }
     cost, backend = estimate_cost_backend(args.backend, arch, hardware.name, engine, scenario, cost)
     if backend == "aic":  # the profile's residuals are this toolkit's errors, not AIConfigurator's: no interval

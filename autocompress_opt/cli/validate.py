@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             f"bounds respected: {sum(r.bound_ok for r in results)}/{len(results)}"
         )
     # Per model family: the engine profiles' dense parameters are fitted to the dense rows and their
-    # routed_pair_ns to the MoE/hybrid rows; --held-out says how far each carries to a source it never saw.
+    # routed_passes to the MoE/hybrid rows; --held-out says how far each carries to a source it never saw.
     # Dense and MoE/hybrid rows apart (each kind's profile parameters are fitted on that kind's rows).
     moe = {obs.label for obs, _ in rows if is_moe(obs)}
     for label, want in (("dense", False), ("MoE/hybrid", True)):
@@ -136,7 +136,28 @@ def run(args: argparse.Namespace) -> int:
         mine = [abs(r.error) for r in results if families[r.id] == family]
         median, worst = statistics.median(mine), max(mine)
         print(f"family {family:<12} {len(mine):>3} rows: {kind} {median:.1%}, max {worst:.1%}")
+    _print_publications(results, moe, kind)
     return 0
+
+
+def _print_publications(results: Any, moe: set[str], kind: str) -> None:
+    """Each source's median |error|, dense and MoE/hybrid rows apart, and the median of those
+    medians: a long sweep from one publication counts once, as one publication."""
+    from autocompress_opt.serving.validation import median_of_medians, per_publication
+
+    publications = per_publication(results, moe)
+    if not publications:
+        return
+    print(f"\nper publication ({kind}):")
+    for p in publications:
+        label = "MoE/hybrid" if p.moe else "dense"
+        source = p.source if len(p.source) <= 88 else p.source[:85] + "..."
+        print(f"  {label:<10} {p.rows:>3} rows  median {p.median:6.1%}  max {p.worst:6.1%}  {source or '(no source)'}")
+    for label, want in (("dense", False), ("MoE/hybrid", True)):
+        value = median_of_medians(publications, want)
+        if value is not None:
+            n = sum(p.moe == want for p in publications)
+            print(f"{label:<17} median of {n} publication medians: {value:.1%}")
 
 
 def _aic_predictions(rows: Any) -> dict[str, float]:

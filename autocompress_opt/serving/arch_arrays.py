@@ -46,7 +46,12 @@ class ArchArrays:
       ``E``, ``experts_per_token`` ``k``, ``expert_params`` one routed expert's parameters,
       ``moe_shared_params`` what every token runs (router, latent projections, shared expert, the
       pre-FFN norm), ``moe_act`` the block's per-token activation elements (``k`` experts' hidden
-      activations plus the shared expert's).
+      activations plus the shared expert's), ``expert_io`` the activation elements one routed
+      (token, expert) pair moves through memory outside its GEMMs' weights: the token's input
+      (latent) vector gathered (read, write), the expert's output written and read back by the
+      weighted combine (``4·W``, ``W`` the latent width or ``D``), its hidden activations written
+      by the first GEMM, read and written by the activation and read by the second (``6·F`` gated,
+      ``4·F`` not).
     * ``mamba`` — the layer's mixer is a Mamba-2 (keep gate); ``mamba_params`` its parameters (its
       pre-norm included), ``mamba_state`` the elements one sequence keeps in it
       (:meth:`MambaSpec.state_elements`), ``mamba_scan_flops`` its non-GEMM FLOPs per token (the
@@ -78,6 +83,7 @@ class ArchArrays:
     experts: Array = None  # None: filled on construction (class doc)
     experts_per_token: Array = None  # None: filled on construction (class doc)
     expert_params: Array = None  # None: filled on construction (class doc)
+    expert_io: Array = None  # None: filled on construction (class doc)
     moe_shared_params: Array = None  # None: filled on construction (class doc)
     moe_act: Array = None  # None: filled on construction (class doc)
     mamba: Array = None  # None: filled on construction (class doc)
@@ -150,7 +156,15 @@ class ArchArrays:
 
 _PER_ARCH_COLUMNS = ("ffn_matrices", "attention_sinks")
 _DEFAULTS = {"ffn_matrices": 3.0}
-_MOE_COLUMNS = ("moe", "experts", "experts_per_token", "expert_params", "moe_shared_params", "moe_act")
+_MOE_COLUMNS = (
+    "moe",
+    "experts",
+    "experts_per_token",
+    "expert_params",
+    "expert_io",
+    "moe_shared_params",
+    "moe_act",
+)
 _MAMBA_COLUMNS = ("mamba", "mamba_params", "mamba_state", "mamba_scan_flops", "mamba_act")
 
 
@@ -179,6 +193,7 @@ def _fill_moe_mamba(cols: dict[str, np.ndarray], i: int, j: int, arch: Architect
         cols["expert_params"][i, j] = per_expert
         cols["moe_shared_params"][i, j] = norms + moe.params(d_model, arch.mlp_bias) - moe.num_experts * per_expert
         cols["moe_act"][i, j] = widths * (moe.experts_per_token * moe.expert_width + moe.shared_width)
+        cols["expert_io"][i, j] = 4 * (moe.latent_width or d_model) + (2 * widths + 2) * moe.expert_width
     if layer.mamba is not None:
         mamba = layer.mamba
         cols["mamba"][i, j] = 1.0

@@ -233,17 +233,18 @@ def regime_of(scenario: Scenario) -> str:
 
 
 def cost_intervals(
-    metrics: Mapping[str, Any], scenario: Scenario, profile: CostProfile, confidence: float
+    metrics: Mapping[str, Any], scenario: Scenario, profile: CostProfile, confidence: float, sparse: bool = False
 ) -> dict[str, Any]:
     """``<metric>_low`` / ``<metric>_high`` for TTFT, TPOT, E2E and output throughput: the
     prediction scaled by the held-out time ratios of ``profile`` in this scenario's regime
     (:meth:`CostProfile.interval`); neither end of a latency's interval below its roofline floor. Values have
     the type of ``metrics``' (floats, numpy or torch arrays); None where the profile holds no
-    residuals (e.g. an unfitted or CPU-calibrated profile)."""
+    residuals (e.g. an unfitted or CPU-calibrated profile). ``sparse``: the model has MoE or Mamba-2
+    layers, whose intervals come from the MoE/hybrid rows' residuals where the profile has them."""
     regime = regime_of(scenario)
     out: dict[str, Any] = {}
     for metric in ("ttft_ms", "tpot_ms", "e2e_latency_ms", "output_throughput_tok_s"):
-        bounds = profile.interval(metric, regime, confidence)
+        bounds = profile.interval(metric, regime, confidence, sparse)
         value = metrics[metric]
         if bounds is None:
             out[f"{metric}_low"] = out[f"{metric}_high"] = None

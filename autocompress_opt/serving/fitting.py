@@ -11,7 +11,7 @@ calibration and the fit to published measurements use it.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ __all__ = [
     "DERIVED_METRICS",
     "Observation",
     "fit_profile",
-    "fit_routed_pair_ns",
+    "fit_routed_passes",
     "heldout_split",
     "mdape",
     "metric_with_bound",
@@ -173,29 +173,46 @@ def fit_profile(
     return fitted.with_parameters(**plain, mfu_by_dtype={k: float(v) for k, v in fitted.mfu_by_dtype.items()})
 
 
-# routed_pair_ns candidates: 0 and 0.1 to 1000 ns, 41 points (12 % apart), before the refinement.
-_ROUTED_PAIR_GRID_NS = np.concatenate([[0.0], np.geomspace(0.1, 1000.0, 41)])
+# routed_passes candidates: 0 and 0.01 to 1000 passes, 51 points (26 % apart), before the refinement.
+_ROUTED_PASSES_GRID = np.concatenate([[0.0], np.geomspace(0.01, 1000.0, 51)])
 
 
-def fit_routed_pair_ns(observations: Sequence[Observation], start: CostProfile, refine_steps: int = 30) -> CostProfile:
-    """``start`` with ``routed_pair_ns`` fitted to ``observations`` (mixture-of-experts rows), every
+def fit_routed_passes(
+    observations: Sequence[Observation], start: CostProfile | Mapping[str, CostProfile], refine_steps: int = 30
+) -> Any:
+    """``start`` with ``routed_passes`` fitted to ``observations`` (mixture-of-experts rows), every
     other parameter held: the value minimising the mean squared log error, found on a grid (0, and
-    0.1 to 1000 ns log-spaced) then refined by golden-section search in log space between the best
-    grid point's neighbours. No prior: nothing published says what the value should be, and a pull
-    toward a start value moved the fitted value 10x. Deterministic; ``start`` itself without
-    observations."""
+    0.01 to 1000 log-spaced) then refined by golden-section search in log space between the best
+    grid point's neighbours. ``start`` is one profile, or one per engine (rows of several engines
+    fitted to one value, each predicted with its engine's profile; the same mapping comes back with
+    the value set in each). No prior: nothing published says what the value should be. Deterministic;
+    ``start`` itself without observations."""
     if not observations:
         return start
     measured = np.log([obs.value for obs in observations])
+    many = isinstance(start, Mapping)
+    starts: Mapping[str, CostProfile] = start if isinstance(start, Mapping) else {"": start}
 
-    def loss(ns: float) -> float:
-        preds = predict(observations, start.with_parameters(routed_pair_ns=float(ns)))
-        return float(np.mean((np.log([float(p) for p, _ in preds]) - measured) ** 2))
+    def with_value(passes: float) -> Any:
+        out = {e: p.with_parameters(routed_passes=float(passes)) for e, p in starts.items()}
+        return out if many else out[""]
 
-    grid = _ROUTED_PAIR_GRID_NS
-    best = int(np.argmin([loss(ns) for ns in grid]))
+    def loss(passes: float) -> float:
+        profiles = with_value(passes)
+        if not many:
+            preds = [float(p) for p, _ in predict(observations, profiles)]
+        else:
+            preds = [0.0] * len(observations)
+            for engine in {obs.engine.name for obs in observations}:
+                idx = [i for i, obs in enumerate(observations) if obs.engine.name == engine]
+                for i, (p, _) in zip(idx, predict([observations[i] for i in idx], profiles[engine])):
+                    preds[i] = float(p)
+        return float(np.mean((np.log(preds) - measured) ** 2))
+
+    grid = _ROUTED_PASSES_GRID
+    best = int(np.argmin([loss(x) for x in grid]))
     if best == 0:
-        return start.with_parameters(routed_pair_ns=0.0)
+        return with_value(0.0)
     lo, hi = np.log(grid[max(best - 1, 1)]), np.log(grid[min(best + 1, len(grid) - 1)])
     ratio = (np.sqrt(5) - 1) / 2
     a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
@@ -209,7 +226,7 @@ def fit_routed_pair_ns(observations: Sequence[Observation], start: CostProfile, 
             lo, a, fa = a, b, fb
             b = lo + ratio * (hi - lo)
             fb = loss(np.exp(b))
-    return start.with_parameters(routed_pair_ns=float(np.exp((lo + hi) / 2)))
+    return with_value(float(np.exp((lo + hi) / 2)))
 
 
 def relative_errors(observations: Sequence[Observation], profile: CostProfile | None = None) -> np.ndarray:

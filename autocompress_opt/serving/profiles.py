@@ -50,7 +50,7 @@ FITTED_PARAMETERS: tuple[str, ...] = (
     "step_overhead_ms",
     "allreduce_latency_us",
     "request_overhead_ms",
-    "routed_pair_ns",
+    "routed_passes",
 )
 
 
@@ -103,9 +103,12 @@ class CostProfile:
             engine's HTTP front end) spends outside the GPU's steps (HTTP, chat template and
             tokenisation, hand-off to the scheduler, streaming the first token back); added to TTFT
             and E2E, not to a run's throughput (the front end overlaps the GPU's work).
-        routed_pair_ns: time per routed (token, expert) pair of a mixture-of-experts layer, beyond
-            the roofline of its GEMMs: the permute and unpermute of the hidden state, the activation
-            and the weighted combine of each of the k experts a token runs. Exactly 0 for a dense
+        routed_passes: how many times each routed (token, expert) pair's activations cross device
+            memory beyond the GEMMs' roofline: the token's hidden vector gathered to the expert and
+            its output scattered back and combined, the expert's intermediate activations written
+            and read (``ArchArrays.expert_io`` elements a pair, at the activation format), timed at
+            the profile's bandwidth. Dimensionless, so one value carries across devices and expert
+            shapes (the earlier ``routed_pair_ns``, a time, did not: issue 44). Exactly 0 for a dense
             model (it has no routed pair); fitted to the MoE/hybrid rows only
             (:func:`~autocompress_opt.serving.validation.fit_published`), 0 where none was fitted.
         reference: the device figures the efficiencies are fractions of, when they are not the
@@ -128,7 +131,7 @@ class CostProfile:
     step_overhead_ms: float = 0.5
     allreduce_latency_us: float = 10.0
     request_overhead_ms: float = 0.0
-    routed_pair_ns: float = 0.0
+    routed_passes: float = 0.0
     reference: Mapping[str, Any] = field(default_factory=dict)
     fit: Mapping[str, Any] = field(default_factory=dict)
 
@@ -149,7 +152,7 @@ class CostProfile:
             "step_overhead_ms",
             "allreduce_latency_us",
             "request_overhead_ms",
-            "routed_pair_ns",
+            "routed_passes",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(
@@ -166,16 +169,29 @@ class CostProfile:
     def mfu_for(self, compute_dtype: str) -> float:
         return self.mfu_by_dtype.get(compute_dtype, self.mfu)
 
-    def interval(self, metric: str, regime: str, confidence: float) -> Interval | None:
+    def interval(self, metric: str, regime: str, confidence: float, sparse: bool = False) -> Interval | None:
         """Bounds of ``metric`` predicted in ``regime`` at ``confidence`` (e.g. 0.9: the 5th and 95th
         percentiles of log time ratios, linearly interpolated), from the held-out residuals of this
         profile's rows: of the same regime and phase when at least :data:`MIN_POOL` exist, else
-        the same phase, else the same regime, else all of them. None without two residuals."""
+        the same phase, else the same regime, else all of them. None without two residuals.
+
+        ``sparse`` (a model with MoE or Mamba-2 layers) draws on the held-out residuals of the
+        MoE/hybrid rows (``fit["heldout_moe"]``) the same way, their pool named ``moe ...``; only a
+        profile with fewer than two of those falls back to the dense rows' (dense residuals are
+        narrower than MoE ones: issue 44)."""
         check_fraction(confidence, "confidence", one=False)
         phase = METRIC_PHASES.get(metric)
         if phase is None:
             raise ConfigError(f"no interval for {metric!r}; metrics with intervals: {', '.join(METRIC_PHASES)}")
-        rows = [r for r in self.fit.get("heldout", []) if isinstance(r, Mapping)]
+        if sparse:
+            moe = self._interval(self.fit.get("heldout_moe", []), phase, regime, confidence, "moe ")
+            if moe is not None:
+                return moe
+        return self._interval(self.fit.get("heldout", []), phase, regime, confidence, "")
+
+    @staticmethod
+    def _interval(residuals: Any, phase: str, regime: str, confidence: float, prefix: str) -> Interval | None:
+        rows = [r for r in residuals if isinstance(r, Mapping)]
         for pool, keep in (
             (f"{regime}/{phase}", lambda r: r["regime"] == regime and r["phase"] == phase),
             (phase, lambda r: r["phase"] == phase),
@@ -186,7 +202,7 @@ class CostProfile:
             if len(ratios) >= (MIN_POOL if pool != "all" else 2):
                 logs = np.log(np.array(ratios))
                 low, high = np.quantile(logs, [(1 - confidence) / 2, (1 + confidence) / 2])
-                return Interval(float(np.exp(low)), float(np.exp(high)), pool, len(ratios))
+                return Interval(float(np.exp(low)), float(np.exp(high)), prefix + pool, len(ratios))
         return None
 
     def with_parameters(self, **values: Any) -> CostProfile:
@@ -202,6 +218,14 @@ class CostProfile:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostProfile:
+        if "routed_pair_ns" in data:  # a profile written before routed_passes (issue 44)
+            if data["routed_pair_ns"]:
+                raise ConfigError(
+                    f"cost profile {data.get('engine')}@{data.get('hardware', '*')} has routed_pair_ns "
+                    f"{data['routed_pair_ns']!r}, a time per routed pair this version replaced by routed_passes "
+                    "(passes over the pair's activations); refit it: autocompress validate --fit --out FILE"
+                )
+            data = {k: v for k, v in data.items() if k != "routed_pair_ns"}  # 0: no MoE fit, nothing lost
         reject_unknown_keys(data, cls.__dataclass_fields__, "a cost profile")
         if "engine" not in data:
             raise ConfigError("a cost profile needs 'engine'")

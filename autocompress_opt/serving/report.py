@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.hybrid import is_sparse
 from autocompress_opt.serving.costmodel import CostEstimate, cost_intervals, estimate_cost
 from autocompress_opt.serving.engine_models import get_engine
 from autocompress_opt.serving.hardware import HARDWARE
@@ -55,7 +56,7 @@ def cost_report(
                 scenario = wl.scenario()
                 profile = get_profile(wl.engine, hw)
                 cost = estimate_cost(arch, hw, get_engine(wl.engine), scenario, profile)
-                bands = cost_intervals(cost.to_dict(), scenario, profile, INTERVAL_CONFIDENCE)
+                bands = cost_intervals(cost.to_dict(), scenario, profile, INTERVAL_CONFIDENCE, is_sparse(arch))
                 bounds = {k: None if v is None else float(v) for k, v in bands.items()}
                 rows.append(ReportRow(wl.name, hw, wl.engine, wl.dtype, cost, bounds=bounds))
             except AutocompressError as exc:  # e.g. a device without the dtype: report, go on

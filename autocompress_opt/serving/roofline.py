@@ -99,7 +99,7 @@ class _Structure:
     kv_heads_dim: Array  # (N, L) g_i · d_i · attn_i
     q_heads_dim: Array  # (N, L) h_i · d_i · attn_i
     layer_act_width: Array  # (N, L) per-token activation elements of each layer
-    routed_pairs: Array  # (N, L) routed (token, expert) pairs per token: k times the MoE keep gate (0 dense)
+    routed_io: Array  # (N, L) activation elements routed pairs move per token: k·expert_io times the MoE gate (0 dense)
     kernels: Array  # (N, L) launches: a Mamba-2 mixer an attention block's, a MoE block Engine.moe_kernels
     blocks: Array  # (N, L) mixer and FFN blocks kept (one all-reduce after each under tensor parallelism)
     mamba: Array  # (N, L) Mamba-2 mixer kept
@@ -153,7 +153,7 @@ def _structure(
         + 2 * kv_heads_dim
         + moe * a.moe_act
         + mamba * a.mamba_act,
-        routed_pairs=moe * a.experts_per_token,
+        routed_io=moe * a.experts_per_token * a.expert_io,
         kernels=eng.kernels_per_attention * (a.attn + mamba) + eng.kernels_per_ffn * a.ffn + eng.moe_kernels * moe,
         blocks=(a.attn + mamba) + (a.ffn + moe),
         mamba=mamba,
@@ -206,7 +206,7 @@ def _dense_structure(
         kv_heads_dim=kv_heads_dim,
         q_heads_dim=q_heads_dim,
         layer_act_width=2 * a.ffn * a.ffn_width + q_heads_dim + 2 * kv_heads_dim,
-        routed_pairs=zero,
+        routed_io=zero,
         kernels=eng.kernels_per_attention * a.attn + eng.kernels_per_ffn * a.ffn,
         blocks=a.attn + a.ffn,
         mamba=zero,
@@ -260,7 +260,7 @@ class _Rates:
     step_s: float
     allreduce_s: float
     link_bytes_s: float  # one-way interconnect bytes/s
-    routed_pair_s: float  # seconds per routed (token, expert) pair (CostProfile.routed_pair_ns)
+    routed_byte_s: float  # seconds per byte of routed pairs' activations (CostProfile.routed_passes / bytes_s)
 
 
 def _is_block_quantised(dt: WeightDtype) -> bool:
@@ -291,7 +291,7 @@ def _rates(hw: Hardware, eng: Engine, dt: WeightDtype, profile: CostProfile, flo
         step_s=0.0 if floor else profile.step_overhead_ms * 1e-3,
         allreduce_s=0.0 if floor else profile.allreduce_latency_us * 1e-6,
         link_bytes_s=hw.interconnect_gb_s * 1e9 / 2,
-        routed_pair_s=0.0 if floor else profile.routed_pair_ns * 1e-9,
+        routed_byte_s=0.0 if floor else profile.routed_passes / (hw.bandwidth_gb_s * 1e9 * mbu),
     )
 
 
@@ -318,7 +318,7 @@ class LayerSums:
     state_bytes: Array  # one sequence's Mamba-2 state bytes, all devices
     act_width: Array  # widest layer's per-token activation elements (a maximum)
     heads: Array  # most query heads of a layer (a maximum)
-    routed_pairs: Array  # routed (token, expert) pairs per token, summed over the MoE layers
+    routed_io: Array  # routed pairs' activation elements per token, summed over the MoE layers
     kernels: Array
     blocks: Array
     layer_seconds: LayerSeconds
@@ -334,7 +334,7 @@ class LayerSums:
             state_bytes=s.state_layer_bytes.sum(-1),
             act_width=ops.amax(s.layer_act_width),
             heads=ops.amax(s.heads),
-            routed_pairs=s.routed_pairs.sum(-1),
+            routed_io=s.routed_io.sum(-1),
             kernels=s.kernels.sum(-1),
             blocks=s.blocks.sum(-1),
             layer_seconds=lambda setup, rates, phase: _layer_s(s, setup, rates, phase).sum(-1),
@@ -383,7 +383,7 @@ class LayerSums:
             state_bytes=changed("state_layer_bytes"),
             act_width=maximum("layer_act_width"),
             heads=maximum("heads"),
-            routed_pairs=changed("routed_pairs"),
+            routed_io=changed("routed_io"),
             kernels=changed("kernels"),
             blocks=changed("blocks"),
             layer_seconds=layer_seconds,
@@ -526,9 +526,10 @@ def _phase_ms(setup: _Setup, rates: _Rates, phase: _Phase) -> Array:
     )
     kernels = sums.kernels + eng.kernels_per_step
     fixed = phase.steps * (kernels * rates.launch_s + rates.step_s)
-    # Each routed (token, expert) pair's permute, activation and combine, beyond its GEMM roofline: on
-    # every device (tensor parallelism splits the expert width, not the tokens); 0 in a dense model.
-    routed = phase.tokens * sums.routed_pairs * rates.routed_pair_s
+    # Each routed (token, expert) pair's gather, activation and combine, beyond its GEMM roofline:
+    # its activations cross memory routed_passes times, on every device (tensor parallelism splits
+    # the expert width, not the tokens; the whole pair is counted); 0 in a dense model.
+    routed = phase.tokens * sums.routed_io * setup.dtype.activation_bytes * rates.routed_byte_s
     total = sums.layer_seconds(setup, rates, phase) + t_head + fixed + routed
     if tp > 1:
         blocks = sums.blocks  # one all-reduce after each mixer and each FFN block

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from autocompress_opt._data import DATA_DIR
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.catalog import known_architectures
@@ -37,7 +39,7 @@ from autocompress_opt.arch.hybrid import is_sparse
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.serving.costmodel import Scenario, regime_of
 from autocompress_opt.serving.engine_models import get_engine
-from autocompress_opt.serving.fitting import Observation, fit_profile, fit_routed_pair_ns, predict, relative_errors
+from autocompress_opt.serving.fitting import Observation, fit_profile, fit_routed_passes, predict, relative_errors
 from autocompress_opt.serving.hardware import get_hardware
 from autocompress_opt.serving.profiles import (
     FITTED_PARAMETERS,
@@ -51,6 +53,7 @@ from autocompress_opt.serving.profiles import (
 __all__ = [
     "SEGMENTS",
     "SHIPPED_MEASUREMENTS",
+    "Publication",
     "ValidationRow",
     "family_of",
     "fit_published",
@@ -58,7 +61,10 @@ __all__ = [
     "is_moe",
     "leave_one_source_out",
     "load_measurements",
+    "median_of_medians",
+    "per_publication",
     "segment_of",
+    "setup_of",
     "validate",
 ]
 
@@ -102,7 +108,7 @@ class ValidationRow:
     bound: float  # floor (latency) or ceiling (throughput) at 100 % of peak
     bound_ok: bool
     source: str
-    routed_pair_ns: float = 0.0  # the profile's time per routed (token, expert) pair it was predicted with
+    routed_passes: float = 0.0  # the profile's passes over a routed pair's activations it was predicted with
     segment: str = ""  # datacenter or consumer GPU / llama.cpp (segment_of)
 
     def to_dict(self) -> dict[str, object]:
@@ -243,7 +249,7 @@ def validate(rows: Sequence[tuple[Observation, str]], profile: CostProfile | Non
                 bound=bound,
                 bound_ok=bound <= obs.value if is_latency else bound >= obs.value,
                 source=source,
-                routed_pair_ns=round(float(_used(obs, profile).routed_pair_ns), 4),
+                routed_passes=round(float(_used(obs, profile).routed_passes), 4),
                 segment=segment_of(obs),
             )
         )
@@ -287,7 +293,7 @@ def _fit_engine(engine: str, observations: Sequence[Observation]) -> CostProfile
 
 def is_moe(obs: Observation) -> bool:
     """Whether a row's model has mixture-of-experts or Mamba-2 layers: the engine-wide profiles are
-    fitted to the dense rows only; these rows fit ``routed_pair_ns`` alone (:func:`fit_published`)."""
+    fitted to the dense rows only; these rows fit ``routed_passes`` alone (:func:`fit_published`)."""
     return is_sparse(obs.arch)
 
 
@@ -315,14 +321,16 @@ def segment_of(obs: Observation) -> str:
 def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True) -> list[CostProfile]:
     """One engine-wide profile per engine, fitted to that engine's dense rows (parameters:
     :func:`free_parameters`, shared by every device and row of the engine); then, with those held,
-    ``routed_pair_ns`` (the time per routed (token, expert) pair, exactly 0 in a dense model) fitted
-    to the engine's MoE/hybrid rows (:func:`is_moe`), the one parameter they fit
-    (:func:`~autocompress_opt.serving.fitting.fit_routed_pair_ns`).
+    ``routed_passes`` (how many times a routed pair's activations cross memory, exactly 0 in a dense
+    model) fitted to the engine's MoE/hybrid rows (:func:`is_moe`), the one parameter they fit
+    (:func:`~autocompress_opt.serving.fitting.fit_routed_passes`). An engine without MoE rows takes
+    the value fitted to every engine's MoE rows at once (it is dimensionless: it carries).
 
     With ``holdout`` each engine is also refitted without each source in turn (leave-one-source-
     out: rows sharing a ``source`` text are held out together; an engine left with no rows falls
-    back to its prior), and the held-out dense rows' residuals are stored in ``fit["heldout"]``:
-    what :meth:`CostProfile.interval` turns into error bars.
+    back to its prior), and the held-out residuals are stored in ``fit["heldout"]`` (dense rows)
+    and ``fit["heldout_moe"]`` (MoE/hybrid rows): what :meth:`CostProfile.interval` turns into
+    error bars, each kind from its own rows.
     """
     dense = [(obs, src) for obs, src in rows if not is_moe(obs)]
     moe = [(obs, src) for obs, src in rows if is_moe(obs)]
@@ -332,37 +340,48 @@ def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True)
     for obs, _ in moe:  # an engine with MoE rows only keeps its prior's dense parameters
         by_engine.setdefault(obs.engine.name, [])
     held_rows = {r.id: r for r in leave_one_source_out(rows)} if holdout else {}
+    dense_fits = {engine: _fit_engine(engine, [o for o, _ in items]) for engine, items in by_engine.items()}
+    pooled = fit_routed_passes([o for o, _ in moe], dense_fits) if moe else dense_fits
     fitted: dict[str, CostProfile] = {}
     for engine, items in sorted(by_engine.items()):
         observations = [o for o, _ in items]
         moe_observations = [o for o, _ in moe if o.engine.name == engine]
-        profile = _rounded(fit_routed_pair_ns(moe_observations, _fit_engine(engine, observations)))
+        if moe_observations:
+            profile = _rounded(fit_routed_passes(moe_observations, dense_fits[engine]))
+        else:
+            profile = _rounded(pooled[engine])
         free, fp4 = free_parameters(observations)
         fit: dict[str, object] = {
             "method": _METHOD,
-            "free": free + [f"mfu_by_dtype.{d}" for d in fp4] + (["routed_pair_ns"] if moe_observations else []),
+            "free": free
+            + [f"mfu_by_dtype.{d}" for d in fp4]
+            + (["routed_passes"] if moe_observations else ["routed_passes (every engine's MoE rows)"] if moe else []),
             "rows": {o.label: round(float(e), 4) for o, e in zip(observations, relative_errors(observations, profile))},
         }
         if holdout:
-            fit["heldout"] = [
-                {
-                    "id": r.id,
-                    "regime": r.regime,
-                    "phase": METRIC_PHASES[r.metric],
-                    "time_ratio": round(time_ratio(r.metric, r.measured, r.predicted), 4),
-                }
-                for r in (held_rows[o.label] for o in observations)
-            ]
+            fit["heldout"] = [_residual(held_rows[o.label]) for o in observations]
+            fit["heldout_moe"] = [_residual(held_rows[o.label]) for o in moe_observations]
         fitted[engine] = replace(profile, fit=fit)
     return [fitted[e] for e in sorted(fitted)]
+
+
+def _residual(row: ValidationRow) -> dict[str, object]:
+    return {
+        "id": row.id,
+        "regime": row.regime,
+        "phase": METRIC_PHASES[row.metric],
+        "time_ratio": round(time_ratio(row.metric, row.measured, row.predicted), 4),
+    }
 
 
 def leave_one_source_out(rows: Sequence[tuple[Observation, str]]) -> list[ValidationRow]:
     """Each row predicted by its engine's profile refitted without the row's whole source (the
     publication it came from): the dense parameters to the engine's other dense rows, then
-    ``routed_pair_ns`` to its other sources' MoE/hybrid rows (:func:`fit_published`); out-of-sample
-    errors. A source without dense rows is predicted with the dense parameters fitted to all of
-    them; each row carries the ``routed_pair_ns`` it was predicted with (one value per fold)."""
+    ``routed_passes`` to its other sources' MoE/hybrid rows (:func:`fit_published`; every other
+    engine's where none of its own is left), less any row of the same setup (:func:`setup_of`:
+    model, device, engine) as one of the held-out source's; out-of-sample errors. A source without
+    dense rows is predicted with the dense parameters fitted to all of them; each row carries the
+    ``routed_passes`` it was predicted with (one value per fold)."""
     dense = [(obs, src) for obs, src in rows if not is_moe(obs)]
     moe = [(obs, src) for obs, src in rows if is_moe(obs)]
     fits: dict[tuple[str, str], CostProfile] = {}
@@ -375,8 +394,16 @@ def leave_one_source_out(rows: Sequence[tuple[Observation, str]]) -> list[Valida
         return fits[key]
 
     def moe_profile_without(engine: str, source: str) -> CostProfile:
-        rest = [obs for obs, src in moe if obs.engine.name == engine and src != source]
-        return fit_routed_pair_ns(rest, profile_without(engine, source))
+        # The same model on the same device and engine measured by another publication (a later
+        # release of one benchmark table, say) is not independent evidence: held out with it.
+        setups = {setup_of(obs) for obs, src in moe if src == source}
+        rest = [obs for obs, src in moe if src != source and setup_of(obs) not in setups]
+        mine = [obs for obs in rest if obs.engine.name == engine]
+        if mine:
+            return fit_routed_passes(mine, profile_without(engine, source))
+        # No row of this engine left: the value every other engine's rows fit (as fit_published).
+        starts = {name: profile_without(name, source) for name in {engine} | {obs.engine.name for obs in rest}}
+        return fit_routed_passes(rest, starts)[engine]
 
     out: dict[str, ValidationRow] = {}
     for source in sorted({src for _, src in rows}):
@@ -387,6 +414,42 @@ def leave_one_source_out(rows: Sequence[tuple[Observation, str]]) -> list[Valida
             for row in validate([(obs, src) for obs, src in held if obs.engine.name == engine], profile):
                 out[row.id] = row
     return [out[obs.label] for obs, _ in rows if obs.label in out]
+
+
+def setup_of(obs: Observation) -> tuple[str, str, str]:
+    """(model, device, engine) of a row: two publications measuring the same setup (two releases of
+    one benchmark table) are one experiment repeated, held out together from ``routed_passes``."""
+    return (obs.arch.name, obs.hardware.name, obs.engine.name)
+
+
+@dataclass(frozen=True)
+class Publication:
+    """One source's held-out errors (:func:`per_publication`)."""
+
+    source: str
+    moe: bool  # its MoE/hybrid rows (True) or its dense rows (False)
+    rows: int
+    median: float  # median |error|
+    worst: float  # max |error|
+
+
+def per_publication(results: Sequence[ValidationRow], moe_ids: set[str]) -> list[Publication]:
+    """Median and max |error| of each source's dense rows and of its MoE/hybrid rows (``moe_ids``):
+    one figure per publication, so one long sweep weighs as much as one table row. Sorted by kind,
+    then source."""
+    groups: dict[tuple[bool, str], list[float]] = {}
+    for r in results:
+        groups.setdefault((r.id in moe_ids, r.source), []).append(abs(r.error))
+    return [
+        Publication(source, moe, len(errors), float(np.median(errors)), max(errors))
+        for (moe, source), errors in sorted(groups.items())
+    ]
+
+
+def median_of_medians(publications: Sequence[Publication], moe: bool) -> float | None:
+    """The median over publications of their median |error| (dense or MoE/hybrid); None without one."""
+    medians = [p.median for p in publications if p.moe == moe]
+    return float(np.median(medians)) if medians else None
 
 
 def _rounded(profile: CostProfile) -> CostProfile:

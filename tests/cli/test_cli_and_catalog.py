@@ -280,7 +280,7 @@ def test_validate_held_out_predicts_each_source_without_its_own_rows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`validate --held-out`: every row is predicted by its engine's profile refitted without the row's
-    source (dense parameters from the other dense sources, routed_pair_ns from the other MoE sources),
+    source (dense parameters from the other dense sources, routed_passes from the other MoE sources),
     so its error differs from the in-sample one; the summary lines say "held-out"."""
     import csv
 
@@ -306,6 +306,10 @@ def test_validate_held_out_predicts_each_source_without_its_own_rows(
     code, out, _ = run_cli(capsys, "validate", "--measurements", str(path), "--held-out")
     assert code == 0 and re.search(r"family nemotron_h +\d+ rows: held-out median \|error\| \d+\.\d%", out)
     assert re.search(r"^MoE/hybrid +\d+ rows: held-out median \|error\| \d+\.\d%", out, re.M)
+    # one figure per publication and their median (issue 44): two MoE/hybrid sources, three dense
+    assert re.search(r"^MoE/hybrid +median of 2 publication medians: \d+\.\d%", out, re.M)
+    assert re.search(r"^dense +median of 3 publication medians: \d+\.\d%", out, re.M)
+    assert len(re.findall(r"^  (dense|MoE/hybrid) +\d+ rows  median ", out, re.M)) == 5
 
 
 def test_validate_held_out_reports_datacenter_and_consumer_rows_apart(

@@ -54,6 +54,25 @@ def test_interval_takes_quantiles_of_the_narrowest_pool_with_enough_rows() -> No
         PROFILE.interval("tpot_ms", "steady", 1.0)
 
 
+def test_a_sparse_model_takes_the_moe_rows_residuals() -> None:
+    """Issue 44: a MoE/hybrid model's interval comes from the MoE rows' held-out residuals (their pool
+    named 'moe ...'), a dense model's from the dense rows'; a profile with fewer than two MoE residuals
+    falls back to the dense ones."""
+    moe = residuals("steady", "decode", [0.6, 0.8, 1.0, 1.4, 1.9])
+    profile = CostProfile("vllm", fit={**PROFILE.fit, "heldout_moe": moe})
+    dense_band = profile.interval("tpot_ms", "steady", 0.9)
+    moe_band = profile.interval("tpot_ms", "steady", 0.9, sparse=True)
+    assert dense_band is not None and moe_band is not None
+    assert (moe_band.pool, moe_band.rows) == ("moe steady/decode", 5) and dense_band.pool == "steady/decode"
+    assert moe_band.high / moe_band.low > dense_band.high / dense_band.low  # the wider MoE errors show
+    assert PROFILE.interval("tpot_ms", "steady", 0.9, sparse=True) == dense_band
+    arch = known_architectures()["qwen3-30b-a3b"]
+    scenario = Scenario("bf16", 1000, 100, 32, arrival="steady")
+    cost = estimate_cost(arch, "h100-sxm", "vllm", scenario, profile).to_dict()
+    bands = cost_intervals(cost, scenario, profile, 0.9, sparse=True)
+    assert bands["tpot_ms_high"] == pytest.approx(cost["tpot_ms"] * moe_band.high)
+
+
 def test_cost_intervals_bound_latencies_and_throughputs_the_right_way() -> None:
     arch = known_architectures()["llama-3.1-8b"]
     scenario = Scenario("bf16", 1000, 100, 32, arrival="steady")

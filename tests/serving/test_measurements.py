@@ -73,6 +73,54 @@ def test_shipped_profiles_carry_held_out_residuals(engine: str) -> None:
     assert len(free) < len(rows)
 
 
+@pytest.mark.parametrize("engine", ["vllm", "trtllm"])
+def test_shipped_profiles_carry_moe_residuals_and_a_physical_pass_count(engine: str) -> None:
+    """Issue 44: the engines with MoE rows keep those rows' held-out residuals apart (MoE intervals
+    come from them) and fit routed_passes, a pass count over each routed pair's activations: a few,
+    not a time."""
+    profile = get_profile(engine, "b200")
+    assert len(profile.fit.get("heldout_moe", [])) >= 5
+    assert 0.5 < profile.routed_passes < 20
+    band = profile.interval("output_throughput_tok_s", "burst", 0.9, sparse=True)
+    assert band is not None and band.pool.startswith("moe ")
+
+
+def test_per_publication_errors_and_their_median(raw_rows: list[dict[str, str]]) -> None:
+    """One figure per publication (dense and MoE rows apart) and the median of those figures."""
+    from autocompress_opt.serving.validation import ValidationRow, median_of_medians, per_publication
+
+    def row(id: str, error: float, source: str) -> ValidationRow:
+        return ValidationRow(
+            id, "m", "h100-sxm", "vllm", "single", "tpot_ms", 1.0, 1.0 + error, error, 0.5, True, source
+        )
+
+    results = [row("a", 0.1, "A"), row("b", -0.3, "A"), row("c", 0.2, "A"), row("d", 0.5, "B"), row("e", 0.04, "C")]
+    pubs = per_publication(results, moe_ids={"d", "e"})
+    assert [(p.source, p.moe, p.rows) for p in pubs] == [("A", False, 3), ("B", True, 1), ("C", True, 1)]
+    assert pubs[0].median == pytest.approx(0.2) and pubs[0].worst == pytest.approx(0.3)
+    assert median_of_medians(pubs, moe=True) == pytest.approx(0.27)
+    assert median_of_medians(pubs, moe=False) == pytest.approx(0.2)
+    assert median_of_medians(pubs[:1], moe=True) is None
+
+
+def test_held_out_routed_passes_never_see_the_same_setup() -> None:
+    """A held-out source's MoE rows are predicted with routed_passes fitted without any row of the
+    same model, device and engine from another publication (two releases of one benchmark table are
+    one experiment): holding out the TensorRT-LLM 1.0 Qwen3-30B-A3B table must give the same
+    prediction whether or not the 1.1 table's Qwen3-30B-A3B rows are in the file."""
+    from autocompress_opt.serving.validation import leave_one_source_out, setup_of
+
+    rows = load_measurements()
+    qwen = [(o, s) for o, s in rows if o.arch.name == "qwen3-30b-a3b"]
+    assert len({s for _, s in qwen}) == 2 and len({setup_of(o) for o, _ in qwen}) == 1
+    older = {o.label for o, s in qwen if "release 1.0" in s}
+    keep = [(o, s) for o, s in rows if o.engine.name == "trtllm"]
+    without = [(o, s) for o, s in keep if o.arch.name != "qwen3-30b-a3b" or o.label in older]
+    full = {r.id: r.predicted for r in leave_one_source_out(keep) if r.id in older}
+    fewer = {r.id: r.predicted for r in leave_one_source_out(without) if r.id in older}
+    assert full and full == pytest.approx(fewer)
+
+
 def test_moe_and_hybrid_rows_name_known_models(raw_rows: list[dict[str, str]]) -> None:
     """At least 8 published MoE/hybrid rows, over three families, each naming a known model."""
     rows = load_measurements()

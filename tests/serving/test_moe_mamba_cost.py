@@ -24,7 +24,8 @@ from autocompress_opt.serving.costmodel import (
     experts_touched,
 )
 from autocompress_opt.serving.engine_models import GIB
-from autocompress_opt.serving.fitting import Observation, fit_routed_pair_ns
+from autocompress_opt.serving.fitting import Observation, fit_routed_passes
+from autocompress_opt.serving.hardware import Hardware
 
 ATTENTION = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 16}  # GOLD_ARCH's attention
 
@@ -242,32 +243,52 @@ def test_active_params_is_a_constraint_of_a_target() -> None:
 
 
 def test_moe_kernels_and_routed_pair_time_golden_values() -> None:
-    """A MoE block's own kernel count (Engine.kernels_per_moe) and the time per routed (token, expert)
-    pair (CostProfile.routed_pair_ns) add exactly the arithmetic in the comments to the tiny MoE."""
+    """A MoE block's own kernel count (Engine.kernels_per_moe) and the routed pairs' activation
+    traffic (CostProfile.routed_passes over ArchArrays.expert_io) add exactly the arithmetic in the
+    comments to the tiny MoE."""
     engine = dataclasses.replace(GOLD_ENGINE, kernels_per_moe=5)
-    profile = GOLD_PROFILE.with_parameters(routed_pair_ns=1000.0)  # 1 µs a pair
+    profile = GOLD_PROFILE.with_parameters(routed_passes=50.0)
     c = estimate_cost(tiny_moe(), GOLD_HW, engine, GOLD_SCENARIO, profile)
-    # Kernels: 2 layers · (attention 1 + MoE 5) = 12 (was 4) → +8 µs per step. Routed pairs: 2 layers · k 2
-    # = 4 per token. Decode (1 token): 1.914304e-5 (golden above) + 8e-6 + 4 · 1e-6 = 3.114304e-5 s.
-    assert c.tpot_ms == pytest.approx(0.03114304, rel=1e-9)
-    # Prefill (100 tokens, one step): 2.20384e-5 + 8e-6 + 100 · 4 · 1e-6 = 4.300384e-4 s.
-    assert c.ttft_ms == pytest.approx(0.4300384, rel=1e-9)
+    # Kernels: 2 layers · (attention 1 + MoE 5) = 12 (was 4) → +8 µs per step. A routed pair moves
+    # 4·64 + 6·32 = 448 activation elements (gated, D 64, F 32) = 896 bytes, 50 times, at 100 GB/s ·
+    # mbu 0.5: 8.96e-7 s; 2 layers · k 2 = 4 pairs a token: 3.584e-6 s.
+    # Decode (1 token): 1.914304e-5 (golden above) + 8e-6 + 3.584e-6 = 3.072704e-5 s.
+    assert c.tpot_ms == pytest.approx(0.03072704, rel=1e-9)
+    # Prefill (100 tokens, one step): 2.20384e-5 + 8e-6 + 100 · 3.584e-6 = 3.884384e-4 s.
+    assert c.ttft_ms == pytest.approx(0.3884384, rel=1e-9)
+
+
+def test_routed_pair_time_follows_the_expert_shape_and_the_bandwidth() -> None:
+    """The routed pairs' time is traffic, not a constant: twice the expert width adds 6·32 more
+    elements a pair (448 → 640), and a device with twice the bandwidth halves it."""
+    profile = GOLD_PROFILE.with_parameters(routed_passes=50.0)
+
+    def routed_s(arch: Architecture, hw: Hardware) -> float:
+        with_pairs = estimate_cost(arch, hw, GOLD_ENGINE, GOLD_SCENARIO, profile).ttft_ms
+        without = estimate_cost(arch, hw, GOLD_ENGINE, GOLD_SCENARIO, GOLD_PROFILE).ttft_ms
+        return (with_pairs - without) / 1e3
+
+    base = routed_s(tiny_moe(), GOLD_HW)
+    assert base == pytest.approx(100 * 4 * 896 * 50 / 50e9, rel=1e-6)
+    assert routed_s(tiny_moe(expert_width=64), GOLD_HW) == pytest.approx(base * 640 / 448, rel=1e-6)
+    faster = dataclasses.replace(GOLD_HW, bandwidth_gb_s=200)
+    assert routed_s(tiny_moe(), faster) == pytest.approx(base / 2, rel=1e-6)
 
 
 def test_moe_terms_leave_a_dense_model_unchanged() -> None:
     """A dense model has no MoE block and no routed pair: the MoE kernel count and the time per pair
     change none of its costs, bit for bit."""
     engine = dataclasses.replace(GOLD_ENGINE, kernels_per_moe=9)
-    profile = GOLD_PROFILE.with_parameters(routed_pair_ns=50.0)
+    profile = GOLD_PROFILE.with_parameters(routed_passes=50.0)
     arch = tiny_hybrid()  # Mamba-2 and attention, dense FFNs: the sparse path, no MoE layer
     for a in (arch, GOLD_ARCH):
         plain = estimate_cost(a, GOLD_HW, GOLD_ENGINE, GOLD_SCENARIO, GOLD_PROFILE)
         assert estimate_cost(a, GOLD_HW, engine, GOLD_SCENARIO, profile) == plain
 
 
-def test_fit_routed_pair_ns_recovers_the_time_that_made_the_rows() -> None:
-    """Rows predicted at 20 ns a pair are fitted back to 20 ns from a start of 0; no rows keep the start."""
-    truth = GOLD_PROFILE.with_parameters(routed_pair_ns=20.0)
+def test_fit_routed_passes_recovers_the_value_that_made_the_rows() -> None:
+    """Rows predicted at 20 passes are fitted back to 20 from a start of 0; no rows keep the start."""
+    truth = GOLD_PROFILE.with_parameters(routed_passes=20.0)
     observations = []
     for concurrency, metric in ((1, "tpot_ms"), (8, "output_throughput_tok_s"), (64, "output_throughput_tok_s")):
         scenario = dataclasses.replace(GOLD_SCENARIO, concurrency=concurrency)
@@ -275,7 +296,7 @@ def test_fit_routed_pair_ns_recovers_the_time_that_made_the_rows() -> None:
         observations.append(
             Observation(tiny_moe(), GOLD_HW, GOLD_ENGINE, scenario, metric, float(getattr(value, metric)))
         )
-    fitted = fit_routed_pair_ns(observations, GOLD_PROFILE)
-    assert fitted.routed_pair_ns == pytest.approx(20.0, rel=1e-3)
+    fitted = fit_routed_passes(observations, GOLD_PROFILE)
+    assert fitted.routed_passes == pytest.approx(20.0, rel=1e-3)
     assert fitted.mfu == GOLD_PROFILE.mfu and fitted.kernel_launch_us == GOLD_PROFILE.kernel_launch_us
-    assert fit_routed_pair_ns([], GOLD_PROFILE) is GOLD_PROFILE
+    assert fit_routed_passes([], GOLD_PROFILE) is GOLD_PROFILE
