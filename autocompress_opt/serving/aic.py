@@ -437,7 +437,7 @@ def backend_check(
         if backend == "own":
             return None
         priced.append(cost.to_dict())
-    violations = {k: float(v) for k, v in replace(target, confidence=None).violations(*priced).items()}
+    violations = {k: float(v) for k, v in replace(target, confidence=None).violations(priced[0], priced[1]).items()}
     kept = ("ttft_ms", "tpot_ms", "e2e_latency_ms", "output_throughput_tok_s")
     return {
         "backend": "aic",

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.hybrid import is_sparse
 from autocompress_opt.errors import check_fraction, reject_unknown_keys
 from autocompress_opt.serving.costmodel import Scenario, cost_intervals, estimate_cost
 from autocompress_opt.serving.engine_models import get_engine
@@ -83,7 +84,9 @@ class Target:
         """Every cost metric of ``arch`` served here, by the exact scalar cost model (:func:`estimate_cost`)."""
         return estimate_cost(arch, self.hardware, self.engine_obj(), self.scenario()).to_dict()
 
-    def violations(self, metrics: Mapping[str, Any], parent_metrics: Mapping[str, float]) -> dict[str, Any]:
+    def violations(
+        self, metrics: Mapping[str, Any], parent_metrics: Mapping[str, float], sparse: bool = False
+    ) -> dict[str, Any]:
         """Normalised violation of every constraint of this target; ``<= 0`` means satisfied.
 
         ``metrics``: cost metrics of one or many architectures — floats, or numpy / torch arrays of
@@ -93,21 +96,24 @@ class Target:
         (``"tpot_ms <= 0.6x"``: ``(value - limit) / limit``, or ``(limit - value) / limit`` for a
         lower bound), then :data:`FITS_DEVICE` (:func:`device_fit_violation`). Values have the type
         and shape of ``metrics``' values. An architecture is feasible when every value is ``<= 0``.
-        Pure.
+        ``sparse``: the architectures have MoE or Mamba-2 layers (their pessimistic bound takes the
+        MoE rows' residuals, :meth:`pessimistic`). Pure.
         """
-        judged = self.pessimistic(metrics)
+        judged = self.pessimistic(metrics, sparse)
         out = dict(self.resolved_workload().violations(judged, parent_metrics))
         out[FITS_DEVICE] = device_fit_violation(metrics, self)
         return out
 
-    def pessimistic(self, metrics: Mapping[str, Any]) -> Mapping[str, Any]:
+    def pessimistic(self, metrics: Mapping[str, Any], sparse: bool = False) -> Mapping[str, Any]:
         """``metrics`` with TTFT/TPOT/E2E at the high and output throughput at the low end of their
         interval at :attr:`confidence` (unchanged when it is None, or the engine's profile holds
-        no residuals). Floats, numpy and torch arrays alike (a constant factor per metric)."""
+        no residuals); a ``sparse`` model's from the MoE/hybrid rows' held-out residuals, a dense
+        one's from the dense rows' (:meth:`CostProfile.interval`). Floats, numpy and torch arrays
+        alike (a constant factor per metric)."""
         if self.confidence is None:
             return metrics
         profile = get_profile(self.engine_name, get_hardware(self.hardware).name)
-        bounds = cost_intervals(metrics, self.scenario(), profile, self.confidence)
+        bounds = cost_intervals(metrics, self.scenario(), profile, self.confidence, sparse=sparse)
         worse = dict(metrics)
         for metric in ("ttft_ms", "tpot_ms", "e2e_latency_ms", "output_throughput_tok_s"):
             end = f"{metric}_high" if metric.endswith("_ms") else f"{metric}_low"
@@ -121,7 +127,8 @@ class Target:
         """``(violations, metrics)`` of one architecture by the exact cost model: :meth:`violations`
         (as floats) of :meth:`cost_metrics`. Feasible when :func:`all_satisfied` ``(violations)``."""
         metrics = self.cost_metrics(arch)
-        return {k: float(v) for k, v in self.violations(metrics, parent_metrics).items()}, metrics
+        violations = self.violations(metrics, parent_metrics, sparse=is_sparse(arch))
+        return {k: float(v) for k, v in violations.items()}, metrics
 
     def feasible(self, arch: Architecture, parent_metrics: Mapping[str, float]) -> bool:
         """Whether ``arch`` meets every constraint of this target: :func:`all_satisfied` of :meth:`check`."""

@@ -11,6 +11,7 @@ import pytest
 
 from autocompress_opt.arch.catalog import known_architectures
 from autocompress_opt.errors import ConfigError
+from autocompress_opt.search.inner.budget import CostGoal
 from autocompress_opt.serving import targets as targets_module
 from autocompress_opt.serving.costmodel import Scenario, cost_intervals, estimate_cost, regime_of
 from autocompress_opt.serving.profiles import CostProfile, time_ratio
@@ -121,6 +122,28 @@ def test_a_point_feasible_at_the_median_is_infeasible_at_confidence_0_9(monkeypa
     # a looser limit (past the pessimistic end) is met at 0.9 too
     loose = Target(**kwargs, constraints={**limit, "tpot_ms": f"{1.5 * median['tpot_ms']:.6f}"}, confidence=0.9)  # type: ignore[arg-type]
     assert all_satisfied(loose.check(arch, parent)[0])
+
+
+def test_a_sparse_models_constraints_bind_at_the_moe_rows_end(monkeypatch: Any) -> None:
+    """Issue 44: a MoE model's constraint check (Target.check, the inner search's CostGoal) takes the
+    pessimistic end from the MoE rows' residuals, a dense model's from the dense rows'."""
+    moe_rows = residuals("single", "decode", [0.7, 1.0, 1.3, 1.6, 2.0])
+    profile = CostProfile("vllm", fit={**PROFILE.fit, "heldout_moe": moe_rows})
+    monkeypatch.setattr(targets_module, "get_profile", lambda engine, hardware: profile)
+    moe = known_architectures()["qwen3-30b-a3b"]
+    kwargs = dict(hardware="h100-sxm", workload="in-game", engine="vllm", concurrency=1, input_len=1000, output_len=100)
+    median = Target(**kwargs).cost_metrics(moe)  # type: ignore[arg-type]
+    limit = {"tpot_ms": f"{median['tpot_ms']:.6f}", "ttft_ms": "1e9", "peak_memory_gib": "1e9"}
+    sure = Target(**kwargs, constraints=limit, confidence=0.9)  # type: ignore[arg-type]
+    violations, _ = sure.check(moe, median)
+    tpot = next(k for k in violations if k.startswith("tpot_ms"))
+    band = profile.interval("tpot_ms", "single", 0.9, sparse=True)
+    dense = profile.interval("tpot_ms", "single", 0.9)
+    assert band is not None and dense is not None and band.high > dense.high
+    assert violations[tpot] == pytest.approx(band.high - 1, rel=1e-4)
+    assert sure.violations(median, median)[tpot] == pytest.approx(dense.high - 1, rel=1e-4)  # dense by default
+    goal = CostGoal.for_target(sure, moe)
+    assert goal.sparse and goal.violations(median)[tpot] == pytest.approx(band.high - 1, rel=1e-4)
 
 
 def test_confidence_is_validated_and_omitted_from_dicts_when_unset() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.hybrid import is_sparse
 from autocompress_opt.errors import ConfigError, check_int
 from autocompress_opt.search.inner.relaxation import ExpectedStructure
 from autocompress_opt.serving.costmodel import (
@@ -128,10 +129,11 @@ class CostGoal:
 
     target: Target
     parent_metrics: Mapping[str, float]
+    sparse: bool = False  # the parent has MoE or Mamba-2 layers: pessimistic bounds from those rows' residuals
 
     @classmethod
     def for_target(cls, target: Target, parent: Architecture) -> CostGoal:
-        return cls(target, parent_metrics(parent, target))
+        return cls(target, parent_metrics(parent, target), is_sparse(parent))
 
     def metrics(self, arrays: ArchArrays) -> dict[str, Any]:
         """The cost metrics of ``arrays`` (numpy or torch) in the target's scenario that
@@ -173,7 +175,7 @@ class CostGoal:
     def violations(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """:meth:`Target.violations` of ``metrics`` (floats, numpy or torch arrays) against this parent;
         ``<= 0`` feasible."""
-        return self.target.violations(metrics, self.parent_metrics)
+        return self.target.violations(metrics, self.parent_metrics, self.sparse)
 
 
 def cost_dtype(device: torch.device | str) -> torch.dtype:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.arch.hybrid import is_moe
+from autocompress_opt.arch.hybrid import is_moe, is_sparse
 from autocompress_opt.arch.search_space import CHOICES, SPARSE_CHOICES, SearchSpace
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.search.study.trials import LegalMemo, plan_quality, uniform_model
@@ -109,7 +109,10 @@ class Proxy:
             chunk = built[start : start + COST_CHUNK]
             arrays = ArchArrays.from_architectures([arch for *_, arch in chunk])
             metrics = estimate_batch(arrays, target.hardware, target.engine_obj(), target.scenario())
-            violations = {k: np.asarray(v).reshape(-1) for k, v in target.violations(metrics, self.parent_cost).items()}
+            violations = {
+                k: np.asarray(v).reshape(-1)
+                for k, v in target.violations(metrics, self.parent_cost, is_sparse(self.parent)).items()
+            }
             for row, (i, legal, _) in enumerate(chunk):
                 mine = {k: float(v[row]) for k, v in violations.items()}
                 scores[i] = ProxyScore(legal, mine, all_satisfied(mine))

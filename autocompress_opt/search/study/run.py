@@ -46,6 +46,7 @@ from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.catalog import load_architecture
+from autocompress_opt.arch.hybrid import is_sparse
 from autocompress_opt.search.study.config import StudyConfig, check_config
 from autocompress_opt.search.study.coordination import Coordination, open_study
 from autocompress_opt.search.study.placement import Placement, driver_cache_dir, driver_path
@@ -255,6 +256,7 @@ def _prepare_target(
         early_stopping=config.scheduler_name != "none",
         proxy=proxy,
         deadline=run.deadline,
+        sparse=is_sparse(parent),
     )
     seconds = time.perf_counter() - clock
     study.set_user_attr("prepared", {"at": began.isoformat(), "seconds": round(seconds, 3)})

@@ -132,6 +132,8 @@ class StudySearcher(Searcher):
             without running, and the sampler asks again; None: every point runs.
         deadline: ``time.monotonic()`` after which no new trial starts (None: none); trials in
             flight finish.
+        sparse: the parent has MoE or Mamba-2 layers (the constraint check's pessimistic bound
+            takes those rows' residuals, :meth:`Target.pessimistic`).
     """
 
     def __init__(
@@ -150,6 +152,7 @@ class StudySearcher(Searcher):
         early_stopping: bool = False,
         proxy: Any = None,
         deadline: float | None = None,
+        sparse: bool = False,
     ) -> None:
         super().__init__(metric=None, mode=None)
         self.study, self.distributions, self.request = study, dict(distributions), dict(request)
@@ -157,7 +160,7 @@ class StudySearcher(Searcher):
         self.trials, self.max_failures, self.progress = trials, max_failures, progress
         self.coordination = coordination
         self.early_stopping = early_stopping
-        self.proxy, self.deadline = proxy, deadline
+        self.proxy, self.deadline, self.sparse = proxy, deadline, sparse
         self.screened = 0  # points the proxy kept from running, this run
         self.driver = coordination.driver
         self.live: dict[str, Any] = {}
@@ -382,7 +385,7 @@ class StudySearcher(Searcher):
             trial.set_user_attr("timings_s", payload["timings_s"])
         if "ffn_budget" in payload:  # weights mode: the sampled FFN width and what the trial's model kept of it
             trial.set_user_attr("ffn_budget", payload["ffn_budget"])
-        violations = self.target.violations(metrics, self.parent_cost)
+        violations = self.target.violations(metrics, self.parent_cost, self.sparse)
         for key, value in violations.items():
             trial.set_constraint(key, float(value))
         # Also as user attributes: optuna-dashboard 0.21 shows only old-style list constraints.
