@@ -67,7 +67,43 @@ def validation_publications() -> str:
     return f"Held out one publication at a time, one figure per publication. {verdict}.\n\n" + r.table(header, rows)
 
 
+def moe_llamacpp() -> str:
+    """The real-weights MoE and its children timed in llama.cpp here, against the CPU profile."""
+    r = _render()
+    data = r.load("moe_llamacpp")
+    if data is None:
+        return "not yet measured (run `python benchmarks/bench_moe_llamacpp.py`)"
+    passes, s = data["routed_passes"], data["summary"]
+    labels = {
+        "shipped": f"CPU profile as shipped (routed_passes {passes['shipped']:g})",
+        "gpu_pooled": f"GPU engines' pooled value ({passes['gpu_pooled']:g})",
+        "fitted": f"fitted to these MoE timings, in-sample ({passes['fitted']:g})",
+        "held_out": "fitted to the other MoE models, each held out",
+    }
+    header = ["routed_passes", "MoE median error", "prefill", "decode"]
+    rows = [
+        [labels[k], f"**{r.pct(v['moe_mdape'])}**", r.pct(v["moe_prefill_mdape"]), r.pct(v["moe_decode_mdape"])]
+        for k, v in s.items()
+    ]
+    dense = data["dense_control"]["errors"]
+    models = data["models"]
+    # moe-EXPERTSxTOPK-wWIDTH; the dense parent's errors are the shipped profile's (no MoE term)
+    per = ["model", "active params", "measured pp / tg (tok/s)", "error held out (pp, tg)"]
+    lines = [
+        [name, f"{m['active_params'] / 1e6:.1f}M", f"{m['measured']['pp']:.0f} / {m['measured']['tg']:.1f}",
+         ", ".join(f"{100 * e:+.0f} %" for e in m["error"].get("held_out", m["error"]["shipped"]))]
+        for name, m in models.items()
+    ]  # fmt: skip
+    return (
+        f"{len(models) - 1} MoE models (the real-weights MoE and its pruned children) timed with llama-bench "
+        f"(f16, {data['settings']['threads']} threads) on this CPU; the dense parent, the control, is "
+        f"predicted {100 * dense[0]:+.0f} % (prefill) and {100 * dense[1]:+.0f} % (decode) by the same "
+        f"profile.\n\n" + r.table(header, rows) + "\n\n" + r.table(per, lines)
+    )
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "validation-moe": validation_moe,
     "validation-publications": validation_publications,
+    "moe-llamacpp": moe_llamacpp,
 }
