@@ -9,12 +9,13 @@ the dense parent as a control, every model timed in ``--passes`` interleaved pas
 kept. Predicted by this CPU's llama.cpp profile (``cpu-llamacpp.yaml``, fitted to dense SmolLM2
 children only) on this machine's measured peaks, with ``routed_passes``:
 
-* ``shipped``: the profile's own value (the CPU profile has none fitted: 0);
+* ``none``: 0, the MoE traffic term off (the dense terms alone);
 * ``gpu_pooled``: the value pooled over the GPU engines' published MoE rows (what the GPU llama.cpp
   profile uses);
 * ``fitted``: fitted to every MoE model's timings here (in-sample);
 * ``held_out``: fitted to the other MoE models' timings, leaving each model out in turn.
 
+The profile ships the ``fitted`` value (``routed_passes`` in ``cpu-llamacpp.yaml``).
 The dense parent's error is the control: a MoE error near it is the dense model's error, not the
 MoE terms'. Writes ``results/moe_llamacpp.json``.
 
@@ -170,13 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     moe_obs = [o for n in moe_names for o in observations[n]]
     fitted = fit_routed_passes(moe_obs, profile)
     variants = {
-        "shipped": profile,
+        "none": replace(profile, routed_passes=0.0),
         "gpu_pooled": replace(profile, routed_passes=gpu_pooled),
         "fitted": fitted,
     }
     for name in names:
         row = rows[name]
-        row["error"] = {v: _errors(observations[name], p) for v, p in variants.items()}
+        row["error"] = {v: _errors(observations[name], p) for v, p in variants.items()}  # dense: no MoE term
         if name != "dense":
             rest = [o for n in moe_names if n != name for o in observations[n]]
             fold = fit_routed_passes(rest, profile)
@@ -203,10 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         "hardware": hw.to_dict(),
         "routed_passes": {
             "shipped": profile.routed_passes,
+            "none": 0.0,
             "gpu_pooled": gpu_pooled,
             "fitted": round(fitted.routed_passes, 4),
         },
-        "dense_control": {"errors": rows["dense"]["error"]["shipped"]},
+        "dense_control": {"errors": rows["dense"]["error"]["none"]},
         "summary": summary,
         "models": rows,
         "seconds": round(time.perf_counter() - began, 1),
