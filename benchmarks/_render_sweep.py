@@ -86,9 +86,12 @@ def _budget(cell: dict[str, Any]) -> str:
 
 
 def _trials(cell: dict[str, Any]) -> str:
-    """``5 + 8 stopped early of 12, 1 failed``: complete trials, those ASHA stopped, those asked for."""
+    """``3 + 9 stopped early of 12, 4 screened by the proxy, 1 failed``: complete trials, those ASHA
+    stopped, those asked for, the points the proxy kept from running (cells written before the count
+    was kept apart include them in the stopped-early count)."""
     t = (cell.get("study") or {}).get("trials") or {}
     text = f"{t.get('complete', 0)} + {t.get('pruned', 0)} stopped early of {t.get('asked', '?')}"
+    text += f", {t['proxy_infeasible']} screened by the proxy" if t.get("proxy_infeasible") else ""
     return text + (f", {t['fail']} failed" if t.get("fail") else "")
 
 

@@ -125,6 +125,20 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
     """The examples as written, and every option's default."""
 
 
+def trial_counts(records: list[Any], asked: int) -> dict[str, int]:
+    """Trials per state (lower case) with ``pruned`` the trials a scheduler stopped early only; the
+    points the proxy screened out without running (PRUNED too, with a ``proxy_infeasible`` record)
+    counted apart as ``proxy_infeasible``; ``asked`` and ``feasible`` (complete and feasible)."""
+    screened = sum(r.state == "PRUNED" and r.proxy_infeasible is not None for r in records)
+    states = [r.state for r in records]
+    counts = {s.lower(): states.count(s) for s in sorted(set(states))}
+    if screened:
+        counts["pruned"] -= screened
+        counts["proxy_infeasible"] = screened
+    counts.update(asked=asked, feasible=sum(r.state == "COMPLETE" and bool(r.feasible) for r in records))
+    return counts
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -336,9 +350,7 @@ def run_study(cell: Cell, target: Any, space: Path, args: argparse.Namespace) ->
     else:
         raise RuntimeError(f"study run exited {rc} {1 + STUDY_RETRIES} times; see {log}")
     records, attrs = load_records(storage, f"{cell.group}.{target.hardware}")
-    states = [r.state for r in records]
-    counts = {s.lower(): states.count(s) for s in sorted(set(states))}
-    counts.update(asked=args.trials, feasible=sum(r.state == "COMPLETE" and bool(r.feasible) for r in records))
+    counts = trial_counts(records, args.trials)
     try:
         pick: dict[str, Any] | None = best_feasible(storage, target, cell.group)
     except RuntimeError:
