@@ -718,7 +718,8 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "multifidelity-8min": multifidelity("multifidelity"),
     "multifidelity-15min": multifidelity("multifidelity_15min", "multifidelity_15min_seed1"),
     "validation": validation,
-    **__import__("_render_validation").RENDERERS,  # validation-moe, validation-publications
+    **__import__("_render_validation").RENDERERS,  # validation-moe, validation-publications, moe-llamacpp
+    **__import__("_render_moe").RENDERERS,  # moe-build
     "engine-calibration": engine_calibration,
     "cpu-calibration": cpu_calibration,
     "performance": performance,

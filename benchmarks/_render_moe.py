@@ -1,0 +1,65 @@
+"""Rendered block of docs/results/moe.md: the real-weights MoE against its dense parent, from
+``benchmarks/results/moe_build.json`` (``benchmarks/build_moe.py``).
+
+Kept apart from ``render.py`` (which registers :data:`RENDERERS` in one line) so that file stays under
+the house's 800 lines; its helpers (``load``, ``pct``, ``table``, ``commit_of``) are imported when a
+block renders, not at the top (``render.py`` imports this module while it is still being built).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def _render() -> Any:
+    import render
+
+    return render
+
+
+def moe_build() -> str:
+    """Dense parent, the MoE as split and (when run) recovered: perplexity, KL to the dense model, sizes."""
+    r = _render()
+    data = r.load("moe_build")
+    if data is None:
+        return "not yet measured (run `python benchmarks/build_moe.py --distill-steps 200`)"
+    a = data["args"]
+    names = [("dense", "dense parent")] + [
+        (k, label) for k, label in (("split", "MoE as split"), ("recovered", "MoE after recovery")) if k in data
+    ]
+    header = ["model", "params", "active per token", "test perplexity", "KL to dense (nats/token)"]
+    sizes = {k: (data[k]["num_params"], data[k].get("active_params", data[k]["num_params"])) for k, _ in names}
+    rows = [
+        [label, f"{sizes[k][0] / 1e6:.1f}M", f"{sizes[k][1] / 1e6:.1f}M", f"{data[k]['perplexity']:.1f}",
+         f"{data[k]['kl_to_dense']:.3f}"]
+        for k, label in names
+    ]  # fmt: skip
+    recovery = data.get("recovery")
+    # train_s is 0 when the run resumed a finished recovery from the cache (its time is the first run's)
+    how = (
+        f"recovered by {recovery['recipe']['steps']} distillation steps × {recovery['recipe']['batch_size']} rows "
+        f"of {recovery['recipe']['seq_len']} tokens from the dense model (lr {recovery['recipe']['lr']:g})"
+        if recovery
+        else "not recovered"
+    )
+    served = data.get("llamacpp") or {}
+    agreement = [
+        f"{label}: {100 * served[k]['serve_check']['top1_agreement']:.1f} %"
+        for k, label in (("split", "as split"), ("recovered", "after recovery"))
+        if "serve_check" in served.get(k, {})
+    ]
+    checked = (
+        f"\n\nServed by llama.cpp (f16 GGUF, Mixtral), its next token agrees with transformers' on "
+        f"{', '.join(agreement)} of {served[next(iter(served))]['serve_check']['positions']} positions."
+        if agreement
+        else ""
+    )
+    return (
+        f"{a['model']} split into {a['experts']} experts per layer, top-{a['top_k']}, on {a['calib_rows']} "
+        f"calibration rows; {how}. Measured on {a['test_rows']} test-split rows × {a['seq_len']} tokens (half "
+        f"code, half prose) at {r.commit_of(data)}.\n\n" + r.table(header, rows) + checked
+    )
+
+
+RENDERERS: dict[str, Callable[[], str]] = {"moe-build": moe_build}
