@@ -62,4 +62,23 @@ def moe_build() -> str:
     )
 
 
-RENDERERS: dict[str, Callable[[], str]] = {"moe-build": moe_build}
+def moe_axes() -> str:
+    """Each MoE axis cut on the recovered MoE: KL to the MoE, sizes, and the paired comparisons."""
+    r = _render()
+    data = r.load("moe_axes")
+    if data is None:
+        return "not yet measured (run `python benchmarks/bench_moe_axes.py`)"
+    header = ["child (experts × top-k, width)", "params", "active per token", "KL to the MoE (nats/token)"]
+    rows = [
+        [name, f"{c['params'] / 1e6:.1f}M", f"{c['active_params'] / 1e6:.1f}M", f"**{c['kl_to_moe']:.3f}**"]
+        for name, c in sorted(data["children"].items(), key=lambda kv: kv[1]["kl_to_moe"])
+    ]
+    pairs = ["a", "b", "KL(a) − KL(b), 95 % interval"]
+    lines = [[p["a"], p["b"], f"{p['diff']:+.3f} [{p['low']:+.3f}, {p['high']:+.3f}]"] for p in data["pairs"]]
+    return (
+        f"Before recovery, on {data['test_rows']} test-split rows × {data['seq_len']} tokens, intervals paired "
+        f"over rows (bootstrap) at {r.commit_of(data)}.\n\n" + r.table(header, rows) + "\n\n" + r.table(pairs, lines)
+    )
+
+
+RENDERERS: dict[str, Callable[[], str]] = {"moe-build": moe_build, "moe-axes": moe_axes}
