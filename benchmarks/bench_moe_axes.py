@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import provenance, write
 from bench_moe_llamacpp import POINTS
-from build_moe import DEFAULT_OUT
+from build_moe import add_checkpoint_argument
 
 # Pairs compared with a paired interval: each axis cut to about the same active parameters.
 PAIRS = (
@@ -40,12 +40,7 @@ PAIRS = (
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--moe",
-        type=Path,
-        default=DEFAULT_OUT / "smollm2-135m-moe8x4-s0" / "recovered",
-        help="the MoE checkpoint (default: build_moe.py's recovered model)",
-    )
+    add_checkpoint_argument(parser, "recovered")
     parser.add_argument("--test-rows", type=int, default=32, help="test-split rows (half code, half prose)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--resamples", type=int, default=10_000)

@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import provenance, write
-from build_moe import DEFAULT_OUT
+from build_moe import add_checkpoint_argument
 
 # Children of the 8-expert, top-4, 192-channel MoE: each axis alone, then together.
 POINTS: dict[str, dict[str, int]] = {
@@ -54,12 +54,7 @@ PROMPT_LEN, GEN_LEN = 128, 32
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--moe",
-        type=Path,
-        default=DEFAULT_OUT / "smollm2-135m-moe8x4-s0" / "split",
-        help="the MoE checkpoint (default: build_moe.py's cache; built when absent)",
-    )
+    add_checkpoint_argument(parser, "split", "; built when absent")
     parser.add_argument("--repetitions", type=int, default=3, help="llama-bench runs per number (median)")
     parser.add_argument("--passes", type=int, default=2, help="interleaved timing passes, fastest kept")
     parser.add_argument("--threads", type=int, default=2)

@@ -52,6 +52,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def checkpoint_dir(args: argparse.Namespace) -> Path:
+    """Where the MoE of ``args`` (its parent, experts, top-k, seed) is built: ``--out``, or the cache."""
+    return args.out or DEFAULT_OUT / f"{args.model}-moe{args.experts}x{args.top_k}-s{args.seed}"
+
+
+def add_checkpoint_argument(parser: argparse.ArgumentParser, stage: str, note: str = "") -> None:
+    """``--moe``: a benchmark's MoE checkpoint, by default this script's ``stage`` folder (``split`` or
+    ``recovered``) of the MoE its defaults build."""
+    default = checkpoint_dir(_parse([])) / stage
+    parser.add_argument("--moe", type=Path, default=default, help=f"the MoE checkpoint (default: {default}{note})")
+
+
 def _measure(model: Any, dense_lp: Any, ids: Any, batch: int = 4) -> dict[str, float]:
     """Mean per-position KL(dense ‖ model) and the model's perplexity on ``ids``."""
     import torch
@@ -103,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parse(argv)
     torch.manual_seed(args.seed)
-    out = args.out or DEFAULT_OUT / f"{args.model}-moe{args.experts}x{args.top_k}-s{args.seed}"
+    out = checkpoint_dir(args)
     began = time.perf_counter()
     dense = load_model(args.model)
     tokenizer = dense.tokenizer
