@@ -341,7 +341,9 @@ def fit_published(rows: Sequence[tuple[Observation, str]], holdout: bool = True)
         by_engine.setdefault(obs.engine.name, [])
     held_rows = {r.id: r for r in leave_one_source_out(rows)} if holdout else {}
     dense_fits = {engine: _fit_engine(engine, [o for o, _ in items]) for engine, items in by_engine.items()}
-    pooled = fit_routed_passes([o for o, _ in moe], dense_fits) if moe else dense_fits
+    moe_engines = {o.engine.name for o, _ in moe}
+    # An engine without MoE rows takes the value every engine's MoE rows fit (fitted only when one exists).
+    pooled = fit_routed_passes([o for o, _ in moe], dense_fits) if moe and set(by_engine) - moe_engines else dense_fits
     fitted: dict[str, CostProfile] = {}
     for engine, items in sorted(by_engine.items()):
         observations = [o for o, _ in items]
