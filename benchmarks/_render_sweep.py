@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 NAME = "sweep"
+BEFORE = "sweep_without_runners_up"  # the first cells: studies seeded with the three baselines only
 BUDGET_ORDER = ("light", "middle", "aggressive")
 MISSING = "not yet measured (`benchmarks/results/sweep.json` is not committed)"
 
@@ -123,10 +124,20 @@ def intro(data: dict[str, Any]) -> str:
 
 def sweep() -> str:
     """The cell table: one row per (target, budget, study seed)."""
+    return cell_table(NAME)
+
+
+def sweep_without_runners_up() -> str:
+    """The cells run before studies seeded best-uniform's runners-up (:data:`BEFORE`), as measured."""
+    return cell_table(BEFORE)
+
+
+def cell_table(name: str) -> str:
+    """The cell table of results file ``name``: one row per (target, budget, study seed)."""
     r = _render()
-    data = r.load(NAME)
+    data = r.load(name)
     if data is None:
-        return MISSING
+        return MISSING.replace(NAME, name)
     rows = []
     for key, c in _ordered(data):
         arms = c.get("arms") or {}
@@ -227,10 +238,21 @@ def verdicts(data: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 def sweep_verdict() -> str:
     """One sentence from the file: where the search beats the best uniform model after correction and
-    where it does not."""
-    data = _render().load(NAME)
-    if data is None or not data.get("cells"):
-        return "The compression sweep has no finished cell yet (`benchmarks/results/sweep.json`)."
+    where it does not; and, while the current file has fewer cells, the first cells' (:data:`BEFORE`)."""
+    r = _render()
+    data, before = r.load(NAME), r.load(BEFORE)
+    now = _verdict_sentence(data) if data and data.get("cells") else None
+    if before and before.get("cells") and len((data or {}).get("cells") or {}) < len(before["cells"]):
+        first = _verdict_sentence(before)
+        first = first[0].lower() + first[1:]
+        restarted = "The sweep restarted when studies began to seed best-uniform's runners-up" + (
+            f": {now[0].lower()}{now[1:-1]}" if now else "; no cell of it has finished yet"
+        )
+        return f"{restarted}. In its first {len(before['cells'])} cells, before that change, {first}"
+    return now or "The compression sweep has no finished cell yet (`benchmarks/results/sweep.json`)."
+
+
+def _verdict_sentence(data: dict[str, Any]) -> str:
     found = verdicts(data)
 
     def where(verdict: str) -> str:
@@ -257,15 +279,19 @@ def sweep_verdict() -> str:
 
 
 def sweep_timing() -> str:
-    """How long a cell took, from the cells' own timings."""
-    data = _render().load(NAME)
+    """How long a cell took, from the cells' own timings (the first cells', :data:`BEFORE`, while the
+    current file has none)."""
+    r = _render()
+    data, which = r.load(NAME), ""
+    if data is None or not data.get("cells"):
+        data, which = r.load(BEFORE), " before the restart"
     if data is None or not data.get("cells"):
         return "No cell has finished yet, so no cell has been timed."
     cells = list((data.get("cells") or {}).values())
     minutes = lambda part: [c["seconds"].get(part, 0.0) / 60 for c in cells]
     median = statistics.median
     return (
-        f"{len(cells)} cell(s) finished on {data['machine']['cpus']} CPU cores: a cell took "
+        f"{len(cells)} cell(s) finished{which} on {data['machine']['cpus']} CPU cores: a cell took "
         f"{median(minutes('cell')):.0f} minutes (median; {min(minutes('cell')):.0f} to {max(minutes('cell')):.0f}), of "
         f"which the study {median(minutes('study')):.0f}, recovery {median(minutes('recovery')):.0f} and the "
         f"baselines {median(minutes('baselines')):.0f}."
@@ -344,4 +370,5 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "sweep-seeds": sweep_seeds,
     "sweep-verdict": sweep_verdict,
     "sweep-timing": sweep_timing,
+    "sweep-without-runners-up": sweep_without_runners_up,
 }

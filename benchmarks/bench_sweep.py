@@ -18,7 +18,9 @@ Each cell, on SmolLM2-135M:
    the bundled one with each floor lowered to the lowest value any of the three chose
    (:func:`budget_space`): at an aggressive budget the baselines fall below the bundled 10-layer
    floor (issue 47: at b200 ``--min-throughput 2.5x`` nothing was seeded) and would not be seeded.
-2. **The study**: ``autocompress study run --mode weights`` for that target, budget, space and seed,
+2. **The study**: ``autocompress study run --mode weights`` for that target, budget, space and seed
+   (its defaults: the three baselines and best-uniform's two runners-up seeded, the proxy's points,
+   ASHA),
    ``--trials`` trials (the counts completed, stopped early and failed are recorded); its best
    feasible trial (lowest KL on the selection rows) is the ``searched`` arm, cut with the indices the
    trial kept.
@@ -576,6 +578,8 @@ def corrected(cells: dict[str, Any], groups: dict[str, Any], n_boot: int) -> dic
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     """What every cell of one file shares (a file made with other settings is not extended)."""
+    from autocompress_opt.search.study.config import RUNNERS_UP
+
     return {
         "model": MODEL,
         "budgets": BUDGETS,
@@ -590,6 +594,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
             "seeds": args.seed_list,
         },
         "n_boot": args.n_boot,
+        "runners_up": RUNNERS_UP,  # best-uniform's next-best candidates each study seeds (the study's default)
     }
 
 

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import load_search_space
 from autocompress_opt.errors import ConfigError
@@ -460,6 +461,51 @@ def test_seed_top_k_limits_the_candidates_each_scored_baseline_scores(tmp_path: 
         _seed_top_k(["minitron"])
     flags = {**DEFAULTS, "mode": "weights", "targets": "rtx5070", "seed_top_k": {"minitron": 3}}
     assert build_config(flags).seed_top_k == {"minitron": 3}  # the YAML key
+
+
+def test_runners_up_seed_best_uniforms_next_best_scored_candidates(tmp_path: Path) -> None:
+    """runners_up: after the three baselines, best-uniform's next-best scored candidates (lowest score
+    first, none a baseline's point, each with its own uniform model for the trial to weigh); 2 by
+    default in weights mode, none in plan mode, with runners_up 0 or without a scorer; validated."""
+    from autocompress_opt.cli.study.config import DEFAULTS, build_config
+
+    target, parent = Target("h100-sxm", "datacenter"), load_architecture("smollm2-135m")
+    cfg = StudyConfig(
+        name="x", model="smollm2-135m", targets=(target,), space=load_search_space("smollm2-135m"), trials=1,
+        mode="weights",
+    )  # fmt: skip
+    scores: dict[int, float] = {}
+
+    def score(arch: object) -> float:  # a middle-sized model scores best: the ranking is not by size
+        n = arch.num_params  # type: ignore[attr-defined]
+        return scores.setdefault(n, abs(n - 90e6) / 1e6)
+
+    assert cfg.runner_up_seeds == 2
+    seeds = baseline_seeds(cfg, target, parent, score=score)
+    names = list(seeds)[3:]  # best-uniform#<its rank>: a rank whose point a baseline holds is passed over
+    assert list(seeds)[:3] == list(SEEDED_BASELINES) and len(names) == 2
+    assert all(n.startswith("best-uniform#") for n in names) and 2 <= int(names[0][13:]) < int(names[1][13:])
+    baseline_points = [seeds[n]["point"] for n in SEEDED_BASELINES]
+    runners = [seeds[n] for n in names]
+    assert all(r["point"] not in baseline_points for r in runners) and runners[0]["point"] != runners[1]["point"]
+    ranked = [float(r["finding"].split("(score ")[1].split(";")[0]) for r in runners]
+    best = float(seeds["best-uniform"]["finding"].split("lowest score (")[1].split(")")[0])
+    assert best <= ranked[0] <= ranked[1]
+    for r in runners:  # the runner-up's own uniform model, with the parameters of its point
+        arch = Architecture.from_dict(r["architecture"])
+        assert {layer.ffn_width for layer in arch.layers if layer.ffn} == {r["point"]["ffn_width"]}
+        assert sum(1 for layer in arch.layers if layer.ffn or layer.attention) == r["point"]["num_layers"]
+
+    assert list(baseline_seeds(replace(cfg, runners_up=0), target, parent, score=score)) == list(SEEDED_BASELINES)
+    more = list(baseline_seeds(replace(cfg, runners_up=5), target, parent, score=score))[3:]
+    assert len(more) == 5 and more[:2] == names
+    assert list(baseline_seeds(cfg, target, parent)) == list(SEEDED_BASELINES)  # ranked by parameters: none
+    assert replace(cfg, mode="plan").runner_up_seeds == 0
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ConfigError, match="runners_up must be an int >= 0"):
+            replace(cfg, runners_up=bad)
+    flags = {**DEFAULTS, "mode": "weights", "targets": "rtx5070", "runners_up": 0}
+    assert build_config(flags).runner_up_seeds == 0  # --runners-up 0 / YAML runners_up: 0
 
 
 def test_cli_seeds_shows_and_exports_the_baseline_trials(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

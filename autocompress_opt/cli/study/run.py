@@ -197,6 +197,14 @@ def add_parser(actions: Any) -> None:
         "Fewer candidates: fewer forward passes before the first trial, possibly another (never larger) seed",
     )
     run.add_argument(
+        "--runners-up",
+        type=int,
+        metavar="K",
+        help="weights mode: after the baselines, also seed best-uniform's K next-best scored candidates "
+        "(uniform models near the best one, where the inner search has room to make a trial heterogeneous; "
+        "each costs one trial that early stopping does not cut). 0: none (default 2 in weights mode)",
+    )
+    run.add_argument(
         "--confidence",
         type=float,
         help="judge every latency/throughput constraint at the pessimistic end of the cost model's interval "

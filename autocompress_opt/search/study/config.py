@@ -23,6 +23,7 @@ from autocompress_opt.search.study.trials import TRIAL_MODES, Target, load_plugi
 __all__ = [
     "ASHA_MIN_TRIALS",
     "PROXY_POINTS",
+    "RUNNERS_UP",
     "SCHEDULERS",
     "SEEDED_BASELINES",
     "Objective",
@@ -41,6 +42,7 @@ SEEDED_BASELINES: tuple[str, ...] = ("depth", "minitron", "best-uniform")
 SCHEDULERS: tuple[str, ...] = ("asha", "none")
 ASHA_MIN_TRIALS = 4  # with this many trials or fewer ASHA has too few to compare: off by default
 PROXY_POINTS = 4  # weights mode: points the plan-mode proxy enqueues per target by default
+RUNNERS_UP = 2  # weights mode: best-uniform's next-best scored candidates seeded after the baselines by default
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,9 @@ class StudyConfig:
     (:data:`SCORED_SEEDS`: ``minitron``, ``best-uniform``) score, by name; a name left out keeps the
     baseline's own default (10, 20). Fewer cost fewer forward passes in the driver and may choose a
     different (never a larger) seed. Not part of the identity: a resumed study keeps its stored seeds.
+    ``runners_up``: how many of best-uniform's next-best scored candidates are seeded after the
+    baselines (:func:`~.seeding.runner_up_seeds`; :attr:`runner_up_seeds` gives the default); stored
+    with the seeds and, like them, not part of the identity.
     ``hardware``: user GPU profiles (``Hardware.to_dict()`` of what
     :func:`~autocompress_opt.serving.hardware.load_hardware_file` read) the targets may name; they are
     registered here and in every trial's worker, and a target's profile is part of its identity.
@@ -155,6 +160,7 @@ class StudyConfig:
     proxy: int | None = None  # points the plan-mode proxy enqueues per target; None: PROXY_POINTS in weights mode
     time_budget: float | None = None  # minutes after which no new trial starts (the run's; trials in flight finish)
     seed_top_k: Mapping[str, int] = field(default_factory=dict)  # candidates a seeded baseline scores (SCORED_SEEDS)
+    runners_up: int | None = None  # best-uniform's next-best candidates seeded too; None: RUNNERS_UP in weights mode
     allow_data_change: bool = False  # resume although the --data content changed (not part of the identity)
     driver_device: str = "cpu"  # where the driver reads the parent for seeds and proxy (placement.check_driver_device)
 
@@ -176,6 +182,12 @@ class StudyConfig:
             raise ConfigError(
                 f"proxy {self.proxy}: the plan-mode proxy ranks points for weights-mode trials; a {self.mode}-mode "
                 "study's trials are as cheap as the proxy. Use --proxy 0 or --mode weights"
+            )
+        bad_runners = not isinstance(self.runners_up, int) or isinstance(self.runners_up, bool) or self.runners_up < 0
+        if self.runners_up is not None and bad_runners:
+            raise ConfigError(
+                f"runners_up must be an int >= 0 (best-uniform's next-best candidates seeded; 0: none), "
+                f"got {self.runners_up!r}"
             )
         if self.time_budget is not None and (
             isinstance(self.time_budget, bool)
@@ -224,6 +236,15 @@ class StudyConfig:
         if self.proxy is not None:
             return self.proxy
         return PROXY_POINTS if self.mode == "weights" else 0
+
+    @property
+    def runner_up_seeds(self) -> int:
+        """How many of best-uniform's next-best scored candidates a study seeds after the baselines
+        (:func:`~.seeding.runner_up_seeds`): ``runners_up``, by default :data:`RUNNERS_UP` in weights
+        mode, 0 otherwise (plan-mode baselines rank by parameters: there is no next-best to seed)."""
+        if self.runners_up is not None:
+            return self.runners_up
+        return RUNNERS_UP if self.mode == "weights" else 0
 
     @property
     def scheduler_name(self) -> str:

@@ -8,7 +8,10 @@ exact constraint check and that the trials' engine loads, scored by :func:`basel
 :func:`baseline_rows`, then snapped down onto the search space's values). ``autocompress prune
 --baseline`` calls the same two functions with the same inputs, so it exports the model a study
 seeds. Together with the inner search's ``uniform`` candidate, a weights study's best is then never
-worse on its own objective than the uniform models it would be compared with. The points are stored
+worse on its own objective than the uniform models it would be compared with. After them come the
+**runners-up** (:attr:`~.config.StudyConfig.runners_up`, 2 by default in weights mode):
+best-uniform's next-best scored candidates (:func:`runner_up_seeds`), the region the best uniform
+model sits in, where the inner search has room to make a trial heterogeneous. The points are stored
 in the study (``baseline_seeds``) and enqueued with ``skip_if_exists``, so resuming never adds them
 twice. The proxy's ranked points (:mod:`~autocompress_opt.search.study.proxy`) are stored and
 enqueued the same way (``proxy_points``).
@@ -20,6 +23,7 @@ import dataclasses
 import gc
 import json
 import logging
+import math
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +46,7 @@ __all__ = [
     "choose_baseline",
     "enqueue_proxy_points",
     "make_proxy",
+    "runner_up_seeds",
     "seed_scoring",
     "seed_study",
     "seeded_baselines",
@@ -74,7 +79,7 @@ def baseline_seeds(
         return expert_seeds(config.space, parent, target_feasibility(target, parent), score)
     if is_moe(parent):  # plan mode: the uniform baselines cut dense layers only
         return {name: {"skipped": _PLAN_MOE_SKIP} for name in SEEDED_BASELINES}
-    return {
+    chosen = {
         name: choose_baseline(
             name,
             target,
@@ -85,9 +90,91 @@ def baseline_seeds(
             top_k=config.seed_top_k.get(name),
             layer_order=layer_order,
             serve_as=config.serve_as_for(target),
-        ).record()
+        )
         for name in SEEDED_BASELINES
     }
+    seeds = {name: seed.record() for name, seed in chosen.items()}
+    if config.runner_up_seeds:
+        taken = [seed.point for seed in chosen.values() if seed.point is not None]
+        seeds.update(
+            runner_up_seeds(
+                chosen["best-uniform"],
+                config.runner_up_seeds,
+                target,
+                parent,
+                config.space,
+                taken=taken,
+                importance=importance,
+                layer_order=layer_order,
+                serve_as=config.serve_as_for(target),
+            )
+        )
+    return seeds
+
+
+def runner_up_seeds(
+    best: BaselineSeed,
+    k: int,
+    target: Target,
+    parent: Architecture,
+    space: SearchSpace,
+    *,
+    taken: Sequence[Mapping[str, int]] = (),
+    importance: Any = None,
+    layer_order: Sequence[int] | None = None,
+    serve_as: str = "any",
+) -> dict[str, dict[str, Any]]:
+    """Up to ``k`` more seeds from best-uniform's own ranking: its scored candidates after its choice,
+    lowest score first, each snapped onto ``space`` as :func:`choose_baseline` snaps its choice, skipping
+    points already in ``taken`` (the baselines' points) or seeded, and snapped points the target or the
+    ``serve_as`` engine refuses. Keyed ``best-uniform#2``, ``best-uniform#3``... (the rank among
+    best-uniform's candidates), in :meth:`BaselineSeed.record`'s form.
+
+    Why: the uniform models scored next-best sit in the region where the best uniform model is, but a
+    trial of such a point has room the best one may lack (its FFN below the parent's width, a layer
+    more), so the inner search can make it heterogeneous there; a sampler's first points are usually far
+    from that region. The candidates were scored anyway (no extra forward pass); each seed costs one
+    trial, which, like a baseline's, early stopping does not cut short. None when best-uniform chose
+    nothing or ranked its candidates by parameters (no scorer: no next-best to speak of).
+    """
+    from autocompress_opt.prune.baselines import target_feasibility
+    from autocompress_opt.search.study.trials import engine_loads
+
+    result = best.result
+    if k <= 0 or best.point is None or result.ranked_by != "score":
+        return {}
+    meets, loads = target_feasibility(target, parent), engine_loads(parent, serve_as)
+    order = layer_order or (importance.layer_order() if importance is not None else None)
+    finite = [s for s in result.candidates if s.score is not None and math.isfinite(s.score)]
+    ranked = sorted(
+        (s for s in finite if s.candidate != result.choice), key=lambda s: (s.score, -s.candidate.num_params)
+    )
+    seen = [dict(p) for p in taken]
+    out: dict[str, dict[str, Any]] = {}
+    for rank, scored in enumerate(ranked, 2):
+        if len(out) == k:
+            break
+        wanted = scored.candidate.point
+        point, _ = _snap(wanted, space)
+        if point is None or point in seen:
+            continue
+        arch = scored.candidate.architecture if point == wanted else uniform_allocation(point, parent, order)
+        if point != wanted and not (loads(arch) and meets(arch)):
+            continue
+        seen.append(point)
+        snapped = f", snapped onto the space as {point}" if point != wanted else ""
+        record: dict[str, Any] = {
+            "point": point,
+            "baseline_point": wanted,
+            "finding": (
+                f"runner-up {rank} of best-uniform's {len(result.candidates)} scored candidates: "
+                f"{scored.candidate.label()} (score {scored.score:.4f}; best {result.score:.4f}){snapped}"
+            ),
+        }
+        if point == wanted:  # the trial of this point also weighs this uniform model (as a baseline's)
+            record["architecture"] = arch.to_dict()
+        out[f"best-uniform#{rank}"] = record
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
