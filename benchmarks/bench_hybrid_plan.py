@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = view.parent
     result = {
         "benchmark": "hybrid_plan",
-        "command": f"python benchmarks/bench_hybrid_plan.py --limit-b {args.limit_b:g}",
+        "command": "python benchmarks/bench_hybrid_plan.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "code_version": code_version(),
         "machine": machine(),
         "study": name,

@@ -197,6 +197,13 @@ def add_parser(actions: Any) -> None:
         "Fewer candidates: fewer forward passes before the first trial, possibly another (never larger) seed",
     )
     run.add_argument(
+        "--plan-quality",
+        choices=("params", "estimate"),
+        help="plan mode without --importance: rank points by the fraction of parameters kept (params, default) "
+        "or by exp(-KL) of the per-axis quality estimate fitted on measured KL (estimate: depth, hidden, FFN, "
+        "heads, experts, expert width, experts per token priced separately)",
+    )
+    run.add_argument(
         "--runners-up",
         type=int,
         metavar="K",

@@ -18,7 +18,14 @@ from autocompress_opt.errors import ConfigError, suggest
 from autocompress_opt.prune.loadability import SERVE_AS_ANY, check_serve_as, parent_problems, rules_engine_for
 from autocompress_opt.search.study.placement import check_cache_dir, check_driver_device, check_trial_gpus
 from autocompress_opt.search.study.storage import default_storage, resolve_storage
-from autocompress_opt.search.study.trials import TRIAL_MODES, Target, load_plugins, parent_metrics, register_hardware
+from autocompress_opt.search.study.trials import (
+    PLAN_QUALITIES,
+    TRIAL_MODES,
+    Target,
+    load_plugins,
+    parent_metrics,
+    register_hardware,
+)
 
 __all__ = [
     "ASHA_MIN_TRIALS",
@@ -120,6 +127,9 @@ class StudyConfig:
     (:data:`SCORED_SEEDS`: ``minitron``, ``best-uniform``) score, by name; a name left out keeps the
     baseline's own default (10, 20). Fewer cost fewer forward passes in the driver and may choose a
     different (never a larger) seed. Not part of the identity: a resumed study keeps its stored seeds.
+    ``plan_quality``: plan mode's quality stand-in without an importance record: ``params`` (the
+    fraction of parameters kept) or ``estimate`` (``exp(−KL̂)`` of the per-axis estimate fitted on
+    measured KL, :mod:`autocompress_opt.quality.estimate`); part of the identity.
     ``runners_up``: how many of best-uniform's next-best scored candidates are seeded after the
     baselines (:func:`~.seeding.runner_up_seeds`; :attr:`runner_up_seeds` gives the default); stored
     with the seeds and, like them, not part of the identity.
@@ -160,6 +170,7 @@ class StudyConfig:
     proxy: int | None = None  # points the plan-mode proxy enqueues per target; None: PROXY_POINTS in weights mode
     time_budget: float | None = None  # minutes after which no new trial starts (the run's; trials in flight finish)
     seed_top_k: Mapping[str, int] = field(default_factory=dict)  # candidates a seeded baseline scores (SCORED_SEEDS)
+    plan_quality: str = "params"  # plan mode without importance: "params" or "estimate" (trials.PLAN_QUALITIES)
     runners_up: int | None = None  # best-uniform's next-best candidates seeded too; None: RUNNERS_UP in weights mode
     allow_data_change: bool = False  # resume although the --data content changed (not part of the identity)
     driver_device: str = "cpu"  # where the driver reads the parent for seeds and proxy (placement.check_driver_device)
@@ -182,6 +193,16 @@ class StudyConfig:
             raise ConfigError(
                 f"proxy {self.proxy}: the plan-mode proxy ranks points for weights-mode trials; a {self.mode}-mode "
                 "study's trials are as cheap as the proxy. Use --proxy 0 or --mode weights"
+            )
+        if self.plan_quality not in PLAN_QUALITIES:
+            raise ConfigError(
+                f"plan_quality must be one of {', '.join(PLAN_QUALITIES)} (plan mode's quality stand-in), "
+                f"got {self.plan_quality!r}"
+            )
+        if self.plan_quality != "params" and (self.mode != "plan" or self.importance):
+            raise ConfigError(
+                f"plan_quality {self.plan_quality}: the stand-in of plan-mode trials without --importance; "
+                f"this study is {self.mode}-mode" + (" with an importance record" if self.importance else "")
             )
         bad_runners = not isinstance(self.runners_up, int) or isinstance(self.runners_up, bool) or self.runners_up < 0
         if self.runners_up is not None and bad_runners:

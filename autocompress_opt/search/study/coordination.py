@@ -245,6 +245,7 @@ def open_study(config: StudyConfig, target: Target, parent: Architecture) -> tup
                 )
             old = study.user_attrs.get("identity", {})
             added_later: dict[str, Any] = {"inner": {}, "importance": None, "hardware_profile": None}  # newer keys
+            added_later["plan_quality"] = "params"  # a study from before the estimate used the parameters
             added_later["serve_as"] = identity["serve_as"]  # a study from before the rules resumes under them
             # ... and before it recorded what its data held: alike without --data; with it, the rows'
             # roles were then hashed from row numbers, so such a study resumes only when told to
@@ -324,6 +325,8 @@ def _identity(config: StudyConfig, target: Target, objectives: Sequence[Objectiv
         "objectives": [str(o) for o in objectives],
         "inner": dict(config.inner),
         "importance": config.importance,
+        # plan mode's stand-in for quality (another one ranks the same points differently)
+        "plan_quality": config.plan_quality,
         # a user GPU's numbers (None for a built-in one): the same name with other numbers is another study
         "hardware_profile": next((dict(h) for h in config.hardware if h["name"] == target.hardware), None),
         "serve_as": config.serve_as_for(target),  # the engine whose loadable shapes the trials keep

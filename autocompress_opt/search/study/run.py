@@ -199,6 +199,7 @@ def _open_target(
         "inner": dict(config.inner),
         "parent_model": driver_path(config.model),  # absolute when a local path: trials run elsewhere
         "importance": str(Path(config.importance).resolve()) if config.importance else None,
+        "plan_quality": config.plan_quality,
         "hardware": [dict(h) for h in config.hardware],  # user GPUs, registered in each trial's worker
         "serve_as": config.serve_as_for(target),  # trials keep shapes this engine loads
         "measure_at": rung_steps(config),  # held-out KL only where the scheduler reads it

@@ -38,6 +38,7 @@ from autocompress_opt.serving.targets import FITS_DEVICE, Target, device_fit_vio
 
 __all__ = [
     "FITS_DEVICE",
+    "PLAN_QUALITIES",
     "QUALITY_LABELS",
     "TRIAL_MODES",
     "LegalMemo",
@@ -66,7 +67,9 @@ QUALITY_LABELS: dict[str, str] = {
     "retained_params": "retained params (fraction)",  # plan mode: retained_fraction
     "retained_importance": "retained importance",  # plan mode with an importance record
     "exp_neg_kl": "exp(-KL to parent)",  # weights mode: exp(-mean per-position KL), held-out text
+    "estimated_kl": "exp(-estimated KL), per-axis fit",  # plan mode: quality.estimate, fitted on measured KL
 }
+PLAN_QUALITIES = ("params", "estimate")  # plan mode's stand-ins without an importance record
 
 
 def quality_label(kind: str | None) -> str:
@@ -82,6 +85,16 @@ def retained_fraction(arch: Architecture, parent: Architecture) -> float:
 
 
 _IMPORTANCE: dict[str, Any] = {}
+_ESTIMATE: list[Any] = []
+
+
+def _estimate() -> Any:
+    """The shipped quality estimate, loaded once per process."""
+    if not _ESTIMATE:
+        from autocompress_opt.quality.estimate import load_estimate
+
+        _ESTIMATE.append(load_estimate())
+    return _ESTIMATE[0]
 
 
 def _importance(path: str) -> Any:
@@ -123,9 +136,11 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     """Score a point without weights: cost model for the target + a stand-in for quality.
 
     ``quality`` is the retained parameter fraction (:func:`retained_fraction`, kind
-    ``retained_params``), or — when ``request["importance"]`` names an importance record of the
-    parent — the retained importance (:func:`retained_importance`, kind ``retained_importance``),
-    with layers dropped in order of least importance (skip-loss).
+    ``retained_params``), ``exp(−KL̂)`` of the per-axis quality estimate when
+    ``request["plan_quality"]`` is ``estimate`` (kind ``estimated_kl``), or — when
+    ``request["importance"]`` names an importance record of the parent — the retained importance
+    (:func:`retained_importance`, kind ``retained_importance``), with layers dropped in order of
+    least importance (skip-loss).
 
     The architecture is uniform, a plain family checkpoint; under ``request["serve_as"]``'s rules
     it is that of :func:`legal_point` (the point itself, or the largest legal one below it) and
@@ -142,7 +157,7 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     serve_as = check_serve_as(str(request.get("serve_as") or SERVE_AS_ANY))
     _, arch = uniform_model(request["params"], space, parent, serve_as, order)
     metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
-    quality, kind = plan_quality(arch, parent, importance)
+    quality, kind = plan_quality(arch, parent, importance, request.get("plan_quality") or "params")
     return {
         "architecture": arch.to_dict(),
         "metrics": metrics,
@@ -175,10 +190,16 @@ def uniform_model(
     return legal, arch
 
 
-def plan_quality(arch: Architecture, parent: Architecture, importance: Any = None) -> tuple[float, str]:
+def plan_quality(
+    arch: Architecture, parent: Architecture, importance: Any = None, stand_in: str = "params"
+) -> tuple[float, str]:
     """``(quality, kind)`` of a plan-mode point: the retained importance of ``arch`` cut by the
-    importance record (kind ``retained_importance``), else the retained parameter fraction (kind
-    ``retained_params``)."""
+    importance record (kind ``retained_importance``); else, by ``stand_in`` (:data:`PLAN_QUALITIES`),
+    the retained parameter fraction (``params``, kind ``retained_params``) or ``exp(−KL̂)`` of the
+    shipped per-axis quality estimate (``estimate``, kind ``estimated_kl``:
+    :mod:`autocompress_opt.quality.estimate`, fitted on measured KL)."""
+    if importance is None and stand_in == "estimate":
+        return _estimate().quality(arch, parent), "estimated_kl"
     if importance is None:
         return retained_fraction(arch, parent), "retained_params"
     from autocompress_opt.prune.plan import plan_pruning
