@@ -126,6 +126,14 @@ the export is the model the trial measured; a plan-mode trial is cut like --arch
     p.add_argument("--out", required=True, help="output checkpoint directory")
     p.add_argument("--force", action="store_true", help="replace --out if it exists and is not empty")
     p.add_argument(
+        "--mtp",
+        choices=("drop", "keep"),
+        default="drop",
+        help="the parent's multi-token-prediction layers (num_nextn_predict_layers, e.g. Nemotron 3 Super): drop "
+        "them (default; the export's config then says 0) or keep them, copied unchanged from the parent's "
+        "checkpoint folder (needs a local --model folder and the parent's hidden size); the card says which",
+    )
+    p.add_argument(
         "--samples",
         type=int,
         default=8,
@@ -228,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
         _baseline_trial(args, serving_target)
         _study_space(args)
     _check_out(Path(args.out).expanduser(), force=args.force)
+    _check_mtp(args, args.model)
     arch_file = _arch_file(args)
     if arch_file is not None:
         _decilm_for(args, arch_file)
@@ -282,6 +291,8 @@ def _prune(args: argparse.Namespace, serving_target: Any, arch_file: Any, study:
         tokenizer=loaded.tokenizer,
         force=args.force,
         decilm=decilm,
+        mtp=args.mtp,
+        parent_dir=loaded.path if loaded.path.is_dir() else None,
     )
     print(
         f"parent: {parent.summary()}\npruned: {plan.architecture.summary()} "
@@ -313,12 +324,21 @@ def _run_from_study(args: argparse.Namespace) -> int:
     if args.model is not None and args.model != model:
         raise ConfigError(f"--model {args.model!r} is not the study's parent {model!r}; drop --model or pass that one")
     record = _pick_trial(records, trial, name)
+    _check_mtp(args, model)
     arch = Architecture.from_dict(record.architecture or {})
     if identity.get("mode") != "weights":
         args.model, args.arch = model, None
         return _export_architecture(args, replace(arch, name=Path(args.out).name), name, record)
     workload = (identity.get("target") or {}).get("workload")
     return _export_trial(args, model, dict(identity.get("inner") or {}), arch, name, record, workload)
+
+
+def _check_mtp(args: argparse.Namespace, model: str) -> None:
+    """``--mtp keep`` needs the parent's folder with its MTP weights: checked before any work."""
+    if getattr(args, "mtp", "drop") == "keep":
+        from autocompress_opt.prune.mtp import check_mtp_keep
+
+        check_mtp_keep(model)
 
 
 def _trial_choice(text: str | None) -> int | None:
@@ -426,6 +446,8 @@ def _export_trial(
         card=card,
         force=args.force,
         decilm=_decilm_for(args, arch),
+        mtp=args.mtp,
+        parent_dir=model if Path(model).expanduser().is_dir() else None,
     )
     built = exported.plan.architecture if exported.plan is not None else arch  # None: a MoE trial's experts
     print(

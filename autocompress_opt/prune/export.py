@@ -38,6 +38,7 @@ from autocompress_opt.arch.families import family
 from autocompress_opt.errors import AutocompressError, ConfigError
 from autocompress_opt.hf.adapters import MOE_ADAPTERS, adapter_for, architecture_mismatch, model_type_of, moe_adapter
 from autocompress_opt.hf.hub import hub_kernel_kwargs
+from autocompress_opt.prune.mtp import check_mtp, settle_mtp
 
 __all__ = [
     "CARD_FILE",
@@ -81,6 +82,8 @@ def export_model(
     tokenizer: Any = None,
     force: bool = False,
     decilm: bool = False,
+    mtp: str = "drop",
+    parent_dir: str | Path | None = None,
 ) -> Path:
     """Save ``model`` (whose structure is ``arch``) to ``out_dir``; returns the directory.
 
@@ -98,12 +101,16 @@ def export_model(
             instead of the package's ``autocompress_decilm`` one; a uniform ``arch`` stays a plain
             family checkpoint either way. Raises :class:`ConfigError` naming what DeciLM cannot
             express (:func:`decilm_problems`) before anything is written.
+        mtp / parent_dir: the parent's multi-token-prediction layers, ``drop`` (default) or ``keep``
+            (copied from its checkpoint folder ``parent_dir``; :func:`~autocompress_opt.prune.mtp.settle_mtp`),
+            recorded on the card as ``mtp``; nothing to do when the parent has none.
 
     A heterogeneous-class model whose ``arch`` is uniform is converted to the plain family class
     first. Raises :class:`OutputExistsError` for a non-empty ``out_dir`` without ``force``,
     :class:`ConfigError` when ``model`` does not have structure ``arch`` or ``card`` is not JSON-safe.
     """
     out = Path(out_dir).expanduser()
+    check_mtp(mtp)
     # A MoE / hybrid model (e.g. a distilled expert child) is saved as it is: its family's own class.
     adapter = moe_adapter(model) if model_type_of(model) in MOE_ADAPTERS else adapter_for(model)
     mismatch = architecture_mismatch(arch.active(), adapter.architecture(model))
@@ -124,6 +131,9 @@ def export_model(
         model.save_pretrained(staging)
         if as_decilm:
             _write_decilm_config(staging, json.loads((staging / "config.json").read_text(encoding="utf-8")))
+        mtp_record = settle_mtp(staging, choice=mtp, parent_dir=parent_dir)
+        if mtp_record is not None:
+            card_data["mtp"] = mtp_record
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         write_card(staging, card_data)

@@ -78,6 +78,8 @@ def export_trial(
     card: Mapping[str, Any] | None = None,
     force: bool = False,
     decilm: bool = False,
+    mtp: str = "drop",
+    parent_dir: str | Path | None = None,
 ) -> ExportedTrial:
     """Cut ``arch`` from ``context``'s parent and export it to ``out``: with ``kept`` (a trial's
     stored :meth:`~autocompress_opt.prune.plan.PrunePlan.kept` record), exactly those indices
@@ -89,9 +91,11 @@ def export_trial(
     ``parent`` and ``card`` go to :func:`~autocompress_opt.prune.export.export_model` (the card
     gains ``kept_parent_layers`` and ``kept_from``: ``"trial"``, or the ``importance`` method and
     data id it was cut by); ``force`` replaces an existing ``out``; ``decilm`` writes the DeciLM
-    config vLLM loads. Deterministic: the same parent, architecture and indices give the same
-    weights. Raises :class:`~autocompress_opt.errors.ConfigError` for ``kept`` that does not fit
-    ``arch`` and the parent, or neither ``kept`` nor importance scores."""
+    config vLLM loads; ``mtp`` / ``parent_dir``: the parent's multi-token-prediction layers dropped or
+    kept (:func:`~autocompress_opt.prune.mtp.settle_mtp`). Deterministic: the same parent,
+    architecture and indices give the same weights. Raises
+    :class:`~autocompress_opt.errors.ConfigError` for ``kept`` that does not fit ``arch`` and the
+    parent, or neither ``kept`` nor importance scores."""
     from autocompress_opt.errors import ConfigError
     from autocompress_opt.prune.expert_kept import is_expert_kept
     from autocompress_opt.prune.export import export_model
@@ -100,7 +104,9 @@ def export_trial(
 
     if kept is not None and is_expert_kept(kept):  # a MoE trial's experts: the family's plain model (prune.experts)
         card = {**(card or {}), "kept_from": "trial"}
-        return _export_experts(context, arch, out, kept, force=force, parent=parent, card=card)
+        return _export_experts(
+            context, arch, out, kept, force=force, parent=parent, card=card, mtp=mtp, parent_dir=parent_dir
+        )
     importance = getattr(context, "importance", None)
     if kept is not None:
         plan = plan_from_kept(context.architecture, arch, kept)
@@ -125,6 +131,8 @@ def export_trial(
         tokenizer=context.tokenizer,
         force=force,
         decilm=decilm,
+        mtp=mtp,
+        parent_dir=parent_dir,
     )
     return ExportedTrial(Path(path), plan)
 
@@ -138,6 +146,8 @@ def _export_experts(
     force: bool,
     parent: str | Mapping[str, Any] | None = None,
     card: Mapping[str, Any] | None = None,
+    mtp: str = "drop",
+    parent_dir: str | Path | None = None,
 ) -> ExportedTrial:
     """A MoE trial's kept experts and channels cut into the family's plain model
     (:func:`~autocompress_opt.prune.experts.export_experts`) with the parent's tokenizer and the JSON
@@ -150,6 +160,9 @@ def _export_experts(
     from autocompress_opt.prune.expert_kept import masks_from_expert_kept
     from autocompress_opt.prune.experts import export_experts
     from autocompress_opt.prune.export import model_card, write_card
+    from autocompress_opt.prune.mtp import check_mtp, settle_mtp
+
+    check_mtp(mtp)
 
     masks = masks_from_expert_kept(context.architecture, kept)
     built = next((layer.moe for layer in arch.layers if layer.moe is not None), None)
@@ -164,6 +177,9 @@ def _export_experts(
     if replace(Architecture.from_hf_config(_config(path)), name="") != replace(arch, name=""):
         raise ConfigError(f"the export at {str(path)!r} is not the trial's architecture")
     card_data["model_type"] = _config(path).get("model_type")
+    mtp_record = settle_mtp(path, choice=mtp, parent_dir=parent_dir)  # the parent's MTP layers: whole or none
+    if mtp_record is not None:
+        card_data["mtp"] = mtp_record
     write_card(path, card_data)
     return ExportedTrial(Path(path), None)
 
