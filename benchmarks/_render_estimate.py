@@ -34,6 +34,28 @@ def _rho(d: dict[str, Any]) -> str:
     return f"{d['rho']:+.2f} [{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}] (n = {d['n']})"
 
 
+def _diff(d: dict[str, Any]) -> str:
+    return f"{d['diff']:+.2f} [{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}]"
+
+
+def proxy_quality() -> str:
+    """The weights study's proxy points ranked by importance and by the estimate, scored."""
+    r = _render()
+    data = r.load("proxy_quality")
+    if data is None:
+        return "not yet measured (run `python benchmarks/bench_proxy_quality.py`)"
+    rows = []
+    for c in data["cells"]:
+        for quality in ("importance", "estimate"):
+            kls = ", ".join(f"{p['kl']:.2f}" for p in c[quality]["points"])
+            rows.append([c["cell"].rsplit("/", 1)[0], quality, kls, f"{c['best_uniform']['kl']:.2f}"])
+    return (
+        f"The {data['k']} points each ranking makes the study enqueue, as uniform models, KL to the parent on the "
+        f"choice rows (lower is better), at {r.commit_of(data)}.\n\n"
+        + r.table(["sweep cell", "proxy ranked by", "its points' KL, in its order", "best-uniform's KL"], rows)
+    )
+
+
 def quality_estimate() -> str:
     """The fitted coefficients, the held-out rank agreement against the parameter stand-in, the MoE
     leave-one-out check and the published sensitivities ranked by the estimate."""
@@ -55,11 +77,9 @@ def quality_estimate() -> str:
     checks = [
         ["estimate (fitted on the rest)", "dense children held out", _rho(held["estimate"])],
         ["fraction of parameters kept (plan mode's default)", "the same", _rho(held["params_kept"])],
-        [
-            "estimate − parameters",
-            "the same, paired",
-            f"{diff['diff']:+.2f} [{diff['ci95'][0]:+.2f}, {diff['ci95'][1]:+.2f}]",
-        ],
+        ["importance kept (the weights study's proxy)", "the same", _rho(held["importance_kept"])],
+        ["estimate − parameters", "the same, paired", _diff(diff)],
+        ["estimate − importance", "the same, paired", _diff(held["estimate_minus_importance_kept"])],
         ["estimate, leave one out", "MoE children", _rho(moe["estimate_leave_one_out"])],
         ["active parameters per token", "the same", _rho(moe["active_params"])],
     ]
@@ -124,4 +144,8 @@ def nemotron_estimate() -> str:
     )
 
 
-RENDERERS: dict[str, Callable[[], str]] = {"quality-estimate": quality_estimate, "nemotron-estimate": nemotron_estimate}
+RENDERERS: dict[str, Callable[[], str]] = {
+    "quality-estimate": quality_estimate,
+    "nemotron-estimate": nemotron_estimate,
+    "proxy-quality": proxy_quality,
+}

@@ -11,7 +11,8 @@ token, KL to the MoE on the test split).
 Then :func:`~autocompress_opt.quality.estimate.fit_estimate` is fitted on the single-axis rows and
 half of the mixed ones, and judged on the other half (Spearman's rank correlation with measured KL,
 95 % bootstrap interval over those rows), beside the stand-in plan mode used so far (the fraction of
-parameters kept); the expert axes leave one MoE child out at a time. A last check ranks the
+parameters kept) and the weights study's proxy (the importance kept); the expert axes leave one MoE
+child out at a time. A last check ranks the
 published single-axis sensitivities of Qwen3-30B-A3B before distillation (ModelOpt's Minitron PR
 #467, MMLU, base 0.787) by the estimate. The fit on every row is written to
 ``autocompress_opt/data/quality_estimate.json`` (what plan mode's ``--plan-quality estimate``
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     from autocompress_opt.prune.uniform_grid import UniformCandidate
     from autocompress_opt.quality.estimate import ESTIMATE_FILE, axis_cuts, fit_estimate
     from autocompress_opt.search.study.seeding import SeedScoring
+    from autocompress_opt.search.study.trials import plan_quality
     from autocompress_opt.serving.targets import Target
 
     began = time.perf_counter()
@@ -180,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
                 **item,
                 "kl": round(kl, 5),
                 "params_kept": round(candidate.num_params / parent.num_params, 5),
+                # the weights study's proxy ranks points by this (plan_quality with the parent's importance)
+                "importance_kept": round(plan_quality(candidate.architecture, parent, importance)[0], 5),
                 "cuts": {k: round(v, 5) for k, v in axis_cuts(candidate.architecture, parent).items() if v},
             }
         )
@@ -196,15 +200,18 @@ def main(argv: list[str] | None = None) -> None:
         [(m["cuts"], m["kl"]) for m in fit_rows] + [(r["cuts"], r["kl"]) for r in moe],
         fitted_on=(dense_source + " (fit half)", moe_source),
     )
-    est, params, kl = (
+    est, params, kept, kl = (
         [fitted.kl_of_cuts(m["cuts"]) for m in held],
-        [-m["params_kept"] for m in held],  # the old stand-in: more parameters kept, lower KL expected
+        [-m["params_kept"] for m in held],  # plan mode's stand-in: more parameters kept, lower KL expected
+        [-m["importance_kept"] for m in held],  # the weights study's proxy: more importance kept
         [m["kl"] for m in held],
     )
     judged = {
         "estimate": spearman_ci(est, kl),
         "params_kept": spearman_ci(params, kl),
+        "importance_kept": spearman_ci(kept, kl),
         "estimate_minus_params_kept": paired_difference(est, params, kl),
+        "estimate_minus_importance_kept": paired_difference(est, kept, kl),
     }
     loo = []
     for i, r in enumerate(moe):

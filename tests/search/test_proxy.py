@@ -50,6 +50,33 @@ def test_the_ranking_gives_feasible_maximal_distinct_points_best_first_and_diffe
     assert proxy("rtx5070", "in-game").rank(0) == []
 
 
+def test_the_estimate_can_rank_the_proxys_points_and_a_bad_choice_is_refused() -> None:
+    """proxy_quality estimate: the same feasible maximal points, ordered by exp(-KL) of the per-axis
+    estimate (quality.estimate), which the ranking's qualities then are."""
+    from autocompress_opt.quality.estimate import load_estimate
+    from autocompress_opt.search.study.seeding import make_proxy
+
+    target = Target("h100-sxm", "datacenter")
+    by_estimate = Proxy(PARENT, SPACE, target, parent_metrics(PARENT, target), serve_as="vllm", quality="estimate")
+    ranked = by_estimate.rank(4)
+    estimate = load_estimate()
+    for s in ranked:
+        arch = SPACE.architecture(s.point, PARENT)
+        assert s.quality == pytest.approx(estimate.quality(arch, PARENT))
+    assert [s.quality for s in ranked] == sorted((s.quality for s in ranked), reverse=True)
+    config = StudyConfig(
+        name="x", model="smollm2-135m", targets=(target,), space=SPACE, trials=1, mode="weights",
+        proxy_quality="estimate",
+    )  # fmt: skip
+    made = make_proxy(config, target, PARENT, parent_metrics(PARENT, target), None, lambda: (None, None))
+    assert made.quality == "estimate"
+    with pytest.raises(
+        ConfigError,
+        match=r"proxy_quality must be one of importance, estimate \(what ranks the proxy's points\), got 'kl'",
+    ):
+        StudyConfig(name="x", model="smollm2-135m", targets=(target,), space=SPACE, trials=1, proxy_quality="kl")
+
+
 def test_check_flags_the_parent_sized_point_infeasible_under_a_tight_target() -> None:
     score = proxy("rtx5070", "in-game").check(
         {"num_layers": 30, "hidden_size": 576, "ffn_width": 1536, "num_kv_heads": 3, "q_per_kv": 3}

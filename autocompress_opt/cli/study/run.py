@@ -204,6 +204,12 @@ def add_parser(actions: Any) -> None:
         "heads, experts, expert width, experts per token priced separately)",
     )
     run.add_argument(
+        "--proxy-quality",
+        choices=("importance", "estimate"),
+        help="weights mode: what ranks the proxy's points: the parent's importance they keep (importance, "
+        "default) or exp(-KL) of the per-axis quality estimate fitted on measured KL (estimate)",
+    )
+    run.add_argument(
         "--runners-up",
         type=int,
         metavar="K",

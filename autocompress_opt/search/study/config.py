@@ -30,6 +30,7 @@ from autocompress_opt.search.study.trials import (
 __all__ = [
     "ASHA_MIN_TRIALS",
     "PROXY_POINTS",
+    "PROXY_QUALITIES",
     "RUNNERS_UP",
     "SCHEDULERS",
     "SEEDED_BASELINES",
@@ -49,6 +50,7 @@ SEEDED_BASELINES: tuple[str, ...] = ("depth", "minitron", "best-uniform")
 SCHEDULERS: tuple[str, ...] = ("asha", "none")
 ASHA_MIN_TRIALS = 4  # with this many trials or fewer ASHA has too few to compare: off by default
 PROXY_POINTS = 4  # weights mode: points the plan-mode proxy enqueues per target by default
+PROXY_QUALITIES = ("importance", "estimate")  # what ranks them (StudyConfig.proxy_quality)
 RUNNERS_UP = 2  # weights mode: best-uniform's next-best scored candidates seeded after the baselines by default
 
 
@@ -127,6 +129,9 @@ class StudyConfig:
     (:data:`SCORED_SEEDS`: ``minitron``, ``best-uniform``) score, by name; a name left out keeps the
     baseline's own default (10, 20). Fewer cost fewer forward passes in the driver and may choose a
     different (never a larger) seed. Not part of the identity: a resumed study keeps its stored seeds.
+    ``proxy_quality``: what ranks the weights-mode proxy's points (:mod:`.proxy`): ``importance``
+    (the parent's importance kept) or ``estimate`` (the per-axis estimate); not part of the identity,
+    as the proxy's points are stored with the study.
     ``plan_quality``: plan mode's quality stand-in without an importance record: ``params`` (the
     fraction of parameters kept) or ``estimate`` (``exp(−KL̂)`` of the per-axis estimate fitted on
     measured KL, :mod:`autocompress_opt.quality.estimate`); part of the identity.
@@ -170,6 +175,7 @@ class StudyConfig:
     proxy: int | None = None  # points the plan-mode proxy enqueues per target; None: PROXY_POINTS in weights mode
     time_budget: float | None = None  # minutes after which no new trial starts (the run's; trials in flight finish)
     seed_top_k: Mapping[str, int] = field(default_factory=dict)  # candidates a seeded baseline scores (SCORED_SEEDS)
+    proxy_quality: str = "importance"  # weights mode: what ranks the proxy's points, "importance" or "estimate"
     plan_quality: str = "params"  # plan mode without importance: "params" or "estimate" (trials.PLAN_QUALITIES)
     runners_up: int | None = None  # best-uniform's next-best candidates seeded too; None: RUNNERS_UP in weights mode
     allow_data_change: bool = False  # resume although the --data content changed (not part of the identity)
@@ -193,6 +199,11 @@ class StudyConfig:
             raise ConfigError(
                 f"proxy {self.proxy}: the plan-mode proxy ranks points for weights-mode trials; a {self.mode}-mode "
                 "study's trials are as cheap as the proxy. Use --proxy 0 or --mode weights"
+            )
+        if self.proxy_quality not in PROXY_QUALITIES:
+            raise ConfigError(
+                f"proxy_quality must be one of {', '.join(PROXY_QUALITIES)} (what ranks the proxy's points), "
+                f"got {self.proxy_quality!r}"
             )
         if self.plan_quality not in PLAN_QUALITIES:
             raise ConfigError(

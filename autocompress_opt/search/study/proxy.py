@@ -6,7 +6,9 @@ with the same functions; the cost model runs on a batch of points at once): the 
 uniform model of the point (:func:`~autocompress_opt.search.study.trials.uniform_model`; layers ranked as
 the weights trial ranks them), the target's exact cost metrics and constraint violations, and — with
 the parent's importance — the retained importance, else the retained parameter fraction
-(:func:`~autocompress_opt.search.study.trials.plan_quality`). A study uses it twice (:mod:`.study`, :mod:`.searcher`):
+(:func:`~autocompress_opt.search.study.trials.plan_quality`), or with ``proxy_quality: estimate`` the
+per-axis quality estimate fitted on measured KL (:mod:`autocompress_opt.quality.estimate`). A study
+uses it twice (:mod:`.study`, :mod:`.searcher`):
 
 - **ranking**: before its weights trials, each target's study enqueues the ``k`` best points by the
   proxy among the feasible, *maximal* ones (no other feasible point scored is at least as large in
@@ -72,6 +74,9 @@ class Proxy:
     # Candidates' parameters and loadability (trials.legal_point): of this parent, space and serve_as
     # only; targets that share them may share it (make_proxy).
     memo: LegalMemo = field(default_factory=dict, repr=False)
+    # what ranks points: "importance" (the importance kept, else the parameters) or "estimate" (exp(-KL)
+    # of the per-axis quality estimate fitted on measured KL, quality.estimate)
+    quality: str = "importance"
 
     def __post_init__(self) -> None:
         if self.layer_order is None and self.importance is not None:
@@ -80,7 +85,10 @@ class Proxy:
     def _quality(self, arch: Architecture) -> float:
         """The proxy quality of ``arch``: :func:`~.trials.plan_quality`; for a MoE parent with importance,
         the expert mass its counts keep (:func:`~.moe_study.retained_expert_importance`: the dense
-        plan's retained importance counts no expert)."""
+        plan's retained importance counts no expert); with ``quality="estimate"``, ``exp(−KL̂)`` of the
+        per-axis estimate (:mod:`autocompress_opt.quality.estimate`) whatever the parent."""
+        if self.quality == "estimate":
+            return plan_quality(arch, self.parent, None, "estimate")[0]
         if self.importance is not None and is_moe(self.parent):
             from autocompress_opt.search.study.moe_study import retained_expert_importance
 

@@ -579,6 +579,7 @@ def make_proxy(
         importance=importance,
         layer_order=layer_order,
         memo=memos.setdefault(serve_as, {}) if memos is not None else {},
+        quality=config.proxy_quality,
     )
 
 
