@@ -238,18 +238,22 @@ def verdicts(data: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 def sweep_verdict() -> str:
     """One sentence from the file: where the search beats the best uniform model after correction and
-    where it does not; and, while the current file has fewer cells, the first cells' (:data:`BEFORE`)."""
+    where it does not; then the first cells' (:data:`BEFORE`) verdicts at the (target, budget) the
+    current file has not reached yet."""
     r = _render()
     data, before = r.load(NAME), r.load(BEFORE)
     now = _verdict_sentence(data) if data and data.get("cells") else None
-    if before and before.get("cells") and len((data or {}).get("cells") or {}) < len(before["cells"]):
-        first = _verdict_sentence(before)
-        first = first[0].lower() + first[1:]
-        restarted = "The sweep restarted when studies began to seed best-uniform's runners-up" + (
-            f": {now[0].lower()}{now[1:-1]}" if now else "; no cell of it has finished yet"
-        )
-        return f"{restarted}. In its first {len(before['cells'])} cells, before that change, {first}"
-    return now or "The compression sweep has no finished cell yet (`benchmarks/results/sweep.json`)."
+    reached = set(verdicts(data)) if now else set()
+    left = {k: v for k, v in (verdicts(before) if before and before.get("cells") else {}).items() if k not in reached}
+    if not left:
+        return now or "The compression sweep has no finished cell yet (`benchmarks/results/sweep.json`)."
+    restarted = "The sweep restarted when studies began to seed best-uniform's runners-up" + (
+        f": {now[0].lower()}{now[1:-1]}" if now else "; no cell of it has finished yet"
+    )
+    first = "; ".join(
+        f"{v} at {g.split('/')[0]} at the {g.split('/')[1]} budget ({why})" for g, (v, why) in left.items()
+    )
+    return f"{restarted}. Not yet rerun: before that change, {first} (Holm-corrected over that file's cells)."
 
 
 def _verdict_sentence(data: dict[str, Any]) -> str:
