@@ -17,8 +17,10 @@ rows; the scores are cached and shared with the studies), beside best-uniform's 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     from autocompress_opt.serving.targets import parent_metrics
 
     began, cells = time.perf_counter(), []
+    scratch = tempfile.mkdtemp(prefix="proxy-quality-")
     for key in args.cells.split(","):
         cell = bench_sweep.Cell.parse(key)
         target = bench_sweep.budget_target(cell)
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         parent = context.architecture
         seeding = SeedScoring(bench_sweep.study_config(cell.seed, target))
         importance, score = seeding(target)
-        where = Path("/tmp") / f"proxy-quality-{cell.group}.yaml"  # the budget's space, as the sweep writes it
+        where = Path(scratch) / f"{cell.group}.yaml"  # the budget's space, as the sweep writes it
         chosen = bench_sweep.baselines_and_space(target, parent, (importance, score), where)
         best = chosen["best_uniform"]
         space = load_search_space(where)
@@ -89,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{cell.key} {quality}: {kls} (best-uniform {best.result.score:.4f})", flush=True)
         seeding.release()
         cells.append(record)
+    shutil.rmtree(scratch, ignore_errors=True)
     write(
         "proxy_quality",
         {

@@ -720,7 +720,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "validation": validation,
     **__import__("_render_validation").RENDERERS,  # validation-moe, validation-publications, moe-llamacpp
     **__import__("_render_moe").RENDERERS,  # moe-build, moe-axes
-    **__import__("_render_estimate").RENDERERS,  # quality-estimate, nemotron-estimate
+    **__import__("_render_estimate").RENDERERS,  # quality-estimate, nemotron-estimate, proxy-quality
     "engine-calibration": engine_calibration,
     "cpu-calibration": cpu_calibration,
     "performance": performance,

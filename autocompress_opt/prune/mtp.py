@@ -115,11 +115,7 @@ def settle_mtp(
             "note": "the parent's multi-token-prediction layers are not in this checkpoint "
             "(num_nextn_predict_layers set to 0): no MTP speculative decoding",
         }
-    tensors = parent_mtp_tensors(parent_dir)
-    if not tensors:
-        raise ConfigError(
-            f"--mtp keep: the parent declares {n} MTP layer(s) but {str(parent_dir)!r} holds no mtp.* tensor"
-        )
+    # the cheap check first: the MTP tensors of a large parent are gigabytes
     parent_config = json.loads((_safetensors(parent_dir)[0].parent / "config.json").read_text(encoding="utf-8"))
     changed = [k for k in ("hidden_size", "vocab_size") if parent_config.get(k) != config.get(k)]
     if changed:
@@ -127,6 +123,11 @@ def settle_mtp(
         raise ConfigError(
             f"--mtp keep: the MTP layer reads the parent's hidden state and vocabulary, and this child changes "
             f"them ({detail}); keep the parent's hidden size or use --mtp drop"
+        )
+    tensors = parent_mtp_tensors(parent_dir)
+    if not tensors:
+        raise ConfigError(
+            f"--mtp keep: the parent declares {n} MTP layer(s) but {str(parent_dir)!r} holds no mtp.* tensor"
         )
     _add_tensors(folder, tensors)
     return {"kept": True, "parent_layers": n, "tensors": len(tensors), "note": "copied unchanged from the parent"}

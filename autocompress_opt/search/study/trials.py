@@ -24,6 +24,7 @@ parent itself, higher is better, and kinds are not comparable with each other.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -85,16 +86,14 @@ def retained_fraction(arch: Architecture, parent: Architecture) -> float:
 
 
 _IMPORTANCE: dict[str, Any] = {}
-_ESTIMATE: list[Any] = []
 
 
+@functools.cache
 def _estimate() -> Any:
     """The shipped quality estimate, loaded once per process."""
-    if not _ESTIMATE:
-        from autocompress_opt.quality.estimate import load_estimate
+    from autocompress_opt.quality.estimate import load_estimate
 
-        _ESTIMATE.append(load_estimate())
-    return _ESTIMATE[0]
+    return load_estimate()
 
 
 def _importance(path: str) -> Any:
