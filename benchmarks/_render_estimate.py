@@ -105,15 +105,21 @@ def quality_estimate() -> str:
     )
 
 
+def _span(values: list[int], per_layer: str = ", per layer") -> str:
+    low, high = min(values), max(values)
+    return str(low) if low == high else f"{low}-{high}{per_layer}"
+
+
 def _structure(best: dict[str, Any] | None) -> list[str]:
     if not best:
         return ["—"] * 6
+    layers = best.get("moe_layers") or [[0, best["expert_width"], best["experts_per_token"]]]
     return [
         f"{best['layers']}/88",
         f"{best['hidden_size']}",
         f"{best['experts']}",
-        f"{best['experts_per_token']}",
-        f"{best['expert_width']}",
+        _span([k for _, _, k in layers]),
+        _span([w for _, w, _ in layers]),
         f"{best['params'] / 1e9:.1f}B ({best['active_params'] / 1e9:.1f}B active)",
     ]
 
@@ -128,20 +134,31 @@ def nemotron_estimate() -> str:
             "not yet measured (run `python benchmarks/bench_hybrid_plan.py --config "
             "studies/nemotron3-super-b200-estimate.yaml --out benchmarks/results/nemotron3_super_plan_estimate.json`)"
         )
+    by_layer = r.load("nemotron3_super_plan_per_layer")
     rows = [
         ["plan study, ranked by parameters kept", *_structure((by_params or {}).get("best_under_limit"))],
         ["plan study, ranked by the estimate", *_structure(by_estimate.get("best_under_limit"))],
+        ["plan study, estimate, per layer", *_structure((by_layer or {}).get("best_under_limit"))],
         ["NVIDIA Puzzle-75B (published)", *PUZZLE.values()],
     ]
     header = ["", "layers", "hidden", "experts", "experts per token", "expert width", "parameters"]
-    return (
+    text = (
         f"One B200, BF16, 128K context (`studies/nemotron3-super-b200*.yaml`), {by_estimate['trials']} plan-mode "
         f"trials each; the best feasible point at or below {by_estimate['limit_params'] / 1e9:.0f}B parameters, "
         f"at {by_estimate.get('code_version', 'not recorded')} "
-        f"({by_estimate['timings_s'].get('study_run', 0):.0f} s). Plan mode gives "
-        "every layer of a kind the same size, so each row is one structure for all 40 MoE layers.\n\n"
-        + r.table(header, rows)
+        f"({by_estimate['timings_s'].get('study_run', 0):.0f} s). The first two studies give "
+        "every layer of a kind the same size, so each of their rows is one structure for all 40 MoE layers."
     )
+    best = (by_layer or {}).get("best_under_limit")
+    if best and best.get("uniform_quality") is not None:
+        text += (
+            f" The per-layer study (`--plan-quality estimate-per-layer`, at {by_layer.get('code_version')}, "
+            f"{by_layer['timings_s'].get('study_run', 0):.0f} s) gives each MoE layer its own expert width and "
+            f"experts per token: at its best point exp(−KL̂) is {best['quality']:.3f}, against "
+            f"{best['uniform_quality']:.3f} for the same point with every layer alike, at the same total and "
+            "active parameters."
+        )
+    return text + "\n\n" + r.table(header, rows)
 
 
 RENDERERS: dict[str, Callable[[], str]] = {

@@ -36,6 +36,7 @@ def point(record: Any) -> dict[str, Any]:
     metrics = record.metrics or {}
     moe = next((layer.moe for layer in arch.layers if layer.moe is not None), None)
     mamba = next((layer.mamba for layer in arch.layers if layer.mamba is not None), None)
+    moe_layers = [(i, layer.moe) for i, layer in enumerate(arch.layers) if layer.moe is not None]
     return {
         "trial": record.number,
         "architecture": arch.summary(),
@@ -47,11 +48,34 @@ def point(record: Any) -> dict[str, Any]:
         "experts_per_token": moe.experts_per_token if moe else None,
         "expert_width": moe.expert_width if moe else None,
         "mamba_heads": mamba.num_heads if mamba else None,
+        # each MoE layer's own sizes (the Puzzle form): [layer, expert width, experts per token]
+        "moe_layers": [[i, m.expert_width, m.experts_per_token] for i, m in moe_layers],
         "quality": record.quality,
         "peak_memory_gib": metrics.get("peak_memory_gib"),
         "ttft_ms": metrics.get("ttft_ms"),
         "tpot_ms": metrics.get("tpot_ms"),
     }
+
+
+def uniform_quality(record: Any, parent: Any) -> float | None:
+    """The estimate's quality of the record's point with every MoE layer at the point's own sizes (the
+    uniform plan a per-layer trial starts from), or None when the record is not a per-layer plan."""
+    from dataclasses import replace
+
+    from autocompress_opt.arch.hybrid import per_layer_moe
+    from autocompress_opt.quality.estimate import load_estimate
+
+    arch = record.arch()
+    if not per_layer_moe(arch):
+        return None
+    width, top = int(record.params["expert_width"]), int(record.params["experts_per_token"])
+    layers = tuple(
+        replace(l, moe=replace(l.moe, expert_width=width, experts_per_token=min(top, l.moe.num_experts)))
+        if l.moe is not None
+        else l
+        for l in arch.layers
+    )
+    return load_estimate().quality(replace(arch, layers=layers), parent)
 
 
 def front(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -99,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
 
     (view,) = load_group(name, storage)
     points = [point(r) for r in view.records if r.feasible]
+    for q, r in zip(points, [r for r in view.records if r.feasible], strict=True):
+        q["uniform_quality"] = uniform_quality(r, view.parent)
     under = [q for q in points if q["params"] <= args.limit_b * 1e9]
     parent = view.parent
     result = {

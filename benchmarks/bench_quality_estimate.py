@@ -256,7 +256,11 @@ def main(argv: list[str] | None = None) -> None:
     }
     write("quality_estimate", record, args.results)
     if not args.no_ship:
-        (DATA_DIR / ESTIMATE_FILE).write_text(json.dumps(final.to_dict(), indent=1) + "\n", encoding="utf-8")
+        path = DATA_DIR / ESTIMATE_FILE
+        shipped = json.loads(path.read_text(encoding="utf-8"))
+        # the layer profiles are fit_layer_profile.py's, not this fit's: keep them
+        kept = {"layer_profiles": shipped["layer_profiles"]} if "layer_profiles" in shipped else {}
+        path.write_text(json.dumps({**final.to_dict(), **kept}, indent=1) + "\n", encoding="utf-8")
         print(f"wrote {DATA_DIR / ESTIMATE_FILE}")
     print(json.dumps({"held_out": judged, "moe": {k: v for k, v in moe_check.items() if k != "rows"}}, indent=1))
     print(json.dumps(record["published"], indent=1))

@@ -697,8 +697,10 @@ class Architecture:
         mamba = sum(layer.mamba is not None for layer in active)
         if not moe and not mamba:
             return text  # a dense architecture's line, as before
-        experts = sorted({(m.num_experts, m.experts_per_token) for m in moe})
-        parts = [f"{len(moe)} MoE layers ({', '.join(f'{e} experts, top-{k}' for e, k in experts)})"] if moe else []
+        experts, tops = sorted({m.num_experts for m in moe}), sorted({m.experts_per_token for m in moe})
+        widths = sorted({m.expert_width for m in moe})
+        per_layer = f", width {span(widths)}" if len(widths) > 1 else ""  # the Puzzle form: each layer its own
+        parts = [f"{len(moe)} MoE layers ({span(experts)} experts, top-{span(tops)}{per_layer})"] if moe else []
         parts += [f"{mamba} Mamba-2 layers"] if mamba else []
         return f"{text} ({self.active_params() / 1e6:.1f}M active); {', '.join(parts)}"
 

@@ -67,7 +67,9 @@ def is_kind_uniform(arch: Architecture) -> bool:
 # read it: llama.cpp's NemotronHPuzzleModel converter and nemotron-h graph (per-layer n_ff_exp and
 # n_expert_used; run here in tests/runtimes) and this package's own class
 # (autocompress_opt.hf.puzzle). vLLM 0.32 maps NemotronHPuzzleForCausalLM onto NemotronHForCausalLM,
-# whose MoE reads one moe_intermediate_size and num_experts_per_tok: not a reader of the form.
+# which builds each layer from config.get_nemotron_h_config_for_layer when the config class has it:
+# NVIDIA's Puzzle checkpoints ship that class as remote code, this package's export does not, so
+# vLLM is not a reader of our exports (yet).
 PER_LAYER_MOE: dict[str, tuple[str, ...]] = {"nemotron_h": ("llamacpp", "transformers")}
 
 

@@ -32,13 +32,24 @@ axes on SmolLM2-135M's uniform children, the expert axes on the real-weights MoE
 its rank agreement with measured KL on architectures it was not fitted on is in that benchmark's
 results. KL depends on the model, so the estimate ranks architectures of one parent; its absolute
 values transfer poorly between models of different sizes.
+
+**Layers** (:class:`LayerProfile`, optional): the pooled cut above prices a cut the same in every
+layer, so it cannot tell a per-layer architecture from the uniform one of the same size. With a
+profile for the axis's side (:data:`PROFILE_SIDES`: ``ffn`` for the FFN and expert axes, ``mixer``
+for heads and Mamba heads) the axis's term becomes ``a · Σ_l ω_l · cut_l ** p`` over the layers that
+keep the sub-block, ``ω_l`` the profile's sensitivity at the layer's relative depth, normalised to
+sum to 1. A uniform cut gives exactly the pooled term (so the fit above holds unchanged); a
+per-layer one is cheaper where it cuts the layers the profile finds insensitive. The shipped
+profiles (``benchmarks/fit_layer_profile.py``) are SmolLM2-135M's replace-one KL per layer
+(``benchmarks/results/block_library.json``: each layer alone with half its FFN, or one KV group),
+read by relative depth: measured on one dense model, a prior for any other.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,9 +62,12 @@ __all__ = [
     "AXES",
     "EXPONENTS",
     "FALLBACKS",
+    "PROFILE_SIDES",
+    "LayerProfile",
     "QualityEstimate",
     "axis_cuts",
     "fit_estimate",
+    "layer_cuts",
     "load_estimate",
     "nnls",
 ]
@@ -74,50 +88,116 @@ EXPONENTS: tuple[float, ...] = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0)
 # An axis no measurement covers borrows the coefficients of the closest one that is measured.
 FALLBACKS: dict[str, str] = {"mamba_heads": "kv_heads", "shared_width": "expert_width"}
 ESTIMATE_FILE = "quality_estimate.json"
+# Which layer profile prices each per-layer axis (module doc, **Layers**); depth and hidden are global.
+PROFILE_SIDES: dict[str, str] = {
+    "ffn_width": "ffn",
+    "experts": "ffn",
+    "expert_width": "ffn",
+    "experts_per_token": "ffn",
+    "shared_width": "ffn",
+    "kv_heads": "mixer",
+    "q_per_kv": "mixer",
+    "mamba_heads": "mixer",
+}
 
 
 def _fraction_cut(kept: float, total: float) -> float:
     return 0.0 if total <= 0 else min(1.0, max(0.0, 1.0 - kept / total))
 
 
-def axis_cuts(arch: Architecture, parent: Architecture) -> dict[str, float]:
-    """How much ``arch`` cuts ``parent`` along each of :data:`AXES` (module doc), layer by layer:
-    ``arch.layers[i]`` is cut from ``parent.layers[i]`` (the toolkit's architectures list every
-    parent layer, dropped ones as no-ops). Raises ``ValueError`` when the layer counts differ."""
+def _check_layers(arch: Architecture, parent: Architecture) -> None:
     if len(arch.layers) != len(parent.layers):
         raise ValueError(
             f"axis_cuts needs one layer of the architecture per parent layer, got {len(arch.layers)} "
             f"for a parent of {len(parent.layers)}"
         )
+
+
+def _layer_amounts(arch: Architecture, parent: Architecture) -> Iterator[tuple[int, str, float, float]]:
+    """``(layer, axis, kept, total)`` for each per-layer axis of each layer that keeps the sub-block."""
+    for i, (child, mother) in enumerate(zip(arch.layers, parent.layers, strict=True)):
+        if mother.attention and child.attention:
+            yield i, "kv_heads", child.num_kv_heads, mother.num_kv_heads
+            yield i, "q_per_kv", child.num_heads / child.num_kv_heads, mother.num_heads / mother.num_kv_heads
+        if mother.mamba is not None and child.mamba is not None:
+            yield i, "mamba_heads", child.mamba.num_heads, mother.mamba.num_heads
+        if mother.ffn and child.ffn:
+            yield i, "ffn_width", child.ffn_width, mother.ffn_width
+        if mother.moe is not None and child.moe is not None:
+            a, b = child.moe, mother.moe
+            yield i, "experts", a.num_experts, b.num_experts
+            yield i, "expert_width", a.expert_width, b.expert_width
+            yield i, "experts_per_token", a.experts_per_token, b.experts_per_token
+            if b.shared_width:
+                yield i, "shared_width", a.shared_width, b.shared_width
+
+
+def axis_cuts(arch: Architecture, parent: Architecture) -> dict[str, float]:
+    """How much ``arch`` cuts ``parent`` along each of :data:`AXES` (module doc), layer by layer:
+    ``arch.layers[i]`` is cut from ``parent.layers[i]`` (the toolkit's architectures list every
+    parent layer, dropped ones as no-ops). Raises ``ValueError`` when the layer counts differ."""
+    _check_layers(arch, parent)
     blocks = kept_blocks = 0
-    sums: dict[str, list[float]] = {axis: [0.0, 0.0] for axis in AXES if axis not in ("depth", "hidden")}
-
-    def add(axis: str, kept: float, total: float) -> None:
-        sums[axis][0] += kept
-        sums[axis][1] += total
-
     for child, mother in zip(arch.layers, parent.layers, strict=True):
         for kind in ("mixer", "ffn_kind"):
             if getattr(mother, kind) != "none":
                 blocks += 1
                 kept_blocks += getattr(child, kind) != "none"
-        if mother.attention and child.attention:
-            add("kv_heads", child.num_kv_heads, mother.num_kv_heads)
-            add("q_per_kv", child.num_heads / child.num_kv_heads, mother.num_heads / mother.num_kv_heads)
-        if mother.mamba is not None and child.mamba is not None:
-            add("mamba_heads", child.mamba.num_heads, mother.mamba.num_heads)
-        if mother.ffn and child.ffn:
-            add("ffn_width", child.ffn_width, mother.ffn_width)
-        if mother.moe is not None and child.moe is not None:
-            a, b = child.moe, mother.moe
-            add("experts", a.num_experts, b.num_experts)
-            add("expert_width", a.expert_width, b.expert_width)
-            add("experts_per_token", a.experts_per_token, b.experts_per_token)
-            if b.shared_width:
-                add("shared_width", a.shared_width, b.shared_width)
+    sums: dict[str, list[float]] = {axis: [0.0, 0.0] for axis in AXES if axis not in ("depth", "hidden")}
+    for _, axis, kept, total in _layer_amounts(arch, parent):
+        sums[axis][0] += kept
+        sums[axis][1] += total
     cuts = {"depth": _fraction_cut(kept_blocks, blocks), "hidden": _fraction_cut(arch.hidden_size, parent.hidden_size)}
     cuts.update({axis: _fraction_cut(kept, total) for axis, (kept, total) in sums.items()})
     return {axis: cuts[axis] for axis in AXES}
+
+
+def layer_cuts(arch: Architecture, parent: Architecture) -> dict[str, list[tuple[float, float]]]:
+    """For each per-layer axis (:data:`PROFILE_SIDES`), ``(relative depth, cut)`` of every layer that
+    keeps the sub-block: the layer's own fraction removed, at depth ``(i + 0.5) / n`` of ``n`` parent
+    layers. Layer counts as :func:`axis_cuts`."""
+    _check_layers(arch, parent)
+    n = len(parent.layers)
+    out: dict[str, list[tuple[float, float]]] = {axis: [] for axis in PROFILE_SIDES}
+    for i, axis, kept, total in _layer_amounts(arch, parent):
+        out[axis].append(((i + 0.5) / n, _fraction_cut(kept, total)))
+    return out
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """How much a cut hurts along the depth of a model (module doc, **Layers**): ``values[j]`` is the
+    measured sensitivity of layer ``j`` of the ``len(values)`` layers it was measured on, at relative
+    depth ``(j + 0.5) / len(values)``; read in between by linear interpolation of the logarithm, and
+    flat beyond the first and last.
+
+    Attributes:
+        values: positive sensitivities (their scale does not matter: weights are normalised).
+        source: what was measured, where.
+    """
+
+    values: tuple[float, ...]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.values or any(not math.isfinite(v) or v <= 0 for v in self.values):
+            raise ValueError(f"a layer profile needs positive finite values, got {list(self.values)}")
+
+    def at(self, depth: float) -> float:
+        """The sensitivity at relative ``depth`` in [0, 1]."""
+        n = len(self.values)
+        x = min(max(depth * n - 0.5, 0.0), n - 1.0)
+        j = min(int(x), n - 2) if n > 1 else 0
+        if n == 1:
+            return self.values[0]
+        t = x - j
+        return math.exp((1 - t) * math.log(self.values[j]) + t * math.log(self.values[j + 1]))
+
+    def weights(self, depths: Sequence[float]) -> list[float]:
+        """The sensitivities at ``depths``, normalised to sum to 1."""
+        raw = [self.at(d) for d in depths]
+        total = sum(raw)
+        return [r / total for r in raw]
 
 
 @dataclass(frozen=True)
@@ -128,24 +208,55 @@ class QualityEstimate:
         coefficients: ``{axis: (a, p)}`` for the axes fitted on measurements.
         fitted_on: one line per source of the fit's rows (what was measured, where).
         borrowed: ``{axis: axis it borrows from}`` for the axes with no measurement (:data:`FALLBACKS`).
+        profiles: ``{side: LayerProfile}`` (sides of :data:`PROFILE_SIDES`); empty: every axis pooled.
     """
 
     coefficients: Mapping[str, tuple[float, float]]
     fitted_on: tuple[str, ...] = ()
     borrowed: Mapping[str, str] = field(default_factory=dict)
+    profiles: Mapping[str, LayerProfile] = field(default_factory=dict)
+
+    def curve(self, axis: str) -> tuple[float, float]:
+        """``(a, p)`` of ``axis``: its own fit, the one it borrows, or ``(0, 1)`` (not priced)."""
+        source = axis if axis in self.coefficients else self.borrowed.get(axis, axis)
+        return self.coefficients.get(source, (0.0, 1.0))
 
     def term(self, axis: str, cut: float) -> float:
-        """The estimate's KL from ``cut`` along ``axis`` alone."""
-        source = axis if axis in self.coefficients else self.borrowed.get(axis, axis)
-        a, p = self.coefficients.get(source, (0.0, 1.0))
+        """The estimate's KL from ``cut`` along ``axis`` alone (every layer cut alike)."""
+        a, p = self.curve(axis)
         return a * cut**p if cut > 0 else 0.0
+
+    def profile(self, axis: str) -> LayerProfile | None:
+        """The layer profile that prices ``axis`` per layer, if any."""
+        side = PROFILE_SIDES.get(axis)
+        return self.profiles.get(side) if side is not None else None
+
+    def layer_term(self, axis: str, cuts: Sequence[tuple[float, float]]) -> float:
+        """``a · Σ ω_l cut_l ** p`` over ``(relative depth, cut)`` per layer (module doc, **Layers**)."""
+        profile = self.profile(axis)
+        if profile is None or not cuts:
+            return self.term(axis, sum(c for _, c in cuts) / len(cuts) if cuts else 0.0)
+        a, p = self.curve(axis)
+        weights = profile.weights([d for d, _ in cuts])
+        return a * sum(w * c**p for w, (_, c) in zip(weights, cuts, strict=True) if c > 0)
 
     def kl_of_cuts(self, cuts: Mapping[str, float]) -> float:
         return float(sum(self.term(axis, float(cut)) for axis, cut in cuts.items()))
 
     def kl(self, arch: Architecture, parent: Architecture) -> float:
-        """The estimated KL (nats) of ``arch`` cut from ``parent``; 0 for the parent."""
-        return self.kl_of_cuts(axis_cuts(arch, parent))
+        """The estimated KL (nats) of ``arch`` cut from ``parent``; 0 for the parent. Axes with a layer
+        profile are priced per layer (:meth:`layer_term`), the rest by their pooled cut."""
+        pooled = axis_cuts(arch, parent)
+        if not self.profiles:
+            return self.kl_of_cuts(pooled)
+        per_layer = layer_cuts(arch, parent)
+        total = 0.0
+        for axis, cut in pooled.items():
+            if self.profile(axis) is not None:
+                total += self.layer_term(axis, per_layer[axis])
+            else:
+                total += self.term(axis, cut)
+        return float(total)
 
     def quality(self, arch: Architecture, parent: Architecture) -> float:
         """``exp(−KL̂)`` in (0, 1], 1.0 for the parent: plan mode's quality kind ``estimated_kl``."""
@@ -157,6 +268,15 @@ class QualityEstimate:
             "coefficients": {axis: {"a": a, "p": p} for axis, (a, p) in self.coefficients.items()},
             "borrowed": dict(self.borrowed),
             "fitted_on": list(self.fitted_on),
+            **(
+                {
+                    "layer_profiles": {
+                        k: {"values": list(v.values), "source": v.source} for k, v in self.profiles.items()
+                    }
+                }
+                if self.profiles
+                else {}
+            ),
         }
 
     @classmethod
@@ -165,7 +285,14 @@ class QualityEstimate:
         unknown = sorted(set(coefficients) - set(AXES))
         if unknown:
             raise ValueError(f"quality estimate: unknown axes {unknown}; valid: {', '.join(AXES)}")
-        return cls(coefficients, tuple(data.get("fitted_on") or ()), dict(data.get("borrowed") or {}))
+        profiles = {
+            side: LayerProfile(tuple(float(v) for v in raw["values"]), str(raw.get("source", "")))
+            for side, raw in (data.get("layer_profiles") or {}).items()
+        }
+        bad = sorted(set(profiles) - set(PROFILE_SIDES.values()))
+        if bad:
+            raise ValueError(f"quality estimate: unknown layer profiles {bad}; valid: ffn, mixer")
+        return cls(coefficients, tuple(data.get("fitted_on") or ()), dict(data.get("borrowed") or {}), profiles)
 
 
 def load_estimate(path: str | Path | None = None) -> QualityEstimate:

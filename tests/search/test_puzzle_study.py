@@ -19,7 +19,7 @@ from autocompress_opt.prune.expert_kept import masks_from_expert_kept
 from autocompress_opt.prune.masking import apply_masks
 from autocompress_opt.search.study import StudyConfig
 from autocompress_opt.search.study.moe_study import expert_space
-from autocompress_opt.search.study.moe_trial import searches_per_layer
+from autocompress_opt.search.study.trials import searches_per_layer
 from autocompress_opt.serving.targets import Target
 
 # Tiny models cost the same at every size but for their parameters: fewer active parameters meet this (the

@@ -134,7 +134,9 @@ class StudyConfig:
     as the proxy's points are stored with the study.
     ``plan_quality``: plan mode's quality stand-in without an importance record: ``params`` (the
     fraction of parameters kept) or ``estimate`` (``exp(−KL̂)`` of the per-axis estimate fitted on
-    measured KL, :mod:`autocompress_opt.quality.estimate`); part of the identity.
+    measured KL, :mod:`autocompress_opt.quality.estimate`) or ``estimate-per-layer`` (the same, with each
+    MoE layer's Puzzle-form sizes allotted by the estimate's layer profile where the engine reads that
+    form: :func:`~.trials.plan_trial`); part of the identity.
     ``runners_up``: how many of best-uniform's next-best scored candidates are seeded after the
     baselines (:func:`~.seeding.runner_up_seeds`; :attr:`runner_up_seeds` gives the default); stored
     with the seeds and, like them, not part of the identity.
@@ -176,7 +178,7 @@ class StudyConfig:
     time_budget: float | None = None  # minutes after which no new trial starts (the run's; trials in flight finish)
     seed_top_k: Mapping[str, int] = field(default_factory=dict)  # candidates a seeded baseline scores (SCORED_SEEDS)
     proxy_quality: str = "importance"  # weights mode: what ranks the proxy's points, "importance" or "estimate"
-    plan_quality: str = "params"  # plan mode without importance: "params" or "estimate" (trials.PLAN_QUALITIES)
+    plan_quality: str = "params"  # plan mode without importance: one of trials.PLAN_QUALITIES
     runners_up: int | None = None  # best-uniform's next-best candidates seeded too; None: RUNNERS_UP in weights mode
     allow_data_change: bool = False  # resume although the --data content changed (not part of the identity)
     driver_device: str = "cpu"  # where the driver reads the parent for seeds and proxy (placement.check_driver_device)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.arch.hybrid import PER_LAYER_MOE, hybrid_child, is_sparse
+from autocompress_opt.arch.hybrid import hybrid_child, is_sparse
 from autocompress_opt.cache import cache_key, fetch
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.device import dtype_name
@@ -48,7 +48,7 @@ from autocompress_opt.search.inner.budget import CostGoal
 from autocompress_opt.search.inner.experts import ExpertResult, search_experts
 from autocompress_opt.search.inner.teacher import teacher_form
 from autocompress_opt.search.study.progress import TrialProgress, report
-from autocompress_opt.search.study.trials import check_loadable, engine_loads
+from autocompress_opt.search.study.trials import check_loadable, searches_per_layer
 from autocompress_opt.search.study.weights_trial import (
     DEFAULT_CACHE_DIR,
     QUALITY_CACHE_VERSION,
@@ -62,7 +62,7 @@ from autocompress_opt.search.study.weights_trial import (
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
 
-__all__ = ["run_moe_trial", "run_weights_mode", "searches_per_layer"]
+__all__ = ["run_moe_trial", "run_weights_mode"]
 
 
 def run_weights_mode(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -138,25 +138,6 @@ def run_moe_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         "timings_s": timings,
         "inner": {**result.summary(), "config": config.to_dict()},
     }
-
-
-def searches_per_layer(parent: Architecture, serve_as: str) -> bool:
-    """Whether a trial of ``parent`` served by ``serve_as`` gives each MoE layer its own expert width and
-    top-``k``: the family has a per-layer form (``any``: every form) and the engine loads it for this
-    parent (a probe, the parent with one MoE layer narrower, raises no problem the parent has not:
-    e.g. llama.cpp's Puzzle reader takes no dense MLP layer)."""
-    if parent.family not in PER_LAYER_MOE:
-        return False
-    if serve_as == SERVE_AS_ANY:
-        return True
-    moe = [i for i, layer in enumerate(parent.layers) if layer.moe is not None and layer.moe.expert_width > 1]
-    if serve_as not in PER_LAYER_MOE[parent.family] or not moe:
-        return False
-    layers = list(parent.layers)
-    spec = layers[moe[0]].moe
-    assert spec is not None
-    layers[moe[0]] = replace(layers[moe[0]], moe=replace(spec, expert_width=spec.expert_width - 1))
-    return engine_loads(parent, serve_as)(replace(parent, layers=tuple(layers)))
 
 
 def _present(parent: Architecture) -> list[int]:

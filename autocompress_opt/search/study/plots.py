@@ -202,15 +202,21 @@ def plot_structure(arch: Architecture, parent: Architecture, stem: Path, title: 
 
 
 def _plot_sparse_structure(arch: Architecture, parent: Architecture, stem: Path, title: str = "") -> list[Path]:
-    """Per layer of a MoE / hybrid model, one panel per sub-block kind, the child (filled) over the
-    parent (outline): routed experts kept (experts per token and expert width in the legend), Mamba-2
-    heads, attention query and KV heads; a red x marks a dropped layer."""
+    """Per layer of a MoE / hybrid model, one panel per size, the child (filled) over the parent
+    (outline): routed experts kept, expert width and experts per token (each MoE layer's own, as the
+    Puzzle form keeps them), Mamba-2 heads, attention query heads; a red x marks a dropped layer."""
     plt = _plt()
     n = parent.num_layers
     idx = list(range(n))
     layers = list(arch.layers) + [None] * (n - arch.num_layers)
     panels: list[tuple[str, Any, str]] = [
         ("routed experts", lambda l: l.moe.num_experts if l is not None and l.moe is not None else 0, "tab:purple"),
+        ("expert width", lambda l: l.moe.expert_width if l is not None and l.moe is not None else 0, "tab:pink"),
+        (
+            "experts / token",
+            lambda l: l.moe.experts_per_token if l is not None and l.moe is not None else 0,
+            "tab:brown",
+        ),
         ("Mamba-2 heads", lambda l: l.mamba.num_heads if l is not None and l.mamba is not None else 0, "tab:cyan"),
         ("query heads", lambda l: l.num_heads if l is not None and l.attention else 0, "tab:orange"),
     ]
@@ -218,13 +224,9 @@ def _plot_sparse_structure(arch: Architecture, parent: Architecture, stem: Path,
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 0.14 * n + 3), 1.9 * len(panels) + 1), sharex=True)
     axes = axes if len(panels) > 1 else [axes]
     dropped = [i for i, l in enumerate(layers) if l is None or l.is_noop]
-    moe = next((l.moe for l in arch.layers if l.moe is not None), None)
     for ax, (label, size, colour) in zip(axes, panels, strict=True):
         ax.bar(idx, [size(l) for l in parent.layers], color="none", edgecolor="0.4", linewidth=0.6, label="parent")
-        kept = "pruned"
-        if label == "routed experts" and moe is not None:
-            kept = f"pruned (top-{moe.experts_per_token}, expert width {moe.expert_width})"
-        ax.bar(idx, [size(l) for l in layers], color=colour, alpha=0.85, label=kept)
+        ax.bar(idx, [size(l) for l in layers], color=colour, alpha=0.85, label="pruned")
         if dropped:
             ax.scatter(dropped, [0] * len(dropped), marker="x", color="tab:red", zorder=5, s=12, label="layer dropped")
         ax.set_ylabel(label)

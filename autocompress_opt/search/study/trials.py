@@ -27,9 +27,11 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
+from autocompress_opt.arch.hybrid import PER_LAYER_MOE
 from autocompress_opt.arch.search_space import SearchSpace
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.loadability import SERVE_AS_ANY, check_serve_as, loadable_problems, parent_problems
@@ -55,6 +57,7 @@ __all__ = [
     "register_hardware",
     "retained_fraction",
     "run_trial",
+    "searches_per_layer",
     "uniform_model",
 ]
 
@@ -70,7 +73,9 @@ QUALITY_LABELS: dict[str, str] = {
     "exp_neg_kl": "exp(-KL to parent)",  # weights mode: exp(-mean per-position KL), held-out text
     "estimated_kl": "exp(-estimated KL), per-axis fit",  # plan mode: quality.estimate, fitted on measured KL
 }
-PLAN_QUALITIES = ("params", "estimate")  # plan mode's stand-ins without an importance record
+# Plan mode's stand-ins without an importance record; estimate-per-layer also allots the Puzzle form's
+# per-MoE-layer sizes by the estimate's layer profile where the engine reads that form (plan_trial).
+PLAN_QUALITIES = ("params", "estimate", "estimate-per-layer")
 
 
 def quality_label(kind: str | None) -> str:
@@ -141,7 +146,12 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     (:func:`retained_importance`, kind ``retained_importance``), with layers dropped in order of
     least importance (skip-loss).
 
-    The architecture is uniform, a plain family checkpoint; under ``request["serve_as"]``'s rules
+    With ``plan_quality`` ``estimate-per-layer``, where the family's per-layer form is read by the
+    ``serve_as`` engine (:func:`searches_per_layer`), each MoE layer's expert width and experts per
+    token are then allotted by the estimate's layer profile under the uniform plan's totals
+    (:func:`~autocompress_opt.quality.allocate.per_layer_moe_plan`); elsewhere it ranks as ``estimate``.
+
+    The architecture is otherwise uniform, a plain family checkpoint; under ``request["serve_as"]``'s rules
     it is that of :func:`legal_point` (the point itself, or the largest legal one below it) and
     must load in that engine (beyond what the parent itself cannot change, its family and head
     size: :func:`~autocompress_opt.prune.loadability.parent_problems`), else a :class:`ConfigError`.
@@ -155,8 +165,12 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         order = importance.layer_order()
     serve_as = check_serve_as(str(request.get("serve_as") or SERVE_AS_ANY))
     _, arch = uniform_model(request["params"], space, parent, serve_as, order)
+    stand_in = request.get("plan_quality") or "params"
+    if stand_in == "estimate-per-layer" and importance is None and searches_per_layer(parent, serve_as):
+        arch = _per_layer(arch, parent, space)
+        check_loadable(arch, parent, serve_as)
     metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
-    quality, kind = plan_quality(arch, parent, importance, request.get("plan_quality") or "params")
+    quality, kind = plan_quality(arch, parent, importance, stand_in)
     return {
         "architecture": arch.to_dict(),
         "metrics": metrics,
@@ -164,6 +178,16 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         "quality_kind": kind,
         "serve_as": serve_as,
     }
+
+
+def _per_layer(arch: Architecture, parent: Architecture, space: SearchSpace) -> Architecture:
+    """``arch`` with its MoE layers' Puzzle-form sizes allotted per layer (:func:`plan_trial`)."""
+    from autocompress_opt.quality.allocate import per_layer_moe_plan
+
+    names = space.names
+    widths = space["expert_width"].values if "expert_width" in names else ()
+    tops = space["experts_per_token"].values if "experts_per_token" in names else ()
+    return per_layer_moe_plan(arch, parent, _estimate(), widths, tops)
 
 
 def uniform_model(
@@ -197,7 +221,7 @@ def plan_quality(
     the retained parameter fraction (``params``, kind ``retained_params``) or ``exp(−KL̂)`` of the
     shipped per-axis quality estimate (``estimate``, kind ``estimated_kl``:
     :mod:`autocompress_opt.quality.estimate`, fitted on measured KL)."""
-    if importance is None and stand_in == "estimate":
+    if importance is None and stand_in in ("estimate", "estimate-per-layer"):
         return _estimate().quality(arch, parent), "estimated_kl"
     if importance is None:
         return retained_fraction(arch, parent), "retained_params"
@@ -289,6 +313,25 @@ def engine_loads(parent: Architecture, serve_as: str) -> Callable[[Architecture]
         return lambda arch: True
     own = set(parent_problems(parent, serve_as))
     return lambda arch: not _avoidable_problems(arch, serve_as, own)
+
+
+def searches_per_layer(parent: Architecture, serve_as: str) -> bool:
+    """Whether a trial of ``parent`` served by ``serve_as`` gives each MoE layer its own expert width and
+    top-``k``: the family has a per-layer form (``any``: every form) and the engine loads it for this
+    parent (a probe, the parent with one MoE layer narrower, raises no problem the parent has not:
+    e.g. llama.cpp's Puzzle reader takes no dense MLP layer)."""
+    if parent.family not in PER_LAYER_MOE:
+        return False
+    if serve_as == SERVE_AS_ANY:
+        return True
+    moe = [i for i, layer in enumerate(parent.layers) if layer.moe is not None and layer.moe.expert_width > 1]
+    if serve_as not in PER_LAYER_MOE[parent.family] or not moe:
+        return False
+    layers = list(parent.layers)
+    spec = layers[moe[0]].moe
+    assert spec is not None
+    layers[moe[0]] = replace(layers[moe[0]], moe=replace(spec, expert_width=spec.expert_width - 1))
+    return engine_loads(parent, serve_as)(replace(parent, layers=tuple(layers)))
 
 
 def check_loadable(arch: Architecture, parent: Architecture, serve_as: str) -> None:

@@ -1,0 +1,175 @@
+"""Per-layer sizes without weights: where a plan's uniform cut of one kind of sub-block should fall,
+layer by layer, for the same total, by the quality estimate's layer profile.
+
+Plan mode samples one size per kind (:func:`~autocompress_opt.arch.hybrid.hybrid_child`). With a
+layer profile (:class:`~autocompress_opt.quality.estimate.LayerProfile`) the estimate prices a cut
+as ``a · Σ_l ω_l · cut_l ** p``. For the same mean cut, that is least where each layer's cut follows
+``cut_l ∝ ω_l ** (−1 / (p − 1))`` (``p > 1``: spread, less on the sensitive layers), or, for a concave
+curve (``p ≤ 1``), where the least sensitive layers are cut first and fully (:func:`allocate_cuts`).
+The continuous cuts are then snapped onto the search space's grid of sizes under the uniform plan's
+own budget (:func:`snap_to_grid`), so the per-layer plan never holds more than the uniform one.
+
+:func:`per_layer_moe_plan` does this for the axes NVIDIA's Puzzle form stores per MoE layer
+(``nemotron_h_puzzle``'s ``block_configs``): expert width under the uniform plan's total expert
+channels (the parameters and weight memory), then experts per token under its routed channels per
+token (``Σ top-k · width``: the active parameters, decode's weight traffic). Everything else stays
+as the uniform plan has it. When rounding leaves the per-layer plan no better by the estimate, the
+uniform plan is returned unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from autocompress_opt.arch.architecture import Architecture, MoESpec
+from autocompress_opt.quality.estimate import QualityEstimate
+
+__all__ = ["allocate_cuts", "per_layer_moe_plan", "snap_to_grid"]
+
+
+def allocate_cuts(weights: Sequence[float], mean_cut: float, p: float, max_cut: float) -> list[float]:
+    """The cuts ``c_l`` in ``[0, max_cut]`` with mean ``mean_cut`` that minimise ``Σ w_l · c_l ** p``
+    (module doc). ``mean_cut`` above ``max_cut`` is clipped to it."""
+    n = len(weights)
+    if n == 0:
+        return []
+    target = min(max(mean_cut, 0.0), max_cut)
+    if target <= 0.0:
+        return [0.0] * n
+    if p <= 1.0:  # concave: the least sensitive layers first, each fully
+        cuts, left = [0.0] * n, target * n
+        for i in sorted(range(n), key=lambda i: weights[i]):
+            cuts[i] = min(max_cut, left)
+            left -= cuts[i]
+            if left <= 0:
+                break
+        return cuts
+
+    def at(lam: float) -> list[float]:
+        return [min(max_cut, (lam / (p * w)) ** (1.0 / (p - 1.0))) for w in weights]
+
+    lo, hi = 1e-12, 1.0
+    while sum(at(hi)) / n < target:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if sum(at(mid)) / n < target else (lo, mid)
+    return at(hi)
+
+
+def snap_to_grid(
+    ideal: Sequence[float], grids: Sequence[Sequence[int]], costs: Sequence[float], budget: float
+) -> list[int]:
+    """Integer sizes on each layer's grid (sorted values), near ``ideal``, with ``Σ cost_l · size_l``
+    at most ``budget``: each starts at its grid's value at or below the ideal (the grid's least when
+    none), is lowered one step at a time where it sits furthest above its ideal while over budget,
+    then raised one step at a time where it sits furthest below while the step fits."""
+    pos = []
+    for x, grid in zip(ideal, grids, strict=True):
+        below = [j for j, v in enumerate(grid) if v <= x + 1e-9]
+        pos.append(below[-1] if below else 0)
+
+    def total() -> float:
+        return sum(c * g[j] for c, g, j in zip(costs, grids, pos, strict=True))
+
+    while total() > budget + 1e-9:
+        movable = [i for i in range(len(pos)) if pos[i] > 0]
+        if not movable:
+            break
+        i = max(movable, key=lambda i: (grids[i][pos[i]] - ideal[i]) / max(ideal[i], 1.0))
+        pos[i] -= 1
+    while True:
+        spare = budget - total()
+        fits = [i for i in range(len(pos)) if pos[i] + 1 < len(grids[i])]
+        fits = [i for i in fits if costs[i] * (grids[i][pos[i] + 1] - grids[i][pos[i]]) <= spare + 1e-9]
+        if not fits:
+            break
+        i = max(fits, key=lambda i: (ideal[i] - grids[i][pos[i]]) / max(ideal[i], 1.0))
+        pos[i] += 1
+    return [g[j] for g, j in zip(grids, pos, strict=True)]
+
+
+def per_layer_moe_plan(
+    arch: Architecture,
+    parent: Architecture,
+    estimate: QualityEstimate,
+    widths: Sequence[int],
+    tops: Sequence[int],
+) -> Architecture:
+    """``arch`` (a uniform plan of ``parent``) with each MoE layer's expert width and experts per token
+    allotted by the estimate's ``ffn`` layer profile (module doc): ``widths`` and ``tops`` are the
+    search space's candidate values of ``expert_width`` and ``experts_per_token``. Returns ``arch``
+    itself when it has no MoE layer, the estimate no profile for these axes, or the allotment does
+    not lower the estimated KL."""
+    moe = [i for i, layer in enumerate(arch.layers) if layer.moe is not None]
+    if not moe or estimate.profile("expert_width") is None:
+        return arch
+    n = len(parent.layers)
+    depths = [(i + 0.5) / n for i in moe]
+    mother, child = _moe_pairs(arch, parent, moe)
+    new_widths = _allot(
+        estimate,
+        "expert_width",
+        depths,
+        parents=[m.expert_width for m in mother],
+        uniform=[c.expert_width for c in child],
+        grids=[sorted(v for v in {*widths, c.expert_width} if v <= m.expert_width) for m, c in zip(mother, child)],
+        costs=[1.0] * len(moe),
+    )
+    new_tops = _allot(
+        estimate,
+        "experts_per_token",
+        depths,
+        parents=[m.experts_per_token for m in mother],
+        uniform=[c.experts_per_token for c in child],
+        grids=[
+            sorted(v for v in {*tops, c.experts_per_token} if v <= min(m.experts_per_token, c.num_experts))
+            for m, c in zip(mother, child)
+        ],
+        costs=[float(w) for w in new_widths],
+        budget=float(sum(c.experts_per_token * c.expert_width for c in child)),
+    )
+    layers = list(arch.layers)
+    for i, spec, w, k in zip(moe, child, new_widths, new_tops, strict=True):
+        layers[i] = replace(layers[i], moe=replace(spec, expert_width=int(w), experts_per_token=int(k)))
+    planned = replace(arch, layers=tuple(layers))
+    return planned if estimate.kl(planned, parent) < estimate.kl(arch, parent) - 1e-12 else arch
+
+
+def _moe_pairs(arch: Architecture, parent: Architecture, moe: Sequence[int]) -> tuple[list[MoESpec], list[MoESpec]]:
+    """The parent's and the plan's MoE specs of the layers ``moe`` (both present by construction)."""
+    mother, child = [], []
+    for i in moe:
+        m, c = parent.layers[i].moe, arch.layers[i].moe
+        if m is None or c is None:
+            raise ValueError(f"layer {i} is a MoE layer of the plan but not of its parent")
+        mother.append(m)
+        child.append(c)
+    return mother, child
+
+
+def _allot(
+    estimate: QualityEstimate,
+    axis: str,
+    depths: Sequence[float],
+    *,
+    parents: Sequence[int],
+    uniform: Sequence[int],
+    grids: Sequence[Sequence[int]],
+    costs: Sequence[float],
+    budget: float | None = None,
+) -> list[int]:
+    """Sizes of one axis per layer: :func:`allocate_cuts` by the axis's profile, snapped under the
+    uniform sizes' budget (``Σ cost · uniform`` unless ``budget`` is given)."""
+    profile = estimate.profile(axis)
+    if profile is None:
+        return list(uniform)
+    _, p = estimate.curve(axis)
+    mean_cut = sum(1.0 - u / m for u, m in zip(uniform, parents, strict=True)) / len(parents)
+    max_cut = min(1.0 - g[0] / m for g, m in zip(grids, parents, strict=True))
+    cuts = allocate_cuts(profile.weights(depths), mean_cut, p, max(max_cut, 0.0))
+    ideal = [m * (1.0 - c) for m, c in zip(parents, cuts, strict=True)]
+    if budget is None:
+        budget = float(sum(c * u for c, u in zip(costs, uniform, strict=True)))
+    return snap_to_grid(ideal, grids, costs, budget)
