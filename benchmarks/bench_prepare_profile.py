@@ -117,14 +117,14 @@ def instrument(phases: Phases, candidates: list[dict[str, Any]]) -> None:
     import autocompress_opt.search.study.run as run
     import autocompress_opt.search.study.searcher as searcher
     import autocompress_opt.search.study.seeding as seeding
-    import autocompress_opt.search.study.weights_trial as weights_trial
+    import autocompress_opt.search.study.trial_context as trial_context
 
     w = phases.wrap
-    weights_trial.parent_parts = w("load parent", weights_trial.parent_parts)
+    trial_context.parent_parts = w("load parent", trial_context.parent_parts)
     loading.load_model = w("load parent: load_model", loading.load_model)
-    weights_trial.parent_importance = w("importance", weights_trial.parent_importance)
-    weights_trial.estimate_importance = w("importance: estimate", weights_trial.estimate_importance)
-    weights_trial.search_rows = w("search rows", weights_trial.search_rows)
+    trial_context.parent_importance = w("importance", trial_context.parent_importance)
+    trial_context.estimate_importance = w("importance: estimate", trial_context.estimate_importance)
+    trial_context.search_rows = w("search rows", trial_context.search_rows)
     if hasattr(user, "text_batches"):
         user.text_batches = w("rows: text_batches", user.text_batches)
     textdata.text_batches = w("rows: text_batches", textdata.text_batches)

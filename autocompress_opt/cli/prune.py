@@ -583,7 +583,7 @@ def _baseline(
     target, data, space and inner settings seeds this very model."""
     from autocompress_opt.prune.loadability import rules_engine_for
     from autocompress_opt.search.study.seeding import baseline_rows, baseline_scorer, choose_baseline
-    from autocompress_opt.search.study.weights_trial import importance_rows, parent_identity, parent_importance
+    from autocompress_opt.search.study.trial_context import importance_rows, parent_identity, parent_importance
 
     trial = _baseline_trial(args, serving_target)
     cache = Path(args.cache_dir)

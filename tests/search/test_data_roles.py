@@ -14,7 +14,7 @@ from weights_helpers import request
 
 from autocompress_opt.data import user
 from autocompress_opt.prune import baselines
-from autocompress_opt.search.study import seeding, weights_trial
+from autocompress_opt.search.study import seeding, trial_context, weights_trial
 from autocompress_opt.serving.targets import Target
 
 
@@ -74,8 +74,8 @@ def test_no_document_reaches_what_its_role_forbids(tmp_path: Path, monkeypatch: 
         return real_search(model, parent, importance, tokens, *args, **kwargs)
 
     monkeypatch.setattr(user, "data_batches", data_batches)
-    monkeypatch.setattr(weights_trial, "estimate_importance", spy("importance", weights_trial.estimate_importance, 1))
-    monkeypatch.setattr(weights_trial, "kl_and_perplexity", spy("objective", weights_trial.kl_and_perplexity, 1))
+    monkeypatch.setattr(trial_context, "estimate_importance", spy("importance", trial_context.estimate_importance, 1))
+    monkeypatch.setattr(trial_context, "kl_and_perplexity", spy("objective", trial_context.kl_and_perplexity, 1))
     monkeypatch.setattr(weights_trial, "search", search)
     monkeypatch.setattr(baselines, "masked_kl_scorer", spy("baseline", baselines.masked_kl_scorer, 2))
 

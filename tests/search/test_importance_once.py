@@ -28,7 +28,7 @@ def _trial_actor(
     import torch
 
     from autocompress_opt.prune.importance import ESTIMATORS
-    from autocompress_opt.search.study import weights_trial
+    from autocompress_opt.search.study import trial_context
     from autocompress_opt.search.study.weights_trial import TrialConfig, parent_context
 
     torch.set_num_threads(1)
@@ -41,7 +41,7 @@ def _trial_actor(
         return original(*args, **kwargs)
 
     ESTIMATORS.register("minitron", counted, replace=True)
-    estimate, span = weights_trial.estimate_importance, []
+    estimate, span = trial_context.estimate_importance, []
 
     def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
         span.append(time.time())
@@ -50,7 +50,7 @@ def _trial_actor(
         finally:
             span.append(time.time())
 
-    weights_trial.estimate_importance = timed
+    trial_context.estimate_importance = timed
     config = TrialConfig.from_dict({**INNER, "device": "cpu", "compute_dtype": dtype})
     barrier.wait(timeout=120)  # both interpreters are up: start at the same moment
     context, _ = parent_context(parent_dir, config, Path(cache_dir))

@@ -16,7 +16,7 @@ from weights_helpers import INNER, PARAMS
 from autocompress_opt.arch.search_space import uniform_allocation
 from autocompress_opt.prune import baselines
 from autocompress_opt.prune import importance as importance_module
-from autocompress_opt.search.study import seeding, weights_trial
+from autocompress_opt.search.study import seeding, trial_context, weights_trial
 from autocompress_opt.search.study.weights_trial import TrialConfig, parent_context
 from autocompress_opt.serving.targets import Target
 
@@ -67,13 +67,13 @@ def test_targets_of_one_workload_data_share_a_pair_and_others_get_their_own(
     """Two prose targets get the very same (importance, score); the coding target's importance is
     estimated on code, so its calibration data (and its scores' rows) differ; the parent is loaded once."""
     loads = [0]
-    real_load = weights_trial.load_parent
+    real_load = trial_context.load_parent
 
     def load(*args: Any, **kwargs: Any) -> Any:
         loads[0] += 1
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(weights_trial, "load_parent", load)
+    monkeypatch.setattr(trial_context, "load_parent", load)
     scoring = seeding.SeedScoring(_config(parent_dir, tmp_path / "cache"))
     prose, also_prose, code = scoring(PROSE), scoring(ALSO_PROSE), scoring(CODE)
     assert prose is also_prose
@@ -100,7 +100,7 @@ def test_seeding_builds_only_importance_and_its_rows_and_the_trials_reuse_the_im
     assert not (cache / "teacher").exists()
 
     estimates = [0]
-    monkeypatch.setattr(weights_trial, "estimate_importance", _spy(estimates, weights_trial.estimate_importance))
+    monkeypatch.setattr(trial_context, "estimate_importance", _spy(estimates, trial_context.estimate_importance))
     monkeypatch.setattr(importance_module.ESTIMATORS, "get", lambda name: _forbidden)
     weights_trial.clear_trial_cache()
     trial = TrialConfig.from_dict(INNER, seed=0).for_workload(PROSE.workload)
@@ -171,13 +171,13 @@ def test_preload_loads_the_parent_once_in_a_thread_and_the_first_pair_uses_it_or
     from autocompress_opt.errors import ConfigError
 
     where: list[str] = []
-    real_load = weights_trial.load_parent
+    real_load = trial_context.load_parent
 
     def load(*args: Any, **kwargs: Any) -> Any:
         where.append(threading.current_thread().name)
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(weights_trial, "load_parent", load)
+    monkeypatch.setattr(trial_context, "load_parent", load)
     config = _config(parent_dir, tmp_path / "cache")
     config.seeds_baselines, config.proxy_points = True, 4
     scoring = seeding.SeedScoring(config)
@@ -190,7 +190,7 @@ def test_preload_loads_the_parent_once_in_a_thread_and_the_first_pair_uses_it_or
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise ConfigError("cannot load the parent: boom")
 
-    monkeypatch.setattr(weights_trial, "load_parent", broken)
+    monkeypatch.setattr(trial_context, "load_parent", broken)
     failing = seeding.SeedScoring(_config(parent_dir, tmp_path / "cache2"))
     failing.config.seeds_baselines, failing.config.proxy_points = False, 4
     failing.preload(PROSE)

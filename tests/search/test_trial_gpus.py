@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from autocompress_opt.search.study import placement, trials, weights_trial
+from autocompress_opt.search.study import placement, trial_context, trials
 from autocompress_opt.search.study.placement import trial_gpus
 from autocompress_opt.search.study.weights_trial import TrialConfig, parent_context
 
@@ -45,7 +45,7 @@ def test_the_weights_trial_loads_its_parent_over_the_gpus_ray_assigned(monkeypat
         raise Loaded
 
     monkeypatch.setattr(placement, "assigned_gpus", lambda: ["2", "6"])
-    monkeypatch.setattr(weights_trial, "resolve_device", lambda spec: torch.device("cuda", 0))
+    monkeypatch.setattr(trial_context, "resolve_device", lambda spec: torch.device("cuda", 0))
     monkeypatch.setattr("autocompress_opt.hf.device.bf16_supported", lambda device: True)  # an Ampere-or-newer GPU
     monkeypatch.setattr("autocompress_opt.hf.loading.load_model", load_model)
     with pytest.raises(Loaded):

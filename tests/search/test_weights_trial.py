@@ -131,11 +131,11 @@ def test_contexts_that_differ_only_by_data_share_one_loaded_parent(
     local-coding one reads code. Alternating between them loads the parent once, and each data
     context is built once (a later trial of it reports no parent timings); a third data setting evicts
     the oldest context (two are kept) without a reload; another dtype is another parent and reloads."""
-    from autocompress_opt.search.study import weights_trial
+    from autocompress_opt.search.study import trial_context
 
     loads: list[str] = []
-    real_load = weights_trial.load_parent
-    monkeypatch.setattr(weights_trial, "load_parent", lambda ref, *args: loads.append(ref) or real_load(ref, *args))
+    real_load = trial_context.load_parent
+    monkeypatch.setattr(trial_context, "load_parent", lambda ref, *args: loads.append(ref) or real_load(ref, *args))
     coding = Target("h100-sxm", "local-coding", constraints=dict(TARGET.constraints))
     prose_req, code_req = request(parent_dir, tmp_path), request(parent_dir, tmp_path, target=coding.to_dict())
 

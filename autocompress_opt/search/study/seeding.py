@@ -484,7 +484,7 @@ class SeedScoring:
             self._loading = None
 
     def _load_parent(self, trial: Any) -> tuple[Any, Any, str]:
-        from autocompress_opt.search.study.weights_trial import parent_parts
+        from autocompress_opt.search.study.trial_context import parent_parts
 
         model, tokenizer, _, parent_id, _ = parent_parts(
             self.config.model, self._driver_trial(trial), Path(driver_cache_dir(self.config.cache_dir))
@@ -502,7 +502,7 @@ class SeedScoring:
             torch.cuda.empty_cache()
 
     def _weights_pair(self, trial: Any) -> tuple[Any, Any]:
-        from autocompress_opt.search.study.weights_trial import parent_importance
+        from autocompress_opt.search.study.trial_context import parent_importance
 
         cache = Path(driver_cache_dir(self.config.cache_dir))
         self.settle()
