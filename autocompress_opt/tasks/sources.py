@@ -160,7 +160,7 @@ class Verse:
 
 
 # A verse line of `bible -f`: "<book><chapter>:<verse> <text>", e.g. "1Sm1:1 Now there was ...".
-# textdata.parse_bible_output drops the chapter; the tasks need it to keep distractors out of it.
+# text_sources.parse_bible_output drops the chapter; the tasks need it to keep distractors out of it.
 _VERSE_LINE = re.compile(r"^([1-3]?[A-Za-z]+)(\d+):(\d+) (.*)$")
 
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_lm import byte_tokenizer
 
+from autocompress_opt.data.text_sources import parse_bible_output
 from autocompress_opt.data.textdata import (
     DEFAULT_SOURCES,
     BibleKJVSource,
@@ -20,7 +21,6 @@ from autocompress_opt.data.textdata import (
     StdlibSource,
     calibration_batches,
     data_split,
-    parse_bible_output,
     test_batches,
     text_batches,
     text_sources,
