@@ -506,7 +506,11 @@ def _distill_stages(
     c, m = _dtype_bytes(dtype), _dtype_bytes(shape.master_dtype, "master dtype")
     student = shape.student or arch
     rows = -(-shape.batch_size // gpus)  # each process trains on its share of the step's rows
-    teacher = arch.num_params * c
+    # The teacher: whole on one GPU; under FSDP sharded like the student (recover.fsdp.shard_frozen),
+    # each GPU gathering one layer (and the next, prefetched) plus embeddings and head for its forward.
+    teacher = math.ceil(arch.num_params * c / gpus)
+    widest_teacher = max(arch.layer_params(i) for i in range(arch.num_layers))
+    teacher_gathered = (2 * widest_teacher + arch.embedding_params) * c if gpus > 1 else 0
     master = math.ceil(student.num_params * m / gpus)
     # The forward works on full weights: under FSDP (``distill(fsdp=True)``, no mixed-precision
     # policy) the all-gathered layer and the prefetched next one, plus embeddings and head, in the
@@ -535,10 +539,11 @@ def _distill_stages(
         - student.num_params * c
     )
     grads = 0 if one_gpu else master + 2 * widest_layer * m
-    base = {"teacher weights": teacher, "student weights (shard)": master}
+    base = {"teacher weights": teacher, "student weights (shard)": master}  # the teacher's: its shard under FSDP
+    gathered = {"teacher gathered weights": teacher_gathered} if gpus > 1 else {}
     stages = [
         Stage("load", dict(base)),
-        Stage("held-out KL", base | _held_out_bytes(arch, student, shape, gpus, c)),
+        Stage("held-out KL", base | gathered | _held_out_bytes(arch, student, shape, gpus, c)),
         Stage(
             "train step",
             base
@@ -561,7 +566,8 @@ def _distill_stages(
     ]
     chunk = "whole sequence" if shape.kl_chunk is None else f"{shape.kl_chunk} positions at a time"
     assumptions = (
-        f"teacher weights in {dtype}, replicated on every GPU",
+        f"teacher weights in {dtype}"
+        + (f", FSDP-sharded {gpus} ways, one layer gathered at a time" if gpus > 1 else ", on the GPU"),
         f"student weights, gradients and AdamW moments in {shape.master_dtype}"
         + (f", FSDP-sharded {gpus} ways" if gpus > 1 else ", on one GPU")
         + f"; forward and backward in {dtype}",

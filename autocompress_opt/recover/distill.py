@@ -31,8 +31,10 @@ student with FSDP2's ``fully_shard`` and allocates its shard only; rank 0 reads 
 host memory and broadcasts them, each process keeping its shard, so its weights, gradients and
 AdamW moments are split ``W`` ways and no GPU ever holds the whole student; each process
 trains on rows ``rank, rank + W, ...`` of the step's batch (``batch_size`` must divide by ``W``)
-against its own replica of the teacher; FSDP averages the gradients, so an update is that of the
-whole batch on one process (up to float rounding), and the reported loss is the mean over the
+against the teacher, sharded the same way (each process holds ``1/W`` of it on its device and
+gathers one layer at a time for its forward: :func:`~autocompress_opt.recover.fsdp.shard_frozen`);
+FSDP averages the gradients, so an update is that of the whole batch on one process (up to float
+rounding), and the reported loss is the mean over the
 processes. Every collective runs on the process group's device (the GPU under NCCL, the CPU
 under gloo). Rank 0 gathers the full weights and moments, shard by shard into host memory, to write
 each checkpoint, in the same format as an unsharded run, so a checkpoint resumes with or without
@@ -105,6 +107,7 @@ from autocompress_opt.recover.fsdp import (
     _shard,
     _skeleton,
     _world_size,
+    shard_frozen,
 )
 from autocompress_opt.recover.held_out import held_out_kl
 from autocompress_opt.recover.preflight import (
@@ -429,7 +432,9 @@ class _Run:
         from autocompress_opt.data.user import data_batches
         from autocompress_opt.hf.loading import load_model
 
-        teacher = load_model(teacher_ref, cache=False, device=device, dtype=options.teacher_dtype)
+        sharded = options.world_size > 1  # then the teacher is read into host memory and sharded (below)
+        where = torch.device("cpu") if sharded else device
+        teacher = load_model(teacher_ref, cache=False, device=where, dtype=options.teacher_dtype)
         teacher.model.requires_grad_(False).eval()
         source = out if state is not None else student_dir
         if options.world_size > 1:  # the whole student only on rank 0, in host memory
@@ -466,6 +471,7 @@ class _Run:
             shadow = student.model if student is not None else None
             _shard(model, device, options.world_size, precision)
             _load_sharded(model, shadow, device)
+            teacher = replace(teacher, model=shard_frozen(teacher.model, device, options.world_size))
         optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
         if state is None:
             torch.manual_seed(recipe.seed)

@@ -16,6 +16,11 @@ The recipe follows torchtune's full-finetune distributed recipe (``recipes/full_
 * **Collectives on the backend's device.** NCCL only moves CUDA tensors (a CPU tensor fails with
   "No backend type associated with device type cpu"), gloo moves CPU ones: every collective here
   goes through :func:`_collective_device`.
+* **The teacher sharded too.** The frozen teacher is wrapped the same way (each decoder layer a
+  unit, all-gathered for its forward only, no gradients, no optimiser state), so each GPU holds
+  ``1/W`` of it rather than a whole replica (:func:`shard_frozen`). Every process reads it into host
+  memory (the teacher can be any reference ``load_model`` resolves, a GGUF file or a known name);
+  rank 0's weights are broadcast so every shard is of the same copy.
 * **Rank 0 decides.** With node-local disks the processes can see different output directories,
   so only rank 0 looks at it (checkpoint or not, which step) and broadcasts what it found
   (:func:`_from_rank0`); rank 0 alone reads the checkpoint's weights and moments and broadcasts them.
@@ -170,6 +175,27 @@ def _shard(model: Any, device: torch.device, world: int, precision: str = "fp32"
     for part in adapter_for(model).all_layer_parts(model):
         fully_shard(part.layer, **kwargs)
     fully_shard(model, **kwargs)
+
+
+def shard_frozen(model: Any, device: torch.device, world: int) -> Any:
+    """``model`` (a frozen network in host memory, on every process) as FSDP2 units over the run's
+    ``world`` processes, each keeping its ``1/world`` on ``device`` (module doc): a new model built on
+    the ``meta`` device from ``model.config``, sharded, given rank 0's weights; in eval mode, no
+    gradients. It computes in its parameters' dtype (no mixed-precision policy)."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    import autocompress_opt.hf.hetero_model  # noqa: F401  (registers the heterogeneous classes)
+
+    dtype = next(model.parameters()).dtype
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
+    _shard(skeleton, device, world)
+    _load_sharded(skeleton, model if dist.get_rank() == 0 else None, device)
+    # FSDP2 keeps the root unit (embeddings, head, final norm) gathered after its forward, expecting a
+    # backward; a frozen model has none, so it gives them back at once (its layers reshard themselves)
+    skeleton.register_forward_hook(lambda module, args, output: module.reshard())
+    return skeleton.requires_grad_(False).eval()
 
 
 def _load_sharded(model: Any, full: Any | None, device: torch.device) -> None:

@@ -3,7 +3,8 @@
 Usage: ``torchrun --standalone --nproc_per_node 2 fsdp_worker.py STUDENT TEACHER OUT RESULT_JSON [MODE]``;
 rank 0 writes the result record to RESULT_JSON, with each process's observations under
 ``"ranks"``: whether the student was still on the meta device when it was sharded, which
-models that process loaded, and the token rows it trained on in each update. MODE: ``crash``
+models that process loaded, the token rows it trained on in each update, and how many of the
+teacher's values it holds against the teacher's total (``teacher_values``: its shard, when sharded). MODE: ``crash``
 interrupts every process in its third update (after the step-2 checkpoint) and makes the same call
 again, which resumes; ``stop`` interrupts it the same way and ends there (the checkpoint of step 2
 is left for another layout to resume); ``bf16`` trains with
@@ -70,6 +71,9 @@ def _observe(seen: dict[str, list[Any]]) -> None:
 
     def train_step(model: Any, teacher: Any, tokens: Any, *args: Any) -> float:
         seen["trained"].append(tokens.tolist())
+        if not seen["teacher_values"]:  # what this process holds of the teacher: its shard, of the whole
+            local = sum(getattr(p, "to_local", lambda p=p: p)().numel() for p in teacher.parameters())
+            seen["teacher_values"] = [local, sum(p.numel() for p in teacher.parameters())]
         return real_step(model, teacher, tokens, *args)
 
     distill_module._shard = shard
@@ -81,7 +85,7 @@ def main(student: str, teacher: str, out: str, result_json: str, mode: str = "")
     from autocompress_opt.recover.recipe import DistillRecipe
 
     dist.init_process_group("gloo")
-    seen: dict[str, list[Any]] = {"devices_at_shard": [], "loaded": [], "trained": []}
+    seen: dict[str, list[Any]] = {"devices_at_shard": [], "loaded": [], "trained": [], "teacher_values": []}
     _observe(seen)
     options = OPTIONS | ({"compute_dtype": "bf16"} if mode.startswith("bf16") else {})
     recipe = DistillRecipe(**RECIPE | ({"lr": 2 * RECIPE["lr"]} if mode == "mismatch" else {}))

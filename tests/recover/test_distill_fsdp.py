@@ -110,6 +110,9 @@ def _assert_built_sharded(record: dict[str, Any], student_dir: Path) -> None:
     for seen in ranks:
         assert seen["devices_at_shard"] and all(devices == ["meta"] for devices in seen["devices_at_shard"])
     assert any(ref == str(student_dir) for ref in ranks[0]["loaded"])
+    # the teacher is sharded too: each process holds about half of its values, together all of them
+    (local0, total), (local1, total1) = ranks[0]["teacher_values"], ranks[1]["teacher_values"]
+    assert total == total1 and local0 + local1 == total and max(local0, local1) <= 0.6 * total
     assert all(ref != str(student_dir) for ref in ranks[1]["loaded"])  # rank 1: the teacher only
 
 

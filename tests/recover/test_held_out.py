@@ -90,10 +90,29 @@ def test_the_prediction_splits_rows_over_gpus_and_chunks_positions() -> None:
         gpus = shape.pop("gpus", 1)
         stages = predict_memory(arch, "distill", gpus=gpus, cuda=False, distill=DistillShape(**shape)).stages
         stage = next(s for s in stages if s.name == "held-out KL")
-        return stage.peak_bytes - stage.parts["teacher weights"] - stage.parts["student weights (shard)"]
+        weights = ("teacher weights", "teacher gathered weights", "student weights (shard)")
+        return stage.peak_bytes - sum(stage.parts.get(name, 0) for name in weights)
 
     whole = held_out(batch_size=4, seq_len=2048)
     assert held_out(batch_size=4, seq_len=2048, kl_chunk=32) < whole / 4
     # 8 held-out rows, 4 at a time: 2 GPUs still take 4 each; 4 GPUs 2 each, 8 GPUs 1
     assert held_out(batch_size=4, seq_len=2048, gpus=2) == whole
     assert held_out(batch_size=4, seq_len=2048, gpus=8) < held_out(batch_size=4, seq_len=2048, gpus=4) < whole
+
+
+def test_the_teacher_is_sharded_over_the_gpus_and_gathered_a_layer_at_a_time() -> None:
+    """distill(fsdp=True) shards the teacher like the student (recover.fsdp.shard_frozen): each GPU holds
+    its share and, for the teacher's forward, one layer and the next plus embeddings and head."""
+    from autocompress_opt.arch.catalog import load_architecture
+
+    arch = load_architecture("llama-3.2-1b")
+
+    def parts(gpus: int) -> dict[str, int]:
+        stages = predict_memory(arch, "distill", gpus=gpus, cuda=False, distill=DistillShape(batch_size=8)).stages
+        return next(s for s in stages if s.name == "held-out KL").parts
+
+    one, eight = parts(1), parts(8)
+    assert "teacher gathered weights" not in one
+    assert eight["teacher weights"] == -(-one["teacher weights"] // 8)
+    widest = max(arch.layer_params(i) for i in range(arch.num_layers))
+    assert eight["teacher gathered weights"] == (2 * widest + arch.embedding_params) * 2  # bf16

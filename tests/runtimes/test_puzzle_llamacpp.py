@@ -119,3 +119,65 @@ def test_serve_check_runs_a_puzzle_export_in_llamacpp(puzzle: tuple[Path, list[l
     assert any("Puzzle form is read by llamacpp" in p for p in loadable_problems(arch, "vllm"))
     check = serve_check(out, "llamacpp", gguf="f32")
     assert check.positions == 256 and check.top1_agreement >= 0.99 and check.max_abs_logprob_diff < 0.01, check.line()
+
+
+@pytest.mark.slow
+def test_llamacpp_runs_a_studys_own_puzzle_export_as_its_masked_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smollm2_tokenizer: Any, llamacpp_engine: Any
+) -> None:
+    """The whole path on the engine-ready tiny Nemotron-H: a weights-mode study served by llama.cpp gives
+    its MoE layers their own expert width and top-k, `prune --from-study` writes the trial's kept record as
+    a `nemotron_h_puzzle` folder, and llama.cpp converts it and predicts the masked parent's next token."""
+    import ray
+
+    from autocompress_opt.arch.hybrid import per_layer_moe
+    from autocompress_opt.cli import main
+    from autocompress_opt.hf.loading import load_model
+    from autocompress_opt.prune.expert_kept import masks_from_expert_kept
+    from autocompress_opt.search.study import StudyConfig, init_ray, load_records, run_study
+    from autocompress_opt.search.study.moe_study import expert_space
+    from autocompress_opt.serving.targets import Target
+
+    torch.set_num_threads(2)
+    monkeypatch.chdir(tmp_path)  # the trials' caches (.autocompress/) go here
+    model_dir = tmp_path / "parent"
+    engine_ready_model().save_pretrained(model_dir)
+    smollm2_tokenizer.save_pretrained(model_dir)
+    parent = load_model(model_dir).architecture
+    inner = {"steps": 12, "lr": 0.1, "n_samples": 8, "val_samples": 2, "seq_len": 16}
+    target = Target("h100-sxm", "datacenter", constraints={"output_throughput_tok_s": "1x", "active_params": "0.9x"})
+    config = StudyConfig(
+        name="puzzle-engine",
+        model=str(model_dir),
+        targets=(target,),
+        space=expert_space(parent),
+        mode="weights",
+        serve_as="llamacpp",
+        inner={**inner, "eval_samples": 2, "eval_seq_len": 16, "importance_samples": 2, "importance_seq_len": 16},
+        trials=3,
+        storage=f"sqlite:///{tmp_path}/studies.db",
+        concurrency=1,
+    )
+    init_ray(None, 1, ())
+    try:
+        run_study(config, progress=False)
+    finally:
+        ray.shutdown()
+    records, _ = load_records(config.storage_url, config.study_name(target))
+    per_layer = [r for r in records if r.state == "COMPLETE" and (a := r.arch()) is not None and per_layer_moe(a)]
+    assert per_layer, [r.arch().summary() for r in records if r.arch() is not None]
+    best = per_layer[0]
+    out = tmp_path / "export"
+    args = ["prune", "--from-study", "puzzle-engine", "--storage", config.storage_url, "--trial", str(best.number)]
+    assert main([*args, "--out", str(out)]) == 0
+    smollm2_tokenizer.save_pretrained(out)
+    gguf = convert_to_gguf(out, tmp_path / "study-f32.gguf", "f32", pad_attention_only=False)
+    sequences = check_sequences(smollm2_tokenizer, VOCAB, positions=256, length=64)
+    loaded = load_model(model_dir)
+    assert best.kept is not None
+    masks = masks_from_expert_kept(loaded.architecture, best.kept)
+    with torch.no_grad(), apply_masks(loaded.model, masks, adapter=moe_adapter(loaded.model)):
+        reference = [_log_softmax(loaded.model(torch.tensor([ids])).logits[0].numpy()) for ids in sequences]
+    rows = [_top_rows(_log_softmax(x), 20) for x in gguf_logits(gguf, sequences)]
+    agreement, worst, _, positions = compare(reference, rows)
+    assert positions == 256 and agreement >= 0.99, (agreement, worst)
