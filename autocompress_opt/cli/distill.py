@@ -31,9 +31,10 @@ weights, gradients and AdamW moments; the teacher is held in bf16); --pure-bf16 
 in bf16 too (half the memory, updates under ~0.4% of a weight are lost).
 Memory (see 'autocompress memory --mode distill'): --pure-bf16; --gradient-checkpointing recomputes
 each layer's activations in backward; --kl-chunk N computes the KL N positions at a time; --fsdp
-shards the student over the processes torchrun starts (NCCL on GPUs; the student is built on the
-meta device and only rank 0 reads the weights and the output directory, so --out need only be on
-rank 0's disk).
+shards the student and the teacher over the processes torchrun starts (NCCL on GPUs; the student
+is built on the meta device and only rank 0 reads the weights and the output directory, so --out
+need only be on rank 0's disk); --sharded-checkpoints has each process write its own shards of
+every checkpoint but the last (then --out must be on storage every process sees).
 
 The loss is T^2 * KL(teacher || student) of next-token distributions on calibration text (never the
 held-out split); the run is exactly steps x batch-size x seq-len tokens, and that recipe is written
@@ -116,6 +117,13 @@ checkpoint made with other settings is refused naming the setting, unless --rest
     p.add_argument(
         "--fsdp", action="store_true", help="shard the student with FSDP2 over the processes torchrun starts"
     )
+    p.add_argument(
+        "--sharded-checkpoints",
+        action="store_true",
+        help="with --fsdp: each process writes its own shards of every checkpoint before the last "
+        "(torch.distributed.checkpoint) instead of gathering the whole model on rank 0; --out must be on "
+        "storage every process sees; resumes under any number of processes",
+    )
     p.add_argument("--restart", action="store_true", help="discard a checkpoint in --out and start over")
     p.add_argument(
         "--force", action="store_true", help="replace a non-empty --out that is not a distillation checkpoint"
@@ -144,6 +152,12 @@ def run(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else f"{str(Path(args.student)).rstrip('/')}-distilled"
     _check_before_loading(args, recipe, out)
     check_positive(args, "--kl-chunk")  # positions per KL chunk
+    if args.sharded_checkpoints and not args.fsdp:
+        raise ConfigError(
+            "--sharded-checkpoints splits each checkpoint over the processes of an --fsdp run: add --fsdp "
+            "and launch under torchrun, e.g. torchrun --nproc_per_node 8 $(which autocompress) distill ... "
+            "--fsdp --sharded-checkpoints"
+        )
     rank = _start_processes(args) if args.fsdp else 0
     _warn_unsharded_processes(args)
     result = distill(
@@ -162,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
         gradient_checkpointing=args.gradient_checkpointing,
         kl_chunk=args.kl_chunk,
         fsdp=args.fsdp,
+        sharded_checkpoints=args.sharded_checkpoints,
     )
     if args.fsdp:
         import torch.distributed as dist

@@ -7,6 +7,15 @@ teacher, student, data; the position of the calibration stream after those steps
 by parameter name, RNG states).
 A checkpoint is written to a staging folder and swapped in whole (:func:`_replace_dir`), so an
 interrupted save leaves the previous one intact.
+
+A sharded run (FSDP) with ``sharded_checkpoints`` writes its intermediate checkpoints as a
+distributed checkpoint instead (``torch.distributed.checkpoint``): every process writes its own
+shards of the weights and AdamW moments under ``distill_state/shards/`` (no process gathers the
+whole model, so the save scales with the number of processes, not rank 0's host memory), and
+``state.json`` says ``"weights": "sharded"``; the student's files beside it are not written until
+the last step, which is saved whole as always. Such a checkpoint resumes under any number of
+processes, one included: the distributed checkpoint reshards on load (:func:`_restore_shards`).
+Every process must see the output directory.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from __future__ import annotations
 import json
 import shutil
 import uuid
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,9 +32,10 @@ import torch
 
 from autocompress_opt.errors import ConfigError
 
-__all__ = ["STATE_DIR", "RecipeMismatchError"]
+__all__ = ["SHARDS_DIR", "STATE_DIR", "RecipeMismatchError"]
 
 STATE_DIR = "distill_state"
+SHARDS_DIR = "shards"  # a sharded checkpoint's torch.distributed.checkpoint folder, under STATE_DIR
 _STATE_JSON = "state.json"
 _STATE_TENSORS = "state.safetensors"
 # /2: the rows come from a token stream whose position is saved (/1 cycled a fixed pool of rows).
@@ -122,7 +133,6 @@ def _restore(model: Any, optimizer: torch.optim.Optimizer, out: Path, state: Map
             "pass restart=True (--restart) to start over"
         )
     sharded = hasattr(model, "reshard")
-    world = torch.distributed.get_world_size() if sharded else 1
     path = str(out / STATE_DIR / _STATE_TENSORS)
     per_param: dict[str, dict[str, torch.Tensor]] = {}
     if not sharded or torch.distributed.get_rank() == 0:
@@ -138,8 +148,40 @@ def _restore(model: Any, optimizer: torch.optim.Optimizer, out: Path, state: Map
     else:
         by_index = {names.index(name): moments for name, moments in per_param.items()}
         optimizer.load_state_dict({"state": by_index, "param_groups": optimizer.state_dict()["param_groups"]})
+    _set_rng(model, path)
+
+
+def _restore_shards(model: Any, optimizer: torch.optim.Optimizer, out: Path, state: Mapping[str, Any]) -> None:
+    """Load the weights, AdamW moments and RNG states of the sharded checkpoint in ``out`` into
+    ``model`` (sharded over this run's processes, or whole in one) and ``optimizer``: the distributed
+    checkpoint reshards onto whatever layout this run has (module doc)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if [name for name, _ in model.named_parameters()] != state["param_names"]:
+        raise ConfigError(
+            f"the checkpoint in {str(out)!r} does not match its own model's parameters; "
+            "pass restart=True (--restart) to start over"
+        )
+    weights, moments = get_model_state_dict(model), get_optimizer_state_dict(model, optimizer)
+    with warnings.catch_warnings():  # one process reading a sharded checkpoint is intended here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load({"model": weights, "optim": moments}, checkpoint_id=str(out / STATE_DIR / SHARDS_DIR))
+    set_model_state_dict(model, weights)
+    set_optimizer_state_dict(model, optimizer, moments)
+    _set_rng(model, str(out / STATE_DIR / _STATE_TENSORS))
+
+
+def _set_rng(model: Any, path: str) -> None:
+    """Every process takes rank 0's RNG states from the checkpoint file at ``path``."""
     from autocompress_opt.recover.fsdp import _from_rank0
 
+    world = torch.distributed.get_world_size() if hasattr(model, "reshard") else 1
     rng = _from_rank0(lambda: _read_rng(path), world)
     torch.set_rng_state(rng["rng/cpu"])
     if torch.cuda.is_available():

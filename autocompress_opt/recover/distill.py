@@ -89,6 +89,7 @@ from autocompress_opt.recover.checkpoint import (
     _STATE_FORMAT,
     _STATE_JSON,
     _STATE_TENSORS,
+    SHARDS_DIR,
     STATE_DIR,
     RecipeMismatchError,
     _check_same,
@@ -96,6 +97,7 @@ from autocompress_opt.recover.checkpoint import (
     _read_state,
     _replace_dir,
     _restore,
+    _restore_shards,
     _rng_tensors,
     _student_card,
 )
@@ -282,6 +284,7 @@ def distill(
     gradient_checkpointing: bool = False,
     kl_chunk: int | None = None,
     fsdp: bool = False,
+    sharded_checkpoints: bool = False,
     data: Sequence[str] = (),
 ) -> DistillResult:
     """Distil ``teacher_ref`` into the student in directory ``student_ref``; write the result to ``out_dir``.
@@ -311,6 +314,11 @@ def distill(
         fsdp: shard the student with FSDP2 over the initialised ``torch.distributed`` process
             group (see the module docstring); every process calls :func:`distill` alike. On CUDA
             each process uses GPU ``LOCAL_RANK`` (torchrun sets it).
+        sharded_checkpoints: with ``fsdp``, write the checkpoints before the last step as a
+            distributed checkpoint, each process its own shards, instead of gathering the whole
+            model into rank 0's host memory (:mod:`~autocompress_opt.recover.checkpoint`); the
+            output directory must then be on storage every process sees. Such a checkpoint resumes
+            under any number of processes, with or without this flag.
         data: the user's ``--data`` specs (:mod:`autocompress_opt.data.user`): the training rows
             are streamed from their calibration split and the KL before/after comes from their test
             split; empty: the built-in sources. Their record (SHA-256, groups) is part of the run's identity.
@@ -331,6 +339,11 @@ def distill(
     dtype, teacher_dtype, precision = training_dtypes(compute_dtype, torch_device, precision, pure_bf16)
     check_int(kl_chunk, "kl_chunk (positions per piece)", also=(None,))
     world = _world_size(fsdp, recipe)
+    if sharded_checkpoints and world == 1:
+        raise ConfigError(
+            "sharded_checkpoints=True (--sharded-checkpoints) splits a checkpoint over the processes of an "
+            "FSDP run: use it with fsdp=True (--fsdp) under torchrun with more than one process"
+        )
     if world > 1 and torch_device.type == "cuda":  # one GPU per process: torchrun's LOCAL_RANK
         import os
 
@@ -342,6 +355,7 @@ def distill(
         gradient_checkpointing=bool(gradient_checkpointing),
         kl_chunk=kl_chunk,
         world_size=world,
+        sharded_checkpoints=bool(sharded_checkpoints),
         data=tuple(data),
     )
     # Rank 0 alone looks at `out` (node-local disks may differ) and hands its finding to every process.
@@ -382,6 +396,7 @@ class _Options:
     gradient_checkpointing: bool = False
     kl_chunk: int | None = None
     world_size: int = 1  # > 1: the student is FSDP-sharded over that many processes
+    sharded_checkpoints: bool = False  # the checkpoints before the last step: each process writes its shards
     data: tuple[str, ...] = ()  # the user's --data specs (the text, not how memory is used: kept here for brevity)
 
     @property
@@ -436,7 +451,10 @@ class _Run:
         where = torch.device("cpu") if sharded else device
         teacher = load_model(teacher_ref, cache=False, device=where, dtype=options.teacher_dtype)
         teacher.model.requires_grad_(False).eval()
-        source = out if state is not None else student_dir
+        # the starting weights: the checkpoint's own student files, or (none yet, or a sharded
+        # checkpoint, whose weights are loaded below) the student's
+        whole = state is not None and state.get("weights") != "sharded"
+        source = out if whole else student_dir
         if options.world_size > 1:  # the whole student only on rank 0, in host memory
             student = load_model(source, cache=False, dtype=options.dtype) if options.rank == 0 else None
             model = _skeleton(student_dir, options.dtype)  # on the meta device
@@ -481,7 +499,10 @@ class _Run:
             )
             state = {"step": 0, "losses": [], "train_s_total": 0.0, "final_kl": None}
         else:
-            _restore(model, optimizer, out, state)
+            if state.get("weights") == "sharded":
+                _restore_shards(model, optimizer, out, state)
+            else:
+                _restore(model, optimizer, out, state)
             stream.seek(state["stream"])
             initial_kl = state["initial_kl"]
         return cls(
@@ -584,6 +605,9 @@ class _Run:
         return {"previous": earlier} if earlier is not None else {}
 
     def _save(self, steps_done: int, final_kl: float | None, train_s: float) -> None:
+        if self.options.sharded_checkpoints and steps_done < self.recipe.steps:
+            self._save_shards(steps_done, final_kl, train_s)
+            return
         if self.options.world_size > 1:
             model, moments = self._gathered()
             if model is not None:
@@ -591,6 +615,59 @@ class _Run:
             _barrier(self.options.world_size)
             return
         self._write(self.model, _optimizer_tensors(self.model, self.optimizer), steps_done, final_kl, train_s)
+
+    def _save_shards(self, steps_done: int, final_kl: float | None, train_s: float) -> None:
+        """A sharded checkpoint (:mod:`~autocompress_opt.recover.checkpoint`): every process writes its
+        shards of the weights and moments into one staging folder (named by rank 0), rank 0 adds
+        ``state.json`` and the RNG states and swaps the folder in whole."""
+        import torch.distributed.checkpoint as dcp
+        from safetensors.torch import save_file
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        world, first = self.options.world_size, self.options.rank == 0
+        name = f".{self.out.name}.distill-{uuid.uuid4().hex[:8]}"
+        staging = self.out.parent / _from_rank0(lambda: name, world)
+        try:
+            if first:
+                (staging / STATE_DIR / SHARDS_DIR).mkdir(parents=True)
+            _barrier(world)
+            shards = {
+                "model": get_model_state_dict(self.model),
+                "optim": get_optimizer_state_dict(self.model, self.optimizer),
+            }
+            dcp.save(shards, checkpoint_id=str(staging / STATE_DIR / SHARDS_DIR))
+            if first:
+                names = [n for n, _ in self.model.named_parameters()]
+                state = self._state(steps_done, final_kl, train_s, names) | {"weights": "sharded"}
+                save_file(_rng_tensors(), str(staging / STATE_DIR / _STATE_TENSORS))
+                (staging / STATE_DIR / _STATE_JSON).write_text(json.dumps(state, indent=2), encoding="utf-8")
+                _replace_dir(staging, self.out)
+        except BaseException:
+            if first:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
+        _barrier(world)
+
+    def _state(self, steps_done: int, final_kl: float | None, train_s: float, names: list[str]) -> dict[str, Any]:
+        """``state.json`` of a checkpoint after ``steps_done`` steps (module :mod:`.checkpoint`)."""
+        return {
+            "format": _STATE_FORMAT,
+            "identity": self.identity,
+            "step": steps_done,
+            "tokens_seen": steps_done * self.recipe.batch_size * self.recipe.seq_len,
+            "initial_kl": self.initial_kl,
+            "final_kl": final_kl,
+            "stream": self.stream.position(),
+            "losses": self.losses,
+            "train_s_total": train_s,
+            "param_names": names,
+            "scheduler": {
+                "kind": "linear-warmup-cosine",
+                "min_lr_ratio": MIN_LR_RATIO,
+                "next_step": steps_done,
+                "last_lr": learning_rate(self.recipe, steps_done - 1),
+            },
+        }
 
     def _gathered(self) -> tuple[Any, dict[str, torch.Tensor]]:
         """All processes gather the sharded student's full weights and AdamW state, one tensor at a
@@ -622,24 +699,7 @@ class _Run:
         from autocompress_opt.prune.export import export_model
 
         tensors = moments | _rng_tensors()
-        state = {
-            "format": _STATE_FORMAT,
-            "identity": self.identity,
-            "step": steps_done,
-            "tokens_seen": steps_done * self.recipe.batch_size * self.recipe.seq_len,
-            "initial_kl": self.initial_kl,
-            "final_kl": final_kl,
-            "stream": self.stream.position(),
-            "losses": self.losses,
-            "train_s_total": train_s,
-            "param_names": [name for name, _ in model.named_parameters()],
-            "scheduler": {
-                "kind": "linear-warmup-cosine",
-                "min_lr_ratio": MIN_LR_RATIO,
-                "next_step": steps_done,
-                "last_lr": learning_rate(self.recipe, steps_done - 1),
-            },
-        }
+        state = self._state(steps_done, final_kl, train_s, [name for name, _ in model.named_parameters()])
         card = self.card
         extras = {
             **card.get("extra", {}),

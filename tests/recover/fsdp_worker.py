@@ -9,7 +9,9 @@ interrupts every process in its third update (after the step-2 checkpoint) and m
 again, which resumes; ``stop`` interrupts it the same way and ends there (the checkpoint of step 2
 is left for another layout to resume); ``bf16`` trains with
 ``compute_dtype="bf16"`` (fp32 master weights, bf16 compute); ``bf16-crash`` both; ``mismatch``
-calls it with another learning rate on OUT's checkpoint and records each process's error.
+calls it with another learning rate on OUT's checkpoint and records each process's error;
+``sharded-crash`` and ``sharded-stop`` are ``crash`` and ``stop`` with ``sharded_checkpoints`` (each
+process writes its own shards of the step-2 checkpoint).
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ def main(student: str, teacher: str, out: str, result_json: str, mode: str = "")
     seen: dict[str, list[Any]] = {"devices_at_shard": [], "loaded": [], "trained": [], "teacher_values": []}
     _observe(seen)
     options = OPTIONS | ({"compute_dtype": "bf16"} if mode.startswith("bf16") else {})
+    if mode.startswith("sharded-"):
+        options, mode = options | {"sharded_checkpoints": True}, mode.removeprefix("sharded-")
     recipe = DistillRecipe(**RECIPE | ({"lr": 2 * RECIPE["lr"]} if mode == "mismatch" else {}))
     try:
         run = lambda: distill(student, teacher, out, recipe, progress=False, fsdp=True, **options)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -184,6 +185,41 @@ def test_a_run_stopped_under_one_process_count_resumes_under_another(
     sharded = _sharded(pair, tmp_path / "one-then-two")
     assert sharded["resumed_from_step"] == 2
     _assert_trains_as(sharded, single, tmp_path / "one-then-two", tmp_path / "single")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied-embeddings"])
+def test_sharded_checkpoints_are_written_per_process_and_resume_under_any_layout(
+    models: tuple[Path, Path], tied_models: tuple[Path, Path], tied: bool, tmp_path: Path
+) -> None:
+    """With sharded_checkpoints each process writes its own shards of the step-2 checkpoint (no
+    student files beside them, state.json says so); the run resumes from it under 2 processes and
+    under 1, each ending with the weights of the uninterrupted run."""
+    pair = tied_models if tied else models
+    student_dir, teacher_dir = pair
+    single = distill(student_dir, teacher_dir, tmp_path / "single", RECIPE, progress=False)
+    _sharded(pair, tmp_path / "stopped", "sharded-stop")
+    state = json.loads((tmp_path / "stopped" / STATE_DIR / "state.json").read_text())
+    assert state["weights"] == "sharded" and state["step"] == 2
+    shards = sorted(p.name for p in (tmp_path / "stopped" / STATE_DIR / "shards").iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # one file per process
+    assert not (tmp_path / "stopped" / "config.json").exists()
+    # 2 → 1: a plain process reshards it on load
+    shutil.copytree(tmp_path / "stopped", tmp_path / "two-then-one")
+    resumed = distill(student_dir, teacher_dir, tmp_path / "two-then-one", RECIPE, progress=False)
+    assert resumed.resumed_from_step == 2
+    _assert_trains_as(resumed.to_dict(), single, tmp_path / "two-then-one", tmp_path / "single")
+    # 2 → 2, interrupted and resumed in one call; the last step is saved whole
+    again = _sharded(pair, tmp_path / "crashed", "sharded-crash")
+    assert again["resumed_from_step"] == 2
+    _assert_trains_as(again, single, tmp_path / "crashed", tmp_path / "single")
+    assert "weights" not in json.loads((tmp_path / "crashed" / STATE_DIR / "state.json").read_text())
+
+
+def test_sharded_checkpoints_without_fsdp_are_refused(models: tuple[Path, Path], tmp_path: Path) -> None:
+    student_dir, teacher_dir = models
+    with pytest.raises(ConfigError, match="sharded_checkpoints=True .* use it with fsdp=True"):
+        distill(student_dir, teacher_dir, tmp_path / "out", RECIPE, progress=False, sharded_checkpoints=True)
 
 
 @pytest.mark.slow
