@@ -69,6 +69,10 @@ _WRITTEN = {kind: name for name, kind in BLOCK_TYPES.items()}  # transformers' k
 PER_LAYER_KEYS = ("moe_intermediate_size", "num_experts_per_tok")
 
 
+# Channels per 16-byte row in bf16 (8; 4 in float32): expert widths that transformers' grouped kernel takes.
+_GROUPED_MM_CHANNELS = 8
+
+
 @strict  # as every transformers config: type checks on the declared fields
 class NemotronHPuzzleConfig(NemotronHConfig):
     r"""NemotronH's config plus ``block_configs`` (module docstring), one entry per layer.
@@ -101,6 +105,10 @@ class NemotronHPuzzleConfig(NemotronHConfig):
         layer = copy.copy(self)
         for key in PER_LAYER_KEYS:
             setattr(layer, key, block[key])
+        if block["moe_intermediate_size"] % _GROUPED_MM_CHANNELS:
+            # transformers' grouped expert kernel (torch._grouped_mm) takes rows of whole 16 bytes only:
+            # a width the per-layer search left at another size runs its experts one at a time instead
+            layer._experts_implementation = "eager"
         return layer
 
 

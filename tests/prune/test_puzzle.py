@@ -93,6 +93,24 @@ def test_per_layer_masks_slice_to_a_puzzle_child_with_the_masked_logits(model: A
     torch.testing.assert_close(logits(child), masked_logits(model, masks))
 
 
+def test_a_width_off_the_grouped_kernels_rows_runs_its_experts_one_at_a_time(
+    model: Any, importance: Importance
+) -> None:
+    """transformers' grouped expert kernel takes rows of whole 16 bytes only: widths the per-layer search
+    may leave (10 and 6 channels, 40 and 24 bytes in float32) failed in its forward ("strides should be
+    multiple of 16 bytes"); such a layer runs its experts one at a time and computes the masked logits."""
+    odd = per_layer_masks(
+        model,
+        importance,
+        BASE,
+        {1: {"expert_width": 10, "experts_per_token": 2}, 5: {"expert_width": 6, "experts_per_token": 1}},
+    )
+    child = slice_experts(model, odd)
+    assert moe_sizes(child) == [(6, 10, 2, 24), (6, 6, 1, 24)]
+    assert [child.config.layer_config(i)._experts_implementation for i in (1, 5)] == ["eager", "eager"]
+    torch.testing.assert_close(logits(child), masked_logits(model, odd))
+
+
 def test_the_export_holds_block_configs_and_reloads_without_remote_code(
     model: Any, masks: Masks, exported: Path
 ) -> None:

@@ -145,7 +145,10 @@ def test_llamacpp_runs_a_studys_own_puzzle_export_as_its_masked_parent(
     smollm2_tokenizer.save_pretrained(model_dir)
     parent = load_model(model_dir).architecture
     inner = {"steps": 12, "lr": 0.1, "n_samples": 8, "val_samples": 2, "seq_len": 16}
-    target = Target("h100-sxm", "datacenter", constraints={"output_throughput_tok_s": "1x", "active_params": "0.9x"})
+    # The vocabulary's embeddings are nearly all of this model: halving every expert's width saves 0.02 % of
+    # its active parameters, so a budget of 0.9998x makes every point cut about half the expert channels.
+    limits = {"output_throughput_tok_s": "0.5x", "active_params": "0.9998x"}
+    target = Target("h100-sxm", "datacenter", constraints=limits)
     config = StudyConfig(
         name="puzzle-engine",
         model=str(model_dir),
@@ -154,7 +157,7 @@ def test_llamacpp_runs_a_studys_own_puzzle_export_as_its_masked_parent(
         mode="weights",
         serve_as="llamacpp",
         inner={**inner, "eval_samples": 2, "eval_seq_len": 16, "importance_samples": 2, "importance_seq_len": 16},
-        trials=3,
+        trials=4,
         storage=f"sqlite:///{tmp_path}/studies.db",
         concurrency=1,
     )
@@ -165,7 +168,8 @@ def test_llamacpp_runs_a_studys_own_puzzle_export_as_its_masked_parent(
         ray.shutdown()
     records, _ = load_records(config.storage_url, config.study_name(target))
     per_layer = [r for r in records if r.state == "COMPLETE" and (a := r.arch()) is not None and per_layer_moe(a)]
-    assert per_layer, [r.arch().summary() for r in records if r.arch() is not None]
+    assert not [r.error for r in records if r.state == "FAIL"]
+    assert per_layer, [(r.state, r.arch() and r.arch().summary()) for r in records]
     best = per_layer[0]
     out = tmp_path / "export"
     args = ["prune", "--from-study", "puzzle-engine", "--storage", config.storage_url, "--trial", str(best.number)]
