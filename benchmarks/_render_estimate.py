@@ -161,7 +161,58 @@ def nemotron_estimate() -> str:
     return text + "\n\n" + r.table(header, rows)
 
 
+def _interval(d: dict[str, Any]) -> str:
+    low, high = d["ci95"]
+    return f"{d['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def layer_profile() -> str:
+    """Per-layer FFN widths allotted by the estimate's layer profile against uniform and the inverted
+    profile, on real weights and the test split (``bench_layer_profile.py``), one table per model."""
+    r = _render()
+    parts = []
+    for stem in ("layer_profile", "layer_profile_gemma3-270m"):
+        data = r.load(stem)
+        if data is None:
+            continue
+        rows = []
+        for c in data["cells"]:
+            arms = c["arms"]
+            d = c["kl_differences"]
+            rows.append(
+                [
+                    f"{c['ffn_kept']:.0%}",
+                    f"{arms['uniform']['kl_to_parent']:.3f}",
+                    f"{arms['profile']['kl_to_parent']:.3f}",
+                    f"{arms['inverse']['kl_to_parent']:.3f}",
+                    _interval(d["profile - uniform"]),
+                    _interval(d["inverse - uniform"]),
+                ]
+            )
+        sample = "the profile's own model" if data["in_sample"] else "a model the profile was not measured on"
+        parts.append(
+            f"**{data['model']}** ({sample}; {data['parent']['layers']} layers, FFN {data['parent']['ffn_width']}; "
+            f"{data['test_rows']['rows_per_domain']} test rows per domain, at {r.commit_of(data)}, "
+            f"{data['seconds'] / 60:.0f} min):\n\n"
+            + r.table(
+                [
+                    "FFN kept",
+                    "uniform KL",
+                    "profile KL",
+                    "inverted KL",
+                    "profile − uniform [95 %]",
+                    "inverted − uniform [95 %]",
+                ],
+                rows,
+            )
+        )
+    if not parts:
+        return "not yet measured (run `python benchmarks/bench_layer_profile.py`)"
+    return "\n\n".join(parts)
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "layer-profile": layer_profile,
     "quality-estimate": quality_estimate,
     "nemotron-estimate": nemotron_estimate,
     "proxy-quality": proxy_quality,

@@ -2,10 +2,11 @@
 layer by layer, for the same total, by the quality estimate's layer profile.
 
 Plan mode samples one size per kind (:func:`~autocompress_opt.arch.hybrid.hybrid_child`). With a
-layer profile (:class:`~autocompress_opt.quality.estimate.LayerProfile`) the estimate prices a cut
-as ``a · Σ_l ω_l · cut_l ** p``. For the same mean cut, that is least where each layer's cut follows
-``cut_l ∝ ω_l ** (−1 / (p − 1))`` (``p > 1``: spread, less on the sensitive layers), or, for a concave
-curve (``p ≤ 1``), where the least sensitive layers are cut first and fully (:func:`allocate_cuts`).
+layer profile (:class:`~autocompress_opt.quality.estimate.LayerProfile`) the estimate prices each
+layer's cut on its own curve ``k_l · c ** p_l``. For the same mean cut, their sum is least where
+``k_l p_l c_l ** (p_l − 1)`` is equal across the layers (convex curves: less cut where a layer is
+sensitive or its KL grows fast), or, for concave curves (``p ≤ 1``), where the least sensitive layers
+are cut first and fully (:func:`allocate_cuts`).
 The continuous cuts are then snapped onto the search space's grid of sizes under the uniform plan's
 own budget (:func:`snap_to_grid`), so the per-layer plan never holds more than the uniform one.
 
@@ -28,16 +29,20 @@ from autocompress_opt.quality.estimate import QualityEstimate
 __all__ = ["allocate_cuts", "per_layer_moe_plan", "snap_to_grid"]
 
 
-def allocate_cuts(weights: Sequence[float], mean_cut: float, p: float, max_cut: float) -> list[float]:
-    """The cuts ``c_l`` in ``[0, max_cut]`` with mean ``mean_cut`` that minimise ``Σ w_l · c_l ** p``
-    (module doc). ``mean_cut`` above ``max_cut`` is clipped to it."""
+def allocate_cuts(weights: Sequence[float], mean_cut: float, p: float | Sequence[float], max_cut: float) -> list[float]:
+    """The cuts ``c_l`` in ``[0, max_cut]`` with mean ``mean_cut`` that minimise ``Σ w_l · c_l ** p_l``
+    (module doc; ``p`` one exponent for every layer or one per layer). ``mean_cut`` above ``max_cut``
+    is clipped to it. Every ``p_l > 1``: the stationary point of the Lagrangian, by bisection on its
+    multiplier; every ``p_l <= 1`` (concave): the least sensitive layers first, each fully; a mix
+    is treated as convex, its concave exponents raised to just above 1."""
     n = len(weights)
     if n == 0:
         return []
+    powers = [float(p)] * n if isinstance(p, (int, float)) else [float(q) for q in p]
     target = min(max(mean_cut, 0.0), max_cut)
     if target <= 0.0:
         return [0.0] * n
-    if p <= 1.0:  # concave: the least sensitive layers first, each fully
+    if all(q <= 1.0 for q in powers):
         cuts, left = [0.0] * n, target * n
         for i in sorted(range(n), key=lambda i: weights[i]):
             cuts[i] = min(max_cut, left)
@@ -45,14 +50,15 @@ def allocate_cuts(weights: Sequence[float], mean_cut: float, p: float, max_cut: 
             if left <= 0:
                 break
         return cuts
+    powers = [max(q, 1.05) for q in powers]
 
     def at(lam: float) -> list[float]:
-        return [min(max_cut, (lam / (p * w)) ** (1.0 / (p - 1.0))) for w in weights]
+        return [min(max_cut, (lam / (q * w)) ** (1.0 / (q - 1.0))) for w, q in zip(weights, powers, strict=True)]
 
-    lo, hi = 1e-12, 1.0
+    lo, hi = 1e-300, 1.0
     while sum(at(hi)) / n < target:
         hi *= 2.0
-    for _ in range(200):
+    for _ in range(400):
         mid = (lo * hi) ** 0.5
         lo, hi = (mid, hi) if sum(at(mid)) / n < target else (lo, mid)
     return at(hi)
@@ -168,7 +174,8 @@ def _allot(
     _, p = estimate.curve(axis)
     mean_cut = sum(1.0 - u / m for u, m in zip(uniform, parents, strict=True)) / len(parents)
     max_cut = min(1.0 - g[0] / m for g, m in zip(grids, parents, strict=True))
-    cuts = allocate_cuts(profile.weights(depths), mean_cut, p, max(max_cut, 0.0))
+    curves = profile.curves(depths, p)
+    cuts = allocate_cuts([k for k, _ in curves], mean_cut, [q for _, q in curves], max(max_cut, 0.0))
     ideal = [m * (1.0 - c) for m, c in zip(parents, cuts, strict=True)]
     if budget is None:
         budget = float(sum(c * u for c, u in zip(costs, uniform, strict=True)))

@@ -36,13 +36,15 @@ values transfer poorly between models of different sizes.
 **Layers** (:class:`LayerProfile`, optional): the pooled cut above prices a cut the same in every
 layer, so it cannot tell a per-layer architecture from the uniform one of the same size. With a
 profile for the axis's side (:data:`PROFILE_SIDES`: ``ffn`` for the FFN and expert axes, ``mixer``
-for heads and Mamba heads) the axis's term becomes ``a · Σ_l ω_l · cut_l ** p`` over the layers that
-keep the sub-block, ``ω_l`` the profile's sensitivity at the layer's relative depth, normalised to
-sum to 1. A uniform cut gives exactly the pooled term (so the fit above holds unchanged); a
-per-layer one is cheaper where it cuts the layers the profile finds insensitive. The shipped
-profiles (``benchmarks/fit_layer_profile.py``) are SmolLM2-135M's replace-one KL per layer
-(``benchmarks/results/block_library.json``: each layer alone with half its FFN, or one KV group),
-read by relative depth: measured on one dense model, a prior for any other.
+for heads and Mamba heads) each layer that keeps the sub-block has its own curve ``k_l · c ** p_l``
+(:class:`LayerProfile`, read at the layer's relative depth), and the axis's term is the pooled term
+at the mean cut times how much more (or less) the per-layer cuts cost than that mean cut in every
+layer, by those curves. A uniform cut gives exactly the pooled term (so the fit above holds
+unchanged); a per-layer one is cheaper where it cuts the layers the profile finds insensitive, as
+far as their curves allow. The shipped profiles (``benchmarks/fit_layer_profile.py``) are
+SmolLM2-135M's replace-one KL per layer (``benchmarks/results/block_library.json``): each layer alone
+with half its FFN (``k``) and with no FFN (the exponent), or with one KV group of three and with no
+attention; read by relative depth, they are measured on one dense model, a prior for any other.
 """
 
 from __future__ import annotations
@@ -166,38 +168,80 @@ def layer_cuts(arch: Architecture, parent: Architecture) -> dict[str, list[tuple
 
 @dataclass(frozen=True)
 class LayerProfile:
-    """How much a cut hurts along the depth of a model (module doc, **Layers**): ``values[j]`` is the
-    measured sensitivity of layer ``j`` of the ``len(values)`` layers it was measured on, at relative
-    depth ``(j + 0.5) / len(values)``; read in between by linear interpolation of the logarithm, and
-    flat beyond the first and last.
+    """How much a cut hurts along the depth of a model (module doc, **Layers**), from measurements of
+    ``len(values)`` layers, layer ``j`` at relative depth ``(j + 0.5) / len(values)``: ``values[j]`` is
+    the KL of cutting that layer alone by ``cut`` (a fraction of it) and ``exponents[j]`` how fast its
+    KL grows with the cut, ``KL_j(c) = values[j] · (c / cut) ** exponents[j]`` (from a second
+    measurement, the layer's whole sub-block removed). Read in between by linear interpolation (of the
+    logarithm for the values), flat beyond the first and last layer.
 
     Attributes:
-        values: positive sensitivities (their scale does not matter: weights are normalised).
+        values: positive KLs of each layer cut by ``cut`` alone (their scale does not matter: the
+            estimate uses their ratios).
+        exponents: each layer's growth exponent; empty: the axis's own fitted exponent in every layer.
+        cut: the fraction cut in the ``values`` measurement.
         source: what was measured, where.
     """
 
     values: tuple[float, ...]
+    exponents: tuple[float, ...] = ()
+    cut: float = 0.5
     source: str = ""
 
     def __post_init__(self) -> None:
         if not self.values or any(not math.isfinite(v) or v <= 0 for v in self.values):
             raise ValueError(f"a layer profile needs positive finite values, got {list(self.values)}")
+        if self.exponents and (
+            len(self.exponents) != len(self.values) or any(not math.isfinite(e) or e <= 0 for e in self.exponents)
+        ):
+            raise ValueError(f"a layer profile needs one positive exponent per value, got {list(self.exponents)}")
+        if not 0 < self.cut <= 1:
+            raise ValueError(f"a layer profile's cut is a fraction in (0, 1], got {self.cut}")
+
+    def _read(self, series: Sequence[float], depth: float, log: bool) -> float:
+        n = len(series)
+        if n == 1:
+            return series[0]
+        x = min(max(depth * n - 0.5, 0.0), n - 1.0)
+        j = min(int(x), n - 2)
+        t = x - j
+        if log:
+            return math.exp((1 - t) * math.log(series[j]) + t * math.log(series[j + 1]))
+        return (1 - t) * series[j] + t * series[j + 1]
 
     def at(self, depth: float) -> float:
-        """The sensitivity at relative ``depth`` in [0, 1]."""
-        n = len(self.values)
-        x = min(max(depth * n - 0.5, 0.0), n - 1.0)
-        j = min(int(x), n - 2) if n > 1 else 0
-        if n == 1:
-            return self.values[0]
-        t = x - j
-        return math.exp((1 - t) * math.log(self.values[j]) + t * math.log(self.values[j + 1]))
+        """The KL of cutting a layer at relative ``depth`` in [0, 1] by :attr:`cut`."""
+        return self._read(self.values, depth, log=True)
+
+    def exponent_at(self, depth: float, default: float) -> float:
+        """The growth exponent at relative ``depth`` (``default``, the axis's own, without exponents)."""
+        return self._read(self.exponents, depth, log=False) if self.exponents else default
 
     def weights(self, depths: Sequence[float]) -> list[float]:
-        """The sensitivities at ``depths``, normalised to sum to 1."""
+        """The values at ``depths``, normalised to sum to 1."""
         raw = [self.at(d) for d in depths]
         total = sum(raw)
         return [r / total for r in raw]
+
+    def curves(self, depths: Sequence[float], default: float) -> list[tuple[float, float]]:
+        """``(k, p)`` per layer at ``depths``: its KL from a cut ``c`` is ``k · c ** p`` (up to one scale)."""
+        out = []
+        for d in depths:
+            p = self.exponent_at(d, default)
+            out.append((self.at(d) / self.cut**p, p))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"values": list(self.values), "exponents": list(self.exponents), "cut": self.cut, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LayerProfile:
+        return cls(
+            tuple(float(v) for v in data["values"]),
+            tuple(float(v) for v in data.get("exponents") or ()),
+            float(data.get("cut", 0.5)),
+            str(data.get("source", "")),
+        )
 
 
 @dataclass(frozen=True)
@@ -232,13 +276,17 @@ class QualityEstimate:
         return self.profiles.get(side) if side is not None else None
 
     def layer_term(self, axis: str, cuts: Sequence[tuple[float, float]]) -> float:
-        """``a · Σ ω_l cut_l ** p`` over ``(relative depth, cut)`` per layer (module doc, **Layers**)."""
+        """The axis's KL from per-layer ``(relative depth, cut)`` (module doc, **Layers**): the pooled
+        term at the mean cut ``c̄``, times ``Σ_l k_l c_l ** p_l / Σ_l k_l c̄ ** p_l`` with the profile's
+        per-layer curves (:meth:`LayerProfile.curves`): exactly the pooled term for a uniform cut."""
+        mean = sum(c for _, c in cuts) / len(cuts) if cuts else 0.0
         profile = self.profile(axis)
-        if profile is None or not cuts:
-            return self.term(axis, sum(c for _, c in cuts) / len(cuts) if cuts else 0.0)
-        a, p = self.curve(axis)
-        weights = profile.weights([d for d, _ in cuts])
-        return a * sum(w * c**p for w, (_, c) in zip(weights, cuts, strict=True) if c > 0)
+        if profile is None or mean <= 0:
+            return self.term(axis, mean)
+        _, p = self.curve(axis)
+        curves = profile.curves([d for d, _ in cuts], p)
+        spread = sum(k * c**q for (k, q), (_, c) in zip(curves, cuts, strict=True) if c > 0)
+        return self.term(axis, mean) * spread / sum(k * mean**q for k, q in curves)
 
     def kl_of_cuts(self, cuts: Mapping[str, float]) -> float:
         return float(sum(self.term(axis, float(cut)) for axis, cut in cuts.items()))
@@ -268,15 +316,7 @@ class QualityEstimate:
             "coefficients": {axis: {"a": a, "p": p} for axis, (a, p) in self.coefficients.items()},
             "borrowed": dict(self.borrowed),
             "fitted_on": list(self.fitted_on),
-            **(
-                {
-                    "layer_profiles": {
-                        k: {"values": list(v.values), "source": v.source} for k, v in self.profiles.items()
-                    }
-                }
-                if self.profiles
-                else {}
-            ),
+            **({"layer_profiles": {k: v.to_dict() for k, v in self.profiles.items()}} if self.profiles else {}),
         }
 
     @classmethod
@@ -285,10 +325,7 @@ class QualityEstimate:
         unknown = sorted(set(coefficients) - set(AXES))
         if unknown:
             raise ValueError(f"quality estimate: unknown axes {unknown}; valid: {', '.join(AXES)}")
-        profiles = {
-            side: LayerProfile(tuple(float(v) for v in raw["values"]), str(raw.get("source", "")))
-            for side, raw in (data.get("layer_profiles") or {}).items()
-        }
+        profiles = {side: LayerProfile.from_dict(raw) for side, raw in (data.get("layer_profiles") or {}).items()}
         bad = sorted(set(profiles) - set(PROFILE_SIDES.values()))
         if bad:
             raise ValueError(f"quality estimate: unknown layer profiles {bad}; valid: ffn, mixer")

@@ -29,6 +29,8 @@ def test_cuts_keep_their_mean_and_spare_the_sensitive_layers() -> None:
     concave = allocate_cuts(weights, 0.4, 0.75, 0.9)  # p <= 1: least sensitive first, fully
     assert concave == pytest.approx([0.0, 0.7, 0.0, 0.9]) or concave == pytest.approx([0.0, 0.0, 0.7, 0.9])
     assert allocate_cuts(weights, 0.0, 2.0, 0.9) == [0.0] * 4
+    steep = allocate_cuts([4.0, 64.0], 0.5, [2.0, 6.0], 1.0)  # equally hurt at a cut of 0.5, one grows faster
+    assert sum(steep) / 2 == pytest.approx(0.5, rel=1e-6) and steep[1] < 0.5 < steep[0]
     assert allocate_cuts([1.0, 1.0], 2.0, 2.0, 0.5) == pytest.approx([0.5, 0.5])  # clipped to max_cut
 
 
@@ -42,15 +44,16 @@ def test_snapped_sizes_lie_on_the_grid_within_the_budget() -> None:
     assert snap_to_grid([10.0], [[4, 8]], [1.0], budget=1) == [4]  # nothing smaller: the grid's least
 
 
-def test_a_uniform_cut_costs_the_pooled_term_and_a_per_layer_one_is_priced_by_depth() -> None:
+def test_a_uniform_cut_costs_the_pooled_term_and_a_per_layer_one_is_priced_by_each_layers_curve() -> None:
     parent = load_architecture("smollm2-135m")
     shipped = load_estimate()
     assert set(shipped.profiles) == {"ffn", "mixer"}
     pooled = QualityEstimate(shipped.coefficients, shipped.fitted_on, shipped.borrowed)
     uniform = replace(parent, layers=tuple(replace(l, ffn_width=768) for l in parent.layers))
     assert shipped.kl(uniform, parent) == pytest.approx(pooled.kl(uniform, parent), rel=1e-9)
-    profile = shipped.profiles["ffn"]
-    order = sorted(range(30), key=lambda i: profile.at((i + 0.5) / 30))
+    curves = shipped.profiles["ffn"].curves([(i + 0.5) / 30 for i in range(30)], shipped.curve("ffn_width")[1])
+    harm = [k * (1 / 3) ** p for k, p in curves]  # each layer's curve at the cut below (1536 -> 512 channels)
+    order = sorted(range(30), key=lambda i: harm[i])
     low, high = set(order[:10]), set(order[-10:])
 
     def cut(layers: set[int]) -> Architecture:
@@ -58,12 +61,16 @@ def test_a_uniform_cut_costs_the_pooled_term_and_a_per_layer_one_is_priced_by_de
             parent, layers=tuple(replace(l, ffn_width=512) if i in layers else l for i, l in enumerate(parent.layers))
         )
 
-    assert shipped.kl(cut(low), parent) < pooled.kl(cut(low), parent) < shipped.kl(cut(high), parent)
+    # the same cut in the layers the profile finds least hurt costs less than in the most hurt; the
+    # pooled estimate cannot tell them apart
+    assert shipped.kl(cut(low), parent) < shipped.kl(cut(high), parent)
     assert pooled.kl(cut(low), parent) == pytest.approx(pooled.kl(cut(high), parent))
     again = QualityEstimate.from_dict(shipped.to_dict())
     assert again.profiles == shipped.profiles
     with pytest.raises(ValueError, match="positive finite"):
         LayerProfile((1.0, 0.0))
+    with pytest.raises(ValueError, match="one positive exponent per value"):
+        LayerProfile((1.0, 2.0), exponents=(2.0,))
     with pytest.raises(ValueError, match="unknown layer profiles"):
         QualityEstimate.from_dict({**shipped.to_dict(), "layer_profiles": {"moe": {"values": [1.0]}}})
 
