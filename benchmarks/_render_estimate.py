@@ -155,7 +155,7 @@ def nemotron_estimate() -> str:
             f" The per-layer study (`--plan-quality estimate-per-layer`, at {by_layer.get('code_version')}, "
             f"{by_layer['timings_s'].get('study_run', 0):.0f} s) gives each MoE layer its own expert width and "
             f"experts per token: at its best point exp(−KL̂) is {best['quality']:.3f}, against "
-            f"{best['uniform_quality']:.3f} for the same point with every layer alike, at the same total and "
+            f"{best['uniform_quality']:.3f} for the same point with every layer alike, at no more total or "
             "active parameters."
         )
     return text + "\n\n" + r.table(header, rows)
