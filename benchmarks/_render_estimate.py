@@ -171,7 +171,13 @@ def layer_profile() -> str:
     profile, on real weights and the test split (``bench_layer_profile.py``), one table per model."""
     r = _render()
     parts = []
-    for stem in ("layer_profile", "layer_profile_gemma3-270m"):
+    stems = {
+        "layer_profile": "",
+        "layer_profile_gemma3-270m": "",
+        "layer_profile_one_exponent": "the first rule, before the per-layer exponents: one exponent (1.5) for "
+        "every layer and the half-width values alone; ",
+    }
+    for stem, note in stems.items():
         data = r.load(stem)
         if data is None:
             continue
@@ -191,7 +197,8 @@ def layer_profile() -> str:
             )
         sample = "the profile's own model" if data["in_sample"] else "a model the profile was not measured on"
         parts.append(
-            f"**{data['model']}** ({sample}; {data['parent']['layers']} layers, FFN {data['parent']['ffn_width']}; "
+            f"**{data['model']}** ({note}{sample}; {data['parent']['layers']} layers, "
+            f"FFN {data['parent']['ffn_width']}; "
             f"{data['test_rows']['rows_per_domain']} test rows per domain, at {r.commit_of(data)}, "
             f"{data['seconds'] / 60:.0f} min):\n\n"
             + r.table(
