@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from autocompress_opt.prune.experts import expert_masks
@@ -20,3 +21,34 @@ def per_layer_masks(
     for i, point in layers.items():
         kept[i] = expert_masks(model, importance, {**base, **point}).layers[i]
     return replace(masks, layers=tuple(kept))
+
+
+def llamacpp_study(name: str, model_dir: Path, target: Any, tmp_path: Path, trials: int) -> tuple[Any, Any]:
+    """A short weights study of the Nemotron-H in ``model_dir`` served by llama.cpp (its trials give each
+    MoE layer its own expert width and top-k), run on a local Ray of one CPU: its config and outcome."""
+    import ray
+
+    from autocompress_opt.hf.loading import load_model
+    from autocompress_opt.search.study import StudyConfig, init_ray, run_study
+    from autocompress_opt.search.study.moe_study import expert_space
+
+    parent = load_model(model_dir).architecture
+    inner = {"steps": 12, "lr": 0.1, "n_samples": 8, "val_samples": 2, "seq_len": 16}
+    config = StudyConfig(
+        name=name,
+        model=str(model_dir),
+        targets=(target,),
+        space=expert_space(parent),
+        mode="weights",
+        serve_as="llamacpp",
+        inner={**inner, "eval_samples": 2, "eval_seq_len": 16, "importance_samples": 2, "importance_seq_len": 16},
+        trials=trials,
+        storage=f"sqlite:///{tmp_path}/studies.db",
+        concurrency=1,
+    )
+    init_ray(None, 1, ())
+    try:
+        [outcome] = run_study(config, progress=False)
+    finally:
+        ray.shutdown()
+    return config, outcome

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from puzzle_helpers import per_layer_masks
+from puzzle_helpers import llamacpp_study, per_layer_masks
 from tiny_families import hybrid_model, tokens
 
 from autocompress_opt.hf.adapters import moe_adapter
@@ -128,14 +128,11 @@ def test_llamacpp_runs_a_studys_own_puzzle_export_as_its_masked_parent(
     """The whole path on the engine-ready tiny Nemotron-H: a weights-mode study served by llama.cpp gives
     its MoE layers their own expert width and top-k, `prune --from-study` writes the trial's kept record as
     a `nemotron_h_puzzle` folder, and llama.cpp converts it and predicts the masked parent's next token."""
-    import ray
-
     from autocompress_opt.arch.hybrid import per_layer_moe
     from autocompress_opt.cli import main
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.prune.expert_kept import masks_from_expert_kept
-    from autocompress_opt.search.study import StudyConfig, init_ray, load_records, run_study
-    from autocompress_opt.search.study.moe_study import expert_space
+    from autocompress_opt.search.study import load_records
     from autocompress_opt.serving.targets import Target
 
     torch.set_num_threads(2)
@@ -143,29 +140,11 @@ def test_llamacpp_runs_a_studys_own_puzzle_export_as_its_masked_parent(
     model_dir = tmp_path / "parent"
     engine_ready_model().save_pretrained(model_dir)
     smollm2_tokenizer.save_pretrained(model_dir)
-    parent = load_model(model_dir).architecture
-    inner = {"steps": 12, "lr": 0.1, "n_samples": 8, "val_samples": 2, "seq_len": 16}
     # The vocabulary's embeddings are nearly all of this model: halving every expert's width saves 0.02 % of
     # its active parameters, so a budget of 0.9998x makes every point cut about half the expert channels.
     limits = {"output_throughput_tok_s": "0.5x", "active_params": "0.9998x"}
     target = Target("h100-sxm", "datacenter", constraints=limits)
-    config = StudyConfig(
-        name="puzzle-engine",
-        model=str(model_dir),
-        targets=(target,),
-        space=expert_space(parent),
-        mode="weights",
-        serve_as="llamacpp",
-        inner={**inner, "eval_samples": 2, "eval_seq_len": 16, "importance_samples": 2, "importance_seq_len": 16},
-        trials=4,
-        storage=f"sqlite:///{tmp_path}/studies.db",
-        concurrency=1,
-    )
-    init_ray(None, 1, ())
-    try:
-        run_study(config, progress=False)
-    finally:
-        ray.shutdown()
+    config, _ = llamacpp_study("puzzle-engine", model_dir, target, tmp_path, trials=4)
     records, _ = load_records(config.storage_url, config.study_name(target))
     per_layer = [r for r in records if r.state == "COMPLETE" and (a := r.arch()) is not None and per_layer_moe(a)]
     assert not [r.error for r in records if r.state == "FAIL"]

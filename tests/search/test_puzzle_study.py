@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from puzzle_helpers import llamacpp_study
 from tiny_families import hybrid_model, tokens
 
 from autocompress_opt.arch.hybrid import per_layer_moe
@@ -17,8 +18,6 @@ from autocompress_opt.cli import main
 from autocompress_opt.hf.adapters import moe_adapter
 from autocompress_opt.prune.expert_kept import masks_from_expert_kept
 from autocompress_opt.prune.masking import apply_masks
-from autocompress_opt.search.study import StudyConfig
-from autocompress_opt.search.study.moe_study import expert_space
 from autocompress_opt.search.study.trials import searches_per_layer
 from autocompress_opt.serving.targets import Target
 
@@ -49,35 +48,16 @@ def test_only_engines_that_read_the_puzzle_form_search_per_layer() -> None:
 def test_a_llamacpp_served_hybrid_study_exports_a_per_layer_puzzle_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import ray
     from tiny_lm import save_hf_dir
     from transformers import AutoModelForCausalLM
 
     from autocompress_opt.hf.loading import load_model
-    from autocompress_opt.search.study import init_ray, load_records, run_study
+    from autocompress_opt.search.study import load_records
 
     monkeypatch.chdir(tmp_path)  # the trials' caches (.autocompress/) go here
     tiny = hybrid_model(vocab_size=260, layers_block_type=KINDS, mlp_bias=False, use_bias=False)  # as llama.cpp holds
     model_dir = save_hf_dir(tiny, tmp_path / "hybrid")
-    parent = load_model(model_dir).architecture
-    inner = {"steps": 12, "lr": 0.1, "n_samples": 8, "val_samples": 2, "seq_len": 16}
-    cfg = StudyConfig(
-        name="puzzle",
-        model=str(model_dir),
-        targets=(TARGET,),
-        space=expert_space(parent),
-        mode="weights",
-        serve_as="llamacpp",
-        inner={**inner, "eval_samples": 2, "eval_seq_len": 16, "importance_samples": 2, "importance_seq_len": 16},
-        trials=3,
-        storage=f"sqlite:///{tmp_path}/studies.db",
-        concurrency=1,
-    )
-    init_ray(None, 1, ())
-    try:
-        [outcome] = run_study(cfg, progress=False)
-    finally:
-        ray.shutdown()
+    cfg, outcome = llamacpp_study("puzzle", model_dir, TARGET, tmp_path, trials=3)
     records, _ = load_records(cfg.storage_url, cfg.study_name(TARGET))
     done = [r for r in records if r.state == "COMPLETE"]
     assert len(done) == 3 and outcome.complete == 3
