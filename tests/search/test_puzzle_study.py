@@ -66,7 +66,8 @@ def test_a_llamacpp_served_hybrid_study_exports_a_per_layer_puzzle_checkpoint(
     assert per_layer, [a.summary() for a in archs.values() if a is not None]
     assert all(r.selection is not None and r.selection["chosen"] == "trained" for r in per_layer)
     assert main(["study", "show", "puzzle", "--storage", cfg.storage_url, "--all"]) == 0
-    assert "ch, top-[" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "ch, top-[" in shown and "MoE layers: each its own expert width" in shown
 
     best = per_layer[0]
     out_dir = tmp_path / "export"

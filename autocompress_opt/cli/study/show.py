@@ -164,6 +164,9 @@ def _show(args: argparse.Namespace) -> int:
         print("   constraints: " + ("; ".join(constraints) or "none"))
         for reason, numbers in _failures(view.records).items():
             print(f"   failed ({len(numbers)}): {reason} (trials {', '.join(f'#{n}' for n in numbers)})")
+        layout = _moe_layout(view)
+        if layout:
+            print(f"   MoE layers: {layout}")
         data = _data_line(view)
         split = " on the selection split, which chose the points" if data else ""
         print(f"   quality: {view.quality_label}{split} (higher is better; 1.0 = the parent)")
@@ -244,6 +247,33 @@ def _failures(records: Any) -> dict[str, list[int]]:
     return out
 
 
+def _moe_layout(view: Any) -> str | None:
+    """Whether the study's MoE layers may each keep their own size, and why (None for a dense parent):
+    the per-layer (Puzzle) form where the study's engine reads it, else one size per kind, naming
+    the engines that would read it (:data:`~autocompress_opt.arch.hybrid.PER_LAYER_MOE`)."""
+    from autocompress_opt.arch.hybrid import PER_LAYER_MOE, is_moe
+    from autocompress_opt.search.study.trials import searches_per_layer
+
+    parent = view.parent
+    if parent is None or not is_moe(parent):
+        return None
+    identity = view.attrs.get("identity") or {}
+    serve_as = str(identity.get("serve_as") or "any")
+    per_layer = searches_per_layer(parent, serve_as)
+    if per_layer and (identity.get("mode") == "weights" or identity.get("plan_quality") == "estimate-per-layer"):
+        who = ", ".join(PER_LAYER_MOE[parent.family]) if serve_as == "any" else serve_as
+        return f"each its own expert width and experts per token (the per-layer Puzzle form, read by {who})"
+    readers = PER_LAYER_MOE.get(parent.family)
+    if not readers:
+        return f"one size for every layer: no engine here reads a per-layer form of {parent.family}"
+    if per_layer:  # plan mode without the per-layer estimate
+        return "one size for every layer: plan mode sizes them per layer with --plan-quality estimate-per-layer"
+    return (
+        f"one size for every layer: {serve_as} reads no per-layer form of {parent.family} "
+        f"(the Puzzle form is read by {', '.join(readers)}; --serve-as picks the engine whose rules apply)"
+    )
+
+
 def _candidate(selection: dict[str, Any] | None) -> str:
     """``"uniform 0.412 (trained 0.430, start 0.425)"``: the returned candidate's held-out calibration
     KL, then the others' ("-" for one not measured); "-" without a record."""
@@ -263,11 +293,16 @@ def _experts(arch: Architecture | None) -> str:
     layers (one size per layer kind), then a shared expert's width and a hybrid's Mamba-2 heads
     (``"5 x 8ch, top-1, shared 30ch; 6 SSM heads"``); "" for a dense one or none. MoE layers that
     differ only in width and top-k (the per-layer Puzzle form) list them layer by layer:
-    ``"6 x [9,7]ch, top-[1,2], shared 32ch"``."""
+    ``"6 x [9,7]ch, top-[1,2], shared 32ch"``, or their span beyond 8 layers (``"352 x [1408..2176]ch"``)."""
     specs = _moe_specs(arch)
     sizes = sorted({(m.num_experts, m.expert_width, m.experts_per_token, m.shared_width) for m in specs})
     if len(sizes) > 1 and len({(e, s) for e, _, _, s in sizes}) == 1:
-        (e, _, _, s), listed = sizes[0], lambda values: "[" + ",".join(map(str, values)) + "]"
+        (e, _, _, s) = sizes[0]
+
+        def listed(values: Any) -> str:  # every layer's, or the span of a long list (Nemotron 3 Super: 40)
+            values = list(values)
+            return "[" + (",".join(map(str, values)) if len(values) <= 8 else f"{min(values)}..{max(values)}") + "]"
+
         widths, ks = listed(m.expert_width for m in specs), listed(m.experts_per_token for m in specs)
         text = f"{e} x {widths}ch, top-{ks}" + (f", shared {s}ch" if s else "")
     else:
