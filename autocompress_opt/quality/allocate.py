@@ -10,7 +10,9 @@ are cut first and fully (:func:`allocate_cuts`).
 The continuous cuts are then snapped onto the search space's grid of sizes under the uniform plan's
 own budget (:func:`snap_to_grid`), so the per-layer plan never holds more than the uniform one.
 
-:func:`per_layer_moe_plan` does this for the axes NVIDIA's Puzzle form stores per MoE layer
+:func:`per_layer_ffn_plan` does this for a dense parent's FFN widths (the DeciLM form's per-layer
+widths, for the engines that read it), and :func:`per_layer_moe_plan` for the axes NVIDIA's Puzzle
+form stores per MoE layer
 (``nemotron_h_puzzle``'s ``block_configs``): expert width under the uniform plan's total expert
 channels (the parameters and weight memory), then experts per token under its routed channels per
 token (``Σ top-k · width``: the active parameters, decode's weight traffic). Everything else stays
@@ -26,7 +28,7 @@ from dataclasses import replace
 from autocompress_opt.arch.architecture import Architecture, MoESpec
 from autocompress_opt.quality.estimate import QualityEstimate
 
-__all__ = ["allocate_cuts", "per_layer_moe_plan", "snap_to_grid"]
+__all__ = ["allocate_cuts", "per_layer_ffn_plan", "per_layer_moe_plan", "snap_to_grid"]
 
 
 def allocate_cuts(weights: Sequence[float], mean_cut: float, p: float | Sequence[float], max_cut: float) -> list[float]:
@@ -141,6 +143,47 @@ def per_layer_moe_plan(
         layers[i] = replace(layers[i], moe=replace(spec, expert_width=int(w), experts_per_token=int(k)))
     planned = replace(arch, layers=tuple(layers))
     return planned if estimate.kl(planned, parent) < estimate.kl(arch, parent) - 1e-12 else arch
+
+
+def per_layer_ffn_plan(
+    arch: Architecture, parent: Architecture, estimate: QualityEstimate, widths: Sequence[int], multiple: int = 1
+) -> Architecture:
+    """``arch`` (a uniform plan of a dense ``parent``) with each kept dense FFN's width allotted by the
+    estimate's ``ffn`` layer profile under the uniform plan's total FFN channels (module doc; the
+    DeciLM form's per-layer widths): ``widths`` are the search space's ``ffn_width`` values, and with
+    ``multiple`` > 1 (an engine's DeciLM reader: 256) every width is a multiple of it. Returns
+    ``arch`` itself when it has no dense FFN, the estimate no profile, or the allotment does not
+    lower the estimated KL."""
+    kept = [i for i, layer in enumerate(arch.layers) if layer.ffn and parent.layers[i].ffn]
+    if not kept or estimate.profile("ffn_width") is None:
+        return arch
+    n = len(parent.layers)
+    full = [parent.layers[i].ffn_width for i in kept]
+    uniform = [arch.layers[i].ffn_width for i in kept]
+    new = _allot(
+        estimate,
+        "ffn_width",
+        [(i + 0.5) / n for i in kept],
+        parents=full,
+        uniform=uniform,
+        grids=[_ffn_grid(widths, u, f, multiple) for f, u in zip(full, uniform, strict=True)],
+        costs=[1.0] * len(kept),
+    )
+    if any(w % multiple for w in new):  # a layer whose grid held no multiple: no per-layer shape
+        return arch
+    layers = list(arch.layers)
+    for i, w in zip(kept, new, strict=True):
+        layers[i] = replace(layers[i], ffn_width=int(w))
+    planned = replace(arch, layers=tuple(layers))
+    return planned if estimate.kl(planned, parent) < estimate.kl(arch, parent) - 1e-12 else arch
+
+
+def _ffn_grid(widths: Sequence[int], uniform: int, full: int, multiple: int) -> list[int]:
+    """A layer's candidate FFN widths: the space's and the uniform plan's, up to the parent's
+    ``full``; with ``multiple`` > 1 the multiples of it up to ``full`` instead."""
+    if multiple > 1:
+        return list(range(multiple, full + 1, multiple)) or [uniform]
+    return sorted(v for v in {*widths, uniform} if v <= full)
 
 
 def _moe_pairs(arch: Architecture, parent: Architecture, moe: Sequence[int]) -> tuple[list[MoESpec], list[MoESpec]]:

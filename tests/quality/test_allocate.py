@@ -111,3 +111,31 @@ def test_a_plan_the_estimate_cannot_improve_is_returned_as_it_is() -> None:
     flat = QualityEstimate(shipped.coefficients)  # no profile: nothing to allot by
     assert per_layer_moe_plan(parent, parent, flat, (1024, 2688), (4, 22)) is parent
     assert per_layer_moe_plan(parent, parent, shipped, (1024, 2688), (4, 22)) is parent  # uncut: nothing to move
+
+
+@pytest.mark.parametrize("serve_as", ["any", "vllm"])
+def test_plan_mode_per_layer_gives_a_dense_parents_ffns_their_own_widths_the_engine_loads(serve_as: str) -> None:
+    """A dense parent's FFN widths allotted per layer (the DeciLM form): at equal parameters and cost the
+    estimate prefers them; under vLLM's DeciLM reader every width is a multiple of 256."""
+    from autocompress_opt.arch.search_space import load_search_space
+    from autocompress_opt.search.study.trials import engine_loads
+
+    parent, space = load_architecture("smollm2-135m"), load_search_space("smollm2-135m")
+    point = {"num_layers": 24, "hidden_size": 576, "ffn_width": 768, "num_kv_heads": 3, "q_per_kv": 3}
+    request = {
+        "params": point,
+        "parent": parent.to_dict(),
+        "space": space.to_dict(),
+        "target": Target("h100-sxm", "datacenter").to_dict(),
+        "serve_as": serve_as,
+    }
+    uniform = plan_trial({**request, "plan_quality": "estimate"})
+    per_layer = plan_trial({**request, "plan_quality": "estimate-per-layer"})
+    a, b = Architecture.from_dict(uniform["architecture"]), Architecture.from_dict(per_layer["architecture"])
+    widths = [layer.ffn_width for layer in b.layers if layer.ffn]
+    assert len(set(widths)) > 1 and per_layer["quality"] > uniform["quality"]
+    assert b.num_params <= a.num_params and b.num_active_layers == a.num_active_layers
+    assert per_layer["metrics"]["tpot_ms"] == pytest.approx(uniform["metrics"]["tpot_ms"], rel=1e-3)
+    assert engine_loads(parent, serve_as)(b)
+    if serve_as == "vllm":
+        assert all(w % 256 == 0 for w in widths)

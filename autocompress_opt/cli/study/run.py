@@ -201,9 +201,10 @@ def add_parser(actions: Any) -> None:
         choices=("params", "estimate", "estimate-per-layer"),
         help="plan mode without --importance: rank points by the fraction of parameters kept (params, default) "
         "or by exp(-KL) of the per-axis quality estimate fitted on measured KL (estimate: depth, hidden, FFN, "
-        "heads, experts, expert width, experts per token priced separately); estimate-per-layer also gives "
-        "each MoE layer its own expert width and experts per token, by the estimate's layer profile, where "
-        "the engine reads the per-layer (Puzzle) form: Nemotron-H served by llama.cpp or serve_as any",
+        "heads, experts, expert width, experts per token priced separately); estimate-per-layer also sizes "
+        "layers apart by the estimate's layer profile, where the engine loads the result: each MoE layer's "
+        "expert width and experts per token (the Puzzle form: Nemotron-H served by llama.cpp or serve_as "
+        "any), or each dense FFN's width (the DeciLM form)",
     )
     run.add_argument(
         "--proxy-quality",

@@ -146,10 +146,12 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     (:func:`retained_importance`, kind ``retained_importance``), with layers dropped in order of
     least importance (skip-loss).
 
-    With ``plan_quality`` ``estimate-per-layer``, where the family's per-layer form is read by the
-    ``serve_as`` engine (:func:`searches_per_layer`), each MoE layer's expert width and experts per
-    token are then allotted by the estimate's layer profile under the uniform plan's totals
-    (:func:`~autocompress_opt.quality.allocate.per_layer_moe_plan`); elsewhere it ranks as ``estimate``.
+    With ``plan_quality`` ``estimate-per-layer``, sizes are then allotted per layer by the estimate's
+    layer profile under the uniform plan's totals, where the ``serve_as`` engine loads the result: each
+    MoE layer's expert width and experts per token (the Puzzle form, :func:`searches_per_layer`;
+    :func:`~autocompress_opt.quality.allocate.per_layer_moe_plan`) or each dense FFN's width (the
+    DeciLM form; :func:`~autocompress_opt.quality.allocate.per_layer_ffn_plan`); elsewhere it ranks as
+    ``estimate``.
 
     The architecture is otherwise uniform, a plain family checkpoint; under ``request["serve_as"]``'s rules
     it is that of :func:`legal_point` (the point itself, or the largest legal one below it) and
@@ -166,9 +168,8 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     serve_as = check_serve_as(str(request.get("serve_as") or SERVE_AS_ANY))
     _, arch = uniform_model(request["params"], space, parent, serve_as, order)
     stand_in = request.get("plan_quality") or "params"
-    if stand_in == "estimate-per-layer" and importance is None and searches_per_layer(parent, serve_as):
-        arch = _per_layer(arch, parent, space)
-        check_loadable(arch, parent, serve_as)
+    if stand_in == "estimate-per-layer" and importance is None:
+        arch = _per_layer(arch, parent, space, serve_as)
     metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
     quality, kind = plan_quality(arch, parent, importance, stand_in)
     return {
@@ -180,14 +181,29 @@ def plan_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _per_layer(arch: Architecture, parent: Architecture, space: SearchSpace) -> Architecture:
-    """``arch`` with its MoE layers' Puzzle-form sizes allotted per layer (:func:`plan_trial`)."""
-    from autocompress_opt.quality.allocate import per_layer_moe_plan
+def _per_layer(arch: Architecture, parent: Architecture, space: SearchSpace, serve_as: str) -> Architecture:
+    """``arch`` with sizes allotted per layer where the ``serve_as`` engine reads them (:func:`plan_trial`):
+    a MoE parent's Puzzle-form expert widths and top-k (:func:`searches_per_layer`), a dense parent's
+    FFN widths (the DeciLM form, when the engine loads the result); else ``arch`` itself."""
+    from autocompress_opt.quality.allocate import per_layer_ffn_plan, per_layer_moe_plan
 
-    names = space.names
-    widths = space["expert_width"].values if "expert_width" in names else ()
-    tops = space["experts_per_token"].values if "experts_per_token" in names else ()
-    return per_layer_moe_plan(arch, parent, _estimate(), widths, tops)
+    def values(name: str) -> tuple[int, ...]:
+        return space[name].values if name in space.names else ()
+
+    if any(layer.moe is not None for layer in parent.layers):
+        if not searches_per_layer(parent, serve_as):
+            return arch
+        planned = per_layer_moe_plan(arch, parent, _estimate(), values("expert_width"), values("experts_per_token"))
+    else:
+        from autocompress_opt.prune.loadability import shape_rules
+
+        heads = next((layer.num_heads for layer in arch.layers if layer.attention), 0)
+        rules = shape_rules(serve_as, parent, hidden_size=arch.hidden_size, query_heads=heads)
+        if rules is not None and not rules.heterogeneous:
+            return arch
+        multiple = rules.ffn_multiple if rules is not None else 1
+        planned = per_layer_ffn_plan(arch, parent, _estimate(), values("ffn_width"), multiple)
+    return planned if planned is arch or engine_loads(parent, serve_as)(planned) else arch
 
 
 def uniform_model(
