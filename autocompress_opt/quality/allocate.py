@@ -22,6 +22,7 @@ uniform plan is returned unchanged.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -54,8 +55,11 @@ def allocate_cuts(weights: Sequence[float], mean_cut: float, p: float | Sequence
         return cuts
     powers = [max(q, 1.05) for q in powers]
 
-    def at(lam: float) -> list[float]:
-        return [min(max_cut, (lam / (q * w)) ** (1.0 / (q - 1.0))) for w, q in zip(weights, powers, strict=True)]
+    def at(lam: float) -> list[float]:  # in logs: a steep layer's power would overflow a float
+        return [
+            min(max_cut, math.exp(min(700.0, (math.log(lam) - math.log(q * w)) / (q - 1.0))))
+            for w, q in zip(weights, powers, strict=True)
+        ]
 
     lo, hi = 1e-300, 1.0
     while sum(at(hi)) / n < target:
