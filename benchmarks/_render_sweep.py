@@ -227,7 +227,10 @@ def verdicts(data: dict[str, Any]) -> dict[str, tuple[str, str]]:
             continue
         pooled = pooled_comparison(data, group)
         if pooled is not None:
-            out[group] = (pooled["verdict"], f"{len(data['pooled'][group]['cells'])} study seeds pooled")
+            cells = data["pooled"][group]["cells"]
+            keys = {data["cells"][k]["arms"]["searched"].get("model_key") for k in cells if k in data["cells"]}
+            one = ", the same model from each" if len(keys) == 1 and None not in keys else ""
+            out[group] = (pooled["verdict"], f"{len(cells)} study seeds pooled{one}")
         elif "unavailable" in c:
             out[group] = (c["unavailable"], "1 study seed")
         else:
