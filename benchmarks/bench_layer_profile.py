@@ -44,18 +44,15 @@ STEP, LEAST = 64, 128
 
 def widths(parent: Any, kept: float, curves: list[tuple[float, float]] | None) -> list[int]:
     """Per-layer FFN widths keeping ``kept`` of the channels: uniform (``curves`` None) or allotted by
-    each layer's ``(k, p)`` curve as plan mode allots expert widths."""
-    from autocompress_opt.quality.allocate import allocate_cuts, snap_to_grid
+    each layer's ``(k, p)`` curve as plan mode allots them (:func:`~autocompress_opt.quality.allocate.allot_sizes`)."""
+    from autocompress_opt.quality.allocate import allot_sizes
 
     full = [layer.ffn_width for layer in parent.layers]
     uniform = [max(LEAST, round(w * kept / STEP) * STEP) for w in full]
     if curves is None:
         return uniform
-    mean_cut = sum(1 - u / w for u, w in zip(uniform, full, strict=True)) / len(full)
-    cuts = allocate_cuts([k for k, _ in curves], mean_cut, [p for _, p in curves], 1 - LEAST / min(full))
     grids = [list(range(LEAST, w + 1, STEP)) for w in full]
-    ideal = [w * (1 - c) for w, c in zip(full, cuts, strict=True)]
-    return snap_to_grid(ideal, grids, [1.0] * len(full), float(sum(uniform)))
+    return allot_sizes(curves, parents=full, uniform=uniform, grids=grids, costs=[1.0] * len(full))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ from dataclasses import replace
 from autocompress_opt.arch.architecture import Architecture, MoESpec
 from autocompress_opt.quality.estimate import QualityEstimate
 
-__all__ = ["allocate_cuts", "per_layer_ffn_plan", "per_layer_moe_plan", "snap_to_grid"]
+__all__ = ["allocate_cuts", "allot_sizes", "per_layer_ffn_plan", "per_layer_moe_plan", "snap_to_grid"]
 
 
 def allocate_cuts(weights: Sequence[float], mean_cut: float, p: float | Sequence[float], max_cut: float) -> list[float]:
@@ -126,7 +126,7 @@ def per_layer_moe_plan(
         depths,
         parents=[m.expert_width for m in mother],
         uniform=[c.expert_width for c in child],
-        grids=[sorted(v for v in {*widths, c.expert_width} if v <= m.expert_width) for m, c in zip(mother, child)],
+        grids=[_grid(widths, c.expert_width, m.expert_width) for m, c in zip(mother, child)],
         costs=[1.0] * len(moe),
     )
     new_tops = _allot(
@@ -136,8 +136,7 @@ def per_layer_moe_plan(
         parents=[m.experts_per_token for m in mother],
         uniform=[c.experts_per_token for c in child],
         grids=[
-            sorted(v for v in {*tops, c.experts_per_token} if v <= min(m.experts_per_token, c.num_experts))
-            for m, c in zip(mother, child)
+            _grid(tops, c.experts_per_token, min(m.experts_per_token, c.num_experts)) for m, c in zip(mother, child)
         ],
         costs=[float(w) for w in new_widths],
         budget=float(sum(c.experts_per_token * c.expert_width for c in child)),
@@ -145,8 +144,7 @@ def per_layer_moe_plan(
     layers = list(arch.layers)
     for i, spec, w, k in zip(moe, child, new_widths, new_tops, strict=True):
         layers[i] = replace(layers[i], moe=replace(spec, expert_width=int(w), experts_per_token=int(k)))
-    planned = replace(arch, layers=tuple(layers))
-    return planned if estimate.kl(planned, parent) < estimate.kl(arch, parent) - 1e-12 else arch
+    return _if_better(replace(arch, layers=tuple(layers)), arch, parent, estimate)
 
 
 def per_layer_ffn_plan(
@@ -170,7 +168,7 @@ def per_layer_ffn_plan(
         [(i + 0.5) / n for i in kept],
         parents=full,
         uniform=uniform,
-        grids=[_ffn_grid(widths, u, f, multiple) for f, u in zip(full, uniform, strict=True)],
+        grids=[_grid(widths, u, f, multiple) for f, u in zip(full, uniform, strict=True)],
         costs=[1.0] * len(kept),
     )
     if any(w % multiple for w in new):  # a layer whose grid held no multiple: no per-layer shape
@@ -178,16 +176,22 @@ def per_layer_ffn_plan(
     layers = list(arch.layers)
     for i, w in zip(kept, new, strict=True):
         layers[i] = replace(layers[i], ffn_width=int(w))
-    planned = replace(arch, layers=tuple(layers))
+    return _if_better(replace(arch, layers=tuple(layers)), arch, parent, estimate)
+
+
+def _if_better(
+    planned: Architecture, arch: Architecture, parent: Architecture, estimate: QualityEstimate
+) -> Architecture:
+    """``planned`` where the estimate finds it closer to ``parent`` than the uniform ``arch``, else ``arch``."""
     return planned if estimate.kl(planned, parent) < estimate.kl(arch, parent) - 1e-12 else arch
 
 
-def _ffn_grid(widths: Sequence[int], uniform: int, full: int, multiple: int) -> list[int]:
-    """A layer's candidate FFN widths: the space's and the uniform plan's, up to the parent's
-    ``full``; with ``multiple`` > 1 the multiples of it up to ``full`` instead."""
+def _grid(values: Sequence[int], uniform: int, largest: int, multiple: int = 1) -> list[int]:
+    """A layer's candidate sizes: the space's ``values`` and the uniform plan's, up to ``largest``
+    (the parent's); with ``multiple`` > 1 the multiples of it up to ``largest`` instead."""
     if multiple > 1:
-        return list(range(multiple, full + 1, multiple)) or [uniform]
-    return sorted(v for v in {*widths, uniform} if v <= full)
+        return list(range(multiple, largest + 1, multiple)) or [uniform]
+    return sorted(v for v in {*values, uniform} if v <= largest)
 
 
 def _moe_pairs(arch: Architecture, parent: Architecture, moe: Sequence[int]) -> tuple[list[MoESpec], list[MoESpec]]:
@@ -213,15 +217,29 @@ def _allot(
     costs: Sequence[float],
     budget: float | None = None,
 ) -> list[int]:
-    """Sizes of one axis per layer: :func:`allocate_cuts` by the axis's profile, snapped under the
-    uniform sizes' budget (``Σ cost · uniform`` unless ``budget`` is given)."""
+    """Sizes of one axis per layer: :func:`allot_sizes` on the curves of the axis's profile at ``depths``."""
     profile = estimate.profile(axis)
     if profile is None:
         return list(uniform)
-    _, p = estimate.curve(axis)
+    curves = profile.curves(depths, estimate.curve(axis)[1])
+    return allot_sizes(curves, parents=parents, uniform=uniform, grids=grids, costs=costs, budget=budget)
+
+
+def allot_sizes(
+    curves: Sequence[tuple[float, float]],
+    *,
+    parents: Sequence[int],
+    uniform: Sequence[int],
+    grids: Sequence[Sequence[int]],
+    costs: Sequence[float],
+    budget: float | None = None,
+) -> list[int]:
+    """Sizes of one axis per layer from each layer's ``(k, p)`` curve (:meth:`LayerProfile.curves
+    <autocompress_opt.quality.estimate.LayerProfile.curves>`): :func:`allocate_cuts` at the uniform
+    sizes' mean cut, snapped onto ``grids`` under their budget (``Σ cost · uniform`` unless ``budget``
+    is given)."""
     mean_cut = sum(1.0 - u / m for u, m in zip(uniform, parents, strict=True)) / len(parents)
     max_cut = min(1.0 - g[0] / m for g, m in zip(grids, parents, strict=True))
-    curves = profile.curves(depths, p)
     cuts = allocate_cuts([k for k, _ in curves], mean_cut, [q for _, q in curves], max(max_cut, 0.0))
     ideal = [m * (1.0 - c) for m, c in zip(parents, cuts, strict=True)]
     if budget is None:

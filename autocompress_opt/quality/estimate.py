@@ -217,12 +217,6 @@ class LayerProfile:
         """The growth exponent at relative ``depth`` (``default``, the axis's own, without exponents)."""
         return self._read(self.exponents, depth, log=False) if self.exponents else default
 
-    def weights(self, depths: Sequence[float]) -> list[float]:
-        """The values at ``depths``, normalised to sum to 1."""
-        raw = [self.at(d) for d in depths]
-        total = sum(raw)
-        return [r / total for r in raw]
-
     def curves(self, depths: Sequence[float], default: float) -> list[tuple[float, float]]:
         """``(k, p)`` per layer at ``depths``: its KL from a cut ``c`` is ``k · c ** p`` (up to one scale)."""
         out = []

@@ -212,6 +212,11 @@ def _restore_sharded(model: Any, optimizer: torch.optim.Optimizer, by_name: dict
     set_optimizer_state_dict(model, optimizer, {"state": by_name, "param_groups": groups}, options=broadcast)
 
 
+def _staging_dir(out: Path) -> Path:
+    """A fresh hidden folder beside ``out`` that a checkpoint is written into before :func:`_replace_dir`."""
+    return out.parent / f".{out.name}.distill-{uuid.uuid4().hex[:8]}"
+
+
 def _replace_dir(staging: Path, out: Path) -> None:
     """Put the complete ``staging`` directory at ``out``: the old one is renamed aside, then deleted."""
     if not out.exists():

@@ -75,7 +75,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -99,6 +98,7 @@ from autocompress_opt.recover.checkpoint import (
     _restore,
     _restore_shards,
     _rng_tensors,
+    _staging_dir,
     _student_card,
 )
 from autocompress_opt.recover.fsdp import (
@@ -625,8 +625,8 @@ class _Run:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
         world, first = self.options.world_size, self.options.rank == 0
-        name = f".{self.out.name}.distill-{uuid.uuid4().hex[:8]}"
-        staging = self.out.parent / _from_rank0(lambda: name, world)
+        name = _staging_dir(self.out).name
+        staging = self.out.parent / _from_rank0(lambda: name, world)  # rank 0's name, on every process
         try:
             if first:
                 (staging / STATE_DIR / SHARDS_DIR).mkdir(parents=True)
@@ -708,7 +708,7 @@ class _Run:
             "distillation": self._record(steps_done, final_kl, train_s),
         }
         arch = replace(self.student.architecture, name=self.out.name)
-        staging = self.out.parent / f".{self.out.name}.distill-{uuid.uuid4().hex[:8]}"
+        staging = _staging_dir(self.out)
         self.out.parent.mkdir(parents=True, exist_ok=True)
         try:
             export_model(

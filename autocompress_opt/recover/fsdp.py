@@ -153,11 +153,17 @@ def _mixed_precision(precision: str) -> Any:
 
 def _skeleton(student_dir: Path, dtype: torch.dtype) -> Any:
     """The student's modules on the ``meta`` device (shapes, no storage), from its ``config.json``."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    return _on_meta(AutoConfig.from_pretrained(student_dir, local_files_only=True), dtype)
+
+
+def _on_meta(config: Any, dtype: torch.dtype) -> Any:
+    """The causal LM of ``config`` on the ``meta`` device (shapes, no storage)."""
+    from transformers import AutoModelForCausalLM
 
     import autocompress_opt.hf.hetero_model  # noqa: F401  (registers the heterogeneous student's class)
 
-    config = AutoConfig.from_pretrained(student_dir, local_files_only=True)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
@@ -183,13 +189,8 @@ def shard_frozen(model: Any, device: torch.device, world: int) -> Any:
     the ``meta`` device from ``model.config``, sharded, given rank 0's weights; in eval mode, no
     gradients. It computes in its parameters' dtype (no mixed-precision policy)."""
     import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
 
-    import autocompress_opt.hf.hetero_model  # noqa: F401  (registers the heterogeneous classes)
-
-    dtype = next(model.parameters()).dtype
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(model.config, dtype=dtype)
+    skeleton = _on_meta(model.config, next(model.parameters()).dtype)
     _shard(skeleton, device, world)
     _load_sharded(skeleton, model if dist.get_rank() == 0 else None, device)
     # FSDP2 keeps the root unit (embeddings, head, final norm) gathered after its forward, expecting a

@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.arch.hybrid import PER_LAYER_MOE
+from autocompress_opt.arch.hybrid import PER_LAYER_MOE, is_moe
 from autocompress_opt.arch.search_space import SearchSpace
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.loadability import SERVE_AS_ANY, check_serve_as, loadable_problems, parent_problems
@@ -190,7 +190,7 @@ def _per_layer(arch: Architecture, parent: Architecture, space: SearchSpace, ser
     def values(name: str) -> tuple[int, ...]:
         return space[name].values if name in space.names else ()
 
-    if any(layer.moe is not None for layer in parent.layers):
+    if is_moe(parent):
         if not searches_per_layer(parent, serve_as):
             return arch
         planned = per_layer_moe_plan(arch, parent, _estimate(), values("expert_width"), values("experts_per_token"))
