@@ -263,6 +263,14 @@ def load_parent(ref: str, config: TrialConfig, cache_dir: Path | None = None) ->
     dtype = resolve_compute_dtype(config.compute_dtype, device)
     copies = cache_dir / "parents" if cache_dir is not None else None
     loaded = load_model(ref, cache=False, dtype=dtype, device=device, gpus=trial_gpus(device), dequantised_dir=copies)
+    if device.type == "cpu" and dtype != torch.float32 and hasattr(loaded.model, "set_attn_implementation"):
+        # torch's fused (flash) attention is slower than the plain matmul-softmax one on the CPU in
+        # 16-bit: a SmolLM2-shaped model's forward and backward at 2 x 128 tokens, bf16, one core,
+        # 0.69 -> 0.57 s (the trial as a whole: benchmarks/results/trial_phases.json). Eager also
+        # takes the softmax in float32. fp32 keeps
+        # the default (there the two are even). The parent's id does not name the kernel: like a
+        # driver on the CPU and its trials on a GPU, the two differ by rounding only.
+        loaded.model.set_attn_implementation("eager")
     loaded.model.eval()
     for p in loaded.model.parameters():
         p.requires_grad_(False)

@@ -88,6 +88,7 @@ from autocompress_opt.cache import cache_key, fetch
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import architecture_mismatch
 from autocompress_opt.hf.device import dtype_name
+from autocompress_opt.hf.host_memory import reused_host_memory
 from autocompress_opt.prune.loadability import SERVE_AS_ANY, ShapeRules, shape_rules
 from autocompress_opt.prune.plan import PrunePlan, plan_pruning
 from autocompress_opt.search.inner.block_solver import NAME as BLOCK_LIBRARY
@@ -249,7 +250,13 @@ def inner_search(
 
 
 def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
-    """One weights-mode trial (see the module doc for the request and result)."""
+    """One weights-mode trial (see the module doc for the request and result), its vocabulary-wide
+    CPU tensors reusing freed pages (:func:`~autocompress_opt.hf.host_memory.reused_host_memory`)."""
+    with reused_host_memory():
+        return _weights_trial(request)
+
+
+def _weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     began = time.perf_counter()
     parent_arch = Architecture.from_dict(request["parent"])
     if is_sparse(parent_arch):
