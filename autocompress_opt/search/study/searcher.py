@@ -416,9 +416,11 @@ class GroupSearcher(Searcher):
     """The searchers of a study group's targets as one Ray Tune searcher, so one Tuner (and its
     reused trial actors, each holding the parent once) serves every target.
 
-    Suggestions go round the targets in turn, each asked from the one after the target served last:
-    the targets advance together, and a target waiting for its own trials in flight (or other
-    drivers') never holds the free slots back. Each suggestion's config carries ``target_index``
+    Each free slot goes to the target this run has started the fewest trials of (ties: the one
+    after the target served last), so the targets advance together and one admitted late (the
+    driver prepares the targets one after another) catches up with those whose trials began
+    first, instead of taking only every n-th slot from then on; a target with nothing to suggest
+    (waiting for its own trials in flight, or other drivers') never holds the slot back. Each suggestion's config carries ``target_index``
     (the searcher's position), by which results and completions go back to the target's searcher
     and a :class:`~autocompress_opt.search.study.PerTargetScheduler` keeps each target's trials in
     its own rungs. FINISHED when every target's searcher is.
@@ -439,6 +441,7 @@ class GroupSearcher(Searcher):
         self.owner: dict[str, int] = {}  # Ray trial id -> index of its searcher
         self.finished: set[int] = set()
         self._next = 0
+        self.started = [0] * len(self.searchers)  # trials this run started, per target
         self.closed = False  # abandon(close=True): no new trial of any target
         self.stopping = False  # stop() (Ctrl-C): a target admitted later is stopped on admission
         self._changed = threading.Event()  # set by admit/abandon: an idle suggest() stops waiting
@@ -466,8 +469,8 @@ class GroupSearcher(Searcher):
         n = len(self.searchers)
         if self.closed or self.stopping:  # stopping: ends Ray Tune's loop even before a target is admitted
             return Searcher.FINISHED if not self.owner else None
-        for offset in range(n):
-            index = (self._next + offset) % n
+        turn = sorted(range(n), key=lambda i: (self.started[i], (i - self._next) % n))
+        for index in turn:
             searcher = self.searchers[index]
             if index in self.finished or searcher is None:
                 continue
@@ -476,6 +479,7 @@ class GroupSearcher(Searcher):
                 self.finished.add(index)
             elif isinstance(out, dict):
                 self.owner[trial_id] = index
+                self.started[index] += 1
                 self._next = (index + 1) % n
                 return {**out, "target_index": index}
         if len(self.finished) == n:
