@@ -416,14 +416,14 @@ class GroupSearcher(Searcher):
     """The searchers of a study group's targets as one Ray Tune searcher, so one Tuner (and its
     reused trial actors, each holding the parent once) serves every target.
 
-    Each free slot goes to the target this run has started the fewest trials of (ties: the one
-    after the target served last), so the targets advance together and one admitted late (the
-    driver prepares the targets one after another) catches up with those whose trials began
-    first, instead of taking only every n-th slot from then on; a target with nothing to suggest
-    (waiting for its own trials in flight, or other drivers') never holds the slot back. Each suggestion's config carries ``target_index``
-    (the searcher's position), by which results and completions go back to the target's searcher
-    and a :class:`~autocompress_opt.search.study.PerTargetScheduler` keeps each target's trials in
-    its own rungs. FINISHED when every target's searcher is.
+    Each free slot goes to the target this run has started the fewest trials of (ties: the one after
+    the target served last), so the targets advance together and one admitted late (the driver
+    prepares the targets one after another) catches up with those whose trials began first, instead
+    of taking only every n-th slot from then on; a target with nothing to suggest (waiting for its
+    own trials in flight, or other drivers') never holds the slot back. Each suggestion's config
+    carries ``target_index`` (the searcher's position), by which results and completions go back to
+    the target's searcher and a :class:`~autocompress_opt.search.study.PerTargetScheduler` keeps
+    each target's trials in its own rungs. FINISHED when every target's searcher is.
 
     A position may start empty (None: the target is still being prepared, its seeds and proxy
     points not yet in its study): it is skipped until :meth:`admit` fills it, from any thread, so the
