@@ -101,11 +101,11 @@ def test_asha_decides_at_an_eighth_and_three_eighths_of_the_inner_search_on_the_
 @pytest.mark.parametrize("steps", [1, 3, 8, 24, 48, 100])
 def test_the_trials_measure_at_the_scheduler_s_rungs_only(tmp_path: Path, steps: int) -> None:
     """``rung_steps`` are the milestones Ray's ASHA holds a trial at, the only steps whose measured
-    KL it reads (``measure_at``); without a scheduler the trials measure every eighth."""
+    KL it reads (``measure_at``); without a scheduler the trials measure at the same steps."""
     study = config(tmp_path, inner={"steps": steps})
     asha = make_scheduler(study).parts[0]
     assert rung_steps(study) == sorted(milestone for milestone, _ in asha._brackets[0]._rungs)
-    assert rung_steps(config(tmp_path, scheduler="none")) is None
+    assert rung_steps(config(tmp_path, scheduler="none", inner={"steps": steps})) == rung_steps(study)
 
 
 def test_each_target_s_trials_meet_only_their_own_target_s_trials_at_a_rung(tmp_path: Path) -> None:
