@@ -42,6 +42,7 @@ from autocompress_opt.arch.hybrid import hybrid_child, is_sparse
 from autocompress_opt.cache import cache_key, fetch
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.device import dtype_name
+from autocompress_opt.hf.host_memory import reused_host_memory
 from autocompress_opt.prune.expert_kept import expert_kept
 from autocompress_opt.prune.loadability import SERVE_AS_ANY, check_serve_as
 from autocompress_opt.search.inner.budget import CostGoal
@@ -76,7 +77,13 @@ def run_weights_mode(request: Mapping[str, Any]) -> dict[str, Any]:
 
 def run_moe_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     """One weights-mode trial of a MoE or hybrid parent (module doc; the request and result of
-    :mod:`~autocompress_opt.search.study.weights_trial`)."""
+    :mod:`~autocompress_opt.search.study.weights_trial`), its vocabulary-wide CPU tensors reusing
+    freed pages as a dense trial's do (:func:`~autocompress_opt.hf.host_memory.reused_host_memory`)."""
+    with reused_host_memory():
+        return _moe_trial(request)
+
+
+def _moe_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     began = time.perf_counter()
     parent_arch = Architecture.from_dict(request["parent"])
     target = Target.from_dict(request["target"])
