@@ -105,7 +105,9 @@ def test_the_trials_measure_at_the_scheduler_s_rungs_only(tmp_path: Path, steps:
     study = config(tmp_path, inner={"steps": steps})
     asha = make_scheduler(study).parts[0]
     assert rung_steps(study) == sorted(milestone for milestone, _ in asha._brackets[0]._rungs)
-    assert rung_steps(config(tmp_path, scheduler="none", inner={"steps": steps})) == rung_steps(study)
+    unscheduled = config(tmp_path, scheduler="none", inner={"steps": steps}, mode="weights", plugins=())
+    assert rung_steps(unscheduled) == rung_steps(study)  # weights trials measure there without a scheduler too
+    assert rung_steps(config(tmp_path, scheduler="none")) is None  # a plugin's trials: nobody reads them
 
 
 def test_each_target_s_trials_meet_only_their_own_target_s_trials_at_a_rung(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ def make_scheduler(config: StudyConfig, targets: int = 1) -> Any:
     return per_target_scheduler([asha() for _ in range(targets)])
 
 
-def rung_steps(config: StudyConfig) -> list[int]:
+def rung_steps(config: StudyConfig) -> list[int] | None:
     """The inner steps of the scheduler's rungs (3 and 9 of 24 steps), the only steps whose measured
     KL anyone reads: the study's trials measure there only (``measure_at``,
     :meth:`~autocompress_opt.search.inner.inner_search.InnerConfig.measures`; each measurement is a
@@ -67,7 +67,11 @@ def rung_steps(config: StudyConfig) -> list[int]:
     The same steps without a scheduler (``none``), where only the progress bar reads them: measuring
     every eighth of the search, as such trials did, cost a quarter more CPU time than the search
     measured at these two steps, and made a single-fidelity study pay for measurements a
-    multi-fidelity one skips."""
+    multi-fidelity one skips. None without a scheduler for a study whose trials are not weights
+    trials (plan mode, a plugin's trial mode): no scheduler reads what they report, and their
+    ``inner`` is their own."""
+    if config.scheduler_name == "none" and config.mode != "weights":
+        return None
     grace, max_t = _asha_span(config)
     rungs = [grace]
     while rungs[-1] * REDUCTION_FACTOR < max_t:  # Ray's ASHA rungs: grace * rf**k below max_t
