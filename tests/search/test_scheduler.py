@@ -108,6 +108,8 @@ def test_the_trials_measure_at_the_scheduler_s_rungs_only(tmp_path: Path, steps:
     unscheduled = config(tmp_path, scheduler="none", inner={"steps": steps}, mode="weights", plugins=())
     assert rung_steps(unscheduled) == rung_steps(study)  # weights trials measure there without a scheduler too
     assert rung_steps(config(tmp_path, scheduler="none")) is None  # a plugin's trials: nobody reads them
+    every = config(tmp_path, scheduler="none", inner={"steps": steps, "report_every": 2}, mode="weights", plugins=())
+    assert rung_steps(every) is None  # the user's report_every rules
 
 
 def test_each_target_s_trials_meet_only_their_own_target_s_trials_at_a_rung(tmp_path: Path) -> None:

@@ -67,10 +67,10 @@ def rung_steps(config: StudyConfig) -> list[int] | None:
     The same steps without a scheduler (``none``), where only the progress bar reads them: measuring
     every eighth of the search, as such trials did, cost a quarter more CPU time than the search
     measured at these two steps, and made a single-fidelity study pay for measurements a
-    multi-fidelity one skips. None without a scheduler for a study whose trials are not weights
-    trials (plan mode, a plugin's trial mode): no scheduler reads what they report, and their
-    ``inner`` is their own."""
-    if config.scheduler_name == "none" and config.mode != "weights":
+    multi-fidelity one skips. None without a scheduler where the trials measure on their own terms:
+    an ``inner.report_every`` the user set (every that many steps), or trials that are not weights
+    trials (plan mode, a plugin's trial mode: their ``inner`` is their own)."""
+    if config.scheduler_name == "none" and (config.mode != "weights" or config.inner.get("report_every")):
         return None
     grace, max_t = _asha_span(config)
     rungs = [grace]
