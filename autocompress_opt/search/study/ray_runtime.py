@@ -23,7 +23,7 @@ from autocompress_opt.search.study.placement import (
 )
 from autocompress_opt.search.study.trials import run_trial
 
-__all__ = ["TRIAL_NICENESS", "init_ray", "study_placement", "trainable", "usable_cpus"]
+__all__ = ["TRIAL_NICENESS", "init_ray", "study_placement", "trainable", "usable_cpus", "yield_to_the_driver"]
 
 # A trial process runs at this niceness (or above, if started there). Where the driver and the trials
 # share cores (a laptop, a 2-core demo, a GPU-less head node that also runs trials), the driver's

@@ -267,9 +267,9 @@ def load_parent(ref: str, config: TrialConfig, cache_dir: Path | None = None) ->
         # torch's fused (flash) attention is slower than the plain matmul-softmax one on the CPU in
         # 16-bit: a SmolLM2-shaped model's forward and backward at 2 x 128 tokens, bf16, one core,
         # 0.69 -> 0.57 s (the trial as a whole: benchmarks/results/trial_phases.json). Eager also
-        # takes the softmax in float32. fp32 keeps
-        # the default (there the two are even). The parent's id does not name the kernel: like a
-        # driver on the CPU and its trials on a GPU, the two differ by rounding only.
+        # takes the softmax in float32. fp32 keeps the default (there the two are even). The
+        # parent's id does not name the kernel: like a driver on the CPU and its trials on a GPU,
+        # the two differ by rounding only.
         loaded.model.set_attn_implementation("eager")
     loaded.model.eval()
     for p in loaded.model.parameters():
