@@ -239,8 +239,23 @@ def _load_uncached(
     else:
         model, tokenizer, source = _load_directory(path, dtype, torch.device(device), gpus)
     model = model.eval()
+    _cpu_attention(model, dtype, torch.device(device))
     architecture = _checked_architecture(model, path)
     return LoadedModel(model, tokenizer, architecture, source, path, time.perf_counter() - start)
+
+
+def _cpu_attention(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """A 16-bit model on the CPU computes attention with the plain matmul-softmax kernel (``eager``).
+
+    torch's fused (flash) attention is slower there in 16-bit: a SmolLM2-shaped model's forward and
+    backward at 2 x 128 tokens, bf16, one core, 0.69 -> 0.57 s (a trial as a whole:
+    ``benchmarks/results/trial_phases.json``), and eager takes the softmax in float32. fp32 and GPUs
+    keep the default (on the CPU in fp32 the two are even). Every 16-bit CPU load takes the same
+    kernel, so a trial's parent and an export reloaded to check the trial's KL agree to rounding of
+    the same operations (the two kernels differ by ~1e-3 nats of KL in bf16). A model's id does not
+    name the kernel: like a driver on the CPU and its trials on a GPU, the two differ by rounding."""
+    if device.type == "cpu" and dtype != torch.float32 and hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation("eager")
 
 
 # ------------------------------------------------------------------- resolving

@@ -252,7 +252,8 @@ def load_parent(ref: str, config: TrialConfig, cache_dir: Path | None = None) ->
     """Parent ``ref`` as a trial with ``config`` loads it, frozen in eval mode: on ``config.device``
     (under Ray: the first GPU it assigned the trial, spread over all of them when it assigned
     several; :func:`~autocompress_opt.search.study.placement.trial_device`) in ``config.compute_dtype``,
-    a fresh copy no other cache holds. With ``cache_dir``, a GGUF parent is converted once per host
+    a fresh copy no other cache holds (16-bit on the CPU with eager attention:
+    :func:`~autocompress_opt.hf.loading.load_model`). With ``cache_dir``, a GGUF parent is converted once per host
     and dtype and read from its dequantised copy under ``cache_dir/parents`` after that (the study's
     driver converts it while seeding, its trial processes read the copy;
     :func:`~autocompress_opt.hf.loading.load_model`'s ``dequantised_dir``): the same tensors."""
@@ -263,14 +264,6 @@ def load_parent(ref: str, config: TrialConfig, cache_dir: Path | None = None) ->
     dtype = resolve_compute_dtype(config.compute_dtype, device)
     copies = cache_dir / "parents" if cache_dir is not None else None
     loaded = load_model(ref, cache=False, dtype=dtype, device=device, gpus=trial_gpus(device), dequantised_dir=copies)
-    if device.type == "cpu" and dtype != torch.float32 and hasattr(loaded.model, "set_attn_implementation"):
-        # torch's fused (flash) attention is slower than the plain matmul-softmax one on the CPU in
-        # 16-bit: a SmolLM2-shaped model's forward and backward at 2 x 128 tokens, bf16, one core,
-        # 0.69 -> 0.57 s (the trial as a whole: benchmarks/results/trial_phases.json). Eager also
-        # takes the softmax in float32. fp32 keeps the default (there the two are even). The
-        # parent's id does not name the kernel: like a driver on the CPU and its trials on a GPU,
-        # the two differ by rounding only.
-        loaded.model.set_attn_implementation("eager")
     loaded.model.eval()
     for p in loaded.model.parameters():
         p.requires_grad_(False)
