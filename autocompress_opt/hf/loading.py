@@ -244,7 +244,7 @@ def _load_uncached(
     return LoadedModel(model, tokenizer, architecture, source, path, time.perf_counter() - start)
 
 
-def _cpu_attention(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+def _cpu_attention(model: Any, dtype: torch.dtype, device: torch.device) -> None:
     """A 16-bit model on the CPU computes attention with the plain matmul-softmax kernel (``eager``).
 
     torch's fused (flash) attention is slower there in 16-bit: a SmolLM2-shaped model's forward and
