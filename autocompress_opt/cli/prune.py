@@ -109,10 +109,12 @@ default the bundled search_spaces/MODEL.yaml or the one derived from the parent)
 records it.
 
 --from-study STUDY exports a trial of a study (NAME.HARDWARE, or a group NAME with one target):
---trial best (default: the feasible trial with the highest quality) or a trial number. The parent
-is the study's model (--model, if given, must name the same). A weights-mode trial is cut with the
-importance scores the trial itself used (its inner settings, from the same .autocompress cache), so
-the export is the model the trial measured; a plan-mode trial is cut like --arch.""",
+--trial best (default: the feasible trial with the highest quality), recovered (the finalist
+'autocompress study finalists' chose: the lowest KL after the same short recovery) or a trial
+number. The parent is the study's model (--model, if given, must name the same). A weights-mode
+trial is cut with the importance scores the trial itself used (its inner settings, from the same
+.autocompress cache), so the export is the model the trial measured; a plan-mode trial is cut like
+--arch.""",
     )
     p.add_argument(
         "--model",
@@ -208,7 +210,11 @@ the export is the model the trial measured; a plan-mode trial is cut like --arch
         "scores are reused across runs",
     )
     study = p.add_argument_group("--from-study only")
-    study.add_argument("--trial", default=None, help="'best' (default) or a trial number")
+    study.add_argument(
+        "--trial",
+        default=None,
+        help="'best' (default), 'recovered' (the finalist 'study finalists' chose after recovery) or a trial number",
+    )
     study.add_argument("--storage", default=None, help="study storage (default sqlite:///studies/NAME.db)")
     p.add_argument(
         "--serve-as",
@@ -323,7 +329,14 @@ def _run_from_study(args: argparse.Namespace) -> int:
         raise ConfigError(f"study {name!r} in {storage} records no parent model; export its architecture with --arch")
     if args.model is not None and args.model != model:
         raise ConfigError(f"--model {args.model!r} is not the study's parent {model!r}; drop --model or pass that one")
-    record = _pick_trial(records, trial, name)
+    number = trial if not isinstance(trial, str) else None
+    if trial == "recovered":  # the finalist `study finalists` chose after recovery
+        from autocompress_opt.recover.finalists import stored_ranking
+
+        ranking = stored_ranking(storage, name)
+        number, args.finalists_record = ranking.chosen.trial, ranking.to_dict()
+        print(f"{name}: trial {number}, the finalist with the lowest KL after recovery (study finalists)")
+    record = _pick_trial(records, number, name)
     _check_mtp(args, model)
     arch = Architecture.from_dict(record.architecture or {})
     if identity.get("mode") != "weights":
@@ -341,16 +354,19 @@ def _check_mtp(args: argparse.Namespace, model: str) -> None:
         check_mtp_keep(model)
 
 
-def _trial_choice(text: str | None) -> int | None:
-    """``--trial``: None for best, else a trial number."""
+def _trial_choice(text: str | None) -> int | str | None:
+    """``--trial``: None for best, ``"recovered"`` for the finalist chosen after recovery, else a
+    trial number."""
     if text is None or text == "best":
         return None
+    if text == "recovered":
+        return text
     try:
         number = int(text)
     except ValueError:
-        raise ConfigError(f"--trial must be 'best' or a trial number, got {text!r}") from None
+        raise ConfigError(f"--trial must be 'best', 'recovered' or a trial number, got {text!r}") from None
     if number < 0:
-        raise ConfigError(f"--trial must be 'best' or a trial number >= 0, got {text!r}")
+        raise ConfigError(f"--trial must be 'best', 'recovered' or a trial number >= 0, got {text!r}")
     return number
 
 
@@ -436,6 +452,7 @@ def _export_trial(
             "selection": record.selection,
         },
         "test": {"split": "test", **test.to_dict()},
+        **({"finalists": args.finalists_record} if getattr(args, "finalists_record", None) else {}),
     }
     exported = export_trial(
         context,

@@ -25,8 +25,11 @@ INNER = {**WEIGHTS_INNER, "steps": 2}
     ("argv", "message"),
     [
         (["--model", "smollm2-135m", "--params", "0.5", "--trial", "3"], "--trial and --storage only apply"),
-        (["--from-study", "w", "--trial", "three"], "--trial must be 'best' or a trial number, got 'three'"),
-        (["--from-study", "w", "--trial", "-1"], "--trial must be 'best' or a trial number >= 0"),
+        (
+            ["--from-study", "w", "--trial", "three"],
+            "--trial must be 'best', 'recovered' or a trial number, got 'three'",
+        ),
+        (["--from-study", "w", "--trial", "-1"], "--trial must be 'best', 'recovered' or a trial number >= 0"),
         (["--from-study", "nope"], "no study storage at"),
         (["--params", "0.5"], "--model is required"),
         (["--model", "smollm2-135m", "--params", "0.5", "--device", "gpu"], "device 'gpu' is not one of"),

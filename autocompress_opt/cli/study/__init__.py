@@ -2,7 +2,8 @@
 
 One module per action: :mod:`.run` (its flags and what it prints), :mod:`.config` (those flags or a
 study YAML → :class:`~autocompress_opt.search.study.StudyConfig`), :mod:`.show` (the Pareto table),
-:mod:`.manage` (list, delete, export: stored trials read or removed, nothing run or scored).
+:mod:`.manage` (list, delete, export: stored trials read or removed, nothing run or scored),
+:mod:`.finalists` (the best trials ranked again after a short recovery).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from autocompress_opt.cli._common import add_verb
-from autocompress_opt.cli.study import manage, run, show
+from autocompress_opt.cli.study import finalists, manage, run, show
 from autocompress_opt.cli.study.config import build_config
 from autocompress_opt.cli.study.run import RUN_EXAMPLES
 
@@ -30,5 +31,6 @@ def add_parser(sub: Any) -> None:
     run.add_parser(actions)
     manage.add_list_parser(actions)
     show.add_parser(actions)
+    finalists.add_parser(actions)
     manage.add_delete_parser(actions)
     manage.add_export_parser(actions)
