@@ -372,7 +372,52 @@ def plot(data: dict[str, Any], out: Path, *copies: Path) -> Path:
     return out
 
 
+def _finalist_cell(name: str, cell: dict[str, Any], other: str, comparisons: dict[str, Any]) -> str:
+    """Finalist − ``other`` after recovery with its corrected verdict, or ``same model``."""
+    if other == "searched" and cell["same_as_searched"]:
+        return "same model"
+    comparison = comparisons.get(f"{name}: finalist vs {other}, after recovery")
+    verdict = comparison["verdict"] if comparison else "—"
+    return f"{_interval(cell['difference'][other]['after'], comparison)}: {verdict}"
+
+
+def finalists() -> str:
+    """The study's best against the finalist chosen after a short recovery (``bench_finalists.py``):
+    per cell the two trials, their KL in the study, and finalist − best-uniform and finalist − the
+    study's best on the test split after equal recovery, Holm-corrected over that file."""
+    r = _render()
+    data = r.load("finalists")
+    if not data or not data.get("cells"):
+        return "Not yet measured (`benchmarks/results/finalists.json` is not committed)."
+    comparisons = (data.get("corrected") or {}).get("comparisons") or {}
+    rows = []
+    for name, c in sorted(data["cells"].items()):
+        ranking = c["ranking"]
+        kl = {f["trial"]: f for f in ranking["finalists"]}
+        best, pick = c["study_best_trial"], c["arm"]["trial"]
+
+        rows.append(
+            [
+                c["cell"] + ("" if c["sweep"] == "sweep.json" else f" ({c['sweep']})"),
+                f"{best} ({kl[best]['kl_in_study']:.3f} → {kl[best]['kl_recovered']:.3f})" if best in kl else str(best),
+                f"{pick}: {_model(c['arm'])} ({kl[pick]['kl_in_study']:.3f} → {kl[pick]['kl_recovered']:.3f})",
+                _finalist_cell(name, c, "searched", comparisons),
+                _finalist_cell(name, c, "best-uniform", comparisons),
+            ]
+        )
+    header = [
+        "cell",
+        "study's best (KL in study → after short recovery)",
+        "finalist chosen",
+        "finalist − study's best, test KL after recovery",
+        "finalist − best-uniform, test KL after recovery",
+    ]
+    family = (data.get("corrected") or {}).get("family", 0)
+    return r.table(header, rows) + f"\n\nHolm over the file's {family} comparisons (before and after recovery)."
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "finalists": finalists,
     "sweep": sweep,
     "sweep-seeds": sweep_seeds,
     "sweep-verdict": sweep_verdict,

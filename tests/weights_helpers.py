@@ -38,3 +38,41 @@ def request(parent_dir: Path, cache: Path, **changes: Any) -> dict[str, Any]:
         "inner": dict(INNER),
         **changes,
     }
+
+
+def tiny_weights_study(root: Path, *, trials: int, inner: dict[str, Any], **changes: Any) -> Any:
+    """A finished weights-mode study ``w`` of ``trials`` trials on a tiny 4-layer Llama saved under
+    ``root``, for :data:`TARGET` (its storage ``root/w.db``; its caches where ``changes`` or the
+    working directory put them); returns its :class:`~autocompress_opt.search.study.StudyConfig`.
+    Ray is shut down after, so that a later test does not reuse a Ray started without its plugins."""
+    from tiny_lm import save_hf_dir, tiny_model
+
+    from autocompress_opt.arch.catalog import load_architecture
+    from autocompress_opt.arch.search_space import default_space
+    from autocompress_opt.search.study import StudyConfig, run_study
+
+    model_dir = save_hf_dir(tiny_model("llama", num_hidden_layers=4), root / "llama")
+    config = StudyConfig(
+        **{
+            "name": "w",
+            "model": str(model_dir),
+            "targets": (TARGET,),
+            "space": default_space(load_architecture(str(model_dir))),
+            "trials": trials,
+            "storage": f"sqlite:///{root}/w.db",
+            "mode": "weights",
+            "inner": inner,
+            "seed_baselines": False,
+            "concurrency": 1,
+            # the tiny Llama's FFN (48) is below DeciLM's 256: vLLM's rules would allow only uniform points
+            "serve_as": "any",
+            **changes,
+        }
+    )
+    try:
+        run_study(config, progress=False)
+    finally:
+        import ray
+
+        ray.shutdown()
+    return config

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from weights_helpers import INNER as WEIGHTS_INNER
+from weights_helpers import tiny_weights_study
 
 from autocompress_opt.arch.catalog import load_architecture
 from autocompress_opt.arch.search_space import default_space
@@ -51,30 +52,9 @@ def test_bad_from_study_arguments_are_one_line_errors(
 def test_from_study_exports_the_model_the_trial_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tiny_lm import save_hf_dir, tiny_model
-
     monkeypatch.chdir(tmp_path)  # the trials' caches (.autocompress/) go here, as in a study run
-    model_dir = save_hf_dir(tiny_model("llama", num_hidden_layers=4), tmp_path / "llama")
-    target = Target("h100-sxm", "datacenter", constraints={"tpot_ms": "0.95x", "output_throughput_tok_s": "1.05x"})
-    config = StudyConfig(
-        name="w",
-        model=str(model_dir),
-        targets=(target,),
-        space=default_space(load_architecture(str(model_dir))),
-        trials=2,
-        storage=f"sqlite:///{tmp_path}/w.db",
-        mode="weights",
-        inner=INNER,
-        seed_baselines=False,
-        concurrency=1,
-        serve_as="any",  # the tiny Llama's FFN (48) is below DeciLM's 256: vLLM's rules would allow only uniform points
-    )
-    try:
-        run_study(config, progress=False)
-    finally:
-        import ray
-
-        ray.shutdown()  # a Ray started here without the later tests' plugin paths must not be reused
+    config = tiny_weights_study(tmp_path, trials=2, inner=INNER)
+    model_dir, target = Path(config.model), config.targets[0]
     records, _ = load_records(config.storage_url, "w.h100-sxm")
     best = max((r for r in records if r.state == "COMPLETE" and r.feasible), key=lambda r: (r.quality, -r.number))
 

@@ -11,15 +11,13 @@ from typing import Any
 
 import pytest
 from weights_helpers import INNER as WEIGHTS_INNER
+from weights_helpers import tiny_weights_study
 
-from autocompress_opt.arch.catalog import load_architecture
-from autocompress_opt.arch.search_space import default_space
 from autocompress_opt.cli import main
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.export import CARD_FILE
 from autocompress_opt.recover.finalists import FinalistRecipe, finalist_records, stored_ranking
-from autocompress_opt.search.study import StudyConfig, load_records, run_study
-from autocompress_opt.serving.targets import Target
+from autocompress_opt.search.study import load_records
 
 INNER = {**WEIGHTS_INNER, "steps": 2}
 FLAGS = ["--top", "2", "--steps", "2", "--batch-size", "2", "--seq-len", "16", "--lr", "3e-3", "--no-progress"]
@@ -59,32 +57,9 @@ def test_a_bad_flag_is_a_one_line_error_before_any_work(tmp_path: Path, capsys: 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A finished tiny weights-mode study of 4 trials (its caches in its own folder)."""
-    from tiny_lm import save_hf_dir, tiny_model
-
     root = tmp_path_factory.mktemp("finalists")
-    model_dir = save_hf_dir(tiny_model("llama", num_hidden_layers=4), root / "llama")
-    target = Target("h100-sxm", "datacenter", constraints={"tpot_ms": "0.95x", "output_throughput_tok_s": "1.05x"})
-    config = StudyConfig(
-        name="w",
-        model=str(model_dir),
-        targets=(target,),
-        space=default_space(load_architecture(str(model_dir))),
-        trials=4,
-        storage=f"sqlite:///{root}/w.db",
-        mode="weights",
-        inner=INNER,
-        seed_baselines=False,
-        concurrency=1,
-        serve_as="any",
-        cache_dir=str(root / ".autocompress"),
-    )
-    try:
-        run_study(config, progress=False)
-    finally:
-        import ray
-
-        ray.shutdown()
-    return {"root": root, "url": config.storage_url, "cache": str(root / ".autocompress"), "model": str(model_dir)}
+    config = tiny_weights_study(root, trials=4, inner=INNER, cache_dir=str(root / ".autocompress"))
+    return {"root": root, "url": config.storage_url, "cache": str(root / ".autocompress"), "model": config.model}
 
 
 @pytest.mark.slow

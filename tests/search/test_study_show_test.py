@@ -9,13 +9,10 @@ from pathlib import Path
 
 import pytest
 from weights_helpers import INNER as WEIGHTS_INNER
+from weights_helpers import tiny_weights_study
 
-from autocompress_opt.arch.catalog import load_architecture
-from autocompress_opt.arch.search_space import default_space
 from autocompress_opt.cli import main
 from autocompress_opt.prune.export import CARD_FILE
-from autocompress_opt.search.study import StudyConfig, run_study
-from autocompress_opt.serving.targets import Target
 
 INNER = {**WEIGHTS_INNER, "steps": 2}
 
@@ -24,30 +21,8 @@ INNER = {**WEIGHTS_INNER, "steps": 2}
 def test_show_test_scores_the_pareto_points_on_the_test_split_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tiny_lm import save_hf_dir, tiny_model
-
     monkeypatch.chdir(tmp_path)  # the trials' caches (.autocompress/) go here, as in a study run
-    model_dir = save_hf_dir(tiny_model("llama", num_hidden_layers=4), tmp_path / "llama")
-    target = Target("h100-sxm", "datacenter", constraints={"tpot_ms": "0.95x", "output_throughput_tok_s": "1.05x"})
-    config = StudyConfig(
-        name="w",
-        model=str(model_dir),
-        targets=(target,),
-        space=default_space(load_architecture(str(model_dir))),
-        trials=3,
-        storage=f"sqlite:///{tmp_path}/w.db",
-        mode="weights",
-        inner=INNER,
-        seed_baselines=False,
-        concurrency=1,
-        serve_as="any",
-    )
-    try:
-        run_study(config, progress=False)
-    finally:
-        import ray
-
-        ray.shutdown()
+    config = tiny_weights_study(tmp_path, trials=3, inner=INNER)
     show = ["study", "show", "w", "--storage", config.storage_url]
     cache = tmp_path / ".autocompress" / "test-quality"
 
