@@ -311,6 +311,13 @@ CASES = [
     case("study-proxy-in-plan-mode", STUDY + " --proxy 3", "proxy", "plan"),
     case("study-time-budget-zero", STUDY + " --time-budget 0", "time_budget", "0"),
     case("study-time-budget-nan", STUDY + " --time-budget nan", "time_budget", "nan"),
+    case(
+        "study-finalists-negative",
+        STUDY.replace("--mode plan", "--mode weights") + " --finalists -1",
+        "finalists",
+        "-1",
+    ),
+    case("study-finalists-in-plan-mode", STUDY + " --finalists 2", "finalists", "plan"),
     case("study-engine-option-word", STUDY + " --engine-option memory_fraction=high", "memory_fraction", "high"),
     case("study-negative-input-len", STUDY + " --input-len -1", "input_len", "-1"),
     case("study-unknown-mode", STUDY.replace("--mode plan", "--mode plen"), "plen"),

@@ -129,3 +129,31 @@ def test_recovered_without_a_ranking_says_what_to_run(study: dict[str, Any], tmp
         store.set_user_attr(key, None)
     with pytest.raises(ConfigError, match="no finalists ranked after recovery; run 'autocompress study finalists"):
         stored_ranking(f"sqlite:///{bare}", "w.h100-sxm")
+
+
+@pytest.mark.slow
+def test_study_run_with_finalists_ranks_each_target_after_its_trials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``study run --finalists K`` ends with the ranking ``study finalists`` prints, stored on the study."""
+    from tiny_lm import save_hf_dir, tiny_model
+
+    monkeypatch.chdir(tmp_path)
+    model_dir = save_hf_dir(tiny_model("llama", num_hidden_layers=4), tmp_path / "llama")
+    url = f"sqlite:///{tmp_path}/f.db"
+    inner = [f"--inner={k}={v}" for k, v in INNER.items()]
+    argv = ["study", "run", "--model", str(model_dir), "--mode", "weights", "--targets", "h100-sxm"]
+    argv += ["--workload", "datacenter", "--max-tpot-ms", "0.95x", "--min-throughput", "1.05x", "--trials", "2"]
+    argv += ["--name", "f", "--storage", url, "--serve-as", "any", "--no-seed-baselines", "--proxy", "0"]
+    argv += ["--finalists", "2", "--quiet", *inner]
+    try:
+        assert main(argv) == 0
+    finally:
+        import ray
+
+        ray.shutdown()
+    out = capsys.readouterr().out
+    assert "f.h100-sxm: ranking its 2 best trials again after 30 recovery steps" in out
+    assert "<- chosen" in out and "--trial recovered" in out
+    ranking = stored_ranking(url, "f.h100-sxm")
+    assert ranking.complete and ranking.recipe == FinalistRecipe(top=2)

@@ -67,7 +67,13 @@ def _finalists(args: argparse.Namespace) -> int:
     if args.json:
         print_json(ranking.to_dict())
         return 0
-    chosen = ranking.chosen.trial
+    print_ranking(ranking)
+    return 0
+
+
+def print_ranking(ranking: Any) -> None:
+    """The finalists as a table, the chosen one marked, and whether recovery changed the study's choice."""
+    chosen, steps = ranking.chosen.trial, ranking.recipe.steps
     rows = [
         [
             str(f.trial),
@@ -79,11 +85,9 @@ def _finalists(args: argparse.Namespace) -> int:
         ]
         for f in ranking.finalists
     ]
-    header = ["trial", "model", "params", "KL in study", f"KL after {recipe.steps} steps", ""]
-    print(table(rows, header))
+    print(table(rows, ["trial", "model", "params", "KL in study", f"KL after {steps} steps", ""]))
     best = ranking.finalists[0].trial
     if chosen != best:
         print(f"recovery changes the ranking: trial {chosen} replaces the study's best, trial {best}")
     else:
         print(f"recovery keeps the study's best, trial {best}")
-    return 0

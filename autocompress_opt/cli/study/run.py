@@ -110,6 +110,14 @@ def add_parser(actions: Any) -> None:
         help="start no new trial after this many minutes of this run (trials in flight finish); with a large "
         "--trials, an equal-time study (default: none, --trials decides)",
     )
+    run.add_argument(
+        "--finalists",
+        type=int,
+        metavar="K",
+        help="weights mode, after the trials: each target's K best feasible trials distilled alike for a few "
+        "steps and ranked again on the selection rows ('study finalists' with its defaults; about K x 30 training "
+        "steps per target); prune --trial recovered exports the chosen one. 0: off (default)",
+    )
     run.add_argument("--name", help="study group name (default: the model name)")
     run.add_argument("--storage", help="Optuna storage: RDB URL or journal file (default sqlite:///studies/NAME.db)")
     run.add_argument(
@@ -281,7 +289,30 @@ def _run(args: argparse.Namespace) -> int:
         f"storage: {config.storage_url}\nnext: autocompress study show {config.name} --storage {config.storage_url}\n"
         f"      autocompress plot {config.name} --storage {config.storage_url}"
     )
+    if config.finalists:
+        _finalists(config, outcomes, quiet=args.quiet)
+    elif config.mode == "weights" and any(o.feasible for o in outcomes):
+        # the trials ranked their models before recovery; the shipped model is distilled first
+        study = next(o.study_name for o in outcomes if o.feasible)
+        print(f"      autocompress study finalists {study} --storage {config.storage_url}   # rank after recovery")
     return exit_status(outcomes)
+
+
+def _finalists(config: Any, outcomes: Sequence[TargetOutcome], *, quiet: bool) -> None:
+    """``--finalists K``: each target's K best trials ranked again after the same short recovery."""
+    from autocompress_opt.cli.study.finalists import print_ranking
+    from autocompress_opt.recover.finalists import FinalistRecipe, rank_finalists
+
+    recipe = FinalistRecipe(top=config.finalists)
+    for o in outcomes:
+        if not o.feasible:
+            continue
+        print(f"{o.study_name}: ranking its {config.finalists} best trials again after {recipe.steps} recovery steps")
+        ranking = rank_finalists(
+            config.storage_url, o.study_name, recipe, cache_dir=config.cache_dir, progress=not quiet
+        )
+        print_ranking(ranking)
+        print(f"      autocompress prune --from-study {o.study_name} --storage {config.storage_url} --trial recovered")
 
 
 def exit_status(outcomes: Sequence[TargetOutcome]) -> int:

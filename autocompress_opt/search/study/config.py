@@ -14,7 +14,7 @@ from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.arch.search_space import SearchSpace
-from autocompress_opt.errors import ConfigError, suggest
+from autocompress_opt.errors import ConfigError, check_int, suggest
 from autocompress_opt.prune.loadability import SERVE_AS_ANY, check_serve_as, parent_problems, rules_engine_for
 from autocompress_opt.search.study.placement import check_cache_dir, check_driver_device, check_trial_gpus
 from autocompress_opt.search.study.storage import default_storage, resolve_storage
@@ -180,6 +180,7 @@ class StudyConfig:
     proxy_quality: str = "importance"  # weights mode: what ranks the proxy's points, "importance" or "estimate"
     plan_quality: str = "params"  # plan mode without importance: one of trials.PLAN_QUALITIES
     runners_up: int | None = None  # best-uniform's next-best candidates seeded too; None: RUNNERS_UP in weights mode
+    finalists: int = 0  # weights mode, after the run: each target's best trials ranked again after recovery; 0: none
     allow_data_change: bool = False  # resume although the --data content changed (not part of the identity)
     driver_device: str = "cpu"  # where the driver reads the parent for seeds and proxy (placement.check_driver_device)
 
@@ -222,6 +223,12 @@ class StudyConfig:
             raise ConfigError(
                 f"runners_up must be an int >= 0 (best-uniform's next-best candidates seeded; 0: none), "
                 f"got {self.runners_up!r}"
+            )
+        check_int(self.finalists, "finalists (best trials ranked again after recovery; 0: none)", 0)
+        if self.finalists and self.mode != "weights":
+            raise ConfigError(
+                f"finalists={self.finalists} ranks weights-mode trials after recovery; mode {self.mode!r} builds no "
+                "model to recover: use mode weights, or finalists 0"
             )
         if self.time_budget is not None and (
             isinstance(self.time_budget, bool)
