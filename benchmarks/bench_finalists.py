@@ -61,6 +61,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def sweep_name(args: argparse.Namespace) -> str:
+    """The sweep file as the results folder names it (``sweep.json``, ``rerun/sweep.json``)."""
+    try:
+        return args.sweep.resolve().relative_to(args.results.resolve()).as_posix()
+    except ValueError:
+        return str(args.sweep.resolve())
+
+
 def read(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
@@ -104,7 +112,7 @@ def run_cell(
     arms = cell["arms"]
     same = arm["model_key"] == arms["searched"]["model_key"]
     out: dict[str, Any] = {
-        "sweep": args.sweep.name,
+        "sweep": sweep_name(args),
         "cell": key,
         "study": study,
         "ranking": ranking.to_dict(),
@@ -207,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     todo = []
     for key in wanted:
         cell = sweep["cells"].get(key)
-        name = f"{args.sweep.name}:{key}"
+        name = f"{sweep_name(args)}:{key}"
         if cell is None or "difference" not in cell:
             print(f"{key}: not a finished cell of {args.sweep}; skipped", flush=True)
         elif name in done:
