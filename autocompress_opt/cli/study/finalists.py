@@ -77,7 +77,7 @@ def print_ranking(ranking: Any) -> None:
     rows = [
         [
             str(f.trial),
-            f.summary,
+            f.summary.split(": ", 1)[-1].removesuffix(f", {f.params / 1e6:.1f}M params"),  # the shape, once
             f"{f.params / 1e6:.1f}M",
             f"{f.kl_in_study:.4f}",
             f"{f.kl_recovered:.4f}" if f.kl_recovered is not None else "-",
