@@ -72,6 +72,8 @@ _API: dict[str, str] = {
     "evaluate_tasks": "autocompress_opt.tasks.scoring",
     "DistillRecipe": "autocompress_opt.recover.recipe",
     "distill": "autocompress_opt.recover.distill",
+    "FinalistRecipe": "autocompress_opt.recover.finalists",
+    "rank_finalists": "autocompress_opt.recover.finalists",
     # errors
     "AutocompressError": "autocompress_opt.errors",
     "ConfigError": "autocompress_opt.errors",
@@ -92,6 +94,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from autocompress_opt.prune.slicing import prune
     from autocompress_opt.quality.metrics import evaluate, kl_divergence, perplexity
     from autocompress_opt.recover.distill import distill
+    from autocompress_opt.recover.finalists import FinalistRecipe, rank_finalists
     from autocompress_opt.recover.recipe import DistillRecipe
     from autocompress_opt.search.study.config import StudyConfig
     from autocompress_opt.search.study.records import pareto_front
