@@ -67,6 +67,43 @@ def validation_publications() -> str:
     return f"Held out one publication at a time, one figure per publication. {verdict}.\n\n" + r.table(header, rows)
 
 
+def validation_dequant() -> str:
+    """The MoE/hybrid publications' held-out medians at other dequantisation costs per element
+    (``dequant_sensitivity`` in the results): what another choice of the kernel constant gives."""
+    r = _render()
+    sens = r.need("validation_published").get("dequant_sensitivity")
+    if not sens:
+        return "not yet measured (run `python benchmarks/bench_validation.py` without `--no-sensitivity`)"
+    runs = sens["rows"]
+    sources = list(runs[0]["moe_publications"])
+    base = {s: s.split(":")[0].split(",")[0] for s in sources}
+    # Two tables of one site: name the table too.
+    short = {
+        s: b + ", " + s.split(",", 1)[1].split("(")[0].strip()[:40] if list(base.values()).count(b) > 1 else b
+        for s, b in base.items()
+    }
+    header = [
+        "operations per element",
+        "MoE/hybrid median of publication medians",
+        "MoE/hybrid row median",
+        "dense median of publication medians",
+        *(short[s] for s in sources),
+    ]
+    tag = lambda run: " (shipped)" if run["shipped"] else " (off)" if run["ops_per_element"] == 0 else ""
+    rows = [
+        [f"{run['ops_per_element']:g}" + tag(run),
+         f"**{r.pct(run['moe_median_of_publication_medians'])}**", r.pct(run["moe_row_median"]),
+         r.pct(run["dense_median_of_publication_medians"]),
+         *(r.pct(run["moe_publications"][s]) for s in sources)]
+        for run in runs
+    ]  # fmt: skip
+    return (
+        f"Held out one publication at a time, with the dequantisation of weight-only routed experts "
+        f"costed at each number of CUDA-core operations per weight element (M-tile of "
+        f"{sens['tile_tokens']:g} tokens); 0 is the model without the term.\n\n" + r.table(header, rows)
+    )
+
+
 def moe_llamacpp() -> str:
     """The real-weights MoE and its children timed in llama.cpp here, against the CPU profile."""
     r = _render()
@@ -106,4 +143,5 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "validation-moe": validation_moe,
     "validation-publications": validation_publications,
     "moe-llamacpp": moe_llamacpp,
+    "validation-dequant": validation_dequant,
 }

@@ -13,7 +13,11 @@ errors are reported per model family under ``moe_hybrid``, per publication under
 under ``routed_passes``. Free parameters stay below each profile's row count
 (``serving.validation.free_parameters``).
 
-.venv/bin/python benchmarks/bench_validation.py [--measurements CSV]   # ~1.5 min on 2 CPU threads
+The weight-only experts' dequantisation term (``roofline.DEQUANT_OPS_PER_ELEMENT``, set from the
+kernels, not fitted) is also scored at other values under ``dequant_sensitivity``: what the MoE/hybrid
+publications' held-out medians would be had another value been chosen (``--no-sensitivity`` skips it).
+
+.venv/bin/python benchmarks/bench_validation.py [--measurements CSV]   # ~7 min on 2 CPU threads
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _util import provenance, write
 
+from autocompress_opt.serving import roofline
 from autocompress_opt.serving.profiles import time_ratio
 from autocompress_opt.serving.validation import (
     SHIPPED_MEASUREMENTS,
@@ -75,9 +80,43 @@ def table(
     return out
 
 
+SENSITIVITY_OPS = (0.0, 1.0, 2.0, 4.0)
+
+
+def dequant_sensitivity(rows: list, moe: set[str]) -> dict:
+    """Held-out MoE/hybrid errors with ``roofline.DEQUANT_OPS_PER_ELEMENT`` at each of
+    :data:`SENSITIVITY_OPS` (0: the term off), the shipped value marked: per publication, the median
+    of their medians, the pooled row median and the dense median of medians (which must not move)."""
+    shipped = roofline.DEQUANT_OPS_PER_ELEMENT
+    out = []
+    try:
+        for ops in SENSITIVITY_OPS:
+            roofline.DEQUANT_OPS_PER_ELEMENT = ops
+            held = leave_one_source_out(rows)
+            pubs = per_publication(held, moe)
+            out.append(
+                {
+                    "ops_per_element": ops,
+                    "shipped": ops == shipped,
+                    "moe_median_of_publication_medians": median_of_medians(pubs, moe=True),
+                    "dense_median_of_publication_medians": median_of_medians(pubs, moe=False),
+                    "moe_row_median": summary([r for r in held if r.id in moe])["median_abs_error"],
+                    "moe_publications": {p.source: p.median for p in pubs if p.moe},
+                }
+            )
+            median = out[-1]["moe_median_of_publication_medians"]
+            print(f"dequant ops/element {ops:g}: MoE median of publication medians {median:.1%}")
+    finally:
+        roofline.DEQUANT_OPS_PER_ELEMENT = shipped
+    return {"tile_tokens": roofline.DEQUANT_TILE_TOKENS, "shipped_ops_per_element": shipped, "rows": out}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--measurements", type=Path, default=SHIPPED_MEASUREMENTS)
+    parser.add_argument(
+        "--no-sensitivity", action="store_true", help="skip rescoring at other dequantisation costs (~1.5 min each)"
+    )
     args = parser.parse_args()
     rows = load_measurements(args.measurements)
     profiles = {p.engine: p for p in fit_published(rows, holdout=False)}
@@ -129,6 +168,7 @@ def main() -> None:
             "dense": median_of_medians(publications, moe=False),
             "moe_hybrid": median_of_medians(publications, moe=True),
         },
+        "dequant_sensitivity": None if args.no_sensitivity else dequant_sensitivity(rows, moe),
         "per_row": [
             {**fit.to_dict(), "held_out_predicted": out.predicted, "held_out_error": out.error}
             for fit, out in zip(in_sample, held_out)

@@ -718,7 +718,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "multifidelity-8min": multifidelity("multifidelity"),
     "multifidelity-15min": multifidelity("multifidelity_15min", "multifidelity_15min_seed1"),
     "validation": validation,
-    **__import__("_render_validation").RENDERERS,  # validation-moe, validation-publications, moe-llamacpp
+    **__import__("_render_validation").RENDERERS,  # validation-moe, -publications, -dequant, moe-llamacpp
     **__import__("_render_moe").RENDERERS,  # moe-build, moe-axes
     **__import__("_render_estimate").RENDERERS,  # quality-estimate, nemotron-estimate, proxy-quality
     "engine-calibration": engine_calibration,

@@ -52,6 +52,9 @@ class Hardware:
             ``CUBLAS_COMPUTE_16F``), the math llama.cpp's GEMMs run at (:meth:`half_accumulate_flops`).
             GeForce cards run it at twice their FP32-accumulate rate; None where it equals the
             ``bf16`` rate (datacenter parts, which run FP16 at full rate with either accumulator).
+        fp32_tflops: peak FP32 rate of the CUDA cores (non-tensor; an FMA counts 2 FLOPs), None where
+            not listed. It times the work a weight-only kernel does on those cores: dequantising
+            4-bit routed experts for BF16 tensor math (``roofline._layer_s``, issue 44).
         interconnect_gb_s: GPU-to-GPU bandwidth as quoted (both directions together), 0 if none.
         interconnect: the link as quoted in the source.
         source: where the figures come from.
@@ -70,6 +73,7 @@ class Hardware:
     source: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
     fp16_acc_tflops: float | None = None
+    fp32_tflops: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -77,7 +81,7 @@ class Hardware:
         for name in ("memory_gib", "bandwidth_gb_s"):
             check_number(getattr(self, name), f"hardware {self.name!r}: {name}")
         check_number(self.interconnect_gb_s, f"hardware {self.name!r}: interconnect_gb_s", positive=False)
-        for name in ("l2_mb", "tdp_w", "fp16_acc_tflops"):
+        for name in ("l2_mb", "tdp_w", "fp16_acc_tflops", "fp32_tflops"):
             if getattr(self, name) is not None:
                 check_number(getattr(self, name), f"hardware {self.name!r}: {name}")
         if self.sms is not None:
@@ -194,6 +198,7 @@ def _load_catalog_csv(path: Path) -> list[Hardware]:
                     interconnect_gb_s=_interconnect_gb_s(row.get("interconnect", "")),
                     interconnect=row.get("interconnect", ""),
                     fp16_acc_tflops=optional("fp16acc_dense_tflops", float),
+                    fp32_tflops=optional("fp32_tflops", float),
                     sms=optional("sms", int),
                     l2_mb=optional("l2_mb", float),
                     tdp_w=optional("tdp_w", float),

@@ -261,6 +261,9 @@ class _Rates:
     allreduce_s: float
     link_bytes_s: float  # one-way interconnect bytes/s
     routed_byte_s: float  # seconds per byte of routed pairs' activations (CostProfile.routed_passes / bytes_s)
+    # Lane operations/s of the CUDA cores at the GEMMs' efficiency, for a weight-only expert format's
+    # dequantisation (_dequant_s); inf where it is not timed (see _alu_ops_s).
+    alu_ops_s: float = float("inf")
 
 
 def _is_block_quantised(dt: WeightDtype) -> bool:
@@ -274,6 +277,29 @@ def _gemm_peak(hw: Hardware, eng: Engine, dt: WeightDtype, compute: str) -> floa
     them at the device's FP16-accumulate rate (twice the BF16 rate on GeForce cards)."""
     half = eng.fp16_accumulate and compute == "bf16" and (dt.name == "fp16" or _is_block_quantised(dt))
     return hw.half_accumulate_flops() if half else hw.peak_flops(compute)
+
+
+# A weight-only routed-expert format (mxfp4: W4A16 on a device without FP4 tensor math) is
+# dequantised to BF16 on the CUDA cores inside the grouped GEMM, once per weight element per M-tile
+# of tokens, before the tensor cores multiply it. Lane operations per element: Marlin's FP4 → BF16
+# conversion unpacks 8 values with about 6 bit operations (lop3/shift) and scales pairs with one
+# packed BF16x2 multiply (~1.25), plus the converted tile's store to shared memory for the
+# warpgroup MMA (Hopper's wgmma reads B from shared memory): about 2. M-tile: 64 tokens, the
+# BLOCK_SIZE_M vLLM's fused-MoE default config takes once an expert gets more tokens than there
+# are experts (fused_moe.get_default_config). Set from the kernels, not fitted (issue 44); the
+# cost-model page shows the held-out errors at other values.
+DEQUANT_OPS_PER_ELEMENT = 2.0
+DEQUANT_TILE_TOKENS = 64.0
+
+
+def _alu_ops_s(hw: Hardware, dt: WeightDtype, mfu: float, floor: bool) -> float:
+    """Lane operations/s ``dt``'s routed experts are dequantised at on ``hw``: half the CUDA cores'
+    FP32 FLOP/s (an FMA is 2 FLOPs, one operation) at the GEMMs' efficiency. inf (not timed) for
+    the physical floor, a format without a weight-only expert part, a device with FP4 tensor math
+    (it multiplies FP4 natively) or one whose entry has no ``fp32_tflops``."""
+    if floor or dt.expert_bits is None or "fp4" in hw.peak_tflops or hw.fp32_tflops is None:
+        return float("inf")
+    return hw.fp32_tflops * 1e12 / 2 * mfu
 
 
 def _rates(hw: Hardware, eng: Engine, dt: WeightDtype, profile: CostProfile, floor: bool) -> _Rates:
@@ -292,6 +318,7 @@ def _rates(hw: Hardware, eng: Engine, dt: WeightDtype, profile: CostProfile, flo
         allreduce_s=0.0 if floor else profile.allreduce_latency_us * 1e-6,
         link_bytes_s=hw.interconnect_gb_s * 1e9 / 2,
         routed_byte_s=0.0 if floor else profile.routed_passes / (hw.bandwidth_gb_s * 1e9 * mbu),
+        alu_ops_s=_alu_ops_s(hw, dt, mfu, floor),
     )
 
 
@@ -481,7 +508,10 @@ def _layer_s(s: _Structure, setup: _Setup, rates: _Rates, phase: _Phase) -> Arra
     else:  # the same values without the zero MoE terms (_dense_structure)
         run = read = s.lin
         read_s = stp * read * bits / 8 / per_device_s
-    t_gemm = ops.max(2 * tok * run / (tp * rates.flops), read_s)
+    t_compute = 2 * tok * run / (tp * rates.flops)
+    if s.sparse and rates.alu_ops_s != float("inf"):
+        t_compute = t_compute + _dequant_s(s, tok, stp, rates, ops) / tp
+    t_gemm = ops.max(t_compute, read_s)
     eng = setup.engine
     if not eng.mmq and eng.fp16_accumulate and _is_block_quantised(setup.dtype):
         # llama.cpp without MMQ: a step of more than 32 tokens (its MMQ_MAX_BATCH_SIZE) dequantises
@@ -499,6 +529,18 @@ def _layer_s(s: _Structure, setup: _Setup, rates: _Rates, phase: _Phase) -> Arra
         attn_bytes = attn_bytes + 2 * _per_layer(phase.sequences) * s.state_layer_bytes
     t_attn = ops.max(attn_flops / (tp * rates.attn_flops), attn_bytes / (tp * rates.bytes_s))
     return t_gemm + t_attn
+
+
+def _dequant_s(s: _Structure, tok: Array, stp: Array, rates: _Rates, ops: _Ops) -> Array:
+    """Seconds one device's CUDA cores spend dequantising routed experts in ``stp`` steps of
+    ``tok`` tokens, at a whole-model width (divide by tensor parallelism): each touched expert's
+    weights once per M-tile of its tokens, ``max(1, ½ + m/BLOCK_M)`` tiles for ``m`` tokens (the
+    last tile partly filled), :data:`DEQUANT_OPS_PER_ELEMENT` operations an element. Added to the
+    GEMMs' tensor time, not overlapped with it; small against the weights' read at decode sizes."""
+    touched = experts_touched(s.experts, s.experts_per_token, tok / stp)
+    per_expert = tok / stp * s.experts_per_token / (touched + (touched == 0))
+    tiles = ops.max(0.5 + per_expert / DEQUANT_TILE_TOKENS, 1.0)
+    return stp * touched * s.expert_lin * tiles * DEQUANT_OPS_PER_ELEMENT / rates.alu_ops_s
 
 
 def _pairs(window: Array, setup: _Setup, phase: _Phase) -> tuple[Array, Array]:
