@@ -64,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import weakref
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -72,7 +73,7 @@ import torch
 
 from autocompress_opt.arch.architecture import Architecture
 from autocompress_opt.errors import ConfigError
-from autocompress_opt.hf.adapters import FamilyAdapter, adapter_for
+from autocompress_opt.hf.adapters import FamilyAdapter, adapter_for, architecture_mismatch
 from autocompress_opt.prune.importance import Importance
 from autocompress_opt.prune.loadability import ShapeRules
 from autocompress_opt.prune.masking import Masks
@@ -194,6 +195,7 @@ def search(
     extra: Mapping[str, Architecture] | None = None,
     measure_at: Collection[int] | None = None,
     start_from: str | None = None,
+    slice_hidden: bool = True,
 ) -> InnerResult:
     """Search per-layer structure under ``budget`` and ``goal``; see the module doc.
 
@@ -244,6 +246,11 @@ def search(
             start (the block-library solver's answer): when it is feasible the masks are reset to it
             as it is and it is the ``start`` candidate (``selection["start_from"]`` names it);
             otherwise the importance start stands, and the record says so.
+        slice_hidden: when the trial's hidden size is below the parent's, train the masks and take
+            the rung measurements on the parent cut to that hidden size once (every layer, head and
+            channel kept; :func:`hidden_sliced`) rather than on the parent under a hidden-channel
+            mask: the same function, up to float rounding, with the pruned channels never computed.
+            False: the masked parent (for comparisons).
     """
     adapter = adapter or adapter_for(model)
     clash = sorted(set(extra or ()) & set(CANDIDATES))
@@ -285,11 +292,12 @@ def search(
     val, train = slice(0, config.val_samples), slice(config.val_samples, None)
     fixed = {"start": start, **{name: cand for name, cand in judged.items() if cand.feasible}}
     rows = _RowKLs(tokens[val], teacher[val], config.batch_size)
-    meter = _Meter(model, masks, importance, budget, goal, config, rules, rows, fixed)
+    work = hidden_sliced(model, masks, importance, adapter) if slice_hidden else model
+    meter = _Meter(work, masks, importance, budget, goal, config, rules, rows, fixed)
     skipped = _nothing_to_learn(rules)
     history = (
         _train(
-            model,
+            work,
             masks,
             tokens[train],
             teacher[train],
@@ -346,6 +354,41 @@ def search(
         masks,
         {name: cand.architecture for name, cand in candidates.items()},
     )
+
+
+# Parents cut to a hidden size, per parent model (hidden_sliced): a study worker's trials at one
+# hidden size share one; the two most recent are kept, and none outlives its parent.
+_SLICED_KEPT = 2
+_SLICED: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def hidden_sliced(model: Any, masks: ParentMasks, importance: Importance, adapter: FamilyAdapter) -> Any:
+    """``model`` cut to ``masks.hidden_size`` residual channels (its most important ones, as the
+    hidden mask keeps them), every layer, head and channel kept: what the parent computes under the
+    hidden mask (kept-channel RMSNorm) without computing the pruned channels, a smaller model for
+    every matrix product of the search, the LM head's included. ``model`` itself when nothing is
+    cut, a layer is MoE / Mamba-2 (hidden masks are refused there) or the cut model would lose a
+    layer (an empty one: the masks index the parent's layers). Cached per parent model by
+    (kept channels, device, dtype), the two most recent, so a worker builds one per hidden size."""
+    if masks.hidden_size >= masks.parent.hidden_size or any(
+        spec.moe is not None or spec.mamba is not None for spec in masks.parent.layers
+    ):
+        return model
+    from autocompress_opt.prune.slicing import materialize
+
+    first = next(model.parameters())
+    key = (bytes(masks.hidden.cpu().numpy().tobytes()), str(first.device), str(first.dtype))
+    cache = _SLICED.setdefault(model, {})
+    if key not in cache:
+        while len(cache) >= _SLICED_KEPT:
+            cache.pop(next(iter(cache)))
+        work = materialize(model, plan_pruning(masks.parent, importance, masks.sliced_parent), adapter=adapter)
+        # A parent with an empty layer (a DeciLM no-op) is built without it: the masks index the
+        # parent's layers, so such a parent keeps the hidden mask (None: the masked parent).
+        same = architecture_mismatch(masks.sliced_parent, adapter_for(work).architecture(work)) is None
+        cache[key] = work.eval() if same else None
+    cache[key] = cache.pop(key)  # the most recent last
+    return model if cache[key] is None else cache[key]
 
 
 def _nothing_to_learn(rules: ShapeRules | None) -> str:

@@ -403,9 +403,18 @@ class ParentMasks(torch.nn.Module):
         name = f"{self.parent.name or self.parent.family}-searched"
         return replace(self.parent, hidden_size=self.hidden_size, layers=tuple(specs), name=name)
 
+    @property
+    def sliced_parent(self) -> Architecture:
+        """The parent with every layer, head and channel, cut to :attr:`hidden_size` residual
+        channels: a model of this architecture materialised from the parent (the kept channels of
+        :func:`hidden_mask`) computes what the parent does under the hidden mask, without the
+        pruned channels (:meth:`install` accepts it)."""
+        return replace(self.parent, hidden_size=self.hidden_size)
+
     # ------------------------------------------------------------------------ hooks
     def install(self, model: Any, *, adapter: FamilyAdapter | None = None, skip_off: bool = True) -> MaskHandle:
-        """Hook ``model`` (the parent) so it computes with the masks set by :meth:`use`.
+        """Hook ``model`` (the parent, or the parent cut to the hidden size: :attr:`sliced_parent`)
+        so it computes with the masks set by :meth:`use`.
 
         The parent's parameters are frozen (``requires_grad=False``) while installed: only mask
         parameters receive gradients. The fixed hidden-channel mask goes through
@@ -417,14 +426,19 @@ class ParentMasks(torch.nn.Module):
         returned handle restores the parent (hooks, ``forward`` methods and ``requires_grad`` flags).
         """
         adapter = adapter or adapter_for(model)
-        mismatch = architecture_mismatch(self.parent, adapter.architecture(model))
+        actual = adapter.architecture(model)
+        sliced = self.hidden_size < self.parent.hidden_size and not architecture_mismatch(self.sliced_parent, actual)
+        mismatch = None if sliced else architecture_mismatch(self.parent, actual)
         if mismatch:
-            raise ConfigError(f"the model is not the masks' parent ({mismatch})")
-        ones = Masks.ones(self.parent)
+            raise ConfigError(
+                f"the model is not the masks' parent, nor the parent cut to hidden {self.hidden_size} ({mismatch})"
+            )
         handles: list[Any] = [_Frozen(model)]
-        # The host copy of the hidden mask: apply_masks tests it for all-ones without reading the
-        # device, and each of its hooks converts it to the activations' device once (not per pass).
-        handles.append(apply_masks(model, Masks(layers=ones.layers, hidden=self._hidden_host), adapter=adapter))
+        if not sliced:  # a model cut to the hidden size already computes only the kept channels
+            ones = Masks.ones(self.parent)
+            # The host copy of the hidden mask: apply_masks tests it for all-ones without reading the
+            # device, and each of its hooks converts it to the activations' device once (not per pass).
+            handles.append(apply_masks(model, Masks(layers=ones.layers, hidden=self._hidden_host), adapter=adapter))
         try:
             for i, p in enumerate(adapter.all_layer_parts(model)):
                 if p.attention is not None:
