@@ -727,6 +727,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "discretise": discretise,
     "trial-profile": trial_profile,
     "trial-phases": trial_phases,
+    **__import__("_render_trials").RENDERERS,  # hidden-slice (_render_trials.py)
     "demo": demo,
     "demo-line": demo_line,
 }

@@ -292,9 +292,10 @@ def search(
     val, train = slice(0, config.val_samples), slice(config.val_samples, None)
     fixed = {"start": start, **{name: cand for name, cand in judged.items() if cand.feasible}}
     rows = _RowKLs(tokens[val], teacher[val], config.batch_size)
-    work = hidden_sliced(model, masks, importance, adapter) if slice_hidden else model
-    meter = _Meter(work, masks, importance, budget, goal, config, rules, rows, fixed)
     skipped = _nothing_to_learn(rules)
+    trains = bool(config.steps) and not skipped  # else neither the masks nor the meter run a pass
+    work = hidden_sliced(model, masks, importance, adapter) if slice_hidden and trains else model
+    meter = _Meter(work, masks, importance, budget, goal, config, rules, rows, fixed)
     history = (
         _train(
             work,
@@ -311,7 +312,7 @@ def search(
             train_heads=train_heads,
             measure_at=measure_at,
         )
-        if config.steps and not skipped
+        if trains
         else []
     )
     trained_at = time.perf_counter()
