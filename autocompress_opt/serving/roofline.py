@@ -501,7 +501,8 @@ def _layer_s(s: _Structure, setup: _Setup, rates: _Rates, phase: _Phase) -> Arra
     per_device_s = tp * rates.bytes_s
     if s.sparse:
         run = s.lin + s.experts_per_token * s.expert_lin
-        touched = experts_touched(s.experts, s.experts_per_token, tok / stp) * s.expert_lin
+        experts = experts_touched(s.experts, s.experts_per_token, tok / stp)
+        touched = experts * s.expert_lin
         read = s.lin + touched
         # Bytes: everything at the body format, the touched experts corrected to theirs (0 when dense).
         read_s = stp * read * bits / 8 / per_device_s + stp * touched * (expert_bits - bits) / 8 / per_device_s
@@ -510,7 +511,7 @@ def _layer_s(s: _Structure, setup: _Setup, rates: _Rates, phase: _Phase) -> Arra
         read_s = stp * read * bits / 8 / per_device_s
     t_compute = 2 * tok * run / (tp * rates.flops)
     if s.sparse and rates.alu_ops_s != float("inf"):
-        t_compute = t_compute + _dequant_s(s, tok, stp, rates, ops) / tp
+        t_compute = t_compute + _dequant_s(s, experts, tok, stp, rates, ops) / tp
     t_gemm = ops.max(t_compute, read_s)
     eng = setup.engine
     if not eng.mmq and eng.fp16_accumulate and _is_block_quantised(setup.dtype):
@@ -531,13 +532,13 @@ def _layer_s(s: _Structure, setup: _Setup, rates: _Rates, phase: _Phase) -> Arra
     return t_gemm + t_attn
 
 
-def _dequant_s(s: _Structure, tok: Array, stp: Array, rates: _Rates, ops: _Ops) -> Array:
+def _dequant_s(s: _Structure, touched: Array, tok: Array, stp: Array, rates: _Rates, ops: _Ops) -> Array:
     """Seconds one device's CUDA cores spend dequantising routed experts in ``stp`` steps of
-    ``tok`` tokens, at a whole-model width (divide by tensor parallelism): each touched expert's
+    ``tok`` tokens, ``touched`` experts a step (:func:`experts_touched`, as the weights' read counts
+    them), at a whole-model width (divide by tensor parallelism): each touched expert's
     weights once per M-tile of its tokens, ``max(1, ½ + m/BLOCK_M)`` tiles for ``m`` tokens (the
     last tile partly filled), :data:`DEQUANT_OPS_PER_ELEMENT` operations an element. Added to the
     GEMMs' tensor time, not overlapped with it; small against the weights' read at decode sizes."""
-    touched = experts_touched(s.experts, s.experts_per_token, tok / stp)
     per_expert = tok / stp * s.experts_per_token / (touched + (touched == 0))
     tiles = ops.max(0.5 + per_expert / DEQUANT_TILE_TOKENS, 1.0)
     return stp * touched * s.expert_lin * tiles * DEQUANT_OPS_PER_ELEMENT / rates.alu_ops_s
