@@ -30,7 +30,7 @@ def llamacpp_study(name: str, model_dir: Path, target: Any, tmp_path: Path, tria
 
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.search.study import StudyConfig, init_ray, run_study
-    from autocompress_opt.search.study.moe_study import expert_space
+    from autocompress_opt.search.study.config import expert_space
 
     parent = load_model(model_dir).architecture
     inner = {"steps": 12, "lr": 0.1, "n_samples": 8, "val_samples": 2, "seq_len": 16}

@@ -501,7 +501,7 @@ for _adapter in (
 # The experts path (issue 30): adapters of the MoE / hybrid families whose routed experts (and Mamba-2 heads)
 # are scored (prune/importance.py), masked (prune/masking.py), sliced and exported (prune/experts.py,
 # prune/mamba.py), searched by the expert inner search (search/inner/experts.py) and run in weights-mode
-# studies (search/study/moe_trial.py). Deliberately neither in ADAPTERS nor named by
+# studies (search/study/weights_trial.py). Deliberately neither in ADAPTERS nor named by
 # the family entry: the family stays architecture-only for every dense weights path (plan_pruning,
 # materialize, export_model, the dense inner search), which cannot prune it yet.
 MOE_ADAPTERS: dict[str, FamilyAdapter] = {

@@ -22,17 +22,23 @@ and why. Which heads, channels and layers a chosen model keeps is decided by
 recipe, which fixes the sizes of a uniform model from a parameter target (``autocompress prune
 --params``). It is not a baseline under a hardware constraint: it never prunes heads and does not
 look at quality, so the baselines above replace it there.
+
+**MoE and hybrid parents** (:func:`expert_seeds`): a weights study's outer loop chooses the sparse
+counts only (experts, top-``k``, expert and shared widths, Mamba-2 heads), so its ``minitron`` seed
+scores the largest feasible points of that space (:func:`expert_kl_scorer`: the masked parent's KL
+with the experts, channels and heads chosen by importance, the trial's ``start`` candidate);
+``depth`` and ``best-uniform`` are skipped with their reason.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from autocompress_opt.arch.architecture import Architecture, default_layer_order, reference_layer, uniform_child
-from autocompress_opt.arch.search_space import CHOICES
+from autocompress_opt.arch.search_space import CHOICES, SearchSpace, uniform_allocation
 from autocompress_opt.errors import ConfigError, UnknownNameError
 from autocompress_opt.prune.uniform_grid import (
     MAX_WIDTH_VALUES,
@@ -58,12 +64,15 @@ __all__ = [
     "INFEASIBLE_WITHIN_LIMITS",
     "MAX_WIDTH_VALUES",
     "MINITRON_LIMITS",
+    "SEED_CANDIDATES",
     "BaselineResult",
     "MinitronLimits",
     "ScoredCandidate",
     "UniformCandidate",
     "best_uniform",
     "depth_baseline",
+    "expert_kl_scorer",
+    "expert_seeds",
     "grid_values",
     "make_baseline",
     "masked_kl_scorer",
@@ -192,6 +201,8 @@ def _check_recipe(parent: Architecture, max_layer_drop: float, width_multiple: i
 # ------------------------------------------------------------------------------- the results
 BASELINES: tuple[str, ...] = ("minitron", "depth", "best-uniform")
 INFEASIBLE_WITHIN_LIMITS = "infeasible within Minitron's limits"
+# Candidates a MoE parent's minitron seed scores (expert_seeds): Minitron's top-K (minitron_search's top_k).
+SEED_CANDIDATES = 10
 
 
 @dataclass(frozen=True)
@@ -613,3 +624,92 @@ def _choose(
         "with the most parameters"
     )
     return tuple(ScoredCandidate(c, s) for c, s in zip(top, scores)), choice, finding
+
+
+# ------------------------------------------------------- MoE and hybrid parents: the sparse axes
+def _points(space: SearchSpace) -> list[dict[str, int]]:
+    """Every point of ``space`` (a MoE weights space: its sparse choices vary, the rest is pinned)."""
+    import itertools
+
+    names = space.names
+    return [dict(zip(names, combo)) for combo in itertools.product(*(space[n].values for n in names))]
+
+
+def _covers_point(big: Mapping[str, int], small: Mapping[str, int]) -> bool:
+    return all(big[k] >= small[k] for k in small)
+
+
+def expert_seeds(
+    space: SearchSpace,
+    parent: Architecture,
+    feasible: Callable[[Architecture], bool],
+    score: Callable[[Architecture], float] | None,
+) -> dict[str, dict[str, Any]]:
+    """The seeds of a MoE or hybrid parent's weights study, in
+    :func:`~autocompress_opt.search.study.seeding.baseline_seeds`' form, over ``space``'s sparse axes (its
+    other choices pinned to the parent's: :func:`~autocompress_opt.search.study.config.expert_space`):
+    ``minitron`` scores the :data:`SEED_CANDIDATES` feasible points with the most parameters that no
+    other feasible point covers (``score``: lower is better; None ranks by parameters), each a
+    point of ``space``, so nothing is snapped; ``depth`` and ``best-uniform`` are skipped."""
+    out: dict[str, dict[str, Any]] = {
+        "depth": {"skipped": "a MoE parent's weights trials keep every layer (the expert search prunes experts only)"},
+    }
+    ranked = sorted(
+        ((uniform_allocation(p, parent).num_params, p) for p in _points(space)), key=lambda r: -r[0]
+    )  # most parameters first: a point that covers another comes before it
+    found: list[tuple[dict[str, int], Architecture]] = []
+    for _, point in ranked:
+        if len(found) == SEED_CANDIDATES:
+            break
+        if point["experts_per_token"] > point["num_experts"] or any(_covers_point(f, point) for f, _ in found):
+            continue
+        arch = uniform_allocation(point, parent)
+        if feasible(arch):
+            found.append((point, arch))
+    if not found:
+        out["minitron"] = {"skipped": "no point of the expert space meets the target's constraints"}
+    else:
+        scores = [float(score(arch)) if score is not None else None for _, arch in found]
+        best = min(range(len(found)), key=lambda i: (scores[i] if scores[i] is not None else 0.0, i))
+        point, arch = found[best]
+        how = f"the lowest masked KL ({scores[best]:.4f})" if scores[best] is not None else "the most parameters"
+        finding = f"chose {point}: {how} of the {len(found)} largest feasible expert points"
+        out["minitron"] = {"point": point, "baseline_point": point, "finding": finding}
+    out["best-uniform"] = {
+        "skipped": "it scores every point of the expert grid; for a MoE parent the minitron seed scores the largest "
+        "feasible ones"
+    }
+    return out
+
+
+def expert_kl_scorer(
+    model: Any, importance: Any, tokens: Any, *, batch_size: int = 4
+) -> Callable[[Architecture], float]:
+    """``score(arch)``: mean per-position KL(parent ‖ the parent masked to ``arch``'s sparse counts) on
+    ``tokens`` ``(n, L)``, in nats (lower is better), the experts, channels and heads chosen by importance
+    (:func:`~autocompress_opt.prune.experts.expert_masks`: the trial's ``start`` candidate). The expert
+    counterpart of :func:`~autocompress_opt.prune.baselines.masked_kl_scorer`; ``model`` is unchanged
+    after each call."""
+    from autocompress_opt.hf.adapters import moe_adapter
+    from autocompress_opt.prune.experts import expert_masks
+    from autocompress_opt.prune.masking import apply_masks
+    from autocompress_opt.quality.metrics import cache_teacher_logits, kl_divergence
+
+    adapter = moe_adapter(model)
+    teacher = cache_teacher_logits(model, tokens, batch_size=batch_size, progress=False)
+
+    def score(arch: Architecture) -> float:
+        moe = next(layer.moe for layer in arch.layers if layer.moe is not None)
+        point = {"num_experts": moe.num_experts, "experts_per_token": moe.experts_per_token}
+        point["expert_width"] = moe.expert_width
+        if moe.shared_width:
+            point["shared_width"] = moe.shared_width
+        mamba = next((layer.mamba for layer in arch.layers if layer.mamba is not None), None)
+        if mamba is not None:
+            point["mamba_heads"] = mamba.num_heads
+        with apply_masks(model, expert_masks(model, importance, point), adapter=adapter):
+            return float(
+                kl_divergence(model, None, tokens, teacher_logits=teacher, batch_size=batch_size, progress=False)
+            )
+
+    return score

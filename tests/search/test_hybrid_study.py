@@ -20,6 +20,7 @@ from autocompress_opt.arch.search_space import Choice, uniform_allocation
 from autocompress_opt.cli import main
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import moe_adapter
+from autocompress_opt.prune.baselines import expert_kl_scorer
 from autocompress_opt.prune.expert_kept import expert_kept, masks_from_expert_kept
 from autocompress_opt.prune.experts import expert_masks, slice_experts
 from autocompress_opt.prune.importance import Importance, estimate_importance
@@ -35,8 +36,8 @@ from autocompress_opt.search.inner.experts import (
 )
 from autocompress_opt.search.inner.inner_search import InnerConfig
 from autocompress_opt.search.study import StudyConfig
-from autocompress_opt.search.study.config import check_config
-from autocompress_opt.search.study.moe_study import expert_kl_scorer, expert_space, retained_expert_importance
+from autocompress_opt.search.study.config import check_config, expert_space
+from autocompress_opt.search.study.proxy import retained_expert_importance
 from autocompress_opt.serving.targets import Target
 
 MAMBA, MOE = (0, 3), (1, 5)  # tiny_families.HYBRID's Mamba-2 and MoE layers

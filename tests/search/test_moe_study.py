@@ -23,16 +23,11 @@ from autocompress_opt.cli import build_parser, main
 from autocompress_opt.cli.study.config import build_config, merged
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import moe_adapter
+from autocompress_opt.prune.baselines import expert_kl_scorer, expert_seeds
 from autocompress_opt.prune.importance import Importance
 from autocompress_opt.search.study import StudyConfig
-from autocompress_opt.search.study.config import check_config
-from autocompress_opt.search.study.moe_study import (
-    expert_kl_scorer,
-    expert_seeds,
-    expert_space,
-    retained_expert_importance,
-)
-from autocompress_opt.search.study.proxy import Proxy
+from autocompress_opt.search.study.config import check_config, expert_space
+from autocompress_opt.search.study.proxy import Proxy, retained_expert_importance
 from autocompress_opt.search.study.trials import check_loadable
 from autocompress_opt.serving.targets import Target, parent_metrics
 

@@ -220,14 +220,14 @@ def study_space(model: str, mode: str, space: str | None = None) -> Any:
 
 def _default_space(model: str, mode: str) -> Any:
     """The parent's default space; in weights mode a MoE parent's prunes its experts only (the expert
-    trial's axes, :func:`~autocompress_opt.search.study.moe_study.expert_space`)."""
+    trial's axes, :func:`~autocompress_opt.search.study.config.expert_space`)."""
     from autocompress_opt.arch.catalog import load_architecture
     from autocompress_opt.arch.hybrid import is_moe
     from autocompress_opt.arch.search_space import default_space
 
     parent = load_architecture(model)
     if mode == "weights" and is_moe(parent):
-        from autocompress_opt.search.study.moe_study import expert_space
+        from autocompress_opt.search.study.config import expert_space
 
         return expert_space(parent)
     return default_space(parent)

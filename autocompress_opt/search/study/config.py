@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.arch.search_space import SearchSpace
+from autocompress_opt.arch.hybrid import SPARSE_CHOICES, is_moe, sparse_limits
+from autocompress_opt.arch.search_space import Choice, SearchSpace, default_space
 from autocompress_opt.errors import ConfigError, check_int, suggest
 from autocompress_opt.prune.loadability import SERVE_AS_ANY, check_serve_as, parent_problems, rules_engine_for
 from autocompress_opt.search.study.placement import check_cache_dir, check_driver_device, check_trial_gpus
@@ -29,6 +30,7 @@ from autocompress_opt.search.study.trials import (
 
 __all__ = [
     "ASHA_MIN_TRIALS",
+    "EXPERT_WIDTH_MULTIPLE",
     "PROXY_POINTS",
     "PROXY_QUALITIES",
     "RUNNERS_UP",
@@ -37,6 +39,8 @@ __all__ = [
     "Objective",
     "StudyConfig",
     "check_config",
+    "check_moe_space",
+    "expert_space",
     "inner_settings",
     "sampler_seed",
 ]
@@ -52,6 +56,9 @@ ASHA_MIN_TRIALS = 4  # with this many trials or fewer ASHA has too few to compar
 PROXY_POINTS = 4  # weights mode: points the plan-mode proxy enqueues per target by default
 PROXY_QUALITIES = ("importance", "estimate")  # what ranks them (StudyConfig.proxy_quality)
 RUNNERS_UP = 2  # weights mode: best-uniform's next-best scored candidates seeded after the baselines by default
+# Expert widths are multiples of this: transformers' grouped expert matmul (Qwen3-MoE's experts) needs
+# 16-byte row strides ("strides should be multiple of 16 bytes", run on CPU), 8 channels in bf16.
+EXPERT_WIDTH_MULTIPLE = 8
 
 
 @dataclass(frozen=True)
@@ -334,9 +341,6 @@ def check_config(config: StudyConfig, parent: Architecture) -> None:
         from autocompress_opt.search.study.weights_trial import TrialConfig  # torch: the weights mode needs it anyway
 
         TrialConfig.from_dict(config.inner, seed=config.seed)
-        from autocompress_opt.arch.hybrid import is_moe
-        from autocompress_opt.search.study.moe_study import check_moe_space
-
         if is_moe(parent):  # the expert trial: experts only, of the families with an experts path
             check_moe_space(config.space, parent)
     if config.importance and not Path(config.importance).exists():
@@ -372,3 +376,68 @@ def inner_settings(
                 raise ConfigError(f"{flag} applies to weights mode (trials on the real model); this is {mode} mode")
             inner[key] = str(value)
     return inner
+
+
+# What the experts path lacks for the MoE / hybrid families transformers has classes for but it does not prune.
+_NO_EXPERTS_PATH = {
+    "gpt_oss": "transformers' GptOss experts carry biases and a clamped SwiGLU, its router a bias and its "
+    "attention sinks: none is masked or sliced by the experts path yet",
+    "granitemoehybrid": "transformers' GraniteMoeHybrid experts are stored as one fused input_linear per "
+    "layer and its Mamba-2 mixer differs from Nemotron-H's: no adapter reads them yet",
+}
+
+
+def check_moe_space(space: SearchSpace, parent: Architecture) -> None:
+    """Raise :class:`ConfigError` (one line) when a weights-mode study of the MoE ``parent`` cannot run:
+    its family has no experts path (:data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`: Qwen3-MoE,
+    Mixtral, Nemotron-H; the others are plan-mode only), or ``space`` varies a choice the trial does not
+    prune on a MoE parent yet (layers, hidden size, attention heads and dense FFN: pinned to the parent's)."""
+    from autocompress_opt.hf.adapters import MOE_ADAPTERS
+
+    if parent.family not in MOE_ADAPTERS:
+        why = _NO_EXPERTS_PATH.get(parent.family, "the experts path has no adapter for its modules")
+        raise ConfigError(
+            f"--mode weights prunes the sparse blocks of {', '.join(MOE_ADAPTERS)} parents only; "
+            f"{parent.family} is plan-mode only ({why}): use --mode plan"
+        )
+    limits = sparse_limits(parent)
+    for choice in space.choices:
+        if choice.name not in SPARSE_CHOICES and choice.values != (limits[choice.name],):
+            raise ConfigError(
+                f"search space: {choice.name} choices {list(choice.values)}: weights mode on a MoE parent prunes "
+                f"experts only (issue 30), so {choice.name} must be the parent's {limits[choice.name]}; pin it, "
+                f"or drop --space for the default expert space, or use --mode plan"
+            )
+    odd = (
+        [w for w in space["expert_width"].values if w % EXPERT_WIDTH_MULTIPLE] if "expert_width" in space.names else []
+    )
+    if odd:
+        raise ConfigError(
+            f"search space: expert_width choices {odd} are not multiples of {EXPERT_WIDTH_MULTIPLE} (the 16-byte rows "
+            f"transformers' grouped expert kernels need); valid: multiples of {EXPERT_WIDTH_MULTIPLE} up to "
+            f"{limits['expert_width']}"
+        )
+    groups = next((layer.mamba.groups for layer in parent.layers if layer.mamba is not None), 1)
+    uneven = [h for h in space["mamba_heads"].values if h % groups] if "mamba_heads" in space.names else []
+    if uneven:
+        raise ConfigError(
+            f"search space: mamba_heads choices {uneven} are not multiples of the parent's {groups} Mamba-2 groups "
+            f"(every group keeps the same number); valid: multiples of {groups} up to {limits['mamba_heads']}"
+        )
+
+
+def expert_space(parent: Architecture, sampler: str = "tpe") -> SearchSpace:
+    """The default weights-mode space of a MoE ``parent``: the default space's sparse values
+    (:data:`~autocompress_opt.arch.hybrid.SPARSE_CHOICES` the parent has; widths that are multiples of
+    :data:`EXPERT_WIDTH_MULTIPLE`), every other choice pinned to the parent's size: the outer loop
+    chooses how many experts, the top-``k`` and the widths, the trial's inner search which ones."""
+    full = default_space(parent, sampler)
+    limits = sparse_limits(parent)
+
+    def pinned(c: Choice) -> Choice:
+        if c.name == "expert_width":  # whole 16-byte rows (EXPERT_WIDTH_MULTIPLE); the parent's own if none is
+            whole = tuple(w for w in c.values if w % EXPERT_WIDTH_MULTIPLE == 0)
+            return Choice(c.name, whole or (limits[c.name],))
+        return c if c.name in SPARSE_CHOICES else Choice(c.name, (limits[c.name],))
+
+    return SearchSpace(tuple(pinned(c) for c in full.choices), sampler=sampler)

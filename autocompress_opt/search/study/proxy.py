@@ -40,7 +40,7 @@ from autocompress_opt.search.study.trials import LegalMemo, plan_quality, unifor
 from autocompress_opt.serving.costmodel import ArchArrays, estimate_batch
 from autocompress_opt.serving.targets import Target, all_satisfied
 
-__all__ = ["PROXY_ATTR", "RANK_POINTS", "Proxy", "ProxyScore", "maximal"]
+__all__ = ["PROXY_ATTR", "RANK_POINTS", "Proxy", "ProxyScore", "maximal", "retained_expert_importance"]
 
 PROXY_ATTR = "proxy_infeasible"  # user attribute of a point the proxy screened out (its violations)
 PROXY_RANK_ATTR = "proxy_rank"  # user attribute of a point the ranking enqueued (1 = best)
@@ -84,14 +84,12 @@ class Proxy:
 
     def _quality(self, arch: Architecture) -> float:
         """The proxy quality of ``arch``: :func:`~.trials.plan_quality`; for a MoE parent with importance,
-        the expert mass its counts keep (:func:`~.moe_study.retained_expert_importance`: the dense
+        the expert mass its counts keep (:func:`retained_expert_importance`: the dense
         plan's retained importance counts no expert); with ``quality="estimate"``, ``exp(−KL̂)`` of the
         per-axis estimate (:mod:`autocompress_opt.quality.estimate`) whatever the parent."""
         if self.quality == "estimate":
             return plan_quality(arch, self.parent, None, "estimate")[0]
         if self.importance is not None and is_moe(self.parent):
-            from autocompress_opt.search.study.moe_study import retained_expert_importance
-
             return retained_expert_importance(arch, self.importance)
         return plan_quality(arch, self.parent, self.importance)[0]
 
@@ -172,3 +170,47 @@ def _points(space: SearchSpace, limit: int, seed: int) -> list[dict[str, int]]:
 def _names(space: SearchSpace) -> tuple[str, ...]:
     """The choices of a point of ``space``: the dense five, and a MoE / hybrid space's own."""
     return tuple(c for c in CHOICES + SPARSE_CHOICES if c in space.names)
+
+
+def retained_expert_importance(arch: Architecture, importance: Any) -> float:
+    """The proxy's quality of a MoE / hybrid point: per MoE layer, the fraction of ``expert_frequency``
+    (router use) of the ``num_experts`` most used experts, times the mean fraction of ``expert_ffn``
+    mass their ``expert_width`` most active channels hold, times (with a shared expert) the fraction of
+    ``shared_ffn`` mass its ``shared_width`` most active channels hold; per Mamba-2 layer, the fraction
+    of ``mamba_heads`` mass its kept heads hold (the most active ``H / G`` of each group); averaged over
+    those layers. In [0, 1], 1.0 for the parent; the units are the ones
+    :func:`~autocompress_opt.prune.experts.expert_masks` keeps (ties aside). Top-``k`` is not in it:
+    the ranking's maximal points already prefer the larger."""
+    fractions = []
+    for i, layer in enumerate(arch.layers):
+        if layer.mamba is not None and i < len(importance.mamba_heads) and importance.mamba_heads[i] is not None:
+            heads = importance.mamba_heads[i].clamp_min(0).reshape(layer.mamba.groups, -1)  # (G, H/G) of the parent
+            fractions.append(_kept_mass_of_groups(heads, layer.mamba.num_heads // layer.mamba.groups))
+        if layer.moe is None or i >= len(importance.expert_frequency) or importance.expert_frequency[i] is None:
+            continue
+        freq = importance.expert_frequency[i].clamp_min(0)  # (E,)
+        kept = freq.argsort(descending=True)[: layer.moe.num_experts]
+        used = float(freq[kept].sum()) / float(freq.sum()) if float(freq.sum()) > 0 else 1.0
+        ffn = importance.expert_ffn[i][kept].clamp_min(0)  # (n, F)
+        channels = _kept_mass(ffn, layer.moe.expert_width)
+        shared = importance.shared_ffn[i] if i < len(importance.shared_ffn) else None
+        if layer.moe.shared_width and shared is not None:
+            channels *= _kept_mass(shared.clamp_min(0)[None], layer.moe.shared_width)
+        fractions.append(used * channels)
+    if not fractions:
+        raise ConfigError("the importance record has no expert scores for this MoE architecture")
+    return sum(fractions) / len(fractions)
+
+
+def _kept_mass_of_groups(heads: Any, per_group: int) -> float:
+    """The fraction of ``heads`` ``(G, H/G)`` mass (non-negative) that the ``per_group`` highest of each group hold."""
+    total = float(heads.sum())
+    return float(heads.sort(dim=1, descending=True).values[:, :per_group].sum()) / total if total > 0 else 1.0
+
+
+def _kept_mass(scores: Any, n: int) -> float:
+    """Mean over the rows of ``scores`` ``(rows, units)`` (non-negative) of the fraction of each row's
+    mass its ``n`` highest units hold (1.0 for a row without mass)."""
+    top = scores.sort(dim=1, descending=True).values[:, :n].sum(dim=1)
+    total = scores.sum(dim=1)
+    return float((top / total.clamp_min(1e-30)).where(total > 0, top.new_ones(())).mean())

@@ -72,9 +72,8 @@ def baseline_seeds(
     ``"architecture"``: the baseline's own model (its layers kept by its own criterion), which the
     trial of that point weighs as a candidate (:func:`~.searcher.baseline_candidates`); or ``{"skipped": reason}``.
     """
-    if config.mode == "weights" and is_moe(parent):  # expert trials: the expert seeds (moe_study)
-        from autocompress_opt.prune.baselines import target_feasibility
-        from autocompress_opt.search.study.moe_study import expert_seeds
+    if config.mode == "weights" and is_moe(parent):  # the sparse axes' seeds
+        from autocompress_opt.prune.baselines import expert_seeds, target_feasibility
 
         return expert_seeds(config.space, parent, target_feasibility(target, parent), score)
     if is_moe(parent):  # plan mode: the uniform baselines cut dense layers only
@@ -242,7 +241,8 @@ def choose_baseline(
        uniform allocation in the trials' layer order (``layer_order``, else the importance's
        ``skip_loss`` order, else the default): a trial of the point starts from that model.
 
-    Deterministic given its inputs. Dense parents only (a MoE parent's seeds: :mod:`.moe_study`).
+    Deterministic given its inputs. Dense parents only (a MoE parent's seeds:
+    :func:`~autocompress_opt.prune.baselines.expert_seeds`).
     """
     from autocompress_opt.prune.baselines import make_baseline, target_feasibility
     from autocompress_opt.search.study.trials import engine_loads
@@ -278,8 +278,8 @@ _PLAN_MOE_SKIP = (
 def seeded_baselines(config: StudyConfig, parent: Architecture) -> tuple[str, ...]:
     """The baselines whose points :func:`baseline_seeds` chooses for ``parent`` (the others it
     records as skipped): all of :data:`SEEDED_BASELINES`; for a MoE or hybrid parent only
-    ``minitron`` over the expert axes in a weights study (:func:`~.moe_study.expert_seeds`), none in
-    plan mode."""
+    ``minitron`` over the expert axes in a weights study
+    (:func:`~autocompress_opt.prune.baselines.expert_seeds`), none in plan mode."""
     if is_moe(parent):
         return ("minitron",) if config.mode == "weights" else ()
     return SEEDED_BASELINES
@@ -357,9 +357,9 @@ def baseline_scorer(model: Any, importance: Any, rows: Any, *, batch_size: int =
     """``score(arch)``: KL(parent ‖ ``arch``) on ``rows`` (``(n, T)`` token ids, :func:`baseline_rows`'),
     ``arch`` cut from ``model`` by ``importance``
     (:func:`~autocompress_opt.prune.baselines.masked_kl_scorer`; a MoE parent's expert search:
-    :func:`~.moe_study.expert_kl_scorer`). Lower is better; deterministic."""
+    :func:`~autocompress_opt.prune.baselines.expert_kl_scorer`). Lower is better; deterministic."""
     if is_moe(Architecture.from_hf_config(model.config)):  # the expert search's start point, scored
-        from autocompress_opt.search.study.moe_study import expert_kl_scorer
+        from autocompress_opt.prune.baselines import expert_kl_scorer
 
         return expert_kl_scorer(model, importance, rows)
     from autocompress_opt.prune.baselines import masked_kl_scorer

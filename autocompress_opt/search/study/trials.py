@@ -367,9 +367,9 @@ def _avoidable_problems(arch: Architecture, serve_as: str, own: set[str]) -> lis
     return [p for p in loadable_problems(arch, serve_as) if p not in own]
 
 
-# Real weights: inner per-layer mask search (a MoE parent: the expert search, moe_trial) → materialise →
+# Real weights: inner per-layer mask search (a MoE parent: the expert search) → materialise →
 # held-out quality → cost. Registered lazily: torch-heavy, and the module imports this one.
-TRIAL_MODES.register_lazy("weights", "autocompress_opt.search.study.moe_trial:run_weights_mode")
+TRIAL_MODES.register_lazy("weights", "autocompress_opt.search.study.weights_trial:run_weights_trial")
 
 
 def load_plugins(modules: Sequence[str]) -> None:

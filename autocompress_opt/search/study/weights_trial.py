@@ -66,6 +66,27 @@ materialise, quality), every inner step, and every few steps the held-out calibr
 far it is from a feasible result (:mod:`autocompress_opt.search.study.progress`): in a study they reach
 the progress bar and the early-stopping scheduler; elsewhere the reports go nowhere.
 
+**Sparse parents.** A parent with MoE or Mamba-2 layers (Qwen3-MoE, Mixtral, Nemotron-H: the families of
+:data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`) runs the same trial with its own search, cut and record:
+
+* the point holds the dense axes (layers, hidden size, attention heads, dense FFN) at the parent's sizes
+  (:func:`~autocompress_opt.search.inner.experts.expert_point` names one that does not); the outer loop
+  chooses how many experts, the top-``k``, the expert width (and shared width and Mamba-2 heads where
+  the parent has them), the inner search (:func:`~autocompress_opt.search.inner.experts.search_experts`)
+  which experts, channels and heads;
+* ``serve_as``: the point's uniform child is checked before any work
+  (:func:`~autocompress_opt.search.study.trials.check_loadable`). Where the family has a per-layer form
+  and the engine reads it (:data:`~autocompress_opt.arch.hybrid.PER_LAYER_MOE`: Nemotron-H's Puzzle
+  form for llama.cpp and the package's own class, or ``serve_as`` ``any``), the search gives each MoE
+  layer its own expert width and top-``k`` under the point's budgets and the child is a
+  ``nemotron_h_puzzle`` model; else the family's plain config;
+* ``kept`` is the expert record (:func:`~autocompress_opt.prune.expert_kept.expert_kept`), which
+  :func:`~autocompress_opt.search.study.export.export_trial` cuts exactly, and the quality cache is
+  keyed by it too;
+* the candidates are ``trained`` and ``start`` (the importance choice); seeded baselines are not
+  weighed (the expert seed, :func:`~autocompress_opt.prune.baselines.expert_seeds`, is the ``start``
+  candidate of its point) and the result carries no ``ffn_budget``.
+
 Deterministic given ``request["seed"]`` (and the thread count). Calibration and evaluation data
 use ``data_seed`` / ``eval_seed``, not the trial seed, so every trial shares the caches.
 """
@@ -79,17 +100,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.arch.hybrid import is_sparse
+from autocompress_opt.arch.hybrid import hybrid_child, is_sparse
 from autocompress_opt.arch.search_space import SearchSpace, uniform_allocation
 from autocompress_opt.cache import cache_key, fetch
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import architecture_mismatch
 from autocompress_opt.hf.device import dtype_name
 from autocompress_opt.hf.host_memory import reused_host_memory
-from autocompress_opt.prune.loadability import SERVE_AS_ANY, ShapeRules, shape_rules
+from autocompress_opt.prune.loadability import SERVE_AS_ANY, ShapeRules, check_serve_as, shape_rules
 from autocompress_opt.prune.plan import PrunePlan, plan_pruning
 from autocompress_opt.search.inner.block_solver import NAME as BLOCK_LIBRARY
 from autocompress_opt.search.inner.budget import Budget, CostGoal
@@ -116,12 +137,9 @@ from autocompress_opt.search.study.trial_context import (
     search_rows,
     workload_domain,
 )
-from autocompress_opt.search.study.trials import legal_point
+from autocompress_opt.search.study.trials import check_loadable, legal_point, searches_per_layer
 from autocompress_opt.serving.costmodel import estimate_cost
 from autocompress_opt.serving.targets import Target
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "DEFAULT_CACHE_DIR",
@@ -151,32 +169,50 @@ __all__ = [
 def _quality(
     parent: ParentContext,
     arch: Architecture,
-    plan: Any,
+    cut: Callable[[], Any],
     cache_dir: Path,
     on_phase: Callable[[str], None] | None = None,
+    kept: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, float], bool]:
-    """Held-out KL and perplexities of ``arch`` cut from the parent, and whether they were cached:
-    on disk by architecture (:func:`~autocompress_opt.cache.fetch` under ``cache_dir/quality``; the
-    trials of one host that want one architecture at once measure it once). ``on_phase`` hears
-    ``"materialise"`` and ``"quality"`` as each begins (not for a cached one)."""
-    from autocompress_opt.prune.slicing import materialize
+    """Held-out KL and perplexities of ``arch``, the child ``cut()`` makes from the parent, and whether
+    they were cached: on disk by architecture (:func:`~autocompress_opt.cache.fetch` under
+    ``cache_dir/quality``; the trials of one host that want one architecture at once measure it once),
+    and by ``kept`` too where the architecture does not decide the units kept (a MoE parent's expert
+    record: which experts a trial keeps is the search's, not a function of the sizes). ``on_phase``
+    hears ``"materialise"`` and ``"quality"`` as each begins (not for a cached one)."""
 
     def measure() -> dict[str, float]:
         if on_phase is not None:
             on_phase("materialise")
-        child = materialize(parent.model, plan)
+        child = cut()
         if on_phase is not None:
             on_phase("quality")
         return heldout_quality(parent, child)
 
     imp = parent.importance.meta
-    parts = (parent.parent_id, imp.data_id, imp.method, {**arch.to_dict(), "name": ""}, parent.eval_id)
+    shape = {**arch.to_dict(), "name": ""}
+    by = (shape,) if kept is None else (shape, dict(kept))
+    parts = (parent.parent_id, imp.data_id, imp.method, *by, parent.eval_id)
     return fetch(
         cache_dir / "quality" / f"{cache_key(QUALITY_CACHE_VERSION, *parts)}.json",
         measure,
         lambda out, tmp: tmp.write_text(json.dumps(out, indent=2), encoding="utf-8"),
         lambda path: json.loads(path.read_text(encoding="utf-8")),
     )
+
+
+def _plan_quality(
+    parent: ParentContext,
+    arch: Architecture,
+    plan: PrunePlan,
+    cache_dir: Path,
+    on_phase: Callable[[str], None] | None = None,
+) -> tuple[dict[str, float], bool]:
+    """:func:`_quality` of a dense child: ``arch`` cut by ``plan``
+    (:func:`~autocompress_opt.prune.slicing.materialize`)."""
+    from autocompress_opt.prune.slicing import materialize
+
+    return _quality(parent, arch, lambda: materialize(parent.model, plan), cache_dir, on_phase)
 
 
 # ------------------------------------------------------------------------------- trial
@@ -259,14 +295,16 @@ def run_weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
 def _weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     began = time.perf_counter()
     parent_arch = Architecture.from_dict(request["parent"])
-    if is_sparse(parent_arch):
-        raise ConfigError(
-            f"{parent_arch.name or parent_arch.family} has MoE / Mamba-2 layers: its weights trial is "
-            "search.study.moe_trial.run_moe_trial (the 'weights' trial mode picks it)"
-        )
     target = Target.from_dict(request["target"])
     seed = int(request.get("seed", 0))
     config = TrialConfig.from_dict(request.get("inner"), seed=seed).for_workload(target.workload)
+    serve_as = check_serve_as(str(request.get("serve_as") or SERVE_AS_ANY))  # whose loadable shapes it keeps
+    if is_sparse(
+        parent_arch
+    ):  # the point's uniform child must load before any work (the sparse search keeps its sizes)
+        check_loadable(
+            hybrid_child(parent_arch, kept_layers=_present(parent_arch), point=request["params"]), parent_arch, serve_as
+        )
     cache_dir = Path(request.get("cache_dir") or DEFAULT_CACHE_DIR)
     ref = str(request.get("parent_model") or parent_arch.name)
     if not ref:
@@ -276,6 +314,11 @@ def _weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     if mismatch:
         raise ConfigError(f"request['parent'] does not describe the model loaded from {ref!r} ({mismatch})")
     ready = time.perf_counter()
+    timings = {"parent": ready - began}
+    if fresh:
+        timings.update({f"parent_{k}": v for k, v in parent.seconds.items()})
+    if is_sparse(parent_arch):
+        return _sparse_trial(request, parent, target, config, serve_as, cache_dir, timings, began)
 
     steps = config.inner.steps
     last = [TrialProgress("inner search", 0, steps)]  # what the trial last said (phases after the search repeat it)
@@ -284,16 +327,12 @@ def _weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         last[0] = progress
         report(progress)
 
-    serve_as = str(request.get("serve_as") or "any")  # the engine whose loadable shapes the trial keeps
     params = dict(request["params"])
     if serve_as != "any":
         params = legal_point(params, SearchSpace.from_dict(request["space"]), parent_arch, serve_as)
     budget = Budget.from_params(params)
     realised = partial(ffn_budget, budget, trial_rules(serve_as, parent_arch, budget))  # of the returned model
     baselines = {name: Architecture.from_dict(a) for name, a in (request.get("baselines") or {}).items()}
-    timings = {"parent": ready - began}
-    if fresh:
-        timings.update({f"parent_{k}": v for k, v in parent.seconds.items()})
     if baselines:  # a seeded trial: its baseline's model first, the study's result if it is stopped early
         report(TrialProgress("baseline", 0, steps))
         fallback = _baseline_fallback(parent, baselines, target, cache_dir, timings, began)
@@ -331,7 +370,7 @@ def _weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
 
     on_phase = lambda phase: say(replace(last[0], phase=phase, inner_step=steps, stale=True))
     arch, plan = result.architecture, result.plan
-    quality, cached = _quality(parent, arch, plan, cache_dir, on_phase=on_phase)
+    quality, cached = _plan_quality(parent, arch, plan, cache_dir, on_phase=on_phase)
     selection = result.choice()
     # A seeded baseline's own model, when feasible, also competes on the study's objective (held-out
     # evaluation KL): the trial of its point then never scores worse than the baseline itself.
@@ -342,7 +381,7 @@ def _weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
         heldout = {selection["chosen"]: quality["kl_to_parent"]}
         for name, other in rivals.items():
             other_plan = plan_pruning(parent.architecture, parent.importance, other)
-            q, c = _quality(parent, other, other_plan, cache_dir)
+            q, c = _plan_quality(parent, other, other_plan, cache_dir)
             heldout[name] = q["kl_to_parent"]
             if q["kl_to_parent"] < quality["kl_to_parent"]:
                 arch, plan, quality, cached = other, other_plan, q, c
@@ -351,10 +390,62 @@ def _weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     done = time.perf_counter()
     timings.update({"search": searched - searching, "quality": done - searched, "total": done - began})
     return {
-        **_payload(parent, arch, plan, target, quality, cached, selection, timings),
+        **_payload(parent, arch, plan.kept(), target, quality, cached, selection, timings),
         "ffn_budget": realised(arch),
         "inner": {**result.summary(), "config": config.to_dict()},
     }
+
+
+def _sparse_trial(
+    request: Mapping[str, Any],
+    parent: ParentContext,
+    target: Target,
+    config: TrialConfig,
+    serve_as: str,
+    cache_dir: Path,
+    timings: dict[str, float],
+    began: float,
+) -> dict[str, Any]:
+    """The search, cut and quality of a MoE or hybrid parent's trial (module doc, **Sparse parents**):
+    the expert search (:func:`~autocompress_opt.search.inner.experts.search_experts`) fills the point's
+    sparse counts, per layer where the ``serve_as`` engine reads the family's per-layer form
+    (:func:`~autocompress_opt.search.study.trials.searches_per_layer`); the child is
+    :func:`~autocompress_opt.prune.experts.slice_experts` of the parent; ``kept`` is its expert record."""
+    from autocompress_opt.prune.expert_kept import expert_kept
+    from autocompress_opt.prune.experts import slice_experts
+    from autocompress_opt.search.inner.experts import search_experts
+
+    searching = time.perf_counter()
+    steps = config.inner.steps
+    report(TrialProgress("inner search", 0, steps))
+    result = search_experts(
+        parent.model,
+        parent.architecture,
+        parent.importance,
+        parent.tokens,
+        parent.teacher,
+        params=dict(request["params"]),
+        goal=CostGoal.for_target(target, parent.architecture),
+        config=config.inner,
+        on_step=lambda step, kl, violation: report(TrialProgress("inner search", step, steps, kl, violation)),
+        measure_at=request.get("measure_at"),
+        per_layer=searches_per_layer(parent.architecture, serve_as),
+    )
+    searched = time.perf_counter()
+    arch, kept = result.architecture, expert_kept(result.masks, parent.architecture)
+    quality, cached = _quality(parent, arch, lambda: slice_experts(parent.model, result.masks), cache_dir, kept=kept)
+    done = time.perf_counter()
+    timings.update({"search": searched - searching, "quality": done - searched, "total": done - began})
+    return {
+        **_payload(parent, arch, kept, target, quality, cached, result.choice(), timings),
+        "serve_as": serve_as,
+        "inner": {**result.summary(), "config": config.to_dict()},
+    }
+
+
+def _present(parent: Architecture) -> list[int]:
+    """The parent's present layers (a MoE parent's trial keeps them all)."""
+    return [i for i, layer in enumerate(parent.layers) if not layer.is_noop]
 
 
 def _block_library_answer(
@@ -390,19 +481,20 @@ def _block_library_answer(
 def _payload(
     parent: ParentContext,
     arch: Architecture,
-    plan: PrunePlan,
+    kept: Mapping[str, Any],
     target: Target,
     quality: Mapping[str, Any],
     cached: bool,
     selection: dict[str, Any],
     timings: Mapping[str, float],
 ) -> dict[str, Any]:
-    """A weights trial's result for ``arch`` (module doc), cut by ``plan``, its held-out ``quality``
-    measured."""
+    """A weights trial's result for ``arch`` (module doc), the units it keeps ``kept`` (a dense plan's
+    :meth:`~autocompress_opt.prune.plan.PrunePlan.kept`, or a MoE parent's expert record), its held-out
+    ``quality`` measured."""
     metrics = estimate_cost(arch, target.hardware, target.engine_obj(), target.scenario()).to_dict()
     return {
         "architecture": arch.to_dict(),
-        "kept": plan.kept(),
+        "kept": dict(kept),
         "metrics": metrics,
         "quality": math.exp(-quality["kl_to_parent"]),
         "quality_kind": QUALITY_KIND,
@@ -437,7 +529,7 @@ def _baseline_fallback(
         if not target.feasible(arch, reference):
             continue
         plan = plan_pruning(parent.architecture, parent.importance, arch)
-        quality, cached = _quality(parent, arch, plan, cache_dir)
+        quality, cached = _plan_quality(parent, arch, plan, cache_dir)
         heldout[name] = quality["kl_to_parent"]
         if best is None or quality["kl_to_parent"] < best[0]:
             best = (quality["kl_to_parent"], name, arch, plan, quality, cached)
@@ -447,7 +539,7 @@ def _baseline_fallback(
     now = time.perf_counter()
     selection = {"chosen": name, "heldout_kl": heldout, "stopped_at_step": None}
     spent = {"baseline": now - began - timings["parent"], "total": now - began}
-    return _payload(parent, arch, plan, target, quality, cached, selection, {**timings, **spent})
+    return _payload(parent, arch, plan.kept(), target, quality, cached, selection, {**timings, **spent})
 
 
 def _compute(parent: ParentContext) -> dict[str, Any]:
@@ -477,7 +569,7 @@ def evaluate_architecture(
     cache = Path(cache_dir or DEFAULT_CACHE_DIR)
     parent, _ = parent_context(str(parent_model), config, cache)
     plan = plan_pruning(parent.architecture, parent.importance, arch)
-    quality, cached = _quality(parent, arch, plan, cache)
+    quality, cached = _plan_quality(parent, arch, plan, cache)
     return {
         "quality": math.exp(-quality["kl_to_parent"]),
         "quality_kind": QUALITY_KIND,
