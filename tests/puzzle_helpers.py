@@ -38,7 +38,7 @@ def llamacpp_study(name: str, model_dir: Path, target: Any, tmp_path: Path, tria
         name=name,
         model=str(model_dir),
         targets=(target,),
-        space=expert_space(parent),
+        space=_full_depth(expert_space(parent), parent),  # per-layer sizes want every MoE layer kept
         mode="weights",
         serve_as="llamacpp",
         inner={**inner, "eval_samples": 2, "eval_seq_len": 16, "importance_samples": 2, "importance_seq_len": 16},
@@ -52,3 +52,13 @@ def llamacpp_study(name: str, model_dir: Path, target: Any, tmp_path: Path, tria
     finally:
         ray.shutdown()
     return config, outcome
+
+
+def _full_depth(space: Any, parent: Any) -> Any:
+    """``space`` with ``num_layers`` pinned to the parent's (the expert space also varies the depth)."""
+    from dataclasses import replace
+
+    from autocompress_opt.arch.search_space import Choice
+
+    depth = Choice("num_layers", (parent.num_active_layers,))
+    return replace(space, choices=tuple(depth if c.name == "num_layers" else c for c in space.choices))

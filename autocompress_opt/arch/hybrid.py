@@ -30,7 +30,15 @@ from dataclasses import replace
 from autocompress_opt.arch.architecture import Architecture, LayerSpec, check_kept_layers
 from autocompress_opt.errors import ConfigError
 
-__all__ = ["SPARSE_CHOICES", "hybrid_child", "is_kind_uniform", "is_moe", "is_sparse", "sparse_limits"]
+__all__ = [
+    "SPARSE_CHOICES",
+    "depth_layers",
+    "hybrid_child",
+    "is_kind_uniform",
+    "is_moe",
+    "is_sparse",
+    "sparse_limits",
+]
 
 # The global choices a MoE / hybrid parent adds to the dense five (apply to every such layer).
 SPARSE_CHOICES: tuple[str, ...] = ("num_experts", "experts_per_token", "expert_width", "shared_width", "mamba_heads")
@@ -137,6 +145,36 @@ def _sized(layer: LayerSpec, point: Mapping[str, int], head_dim: int) -> LayerSp
             )
         out = replace(out, mamba=replace(layer.mamba, num_heads=heads))
     return out
+
+
+def depth_layers(parent: Architecture, n: int, ranked: Sequence[int]) -> list[int]:
+    """The ``n`` layers a MoE / hybrid child of ``parent`` keeps (ascending): the first ``n`` present
+    layers of ``ranked`` (most important first), except that the child keeps at least one MoE layer
+    and one attention layer where the parent has them (its sparse and head choices need a layer to
+    apply to, and transformers' Nemotron-H builds its attention mask from an attention layer's cache:
+    a child of Mamba-2 layers only does not run), and a hybrid (Mamba-2) parent's child keeps its first
+    layer (transformers' Nemotron-H reads the cache's length from layer 0, which a MoE or MLP layer
+    does not hold). A missing kind's best-ranked layer takes the place
+    of the last-ranked kept layer that is not the only one of a kept kind. The one rule of plan mode's
+    uniform child and of a weights trial's depth cut
+    (:func:`~autocompress_opt.search.study.weights_trial.depth_cut`)."""
+    present = [i for i in ranked if 0 <= i < parent.num_layers and not parent.layers[i].is_noop]
+    kept = present[:n]
+    kinds = {
+        "moe": lambda i: parent.layers[i].moe is not None,
+        "attention": lambda i: parent.layers[i].attention,
+    }
+    if any(layer.mamba is not None for layer in parent.layers):  # Nemotron-H: the first layer holds a cache
+        first = min(present, default=0)
+        kinds["first"] = lambda i: i == first
+    for kind, has in kinds.items():
+        if any(has(i) for i in kept) or not any(has(i) for i in present):
+            continue
+        needed = [k for k, h in kinds.items() if k != kind and sum(h(i) for i in kept) == 1]
+        spare = [j for j in reversed(range(len(kept))) if not any(kinds[k](kept[j]) for k in needed)]
+        if spare:
+            kept[spare[0]] = next(i for i in present if has(i))
+    return sorted(kept)
 
 
 def hybrid_child(

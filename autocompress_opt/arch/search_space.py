@@ -33,7 +33,7 @@ from typing import Any
 
 from autocompress_opt._data import REPO_SEARCH_SPACES
 from autocompress_opt.arch.architecture import Architecture, default_layer_order, reference_layer, uniform_child
-from autocompress_opt.arch.hybrid import SPARSE_CHOICES, hybrid_child, is_sparse, sparse_limits
+from autocompress_opt.arch.hybrid import SPARSE_CHOICES, depth_layers, hybrid_child, is_sparse, sparse_limits
 from autocompress_opt.errors import ConfigError, check_int, suggest
 
 __all__ = [
@@ -280,8 +280,8 @@ def uniform_allocation(
         raise ConfigError(f"num_layers={n} is outside 1..{active} (the parent's active layers)")
     if len(present) < n:
         raise ConfigError(f"layer_order ranks {len(present)} present layers of the parent; num_layers={n} needs {n}")
-    if sparse:
-        return hybrid_child(parent, kept_layers=sorted(present[:n]), point=params)
+    if sparse:  # a MoE parent's child keeps a MoE layer (depth_layers)
+        return hybrid_child(parent, kept_layers=depth_layers(parent, n, present), point=params)
     return uniform_child(
         parent,
         kept_layers=sorted(present[:n]),

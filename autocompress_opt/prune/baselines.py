@@ -644,18 +644,24 @@ def expert_seeds(
     parent: Architecture,
     feasible: Callable[[Architecture], bool],
     score: Callable[[Architecture], float] | None,
+    layer_order: Sequence[int] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The seeds of a MoE or hybrid parent's weights study, in
-    :func:`~autocompress_opt.search.study.seeding.baseline_seeds`' form, over ``space``'s sparse axes (its
-    other choices pinned to the parent's: :func:`~autocompress_opt.search.study.config.expert_space`):
+    :func:`~autocompress_opt.search.study.seeding.baseline_seeds`' form, over ``space``'s sparse axes and
+    depth (its other choices pinned to the parent's: :func:`~autocompress_opt.search.study.config.expert_space`):
     ``minitron`` scores the :data:`SEED_CANDIDATES` feasible points with the most parameters that no
     other feasible point covers (``score``: lower is better; None ranks by parameters), each a
-    point of ``space``, so nothing is snapped; ``depth`` and ``best-uniform`` are skipped."""
+    point of ``space``, so nothing is snapped, its layers the first of ``layer_order`` (the trial's:
+    :func:`~autocompress_opt.search.study.weights_trial.depth_cut`); ``depth`` and ``best-uniform`` are
+    skipped."""
     out: dict[str, dict[str, Any]] = {
-        "depth": {"skipped": "a MoE parent's weights trials keep every layer (the expert search prunes experts only)"},
+        "depth": {
+            "skipped": "it drops layers of a dense parent at full width; a MoE parent's minitron seed chooses "
+            "the depth with the sparse counts"
+        },
     }
     ranked = sorted(
-        ((uniform_allocation(p, parent).num_params, p) for p in _points(space)), key=lambda r: -r[0]
+        ((uniform_allocation(p, parent, layer_order).num_params, p) for p in _points(space)), key=lambda r: -r[0]
     )  # most parameters first: a point that covers another comes before it
     found: list[tuple[dict[str, int], Architecture]] = []
     for _, point in ranked:
@@ -663,7 +669,7 @@ def expert_seeds(
             break
         if point["experts_per_token"] > point["num_experts"] or any(_covers_point(f, point) for f, _ in found):
             continue
-        arch = uniform_allocation(point, parent)
+        arch = uniform_allocation(point, parent, layer_order)
         if feasible(arch):
             found.append((point, arch))
     if not found:
@@ -692,7 +698,7 @@ def expert_kl_scorer(
     after each call."""
     from autocompress_opt.hf.adapters import moe_adapter
     from autocompress_opt.prune.experts import expert_masks
-    from autocompress_opt.prune.masking import apply_masks
+    from autocompress_opt.prune.masking import LayerMask, apply_masks
     from autocompress_opt.quality.metrics import cache_teacher_logits, kl_divergence
 
     adapter = moe_adapter(model)
@@ -707,7 +713,11 @@ def expert_kl_scorer(
         mamba = next((layer.mamba for layer in arch.layers if layer.mamba is not None), None)
         if mamba is not None:
             point["mamba_heads"] = mamba.num_heads
-        with apply_masks(model, expert_masks(model, importance, point), adapter=adapter):
+        masks = expert_masks(model, importance, point)
+        if len(arch.layers) == len(masks.layers):  # the layers ``arch`` drops: skipped (every sub-block None)
+            skip = LayerMask(None, None)
+            masks = replace(masks, layers=tuple(skip if s.is_noop else m for s, m in zip(arch.layers, masks.layers)))
+        with apply_masks(model, masks, adapter=adapter):
             return float(
                 kl_divergence(model, None, tokens, teacher_logits=teacher, batch_size=batch_size, progress=False)
             )

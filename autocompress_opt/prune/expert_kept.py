@@ -21,11 +21,17 @@ A child whose MoE layers route to different top-``k`` (the per-layer Puzzle form
 layer's expert width is already its channel sets) is written as version 3
 (:data:`EXPERT_KEPT_PER_LAYER`): ``experts_per_token`` is then a list, one ``k`` per ``layers``
 entry; a uniform child keeps writing version 2.
+
+A child cut in depth too (:func:`~autocompress_opt.prune.experts.slice_layers`: a trial whose point keeps
+fewer layers than the parent) is written as version 4 (:data:`EXPERT_KEPT_DEPTH`): ``kept_layers`` lists
+the parent layers kept (ascending), and every other entry is the record of the model those layers make
+(its ``layers`` / ``mamba`` indices count the kept layers only); ``experts_per_token`` is one ``k`` or a
+list as above. :func:`kept_layers` reads it (None: every layer kept).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -34,12 +40,21 @@ from autocompress_opt.errors import ConfigError
 from autocompress_opt.prune.masking import Masks
 from autocompress_opt.prune.plan import _from_hex, _indicator, _to_hex
 
-__all__ = ["EXPERT_KEPT_FORMAT", "expert_kept", "is_expert_kept", "masks_from_expert_kept"]
+__all__ = [
+    "EXPERT_KEPT_DEPTH",
+    "EXPERT_KEPT_FORMAT",
+    "expert_kept",
+    "is_expert_kept",
+    "kept_layers",
+    "kept_model",
+    "masks_from_expert_kept",
+]
 
 EXPERT_KEPT_FORMAT = "autocompress-kept-experts/2"
 EXPERT_KEPT_PER_LAYER = "autocompress-kept-experts/3"  # experts_per_token: one per MoE layer
+EXPERT_KEPT_DEPTH = "autocompress-kept-experts/4"  # kept_layers: the parent layers the child keeps
 # The formats masks_from_expert_kept reads: /1 had no shared channels or Mamba-2 heads.
-_READABLE = ("autocompress-kept-experts/1", EXPERT_KEPT_FORMAT, EXPERT_KEPT_PER_LAYER)
+_READABLE = ("autocompress-kept-experts/1", EXPERT_KEPT_FORMAT, EXPERT_KEPT_PER_LAYER, EXPERT_KEPT_DEPTH)
 
 
 def is_expert_kept(kept: Mapping[str, Any] | None) -> bool:
@@ -53,10 +68,12 @@ def _bits(mask: Any) -> list[int]:
     return torch.nonzero(mask.bool()).flatten().tolist()
 
 
-def expert_kept(masks: Masks, parent: Architecture) -> dict[str, Any]:
+def expert_kept(masks: Masks, parent: Architecture, layers_kept: Sequence[int] | None = None) -> dict[str, Any]:
     """The record of ``masks``'s kept experts, channels and Mamba-2 heads (module doc; version 3 when the
-    MoE layers' top-``k`` differ). Raises :class:`ConfigError` when a MoE layer's masks have no experts
-    or top-``k``, or a Mamba-2 layer's mixer is removed."""
+    MoE layers' top-``k`` differ). ``layers_kept``: the grandparent's layers that ``parent`` is made of
+    (:func:`~autocompress_opt.prune.experts.slice_layers`; version 4), None when it is the whole model.
+    Raises :class:`ConfigError` when a MoE layer's masks have no experts or top-``k``, or a Mamba-2
+    layer's mixer is removed."""
     import torch
 
     layers, mamba, ks = [], [], []
@@ -84,14 +101,56 @@ def expert_kept(masks: Masks, parent: Architecture) -> dict[str, Any]:
         "experts_per_token": ks[0] if uniform else ks,
         "layers": layers,
     }
+    if layers_kept is not None:
+        if len(layers_kept) != len(parent.layers) or list(layers_kept) != sorted(set(layers_kept)):
+            raise ConfigError(
+                f"layers_kept {list(layers_kept)}: one ascending parent index per layer of the model "
+                f"({len(parent.layers)})"
+            )
+        rest = {k: v for k, v in record.items() if k != "format"}
+        record = {"format": EXPERT_KEPT_DEPTH, "kept_layers": [int(i) for i in layers_kept], **rest}
     if mamba:
         record["mamba"] = mamba
     return record
 
 
+def kept_layers(kept: Mapping[str, Any], num_layers: int) -> list[int] | None:
+    """The parent layers a record's child keeps (version 4's ``kept_layers``), None when it keeps every
+    one; :class:`ConfigError` for a list that is not ascending indices within ``0..num_layers-1``."""
+    if kept.get("format") != EXPERT_KEPT_DEPTH:
+        return None
+    layers = kept.get("kept_layers")
+    if (
+        not isinstance(layers, list)
+        or not layers
+        or not all(isinstance(i, int) and 0 <= i < num_layers for i in layers)
+        or layers != sorted(set(layers))
+    ):
+        raise ConfigError(
+            f"kept record: kept_layers {layers!r} must be ascending, distinct parent layers in 0..{num_layers - 1}"
+        )
+    return list(layers)
+
+
+def kept_model(model: Any, kept: Mapping[str, Any]) -> tuple[Any, Masks]:
+    """The model a record's masks apply to, and those masks: ``model`` itself, or for a version 4 record
+    the model of its ``kept_layers`` (:func:`~autocompress_opt.prune.experts.slice_layers`, a copy).
+    :func:`~autocompress_opt.prune.experts.slice_experts` of the pair is the trial's child, and
+    :func:`~autocompress_opt.prune.masking.apply_masks` of it computes that child's logits."""
+    from autocompress_opt.hf.adapters import moe_adapter
+    from autocompress_opt.prune.experts import slice_layers
+
+    adapter = moe_adapter(model)
+    layers = kept_layers(kept, len(adapter.layers(model)))
+    if layers is not None:
+        model = slice_layers(model, layers, adapter=adapter)
+    return model, masks_from_expert_kept(adapter.architecture(model), kept)
+
+
 def masks_from_expert_kept(parent: Architecture, kept: Mapping[str, Any]) -> Masks:
-    """The :class:`Masks` over ``parent`` a record describes; :class:`ConfigError` naming the bad
-    entry for a record of another format or parent (wrong layers, bitmasks or counts)."""
+    """The :class:`Masks` over ``parent`` a record describes (a version 4 record: over the model its
+    ``kept_layers`` make, :func:`kept_layers`); :class:`ConfigError` naming the bad entry for a record
+    of another format or parent (wrong layers, bitmasks or counts)."""
     import torch
 
     if not is_expert_kept(kept):
@@ -101,7 +160,9 @@ def masks_from_expert_kept(parent: Architecture, kept: Mapping[str, Any]) -> Mas
     if not isinstance(entries, list) or [e[0] if isinstance(e, list) and e else None for e in entries] != moe:
         raise ConfigError(f"kept record: layers must list the parent's MoE layers {moe} in order")
     ks = kept.get("experts_per_token")
-    if kept.get("format") == EXPERT_KEPT_PER_LAYER:
+    if kept.get("format") == EXPERT_KEPT_PER_LAYER or (
+        kept.get("format") == EXPERT_KEPT_DEPTH and isinstance(ks, list)
+    ):
         if not isinstance(ks, list) or len(ks) != len(entries):
             raise ConfigError(f"kept record: experts_per_token must list one top-k per MoE layer ({len(entries)})")
     else:

@@ -24,15 +24,16 @@ path handles (:data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`: Qwen3-MoE, Nem
    llama.cpp converts): there each MoE layer keeps its own channels per expert and top-``k``, while the
    experts kept, the shared expert's channels and the Mamba-2 heads stay one number for the model.
 
-Attention heads, dense FFN channels, hidden channels and layers of a MoE / hybrid parent are not pruned
-here yet (issue 30): :func:`slice_experts` refuses masks that prune them.
+Whole layers are cut by :func:`slice_layers` (the model of the kept layers, each of its kind), after
+which the three steps run on that model. Attention heads, dense FFN channels and hidden channels of a
+MoE / hybrid parent are not pruned here yet: :func:`slice_experts` refuses masks that prune them.
 """
 
 from __future__ import annotations
 
 import copy
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -45,7 +46,7 @@ from autocompress_opt.prune.importance import Importance, ranked
 from autocompress_opt.prune.mamba import mamba_layer_mask, slice_mamba_state, uniform_mamba_heads
 from autocompress_opt.prune.masking import LayerMask, Masks
 
-__all__ = ["CONFIG_KEYS", "EXPERT_CHOICES", "expert_masks", "export_experts", "slice_experts"]
+__all__ = ["CONFIG_KEYS", "EXPERT_CHOICES", "expert_masks", "export_experts", "slice_experts", "slice_layers"]
 
 # The sparse axes this module prunes (named as the plan-mode search's choices, arch/hybrid.py).
 EXPERT_CHOICES: tuple[str, ...] = SPARSE_CHOICES
@@ -357,6 +358,65 @@ def _slice_mlp(mlp: Any, keep: Any, state: dict[str, Any], names: dict[int, str]
     if mlp.up_proj.bias is not None:
         state[names[id(mlp.up_proj.bias)]] = mlp.up_proj.bias.detach().index_select(0, index).clone()
     state[names[id(mlp.down_proj.weight)]] = mlp.down_proj.weight.detach().index_select(1, index).clone()
+
+
+# ------------------------------------------------------------------------------------ depth
+def slice_layers(model: Any, keep: Sequence[int], *, adapter: FamilyAdapter | None = None) -> Any:
+    """The family's model holding ``model``'s layers ``keep`` (parent indices, any order; each once) and
+    nothing else: same embeddings, final norm and head, each kept layer's weights copied (never shared),
+    renumbered in parent order; same dtype and device, eval mode. Its logits equal the parent's with
+    the other layers skipped (every sub-block's mask None, :func:`~autocompress_opt.prune.masking.apply_masks`).
+
+    The config keeps each layer's kind: Qwen3-MoE's dense layers become ``mlp_only_layers`` (with
+    ``decoder_sparse_step`` 1), Nemotron-H's ``layers_block_type`` and a Puzzle parent's
+    ``block_configs`` keep the kept layers' entries. This is how a MoE or hybrid parent is cut in depth
+    before its experts are: :func:`expert_masks` and :func:`slice_experts` then work on the cut model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    adapter = adapter or moe_adapter(model)
+    layers = adapter.layers(model)
+    kept = sorted({check_int(i, "kept layer", 0, maximum=len(layers) - 1) for i in keep})
+    if len(kept) != len(keep) or not kept:
+        raise ConfigError(f"kept layers {list(keep)}: give each layer once, at least one of 0..{len(layers) - 1}")
+    prefix = next(name for name, module in model.named_modules() if module is layers) + "."
+    config = _layers_config(model.config, kept, len(layers))
+    weight = next(model.parameters())
+    with no_init_weights():
+        child = AutoModelForCausalLM.from_config(config, dtype=weight.dtype)
+    child.to(weight.device)
+    renumber = {old: new for new, old in enumerate(kept)}
+    state: dict[str, Any] = {}
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if name.startswith(prefix):
+                index, _, rest = name[len(prefix) :].partition(".")
+                if int(index) not in renumber:
+                    continue
+                name = f"{prefix}{renumber[int(index)]}.{rest}"
+            state[name] = tensor.detach().clone()
+    missing, unexpected = child.load_state_dict(state, strict=False)
+    if missing or unexpected:  # an internal error: a weight the cut did not produce
+        raise AssertionError(f"layer slicing left {missing} unset and produced unused {unexpected}")
+    if child.config.tie_word_embeddings:
+        child.tie_weights()
+    return child.eval()
+
+
+def _layers_config(config: Any, kept: list[int], num_layers: int) -> Any:
+    """``config`` with only the layers ``kept`` (sorted parent indices), each of its kind."""
+    data = config.to_dict()
+    model_type = model_type_of(config)
+    if model_type == "qwen3_moe":  # which layers are sparse, from its rule (modeling_qwen3_moe's decoder layer)
+        step, dense = int(config.decoder_sparse_step), set(config.mlp_only_layers or ())
+        sparse = [i not in dense and config.num_experts > 0 and (i + 1) % step == 0 for i in range(num_layers)]
+        data.update(decoder_sparse_step=1, mlp_only_layers=[j for j, i in enumerate(kept) if not sparse[i]])
+    for key in ("layer_types", "layers_block_type", "block_configs"):  # per-layer lists: the kept entries
+        if isinstance(data.get(key), list) and len(data[key]) == num_layers:
+            data[key] = [data[key][i] for i in kept]
+    data["num_hidden_layers"] = len(kept)
+    return type(config).from_dict(data)
 
 
 def export_experts(model: Any, masks: Masks, out_dir: str | Path, *, force: bool = False) -> Path:

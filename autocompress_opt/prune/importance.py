@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,6 +157,24 @@ class Importance:
         order. A permutation of ``range(L)``: every keep-the-top-``n``-layers decision reads it."""
         dropped = [i for i, layer in enumerate(self.architecture.layers) if layer.is_noop]
         return [int(i) for i in ranked(self.layer_scores(metric)) if int(i) not in dropped] + dropped
+
+    def select_layers(self, kept: Sequence[int], architecture: Architecture) -> Importance:
+        """The scores of the parent layers ``kept`` (sorted indices), for ``architecture``: the model
+        those layers make on their own (:func:`~autocompress_opt.prune.experts.slice_layers`). Scores
+        are the parent's, measured with every layer present (as the dense trial reads them)."""
+        pick = lambda scores: tuple(scores[i] for i in kept) if scores else scores
+        index = [int(i) for i in kept]
+        sparse: dict[str, Any] = {kind: pick(getattr(self, kind)) for kind in _SPARSE_KINDS}
+        return replace(
+            self,
+            architecture=architecture,
+            heads=pick(self.heads),
+            kv_groups=pick(self.kv_groups),
+            ffn=pick(self.ffn),
+            block_influence=self.block_influence[index],
+            skip_loss=self.skip_loss[index],
+            **sparse,
+        )
 
     # ------------------------------------------------------------------- persistence
     def save(self, directory: str | Path) -> Path:

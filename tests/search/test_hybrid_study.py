@@ -21,7 +21,7 @@ from autocompress_opt.cli import main
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import moe_adapter
 from autocompress_opt.prune.baselines import expert_kl_scorer
-from autocompress_opt.prune.expert_kept import expert_kept, masks_from_expert_kept
+from autocompress_opt.prune.expert_kept import expert_kept, kept_model, masks_from_expert_kept
 from autocompress_opt.prune.experts import expert_masks, slice_experts
 from autocompress_opt.prune.importance import Importance, estimate_importance
 from autocompress_opt.prune.masking import Masks, apply_masks
@@ -209,7 +209,7 @@ def test_the_default_hybrid_space_varies_every_sparse_choice_and_odd_heads_are_r
 ) -> None:
     space = expert_space(parent)
     varied = {c.name for c in space.choices if len(c.values) > 1}
-    assert varied == {"num_experts", "experts_per_token", "expert_width", "shared_width", "mamba_heads"}
+    assert varied == {"num_layers", "num_experts", "experts_per_token", "expert_width", "shared_width", "mamba_heads"}
     assert space["mamba_heads"].values == (4, 6, 8) and space["expert_width"].values == (8, 16)
     assert space["ffn_width"].values == (48,) and space["num_kv_heads"].values == (2,)
     check_config(_config(space), parent)
@@ -276,7 +276,9 @@ def test_a_default_weights_study_on_a_hybrid_parent_exports_the_masked_logits(
     done = [r for r in records if r.state == "COMPLETE"]
     assert len(done) == 3 and any(r.feasible for r in done)
     for r in done:
-        assert r.kept["format"] == "autocompress-kept-experts/2" and len(r.kept["mamba"]) == 2
+        layers = r.kept.get("kept_layers", [0, 1, 2, 3])  # a trial cut in depth records the layers it keeps
+        assert r.kept["format"] in ("autocompress-kept-experts/2", "autocompress-kept-experts/4")
+        assert len(r.kept["mamba"]) == sum(parent.layers[i].mamba is not None for i in layers)
         assert r.selection["chosen"] in ("trained", "start")
     best = max((r for r in done if r.feasible), key=lambda r: (r.quality, -r.number))
     assert main(["study", "show", "hybrid", "--storage", cfg.storage_url, "--all"]) == 0
@@ -298,6 +300,6 @@ def test_a_default_weights_study_on_a_hybrid_parent_exports_the_masked_logits(
         best.params["mamba_heads"],
     )
     ids, loaded = tokens(2, 12, seed=8), load_model(model_dir)
-    masked = _masked_logits(loaded.model, masks_from_expert_kept(loaded.architecture, best.kept), ids)
+    masked = _masked_logits(*kept_model(loaded.model, best.kept), ids)  # the kept layers' model, if cut in depth
     with torch.no_grad():
         torch.testing.assert_close(child(ids).logits, masked)

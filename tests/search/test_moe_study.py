@@ -56,9 +56,10 @@ def _config(space: Any, **changes: Any) -> StudyConfig:
     return StudyConfig(name="m", model="m", targets=(TARGET,), space=space, mode="weights", trials=2, **changes)
 
 
-def test_the_default_weights_space_prunes_experts_only_and_a_dense_axis_is_refused(parent: Architecture) -> None:
+def test_the_default_weights_space_prunes_depth_and_experts_and_a_width_axis_is_refused(parent: Architecture) -> None:
     space = expert_space(parent)
     assert {c.name: c.values for c in space.choices if len(c.values) > 1}.keys() == {
+        "num_layers",
         "num_experts",
         "experts_per_token",
         "expert_width",
@@ -66,7 +67,8 @@ def test_the_default_weights_space_prunes_experts_only_and_a_dense_axis_is_refus
     assert space["hidden_size"].values == (48,) and space["num_experts"].values[-1] == 8
     assert space["expert_width"].values == (8, 16)  # whole 16-byte rows only (the default space has 8..16)
     check_config(_config(space), parent)
-    with pytest.raises(ConfigError, match=r"num_layers choices \[2, 3\].*must be the parent's 3.*--mode plan"):
+    assert space["num_layers"].values == default_space(parent)["num_layers"].values == (2, 3)
+    with pytest.raises(ConfigError, match=r"hidden_size choices \[.*\].*prunes layers and experts only.*--mode plan"):
         check_config(_config(default_space(parent)), parent)
     odd = replace(
         space, choices=tuple(Choice(c.name, (12, 16)) if c.name == "expert_width" else c for c in space.choices)
@@ -111,7 +113,8 @@ def test_the_cli_gives_a_moe_parent_the_expert_space_in_weights_mode_only() -> N
         return build_config(merged(args))
 
     weights = config_of("--mode", "weights").space
-    assert weights["num_layers"].values == (48,) and len(weights["num_experts"].values) > 1
+    assert weights["hidden_size"].values == (2048,) and len(weights["num_experts"].values) > 1
+    assert len(weights["num_layers"].values) > 1  # depth is cut before the expert search (depth_cut)
     assert len(config_of("--mode", "plan").space["num_layers"].values) > 1
 
 
@@ -175,7 +178,7 @@ def test_a_default_weights_study_on_a_moe_parent_exports_through_the_cli(
     from transformers import AutoModelForCausalLM
 
     from autocompress_opt.hf.loading import load_model
-    from autocompress_opt.prune.expert_kept import masks_from_expert_kept
+    from autocompress_opt.prune.expert_kept import kept_model
     from autocompress_opt.prune.export import CARD_FILE
     from autocompress_opt.prune.masking import apply_masks
     from autocompress_opt.search.study import init_ray, load_records, run_study
@@ -225,8 +228,8 @@ def test_a_default_weights_study_on_a_moe_parent_exports_through_the_cli(
     assert child.config.num_experts == best.params["num_experts"]
     loaded = load_model(model_dir)
     ids = tokens(2, 12, seed=8)
-    masks = masks_from_expert_kept(loaded.architecture, best.kept)
-    with torch.no_grad(), apply_masks(loaded.model, masks, adapter=moe_adapter(loaded.model)):
-        masked = loaded.model(ids).logits
+    cut, masks = kept_model(loaded.model, best.kept)  # the kept layers' model, if the trial cut depth
+    with torch.no_grad(), apply_masks(cut, masks, adapter=moe_adapter(cut)):
+        masked = cut(ids).logits
     with torch.no_grad():
         torch.testing.assert_close(child(ids).logits, masked)

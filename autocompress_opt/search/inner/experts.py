@@ -7,9 +7,10 @@ expert width, shared width for every MoE layer and one head count for every Mamb
 :func:`~autocompress_opt.prune.experts.slice_experts`), so the trial's point fixes the counts
 (:data:`SEARCHED_CHOICES` the parent has: ``num_experts``, ``experts_per_token``, ``expert_width``,
 and for Nemotron-H ``shared_width`` and ``mamba_heads``) and this search decides, per layer, which
-units fill them. The dense axes (layers, hidden size, attention heads, dense FFN) are not pruned in
-a MoE parent yet: a point must hold them at the parent's sizes (:func:`expert_point`), else a
-:class:`ConfigError` names the choice.
+units fill them. The dense axes (layers, hidden size, attention heads, dense FFN) are not pruned here:
+a point must hold them at the ``parent``'s sizes (:func:`expert_point`), else a :class:`ConfigError`
+names the choice. A trial of fewer layers cuts the parent first and searches the cut model
+(:func:`~autocompress_opt.search.study.weights_trial.depth_cut`).
 
 Relaxation (:class:`ExpertMasks`): per MoE layer ``l`` a learnable score per expert ``s_le``, per
 expert channel ``c_lef`` and per shared-expert channel, and per Mamba-2 layer one per SSM head, in
@@ -136,9 +137,9 @@ def expert_point(params: Mapping[str, int], parent: Architecture) -> dict[str, i
             )
         if key not in SEARCHED_CHOICES and int(value) != limits[key]:
             raise ConfigError(
-                f"point choice {key}={value} prunes an axis of a MoE parent that the weights mode does not "
-                f"search yet (layers, hidden size, attention heads, dense FFN); valid: {key}={limits[key]} "
-                f"(the parent's), with {', '.join(searched)} free"
+                f"point choice {key}={value} prunes an axis of a MoE parent that the expert search does not "
+                f"(layers: cut the parent first, weights_trial.depth_cut; hidden size, attention heads, dense "
+                f"FFN: not yet); valid: {key}={limits[key]} (the parent's), with {', '.join(searched)} free"
             )
     point = {key: int(params.get(key, limits[key])) for key in searched}
     for key, value in point.items():

@@ -341,7 +341,7 @@ def check_config(config: StudyConfig, parent: Architecture) -> None:
         from autocompress_opt.search.study.weights_trial import TrialConfig  # torch: the weights mode needs it anyway
 
         TrialConfig.from_dict(config.inner, seed=config.seed)
-        if is_moe(parent):  # the expert trial: experts only, of the families with an experts path
+        if is_moe(parent):  # the sparse trial: depth and experts, of the families with an experts path
             check_moe_space(config.space, parent)
     if config.importance and not Path(config.importance).exists():
         raise ConfigError(f"importance record {config.importance!r} does not exist")
@@ -391,7 +391,7 @@ def check_moe_space(space: SearchSpace, parent: Architecture) -> None:
     """Raise :class:`ConfigError` (one line) when a weights-mode study of the MoE ``parent`` cannot run:
     its family has no experts path (:data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`: Qwen3-MoE,
     Mixtral, Nemotron-H; the others are plan-mode only), or ``space`` varies a choice the trial does not
-    prune on a MoE parent yet (layers, hidden size, attention heads and dense FFN: pinned to the parent's)."""
+    prune on a MoE parent yet (hidden size, attention heads and dense FFN: pinned to the parent's)."""
     from autocompress_opt.hf.adapters import MOE_ADAPTERS
 
     if parent.family not in MOE_ADAPTERS:
@@ -402,10 +402,10 @@ def check_moe_space(space: SearchSpace, parent: Architecture) -> None:
         )
     limits = sparse_limits(parent)
     for choice in space.choices:
-        if choice.name not in SPARSE_CHOICES and choice.values != (limits[choice.name],):
+        if choice.name not in (*SPARSE_CHOICES, "num_layers") and choice.values != (limits[choice.name],):
             raise ConfigError(
                 f"search space: {choice.name} choices {list(choice.values)}: weights mode on a MoE parent prunes "
-                f"experts only (issue 30), so {choice.name} must be the parent's {limits[choice.name]}; pin it, "
+                f"layers and experts only, so {choice.name} must be the parent's {limits[choice.name]}; pin it, "
                 f"or drop --space for the default expert space, or use --mode plan"
             )
     odd = (
@@ -429,8 +429,9 @@ def check_moe_space(space: SearchSpace, parent: Architecture) -> None:
 def expert_space(parent: Architecture, sampler: str = "tpe") -> SearchSpace:
     """The default weights-mode space of a MoE ``parent``: the default space's sparse values
     (:data:`~autocompress_opt.arch.hybrid.SPARSE_CHOICES` the parent has; widths that are multiples of
-    :data:`EXPERT_WIDTH_MULTIPLE`), every other choice pinned to the parent's size: the outer loop
-    chooses how many experts, the top-``k`` and the widths, the trial's inner search which ones."""
+    :data:`EXPERT_WIDTH_MULTIPLE`) and depths, every other choice pinned to the parent's size: the outer
+    loop chooses how many layers and experts, the top-``k`` and the widths, the trial which ones
+    (:func:`~autocompress_opt.search.study.weights_trial.depth_cut`, then the expert search)."""
     full = default_space(parent, sampler)
     limits = sparse_limits(parent)
 
@@ -438,6 +439,6 @@ def expert_space(parent: Architecture, sampler: str = "tpe") -> SearchSpace:
         if c.name == "expert_width":  # whole 16-byte rows (EXPERT_WIDTH_MULTIPLE); the parent's own if none is
             whole = tuple(w for w in c.values if w % EXPERT_WIDTH_MULTIPLE == 0)
             return Choice(c.name, whole or (limits[c.name],))
-        return c if c.name in SPARSE_CHOICES else Choice(c.name, (limits[c.name],))
+        return c if c.name in (*SPARSE_CHOICES, "num_layers") else Choice(c.name, (limits[c.name],))
 
     return SearchSpace(tuple(pinned(c) for c in full.choices), sampler=sampler)

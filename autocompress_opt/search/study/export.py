@@ -157,14 +157,17 @@ def _export_experts(
     from dataclasses import replace
 
     from autocompress_opt.errors import ConfigError
-    from autocompress_opt.prune.expert_kept import masks_from_expert_kept
+    from autocompress_opt.prune.expert_kept import kept_layers, kept_model
     from autocompress_opt.prune.experts import export_experts
     from autocompress_opt.prune.export import model_card, write_card
     from autocompress_opt.prune.mtp import check_mtp, settle_mtp
 
     check_mtp(mtp)
 
-    masks = masks_from_expert_kept(context.architecture, kept)
+    layers = kept_layers(kept, context.architecture.num_layers)
+    if layers is not None and [i for i, layer in enumerate(arch.layers) if not layer.is_noop] != layers:
+        raise ConfigError(f"the kept record keeps layers {layers}; the architecture keeps others")
+    model, masks = kept_model(context.model, kept)  # a trial cut in depth: the model of its kept layers
     built = next((layer.moe for layer in arch.layers if layer.moe is not None), None)
     kept_experts, k = next((m.experts, m.experts_per_token) for m in masks.layers if m.experts is not None)
     assert kept_experts is not None  # every MoE layer of a record's masks has its experts
@@ -172,9 +175,9 @@ def _export_experts(
     if built is None or (built.num_experts, built.experts_per_token) != counts:
         raise ConfigError(f"the kept record keeps {counts[0]} experts, top-{counts[1]}; the architecture does not")
     card_data = model_card(arch, parent=parent, card=card, model_type=None)  # checks card before writing
-    path = export_experts(context.model, masks, out, force=force)
+    path = export_experts(model, masks, out, force=force)
     context.tokenizer.save_pretrained(path)
-    if replace(Architecture.from_hf_config(_config(path)), name="") != replace(arch, name=""):
+    if replace(Architecture.from_hf_config(_config(path)), name="") != replace(arch.active(), name=""):
         raise ConfigError(f"the export at {str(path)!r} is not the trial's architecture")
     card_data["model_type"] = _config(path).get("model_type")
     mtp_record = settle_mtp(path, choice=mtp, parent_dir=parent_dir)  # the parent's MTP layers: whole or none

@@ -178,7 +178,9 @@ def retained_expert_importance(arch: Architecture, importance: Any) -> float:
     mass their ``expert_width`` most active channels hold, times (with a shared expert) the fraction of
     ``shared_ffn`` mass its ``shared_width`` most active channels hold; per Mamba-2 layer, the fraction
     of ``mamba_heads`` mass its kept heads hold (the most active ``H / G`` of each group); averaged over
-    those layers. In [0, 1], 1.0 for the parent; the units are the ones
+    those layers; times, where ``arch`` drops layers of the parent (listed as dropped, as a uniform
+    child lists them), the share of the parent's ``skip_loss`` (clamped at 0) its kept layers hold.
+    In [0, 1], 1.0 for the parent; the units are the ones
     :func:`~autocompress_opt.prune.experts.expert_masks` keeps (ties aside). Top-``k`` is not in it:
     the ranking's maximal points already prefer the larger."""
     fractions = []
@@ -199,7 +201,12 @@ def retained_expert_importance(arch: Architecture, importance: Any) -> float:
         fractions.append(used * channels)
     if not fractions:
         raise ConfigError("the importance record has no expert scores for this MoE architecture")
-    return sum(fractions) / len(fractions)
+    depth = 1.0
+    if len(arch.layers) == len(importance.skip_loss) and any(layer.is_noop for layer in arch.layers):
+        skip = importance.skip_loss.clamp_min(0)
+        kept = [i for i, layer in enumerate(arch.layers) if not layer.is_noop]
+        depth = float(skip[kept].sum()) / float(skip.sum()) if float(skip.sum()) > 0 else len(kept) / len(arch.layers)
+    return depth * sum(fractions) / len(fractions)
 
 
 def _kept_mass_of_groups(heads: Any, per_group: int) -> float:

@@ -75,7 +75,8 @@ def baseline_seeds(
     if config.mode == "weights" and is_moe(parent):  # the sparse axes' seeds
         from autocompress_opt.prune.baselines import expert_seeds, target_feasibility
 
-        return expert_seeds(config.space, parent, target_feasibility(target, parent), score)
+        order = layer_order or (importance.layer_order() if importance is not None else None)
+        return expert_seeds(config.space, parent, target_feasibility(target, parent), score, order)
     if is_moe(parent):  # plan mode: the uniform baselines cut dense layers only
         return {name: {"skipped": _PLAN_MOE_SKIP} for name in SEEDED_BASELINES}
     chosen = {

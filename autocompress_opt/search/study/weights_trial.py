@@ -69,7 +69,9 @@ the progress bar and the early-stopping scheduler; elsewhere the reports go nowh
 **Sparse parents.** A parent with MoE or Mamba-2 layers (Qwen3-MoE, Mixtral, Nemotron-H: the families of
 :data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`) runs the same trial with its own search, cut and record:
 
-* the point holds the dense axes (layers, hidden size, attention heads, dense FFN) at the parent's sizes
+* depth first: a point of fewer layers than the parent cuts them (:func:`depth_cut`) and the rest runs
+  on the cut model, learning towards the whole parent's log-probs;
+* the point holds the other dense axes (hidden size, attention heads, dense FFN) at the parent's sizes
   (:func:`~autocompress_opt.search.inner.experts.expert_point` names one that does not); the outer loop
   chooses how many experts, the top-``k``, the expert width (and shared width and Mamba-2 heads where
   the parent has them), the inner search (:func:`~autocompress_opt.search.inner.experts.search_experts`)
@@ -97,13 +99,13 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from autocompress_opt.arch.architecture import Architecture
-from autocompress_opt.arch.hybrid import hybrid_child, is_sparse
+from autocompress_opt.arch.architecture import Architecture, LayerSpec
+from autocompress_opt.arch.hybrid import depth_layers, hybrid_child, is_sparse, sparse_limits
 from autocompress_opt.arch.search_space import SearchSpace, uniform_allocation
 from autocompress_opt.cache import cache_key, fetch
 from autocompress_opt.errors import ConfigError
@@ -143,11 +145,13 @@ from autocompress_opt.serving.targets import Target
 
 __all__ = [
     "DEFAULT_CACHE_DIR",
+    "DepthCut",
     "ParentContext",
     "TrialConfig",
     "calibration_rows",
     "choice_rows",
     "clear_trial_cache",
+    "depth_cut",
     "evaluate_architecture",
     "ffn_budget",
     "heldout_quality",
@@ -407,24 +411,32 @@ def _sparse_trial(
     began: float,
 ) -> dict[str, Any]:
     """The search, cut and quality of a MoE or hybrid parent's trial (module doc, **Sparse parents**):
-    the expert search (:func:`~autocompress_opt.search.inner.experts.search_experts`) fills the point's
-    sparse counts, per layer where the ``serve_as`` engine reads the family's per-layer form
+    the point's depth first (:func:`depth_cut`), then the expert search
+    (:func:`~autocompress_opt.search.inner.experts.search_experts`) fills the point's sparse counts on
+    the layers kept, per layer where the ``serve_as`` engine reads the family's per-layer form
     (:func:`~autocompress_opt.search.study.trials.searches_per_layer`); the child is
-    :func:`~autocompress_opt.prune.experts.slice_experts` of the parent; ``kept`` is its expert record."""
+    :func:`~autocompress_opt.prune.experts.slice_experts` of that model; ``kept`` is its expert record."""
     from autocompress_opt.prune.expert_kept import expert_kept
     from autocompress_opt.prune.experts import slice_experts
     from autocompress_opt.search.inner.experts import search_experts
 
     searching = time.perf_counter()
+    params = dict(request["params"])
+    cut = depth_cut(parent, params, request.get("layer_order"))
+    if cut.layers is not None:  # the early check kept every layer; the kinds kept matter to some engines
+        check_loadable(
+            hybrid_child(parent.architecture, kept_layers=cut.layers, point=params), parent.architecture, serve_as
+        )
     steps = config.inner.steps
     report(TrialProgress("inner search", 0, steps))
+    has = sparse_limits(cut.architecture)  # a kind the cut keeps no layer of (e.g. attention) has nothing to size
     result = search_experts(
-        parent.model,
-        parent.architecture,
-        parent.importance,
+        cut.model,
+        cut.architecture,
+        cut.importance,
         parent.tokens,
-        parent.teacher,
-        params=dict(request["params"]),
+        parent.teacher,  # the whole parent's: a cut model learns towards the parent, not towards itself
+        params={k: v for k, v in params.items() if k in has},
         goal=CostGoal.for_target(target, parent.architecture),
         config=config.inner,
         on_step=lambda step, kl, violation: report(TrialProgress("inner search", step, steps, kl, violation)),
@@ -432,8 +444,9 @@ def _sparse_trial(
         per_layer=searches_per_layer(parent.architecture, serve_as),
     )
     searched = time.perf_counter()
-    arch, kept = result.architecture, expert_kept(result.masks, parent.architecture)
-    quality, cached = _quality(parent, arch, lambda: slice_experts(parent.model, result.masks), cache_dir, kept=kept)
+    arch = cut.spread(result.architecture, parent.architecture)
+    kept = expert_kept(result.masks, cut.architecture, cut.layers)
+    quality, cached = _quality(parent, arch, lambda: slice_experts(cut.model, result.masks), cache_dir, kept=kept)
     done = time.perf_counter()
     timings.update({"search": searched - searching, "quality": done - searched, "total": done - began})
     return {
@@ -443,8 +456,63 @@ def _sparse_trial(
     }
 
 
+@dataclass(frozen=True)
+class DepthCut:
+    """A MoE or hybrid parent cut to a point's depth (:func:`depth_cut`): ``model`` holds the parent
+    layers ``layers`` (ascending; None: every layer, ``model`` is the parent), ``architecture`` is its
+    own and ``importance`` the parent's scores of those layers."""
+
+    model: Any
+    architecture: Architecture
+    importance: Any
+    layers: list[int] | None
+
+    def spread(self, arch: Architecture, parent: Architecture) -> Architecture:
+        """``arch`` (a child of :attr:`model`) over the parent's layers: each kept layer in its parent
+        position, the others dropped, as a plan-mode child lists them
+        (:func:`~autocompress_opt.arch.hybrid.hybrid_child`)."""
+        if self.layers is None:
+            return arch
+        layers = [LayerSpec.dropped()] * parent.num_layers
+        for j, i in enumerate(self.layers):
+            layers[i] = arch.layers[j]
+        return replace(arch, layers=tuple(layers))
+
+
+_CUTS: dict[tuple[int, tuple[int, ...]], DepthCut] = {}  # the two most recent depth cuts of this process
+_CUTS_KEPT = 2
+
+
+def depth_cut(parent: ParentContext, params: Mapping[str, int], layer_order: Sequence[int] | None = None) -> DepthCut:
+    """``parent`` (a MoE or hybrid one) cut to ``params["num_layers"]`` layers: the first present ones
+    of ``layer_order`` (None: the importance ``skip_loss`` order, as a dense trial starts), a MoE and an
+    attention layer among them (:func:`~autocompress_opt.arch.hybrid.depth_layers`, as plan mode keeps them), every
+    kind kept where it is (:func:`~autocompress_opt.prune.experts.slice_layers`). The whole parent when
+    the point keeps every present layer. Cached per parent and kept layers (the two most recent)."""
+    from autocompress_opt.hf.adapters import moe_adapter
+    from autocompress_opt.prune.experts import slice_layers
+
+    arch = parent.architecture
+    present = _present(arch)
+    n = int(params.get("num_layers", len(present)))
+    if not 1 <= n <= len(present):
+        raise ConfigError(f"point choice num_layers={n} is outside 1..{len(present)} (the parent's present layers)")
+    if n == len(present):
+        return DepthCut(parent.model, arch, parent.importance, None)
+    kept = depth_layers(arch, n, layer_order or parent.importance.layer_order())
+    key = (id(parent.model), tuple(kept))
+    if key not in _CUTS:
+        while len(_CUTS) >= _CUTS_KEPT:
+            _CUTS.pop(next(iter(_CUTS)))
+        model = slice_layers(parent.model, kept)
+        cut_arch = moe_adapter(model).architecture(model)
+        _CUTS[key] = DepthCut(model, cut_arch, parent.importance.select_layers(kept, cut_arch), kept)
+    _CUTS[key] = _CUTS.pop(key)  # the most recent last
+    return _CUTS[key]
+
+
 def _present(parent: Architecture) -> list[int]:
-    """The parent's present layers (a MoE parent's trial keeps them all)."""
+    """The parent's present layers (not dropped already)."""
     return [i for i, layer in enumerate(parent.layers) if not layer.is_noop]
 
 
