@@ -170,3 +170,27 @@ def test_a_weights_trial_cuts_depth_first_and_exports_its_own_child(family: str,
         torch.testing.assert_close(child(ids).logits, masked)
     with pytest.raises(ConfigError, match="keeps layers"):  # a record of other layers than the architecture's
         export_trial(loaded, arch, tmp_path / "other", kept={**kept, "kept_layers": kept["kept_layers"][::-1][:1]})
+
+
+def test_a_puzzle_parent_cut_in_depth_keeps_each_layers_own_expert_sizes() -> None:
+    """A Nemotron-H Puzzle model (each MoE layer its own width and top-k) cut to some layers: its
+    block_configs keep the kept layers' entries, and it computes the Puzzle parent with the others skipped."""
+    from puzzle_helpers import per_layer_masks
+
+    model = hybrid_model().eval()
+    importance = estimate_importance(
+        model, tokens(2, 16, seed=1), batch_size=2, model_id="h", adapter=moe_adapter(model), progress=False
+    )
+    base = {"num_experts": 6, "expert_width": 8, "experts_per_token": 2}
+    puzzle = slice_experts(model, per_layer_masks(model, importance, base, {5: {"expert_width": 16}}))
+    assert puzzle.config.model_type == "nemotron_h_puzzle"
+    cut = slice_layers(puzzle, [0, 2, 5])
+    assert cut.config.model_type == "nemotron_h_puzzle"
+    assert [b["block_type"] for b in cut.config.block_configs] == ["mamba", "attention", "moe"]
+    assert cut.config.block_configs[2]["moe_intermediate_size"] == 16
+    arch = moe_adapter(puzzle).architecture(puzzle)
+    ids = tokens(2, 12, seed=3)
+    with torch.no_grad():
+        with apply_masks(puzzle, _skipped(arch, {1, 3, 4}), adapter=moe_adapter(puzzle)):
+            skipped = puzzle(ids).logits
+        torch.testing.assert_close(cut(ids).logits, skipped)
