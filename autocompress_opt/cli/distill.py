@@ -80,6 +80,14 @@ checkpoint made with other settings is refused naming the setting, unless --rest
         "--grad-clip", type=float, default=d.grad_clip, help=f"max gradient L2 norm, 0 = off (default {d.grad_clip:g})"
     )
     p.add_argument(
+        "--load-balance",
+        type=float,
+        default=d.load_balance,
+        metavar="W",
+        help="weight of a MoE student's router load-balance loss (Switch Transformer's; 1 = balanced) added to "
+        f"the distillation loss; 0 = none (default {d.load_balance:g})",
+    )
+    p.add_argument(
         "--seed", type=int, default=d.seed, help=f"data sampling, data order and RNG seed (default {d.seed})"
     )
     p.add_argument(
@@ -148,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         save_every=args.save_every,
         grad_clip=args.grad_clip,
         n_eval_rows=args.eval_rows,
+        load_balance=args.load_balance,
     )
     out = args.out if args.out is not None else f"{str(Path(args.student)).rstrip('/')}-distilled"
     _check_before_loading(args, recipe, out)

@@ -84,6 +84,7 @@ import torch
 
 from autocompress_opt.errors import ConfigError, check_int
 from autocompress_opt.quality.metrics import log_probs, token_kl
+from autocompress_opt.recover.balance import check_balanced_student, router_balance
 from autocompress_opt.recover.checkpoint import (
     _STATE_FORMAT,
     _STATE_JSON,
@@ -150,9 +151,15 @@ def distillation_loss(
 
 
 def distillation_backward(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0, *, chunk: int | None = None
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    chunk: int | None = None,
+    extra: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Backpropagate :func:`distillation_loss` of ``(B, L, V)`` logits; returns the loss (detached).
+    """Backpropagate :func:`distillation_loss` of ``(B, L, V)`` logits, plus ``extra`` (a scalar of the same
+    graph: the load-balance loss, :mod:`.balance`); returns the distillation loss (detached).
 
     ``chunk``: positions per piece. The loss of each piece of ``chunk`` positions (weighted by its
     share of ``L``) is differentiated w.r.t. that piece of the logits alone, the pieces' gradients
@@ -165,7 +172,7 @@ def distillation_backward(
     check_int(chunk, "kl_chunk (positions per piece)", also=(None,))
     if chunk is None or chunk >= length:
         loss = distillation_loss(student_logits, teacher_logits, temperature)
-        loss.backward()
+        (loss if extra is None else loss + extra).backward()
         return loss.detach()
     if student_logits.shape != teacher_logits.shape:
         raise ConfigError(
@@ -181,7 +188,10 @@ def distillation_backward(
         assert piece.grad is not None
         grad[:, start:end] = piece.grad
         total += loss.detach()
-    student_logits.backward(grad)
+    if extra is None:
+        student_logits.backward(grad)
+    else:
+        torch.autograd.backward([student_logits, extra], [grad, torch.ones_like(extra)])
     return total
 
 
@@ -462,6 +472,7 @@ class _Run:
             student = load_model(source, cache=False, device=device, dtype=options.dtype)
             model = student.model
         check_compatible(model, teacher.model, student_dir, teacher_ref, recipe.seq_len)
+        check_balanced_student(model, recipe.load_balance)  # a load-balance loss needs MoE routers
         # Text is always tokenised by the starting student's tokenizer, so a resume draws the same rows.
         tokenizer = AutoTokenizer.from_pretrained(student_dir, local_files_only=True)
         data = options.data or None  # the user's --data specs, else the built-in sources
@@ -778,10 +789,10 @@ def _train_step(
         group["lr"] = lr
     with torch.no_grad(), autocast:
         teacher_logits = teacher(input_ids=tokens, use_cache=False).logits  # (B, L, V)
-    with autocast:
+    with autocast, router_balance(model, recipe.load_balance) as balance:
         student_logits = model(input_ids=tokens, use_cache=False).logits
     optimizer.zero_grad(set_to_none=True)
-    loss = distillation_backward(student_logits, teacher_logits, recipe.temperature, chunk=kl_chunk)
+    loss = distillation_backward(student_logits, teacher_logits, recipe.temperature, chunk=kl_chunk, extra=balance())
     if recipe.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
     optimizer.step()

@@ -31,6 +31,8 @@ class DistillRecipe:
         seed: seed of the calibration stream's document order, the held-out rows and the torch RNG.
         save_every: checkpoint every this many updates (and at the end); may change on resume.
         grad_clip: maximum global gradient L2 norm (0 = no clipping).
+        load_balance: weight of a MoE student's load-balance loss added to the distillation loss
+            (:mod:`.balance`; 0 = none, the default, and the only value for a dense student).
         n_eval_rows: held-out rows (of ``seq_len`` tokens) on which the KL before/after is measured.
     """
 
@@ -45,6 +47,7 @@ class DistillRecipe:
     save_every: int = 100
     grad_clip: float = 1.0
     n_eval_rows: int = 8
+    load_balance: float = 0.0
 
     def __post_init__(self) -> None:
         for name, minimum in (
@@ -57,7 +60,13 @@ class DistillRecipe:
         ):
             check_int(getattr(self, name), f"DistillRecipe.{name}", minimum)
         check_int(self.seed, "DistillRecipe.seed", minimum=None)
-        for name, positive in (("lr", True), ("temperature", True), ("weight_decay", False), ("grad_clip", False)):
+        for name, positive in (
+            ("lr", True),
+            ("temperature", True),
+            ("weight_decay", False),
+            ("grad_clip", False),
+            ("load_balance", False),
+        ):
             check_number(getattr(self, name), f"DistillRecipe.{name}", positive=positive)
         if self.warmup_steps > self.steps:
             raise ConfigError(f"DistillRecipe.warmup_steps must be <= steps ({self.steps}), got {self.warmup_steps}")
@@ -68,7 +77,11 @@ class DistillRecipe:
         return self.steps * self.batch_size * self.seq_len
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The recipe's fields; ``load_balance`` only when set, so a run from before it existed resumes."""
+        out = asdict(self)
+        if not out["load_balance"]:
+            del out["load_balance"]
+        return out
 
 
 def learning_rate(recipe: DistillRecipe, step: int) -> float:

@@ -65,3 +65,37 @@ def test_a_pruned_moe_student_distils_its_router_and_resumes_to_identical_weight
     assert got.keys() == state.keys()
     for name in state:
         torch.testing.assert_close(got[name], state[name], rtol=0, atol=0, msg=name)
+
+
+def test_the_load_balance_loss_is_transformers_own_and_changes_the_routers(
+    dirs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The hooks' loss equals transformers' ``load_balancing_loss_func`` on Mixtral (which computes it
+    itself); with a weight it changes what the routers learn while the reported loss stays the
+    distillation KL; a recipe without it keeps its old identity (old checkpoints resume); a dense
+    student is refused before training."""
+    from autocompress_opt.errors import ConfigError
+    from autocompress_opt.recover.balance import router_balance
+
+    mixtral = tiny_model("mixtral", vocab_size=260).eval()
+    ids = tokens(2, 12, seed=2)
+    with torch.no_grad(), router_balance(mixtral, 1.0) as balance:
+        aux = mixtral(input_ids=ids, output_router_logits=True).aux_loss
+        ours = balance()
+    assert ours is not None
+    torch.testing.assert_close(ours, aux.float())
+
+    student, teacher = dirs
+    plain = distill(student, teacher, tmp_path / "plain", RECIPE, progress=False)
+    balanced_recipe = DistillRecipe(**{**RECIPE.to_dict(), "load_balance": 0.5})
+    balanced = distill(student, teacher, tmp_path / "balanced", balanced_recipe, progress=False)
+    a = load_model(tmp_path / "plain", cache=False).model.state_dict()
+    b = load_model(tmp_path / "balanced", cache=False).model.state_dict()
+    routers = [n for n in a if n.endswith("gate.weight") and "proj" not in n]
+    assert routers and any(not torch.equal(a[n], b[n]) for n in routers)
+    assert balanced.losses[0] == pytest.approx(plain.losses[0])  # the reported loss is the distillation KL
+    assert "load_balance" not in RECIPE.to_dict() and balanced_recipe.to_dict()["load_balance"] == 0.5
+
+    dense_dir = save_hf_dir(tiny_model("llama", vocab_size=260), tmp_path / "dense")
+    with pytest.raises(ConfigError, match=r"load_balance=0\.5: the student has no mixture-of-experts router"):
+        distill(dense_dir, dense_dir, tmp_path / "dense-out", balanced_recipe, progress=False)
