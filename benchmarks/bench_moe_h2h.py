@@ -116,21 +116,21 @@ def largest_feasible(
 
 
 def cut_point(context: Any, point: dict[str, int]) -> tuple[Any, dict[str, Any], Any]:
-    """The importance cut of ``point``: its layers (depth_cut), then its experts, channels and top-k
+    """The importance cut of ``point``: its layers (dense_cut), then its experts, channels and top-k
     by importance (the trial's ``start``); the child, its expert record and its architecture."""
     from autocompress_opt.arch.hybrid import sparse_limits
     from autocompress_opt.prune.expert_kept import expert_kept
     from autocompress_opt.prune.experts import expert_masks, slice_experts
     from autocompress_opt.search.inner.experts import SEARCHED_CHOICES
-    from autocompress_opt.search.study.weights_trial import depth_cut
+    from autocompress_opt.search.study.weights_trial import dense_cut
 
-    cut = depth_cut(context, point)
+    cut = dense_cut(context, point)
     has = sparse_limits(cut.architecture)
     masks = expert_masks(
         cut.model, cut.importance, {k: v for k, v in point.items() if k in SEARCHED_CHOICES and k in has}
     )
     child = slice_experts(cut.model, masks)
-    kept = expert_kept(masks, cut.architecture, cut.layers)
+    kept = expert_kept(masks, cut.architecture, cut.layers, cut.heads)
     return child, kept, child_architecture(child, cut, context.architecture)
 
 
@@ -145,12 +145,12 @@ def searched_child(context: Any, kept: dict[str, Any]) -> tuple[Any, Any]:
     from autocompress_opt.hf.adapters import moe_adapter
     from autocompress_opt.prune.expert_kept import kept_layers, kept_model
     from autocompress_opt.prune.experts import slice_experts
-    from autocompress_opt.search.study.weights_trial import DepthCut
+    from autocompress_opt.search.study.weights_trial import DenseCut
 
     model, masks = kept_model(context.model, kept)
     child = slice_experts(model, masks)
     layers = kept_layers(kept, context.architecture.num_layers)
-    cut = DepthCut(model, moe_adapter(model).architecture(model), None, layers)
+    cut = DenseCut(model, moe_adapter(model).architecture(model), None, layers)
     return child, child_architecture(child, cut, context.architecture)
 
 

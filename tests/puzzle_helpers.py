@@ -38,7 +38,7 @@ def llamacpp_study(name: str, model_dir: Path, target: Any, tmp_path: Path, tria
         name=name,
         model=str(model_dir),
         targets=(target,),
-        space=_full_depth(expert_space(parent), parent),  # per-layer sizes want every MoE layer kept
+        space=_experts_only(expert_space(parent), parent),  # the per-layer expert sizes are what it is about
         mode="weights",
         serve_as="llamacpp",
         inner={**inner, "eval_samples": 2, "eval_seq_len": 16, "importance_samples": 2, "importance_seq_len": 16},
@@ -54,11 +54,14 @@ def llamacpp_study(name: str, model_dir: Path, target: Any, tmp_path: Path, tria
     return config, outcome
 
 
-def _full_depth(space: Any, parent: Any) -> Any:
-    """``space`` with ``num_layers`` pinned to the parent's (the expert space also varies the depth)."""
+def _experts_only(space: Any, parent: Any) -> Any:
+    """``space`` with the dense choices it varies (depth, attention heads) pinned to the parent's."""
     from dataclasses import replace
 
+    from autocompress_opt.arch.hybrid import sparse_limits
     from autocompress_opt.arch.search_space import Choice
+    from autocompress_opt.search.study.config import MOE_DENSE_CHOICES
 
-    depth = Choice("num_layers", (parent.num_active_layers,))
-    return replace(space, choices=tuple(depth if c.name == "num_layers" else c for c in space.choices))
+    limits = sparse_limits(parent)
+    pinned = lambda c: Choice(c.name, (limits[c.name],)) if c.name in MOE_DENSE_CHOICES else c
+    return replace(space, choices=tuple(pinned(c) for c in space.choices))

@@ -157,7 +157,7 @@ def depth_layers(parent: Architecture, n: int, ranked: Sequence[int]) -> list[in
     does not hold). A missing kind's best-ranked layer takes the place
     of the last-ranked kept layer that is not the only one of a kept kind. The one rule of plan mode's
     uniform child and of a weights trial's depth cut
-    (:func:`~autocompress_opt.search.study.weights_trial.depth_cut`)."""
+    (:func:`~autocompress_opt.search.study.weights_trial.dense_cut`)."""
     present = [i for i in ranked if 0 <= i < parent.num_layers and not parent.layers[i].is_noop]
     kept = present[:n]
     kinds = {

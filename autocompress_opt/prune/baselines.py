@@ -652,7 +652,7 @@ def expert_seeds(
     ``minitron`` scores the :data:`SEED_CANDIDATES` feasible points with the most parameters that no
     other feasible point covers (``score``: lower is better; None ranks by parameters), each a
     point of ``space``, so nothing is snapped, its layers the first of ``layer_order`` (the trial's:
-    :func:`~autocompress_opt.search.study.weights_trial.depth_cut`); ``depth`` and ``best-uniform`` are
+    :func:`~autocompress_opt.search.study.weights_trial.dense_cut`); ``depth`` and ``best-uniform`` are
     skipped."""
     out: dict[str, dict[str, Any]] = {
         "depth": {
@@ -691,17 +691,23 @@ def expert_seeds(
 def expert_kl_scorer(
     model: Any, importance: Any, tokens: Any, *, batch_size: int = 4
 ) -> Callable[[Architecture], float]:
-    """``score(arch)``: mean per-position KL(parent ‖ the parent masked to ``arch``'s sparse counts) on
-    ``tokens`` ``(n, L)``, in nats (lower is better), the experts, channels and heads chosen by importance
-    (:func:`~autocompress_opt.prune.experts.expert_masks`: the trial's ``start`` candidate). The expert
+    """``score(arch)``: mean per-position KL(parent ‖ the parent masked to ``arch``) on ``tokens``
+    ``(n, L)``, in nats (lower is better): the layers ``arch`` drops skipped, its attention heads those
+    a dense plan keeps (:func:`~autocompress_opt.prune.experts.head_choice`), its experts, channels and
+    Mamba-2 heads chosen by importance (:func:`~autocompress_opt.prune.experts.expert_masks`): the
+    trial's ``start`` candidate, cut as :func:`~autocompress_opt.search.study.weights_trial.dense_cut`
+    cuts it. The expert
     counterpart of :func:`~autocompress_opt.prune.baselines.masked_kl_scorer`; ``model`` is unchanged
     after each call."""
+    import torch
+
     from autocompress_opt.hf.adapters import moe_adapter
-    from autocompress_opt.prune.experts import expert_masks
+    from autocompress_opt.prune.experts import expert_masks, head_choice
     from autocompress_opt.prune.masking import LayerMask, apply_masks
     from autocompress_opt.quality.metrics import cache_teacher_logits, kl_divergence
 
     adapter = moe_adapter(model)
+    parent = adapter.architecture(model)
     teacher = cache_teacher_logits(model, tokens, batch_size=batch_size, progress=False)
 
     def score(arch: Architecture) -> float:
@@ -714,6 +720,23 @@ def expert_kl_scorer(
         if mamba is not None:
             point["mamba_heads"] = mamba.num_heads
         masks = expert_masks(model, importance, point)
+        attn = next((layer for layer in arch.layers if layer.attention), None)
+        full = next((layer for layer in parent.layers if layer.attention), None)
+        if (
+            attn is not None
+            and full is not None
+            and (attn.num_heads, attn.num_kv_heads) != (full.num_heads, full.num_kv_heads)
+        ):
+            chosen = head_choice(importance, parent, attn.num_kv_heads, attn.num_heads // attn.num_kv_heads)
+            masks = replace(
+                masks,
+                layers=tuple(
+                    replace(m, heads=torch.isin(torch.arange(parent.layers[i].num_heads), torch.tensor(chosen[i])))
+                    if i in chosen
+                    else m
+                    for i, m in enumerate(masks.layers)
+                ),
+            )
         if len(arch.layers) == len(masks.layers):  # the layers ``arch`` drops: skipped (every sub-block None)
             skip = LayerMask(None, None)
             masks = replace(masks, layers=tuple(skip if s.is_noop else m for s, m in zip(arch.layers, masks.layers)))

@@ -22,11 +22,15 @@ layer's expert width is already its channel sets) is written as version 3
 (:data:`EXPERT_KEPT_PER_LAYER`): ``experts_per_token`` is then a list, one ``k`` per ``layers``
 entry; a uniform child keeps writing version 2.
 
-A child cut in depth too (:func:`~autocompress_opt.prune.experts.slice_layers`: a trial whose point keeps
-fewer layers than the parent) is written as version 4 (:data:`EXPERT_KEPT_DEPTH`): ``kept_layers`` lists
-the parent layers kept (ascending), and every other entry is the record of the model those layers make
-(its ``layers`` / ``mamba`` indices count the kept layers only); ``experts_per_token`` is one ``k`` or a
-list as above. :func:`kept_layers` reads it (None: every layer kept).
+A child cut in its dense sizes too (a trial whose point keeps fewer layers or attention heads than the
+parent: :func:`~autocompress_opt.prune.experts.slice_layers`, then
+:func:`~autocompress_opt.prune.experts.slice_heads`) is written as version 4 (:data:`EXPERT_KEPT_DEPTH`):
+``kept_layers`` lists the parent layers kept (ascending; absent: all), ``kept_heads`` the query heads
+each attention layer of those keeps (``[[layer, heads], ...]``, ``layer`` counting the kept layers,
+``heads`` the ascending query-head indices; absent: all), and every other entry is the record of
+the model those make (its ``layers`` / ``mamba`` indices count the kept layers only);
+``experts_per_token`` is one ``k`` or a list as above. :func:`kept_layers` and :func:`kept_model`
+read it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ __all__ = [
     "EXPERT_KEPT_FORMAT",
     "expert_kept",
     "is_expert_kept",
+    "kept_heads",
     "kept_layers",
     "kept_model",
     "masks_from_expert_kept",
@@ -68,10 +73,17 @@ def _bits(mask: Any) -> list[int]:
     return torch.nonzero(mask.bool()).flatten().tolist()
 
 
-def expert_kept(masks: Masks, parent: Architecture, layers_kept: Sequence[int] | None = None) -> dict[str, Any]:
+def expert_kept(
+    masks: Masks,
+    parent: Architecture,
+    layers_kept: Sequence[int] | None = None,
+    heads_kept: Mapping[int, Sequence[int]] | None = None,
+) -> dict[str, Any]:
     """The record of ``masks``'s kept experts, channels and Mamba-2 heads (module doc; version 3 when the
     MoE layers' top-``k`` differ). ``layers_kept``: the grandparent's layers that ``parent`` is made of
-    (:func:`~autocompress_opt.prune.experts.slice_layers`; version 4), None when it is the whole model.
+    (:func:`~autocompress_opt.prune.experts.slice_layers`), None when it is the whole model;
+    ``heads_kept``: the query heads each attention layer of those keeps
+    (:func:`~autocompress_opt.prune.experts.slice_heads`), None for all (either: version 4).
     Raises :class:`ConfigError` when a MoE layer's masks have no experts or top-``k``, or a Mamba-2
     layer's mixer is removed."""
     import torch
@@ -101,14 +113,19 @@ def expert_kept(masks: Masks, parent: Architecture, layers_kept: Sequence[int] |
         "experts_per_token": ks[0] if uniform else ks,
         "layers": layers,
     }
+    dense: dict[str, Any] = {}
     if layers_kept is not None:
         if len(layers_kept) != len(parent.layers) or list(layers_kept) != sorted(set(layers_kept)):
             raise ConfigError(
                 f"layers_kept {list(layers_kept)}: one ascending parent index per layer of the model "
                 f"({len(parent.layers)})"
             )
+        dense["kept_layers"] = [int(i) for i in layers_kept]
+    if heads_kept is not None:  # indices over the layer's query heads before the cut
+        dense["kept_heads"] = [[int(i), sorted(int(h) for h in hs)] for i, hs in sorted(heads_kept.items())]
+    if dense:
         rest = {k: v for k, v in record.items() if k != "format"}
-        record = {"format": EXPERT_KEPT_DEPTH, "kept_layers": [int(i) for i in layers_kept], **rest}
+        record = {"format": EXPERT_KEPT_DEPTH, **dense, **rest}
     if mamba:
         record["mamba"] = mamba
     return record
@@ -117,7 +134,7 @@ def expert_kept(masks: Masks, parent: Architecture, layers_kept: Sequence[int] |
 def kept_layers(kept: Mapping[str, Any], num_layers: int) -> list[int] | None:
     """The parent layers a record's child keeps (version 4's ``kept_layers``), None when it keeps every
     one; :class:`ConfigError` for a list that is not ascending indices within ``0..num_layers-1``."""
-    if kept.get("format") != EXPERT_KEPT_DEPTH:
+    if kept.get("format") != EXPERT_KEPT_DEPTH or "kept_layers" not in kept:
         return None
     layers = kept.get("kept_layers")
     if (
@@ -132,18 +149,37 @@ def kept_layers(kept: Mapping[str, Any], num_layers: int) -> list[int] | None:
     return list(layers)
 
 
+def kept_heads(kept: Mapping[str, Any]) -> dict[int, list[int]] | None:
+    """The query heads each attention layer of a record's child keeps (version 4's ``kept_heads``, its
+    layers counted after ``kept_layers``), None when every head is kept; :class:`ConfigError` for
+    entries that are not ``[layer, [heads...]]``."""
+    if kept.get("format") != EXPERT_KEPT_DEPTH or "kept_heads" not in kept:
+        return None
+    entries = kept["kept_heads"]
+    if not isinstance(entries, list) or not all(
+        isinstance(e, list) and len(e) == 2 and isinstance(e[0], int) and isinstance(e[1], list) and e[1]
+        for e in entries
+    ):
+        raise ConfigError(f"kept record: kept_heads {entries!r} must be [[layer, [query heads...]], ...]")
+    return {int(i): [int(h) for h in hs] for i, hs in entries}
+
+
 def kept_model(model: Any, kept: Mapping[str, Any]) -> tuple[Any, Masks]:
     """The model a record's masks apply to, and those masks: ``model`` itself, or for a version 4 record
-    the model of its ``kept_layers`` (:func:`~autocompress_opt.prune.experts.slice_layers`, a copy).
-    :func:`~autocompress_opt.prune.experts.slice_experts` of the pair is the trial's child, and
+    the model of its ``kept_layers`` and ``kept_heads``
+    (:func:`~autocompress_opt.prune.experts.slice_layers`, :func:`~autocompress_opt.prune.experts.slice_heads`;
+    a copy). :func:`~autocompress_opt.prune.experts.slice_experts` of the pair is the trial's child, and
     :func:`~autocompress_opt.prune.masking.apply_masks` of it computes that child's logits."""
     from autocompress_opt.hf.adapters import moe_adapter
-    from autocompress_opt.prune.experts import slice_layers
+    from autocompress_opt.prune.experts import slice_heads, slice_layers
 
     adapter = moe_adapter(model)
     layers = kept_layers(kept, len(adapter.layers(model)))
     if layers is not None:
         model = slice_layers(model, layers, adapter=adapter)
+    heads = kept_heads(kept)
+    if heads is not None:
+        model = slice_heads(model, heads, adapter=adapter)
     return model, masks_from_expert_kept(adapter.architecture(model), kept)
 
 

@@ -24,9 +24,10 @@ path handles (:data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`: Qwen3-MoE, Nem
    llama.cpp converts): there each MoE layer keeps its own channels per expert and top-``k``, while the
    experts kept, the shared expert's channels and the Mamba-2 heads stay one number for the model.
 
-Whole layers are cut by :func:`slice_layers` (the model of the kept layers, each of its kind), after
-which the three steps run on that model. Attention heads, dense FFN channels and hidden channels of a
-MoE / hybrid parent are not pruned here yet: :func:`slice_experts` refuses masks that prune them.
+Whole layers are cut by :func:`slice_layers` (the model of the kept layers, each of its kind) and
+attention heads by :func:`slice_heads` (:func:`head_choice`: a dense plan's rule), after which the three
+steps run on that model. Dense FFN channels and hidden channels of a MoE / hybrid parent are not pruned
+here yet: :func:`slice_experts` refuses masks that prune them (or heads: cut them first).
 """
 
 from __future__ import annotations
@@ -46,7 +47,16 @@ from autocompress_opt.prune.importance import Importance, ranked
 from autocompress_opt.prune.mamba import mamba_layer_mask, slice_mamba_state, uniform_mamba_heads
 from autocompress_opt.prune.masking import LayerMask, Masks
 
-__all__ = ["CONFIG_KEYS", "EXPERT_CHOICES", "expert_masks", "export_experts", "slice_experts", "slice_layers"]
+__all__ = [
+    "CONFIG_KEYS",
+    "EXPERT_CHOICES",
+    "expert_masks",
+    "export_experts",
+    "head_choice",
+    "slice_experts",
+    "slice_heads",
+    "slice_layers",
+]
 
 # The sparse axes this module prunes (named as the plan-mode search's choices, arch/hybrid.py).
 EXPERT_CHOICES: tuple[str, ...] = SPARSE_CHOICES
@@ -417,6 +427,101 @@ def _layers_config(config: Any, kept: list[int], num_layers: int) -> Any:
             data[key] = [data[key][i] for i in kept]
     data["num_hidden_layers"] = len(kept)
     return type(config).from_dict(data)
+
+
+# ------------------------------------------------------------------------------------ heads
+def head_choice(importance: Importance, arch: Any, num_kv_heads: int, q_per_kv: int) -> dict[int, list[int]]:
+    """The query heads each attention layer of ``arch`` keeps for ``num_kv_heads`` KV groups of ``q_per_kv``
+    query heads: the highest-scoring KV groups (``importance.kv_groups``), and within each the
+    highest-scoring query heads (``importance.heads``), the rule of a dense parent's plan
+    (:func:`~autocompress_opt.prune.plan.plan_pruning`); ascending head indices per layer."""
+    out: dict[int, list[int]] = {}
+    for i, layer in enumerate(arch.layers):
+        if not layer.attention:
+            continue
+        kv_scores, head_scores = importance.kv_groups[i], importance.heads[i]
+        if kv_scores is None or head_scores is None:
+            raise ConfigError(f"the importance scores have no head scores for attention layer {i}")
+        r = layer.num_heads // layer.num_kv_heads
+        check_int(num_kv_heads, "num_kv_heads", 1, maximum=layer.num_kv_heads)
+        check_int(q_per_kv, "q_per_kv", 1, maximum=r)
+        by_group = head_scores.view(layer.num_kv_heads, r)  # (G, r)
+        groups = ranked(kv_scores)[:num_kv_heads].tolist()
+        out[i] = sorted(g * r + int(j) for g in groups for j in ranked(by_group[g])[:q_per_kv].tolist())
+    return out
+
+
+def slice_heads(model: Any, heads: Mapping[int, Sequence[int]], *, adapter: FamilyAdapter | None = None) -> Any:
+    """The family's model holding ``model``'s weights with each attention layer ``i`` keeping only the
+    query heads ``heads[i]`` (every attention layer listed) and the KV groups they read; the same number
+    of KV groups and of query heads per group in every layer (a plain config holds one of each) and
+    ``head_dim`` unchanged. Copied, never shared; same dtype and device, eval mode. Its logits equal
+    ``model``'s with the other query heads' outputs masked
+    (:func:`~autocompress_opt.prune.masking.apply_masks`)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    adapter = adapter or moe_adapter(model)
+    parts = adapter.all_layer_parts(model)
+    attention = [i for i, p in enumerate(parts) if p.attention is not None]
+    if sorted(heads) != attention:
+        raise ConfigError(
+            f"heads lists layers {sorted(heads)}; give the kept heads of every attention layer {attention}"
+        )
+    shapes = set()
+    kept: dict[int, tuple[list[int], list[int]]] = {}
+    for i in attention:
+        p = parts[i]
+        r = p.num_heads // p.num_kv_heads
+        q = sorted({check_int(h, f"layer {i} head", 0, maximum=p.num_heads - 1) for h in heads[i]})
+        groups = sorted({h // r for h in q})
+        per_group = {g: sum(1 for h in q if h // r == g) for g in groups}
+        if not q or len(set(per_group.values())) != 1:
+            raise ConfigError(
+                f"layer {i} keeps heads {q}: every kept KV group must keep the same number of query heads"
+            )
+        shapes.add((len(groups), len(q) // len(groups)))
+        kept[i] = (q, groups)
+    if len(shapes) != 1:
+        raise ConfigError(
+            f"the attention layers keep different (KV groups, heads per group) {sorted(shapes)}; a config holds one"
+        )
+    num_kv, per = shapes.pop()
+    config = copy.deepcopy(model.config)
+    config.head_dim = parts[attention[0]].head_dim  # explicit: a derived head_dim would follow the head count
+    config.num_attention_heads, config.num_key_value_heads = num_kv * per, num_kv
+    weight = next(model.parameters())
+    with no_init_weights():
+        child = AutoModelForCausalLM.from_config(config, dtype=weight.dtype)
+    child.to(weight.device)
+    names = {id(t): name for name, t in model.named_parameters(remove_duplicate=False)}
+    with torch.no_grad():
+        state = {name: t.detach().clone() for name, t in model.state_dict().items()}
+        for i, (q, groups) in kept.items():
+            p = parts[i]
+            rows = {"q": _head_rows(q, p.head_dim), "kv": _head_rows(groups, p.head_dim)}
+            for proj, which in (("q_proj", "q"), ("k_proj", "kv"), ("v_proj", "kv")):
+                module = getattr(p, proj)
+                state[names[id(module.weight)]] = module.weight.detach()[rows[which].to(module.weight.device)].clone()
+                if module.bias is not None:
+                    state[names[id(module.bias)]] = module.bias.detach()[rows[which].to(module.bias.device)].clone()
+            o = p.o_proj.weight
+            state[names[id(o)]] = o.detach()[:, rows["q"].to(o.device)].clone()
+    missing, unexpected = child.load_state_dict(state, strict=False)
+    if missing or unexpected:  # an internal error: a weight the cut did not produce
+        raise AssertionError(f"head slicing left {missing} unset and produced unused {unexpected}")
+    if child.config.tie_word_embeddings:
+        child.tie_weights()
+    return child.eval()
+
+
+def _head_rows(heads: Sequence[int], head_dim: int) -> Any:
+    """Row indices ``(len(heads)·head_dim,)`` of the given heads in a ``(heads·head_dim, ·)`` matrix."""
+    import torch
+
+    idx = torch.tensor(list(heads), dtype=torch.long)
+    return (idx[:, None] * head_dim + torch.arange(head_dim)).flatten()
 
 
 def export_experts(model: Any, masks: Masks, out_dir: str | Path, *, force: bool = False) -> Path:

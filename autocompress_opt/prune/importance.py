@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -175,6 +175,20 @@ class Importance:
             skip_loss=self.skip_loss[index],
             **sparse,
         )
+
+    def select_heads(self, heads: Mapping[int, Sequence[int]], architecture: Architecture) -> Importance:
+        """The scores of the query heads ``heads[i]`` (and the KV groups they read) of each attention
+        layer ``i``, for ``architecture``: the model those heads make
+        (:func:`~autocompress_opt.prune.experts.slice_heads`)."""
+        new_heads, new_groups = list(self.heads), list(self.kv_groups)
+        for i, kept in heads.items():
+            layer, scores, groups = self.architecture.layers[i], self.heads[i], self.kv_groups[i]
+            if scores is None or groups is None:
+                raise ConfigError(f"the importance scores have no head scores for layer {i}")
+            r = layer.num_heads // layer.num_kv_heads
+            new_heads[i] = scores[[int(h) for h in kept]]
+            new_groups[i] = groups[sorted({int(h) // r for h in kept})]
+        return replace(self, architecture=architecture, heads=tuple(new_heads), kv_groups=tuple(new_groups))
 
     # ------------------------------------------------------------------- persistence
     def save(self, directory: str | Path) -> Path:

@@ -209,9 +209,10 @@ def test_the_default_hybrid_space_varies_every_sparse_choice_and_odd_heads_are_r
 ) -> None:
     space = expert_space(parent)
     varied = {c.name for c in space.choices if len(c.values) > 1}
-    assert varied == {"num_layers", "num_experts", "experts_per_token", "expert_width", "shared_width", "mamba_heads"}
+    sparse = {"num_experts", "experts_per_token", "expert_width", "shared_width", "mamba_heads"}
+    assert varied == {"num_layers", "num_kv_heads", "q_per_kv", *sparse}
     assert space["mamba_heads"].values == (4, 6, 8) and space["expert_width"].values == (8, 16)
-    assert space["ffn_width"].values == (48,) and space["num_kv_heads"].values == (2,)
+    assert space["ffn_width"].values == (48,) and space["num_kv_heads"].values == (1, 2)
     check_config(_config(space), parent)
     odd = replace(space, choices=tuple(Choice(c.name, (5, 8)) if c.name == "mamba_heads" else c for c in space.choices))
     with pytest.raises(ConfigError, match=r"mamba_heads choices \[5\] are not multiples of the parent's 2 Mamba-2"):

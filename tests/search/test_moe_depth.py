@@ -1,6 +1,7 @@
-"""Depth on MoE and hybrid parents (issue 43): a weights trial whose point keeps fewer layers than the
-parent cuts them first (``slice_layers``, the layers chosen as plan mode chooses them), runs the
-expert search on what is left, records the layers it kept, and ``export_trial`` writes that child."""
+"""Depth and heads on MoE and hybrid parents (issue 43): a weights trial whose point keeps fewer layers
+or attention heads than the parent cuts them first (``slice_layers``, the layers chosen as plan mode
+chooses them; ``slice_heads``, the heads a dense plan keeps), runs the expert search on what is left,
+records what it kept, and ``export_trial`` writes that child."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from autocompress_opt.arch.search_space import uniform_allocation
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import moe_adapter
 from autocompress_opt.prune.expert_kept import EXPERT_KEPT_DEPTH, expert_kept, kept_layers, kept_model
-from autocompress_opt.prune.experts import expert_masks, slice_experts, slice_layers
+from autocompress_opt.prune.experts import expert_masks, head_choice, slice_experts, slice_heads, slice_layers
 from autocompress_opt.prune.importance import estimate_importance
 from autocompress_opt.prune.masking import LayerMask, Masks, apply_masks
 from autocompress_opt.serving.targets import Target
@@ -66,6 +67,42 @@ def test_a_layer_cut_computes_the_parent_with_the_other_layers_skipped(
             skipped = model(ids).logits
         torch.testing.assert_close(cut(ids).logits, skipped)
     assert all(p.data_ptr() != q.data_ptr() for p in cut.parameters() for q in model.parameters())
+
+
+@pytest.mark.parametrize(("family", "overrides"), [("qwen3_moe", TINY_MOE), ("mixtral", {}), ("nemotron_h", {})])
+def test_a_head_cut_computes_the_parent_with_the_other_heads_masked(family: str, overrides: dict[str, Any]) -> None:
+    model = (hybrid_model() if family == "nemotron_h" else tiny_model(family, **overrides)).eval()
+    adapter = moe_adapter(model)
+    arch = adapter.architecture(model)
+    importance = estimate_importance(model, tokens(2, 16, seed=1), adapter=adapter, progress=False)
+    heads = head_choice(importance, arch, 1, 2)  # one KV group of two query heads, in every attention layer
+    cut = slice_heads(model, heads)
+    built = moe_adapter(cut).architecture(cut)
+    assert all(
+        (b.num_heads, b.num_kv_heads, b.head_dim) == (2, 1, a.head_dim)
+        for a, b in zip(arch.layers, built.layers)
+        if a.attention
+    )
+    ones = Masks.ones(arch)
+    masks = replace(
+        ones,
+        layers=tuple(
+            replace(m, heads=torch.isin(torch.arange(arch.layers[i].num_heads), torch.tensor(heads[i])))
+            if i in heads
+            else m
+            for i, m in enumerate(ones.layers)
+        ),
+    )
+    ids = tokens(2, 12, seed=3)
+    with torch.no_grad():
+        with apply_masks(model, masks, adapter=adapter):
+            masked = model(ids).logits
+        torch.testing.assert_close(cut(ids).logits, masked)
+    first = min(heads)
+    with pytest.raises(ConfigError, match="same number of query heads"):
+        slice_heads(model, {**heads, first: [0, 1, 3]})  # two heads of group 0, one of group 1
+    with pytest.raises(ConfigError, match="every attention layer"):
+        slice_heads(model, {first: heads[first]} if len(heads) > 1 else {})
 
 
 def test_a_hybrid_layer_cut_keeps_each_layer_kind_and_refuses_bad_lists() -> None:
@@ -138,7 +175,7 @@ def test_a_weights_trial_cuts_depth_first_and_exports_its_own_child(family: str,
     model_dir = save_hf_dir(model, tmp_path / family)
     loaded = load_model(model_dir)
     parent = loaded.architecture
-    params = {**sparse_limits(parent), "num_layers": parent.num_layers - 1, "num_experts": 4}
+    params = {**sparse_limits(parent), "num_layers": parent.num_layers - 1, "num_experts": 4, "num_kv_heads": 1}
     result = run_weights_trial(
         {
             "mode": "weights",
@@ -157,11 +194,13 @@ def test_a_weights_trial_cuts_depth_first_and_exports_its_own_child(family: str,
     kept = result["kept"]
     assert kept["format"] == EXPERT_KEPT_DEPTH
     assert kept["kept_layers"] == [i for i, layer in enumerate(arch.layers) if not layer.is_noop]
+    assert kept["kept_heads"] and all(len(heads) == 3 for _, heads in kept["kept_heads"])  # 1 KV group of 3
+    assert {layer.num_kv_heads for layer in arch.layers if layer.attention} == {1}
     assert any(arch.layers[i].moe is not None for i in kept["kept_layers"])
     assert result["inner"]["form"] == "experts" and result["kl_to_parent"] > 0
     out = export_trial(loaded, arch, tmp_path / "export", kept=kept)
     child = AutoModelForCausalLM.from_pretrained(out.path).eval()
-    assert child.config.num_hidden_layers == parent.num_layers - 1
+    assert child.config.num_hidden_layers == parent.num_layers - 1 and child.config.num_key_value_heads == 1
     cut, masks = kept_model(loaded.model, kept)
     ids = tokens(2, 12, seed=8)
     with torch.no_grad(), apply_masks(cut, masks, adapter=moe_adapter(cut)):
@@ -194,3 +233,30 @@ def test_a_puzzle_parent_cut_in_depth_keeps_each_layers_own_expert_sizes() -> No
         with apply_masks(puzzle, _skipped(arch, {1, 3, 4}), adapter=moe_adapter(puzzle)):
             skipped = puzzle(ids).logits
         torch.testing.assert_close(cut(ids).logits, skipped)
+
+
+def test_a_trial_that_keeps_every_expert_and_cuts_only_heads_completes(tmp_path: Path) -> None:
+    """Every expert, width and top-k at the parent's: the expert search has nothing to learn (no score
+    moves a mask), so its start is the choice; the heads are still cut."""
+    from tiny_lm import save_hf_dir
+
+    from autocompress_opt.arch.hybrid import sparse_limits
+    from autocompress_opt.hf.loading import load_model
+    from autocompress_opt.search.study.weights_trial import run_weights_trial
+
+    model_dir = save_hf_dir(tiny_model("qwen3_moe", **TINY_MOE, vocab_size=260), tmp_path / "moe")
+    parent = load_model(model_dir).architecture
+    request = {
+        "params": {**sparse_limits(parent), "q_per_kv": 1},
+        "parent": parent.to_dict(),
+        "target": TARGET.to_dict(),
+        "seed": 0,
+        "parent_model": str(model_dir),
+        "cache_dir": str(tmp_path / "cache"),
+        "inner": INNER,
+    }
+    result = run_weights_trial(request)
+    arch = Architecture.from_dict(result["architecture"])
+    assert {(layer.num_heads, layer.num_kv_heads) for layer in arch.layers} == {(2, 2)}
+    assert "kept_layers" not in result["kept"] and len(result["kept"]["kept_heads"]) == parent.num_layers
+    assert result["selection"]["val_kl"]["trained"] == pytest.approx(result["selection"]["val_kl"]["start"])

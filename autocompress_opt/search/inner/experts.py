@@ -9,8 +9,8 @@ expert width, shared width for every MoE layer and one head count for every Mamb
 and for Nemotron-H ``shared_width`` and ``mamba_heads``) and this search decides, per layer, which
 units fill them. The dense axes (layers, hidden size, attention heads, dense FFN) are not pruned here:
 a point must hold them at the ``parent``'s sizes (:func:`expert_point`), else a :class:`ConfigError`
-names the choice. A trial of fewer layers cuts the parent first and searches the cut model
-(:func:`~autocompress_opt.search.study.weights_trial.depth_cut`).
+names the choice. A trial of fewer layers or heads cuts the parent first and searches the cut model
+(:func:`~autocompress_opt.search.study.weights_trial.dense_cut`).
 
 Relaxation (:class:`ExpertMasks`): per MoE layer ``l`` a learnable score per expert ``s_le``, per
 expert channel ``c_lef`` and per shared-expert channel, and per Mamba-2 layer one per SSM head, in
@@ -138,7 +138,7 @@ def expert_point(params: Mapping[str, int], parent: Architecture) -> dict[str, i
         if key not in SEARCHED_CHOICES and int(value) != limits[key]:
             raise ConfigError(
                 f"point choice {key}={value} prunes an axis of a MoE parent that the expert search does not "
-                f"(layers: cut the parent first, weights_trial.depth_cut; hidden size, attention heads, dense "
+                f"(layers and attention heads: cut the parent first, weights_trial.dense_cut; hidden size, dense "
                 f"FFN: not yet); valid: {key}={limits[key]} (the parent's), with {', '.join(searched)} free"
             )
     point = {key: int(params.get(key, limits[key])) for key in searched}
@@ -677,14 +677,15 @@ def _train(
                     torch.zeros((), dtype=torch.float64, device=masks.expert_score.device),
                 )
                 loss = kl + penalty.to(device=kl.device, dtype=kl.dtype)
-                optimizer.zero_grad(set_to_none=True)
-                if count_step is not None:
-                    count_step.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                if count_step is not None:
-                    count_step.step()
-                    project_counts(masks, parent, budget)
+                if loss.requires_grad:  # else every unit is kept: nothing to learn, the start is the choice
+                    optimizer.zero_grad(set_to_none=True)
+                    if count_step is not None:
+                        count_step.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                    if count_step is not None:
+                        count_step.step()
+                        project_counts(masks, parent, budget)
                 values = {k: float(v.detach()) for k, v in violations.items()}
                 for k, v in values.items():
                     duals[k] = max(0.0, duals.get(k, 0.0) + config.dual_lr * v)

@@ -177,9 +177,11 @@ def retained_expert_importance(arch: Architecture, importance: Any) -> float:
     (router use) of the ``num_experts`` most used experts, times the mean fraction of ``expert_ffn``
     mass their ``expert_width`` most active channels hold, times (with a shared expert) the fraction of
     ``shared_ffn`` mass its ``shared_width`` most active channels hold; per Mamba-2 layer, the fraction
-    of ``mamba_heads`` mass its kept heads hold (the most active ``H / G`` of each group); averaged over
-    those layers; times, where ``arch`` drops layers of the parent (listed as dropped, as a uniform
-    child lists them), the share of the parent's ``skip_loss`` (clamped at 0) its kept layers hold.
+    of ``mamba_heads`` mass its kept heads hold (the most active ``H / G`` of each group); per attention
+    layer whose heads are cut, the fraction of ``heads`` mass the kept ones hold (the dense plan's rule:
+    the best KV groups, the best query heads of each); averaged over those layers; times, where
+    ``arch`` drops layers of the parent (listed as dropped, as a uniform child lists them), the share
+    of the parent's ``skip_loss`` (clamped at 0) its kept layers hold.
     In [0, 1], 1.0 for the parent; the units are the ones
     :func:`~autocompress_opt.prune.experts.expert_masks` keeps (ties aside). Top-``k`` is not in it:
     the ranking's maximal points already prefer the larger."""
@@ -199,6 +201,8 @@ def retained_expert_importance(arch: Architecture, importance: Any) -> float:
         if layer.moe.shared_width and shared is not None:
             channels *= _kept_mass(shared.clamp_min(0)[None], layer.moe.shared_width)
         fractions.append(used * channels)
+        if layer.attention and i < len(importance.heads) and importance.heads[i] is not None:
+            fractions.extend(_kept_head_mass(importance, i, layer))
     if not fractions:
         raise ConfigError("the importance record has no expert scores for this MoE architecture")
     depth = 1.0
@@ -221,3 +225,18 @@ def _kept_mass(scores: Any, n: int) -> float:
     top = scores.sort(dim=1, descending=True).values[:, :n].sum(dim=1)
     total = scores.sum(dim=1)
     return float((top / total.clamp_min(1e-30)).where(total > 0, top.new_ones(())).mean())
+
+
+def _kept_head_mass(importance: Any, i: int, layer: Any) -> list[float]:
+    """``[fraction of layer i's query-head score mass (clamped at 0) its kept heads hold]`` when ``layer``
+    keeps fewer heads than the parent's layer ``i`` (the best KV groups, the best query heads of each),
+    else ``[]``."""
+    full = importance.architecture.layers[i]
+    if (layer.num_heads, layer.num_kv_heads) == (full.num_heads, full.num_kv_heads):
+        return []
+    r = full.num_heads // full.num_kv_heads
+    heads = importance.heads[i].clamp_min(0).reshape(full.num_kv_heads, r)  # (G, r)
+    groups = importance.kv_groups[i].argsort(descending=True)[: layer.num_kv_heads]
+    kept = heads[groups].sort(dim=1, descending=True).values[:, : layer.num_heads // layer.num_kv_heads].sum()
+    total = float(heads.sum())
+    return [float(kept) / total if total > 0 else 1.0]

@@ -69,7 +69,7 @@ the progress bar and the early-stopping scheduler; elsewhere the reports go nowh
 **Sparse parents.** A parent with MoE or Mamba-2 layers (Qwen3-MoE, Mixtral, Nemotron-H: the families of
 :data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`) runs the same trial with its own search, cut and record:
 
-* depth first: a point of fewer layers than the parent cuts them (:func:`depth_cut`) and the rest runs
+* depth first: a point of fewer layers than the parent cuts them (:func:`dense_cut`) and the rest runs
   on the cut model, learning towards the whole parent's log-probs;
 * the point holds the other dense axes (hidden size, attention heads, dense FFN) at the parent's sizes
   (:func:`~autocompress_opt.search.inner.experts.expert_point` names one that does not); the outer loop
@@ -145,13 +145,13 @@ from autocompress_opt.serving.targets import Target
 
 __all__ = [
     "DEFAULT_CACHE_DIR",
-    "DepthCut",
+    "DenseCut",
     "ParentContext",
     "TrialConfig",
     "calibration_rows",
     "choice_rows",
     "clear_trial_cache",
-    "depth_cut",
+    "dense_cut",
     "evaluate_architecture",
     "ffn_budget",
     "heldout_quality",
@@ -411,7 +411,7 @@ def _sparse_trial(
     began: float,
 ) -> dict[str, Any]:
     """The search, cut and quality of a MoE or hybrid parent's trial (module doc, **Sparse parents**):
-    the point's depth first (:func:`depth_cut`), then the expert search
+    the point's depth first (:func:`dense_cut`), then the expert search
     (:func:`~autocompress_opt.search.inner.experts.search_experts`) fills the point's sparse counts on
     the layers kept, per layer where the ``serve_as`` engine reads the family's per-layer form
     (:func:`~autocompress_opt.search.study.trials.searches_per_layer`); the child is
@@ -422,7 +422,7 @@ def _sparse_trial(
 
     searching = time.perf_counter()
     params = dict(request["params"])
-    cut = depth_cut(parent, params, request.get("layer_order"))
+    cut = dense_cut(parent, params, request.get("layer_order"))
     if cut.layers is not None:  # the early check kept every layer; the kinds kept matter to some engines
         check_loadable(
             hybrid_child(parent.architecture, kept_layers=cut.layers, point=params), parent.architecture, serve_as
@@ -445,7 +445,7 @@ def _sparse_trial(
     )
     searched = time.perf_counter()
     arch = cut.spread(result.architecture, parent.architecture)
-    kept = expert_kept(result.masks, cut.architecture, cut.layers)
+    kept = expert_kept(result.masks, cut.architecture, cut.layers, cut.heads)
     quality, cached = _quality(parent, arch, lambda: slice_experts(cut.model, result.masks), cache_dir, kept=kept)
     done = time.perf_counter()
     timings.update({"search": searched - searching, "quality": done - searched, "total": done - began})
@@ -457,15 +457,17 @@ def _sparse_trial(
 
 
 @dataclass(frozen=True)
-class DepthCut:
-    """A MoE or hybrid parent cut to a point's depth (:func:`depth_cut`): ``model`` holds the parent
-    layers ``layers`` (ascending; None: every layer, ``model`` is the parent), ``architecture`` is its
-    own and ``importance`` the parent's scores of those layers."""
+class DenseCut:
+    """A MoE or hybrid parent cut to a point's dense sizes (:func:`dense_cut`): ``model`` holds the parent
+    layers ``layers`` (ascending; None: every layer) and, in each attention layer ``i`` of those, the
+    query heads ``heads[i]`` (None: every head); ``architecture`` is its own and ``importance`` the
+    parent's scores of what it keeps. With both None ``model`` is the parent."""
 
     model: Any
     architecture: Architecture
     importance: Any
     layers: list[int] | None
+    heads: dict[int, list[int]] | None = None
 
     def spread(self, arch: Architecture, parent: Architecture) -> Architecture:
         """``arch`` (a child of :attr:`model`) over the parent's layers: each kept layer in its parent
@@ -479,34 +481,53 @@ class DepthCut:
         return replace(arch, layers=tuple(layers))
 
 
-_CUTS: dict[tuple[int, tuple[int, ...]], DepthCut] = {}  # the two most recent depth cuts of this process
+_CUTS: dict[tuple[Any, ...], DenseCut] = {}  # the two most recent dense cuts of this process
 _CUTS_KEPT = 2
 
 
-def depth_cut(parent: ParentContext, params: Mapping[str, int], layer_order: Sequence[int] | None = None) -> DepthCut:
-    """``parent`` (a MoE or hybrid one) cut to ``params["num_layers"]`` layers: the first present ones
-    of ``layer_order`` (None: the importance ``skip_loss`` order, as a dense trial starts), a MoE and an
-    attention layer among them (:func:`~autocompress_opt.arch.hybrid.depth_layers`, as plan mode keeps them), every
-    kind kept where it is (:func:`~autocompress_opt.prune.experts.slice_layers`). The whole parent when
-    the point keeps every present layer. Cached per parent and kept layers (the two most recent)."""
+def dense_cut(parent: ParentContext, params: Mapping[str, int], layer_order: Sequence[int] | None = None) -> DenseCut:
+    """``parent`` (a MoE or hybrid one) cut to the point's dense sizes before its experts are searched:
+
+    * depth, ``params["num_layers"]`` layers: the first present ones of ``layer_order`` (None: the
+      importance ``skip_loss`` order, as a dense trial starts), a MoE and an attention layer among them
+      (:func:`~autocompress_opt.arch.hybrid.depth_layers`, as plan mode keeps them), every kind kept
+      where it is (:func:`~autocompress_opt.prune.experts.slice_layers`);
+    * heads, ``num_kv_heads`` KV groups of ``q_per_kv`` query heads in every attention layer: the
+      highest-scoring ones (:func:`~autocompress_opt.prune.experts.head_choice`, a dense plan's rule;
+      :func:`~autocompress_opt.prune.experts.slice_heads`).
+
+    The whole parent when the point keeps both at the parent's. Cached per parent and what is kept
+    (the two most recent)."""
     from autocompress_opt.hf.adapters import moe_adapter
-    from autocompress_opt.prune.experts import slice_layers
+    from autocompress_opt.prune.experts import head_choice, slice_heads, slice_layers
 
     arch = parent.architecture
     present = _present(arch)
+    limits = sparse_limits(arch)
     n = int(params.get("num_layers", len(present)))
     if not 1 <= n <= len(present):
         raise ConfigError(f"point choice num_layers={n} is outside 1..{len(present)} (the parent's present layers)")
-    if n == len(present):
-        return DepthCut(parent.model, arch, parent.importance, None)
-    kept = depth_layers(arch, n, layer_order or parent.importance.layer_order())
-    key = (id(parent.model), tuple(kept))
+    heads = tuple(int(params.get(k, limits.get(k, 0))) for k in ("num_kv_heads", "q_per_kv"))
+    cut_heads = "num_kv_heads" in limits and heads != (limits["num_kv_heads"], limits["q_per_kv"])
+    if n == len(present) and not cut_heads:
+        return DenseCut(parent.model, arch, parent.importance, None)
+    kept = depth_layers(arch, n, layer_order or parent.importance.layer_order()) if n < len(present) else None
+    key = (id(parent.model), tuple(kept or ()), heads if cut_heads else None)
     if key not in _CUTS:
         while len(_CUTS) >= _CUTS_KEPT:
             _CUTS.pop(next(iter(_CUTS)))
-        model = slice_layers(parent.model, kept)
-        cut_arch = moe_adapter(model).architecture(model)
-        _CUTS[key] = DepthCut(model, cut_arch, parent.importance.select_layers(kept, cut_arch), kept)
+        model, cut_arch, importance = parent.model, arch, parent.importance
+        if kept is not None:
+            model = slice_layers(model, kept)
+            cut_arch = moe_adapter(model).architecture(model)
+            importance = importance.select_layers(kept, cut_arch)
+        chosen = None
+        if cut_heads:
+            chosen = head_choice(importance, cut_arch, *heads)
+            model = slice_heads(model, chosen)
+            cut_arch = moe_adapter(model).architecture(model)
+            importance = importance.select_heads(chosen, cut_arch)
+        _CUTS[key] = DenseCut(model, cut_arch, importance, kept, chosen)
     _CUTS[key] = _CUTS.pop(key)  # the most recent last
     return _CUTS[key]
 
