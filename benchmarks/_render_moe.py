@@ -81,4 +81,61 @@ def moe_axes() -> str:
     )
 
 
-RENDERERS: dict[str, Callable[[], str]] = {"moe-build": moe_build, "moe-axes": moe_axes}
+def _ci(d: dict[str, Any]) -> str:
+    lo, hi = d["ci95"]
+    text = f"{d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    return f"**{text}**" if hi < 0 or lo > 0 else text
+
+
+def moe_h2h() -> str:
+    """The MoE head-to-head (``bench_moe_h2h.py``): per target, each arm's sizes, test KL before and after
+    recovery, and searched minus each other arm with Holm's verdict."""
+    r = _render()
+    data = r.load("moe_h2h")
+    if data is None:
+        return "not yet measured (run `python benchmarks/bench_moe_h2h.py` once the MoE is built)"
+    st = data["settings"]
+    holm = data["holm"]["comparisons"]
+    parts = [
+        f"Parent: the recovered real-weights MoE; each target keeps {100 * st['keep']:.0f} % of the parent's "
+        f"cost on its primary metric; {st['trials']} weights-mode trials (study seed {st['study_seed']}); "
+        f"{st['test_rows']} code + {st['test_rows']} prose test rows × {st['seq_len']} tokens; recovery "
+        f"{st['recovery']['steps']} distillation steps × {st['recovery']['batch']} rows from the MoE parent, seeds "
+        f"{', '.join(map(str, st['recovery']['seeds']))}. KL is to the MoE parent, nats per token; differences "
+        f"are searched − the other arm (negative: searched closer), paired over rows; Holm over "
+        f"{data['holm']['family']} comparisons. Measured at {r.commit_of(data)}."
+    ]
+    for key, cell in data["cells"].items():
+        header = ["arm", "model", "active / total params", "test KL before", "after recovery"]
+        rows = []
+        for arm in ("searched", "uniform", "experts-only", "depth"):
+            a = cell["arms"].get(arm)
+            if a is None:
+                continue
+            if "unavailable" in a:
+                rows.append([arm, f"unavailable: {a['unavailable']}", "", "", ""])
+                continue
+            runs = [x["test"]["kl_to_parent"] for x in a.get("recovered", {}).values()]
+            after = f"{sum(runs) / len(runs):.3f}" if runs else "–"
+            rows.append(
+                [arm, a["summary"].split(": ", 1)[-1], f"{a['active_params'] / 1e6:.1f}M / {a['params'] / 1e6:.1f}M",
+                 f"{a['test']['kl_to_parent']:.3f}", after]
+            )  # fmt: skip
+        diffs = ["searched − arm", "before recovery", "after recovery", "verdict (after, Holm)"]
+        lines = []
+        for arm, d in (cell.get("difference") or {}).items():
+            verdict = holm.get(f"{key}: searched vs {arm}, after recovery", {}).get("verdict", "")
+            lines.append([arm, _ci(d["before"]), _ci(d["after"]), verdict])
+        limits = ", ".join(f"{k} {v}" for k, v in cell["constraints"].items())
+        t = cell["study"]["trials"]
+        study = (
+            f"{t.get('complete', 0)} complete + {t.get('pruned', 0)} stopped early of {t.get('asked', 0)}, "
+            f"{t.get('proxy_infeasible', 0)} screened by the proxy, {t.get('fail', 0)} failed"
+        )
+        parts.append(f"**{key}** ({limits}; study: {study})\n\n" + r.table(header, rows))
+        if lines:
+            parts.append(r.table(diffs, lines))
+    return "\n\n".join(parts)
+
+
+RENDERERS: dict[str, Callable[[], str]] = {"moe-build": moe_build, "moe-axes": moe_axes, "moe-h2h": moe_h2h}
