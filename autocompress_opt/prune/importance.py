@@ -27,6 +27,9 @@ no gradients. What is scored (all scores: higher = more important):
   block has a shared expert (Nemotron-H), its channels scored as FFN channels (mean |act(up(x))|_c at
   its ``down_proj``'s input, every token). Ungated experts (Nemotron-H's relu²) score ``act(up(x))``;
   with a latent MoE the experts' output norm is taken in the latent width, before ``fc2_latent_proj``.
+  **routing_mass** ``(k,)`` — the mean over tokens of the ``j``-th largest routing weight of each
+  token's top-``k`` (as the router hands them to the experts): the mass an experts-per-token cut to
+  ``k'`` keeps is ``Σ_{j<k'}`` of it over its sum. Absent (None) in records written before it existed.
   Dense layers have None there, and a dense model's scores are computed exactly as before.
 * Mamba-2 mixers (hybrid parents, Nemotron-H): **mamba_heads** ``(H,)`` — per SSM head, mean over
   calibration tokens of ‖y_h‖₂, the head's ``head_dim`` channels of ``out_proj``'s input (after the
@@ -82,7 +85,7 @@ __all__ = [
 _FORMAT = "autocompress-importance/1"
 _TENSORS_FILE, _META_FILE = "importance.safetensors", "importance.json"
 LAYER_METRICS: tuple[str, ...] = ("skip_loss", "block_influence")
-_SPARSE_KINDS = ("expert_frequency", "expert_output", "expert_ffn", "shared_ffn", "mamba_heads")
+_SPARSE_KINDS = ("expert_frequency", "expert_output", "expert_ffn", "shared_ffn", "mamba_heads", "routing_mass")
 # The version of the scores' computation, part of every cache key: bump it when an estimator's
 # numbers change, and cached scores are recomputed. (1: keys of (model, data, method) alone;
 # 2: without the dtype: a bf16 parent read an fp32 parent's scores unless its model id said bf16.)
@@ -122,7 +125,8 @@ class Importance:
     ``hidden`` ``(D,)``, ``block_influence`` ``(L,)``, ``skip_loss`` ``(L,)`` (nats). Per MoE layer
     (None elsewhere; an empty tuple reads as all None): ``expert_frequency[i]`` ``(E_i,)``,
     ``expert_output[i]`` ``(E_i,)``, ``expert_ffn[i]`` ``(E_i, F_i)``, ``shared_ffn[i]`` ``(S_i,)`` where
-    it has a shared expert; per Mamba-2 layer ``mamba_heads[i]`` ``(H_i,)`` (module docstring).
+    it has a shared expert, ``routing_mass[i]`` ``(k_i,)`` (None in older records); per Mamba-2 layer
+    ``mamba_heads[i]`` ``(H_i,)`` (module docstring).
     """
 
     architecture: Architecture
@@ -138,6 +142,7 @@ class Importance:
     expert_ffn: tuple[torch.Tensor | None, ...] = ()
     shared_ffn: tuple[torch.Tensor | None, ...] = ()
     mamba_heads: tuple[torch.Tensor | None, ...] = ()
+    routing_mass: tuple[torch.Tensor | None, ...] = ()
 
     def __post_init__(self) -> None:
         for kind in _SPARSE_KINDS:  # a dense record leaves them out
@@ -266,6 +271,8 @@ def _check_shapes(imp: Importance) -> None:
         expect[f"expert_ffn[{i}]"] = (moe.num_experts, moe.expert_width) if moe is not None else None
         expect[f"shared_ffn[{i}]"] = (moe.shared_width,) if moe is not None and moe.shared_width else None
         expect[f"mamba_heads[{i}]"] = (layer.mamba.num_heads,) if layer.mamba is not None else None
+        if moe is not None and imp.routing_mass[i] is not None:  # absent from records written before it
+            expect[f"routing_mass[{i}]"] = (moe.experts_per_token,)
     for name, shape in expect.items():
         kind, _, idx = name.partition("[")
         tensor = getattr(imp, kind)[int(idx[:-1])] if idx else getattr(imp, kind)
@@ -421,6 +428,7 @@ class _Activations:
         self.expert_out = [zeros(p.num_experts, on(p)) if p else None for p in moe]
         self.expert_ffn = [zeros((p.num_experts, p.expert_width), on(p)) if p else None for p in moe]
         self.shared = [zeros(p.shared_width, on(p)) if p and p.shared_width else None for p in moe]
+        self.rank_mass = [zeros(int(p.router.top_k), on(p)) if p else None for p in moe]
         self.mamba = [
             zeros(p.mamba.num_heads, p.mamba.out_proj.weight.device) if p.mamba is not None else None
             for p in self.parts
@@ -495,6 +503,10 @@ class _Activations:
 
         def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
             x, top_k_index, top_k_weights = args[:3]  # (T, D), (T, k), (T, k): the experts module's call
+            ordered = top_k_weights.float().sort(dim=-1, descending=True).values  # (T, k)
+            mass = self.rank_mass[i]
+            assert mass is not None  # a MoE layer's
+            mass += ordered.double().sum(dim=0).to(mass.device)
             for e in torch.unique(top_k_index).tolist():
                 token, slot = torch.where(top_k_index == e)  # the tokens routed to e, and where in their top-k
                 h, y = expert_forward(parts, e, x[token])  # (n, F), (n, D)
@@ -597,6 +609,7 @@ def _minitron(
         ),
         shared_ffn=tuple(None if f is None else f.cpu() / n_tokens for f in acts.shared),
         mamba_heads=tuple(None if h is None else h.cpu() / n_tokens for h in acts.mamba),
+        routing_mass=tuple(None if m is None else m.cpu() / n_tokens for m in acts.rank_mass),
     )
 
 

@@ -156,6 +156,11 @@ def test_the_proxy_scores_and_ranks_points_on_the_expert_axes(parent: Architectu
     assert not scores[0].feasible and scores[1].feasible
     assert retained_expert_importance(parent, importance) == pytest.approx(1.0)
     assert retained_expert_importance(uniform_allocation(small, parent), importance) < 1.0
+    # an experts-per-token cut is priced by the routing weight it drops (the record's routing_mass)
+    mass = next(m for m in importance.routing_mass if m is not None)
+    assert mass.shape == (2,) and bool(mass[0] >= mass[1] > 0)
+    one = retained_expert_importance(uniform_allocation({**full, "experts_per_token": 1}, parent), importance)
+    assert one == pytest.approx(float(mass[0] / mass.sum()), rel=0.2) and one < 1.0
     ranked = proxy.rank(3)
     assert ranked and all(s.feasible and s.quality is not None and 0 < s.quality <= 1 for s in ranked)
     assert [s.quality for s in ranked] == sorted((s.quality for s in ranked), reverse=True)

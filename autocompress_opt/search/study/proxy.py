@@ -182,9 +182,10 @@ def retained_expert_importance(arch: Architecture, importance: Any) -> float:
     the best KV groups, the best query heads of each); averaged over those layers; times, where
     ``arch`` drops layers of the parent (listed as dropped, as a uniform child lists them), the share
     of the parent's ``skip_loss`` (clamped at 0) its kept layers hold.
-    In [0, 1], 1.0 for the parent; the units are the ones
-    :func:`~autocompress_opt.prune.experts.expert_masks` keeps (ties aside). Top-``k`` is not in it:
-    the ranking's maximal points already prefer the larger."""
+    With the record's ``routing_mass``, a MoE layer's fraction is also times the share of the routing
+    weight its ``experts_per_token`` largest choices hold (an experts-per-token cut scored by the mass
+    it drops; records without it leave top-``k`` out). In [0, 1], 1.0 for the parent; the units are the
+    ones :func:`~autocompress_opt.prune.experts.expert_masks` keeps (ties aside)."""
     fractions = []
     for i, layer in enumerate(arch.layers):
         if layer.mamba is not None and i < len(importance.mamba_heads) and importance.mamba_heads[i] is not None:
@@ -200,6 +201,9 @@ def retained_expert_importance(arch: Architecture, importance: Any) -> float:
         shared = importance.shared_ffn[i] if i < len(importance.shared_ffn) else None
         if layer.moe.shared_width and shared is not None:
             channels *= _kept_mass(shared.clamp_min(0)[None], layer.moe.shared_width)
+        mass = importance.routing_mass[i] if i < len(importance.routing_mass) else None
+        if mass is not None:  # an experts-per-token cut: the routing weight it drops
+            channels *= _kept_mass(mass.clamp_min(0)[None], layer.moe.experts_per_token)
         fractions.append(used * channels)
         if layer.attention and i < len(importance.heads) and importance.heads[i] is not None:
             fractions.extend(_kept_head_mass(importance, i, layer))
