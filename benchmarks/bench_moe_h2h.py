@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -196,7 +195,7 @@ def recover(
 def run_cell(spec: str, args: argparse.Namespace, test_rows: Any) -> dict[str, Any]:
     from _h2h_test import differences, summary
     from bench_head_to_head import best_feasible, study_command
-    from bench_sweep import FLAGS, STUDY_RETRIES, trial_counts
+    from bench_sweep import FLAGS, run_logged, trial_counts
 
     from autocompress_opt.search.study import load_records
     from autocompress_opt.search.study.config import expert_space
@@ -214,18 +213,8 @@ def run_cell(spec: str, args: argparse.Namespace, test_rows: Any) -> dict[str, A
     for metric, limit in target.constraints.items():
         extra += [FLAGS[metric], limit]
     cmd = study_command(str(args.moe), spec, args.trials, group, storage, *extra, "--quiet")
-    log = args.work / "logs" / f"{group}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"{spec}: $ {' '.join(cmd[1:])}  (log {log})", flush=True)
     t0 = time.perf_counter()
-    for attempt in range(1 + STUDY_RETRIES):
-        with log.open("a", encoding="utf-8") as out:
-            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
-        if rc in (0, 3):
-            break
-        print(f"{spec}: study run exited {rc} (attempt {attempt + 1}); see {log}", flush=True)
-    else:
-        raise RuntimeError(f"study run exited {rc} {1 + STUDY_RETRIES} times; see {log}")
+    rc = run_logged(cmd, args.work / "logs" / f"{group}.log", spec)
     seconds["study"] = time.perf_counter() - t0
     records, attrs = load_records(storage, f"{group}.{target.hardware}")
     record: dict[str, Any] = {
@@ -255,9 +244,11 @@ def run_cell(spec: str, args: argparse.Namespace, test_rows: Any) -> dict[str, A
         if point is None:
             record["arms"][arm] = {"unavailable": "no point of this arm's family meets the budget"}
             continue
-        child, _, arch = cut_point(context, point)
+        child, kept, arch = cut_point(context, point)
         children[arm] = (child, arch)
         record["arms"][arm] = {"point": point}
+        if "searched" in children:  # the same units as the study's best: the same model
+            record["arms"][arm]["same_model_as_searched"] = kept == pick["kept"]
     t0 = time.perf_counter()
     scores = {}
     for arm, (child, arch) in children.items():

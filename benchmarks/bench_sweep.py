@@ -340,17 +340,7 @@ def run_study(cell: Cell, target: Any, space: Path, args: argparse.Namespace) ->
     for metric, limit in target.constraints.items():
         extra += [FLAGS[metric], limit]
     cmd = study_command(MODEL, cell.target, args.trials, cell.group, storage, *extra, "--quiet")
-    log = args.work / "logs" / f"{cell.group}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"{cell.key}: $ {' '.join(cmd[1:])}  (log {log})", flush=True)
-    for attempt in range(1 + STUDY_RETRIES):
-        with log.open("a", encoding="utf-8") as out:
-            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
-        if rc in (0, 3):  # 3: trials completed, none feasible: a result, not a failure
-            break
-        print(f"{cell.key}: study run exited {rc} (attempt {attempt + 1}); see {log}", flush=True)
-    else:
-        raise RuntimeError(f"study run exited {rc} {1 + STUDY_RETRIES} times; see {log}")
+    rc = run_logged(cmd, args.work / "logs" / f"{cell.group}.log", cell.key)
     records, attrs = load_records(storage, f"{cell.group}.{target.hardware}")
     counts = trial_counts(records, args.trials)
     try:
@@ -358,6 +348,20 @@ def run_study(cell: Cell, target: Any, space: Path, args: argparse.Namespace) ->
     except RuntimeError:
         pick = None
     return {"exit_status": rc, "trials": counts, "pick": pick, "seeds": attrs.get("baseline_seeds") or {}}
+
+
+def run_logged(cmd: list[str], log: Path, label: str) -> int:
+    """``cmd`` (a ``study run``, which resumes) with its output appended to ``log``, retried up to
+    :data:`STUDY_RETRIES` times; its exit status (0, or 3: trials completed, none feasible)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"{label}: $ {' '.join(cmd[1:])}  (log {log})", flush=True)
+    for attempt in range(1 + STUDY_RETRIES):
+        with log.open("a", encoding="utf-8") as out:
+            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+        if rc in (0, 3):  # 3: trials completed, none feasible: a result, not a failure
+            return rc
+        print(f"{label}: study run exited {rc} (attempt {attempt + 1}); see {log}", flush=True)
+    raise RuntimeError(f"study run exited {rc} {1 + STUDY_RETRIES} times; see {log}")
 
 
 def model_key(plan: Any) -> str:

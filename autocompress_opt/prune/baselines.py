@@ -699,10 +699,8 @@ def expert_kl_scorer(
     cuts it. The expert
     counterpart of :func:`~autocompress_opt.prune.baselines.masked_kl_scorer`; ``model`` is unchanged
     after each call."""
-    import torch
-
     from autocompress_opt.hf.adapters import moe_adapter
-    from autocompress_opt.prune.experts import expert_masks, head_choice
+    from autocompress_opt.prune.experts import expert_masks, head_choice, head_masks
     from autocompress_opt.prune.masking import LayerMask, apply_masks
     from autocompress_opt.quality.metrics import cache_teacher_logits, kl_divergence
 
@@ -728,15 +726,7 @@ def expert_kl_scorer(
             and (attn.num_heads, attn.num_kv_heads) != (full.num_heads, full.num_kv_heads)
         ):
             chosen = head_choice(importance, parent, attn.num_kv_heads, attn.num_heads // attn.num_kv_heads)
-            masks = replace(
-                masks,
-                layers=tuple(
-                    replace(m, heads=torch.isin(torch.arange(parent.layers[i].num_heads), torch.tensor(chosen[i])))
-                    if i in chosen
-                    else m
-                    for i, m in enumerate(masks.layers)
-                ),
-            )
+            masks = head_masks(masks, parent, chosen)
         if len(arch.layers) == len(masks.layers):  # the layers ``arch`` drops: skipped (every sub-block None)
             skip = LayerMask(None, None)
             masks = replace(masks, layers=tuple(skip if s.is_noop else m for s, m in zip(arch.layers, masks.layers)))

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import copy
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -53,6 +53,7 @@ __all__ = [
     "expert_masks",
     "export_experts",
     "head_choice",
+    "head_masks",
     "slice_experts",
     "slice_heads",
     "slice_layers",
@@ -198,9 +199,6 @@ def slice_experts(model: Any, masks: Masks, *, adapter: FamilyAdapter | None = N
     difference: the experts kept and the shared width in Nemotron-H (global in its Puzzle form too),
     anything in Qwen3-MoE (no per-layer form its engines read), Mamba-2 heads.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.initialization import no_init_weights
 
     from autocompress_opt.prune.masking import apply_masks
 
@@ -208,18 +206,7 @@ def slice_experts(model: Any, masks: Masks, *, adapter: FamilyAdapter | None = N
     parts = adapter.all_layer_parts(model)
     apply_masks(model, masks, adapter=adapter).remove()  # the shape checks, nothing installed
     config = _child_config(model.config, parts, masks)
-    weight = next(model.parameters())
-    with no_init_weights():
-        child = AutoModelForCausalLM.from_config(config, dtype=weight.dtype)
-    child.to(weight.device)
-    with torch.no_grad():
-        sliced = _sliced_state(model, parts, masks)
-    missing, unexpected = child.load_state_dict(sliced, strict=False)
-    if missing or unexpected:  # an internal error: a weight the slicing did not produce
-        raise AssertionError(f"expert slicing left {missing} unset and produced unused {unexpected}")
-    if child.config.tie_word_embeddings:
-        child.tie_weights()
-    return child.eval()
+    return _built(model, config, lambda: _sliced_state(model, parts, masks), "expert slicing")
 
 
 def _child_config(parent: Any, parts: list[LayerParts], masks: Masks) -> Any:
@@ -370,6 +357,27 @@ def _slice_mlp(mlp: Any, keep: Any, state: dict[str, Any], names: dict[int, str]
     state[names[id(mlp.down_proj.weight)]] = mlp.down_proj.weight.detach().index_select(1, index).clone()
 
 
+def _built(model: Any, config: Any, state: Callable[[], dict[str, Any]], what: str) -> Any:
+    """The family's model of ``config``, built without initialising and loaded with ``state()`` (every
+    weight it has), on ``model``'s device and dtype, tied where the config ties, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    weight = next(model.parameters())
+    with no_init_weights():
+        child = AutoModelForCausalLM.from_config(config, dtype=weight.dtype)
+    child.to(weight.device)
+    with torch.no_grad():
+        weights = state()
+    missing, unexpected = child.load_state_dict(weights, strict=False)
+    if missing or unexpected:  # an internal error: a weight the cut did not produce
+        raise AssertionError(f"{what} left {missing} unset and produced unused {unexpected}")
+    if child.config.tie_word_embeddings:
+        child.tie_weights()
+    return child.eval()
+
+
 # ------------------------------------------------------------------------------------ depth
 def slice_layers(model: Any, keep: Sequence[int], *, adapter: FamilyAdapter | None = None) -> Any:
     """The family's model holding ``model``'s layers ``keep`` (parent indices, any order; each once) and
@@ -381,9 +389,6 @@ def slice_layers(model: Any, keep: Sequence[int], *, adapter: FamilyAdapter | No
     ``decoder_sparse_step`` 1), Nemotron-H's ``layers_block_type`` and a Puzzle parent's
     ``block_configs`` keep the kept layers' entries. This is how a MoE or hybrid parent is cut in depth
     before its experts are: :func:`expert_masks` and :func:`slice_experts` then work on the cut model."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.initialization import no_init_weights
 
     adapter = adapter or moe_adapter(model)
     layers = adapter.layers(model)
@@ -392,26 +397,20 @@ def slice_layers(model: Any, keep: Sequence[int], *, adapter: FamilyAdapter | No
         raise ConfigError(f"kept layers {list(keep)}: give each layer once, at least one of 0..{len(layers) - 1}")
     prefix = next(name for name, module in model.named_modules() if module is layers) + "."
     config = _layers_config(model.config, kept, len(layers))
-    weight = next(model.parameters())
-    with no_init_weights():
-        child = AutoModelForCausalLM.from_config(config, dtype=weight.dtype)
-    child.to(weight.device)
     renumber = {old: new for new, old in enumerate(kept)}
-    state: dict[str, Any] = {}
-    with torch.no_grad():
+
+    def state() -> dict[str, Any]:
+        out: dict[str, Any] = {}
         for name, tensor in model.state_dict().items():
             if name.startswith(prefix):
                 index, _, rest = name[len(prefix) :].partition(".")
                 if int(index) not in renumber:
                     continue
                 name = f"{prefix}{renumber[int(index)]}.{rest}"
-            state[name] = tensor.detach().clone()
-    missing, unexpected = child.load_state_dict(state, strict=False)
-    if missing or unexpected:  # an internal error: a weight the cut did not produce
-        raise AssertionError(f"layer slicing left {missing} unset and produced unused {unexpected}")
-    if child.config.tie_word_embeddings:
-        child.tie_weights()
-    return child.eval()
+            out[name] = tensor.detach().clone()
+        return out
+
+    return _built(model, config, state, "layer slicing")
 
 
 def _layers_config(config: Any, kept: list[int], num_layers: int) -> Any:
@@ -458,9 +457,6 @@ def slice_heads(model: Any, heads: Mapping[int, Sequence[int]], *, adapter: Fami
     ``head_dim`` unchanged. Copied, never shared; same dtype and device, eval mode. Its logits equal
     ``model``'s with the other query heads' outputs masked
     (:func:`~autocompress_opt.prune.masking.apply_masks`)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.initialization import no_init_weights
 
     adapter = adapter or moe_adapter(model)
     parts = adapter.all_layer_parts(model)
@@ -491,29 +487,36 @@ def slice_heads(model: Any, heads: Mapping[int, Sequence[int]], *, adapter: Fami
     config = copy.deepcopy(model.config)
     config.head_dim = parts[attention[0]].head_dim  # explicit: a derived head_dim would follow the head count
     config.num_attention_heads, config.num_key_value_heads = num_kv * per, num_kv
-    weight = next(model.parameters())
-    with no_init_weights():
-        child = AutoModelForCausalLM.from_config(config, dtype=weight.dtype)
-    child.to(weight.device)
     names = {id(t): name for name, t in model.named_parameters(remove_duplicate=False)}
-    with torch.no_grad():
-        state = {name: t.detach().clone() for name, t in model.state_dict().items()}
+
+    def state() -> dict[str, Any]:
+        out = {name: t.detach().clone() for name, t in model.state_dict().items()}
         for i, (q, groups) in kept.items():
             p = parts[i]
             rows = {"q": _head_rows(q, p.head_dim), "kv": _head_rows(groups, p.head_dim)}
             for proj, which in (("q_proj", "q"), ("k_proj", "kv"), ("v_proj", "kv")):
                 module = getattr(p, proj)
-                state[names[id(module.weight)]] = module.weight.detach()[rows[which].to(module.weight.device)].clone()
+                out[names[id(module.weight)]] = module.weight.detach()[rows[which].to(module.weight.device)].clone()
                 if module.bias is not None:
-                    state[names[id(module.bias)]] = module.bias.detach()[rows[which].to(module.bias.device)].clone()
+                    out[names[id(module.bias)]] = module.bias.detach()[rows[which].to(module.bias.device)].clone()
             o = p.o_proj.weight
-            state[names[id(o)]] = o.detach()[:, rows["q"].to(o.device)].clone()
-    missing, unexpected = child.load_state_dict(state, strict=False)
-    if missing or unexpected:  # an internal error: a weight the cut did not produce
-        raise AssertionError(f"head slicing left {missing} unset and produced unused {unexpected}")
-    if child.config.tie_word_embeddings:
-        child.tie_weights()
-    return child.eval()
+            out[names[id(o)]] = o.detach()[:, rows["q"].to(o.device)].clone()
+        return out
+
+    return _built(model, config, state, "head slicing")
+
+
+def head_masks(masks: Masks, arch: Any, heads: Mapping[int, Sequence[int]]) -> Masks:
+    """``masks`` with each attention layer ``i`` of ``heads`` keeping only the query heads ``heads[i]``
+    (what :func:`slice_heads` of the same ``heads`` computes)."""
+    import torch
+
+    def kept(i: int) -> Any:
+        return torch.isin(torch.arange(arch.layers[i].num_heads), torch.tensor(list(heads[i])))
+
+    return replace(
+        masks, layers=tuple(replace(m, heads=kept(i)) if i in heads else m for i, m in enumerate(masks.layers))
+    )
 
 
 def _head_rows(heads: Sequence[int], head_dim: int) -> Any:

@@ -19,7 +19,14 @@ from autocompress_opt.arch.search_space import uniform_allocation
 from autocompress_opt.errors import ConfigError
 from autocompress_opt.hf.adapters import moe_adapter
 from autocompress_opt.prune.expert_kept import EXPERT_KEPT_DEPTH, expert_kept, kept_layers, kept_model
-from autocompress_opt.prune.experts import expert_masks, head_choice, slice_experts, slice_heads, slice_layers
+from autocompress_opt.prune.experts import (
+    expert_masks,
+    head_choice,
+    head_masks,
+    slice_experts,
+    slice_heads,
+    slice_layers,
+)
 from autocompress_opt.prune.importance import estimate_importance
 from autocompress_opt.prune.masking import LayerMask, Masks, apply_masks
 from autocompress_opt.serving.targets import Target
@@ -83,16 +90,7 @@ def test_a_head_cut_computes_the_parent_with_the_other_heads_masked(family: str,
         for a, b in zip(arch.layers, built.layers)
         if a.attention
     )
-    ones = Masks.ones(arch)
-    masks = replace(
-        ones,
-        layers=tuple(
-            replace(m, heads=torch.isin(torch.arange(arch.layers[i].num_heads), torch.tensor(heads[i])))
-            if i in heads
-            else m
-            for i, m in enumerate(ones.layers)
-        ),
-    )
+    masks = head_masks(Masks.ones(arch), arch, heads)
     ids = tokens(2, 12, seed=3)
     with torch.no_grad():
         with apply_masks(model, masks, adapter=adapter):
