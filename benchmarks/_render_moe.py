@@ -118,8 +118,9 @@ def moe_h2h() -> str:
             runs = [x["test"]["kl_to_parent"] for x in a.get("recovered", {}).values()]
             after = f"{sum(runs) / len(runs):.3f}" if runs else "–"
             same = " (the searched model)" if a.get("same_model_as_searched") else ""
+            sizes = f"{a['active_params'] / 1e6:.1f}M / {a['params'] / 1e6:.1f}M"
             rows.append(
-                [arm + same, a["summary"].split(": ", 1)[-1], f"{a['active_params'] / 1e6:.1f}M / {a['params'] / 1e6:.1f}M",
+                [arm + same, a["summary"].split(": ", 1)[-1], sizes,
                  f"{a['test']['kl_to_parent']:.3f}", after]
             )  # fmt: skip
         diffs = ["searched − arm", "before recovery", "after recovery", "verdict (after, Holm)"]
