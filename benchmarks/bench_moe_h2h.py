@@ -13,9 +13,10 @@ latency / throughput limits, so an arm's active parameters are what that budget 
   loop; the layers cut by importance, then which experts and channels by the inner expert search);
 * ``uniform`` (Minitron-style): the study's own ``minitron`` seed point, the largest feasible points
   of the same space scored by the masked KL, cut by importance alone (the trial's ``start`` candidate);
-* ``experts-only``: every layer kept at the parent's width and top-``k``, the most experts that meet
-  the budget (the most used kept);
-* ``depth``: every expert kept, the most layers that meet the budget (the lowest skip-loss dropped).
+* ``experts-only``: every layer and head kept at the parent's width and top-``k``, the most experts
+  (of ``1..E``) that meet the budget (the most used kept);
+* ``depth``: every head and expert kept, the most layers (of ``1..L``, not the study space's floor)
+  that meet the budget (the lowest skip-loss dropped, a MoE and an attention layer kept).
 
 An arm no point of its family meets is recorded as unavailable with the reason. Each arm is scored on
 the **test** split (``--test-rows`` rows per domain, code and prose; per-row KL to the MoE parent),
@@ -96,16 +97,18 @@ def cell_target(spec: str, keep: float) -> Any:
 def largest_feasible(
     space: Any, parent: Any, target: Any, order: list[int], vary: str, fixed: dict[str, int]
 ) -> dict[str, int] | None:
-    """The point of ``space`` with ``fixed`` values whose ``vary`` choice is the largest that meets
-    ``target`` (its uniform child in the layer ``order``), None when none does."""
+    """The point whose ``vary`` choice is the largest of ``1..`` the parent's that meets ``target`` (its
+    uniform child in the layer ``order``), every other choice at the parent's (``fixed`` aside), None
+    when none does. A baseline's own range, not the study space's: that space's floors (e.g. two thirds
+    of the depth) are the search's, not the practitioner's."""
     from autocompress_opt.arch.hybrid import sparse_limits
     from autocompress_opt.arch.search_space import uniform_allocation
     from autocompress_opt.serving.targets import parent_metrics
 
     reference = parent_metrics(parent, target)
-    base = {c.name: c.values[-1] for c in space.choices} | sparse_limits(parent) | fixed
-    base = {k: v for k, v in base.items() if k in space.names}
-    for value in sorted(space[vary].values, reverse=True):
+    limits = sparse_limits(parent)
+    base = {k: v for k, v in (limits | fixed).items() if k in space.names}
+    for value in range(limits[vary], 0, -1):
         point = {**base, vary: value}
         if point.get("experts_per_token", 0) > point.get("num_experts", 1 << 30):
             continue
