@@ -422,6 +422,8 @@ def _sparse_trial(
 
     searching = time.perf_counter()
     params = dict(request["params"])
+    if "experts_per_token" in params and "num_experts" in params:  # top-k capped at the experts kept, as
+        params["experts_per_token"] = min(int(params["experts_per_token"]), int(params["num_experts"]))  # plan mode
     cut = dense_cut(parent, params, request.get("layer_order"))
     if cut.layers is not None:  # the early check kept every layer; the kinds kept matter to some engines
         check_loadable(
