@@ -233,19 +233,17 @@ def test_a_puzzle_parent_cut_in_depth_keeps_each_layers_own_expert_sizes() -> No
         torch.testing.assert_close(cut(ids).logits, skipped)
 
 
-def test_a_trial_that_keeps_every_expert_and_cuts_only_heads_completes(tmp_path: Path) -> None:
-    """Every expert, width and top-k at the parent's: the expert search has nothing to learn (no score
-    moves a mask), so its start is the choice; the heads are still cut."""
+def _trial(tmp_path: Path, params_of: Any) -> tuple[Any, dict[str, Any]]:
+    """A weights trial on a saved tiny Qwen3-MoE of the point ``params_of(parent)``: the parent and the result."""
     from tiny_lm import save_hf_dir
 
-    from autocompress_opt.arch.hybrid import sparse_limits
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.search.study.weights_trial import run_weights_trial
 
     model_dir = save_hf_dir(tiny_model("qwen3_moe", **TINY_MOE, vocab_size=260), tmp_path / "moe")
     parent = load_model(model_dir).architecture
     request = {
-        "params": {**sparse_limits(parent), "q_per_kv": 1},
+        "params": params_of(parent),
         "parent": parent.to_dict(),
         "target": TARGET.to_dict(),
         "seed": 0,
@@ -253,7 +251,15 @@ def test_a_trial_that_keeps_every_expert_and_cuts_only_heads_completes(tmp_path:
         "cache_dir": str(tmp_path / "cache"),
         "inner": INNER,
     }
-    result = run_weights_trial(request)
+    return parent, run_weights_trial(request)
+
+
+def test_a_trial_that_keeps_every_expert_and_cuts_only_heads_completes(tmp_path: Path) -> None:
+    """Every expert, width and top-k at the parent's: the expert search has nothing to learn (no score
+    moves a mask), so its start is the choice; the heads are still cut."""
+    from autocompress_opt.arch.hybrid import sparse_limits
+
+    parent, result = _trial(tmp_path, lambda p: {**sparse_limits(p), "q_per_kv": 1})
     arch = Architecture.from_dict(result["architecture"])
     assert {(layer.num_heads, layer.num_kv_heads) for layer in arch.layers} == {(2, 2)}
     assert "kept_layers" not in result["kept"] and len(result["kept"]["kept_heads"]) == parent.num_layers
@@ -263,26 +269,10 @@ def test_a_trial_that_keeps_every_expert_and_cuts_only_heads_completes(tmp_path:
 def test_a_point_routing_to_more_experts_than_it_keeps_is_capped_as_plan_mode_caps_it(tmp_path: Path) -> None:
     """The sampler may propose top-k above the experts kept (both are choices of the space): the trial
     caps it, as the plan-mode child and the proxy do, instead of failing the trial."""
-    from tiny_lm import save_hf_dir
-
     from autocompress_opt.arch.hybrid import sparse_limits
-    from autocompress_opt.hf.loading import load_model
-    from autocompress_opt.search.study.weights_trial import run_weights_trial
 
-    model_dir = save_hf_dir(tiny_model("qwen3_moe", **TINY_MOE, vocab_size=260), tmp_path / "moe")
-    parent = load_model(model_dir).architecture
+    parent, result = _trial(tmp_path, lambda p: {**sparse_limits(p), "num_experts": 1, "experts_per_token": 2})
     params = {**sparse_limits(parent), "num_experts": 1, "experts_per_token": 2}
-    result = run_weights_trial(
-        {
-            "params": params,
-            "parent": parent.to_dict(),
-            "target": TARGET.to_dict(),
-            "seed": 0,
-            "parent_model": str(model_dir),
-            "cache_dir": str(tmp_path / "cache"),
-            "inner": INNER,
-        }
-    )
     arch = Architecture.from_dict(result["architecture"])
     assert {(layer.moe.num_experts, layer.moe.experts_per_token) for layer in arch.layers if layer.moe} == {(1, 1)}
     assert arch == replace(uniform_allocation(params, parent), name=arch.name)
