@@ -27,7 +27,8 @@ look at quality, so the baselines above replace it there.
 counts only (experts, top-``k``, expert and shared widths, Mamba-2 heads), so its ``minitron`` seed
 scores the largest feasible points of that space (:func:`expert_kl_scorer`: the masked parent's KL
 with the experts, channels and heads chosen by importance, the trial's ``start`` candidate);
-``depth`` and ``best-uniform`` are skipped with their reason.
+its ``depth`` seed is the deepest point with every other choice at the space's largest (named, not
+seeded, when it lies below the space's depth floor); ``best-uniform`` is skipped with its reason.
 """
 
 from __future__ import annotations
@@ -652,14 +653,10 @@ def expert_seeds(
     ``minitron`` scores the :data:`SEED_CANDIDATES` feasible points with the most parameters that no
     other feasible point covers (``score``: lower is better; None ranks by parameters), each a
     point of ``space``, so nothing is snapped, its layers the first of ``layer_order`` (the trial's:
-    :func:`~autocompress_opt.search.study.weights_trial.dense_cut`); ``depth`` and ``best-uniform`` are
-    skipped."""
-    out: dict[str, dict[str, Any]] = {
-        "depth": {
-            "skipped": "it drops layers of a dense parent at full width; a MoE parent's minitron seed chooses "
-            "the depth with the sparse counts"
-        },
-    }
+    :func:`~autocompress_opt.search.study.weights_trial.dense_cut`); ``depth`` is the deepest point that
+    meets the target with every other choice at the space's largest (:func:`_expert_depth_seed`; skipped,
+    saying by how much, where that depth is below the space's floor); ``best-uniform`` is skipped."""
+    out: dict[str, dict[str, Any]] = {"depth": _expert_depth_seed(space, parent, feasible, layer_order)}
     ranked = sorted(
         ((uniform_allocation(p, parent, layer_order).num_params, p) for p in _points(space)), key=lambda r: -r[0]
     )  # most parameters first: a point that covers another comes before it
@@ -686,6 +683,40 @@ def expert_seeds(
         "feasible ones"
     }
     return out
+
+
+def _expert_depth_seed(
+    space: SearchSpace,
+    parent: Architecture,
+    feasible: Callable[[Architecture], bool],
+    layer_order: Sequence[int] | None,
+) -> dict[str, Any]:
+    """The ``depth`` seed of a MoE study: every choice but ``num_layers`` at the space's largest (the
+    parent's, in the default space), the most layers of ``1..`` the parent's that meet the target. On
+    the real-weights MoE this plain depth cut beat the study's best at two targets, from below the
+    default space's depth floor (docs/results/moe.md), so a depth below the floor is named, with the
+    change of space that would reach it, rather than dropped silently."""
+    full = {c.name: c.values[-1] for c in space.choices}
+    deepest = next(
+        (
+            n
+            for n in range(parent.num_active_layers, 0, -1)
+            if feasible(uniform_allocation({**full, "num_layers": n}, parent, layer_order))
+        ),
+        None,
+    )
+    if deepest is None:
+        return {"skipped": "no depth meets the target's constraints with every other choice at the space's largest"}
+    floor = min(space["num_layers"].values)
+    if deepest not in space["num_layers"].values:
+        return {
+            "skipped": f"the deepest point that meets the target with every other choice at the space's largest "
+            f"keeps {deepest} layers, below the space's depth floor of {floor}: a --space whose num_layers goes "
+            f"down to {deepest} lets the study start there"
+        }
+    point = {**full, "num_layers": deepest}
+    finding = f"chose {deepest} layers: the deepest that meets the target with every expert, width and head kept"
+    return {"point": point, "baseline_point": point, "finding": finding}
 
 
 def expert_kl_scorer(

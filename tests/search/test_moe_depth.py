@@ -276,3 +276,23 @@ def test_a_point_routing_to_more_experts_than_it_keeps_is_capped_as_plan_mode_ca
     arch = Architecture.from_dict(result["architecture"])
     assert {(layer.moe.num_experts, layer.moe.experts_per_token) for layer in arch.layers if layer.moe} == {(1, 1)}
     assert arch == replace(uniform_allocation(params, parent), name=arch.name)
+
+
+def test_the_depth_seed_of_a_moe_study_names_a_depth_below_the_spaces_floor() -> None:
+    """The deepest point with every other choice at the space's largest is the ``depth`` seed; when that
+    depth is below the space's floor the seed says how deep and which --space reaches it."""
+    from autocompress_opt.arch.search_space import Choice
+    from autocompress_opt.prune.baselines import expert_seeds
+    from autocompress_opt.search.study.config import expert_space
+
+    model = tiny_model("qwen3_moe", **TINY_MOE)
+    parent = moe_adapter(model).architecture(model)
+    space = expert_space(parent)  # num_layers 2..3
+    two = lambda arch: sum(not layer.is_noop for layer in arch.layers) <= 2  # a target only two layers meet
+    assert expert_seeds(space, parent, two, None)["depth"]["point"]["num_layers"] == 2
+    one = lambda arch: sum(not layer.is_noop for layer in arch.layers) <= 1
+    narrow = replace(
+        space, choices=tuple(Choice("num_layers", (2, 3)) if c.name == "num_layers" else c for c in space.choices)
+    )
+    skipped = expert_seeds(narrow, parent, one, None)["depth"]["skipped"]
+    assert "keeps 1 layers, below the space's depth floor of 2" in skipped and "--space" in skipped

@@ -132,7 +132,12 @@ def test_the_minitron_seed_scores_the_largest_feasible_expert_points(
     space, feasible = expert_space(parent), target_feasibility(TARGET, parent)
     score = expert_kl_scorer(model, importance, tokens(2, 16, seed=4))
     seeds = expert_seeds(space, parent, feasible, score)
-    assert "skipped" in seeds["depth"] and "skipped" in seeds["best-uniform"]
+    assert "skipped" in seeds["best-uniform"]
+    depth = seeds["depth"]  # the deepest point with every expert, width and head kept, or why not
+    assert "point" in depth or "below the space's depth floor" in depth["skipped"] or "no depth" in depth["skipped"]
+    if "point" in depth:
+        assert all(depth["point"][c.name] == c.values[-1] for c in space.choices if c.name != "num_layers")
+        assert feasible(uniform_allocation(depth["point"], parent))
     point = seeds["minitron"]["point"]
     assert all(point[c.name] in c.values for c in space.choices)
     assert feasible(uniform_allocation(point, parent)) and not feasible(parent)

@@ -88,14 +88,14 @@ def test_the_preparation_runs_in_its_order_and_admits_each_target_at_its_positio
 
 
 def test_the_start_message_names_the_baselines_really_chosen() -> None:
-    """A dense parent's study chooses the three baselines; a MoE parent's weights study only minitron
-    (its expert seeds skip depth and best-uniform), its plan-mode study none (the uniform baselines
+    """A dense parent's study chooses the three baselines; a MoE parent's weights study depth and
+    minitron (its expert seeds skip best-uniform), its plan-mode study none (the uniform baselines
     prune dense parents), and the driver says so."""
     dense, moe = load_architecture("smollm2-135m"), load_architecture("qwen3-30b-a3b")
     assert seeded_baselines(_config(), dense) == SEEDED_BASELINES
     assert seeded_baselines(_config("plan"), dense) == SEEDED_BASELINES
     assert seeded_baselines(_config("plan"), moe) == ()
-    assert seeded_baselines(_config(), moe) == ("minitron",)
+    assert seeded_baselines(_config(), moe) == ("depth", "minitron")
     assert _choosing(SEEDED_BASELINES) == "choosing the depth, minitron, best-uniform baselines to seed the study"
     assert _choosing(("minitron",)) == "choosing the minitron baseline to seed the study"
 

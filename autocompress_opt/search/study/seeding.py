@@ -279,10 +279,10 @@ _PLAN_MOE_SKIP = (
 def seeded_baselines(config: StudyConfig, parent: Architecture) -> tuple[str, ...]:
     """The baselines whose points :func:`baseline_seeds` chooses for ``parent`` (the others it
     records as skipped): all of :data:`SEEDED_BASELINES`; for a MoE or hybrid parent only
-    ``minitron`` over the expert axes in a weights study
+    ``depth`` and ``minitron`` over the expert axes in a weights study
     (:func:`~autocompress_opt.prune.baselines.expert_seeds`), none in plan mode."""
     if is_moe(parent):
-        return ("minitron",) if config.mode == "weights" else ()
+        return ("depth", "minitron") if config.mode == "weights" else ()
     return SEEDED_BASELINES
 
 
