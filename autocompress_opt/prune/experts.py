@@ -46,6 +46,7 @@ from autocompress_opt.prune.export import OutputExistsError
 from autocompress_opt.prune.importance import Importance, ranked
 from autocompress_opt.prune.mamba import mamba_layer_mask, slice_mamba_state, uniform_mamba_heads
 from autocompress_opt.prune.masking import LayerMask, Masks
+from autocompress_opt.prune.plan import layer_heads
 
 __all__ = [
     "CONFIG_KEYS",
@@ -441,12 +442,9 @@ def head_choice(importance: Importance, arch: Any, num_kv_heads: int, q_per_kv: 
         kv_scores, head_scores = importance.kv_groups[i], importance.heads[i]
         if kv_scores is None or head_scores is None:
             raise ConfigError(f"the importance scores have no head scores for attention layer {i}")
-        r = layer.num_heads // layer.num_kv_heads
         check_int(num_kv_heads, "num_kv_heads", 1, maximum=layer.num_kv_heads)
-        check_int(q_per_kv, "q_per_kv", 1, maximum=r)
-        by_group = head_scores.view(layer.num_kv_heads, r)  # (G, r)
-        groups = ranked(kv_scores)[:num_kv_heads].tolist()
-        out[i] = sorted(g * r + int(j) for g in groups for j in ranked(by_group[g])[:q_per_kv].tolist())
+        check_int(q_per_kv, "q_per_kv", 1, maximum=layer.num_heads // layer.num_kv_heads)
+        out[i] = list(layer_heads(kv_scores, head_scores, num_kv_heads, q_per_kv)[0])
     return out
 
 
@@ -457,6 +455,7 @@ def slice_heads(model: Any, heads: Mapping[int, Sequence[int]], *, adapter: Fami
     ``head_dim`` unchanged. Copied, never shared; same dtype and device, eval mode. Its logits equal
     ``model``'s with the other query heads' outputs masked
     (:func:`~autocompress_opt.prune.masking.apply_masks`)."""
+    from autocompress_opt.prune.slicing import head_rows  # materialize's row rule (slicing imports torch)
 
     adapter = adapter or moe_adapter(model)
     parts = adapter.all_layer_parts(model)
@@ -493,14 +492,15 @@ def slice_heads(model: Any, heads: Mapping[int, Sequence[int]], *, adapter: Fami
         out = {name: t.detach().clone() for name, t in model.state_dict().items()}
         for i, (q, groups) in kept.items():
             p = parts[i]
-            rows = {"q": _head_rows(q, p.head_dim), "kv": _head_rows(groups, p.head_dim)}
+            on = p.q_proj.weight.device
+            rows = {"q": head_rows(q, p.head_dim, on), "kv": head_rows(groups, p.head_dim, on)}
             for proj, which in (("q_proj", "q"), ("k_proj", "kv"), ("v_proj", "kv")):
                 module = getattr(p, proj)
-                out[names[id(module.weight)]] = module.weight.detach()[rows[which].to(module.weight.device)].clone()
+                out[names[id(module.weight)]] = module.weight.detach()[rows[which]].clone()
                 if module.bias is not None:
-                    out[names[id(module.bias)]] = module.bias.detach()[rows[which].to(module.bias.device)].clone()
+                    out[names[id(module.bias)]] = module.bias.detach()[rows[which]].clone()
             o = p.o_proj.weight
-            out[names[id(o)]] = o.detach()[:, rows["q"].to(o.device)].clone()
+            out[names[id(o)]] = o.detach()[:, rows["q"]].clone()
         return out
 
     return _built(model, config, state, "head slicing")
@@ -517,14 +517,6 @@ def head_masks(masks: Masks, arch: Any, heads: Mapping[int, Sequence[int]]) -> M
     return replace(
         masks, layers=tuple(replace(m, heads=kept(i)) if i in heads else m for i, m in enumerate(masks.layers))
     )
-
-
-def _head_rows(heads: Sequence[int], head_dim: int) -> Any:
-    """Row indices ``(len(heads)·head_dim,)`` of the given heads in a ``(heads·head_dim, ·)`` matrix."""
-    import torch
-
-    idx = torch.tensor(list(heads), dtype=torch.long)
-    return (idx[:, None] * head_dim + torch.arange(head_dim)).flatten()
 
 
 def export_experts(model: Any, masks: Masks, out_dir: str | Path, *, force: bool = False) -> Path:

@@ -32,7 +32,15 @@ if TYPE_CHECKING:
     import torch
 
 
-__all__ = ["KEPT_FORMAT", "LayerPlan", "PrunePlan", "identity_plan", "plan_from_kept", "plan_pruning"]
+__all__ = [
+    "KEPT_FORMAT",
+    "LayerPlan",
+    "PrunePlan",
+    "identity_plan",
+    "layer_heads",
+    "plan_from_kept",
+    "plan_pruning",
+]
 
 KEPT_FORMAT = "autocompress-kept/1"  # the record of PrunePlan.kept
 
@@ -127,6 +135,19 @@ def _indicator(size: int, kept: Sequence[int]) -> torch.Tensor:
 def _top(scores: torch.Tensor, k: int) -> tuple[int, ...]:
     """Indices of the ``k`` highest scores (:func:`ranked`: ties to the lower index), ascending."""
     return tuple(sorted(ranked(scores)[:k].tolist()))  # tolist: not a Python loop over 0-d tensors
+
+
+def layer_heads(
+    kv_scores: torch.Tensor, head_scores: torch.Tensor, num_kv_heads: int, q_per_kv: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(query heads, KV groups)`` one attention layer keeps for ``num_kv_heads`` groups of ``q_per_kv``
+    query heads (both ascending): the highest-scoring KV groups (``kv_scores`` ``(G,)``), and within each
+    the highest-scoring of its query heads (``head_scores`` ``(G·r,)``, group-major). The one head rule
+    of a dense plan and of a MoE parent's head cut (:func:`~autocompress_opt.prune.experts.head_choice`)."""
+    r = head_scores.numel() // kv_scores.numel()
+    groups = _top(kv_scores, num_kv_heads)
+    by_group = head_scores.view(kv_scores.numel(), r)  # (G, r): query heads of each KV group
+    return tuple(g * r + j for g in groups for j in _top(by_group[g], q_per_kv)), groups
 
 
 def plan_pruning(
@@ -289,12 +310,9 @@ def _plan_layer(importance: Importance, p: int, parent: LayerSpec, spec: LayerSp
     heads: tuple[int, ...] = ()
     groups: tuple[int, ...] = ()
     if spec.attention:
-        r, r_new = parent.num_heads // parent.num_kv_heads, spec.num_heads // spec.num_kv_heads
         kv_scores, head_scores = importance.kv_groups[p], importance.heads[p]
         assert kv_scores is not None and head_scores is not None  # _check_layer: the parent layer attends
-        groups = _top(kv_scores, spec.num_kv_heads)
-        by_group = head_scores.view(parent.num_kv_heads, r)  # (G, r): query heads of each KV group
-        heads = tuple(g * r + j for g in groups for j in _top(by_group[g], r_new))
+        heads, groups = layer_heads(kv_scores, head_scores, spec.num_kv_heads, spec.num_heads // spec.num_kv_heads)
     ffn_scores = importance.ffn[p]
     ffn = _top(ffn_scores, spec.ffn_width) if spec.ffn and ffn_scores is not None else ()
     return LayerPlan(parent_index=p, heads=heads, kv_heads=groups, ffn_channels=ffn)

@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     import torch
 from autocompress_opt.prune.plan import LayerPlan, PrunePlan, plan_pruning
 
-__all__ = ["materialize", "prune"]
+__all__ = ["head_rows", "materialize", "prune"]
 
 
 # ------------------------------------------------------------------------------ materialise
@@ -272,7 +272,7 @@ def _embed_scale(embedding: Any) -> float:
     return 1.0 if scale is None else float(scale)
 
 
-def _head_rows(heads: Sequence[int], head_dim: int, device: Any) -> torch.Tensor:
+def head_rows(heads: Sequence[int], head_dim: int, device: Any) -> torch.Tensor:
     """Row indices ``(len(heads)·head_dim,)`` of the given heads in a ``(heads·head_dim, ·)`` matrix."""
     import torch
 
@@ -281,8 +281,8 @@ def _head_rows(heads: Sequence[int], head_dim: int, device: Any) -> torch.Tensor
 
 
 def _copy_attention(s: LayerParts, d: LayerParts, lp: LayerPlan, h: torch.Tensor, written: set[int]) -> None:
-    q = _head_rows(lp.heads, s.head_dim, h.device)
-    kv = _head_rows(lp.kv_heads, s.head_dim, h.device)
+    q = head_rows(lp.heads, s.head_dim, h.device)
+    kv = head_rows(lp.kv_heads, s.head_dim, h.device)
     _copy_block(
         s,
         d,

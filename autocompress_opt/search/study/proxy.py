@@ -233,14 +233,16 @@ def _kept_mass(scores: Any, n: int) -> float:
 
 def _kept_head_mass(importance: Any, i: int, layer: Any) -> list[float]:
     """``[fraction of layer i's query-head score mass (clamped at 0) its kept heads hold]`` when ``layer``
-    keeps fewer heads than the parent's layer ``i`` (the best KV groups, the best query heads of each),
-    else ``[]``."""
+    keeps fewer heads than the parent's layer ``i`` (the heads a MoE trial's cut keeps:
+    :func:`~autocompress_opt.prune.plan.layer_heads`), else ``[]``."""
+    from autocompress_opt.prune.plan import layer_heads
+
     full = importance.architecture.layers[i]
     if (layer.num_heads, layer.num_kv_heads) == (full.num_heads, full.num_kv_heads):
         return []
-    r = full.num_heads // full.num_kv_heads
-    heads = importance.heads[i].clamp_min(0).reshape(full.num_kv_heads, r)  # (G, r)
-    groups = importance.kv_groups[i].argsort(descending=True)[: layer.num_kv_heads]
-    kept = heads[groups].sort(dim=1, descending=True).values[:, : layer.num_heads // layer.num_kv_heads].sum()
+    heads = importance.heads[i].clamp_min(0)
+    kept, _ = layer_heads(
+        importance.kv_groups[i], importance.heads[i], layer.num_kv_heads, layer.num_heads // layer.num_kv_heads
+    )
     total = float(heads.sum())
-    return [float(kept) / total if total > 0 else 1.0]
+    return [float(heads[list(kept)].sum()) / total if total > 0 else 1.0]
