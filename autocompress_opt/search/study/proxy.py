@@ -191,6 +191,8 @@ def retained_expert_importance(arch: Architecture, importance: Any) -> float:
         if layer.mamba is not None and i < len(importance.mamba_heads) and importance.mamba_heads[i] is not None:
             heads = importance.mamba_heads[i].clamp_min(0).reshape(layer.mamba.groups, -1)  # (G, H/G) of the parent
             fractions.append(_kept_mass_of_groups(heads, layer.mamba.num_heads // layer.mamba.groups))
+        if layer.attention and i < len(importance.heads) and importance.heads[i] is not None:
+            fractions.extend(_kept_head_mass(importance, i, layer))
         if layer.moe is None or i >= len(importance.expert_frequency) or importance.expert_frequency[i] is None:
             continue
         freq = importance.expert_frequency[i].clamp_min(0)  # (E,)
@@ -205,8 +207,6 @@ def retained_expert_importance(arch: Architecture, importance: Any) -> float:
         if mass is not None:  # an experts-per-token cut: the routing weight it drops
             channels *= _kept_mass(mass.clamp_min(0)[None], layer.moe.experts_per_token)
         fractions.append(used * channels)
-        if layer.attention and i < len(importance.heads) and importance.heads[i] is not None:
-            fractions.extend(_kept_head_mass(importance, i, layer))
     if not fractions:
         raise ConfigError("the importance record has no expert scores for this MoE architecture")
     depth = 1.0
