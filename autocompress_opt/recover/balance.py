@@ -42,11 +42,18 @@ def _routers(model: Any) -> tuple[list[Any], str]:
 
 def check_balanced_student(model: Any, weight: float) -> None:
     """Raise :class:`ConfigError` when ``weight`` > 0 asks for a load-balance loss ``model`` has no router for."""
-    if weight > 0 and not _routers(model)[0]:
+    if weight > 0:
+        _checked(_routers(model)[0], weight)
+
+
+def _checked(routers: list[Any], weight: float) -> list[Any]:
+    """``routers``, or :class:`ConfigError` when there is none to balance."""
+    if not routers:
         raise ConfigError(
             f"load_balance={weight:g}: the student has no mixture-of-experts router (Qwen3-MoE, Mixtral or "
             "Nemotron-H MoE layers); use 0 for a dense student"
         )
+    return routers
 
 
 @contextmanager
@@ -58,7 +65,7 @@ def router_balance(model: Any, weight: float) -> Iterator[Callable[[], torch.Ten
         yield lambda: None
         return
     routers, scoring = _routers(model)
-    check_balanced_student(model, weight)
+    _checked(routers, weight)
     terms: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer and forward: (f, P), each (E,)
 
     def record(module: Any, args: Any, output: Any) -> None:

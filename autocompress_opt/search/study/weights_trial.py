@@ -69,9 +69,9 @@ the progress bar and the early-stopping scheduler; elsewhere the reports go nowh
 **Sparse parents.** A parent with MoE or Mamba-2 layers (Qwen3-MoE, Mixtral, Nemotron-H: the families of
 :data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`) runs the same trial with its own search, cut and record:
 
-* depth first: a point of fewer layers than the parent cuts them (:func:`dense_cut`) and the rest runs
-  on the cut model, learning towards the whole parent's log-probs;
-* the point holds the other dense axes (hidden size, attention heads, dense FFN) at the parent's sizes
+* dense sizes first: a point of fewer layers or attention heads than the parent cuts them
+  (:func:`dense_cut`) and the rest runs on the cut model, learning towards the whole parent's log-probs;
+* the point holds the other dense axes (hidden size, dense FFN) at the parent's sizes
   (:func:`~autocompress_opt.search.inner.experts.expert_point` names one that does not); the outer loop
   chooses how many experts, the top-``k``, the expert width (and shared width and Mamba-2 heads where
   the parent has them), the inner search (:func:`~autocompress_opt.search.inner.experts.search_experts`)
@@ -303,9 +303,8 @@ def _weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     seed = int(request.get("seed", 0))
     config = TrialConfig.from_dict(request.get("inner"), seed=seed).for_workload(target.workload)
     serve_as = check_serve_as(str(request.get("serve_as") or SERVE_AS_ANY))  # whose loadable shapes it keeps
-    if is_sparse(
-        parent_arch
-    ):  # the point's uniform child must load before any work (the sparse search keeps its sizes)
+    sparse = is_sparse(parent_arch)
+    if sparse:  # the point's uniform child must load before any work (the sparse search keeps its sizes)
         check_loadable(
             hybrid_child(parent_arch, kept_layers=_present(parent_arch), point=request["params"]), parent_arch, serve_as
         )
@@ -321,7 +320,7 @@ def _weights_trial(request: Mapping[str, Any]) -> dict[str, Any]:
     timings = {"parent": ready - began}
     if fresh:
         timings.update({f"parent_{k}": v for k, v in parent.seconds.items()})
-    if is_sparse(parent_arch):
+    if sparse:
         return _sparse_trial(request, parent, target, config, serve_as, cache_dir, timings, began)
 
     steps = config.inner.steps
