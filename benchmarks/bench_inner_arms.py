@@ -250,9 +250,8 @@ def recovered_once(
     import shutil
     import tempfile
 
-    from autocompress_opt.hf.loading import load_model
     from autocompress_opt.prune.export import export_model
-    from autocompress_opt.recover.distill import DistillRecipe, distill
+    from autocompress_opt.recover.distill import DistillRecipe
 
     CACHE.mkdir(parents=True, exist_ok=True)
     where = Path(tempfile.mkdtemp(prefix="inner-arms-", dir=CACHE))
@@ -262,20 +261,28 @@ def recovered_once(
         child = materialize(context.model, plan)
         export_model(child, arch, where / "export", parent={"model": MODEL}, tokenizer=context.tokenizer)
         del child
-        result = distill(
-            str(where / "export"), MODEL, where / "distilled", DistillRecipe(seed=seed, **recipe), progress=False
-        )
-        distill_s = time.perf_counter() - began
-        scores = test_rows.score(load_model(str(where / "distilled")).model)
-        return {
-            "seed": seed,
-            "distill": {"first_loss": result.losses[0], "last_loss": result.losses[-1]} if result.losses else {},
-            "test": summary(scores),
-            "rows": scores,
-            "seconds": {"export_and_distill": distill_s, "test": scores["seconds"]},
-        }
+        return distilled_and_scored(where, MODEL, DistillRecipe(seed=seed, **recipe), test_rows, began)
     finally:
         shutil.rmtree(where, ignore_errors=True)
+
+
+def distilled_and_scored(where: Path, teacher: str, recipe: Any, test_rows: TestRows, began: float) -> dict[str, Any]:
+    """The student exported at ``where/export`` distilled from ``teacher`` with ``recipe`` (into
+    ``where/distilled``) and scored on the test rows (per row): the record of one recovery run, its
+    export-and-distill seconds counted from ``began``."""
+    from autocompress_opt.hf.loading import load_model
+    from autocompress_opt.recover.distill import distill
+
+    result = distill(str(where / "export"), teacher, where / "distilled", recipe, progress=False)
+    distill_s = time.perf_counter() - began
+    scores = test_rows.score(load_model(str(where / "distilled")).model)
+    return {
+        "seed": recipe.seed,
+        "distill": {"first_loss": result.losses[0], "last_loss": result.losses[-1]} if result.losses else {},
+        "test": summary(scores),
+        "rows": scores,
+        "seconds": {"export_and_distill": distill_s, "test": scores["seconds"]},
+    }
 
 
 def _model_key(arm: dict[str, Any]) -> str:

@@ -166,30 +166,20 @@ def recover(
     child: Any, tokenizer: Any, moe: Path, seed: int, args: argparse.Namespace, test_rows: Any
 ) -> dict[str, Any]:
     """``child`` saved, distilled from the MoE parent with the one recipe and ``seed``, scored on the
-    test rows (per row); the scratch folder is deleted."""
-    from _h2h_test import summary
+    test rows (per row; :func:`bench_inner_arms.distilled_and_scored`); the scratch folder is deleted."""
+    from bench_inner_arms import distilled_and_scored
 
-    from autocompress_opt.hf.loading import load_model
-    from autocompress_opt.recover.distill import DistillRecipe, distill
+    from autocompress_opt.recover.distill import DistillRecipe
 
     where = Path(tempfile.mkdtemp(prefix="moe-h2h-", dir=args.work))
     try:
         began = time.perf_counter()
-        child.save_pretrained(where / "child")
-        tokenizer.save_pretrained(where / "child")
+        child.save_pretrained(where / "export")
+        tokenizer.save_pretrained(where / "export")
         recipe = DistillRecipe(
             seed=seed, steps=args.distill_steps, batch_size=args.distill_batch, seq_len=args.seq_len, lr=args.distill_lr
         )
-        result = distill(str(where / "child"), str(moe), where / "distilled", recipe, progress=False)
-        distill_s = time.perf_counter() - began
-        scores = test_rows.score(load_model(str(where / "distilled")).model)
-        return {
-            "seed": seed,
-            "distill": {"first_loss": result.losses[0], "last_loss": result.losses[-1]} if result.losses else {},
-            "test": summary(scores),
-            "rows": {d: scores[d] for d in ("code", "prose")},
-            "seconds": {"export_and_distill": distill_s, "test": scores["seconds"]},
-        }
+        return distilled_and_scored(where, str(moe), recipe, test_rows, began)
     finally:
         shutil.rmtree(where, ignore_errors=True)
 

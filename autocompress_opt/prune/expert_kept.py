@@ -57,7 +57,7 @@ __all__ = [
 
 EXPERT_KEPT_FORMAT = "autocompress-kept-experts/2"
 EXPERT_KEPT_PER_LAYER = "autocompress-kept-experts/3"  # experts_per_token: one per MoE layer
-EXPERT_KEPT_DEPTH = "autocompress-kept-experts/4"  # kept_layers: the parent layers the child keeps
+EXPERT_KEPT_DEPTH = "autocompress-kept-experts/4"  # kept_layers / kept_heads: the dense cut before the experts
 # The formats masks_from_expert_kept reads: /1 had no shared channels or Mamba-2 heads.
 _READABLE = ("autocompress-kept-experts/1", EXPERT_KEPT_FORMAT, EXPERT_KEPT_PER_LAYER, EXPERT_KEPT_DEPTH)
 

@@ -344,7 +344,7 @@ def check_config(config: StudyConfig, parent: Architecture) -> None:
         from autocompress_opt.search.study.weights_trial import TrialConfig  # torch: the weights mode needs it anyway
 
         TrialConfig.from_dict(config.inner, seed=config.seed)
-        if is_moe(parent):  # the sparse trial: depth and experts, of the families with an experts path
+        if is_moe(parent):  # the sparse trial: depth, heads and experts, of the families with an experts path
             check_moe_space(config.space, parent)
     if config.importance and not Path(config.importance).exists():
         raise ConfigError(f"importance record {config.importance!r} does not exist")
@@ -409,8 +409,7 @@ def check_moe_space(space: SearchSpace, parent: Architecture) -> None:
             raise ConfigError(
                 f"search space: {choice.name} choices {list(choice.values)}: weights mode on a MoE parent prunes "
                 f"layers, attention heads and experts only, so {choice.name} must be the parent's "
-                f"{limits[choice.name]}; pin it, "
-                f"or drop --space for the default expert space, or use --mode plan"
+                f"{limits[choice.name]}; pin it, or drop --space for the default expert space, or use --mode plan"
             )
     odd = (
         [w for w in space["expert_width"].values if w % EXPERT_WIDTH_MULTIPLE] if "expert_width" in space.names else []
