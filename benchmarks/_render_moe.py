@@ -81,15 +81,11 @@ def moe_axes() -> str:
     )
 
 
-def _ci(d: dict[str, Any]) -> str:
-    lo, hi = d["ci95"]
-    text = f"{d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-    return f"**{text}**" if hi < 0 or lo > 0 else text
-
-
 def moe_h2h() -> str:
     """The MoE head-to-head (``bench_moe_h2h.py``): per target, each arm's sizes, test KL before and after
     recovery, and searched minus each other arm with Holm's verdict."""
+    from _h2h_tables import kl_ci
+
     r = _render()
     data = r.load("moe_h2h")
     if data is None:
@@ -127,7 +123,7 @@ def moe_h2h() -> str:
         lines = []
         for arm, d in (cell.get("difference") or {}).items():
             verdict = holm.get(f"{key}: searched vs {arm}, after recovery", {}).get("verdict", "")
-            lines.append([arm, _ci(d["before"]), _ci(d["after"]), verdict])
+            lines.append([arm, kl_ci(d["before"]), kl_ci(d["after"]), verdict])
         limits = ", ".join(f"{k} {v}" for k, v in cell["constraints"].items())
         t = cell["study"]["trials"]
         study = (
