@@ -4,8 +4,10 @@ in Ray workers): the scheduler tests need trials whose intermediate scores are k
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from autocompress_opt.search.study.progress import TrialProgress, report
@@ -46,7 +48,21 @@ def _reporting_with_fallback(request: Mapping[str, Any]) -> dict[str, Any]:
     return _reporting(request, worse)
 
 
+def _reporting_held(request: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`_reporting`, but a trial that starts while the file named by ``ACO_TEST_HOLD`` exists
+    holds for a minute before its first report: a kill -9 is sure to find it running (a trial seen
+    running otherwise may be stopped at its next rung before the kill lands). The variable reaches
+    the Ray workers of a local cluster through the driver's environment."""
+    hold = os.environ.get("ACO_TEST_HOLD")
+    if hold and Path(hold).exists():
+        report(TrialProgress("load parent", 0, int(request["inner"]["steps"])))
+        time.sleep(60)
+    return _reporting(request)
+
+
 if "plan-reporting" not in TRIAL_MODES:
     TRIAL_MODES.register("plan-reporting", _reporting)
 if "plan-fallback" not in TRIAL_MODES:
     TRIAL_MODES.register("plan-fallback", _reporting_with_fallback)
+if "plan-reporting-held" not in TRIAL_MODES:
+    TRIAL_MODES.register("plan-reporting-held", _reporting_held)

@@ -4,6 +4,7 @@ toward the study's trials and kept through a kill -9 and resume."""
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import signal
@@ -317,9 +318,11 @@ def test_a_tiny_weights_study_with_asha_stops_trials_and_keeps_them_off_the_fron
 def test_kill_9_mid_study_with_asha_then_the_same_command_loses_nothing(tmp_path: Path) -> None:
     """kill -9 of a driver whose study has trials stopped early: the rerun keeps them PRUNED (they
     are finished, not orphans), repairs the running ones and ends with exactly the requested trials.
-    24 inner steps (1.2 s a trial): a trial seen running is still running when the kill lands (at 8
-    steps, 0.4 s, a loaded CI machine once saw it finish in between)."""
-    cfg = config(tmp_path, trials=10, inner={"steps": 24})
+    Once a trial has been stopped early the test creates a hold file; a trial that starts after it
+    holds (progress_plugins' plan-reporting-held), so the kill finds it running. Watching for any
+    running trial raced: ASHA could stop the one seen at its next rung before the kill landed."""
+    cfg = config(tmp_path, trials=10, inner={"steps": 24}, mode="plan-reporting-held")
+    hold = tmp_path / "hold"
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(TESTS)!r})
@@ -328,24 +331,30 @@ def test_kill_9_mid_study_with_asha_then_the_same_command_loses_nothing(tmp_path
         from autocompress_opt.serving.targets import Target
         cfg = StudyConfig(name="a", model="smollm2-135m", targets=(Target("h100-sxm", "datacenter"),),
                           space=load_search_space("smollm2-135m"), trials=10, storage={cfg.storage_url!r},
-                          mode="plan-reporting", plugins=("progress_plugins",), concurrency=1,
+                          mode="plan-reporting-held", plugins=("progress_plugins",), concurrency=1,
                           inner={{"steps": 24}}, scheduler="asha")
         run_study(cfg, progress=False)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, start_new_session=True)
+    env = {**os.environ, "ACO_TEST_HOLD": str(hold)}
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, start_new_session=True, env=env)
     deadline = time.time() + 120
+    held_since = None
     while time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
         try:
             trials = optuna.load_study(study_name="a.h100-sxm", storage=cfg.storage_url).trials
         except Exception:
             continue
-        pruned = [t for t in trials if t.state.name == "PRUNED" and "stopped_early" in t.user_attrs]
-        if pruned and any(t.state.name == "RUNNING" for t in trials):
+        if held_since is None:
+            if any(t.state.name == "PRUNED" and "stopped_early" in t.user_attrs for t in trials):
+                hold.touch()
+                held_since = datetime.datetime.now()  # optuna stores naive local start times
+        elif any(t.state.name == "RUNNING" and t.datetime_start > held_since for t in trials):
             break
     assert proc.poll() is None, "driver finished before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    hold.unlink()
     before = optuna.load_study(study_name="a.h100-sxm", storage=cfg.storage_url).trials
     assert any(t.state.name == "RUNNING" for t in before)
     import ray
