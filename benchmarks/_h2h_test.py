@@ -159,17 +159,24 @@ def corrected(targets: list[dict[str, Any]], *, n_boot: int, seed: int = 0) -> d
 
 
 def holm_comparisons(
-    raw: dict[str, float], diffs: dict[str, float], verdicts: tuple[str, str, str]
+    raw: dict[str, float],
+    diffs: dict[str, float],
+    verdicts: tuple[str, str, str],
+    accuracy: dict[str, float] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per comparison its KL difference, raw p-value, Holm-adjusted p-value over the family ``raw``
     and its verdict at 5 % after correction: ``verdicts`` = (the first side better, the second side
-    better, not resolved)."""
+    better, not resolved). ``accuracy`` holds the comparisons of the family made in accuracy points
+    instead (higher is better; their difference is ``acc_diff_pts``, and ``diffs`` need not name them)."""
     from autocompress_opt.tasks.scoring import holm
 
+    accuracy = accuracy or {}
     adjusted = holm(raw)
     out = {}
     for key, p in raw.items():
         resolved = adjusted[key] < 0.05
-        verdict = (verdicts[0] if diffs[key] < 0 else verdicts[1]) if resolved else verdicts[2]
-        out[key] = {"kl_diff": diffs[key], "p": p, "p_holm": adjusted[key], "verdict": verdict}
+        first_better = accuracy[key] > 0 if key in accuracy else diffs[key] < 0
+        verdict = (verdicts[0] if first_better else verdicts[1]) if resolved else verdicts[2]
+        diff = {"acc_diff_pts": accuracy[key]} if key in accuracy else {"kl_diff": diffs[key]}
+        out[key] = {**diff, "p": p, "p_holm": adjusted[key], "verdict": verdict}
     return out

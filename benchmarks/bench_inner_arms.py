@@ -242,11 +242,17 @@ def to_recover(c: dict[str, Any], top: int) -> list[str]:
 
 
 def recovered_once(
-    context: Any, arch: Architecture, seed: int, recipe: dict[str, Any], test_rows: TestRows, plan: Any = None
+    context: Any,
+    arch: Architecture,
+    seed: int,
+    recipe: dict[str, Any],
+    test_rows: TestRows,
+    plan: Any = None,
+    extra: Any = None,
 ) -> dict[str, Any]:
     """``arch`` cut from the parent (by ``plan``, default the context's importance), exported, distilled
-    from the parent with ``recipe`` and ``seed``, scored on the test rows (per row); the scratch
-    checkpoints are deleted."""
+    from the parent with ``recipe`` and ``seed``, scored on the test rows (per row) and by ``extra``
+    (see :func:`distilled_and_scored`); the scratch checkpoints are deleted."""
     import shutil
     import tempfile
 
@@ -261,28 +267,37 @@ def recovered_once(
         child = materialize(context.model, plan)
         export_model(child, arch, where / "export", parent={"model": MODEL}, tokenizer=context.tokenizer)
         del child
-        return distilled_and_scored(where, MODEL, DistillRecipe(seed=seed, **recipe), test_rows, began)
+        return distilled_and_scored(where, MODEL, DistillRecipe(seed=seed, **recipe), test_rows, began, extra)
     finally:
         shutil.rmtree(where, ignore_errors=True)
 
 
-def distilled_and_scored(where: Path, teacher: str, recipe: Any, test_rows: TestRows, began: float) -> dict[str, Any]:
+def distilled_and_scored(
+    where: Path, teacher: str, recipe: Any, test_rows: TestRows, began: float, extra: Any = None
+) -> dict[str, Any]:
     """The student exported at ``where/export`` distilled from ``teacher`` with ``recipe`` (into
     ``where/distilled``) and scored on the test rows (per row): the record of one recovery run, its
-    export-and-distill seconds counted from ``began``."""
+    export-and-distill seconds counted from ``began``. ``extra``, a function of (model, tokenizer),
+    scores it further: its result is the record's ``tasks``."""
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.recover.distill import distill
 
     result = distill(str(where / "export"), teacher, where / "distilled", recipe, progress=False)
     distill_s = time.perf_counter() - began
-    scores = test_rows.score(load_model(str(where / "distilled")).model)
-    return {
+    student = load_model(str(where / "distilled"))
+    scores = test_rows.score(student.model)
+    run = {
         "seed": recipe.seed,
         "distill": {"first_loss": result.losses[0], "last_loss": result.losses[-1]} if result.losses else {},
         "test": summary(scores),
         "rows": scores,
         "seconds": {"export_and_distill": distill_s, "test": scores["seconds"]},
     }
+    if extra is not None:
+        t0 = time.perf_counter()
+        run["tasks"] = extra(student.model, student.tokenizer)
+        run["seconds"]["tasks"] = time.perf_counter() - t0
+    return run
 
 
 def _model_key(arm: dict[str, Any]) -> str:

@@ -34,7 +34,10 @@ Each cell, on SmolLM2-135M:
 
 Every finished cell is written at once into ``results/sweep.json`` (atomically, keyed by cell, merged
 with whatever the file holds), with the command, the code version, timings and trial counts; a rerun
-skips finished cells and resumes an unfinished study from its storage. A recovered model two cells
+skips finished cells and resumes an unfinished study from its storage. With ``--tasks`` every
+recovered model is also scored on accuracy tasks that can resolve a few points (clean items, a dev
+block that screens out tasks at chance or ceiling, one fresh block per recovery seed:
+``benchmarks/_sweep_tasks.py``), in a file of its own (``--results``). A recovered model two cells
 share (best-uniform is the same model at every study seed) is trained once. Holm's correction runs
 over every comparison of the file: each cell before and after recovery, and, per (target, budget)
 with two or more seeds, the seeds pooled. ``benchmarks/_render_sweep.py`` renders the file
@@ -49,6 +52,8 @@ Examples::
     .venv/bin/python benchmarks/bench_sweep.py --trials 2 --distill-steps 2 --results /tmp/sweep-smoke \\
         --cells rtx5070:in-game/middle/0                        # a smoke run into a scratch folder
     .venv/bin/python benchmarks/bench_sweep.py --summarise       # Holm again over the file, nothing runs
+    .venv/bin/python benchmarks/bench_sweep.py --tasks --results benchmarks/results/sweep_tasks \\
+        --cells rtx5070:in-game/middle/0                        # accuracy too, on fresh clean items
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+import _sweep_tasks
 
 MODEL = "smollm2-135m"
 NAME = "sweep"
@@ -168,6 +175,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--distill-batch", type=int, default=4, help="rows per recovery step")
     p.add_argument("--distill-lr", type=float, default=1e-4, help="recovery learning rate")
     p.add_argument("--n-boot", type=int, default=10000, help="bootstrap resamples of each interval and p-value")
+    _sweep_tasks.add_arguments(p)
     p.add_argument(
         "--results", type=Path, default=RESULTS, help="folder of sweep.json / sweep.png (scratch: a test run)"
     )
@@ -388,9 +396,10 @@ def recovered(
     args: argparse.Namespace,
     known: dict[Any, Any],
     label: str,
+    tasks: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``arm`` distilled with each recovery seed and scored on the test rows; a (model, seed) recovered
-    before (``known``, from this file) is reused."""
+    """``arm`` distilled with each recovery seed and scored on the test rows (and on ``tasks``' block of
+    the seed, :mod:`_sweep_tasks`); a (model, seed) recovered before (``known``, from this file) is reused."""
     from bench_inner_arms import recovered_once
 
     recipe = {
@@ -406,7 +415,8 @@ def recovered(
             print(f"{label} seed {seed}: recovered before, reused", flush=True)
             continue
         began = time.perf_counter()
-        run = recovered_once(context, plan.architecture, seed, recipe, test_rows, plan=plan)
+        extra = _sweep_tasks.scorer(tasks, 1 + args.seed_list.index(seed)) if tasks else None
+        run = recovered_once(context, plan.architecture, seed, recipe, test_rows, plan=plan, extra=extra)
         runs[str(seed)] = known[(arm["model_key"], seed)] = run
         print(
             f"{label} seed {seed}: test KL {run['test']['kl_to_parent']:.4f} ({time.perf_counter() - began:.0f} s)",
@@ -494,7 +504,7 @@ def run_cell(cell: Cell, args: argparse.Namespace, shared: dict[str, Any], known
     t0 = time.perf_counter()
     for arm, plan in plans.items():
         record["arms"][arm]["recovered"] = recovered(
-            context, record["arms"][arm], plan, shared["test_rows"], args, known, f"{cell.key}: {arm}"
+            context, record["arms"][arm], plan, shared["test_rows"], args, known, f"{cell.key}: {arm}", shared["tasks"]
         )
     seconds["recovery"] = time.perf_counter() - t0
     runs = {arm: [r["rows"] for r in _after(record, arm)] for arm in ARMS}
@@ -502,6 +512,8 @@ def run_cell(cell: Cell, args: argparse.Namespace, shared: dict[str, Any], known
         "before": differences([scores["searched"]], [scores["best-uniform"]], n_boot=args.n_boot)["kl"],
         "after": differences(runs["searched"], runs["best-uniform"], n_boot=args.n_boot)["kl"],
     }
+    if shared["tasks"]:
+        record["tasks"] = _sweep_tasks.compare(record, shared["tasks"], ARMS, args.n_boot)
     record["seconds"] = {**seconds, "cell": time.perf_counter() - began}
     return record
 
@@ -572,11 +584,15 @@ def corrected(cells: dict[str, Any], groups: dict[str, Any], n_boot: int) -> dic
         runs = [[r for k in g["cells"] for r in _after(cells[k], a)] for a in ARMS]
         raw[name] = seeded_bootstrap_p(_kl_runs(runs[0]), _kl_runs(runs[1]), n_boot=n_boot, seed=0)
         diffs[name] = g["after"]["mean"]
+    accuracy = {}
+    for name, (p, points) in _sweep_tasks.family(cells).items():
+        raw[name], accuracy[name] = p, points
+    tasks = " and each cell's mean task accuracy after recovery" if accuracy else ""
     return {
         "family": len(raw),
         "method": "Holm over every comparison of the file (each cell before and after recovery, each (target, budget) "
-        "with its study seeds pooled); bootstrap over test rows and recovery seeds",
-        "comparisons": holm_comparisons(raw, diffs, VERDICTS),
+        f"with its study seeds pooled{tasks}); bootstrap over test rows (task items) and recovery seeds",
+        "comparisons": holm_comparisons(raw, diffs, VERDICTS, accuracy),
     }
 
 
@@ -599,6 +615,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         },
         "n_boot": args.n_boot,
         "runners_up": RUNNERS_UP,  # best-uniform's next-best candidates each study seeds (the study's default)
+        **_sweep_tasks.settings(args),
     }
 
 
@@ -653,7 +670,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"no {path} to summarise")
         data = save(path, data["settings"], {}, None, None)
         for name, v in data["corrected"]["comparisons"].items():
-            print(f"{name}: {v['kl_diff']:+.4f} nats, p {v['p']:.4f}, Holm {v['p_holm']:.4f}: {v['verdict']}")
+            diff = f"{v['kl_diff']:+.4f} nats" if "kl_diff" in v else f"{v['acc_diff_pts']:+.2f} pts"
+            print(f"{name}: {diff}, p {v['p']:.4f}, Holm {v['p_holm']:.4f}: {v['verdict']}")
         __import__("_render_sweep").plot(data, *pictures(args.results))
         return
     if len(args.seed_list) < 2:
@@ -675,7 +693,7 @@ def main(argv: list[str] | None = None) -> None:
     context, _ = trial_parent(MODEL, {}, cache_dir=CACHE, workload=cells[0].target.split(":")[1] if cells else None)
     test_rows = TestRows(context.model, context.tokenizer, rows=args.test_rows, seq_len=args.seq_len, seed=0)
     header["test_rows"] = test_rows.record()
-    shared = {"test_rows": test_rows}
+    shared = {"test_rows": test_rows, "tasks": _sweep_tasks.build(args)}
     known = {
         (arm["model_key"], int(s)): run
         for c in done.values()
@@ -706,6 +724,10 @@ def main(argv: list[str] | None = None) -> None:
             f"{cell.key}: searched - best-uniform after recovery {line} ({record['seconds']['cell'] / 60:.1f} min)",
             flush=True,
         )
+        acc = (record.get("tasks") or {}).get("difference")
+        if acc:
+            kept = ", ".join(record["tasks"]["kept"])
+            print(f"{cell.key}: mean accuracy ({kept}) {acc['mean']:+.2f} pts {acc['ci95']}", flush=True)
         plot(data, *pictures(args.results))
 
 

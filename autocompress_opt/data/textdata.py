@@ -105,6 +105,7 @@ __all__ = [
     "calibration_batches",
     "check_token_ids",
     "data_split",
+    "held_text_index",
     "test_batches",
     "text_batches",
     "text_sources",
@@ -326,6 +327,24 @@ def _overlap_index(
         held = [doc.split(":", 1) for r in against for doc in split.documents(r)]
         _remember(_INDEXES, key, _overlap.NgramIndex([found[name][k].grams for name, k in held]))
     return _INDEXES[key]
+
+
+def held_text_index(
+    sources: Sequence[str | TextSource] | None = None, *, split_seed: int = DEFAULT_SPLIT_SEED
+) -> _overlap.NgramIndex:
+    """The n-grams of the calibration and selection text of ``sources`` (default
+    :data:`DEFAULT_SOURCES`) under the split of ``split_seed``: the index test rows are checked
+    against, for other held-out text (the evaluation tasks' items) to be checked the same way.
+    Cached per process; raises :class:`ConfigError` when the split is too large to be checked."""
+    resolved = _resolve_sources(sources)
+    split = _split(resolved, split_seed, TEST_FRACTION, SELECTION_FRACTION)
+    index = _overlap_index(split, "test", resolved, None)
+    if index is None:
+        raise ConfigError(
+            f"the split of {len(split.calibration) + len(split.selection) + len(split.test):,} documents is above "
+            f"CONTENT_CHECK_MAX_DOCUMENTS={CONTENT_CHECK_MAX_DOCUMENTS:,}: its text is not indexed for n-gram checks"
+        )
+    return index
 
 
 # --------------------------------------------------------------------- batches
