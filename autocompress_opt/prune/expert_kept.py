@@ -22,12 +22,14 @@ layer's expert width is already its channel sets) is written as version 3
 (:data:`EXPERT_KEPT_PER_LAYER`): ``experts_per_token`` is then a list, one ``k`` per ``layers``
 entry; a uniform child keeps writing version 2.
 
-A child cut in its dense sizes too (a trial whose point keeps fewer layers or attention heads than the
-parent: :func:`~autocompress_opt.prune.experts.slice_layers`, then
-:func:`~autocompress_opt.prune.experts.slice_heads`) is written as version 4 (:data:`EXPERT_KEPT_DEPTH`):
-``kept_layers`` lists the parent layers kept (ascending; absent: all), ``kept_heads`` the query heads
-each attention layer of those keeps (``[[layer, heads], ...]``, ``layer`` counting the kept layers,
-``heads`` the ascending query-head indices; absent: all), and every other entry is the record of
+A child cut in its dense sizes too (a trial whose point keeps fewer layers, attention heads or
+residual channels than the parent: :func:`~autocompress_opt.prune.experts.slice_layers`, then
+:func:`~autocompress_opt.prune.experts.slice_heads`, then :func:`~autocompress_opt.prune.experts.slice_hidden`)
+is written as version 4 (:data:`EXPERT_KEPT_DEPTH`): ``kept_layers`` lists the parent layers kept
+(ascending; absent: all), ``kept_heads`` the query heads each attention layer of those keeps
+(``[[layer, heads], ...]``, ``layer`` counting the kept layers, ``heads`` the ascending query-head
+indices; absent: all), ``kept_hidden`` the ascending residual channels kept (absent: all), and every
+other entry is the record of
 the model those make (its ``layers`` / ``mamba`` indices count the kept layers only);
 ``experts_per_token`` is one ``k`` or a list as above. :func:`kept_layers` and :func:`kept_model`
 read it.
@@ -50,6 +52,7 @@ __all__ = [
     "expert_kept",
     "is_expert_kept",
     "kept_heads",
+    "kept_hidden",
     "kept_layers",
     "kept_model",
     "masks_from_expert_kept",
@@ -57,7 +60,7 @@ __all__ = [
 
 EXPERT_KEPT_FORMAT = "autocompress-kept-experts/2"
 EXPERT_KEPT_PER_LAYER = "autocompress-kept-experts/3"  # experts_per_token: one per MoE layer
-EXPERT_KEPT_DEPTH = "autocompress-kept-experts/4"  # kept_layers / kept_heads: the dense cut before the experts
+EXPERT_KEPT_DEPTH = "autocompress-kept-experts/4"  # kept_layers / _heads / _hidden: the dense cut before the experts
 # The formats masks_from_expert_kept reads: /1 had no shared channels or Mamba-2 heads.
 _READABLE = ("autocompress-kept-experts/1", EXPERT_KEPT_FORMAT, EXPERT_KEPT_PER_LAYER, EXPERT_KEPT_DEPTH)
 
@@ -78,12 +81,14 @@ def expert_kept(
     parent: Architecture,
     layers_kept: Sequence[int] | None = None,
     heads_kept: Mapping[int, Sequence[int]] | None = None,
+    hidden_kept: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The record of ``masks``'s kept experts, channels and Mamba-2 heads (module doc; version 3 when the
     MoE layers' top-``k`` differ). ``layers_kept``: the grandparent's layers that ``parent`` is made of
     (:func:`~autocompress_opt.prune.experts.slice_layers`), None when it is the whole model;
     ``heads_kept``: the query heads each attention layer of those keeps
-    (:func:`~autocompress_opt.prune.experts.slice_heads`), None for all (either: version 4).
+    (:func:`~autocompress_opt.prune.experts.slice_heads`), None for all; ``hidden_kept``: the residual
+    channels kept (:func:`~autocompress_opt.prune.experts.slice_hidden`), None for all (any: version 4).
     Raises :class:`ConfigError` when a MoE layer's masks have no experts or top-``k``, or a Mamba-2
     layer's mixer is removed."""
     import torch
@@ -123,6 +128,8 @@ def expert_kept(
         dense["kept_layers"] = [int(i) for i in layers_kept]
     if heads_kept is not None:  # indices over the layer's query heads before the cut
         dense["kept_heads"] = [[int(i), sorted(int(h) for h in hs)] for i, hs in sorted(heads_kept.items())]
+    if hidden_kept is not None:
+        dense["kept_hidden"] = sorted(int(c) for c in hidden_kept)
     if dense:
         rest = {k: v for k, v in record.items() if k != "format"}
         record = {"format": EXPERT_KEPT_DEPTH, **dense, **rest}
@@ -164,14 +171,34 @@ def kept_heads(kept: Mapping[str, Any]) -> dict[int, list[int]] | None:
     return {int(i): [int(h) for h in hs] for i, hs in entries}
 
 
+def kept_hidden(kept: Mapping[str, Any], hidden_size: int) -> list[int] | None:
+    """The residual channels a record's child keeps (version 4's ``kept_hidden``), None when it keeps
+    every one; :class:`ConfigError` for a list that is not ascending channels within ``0..hidden_size-1``."""
+    if kept.get("format") != EXPERT_KEPT_DEPTH or "kept_hidden" not in kept:
+        return None
+    channels = kept["kept_hidden"]
+    if (
+        not isinstance(channels, list)
+        or not channels
+        or not all(isinstance(c, int) and 0 <= c < hidden_size for c in channels)
+        or channels != sorted(set(channels))
+    ):
+        raise ConfigError(
+            f"kept record: kept_hidden must be ascending, distinct channels in 0..{hidden_size - 1}; "
+            f"got {str(channels)[:80]}"
+        )
+    return list(channels)
+
+
 def kept_model(model: Any, kept: Mapping[str, Any]) -> tuple[Any, Masks]:
     """The model a record's masks apply to, and those masks: ``model`` itself, or for a version 4 record
-    the model of its ``kept_layers`` and ``kept_heads``
-    (:func:`~autocompress_opt.prune.experts.slice_layers`, :func:`~autocompress_opt.prune.experts.slice_heads`;
-    a copy). :func:`~autocompress_opt.prune.experts.slice_experts` of the pair is the trial's child, and
+    the model of its ``kept_layers``, ``kept_heads`` and ``kept_hidden``
+    (:func:`~autocompress_opt.prune.experts.slice_layers`, :func:`~autocompress_opt.prune.experts.slice_heads`,
+    :func:`~autocompress_opt.prune.experts.slice_hidden`; a copy).
+    :func:`~autocompress_opt.prune.experts.slice_experts` of the pair is the trial's child, and
     :func:`~autocompress_opt.prune.masking.apply_masks` of it computes that child's logits."""
     from autocompress_opt.hf.adapters import moe_adapter
-    from autocompress_opt.prune.experts import slice_heads, slice_layers
+    from autocompress_opt.prune.experts import slice_heads, slice_hidden, slice_layers
 
     adapter = moe_adapter(model)
     layers = kept_layers(kept, len(adapter.layers(model)))
@@ -180,6 +207,9 @@ def kept_model(model: Any, kept: Mapping[str, Any]) -> tuple[Any, Masks]:
     heads = kept_heads(kept)
     if heads is not None:
         model = slice_heads(model, heads, adapter=adapter)
+    hidden = kept_hidden(kept, adapter.embedding(model).embedding_dim)
+    if hidden is not None:
+        model = slice_hidden(model, hidden, adapter=adapter)
     return model, masks_from_expert_kept(adapter.architecture(model), kept)
 
 

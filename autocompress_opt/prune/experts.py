@@ -24,10 +24,12 @@ path handles (:data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`: Qwen3-MoE, Nem
    llama.cpp converts): there each MoE layer keeps its own channels per expert and top-``k``, while the
    experts kept, the shared expert's channels and the Mamba-2 heads stay one number for the model.
 
-Whole layers are cut by :func:`slice_layers` (the model of the kept layers, each of its kind) and
-attention heads by :func:`slice_heads` (:func:`head_choice`: a dense plan's rule), after which the three
-steps run on that model. Dense FFN channels and hidden channels of a MoE / hybrid parent are not pruned
-here yet: :func:`slice_experts` refuses masks that prune them (or heads: cut them first).
+Whole layers are cut by :func:`slice_layers` (the model of the kept layers, each of its kind), attention
+heads by :func:`slice_heads` (:func:`head_choice`: a dense plan's rule) and residual channels by
+:func:`slice_hidden` (:func:`hidden_choice`: the highest-scoring channels, as a dense plan keeps them),
+after which the three steps run on that model. Dense FFN channels of a MoE / hybrid parent are not
+pruned here: :func:`slice_experts` refuses masks that prune them (or heads and hidden channels: cut
+them first).
 """
 
 from __future__ import annotations
@@ -55,8 +57,10 @@ __all__ = [
     "export_experts",
     "head_choice",
     "head_masks",
+    "hidden_choice",
     "slice_experts",
     "slice_heads",
+    "slice_hidden",
     "slice_layers",
 ]
 
@@ -194,8 +198,9 @@ def slice_experts(model: Any, masks: Masks, *, adapter: FamilyAdapter | None = N
     in ``block_configs``), from a plain or a Puzzle parent (a Puzzle parent cut to one size gives the
     plain model).
 
-    Raises :class:`ConfigError` when the masks prune anything else (attention heads, dense FFN or hidden
-    channels, whole sub-blocks or layers: not yet for MoE / hybrid parents, issue 30), keep different
+    Raises :class:`ConfigError` when the masks prune anything else (attention heads, hidden channels and
+    whole layers: cut them first with :func:`slice_heads`, :func:`slice_hidden`, :func:`slice_layers`;
+    dense FFN channels and single sub-blocks: not for MoE / hybrid parents), keep different
     channel counts in the experts of one layer, or differ between layers where no form holds the
     difference: the experts kept and the shared width in Nemotron-H (global in its Puzzle form too),
     anything in Qwen3-MoE (no per-layer form its engines read), Mamba-2 heads.
@@ -234,7 +239,9 @@ def _moe_sizes(parts: list[LayerParts], masks: Masks) -> dict[int, _MoESize]:
     """What each MoE layer keeps; raises when masks prune anything but experts, their channels and
     Mamba-2 heads, remove a MoE block, or keep different channel counts in the experts of one layer."""
     if not bool(masks.hidden.all()):
-        raise ConfigError("slice_experts prunes experts only: the masks drop hidden channels (not yet for MoE parents)")
+        raise ConfigError(
+            "slice_experts prunes experts only: the masks drop hidden channels; cut them first with slice_hidden"
+        )
     layers: dict[int, _MoESize] = {}
     for i, (p, m) in enumerate(zip(parts, masks.layers)):
         for name, tensor, present in (("heads", m.heads, p.attention is not None), ("ffn", m.ffn, p.mlp is not None)):
@@ -533,3 +540,78 @@ def export_experts(model: Any, masks: Masks, out_dir: str | Path, *, force: bool
     child = slice_experts(model, masks)
     child.save_pretrained(out)
     return out
+
+
+# ------------------------------------------------------------------------------ hidden size
+def hidden_choice(importance: Importance, hidden_size: int) -> list[int]:
+    """The ``hidden_size`` residual channels of highest ``importance.hidden`` (ties: the lower index), in
+    channel order: the channels a dense plan keeps (:func:`~autocompress_opt.prune.importance.ranked`)."""
+    d = int(importance.hidden.shape[0])
+    check_int(hidden_size, "hidden_size", 1, maximum=d)
+    return sorted(int(c) for c in ranked(importance.hidden)[:hidden_size])
+
+
+def slice_hidden(model: Any, channels: Sequence[int], *, adapter: FamilyAdapter | None = None) -> Any:
+    """The family's model holding ``model``'s weights with only the residual channels ``channels`` (any
+    order; each once): the embedding and head columns, every hidden norm, and each tensor that reads or
+    writes the residual stream, in every layer kind (attention projections, dense FFN, router, stacked
+    experts or the latent projections around them, shared expert, Mamba-2 ``in_proj`` / ``out_proj``).
+    ``head_dim`` is written explicitly (a derived one would follow the hidden size). Copied, never
+    shared; same dtype and device, eval mode. Its logits equal ``model``'s with the other channels masked
+    (:class:`~autocompress_opt.prune.masking.Masks` ``hidden``: zeroed in the residual stream, every
+    hidden RMSNorm over the kept channels)."""
+    import torch
+
+    adapter = adapter or moe_adapter(model)
+    parts = adapter.all_layer_parts(model)
+    d = adapter.embedding(model).embedding_dim
+    keep = sorted({check_int(c, "hidden channel", 0, maximum=d - 1) for c in channels})
+    if len(keep) != len(channels) or not keep:
+        raise ConfigError(f"{len(channels)} hidden channels given: give each of 0..{d - 1} at most once, at least one")
+    config = copy.deepcopy(model.config)
+    config.hidden_size = len(keep)
+    head_dims = {p.head_dim for p in parts if p.attention is not None}
+    if head_dims:
+        config.head_dim = head_dims.pop()
+    names: dict[int, list[str]] = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        names.setdefault(id(t), []).append(name)
+    cuts: list[tuple[Any, int]] = [(adapter.embedding(model).weight, 1)]
+    head = model.get_output_embeddings()
+    if head is not None and head.weight is not adapter.embedding(model).weight:
+        cuts.append((head.weight, 1))
+    cuts += [(t, 0) for norm in adapter.hidden_norms(model) for t in (norm.weight, getattr(norm, "bias", None))]
+    for p in parts:
+        reads = [p.q_proj, p.k_proj, p.v_proj, p.gate_proj, p.up_proj]
+        writes = [p.o_proj, p.down_proj]
+        if p.moe is not None:
+            reads.append(p.router)
+            latent = isinstance(p.latent_in, torch.nn.Linear)
+            if latent:
+                reads.append(p.latent_in)
+                writes.append(p.latent_out)
+            else:  # the stacked experts read and write the residual width: (E, 2F, D) and (E, D, F)
+                cuts += [(p.expert_gate_up, 2), (p.expert_down, 1)]
+            if p.shared_expert is not None:
+                reads += [getattr(p.shared_expert, "gate_proj", None), p.shared_expert.up_proj]
+                writes.append(p.shared_expert.down_proj)
+        if p.mamba is not None:
+            reads.append(p.mamba.in_proj)
+            writes.append(p.mamba.out_proj)
+        cuts += [(m.weight, 1) for m in reads if m is not None]
+        cuts += [(t, 0) for m in writes if m is not None for t in (m.weight, getattr(m, "bias", None))]
+
+    def state() -> dict[str, Any]:
+        out = {name: t.detach().clone() for name, t in model.state_dict().items()}
+        for tensor, axis in cuts:
+            if tensor is None:
+                continue
+            if tensor.shape[axis] != d:  # an internal error: a tensor taken for a residual one
+                raise AssertionError(f"{names[id(tensor)][0]} has {tensor.shape[axis]} on axis {axis}, not {d}")
+            cut = tensor.detach().index_select(axis, torch.tensor(keep, device=tensor.device)).clone()
+            for name in names[id(tensor)]:
+                if name in out:
+                    out[name] = cut
+        return out
+
+    return _built(model, config, state, "hidden slicing")

@@ -195,6 +195,11 @@ class Importance:
             new_groups[i] = groups[sorted({int(h) // r for h in kept})]
         return replace(self, architecture=architecture, heads=tuple(new_heads), kv_groups=tuple(new_groups))
 
+    def select_hidden(self, channels: Sequence[int], architecture: Architecture) -> Importance:
+        """The scores of the residual channels ``channels`` (ascending), for ``architecture``: the model
+        they make (:func:`~autocompress_opt.prune.experts.slice_hidden`)."""
+        return replace(self, architecture=architecture, hidden=self.hidden[[int(c) for c in channels]])
+
     # ------------------------------------------------------------------- persistence
     def save(self, directory: str | Path) -> Path:
         """Write ``importance.safetensors`` + ``importance.json`` into ``directory`` (created); returns it."""

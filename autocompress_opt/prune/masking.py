@@ -132,12 +132,6 @@ def apply_masks(model: Any, masks: Masks, *, adapter: FamilyAdapter | None = Non
     adapter = adapter or adapter_for(model)
     parts = adapter.all_layer_parts(model)
     _check_masks(masks, parts, adapter.embedding(model).embedding_dim)
-    sparse = [i for i, p in enumerate(parts) if p.moe is not None or p.mamba is not None]
-    if sparse and not bool(masks.hidden.all()):  # their outputs bypass the o_proj / down_proj hooks
-        raise ConfigError(
-            f"hidden-channel masks are not supported on MoE / Mamba-2 layers (layers {sparse}); keep every "
-            "hidden channel (issue 30)"
-        )
     scoring = adapter.base(model).router_scoring
     handles: list[Any] = []
     try:
@@ -383,7 +377,9 @@ def _hidden_hooks(
 ) -> list[Any]:
     handles = [adapter.embedding(model).register_forward_hook(_scale_output(hidden))]
     for p in parts:
-        for proj in (p.o_proj, p.down_proj):
+        # every output added to the residual stream: a MoE block's (its experts' and shared expert's
+        # sum) and a Mamba-2 mixer's, beside the attention's and the dense FFN's projections
+        for proj in (p.o_proj, p.down_proj, p.moe, p.mamba.out_proj if p.mamba is not None else None):
             if proj is not None:
                 handles.append(proj.register_forward_hook(_scale_output(hidden)))
     for norm in adapter.hidden_norms(model):  # post-norms (Gemma) included: they zero pruned channels too

@@ -210,7 +210,7 @@ def test_the_default_hybrid_space_varies_every_sparse_choice_and_odd_heads_are_r
     space = expert_space(parent)
     varied = {c.name for c in space.choices if len(c.values) > 1}
     sparse = {"num_experts", "experts_per_token", "expert_width", "shared_width", "mamba_heads"}
-    assert varied == {"num_layers", "num_kv_heads", "q_per_kv", *sparse}
+    assert varied == {"num_layers", "hidden_size", "num_kv_heads", "q_per_kv", *sparse}
     assert space["mamba_heads"].values == (4, 6, 8) and space["expert_width"].values == (8, 16)
     assert space["ffn_width"].values == (48,) and space["num_kv_heads"].values == (1, 2)
     check_config(_config(space), parent)
@@ -223,13 +223,13 @@ def test_the_seed_score_and_the_proxy_count_shared_channels_and_heads(
     model: Any, parent: Architecture, importance: Importance
 ) -> None:
     """The minitron seed's masked KL is 0 at the parent's sizes and positive with fewer Mamba-2 heads,
-    shared channels or attention heads (Nemotron-H's attention layers hold no MoE); the proxy's retained
-    importance is 1.0 for the parent and falls with each."""
+    shared channels, attention heads (Nemotron-H's attention layers hold no MoE) or residual channels;
+    the proxy's retained importance is 1.0 for the parent and falls with each."""
     score = expert_kl_scorer(model, importance, tokens(2, 16, seed=4))
     full = {c.name: c.values[-1] for c in expert_space(parent).choices}
     assert score(parent) == pytest.approx(0.0, abs=1e-6)
     assert retained_expert_importance(parent, importance) == pytest.approx(1.0)
-    for smaller in ({"mamba_heads": 4}, {"shared_width": 16}, {"num_kv_heads": 1}):
+    for smaller in ({"mamba_heads": 4}, {"shared_width": 16}, {"num_kv_heads": 1}, {"hidden_size": 32}):
         arch = uniform_allocation({**full, **smaller}, parent)
         assert score(arch) > 0 and retained_expert_importance(arch, importance) < 1.0
 

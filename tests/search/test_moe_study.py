@@ -60,18 +60,21 @@ def test_the_default_weights_space_prunes_depth_and_experts_and_a_width_axis_is_
     space = expert_space(parent)
     assert {c.name: c.values for c in space.choices if len(c.values) > 1}.keys() == {
         "num_layers",
+        "hidden_size",
         "num_kv_heads",
         "q_per_kv",
         "num_experts",
         "experts_per_token",
         "expert_width",
     }
-    assert space["hidden_size"].values == (48,) and space["num_experts"].values[-1] == 8
+    assert space["hidden_size"].values == default_space(parent)["hidden_size"].values == (36, 39, 42, 45, 48)
+    assert space["ffn_width"].values == (48,) and space["num_experts"].values[-1] == 8
     assert space["expert_width"].values == (8, 16)  # whole 16-byte rows only (the default space has 8..16)
     check_config(_config(space), parent)
     assert space["num_layers"].values == default_space(parent)["num_layers"].values == (2, 3)
     with pytest.raises(
-        ConfigError, match=r"hidden_size choices \[.*\].*layers, attention heads and experts only.*--mode plan"
+        ConfigError,
+        match=r"ffn_width choices \[.*\].*layers, hidden size, attention heads and experts only.*--mode plan",
     ):
         check_config(_config(default_space(parent)), parent)
     odd = replace(
@@ -117,7 +120,8 @@ def test_the_cli_gives_a_moe_parent_the_expert_space_in_weights_mode_only() -> N
         return build_config(merged(args))
 
     weights = config_of("--mode", "weights").space
-    assert weights["hidden_size"].values == (2048,) and len(weights["num_experts"].values) > 1
+    assert weights["hidden_size"].values[-1] == 2048 and len(weights["num_experts"].values) > 1
+    assert len(weights["hidden_size"].values) > 1  # cut before the expert search too (dense_cut)
     assert len(weights["num_layers"].values) > 1  # depth is cut before the expert search (dense_cut)
     assert len(config_of("--mode", "plan").space["num_layers"].values) > 1
 

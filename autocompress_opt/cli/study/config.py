@@ -219,8 +219,9 @@ def study_space(model: str, mode: str, space: str | None = None) -> Any:
 
 
 def _default_space(model: str, mode: str) -> Any:
-    """The parent's default space; in weights mode a MoE parent's prunes its depth, attention heads and
-    experts only (the sparse trial's axes, :func:`~autocompress_opt.search.study.config.expert_space`)."""
+    """The parent's default space; in weights mode a MoE parent's prunes its depth, hidden size,
+    attention heads and experts only (the sparse trial's axes,
+    :func:`~autocompress_opt.search.study.config.expert_space`)."""
     from autocompress_opt.arch.catalog import load_architecture
     from autocompress_opt.arch.hybrid import is_moe
     from autocompress_opt.arch.search_space import default_space

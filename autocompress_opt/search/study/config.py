@@ -58,7 +58,7 @@ PROXY_POINTS = 4  # weights mode: points the plan-mode proxy enqueues per target
 PROXY_QUALITIES = ("importance", "estimate")  # what ranks them (StudyConfig.proxy_quality)
 RUNNERS_UP = 2  # weights mode: best-uniform's next-best scored candidates seeded after the baselines by default
 # The dense choices a MoE parent's weights trial cuts before its expert search (weights_trial.dense_cut).
-MOE_DENSE_CHOICES: tuple[str, ...] = ("num_layers", "num_kv_heads", "q_per_kv")
+MOE_DENSE_CHOICES: tuple[str, ...] = ("num_layers", "hidden_size", "num_kv_heads", "q_per_kv")
 # Expert widths are multiples of this: transformers' grouped expert matmul (Qwen3-MoE's experts) needs
 # 16-byte row strides ("strides should be multiple of 16 bytes", run on CPU), 8 channels in bf16.
 EXPERT_WIDTH_MULTIPLE = 8
@@ -394,7 +394,7 @@ def check_moe_space(space: SearchSpace, parent: Architecture) -> None:
     """Raise :class:`ConfigError` (one line) when a weights-mode study of the MoE ``parent`` cannot run:
     its family has no experts path (:data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`: Qwen3-MoE,
     Mixtral, Nemotron-H; the others are plan-mode only), or ``space`` varies a choice the trial does not
-    prune on a MoE parent yet (hidden size and dense FFN: pinned to the parent's)."""
+    prune on a MoE parent yet (dense FFN: pinned to the parent's)."""
     from autocompress_opt.hf.adapters import MOE_ADAPTERS
 
     if parent.family not in MOE_ADAPTERS:
@@ -408,7 +408,7 @@ def check_moe_space(space: SearchSpace, parent: Architecture) -> None:
         if choice.name not in (*SPARSE_CHOICES, *MOE_DENSE_CHOICES) and choice.values != (limits[choice.name],):
             raise ConfigError(
                 f"search space: {choice.name} choices {list(choice.values)}: weights mode on a MoE parent prunes "
-                f"layers, attention heads and experts only, so {choice.name} must be the parent's "
+                f"layers, hidden size, attention heads and experts only, so {choice.name} must be the parent's "
                 f"{limits[choice.name]}; pin it, or drop --space for the default expert space, or use --mode plan"
             )
     odd = (
@@ -432,9 +432,9 @@ def check_moe_space(space: SearchSpace, parent: Architecture) -> None:
 def expert_space(parent: Architecture, sampler: str = "tpe") -> SearchSpace:
     """The default weights-mode space of a MoE ``parent``: the default space's sparse values
     (:data:`~autocompress_opt.arch.hybrid.SPARSE_CHOICES` the parent has; widths that are multiples of
-    :data:`EXPERT_WIDTH_MULTIPLE`), depths and attention heads (:data:`MOE_DENSE_CHOICES`), the hidden
-    size and dense FFN pinned to the parent's: the outer loop chooses how many layers, heads and experts,
-    the top-``k`` and the widths, the trial which ones
+    :data:`EXPERT_WIDTH_MULTIPLE`), depths, hidden sizes and attention heads (:data:`MOE_DENSE_CHOICES`),
+    the dense FFN pinned to the parent's: the outer loop chooses how many layers, channels, heads and
+    experts, the top-``k`` and the widths, the trial which ones
     (:func:`~autocompress_opt.search.study.weights_trial.dense_cut`, then the expert search)."""
     full = default_space(parent, sampler)
     limits = sparse_limits(parent)

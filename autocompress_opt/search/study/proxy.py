@@ -181,7 +181,8 @@ def retained_expert_importance(arch: Architecture, importance: Any) -> float:
     layer whose heads are cut, the fraction of ``heads`` mass the kept ones hold (the dense plan's rule:
     the best KV groups, the best query heads of each); averaged over those layers; times, where
     ``arch`` drops layers of the parent (listed as dropped, as a uniform child lists them), the share
-    of the parent's ``skip_loss`` (clamped at 0) its kept layers hold.
+    of the parent's ``skip_loss`` (clamped at 0) its kept layers hold; times, where ``arch`` keeps fewer
+    residual channels than the parent, the share of the ``hidden`` score mass its most active channels hold.
     With the record's ``routing_mass``, a MoE layer's fraction is also times the share of the routing
     weight its ``experts_per_token`` largest choices hold (an experts-per-token cut scored by the mass
     it drops; records without it leave top-``k`` out). In [0, 1], 1.0 for the parent; the units are the
@@ -214,6 +215,8 @@ def retained_expert_importance(arch: Architecture, importance: Any) -> float:
         skip = importance.skip_loss.clamp_min(0)
         kept = [i for i, layer in enumerate(arch.layers) if not layer.is_noop]
         depth = float(skip[kept].sum()) / float(skip.sum()) if float(skip.sum()) > 0 else len(kept) / len(arch.layers)
+    if arch.hidden_size < len(importance.hidden):  # a hidden cut: the channel mass it keeps
+        depth *= _kept_mass(importance.hidden.clamp_min(0)[None], arch.hidden_size)
     return depth * sum(fractions) / len(fractions)
 
 

@@ -69,9 +69,10 @@ the progress bar and the early-stopping scheduler; elsewhere the reports go nowh
 **Sparse parents.** A parent with MoE or Mamba-2 layers (Qwen3-MoE, Mixtral, Nemotron-H: the families of
 :data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`) runs the same trial with its own search, cut and record:
 
-* dense sizes first: a point of fewer layers or attention heads than the parent cuts them
-  (:func:`dense_cut`) and the rest runs on the cut model, learning towards the whole parent's log-probs;
-* the point holds the other dense axes (hidden size, dense FFN) at the parent's sizes
+* dense sizes first: a point of fewer layers, attention heads or residual channels than the parent
+  cuts them (:func:`dense_cut`) and the rest runs on the cut model, learning towards the whole parent's
+  log-probs;
+* the point holds the dense FFN at the parent's size
   (:func:`~autocompress_opt.search.inner.experts.expert_point` names one that does not); the outer loop
   chooses how many experts, the top-``k``, the expert width (and shared width and Mamba-2 heads where
   the parent has them), the inner search (:func:`~autocompress_opt.search.inner.experts.search_experts`)
@@ -446,7 +447,7 @@ def _sparse_trial(
     )
     searched = time.perf_counter()
     arch = cut.spread(result.architecture, parent.architecture)
-    kept = expert_kept(result.masks, cut.architecture, cut.layers, cut.heads)
+    kept = expert_kept(result.masks, cut.architecture, cut.layers, cut.heads, cut.hidden)
     quality, cached = _quality(parent, arch, lambda: slice_experts(cut.model, result.masks), cache_dir, kept=kept)
     done = time.perf_counter()
     timings.update({"search": searched - searching, "quality": done - searched, "total": done - began})
@@ -461,14 +462,16 @@ def _sparse_trial(
 class DenseCut:
     """A MoE or hybrid parent cut to a point's dense sizes (:func:`dense_cut`): ``model`` holds the parent
     layers ``layers`` (ascending; None: every layer) and, in each attention layer ``i`` of those, the
-    query heads ``heads[i]`` (None: every head); ``architecture`` is its own and ``importance`` the
-    parent's scores of what it keeps. With both None ``model`` is the parent."""
+    query heads ``heads[i]`` (None: every head), and the parent's residual channels ``hidden``
+    (ascending; None: every one); ``architecture`` is its own and ``importance`` the parent's scores of
+    what it keeps. With all three None ``model`` is the parent."""
 
     model: Any
     architecture: Architecture
     importance: Any
     layers: list[int] | None
     heads: dict[int, list[int]] | None = None
+    hidden: list[int] | None = None
 
     def spread(self, arch: Architecture, parent: Architecture) -> Architecture:
         """``arch`` (a child of :attr:`model`) over the parent's layers: each kept layer in its parent
@@ -495,12 +498,15 @@ def dense_cut(parent: ParentContext, params: Mapping[str, int], layer_order: Seq
       where it is (:func:`~autocompress_opt.prune.experts.slice_layers`);
     * heads, ``num_kv_heads`` KV groups of ``q_per_kv`` query heads in every attention layer: the
       highest-scoring ones (:func:`~autocompress_opt.prune.experts.head_choice`, a dense plan's rule;
-      :func:`~autocompress_opt.prune.experts.slice_heads`).
+      :func:`~autocompress_opt.prune.experts.slice_heads`);
+    * hidden size, ``hidden_size`` residual channels: the highest-scoring ones
+      (:func:`~autocompress_opt.prune.experts.hidden_choice`, as a dense plan keeps them;
+      :func:`~autocompress_opt.prune.experts.slice_hidden`), in every layer kind.
 
-    The whole parent when the point keeps both at the parent's. Cached per parent and what is kept
-    (the two most recent)."""
+    The whole parent when the point keeps all three at the parent's. Cached per parent and what is
+    kept (the two most recent)."""
     from autocompress_opt.hf.adapters import moe_adapter
-    from autocompress_opt.prune.experts import head_choice, slice_heads, slice_layers
+    from autocompress_opt.prune.experts import head_choice, hidden_choice, slice_heads, slice_hidden, slice_layers
 
     arch = parent.architecture
     present = _present(arch)
@@ -510,10 +516,14 @@ def dense_cut(parent: ParentContext, params: Mapping[str, int], layer_order: Seq
         raise ConfigError(f"point choice num_layers={n} is outside 1..{len(present)} (the parent's present layers)")
     heads = tuple(int(params.get(k, limits.get(k, 0))) for k in ("num_kv_heads", "q_per_kv"))
     cut_heads = "num_kv_heads" in limits and heads != (limits["num_kv_heads"], limits["q_per_kv"])
-    if n == len(present) and not cut_heads:
+    width = int(params.get("hidden_size", arch.hidden_size))
+    if not 1 <= width <= arch.hidden_size:
+        raise ConfigError(f"point choice hidden_size={width} is outside 1..{arch.hidden_size} (the parent's)")
+    cut_hidden = width < arch.hidden_size
+    if n == len(present) and not cut_heads and not cut_hidden:
         return DenseCut(parent.model, arch, parent.importance, None)
     kept = depth_layers(arch, n, layer_order or parent.importance.layer_order()) if n < len(present) else None
-    key = (id(parent.model), tuple(kept or ()), heads if cut_heads else None)
+    key = (id(parent.model), tuple(kept or ()), heads if cut_heads else None, width)
     if key not in _CUTS:
         while len(_CUTS) >= _CUTS_KEPT:
             _CUTS.pop(next(iter(_CUTS)))
@@ -528,7 +538,13 @@ def dense_cut(parent: ParentContext, params: Mapping[str, int], layer_order: Seq
             model = slice_heads(model, chosen)
             cut_arch = moe_adapter(model).architecture(model)
             importance = importance.select_heads(chosen, cut_arch)
-        _CUTS[key] = DenseCut(model, cut_arch, importance, kept, chosen)
+        channels = None
+        if cut_hidden:
+            channels = hidden_choice(importance, width)
+            model = slice_hidden(model, channels)
+            cut_arch = moe_adapter(model).architecture(model)
+            importance = importance.select_hidden(channels, cut_arch)
+        _CUTS[key] = DenseCut(model, cut_arch, importance, kept, chosen, channels)
     _CUTS[key] = _CUTS.pop(key)  # the most recent last
     return _CUTS[key]
 
