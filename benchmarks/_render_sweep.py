@@ -416,11 +416,88 @@ def finalists() -> str:
     return r.table(header, rows) + f"\n\nHolm over the file's {family} comparisons (before and after recovery)."
 
 
+TASKS = "sweep_tasks/sweep"  # bench_sweep.py --tasks --results benchmarks/results/sweep_tasks
+
+
+def _points(d: dict[str, Any] | None, comparison: dict[str, Any] | None = None) -> str:
+    """``+1.2 pts [-0.8, +3.1]``, bold when Holm keeps an interval that excludes 0 (``comparison``)."""
+    if not d:
+        return "—"
+    low, high = d["ci95"]
+    text = f"{d['mean']:+.1f} pts [{low:+.1f}, {high:+.1f}]"
+    resolved = comparison is not None and comparison["p_holm"] < 0.05 and (high < 0 or low > 0)
+    return f"**{text}**" if resolved else text
+
+
+def sweep_tasks() -> str:
+    """Per cell of the tasks file: each task's items, what the screen said, both arms' accuracy on the
+    report blocks and searched − best-uniform, then the mean over the kept tasks with its Holm p."""
+    r = _render()
+    data = r.load(TASKS)
+    if data is None or not data.get("cells"):
+        return "Not yet measured (`benchmarks/results/sweep_tasks/sweep.json` is not committed)."
+    s = data["settings"]
+    parts = []
+    for key, cell in _ordered(data):
+        t = cell.get("tasks")
+        if not t:
+            parts.append(f"{key}: {cell.get('unavailable', 'no task scores')}.")
+            continue
+        rows = []
+        for name, items in t["items"].items():
+            sizes = items["block_sizes"]
+            report = f"{sizes[1]:,}" + (" (the whole source)" if items["short"] else "")
+            rows.append(
+                [
+                    name,
+                    f"{sizes[0]:,} / {report}",
+                    f"{items['n_contaminated']:,} of {items['n_built']:,}",
+                    t["screen"][name] or "kept",
+                    f"{100 * t['scores']['searched'][name]:.1f} %",
+                    f"{100 * t['scores']['best-uniform'][name]:.1f} %",
+                    _points(t["per_task"].get(name)),
+                ]
+            )
+        name = f"{key}: searched vs best-uniform, mean accuracy over {len(t['kept'])} tasks after recovery"
+        comparison = _comparison(data, name)
+        mean = _points(t["difference"], comparison)
+        holm = f", p_holm {comparison['p_holm']:.2g}: {comparison['verdict']}" if comparison else ""
+        header = [
+            "task",
+            "items: dev / each report block",
+            "dropped (shared 13 words with calibration or selection text)",
+            "screen (dev block)",
+            "searched",
+            "best uniform",
+            "searched − best-uniform",
+        ]
+        parts.append(
+            f"**{key}** (searched: {_model(cell['arms'].get('searched'))}; best uniform: "
+            f"{_model(cell['arms'].get('best-uniform'))})\n\n"
+            + r.table(header, rows)
+            + f"\n\nMean over the kept tasks ({', '.join(t['kept']) or 'none'}): {mean}{holm}."
+        )
+    rec = s["recovery"]
+    intro = (
+        f"Measured at {r.commit_of(data.get('provenance') or data)} ({data['date'][:10]}, {data['machine']['cpus']} "
+        f"CPU cores) on {s['model']}: {s['trials']} trials per study, recovery {rec['steps']} steps, seeds "
+        f"{', '.join(str(x) for x in rec['seeds'])}. Each recovered model is scored on every task's dev block and on "
+        f"the report block of its recovery seed (both arms on the same items; no item in two blocks); accuracy "
+        f"is the mean over both seeds' blocks. A task is dropped when every model's dev score is within "
+        f"{100 * s['tasks']['floor_margin']:.0f} points of chance (or of 0 for a cloze) or at "
+        f"{100 * s['tasks']['ceiling']:.0f} % or more. Differences are paired over items within blocks and resampled "
+        f"over blocks ({s['n_boot']:,} resamples); p_holm is Holm-corrected over the file's "
+        f"{(data.get('corrected') or {}).get('family', 0)} comparisons (test KL before and after recovery, and this)."
+    )
+    return "\n\n".join([intro, *parts])
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "finalists": finalists,
     "sweep": sweep,
     "sweep-seeds": sweep_seeds,
     "sweep-verdict": sweep_verdict,
+    "sweep-tasks": sweep_tasks,
     "sweep-timing": sweep_timing,
     "sweep-without-runners-up": sweep_without_runners_up,
 }

@@ -13,8 +13,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import _render_sweep  # noqa: E402
 import _sweep_tasks  # noqa: E402
 import bench_sweep  # noqa: E402
+import render  # noqa: E402
 
 from autocompress_opt.tasks.items import TaskSpec  # noqa: E402
 from autocompress_opt.tasks.report import ReportTask  # noqa: E402
@@ -39,7 +41,7 @@ def _run(seed: int, correct: dict[str, np.ndarray], dev: dict[str, float]) -> di
     return {"seed": seed, "tasks": tasks}
 
 
-def test_a_cells_task_comparison_counts_only_screened_tasks_and_joins_holm() -> None:
+def test_a_cells_task_comparison_counts_only_screened_tasks_and_joins_holm(tmp_path, monkeypatch) -> None:
     rng = np.random.default_rng(0)
     tasks = {"good": _task("good", 0.25), "flat": _task("flat", 0.25)}
     arms: dict[str, dict] = {"searched": {"recovered": {}}, "best-uniform": {"recovered": {}}}
@@ -63,6 +65,22 @@ def test_a_cells_task_comparison_counts_only_screened_tasks_and_joins_holm() -> 
     assert corrected["family"] == 1
     entry = corrected["comparisons"][name]
     assert entry["acc_diff_pts"] == pytest.approx(points) and entry["verdict"] == "searched better"
+
+    # the docs block: a row per task, the screen's word, and the mean bold (Holm keeps it)
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    assert _render_sweep.sweep_tasks().startswith("Not yet measured")
+    arm = {"summary": "x: 10/10 layers", "uniform": True}
+    cell = {"target": "rtx5070:in-game", "budget": "middle", "study_seed": 0, "tasks": out}
+    cell["arms"] = {a: {**arm, **arms[a]} for a in arms}
+    settings = {"model": "m", "trials": 12, "recovery": {"steps": 30, "seeds": [0, 1]}, "n_boot": 2000}
+    settings["tasks"] = {"floor_margin": 0.05, "ceiling": 0.95}
+    data = {"cells": {"rtx5070:in-game/middle/s0": cell}, "settings": settings, "date": "2026-12-07"}
+    data |= {"machine": {"cpus": 2}, "corrected": corrected, "provenance": {"code": {"commit": "abc1234"}}}
+    (tmp_path / "sweep_tasks").mkdir()
+    (tmp_path / "sweep_tasks" / "sweep.json").write_text(__import__("json").dumps(data))
+    text = _render_sweep.sweep_tasks()
+    assert "| good | 0 / 0 | 0 of 2,400 | kept |" in text and "| flat | 0 / 0 | 0 of 2,400 | at chance |" in text
+    assert f"**{out['difference']['mean']:+.1f} pts" in text and "searched better" in text
 
 
 def test_no_kept_task_gives_no_difference() -> None:
