@@ -55,12 +55,13 @@ def _ordered(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return sorted(cells.items(), key=lambda kv: rank(kv[1]))
 
 
-def _interval(d: dict[str, Any] | None, comparison: dict[str, Any] | None) -> str:
-    """``-0.067 [-0.091, -0.041]``, bold when the interval excludes 0 and Holm keeps it."""
+def _interval(d: dict[str, Any] | None, comparison: dict[str, Any] | None, digits: int = 3, unit: str = "") -> str:
+    """``-0.067 [-0.091, -0.041]`` (``+1.2 pts [-0.8, +3.1]`` with ``digits`` 1 and ``unit`` " pts"),
+    bold when the interval excludes 0 and Holm keeps it (``comparison``)."""
     if not d:
         return "—"
     low, high = d["ci95"]
-    text = f"{d['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
+    text = f"{d['mean']:+.{digits}f}{unit} [{low:+.{digits}f}, {high:+.{digits}f}]"
     resolved = comparison is not None and comparison["p_holm"] < 0.05 and (high < 0 or low > 0)
     return f"**{text}**" if resolved else text
 
@@ -420,13 +421,7 @@ TASKS = "sweep_tasks/sweep"  # bench_sweep.py --tasks --results benchmarks/resul
 
 
 def _points(d: dict[str, Any] | None, comparison: dict[str, Any] | None = None) -> str:
-    """``+1.2 pts [-0.8, +3.1]``, bold when Holm keeps an interval that excludes 0 (``comparison``)."""
-    if not d:
-        return "—"
-    low, high = d["ci95"]
-    text = f"{d['mean']:+.1f} pts [{low:+.1f}, {high:+.1f}]"
-    resolved = comparison is not None and comparison["p_holm"] < 0.05 and (high < 0 or low > 0)
-    return f"**{text}**" if resolved else text
+    return _interval(d, comparison, 1, " pts")
 
 
 def sweep_tasks() -> str:

@@ -143,17 +143,22 @@ def kept_layers(kept: Mapping[str, Any], num_layers: int) -> list[int] | None:
     one; :class:`ConfigError` for a list that is not ascending indices within ``0..num_layers-1``."""
     if kept.get("format") != EXPERT_KEPT_DEPTH or "kept_layers" not in kept:
         return None
-    layers = kept.get("kept_layers")
-    if (
-        not isinstance(layers, list)
-        or not layers
-        or not all(isinstance(i, int) and 0 <= i < num_layers for i in layers)
-        or layers != sorted(set(layers))
-    ):
+    layers: Any = kept.get("kept_layers")
+    if not _ascending(layers, num_layers):
         raise ConfigError(
             f"kept record: kept_layers {layers!r} must be ascending, distinct parent layers in 0..{num_layers - 1}"
         )
     return list(layers)
+
+
+def _ascending(values: Any, n: int) -> bool:
+    """Whether ``values`` is a non-empty list of ascending, distinct ints in ``0..n-1``."""
+    return (
+        isinstance(values, list)
+        and bool(values)
+        and all(isinstance(i, int) and 0 <= i < n for i in values)
+        and values == sorted(set(values))
+    )
 
 
 def kept_heads(kept: Mapping[str, Any]) -> dict[int, list[int]] | None:
@@ -177,12 +182,7 @@ def kept_hidden(kept: Mapping[str, Any], hidden_size: int) -> list[int] | None:
     if kept.get("format") != EXPERT_KEPT_DEPTH or "kept_hidden" not in kept:
         return None
     channels = kept["kept_hidden"]
-    if (
-        not isinstance(channels, list)
-        or not channels
-        or not all(isinstance(c, int) and 0 <= c < hidden_size for c in channels)
-        or channels != sorted(set(channels))
-    ):
+    if not _ascending(channels, hidden_size):
         raise ConfigError(
             f"kept record: kept_hidden must be ascending, distinct channels in 0..{hidden_size - 1}; "
             f"got {str(channels)[:80]}"

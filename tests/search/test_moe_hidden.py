@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_moe_depth import INNER, TARGET
 from tiny_families import TINY_MOE, hybrid_model, tiny_model, tokens
 
 from autocompress_opt.errors import ConfigError
@@ -93,7 +94,6 @@ def test_a_weights_trial_cuts_the_hidden_size_and_exports_its_own_child(family: 
     from autocompress_opt.search.study.export import export_trial
     from autocompress_opt.search.study.proxy import retained_expert_importance
     from autocompress_opt.search.study.weights_trial import run_weights_trial
-    from autocompress_opt.serving.targets import Target
 
     model = (
         tiny_model("qwen3_moe", **TINY_MOE, vocab_size=260) if family == "qwen3_moe" else hybrid_model(vocab_size=260)
@@ -103,25 +103,14 @@ def test_a_weights_trial_cuts_the_hidden_size_and_exports_its_own_child(family: 
     parent = loaded.architecture
     width = parent.hidden_size * 3 // 4
     params = {**sparse_limits(parent), "num_layers": parent.num_layers - 1, "hidden_size": width, "num_experts": 4}
-    target = Target("h100-sxm", "datacenter", constraints={"output_throughput_tok_s": "1x", "active_params": "0.95x"})
-    inner = {
-        "steps": 2,
-        "n_samples": 4,
-        "val_samples": 1,
-        "seq_len": 16,
-        "eval_samples": 2,
-        "eval_seq_len": 16,
-        "importance_samples": 2,
-        "importance_seq_len": 16,
-    }
     request = {
         "params": params,
         "parent": parent.to_dict(),
-        "target": target.to_dict(),
+        "target": TARGET.to_dict(),
         "seed": 0,
         "parent_model": str(model_dir),
         "cache_dir": str(tmp_path / "cache"),
-        "inner": inner,
+        "inner": INNER,
     }
     result = run_weights_trial(request)
     arch = Architecture.from_dict(result["architecture"])
