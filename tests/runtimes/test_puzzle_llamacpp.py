@@ -26,7 +26,7 @@ from puzzle_helpers import llamacpp_study, per_layer_masks
 from tiny_families import hybrid_model, tokens
 
 from autocompress_opt.hf.adapters import moe_adapter
-from autocompress_opt.prune.experts import export_experts
+from autocompress_opt.prune.experts import export_experts, hidden_choice, slice_hidden
 from autocompress_opt.prune.importance import estimate_importance
 from autocompress_opt.prune.masking import apply_masks
 from autocompress_opt.runtimes.llamacpp import convert_to_gguf, gguf_logits
@@ -100,6 +100,31 @@ def test_llamacpp_runs_the_puzzle_export_as_the_masked_parent(
     # Measured: 100 % agreement, max |Δ log p| 1.8e-4 (llama.cpp's KV cache is f16). Against a reference
     # whose layer 1 routes to 2 experts instead of 1: 98.0 % and 0.044, so a per-layer top-k lost fails.
     assert worst < 0.01, (agreement, worst)
+
+
+@pytest.mark.slow
+def test_llamacpp_runs_a_puzzle_export_with_fewer_residual_channels(
+    smollm2_tokenizer: Any, llamacpp_engine: Any, tmp_path: Path
+) -> None:
+    """The hidden size cut too (48 → 32 channels, ``slice_hidden``, before the per-layer expert cut): the
+    Puzzle export converts and agrees with the cut model under its masks on 128 positions."""
+    torch.set_num_threads(2)
+    model = engine_ready_model()
+    importance = estimate_importance(model, tokens(4, 12), adapter=moe_adapter(model), progress=False)
+    channels = hidden_choice(importance, 32)
+    cut = slice_hidden(model, channels)
+    adapter = moe_adapter(cut)
+    masks = per_layer_masks(cut, importance.select_hidden(channels, adapter.architecture(cut)), BASE, PER_LAYER)
+    out = export_experts(cut, masks, tmp_path / "child")
+    smollm2_tokenizer.save_pretrained(out)
+    assert json.loads((out / "config.json").read_text())["hidden_size"] == 32
+    sequences = check_sequences(smollm2_tokenizer, VOCAB, positions=128, length=64)
+    with torch.no_grad(), apply_masks(cut, masks, adapter=adapter):
+        reference = [_log_softmax(cut(torch.tensor([ids])).logits[0].numpy()) for ids in sequences]
+    gguf = convert_to_gguf(out, tmp_path / "narrow-f32.gguf", "f32", pad_attention_only=False)
+    rows = [_top_rows(_log_softmax(x), 20) for x in gguf_logits(gguf, sequences)]
+    agreement, worst, _, positions = compare(reference, rows)
+    assert positions == 128 and agreement >= 0.99 and worst < 0.01, (agreement, worst)
 
 
 @pytest.mark.slow
