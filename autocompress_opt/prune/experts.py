@@ -10,9 +10,10 @@ path handles (:data:`~autocompress_opt.hf.adapters.MOE_ADAPTERS`: Qwen3-MoE, Nem
    ``mamba_heads``: the plan-mode search's choices, :data:`~autocompress_opt.arch.hybrid.SPARSE_CHOICES`,
    those the parent has a sub-block for) → :class:`~autocompress_opt.prune.masking.Masks`. Per MoE layer
    the kept experts are the ``num_experts`` with the highest ``expert_frequency`` (ties: higher
-   ``expert_output``, then the lower index), each keeps its ``expert_width`` channels of highest
-   ``expert_ffn``, the shared expert its ``shared_width`` of highest ``shared_ffn``; per Mamba-2 layer
-   the ``mamba_heads`` of highest score, the same number per group (:mod:`autocompress_opt.prune.mamba`).
+   ``expert_gate_mass``, then ``expert_output``, then the lower index), each keeps its ``expert_width``
+   channels of highest ``expert_ffn``, the shared expert its ``shared_width`` of highest ``shared_ffn``;
+   per Mamba-2 layer the ``mamba_heads`` of highest score, the same number per group
+   (:mod:`autocompress_opt.prune.mamba`).
 2. :func:`~autocompress_opt.prune.masking.apply_masks` — the parent computing them (dropped experts'
    router logits ``-inf`` before the top-``k``, masked channels and heads zeroed).
 3. :func:`slice_experts` / :func:`export_experts` — the model of the family with the stacked expert
@@ -165,8 +166,11 @@ def _layer_mask(imp: Importance, i: int, p: LayerParts, mask: LayerMask, sizes: 
             raise ConfigError(f"the importance scores have no shared-expert scores for MoE layer {i}")
         shared = torch.zeros(p.shared_width, dtype=torch.bool)
         shared[ranked(shared_scores)[: sizes.get("shared_width", p.shared_width)]] = True
-    by_output = ranked(output)  # most used first; ties: larger output, then the lower index
-    order = by_output[torch.argsort(frequency[by_output], descending=True, stable=True)]
+    order = ranked(output)  # most used first; ties: more gate mass, then larger output, then the lower index
+    gate = imp.expert_gate_mass[i] if i < len(imp.expert_gate_mass) else None
+    if gate is not None:
+        order = order[torch.argsort(gate[order], descending=True, stable=True)]
+    order = order[torch.argsort(frequency[order], descending=True, stable=True)]
     experts = torch.zeros(p.num_experts, dtype=torch.bool)
     experts[order[: sizes.get("num_experts", p.num_experts)]] = True
     expert_ffn = torch.zeros(p.num_experts, p.expert_width, dtype=torch.bool)

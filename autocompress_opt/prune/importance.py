@@ -29,7 +29,10 @@ no gradients. What is scored (all scores: higher = more important):
   with a latent MoE the experts' output norm is taken in the latent width, before ``fc2_latent_proj``.
   **routing_mass** ``(k,)`` — the mean over tokens of the ``j``-th largest routing weight of each
   token's top-``k`` (as the router hands them to the experts): the mass an experts-per-token cut to
-  ``k'`` keeps is ``Σ_{j<k'}`` of it over its sum. Absent (None) in records written before it existed.
+  ``k'`` keeps is ``Σ_{j<k'}`` of it over its sum; **expert_gate_mass** ``(E,)`` — the mean over all
+  tokens of the routing weight each token gives the expert (0 outside its top-``k``): how much of the
+  layer's output the router hands it, where ``expert_frequency`` counts only how often. Each is absent
+  (None) in records written before it existed.
   Dense layers have None there, and a dense model's scores are computed exactly as before.
 * Mamba-2 mixers (hybrid parents, Nemotron-H): **mamba_heads** ``(H,)`` — per SSM head, mean over
   calibration tokens of ‖y_h‖₂, the head's ``head_dim`` channels of ``out_proj``'s input (after the
@@ -85,7 +88,15 @@ __all__ = [
 _FORMAT = "autocompress-importance/1"
 _TENSORS_FILE, _META_FILE = "importance.safetensors", "importance.json"
 LAYER_METRICS: tuple[str, ...] = ("skip_loss", "block_influence")
-_SPARSE_KINDS = ("expert_frequency", "expert_output", "expert_ffn", "shared_ffn", "mamba_heads", "routing_mass")
+_SPARSE_KINDS = (
+    "expert_frequency",
+    "expert_output",
+    "expert_ffn",
+    "shared_ffn",
+    "mamba_heads",
+    "routing_mass",
+    "expert_gate_mass",
+)
 # The version of the scores' computation, part of every cache key: bump it when an estimator's
 # numbers change, and cached scores are recomputed. (1: keys of (model, data, method) alone;
 # 2: without the dtype: a bf16 parent read an fp32 parent's scores unless its model id said bf16.)
@@ -143,6 +154,7 @@ class Importance:
     shared_ffn: tuple[torch.Tensor | None, ...] = ()
     mamba_heads: tuple[torch.Tensor | None, ...] = ()
     routing_mass: tuple[torch.Tensor | None, ...] = ()
+    expert_gate_mass: tuple[torch.Tensor | None, ...] = ()
 
     def __post_init__(self) -> None:
         for kind in _SPARSE_KINDS:  # a dense record leaves them out
@@ -278,6 +290,8 @@ def _check_shapes(imp: Importance) -> None:
         expect[f"mamba_heads[{i}]"] = (layer.mamba.num_heads,) if layer.mamba is not None else None
         if moe is not None and imp.routing_mass[i] is not None:  # absent from records written before it
             expect[f"routing_mass[{i}]"] = (moe.experts_per_token,)
+        if moe is not None and imp.expert_gate_mass[i] is not None:  # likewise
+            expect[f"expert_gate_mass[{i}]"] = (moe.num_experts,)
     for name, shape in expect.items():
         kind, _, idx = name.partition("[")
         tensor = getattr(imp, kind)[int(idx[:-1])] if idx else getattr(imp, kind)
@@ -434,6 +448,7 @@ class _Activations:
         self.expert_ffn = [zeros((p.num_experts, p.expert_width), on(p)) if p else None for p in moe]
         self.shared = [zeros(p.shared_width, on(p)) if p and p.shared_width else None for p in moe]
         self.rank_mass = [zeros(int(p.router.top_k), on(p)) if p else None for p in moe]
+        self.gate_mass = [zeros(p.num_experts, on(p)) if p else None for p in moe]
         self.mamba = [
             zeros(p.mamba.num_heads, p.mamba.out_proj.weight.device) if p.mamba is not None else None
             for p in self.parts
@@ -517,6 +532,7 @@ class _Activations:
                 h, y = expert_forward(parts, e, x[token])  # (n, F), (n, D)
                 y = y.float() * top_k_weights[token, slot, None].float()
                 self.routed[i][e] += token.numel()  # type: ignore[index]
+                self.gate_mass[i][e] += top_k_weights[token, slot].double().sum()  # type: ignore[index]
                 self.expert_out[i][e] += y.norm(dim=-1).double().sum()  # type: ignore[index]
                 self.expert_ffn[i][e] += h.float().abs().double().sum(dim=0)  # type: ignore[index]
 
@@ -615,6 +631,7 @@ def _minitron(
         shared_ffn=tuple(None if f is None else f.cpu() / n_tokens for f in acts.shared),
         mamba_heads=tuple(None if h is None else h.cpu() / n_tokens for h in acts.mamba),
         routing_mass=tuple(None if m is None else m.cpu() / n_tokens for m in acts.rank_mass),
+        expert_gate_mass=tuple(None if g is None else g.cpu() / n_tokens for g in acts.gate_mass),
     )
 
 

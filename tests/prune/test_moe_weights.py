@@ -156,3 +156,36 @@ def test_masks_that_do_not_fit_are_refused(model: Any, importance: Importance) -
     heads = replace(masks, layers=(replace(masks.layers[0], heads=torch.zeros(6, dtype=torch.bool)), *masks.layers[1:]))
     with pytest.raises(ConfigError, match=r"prunes experts only: masks.layers\[0\].heads"):
         slice_experts(model, heads)
+
+
+def test_gate_mass_is_the_routing_weight_each_expert_gets_and_breaks_frequency_ties(
+    model: Any, importance: Importance, tmp_path: Path
+) -> None:
+    """Per MoE layer the gate mass is zero exactly where no token routes, and sums to the mean routing
+    weight of a token's top-k (``routing_mass``'s sum). Of two experts routed equally often, the one
+    the router gives more weight is kept; a record written before the field loads with None."""
+    from dataclasses import replace
+
+    for i in (0, 2):
+        gate, freq = importance.expert_gate_mass[i], importance.expert_frequency[i]
+        assert gate.shape == (8,) and bool(((gate > 0) == (freq > 0)).all())
+        torch.testing.assert_close(gate.sum(), importance.routing_mass[i].sum())
+    assert importance.expert_gate_mass[1] is None
+    freq = torch.tensor([0.5, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25, 0.0], dtype=torch.float64)
+    gate = torch.tensor([0.3, 0.1, 0.2, 0.1, 0.1, 0.1, 0.1, 0.0], dtype=torch.float64)
+    out = torch.tensor([1.0, 5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+    tied = replace(
+        importance,
+        expert_frequency=(freq, None, freq),
+        expert_gate_mass=(gate, None, gate),
+        expert_output=(out, None, out),
+    )
+    kept = expert_masks(model, tied, {"num_experts": 2}).layers[0].experts
+    assert kept.tolist() == [True, False, True, False, False, False, False, False]  # 2 over 1: more gate mass
+    older = replace(tied, expert_gate_mass=())
+    kept = expert_masks(model, older, {"num_experts": 2}).layers[0].experts
+    assert kept.tolist() == [True, True, False, False, False, False, False, False]  # then: larger output
+    loaded = Importance.load(replace(importance, expert_gate_mass=(None, None, None)).save(tmp_path / "old"))
+    assert loaded.expert_gate_mass == (None, None, None)
+    again = Importance.load(importance.save(tmp_path / "new"))
+    torch.testing.assert_close(again.expert_gate_mass[2], importance.expert_gate_mass[2])
