@@ -487,12 +487,42 @@ def sweep_tasks() -> str:
     return "\n\n".join([intro, *parts])
 
 
+def sweep_tasks_verdict() -> str:
+    """One sentence per measured cell of the tasks file: accuracy over the kept tasks beside test KL."""
+    r = _render()
+    data = r.load(TASKS)
+    if data is None or not data.get("cells"):
+        return "Accuracy on clean, fresh task items is not yet measured."
+    parts = []
+    for key, cell in _ordered(data):
+        t = cell.get("tasks") or {}
+        if not t.get("difference"):
+            continue
+        acc = _comparison(
+            data, f"{key}: searched vs best-uniform, mean accuracy over {len(t['kept'])} tasks after recovery"
+        )
+        kl = cell_comparison(data, key, "after")
+        d, k = t["difference"], cell["difference"]["after"]
+        points = f"{d['mean']:+.1f} points [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]"
+        nats = f"{k['mean']:+.3f} nats [{k['ci95'][0]:+.3f}, {k['ci95'][1]:+.3f}]"
+        parts.append(
+            f"at {key}, searched − best-uniform is {points} of mean accuracy over {len(t['kept'])} tasks "
+            f"({acc['verdict'] if acc else '—'}), beside {nats} of test KL ({kl['verdict'] if kl else '—'})"
+        )
+    n = len(parts)
+    return (
+        f"On accuracy, scored on clean items never reused between evaluations ({n} cell{'s' * (n != 1)} so far, "
+        f"Holm over that file): " + "; ".join(parts) + "."
+    )
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "finalists": finalists,
     "sweep": sweep,
     "sweep-seeds": sweep_seeds,
     "sweep-verdict": sweep_verdict,
     "sweep-tasks": sweep_tasks,
+    "sweep-tasks-verdict": sweep_tasks_verdict,
     "sweep-timing": sweep_timing,
     "sweep-without-runners-up": sweep_without_runners_up,
 }

@@ -71,6 +71,7 @@ def test_a_cells_task_comparison_counts_only_screened_tasks_and_joins_holm(tmp_p
     assert _render_sweep.sweep_tasks().startswith("Not yet measured")
     arm = {"summary": "x: 10/10 layers", "uniform": True}
     cell = {"target": "rtx5070:in-game", "budget": "middle", "study_seed": 0, "tasks": out}
+    cell["difference"] = {"after": {"mean": -0.3, "ci95": [-0.35, -0.25]}}
     cell["arms"] = {a: {**arm, **arms[a]} for a in arms}
     settings = {"model": "m", "trials": 12, "recovery": {"steps": 30, "seeds": [0, 1]}, "n_boot": 2000}
     settings["tasks"] = {"floor_margin": 0.05, "ceiling": 0.95}
@@ -81,6 +82,9 @@ def test_a_cells_task_comparison_counts_only_screened_tasks_and_joins_holm(tmp_p
     text = _render_sweep.sweep_tasks()
     assert "| good | 0 / 0 | 0 of 2,400 | kept |" in text and "| flat | 0 / 0 | 0 of 2,400 | at chance |" in text
     assert f"**{out['difference']['mean']:+.1f} pts" in text and "searched better" in text
+    verdict = _render_sweep.sweep_tasks_verdict()
+    assert "(1 cell so far" in verdict and f"is {out['difference']['mean']:+.1f} points" in verdict
+    assert "over 1 tasks (searched better), beside -0.300 nats [-0.350, -0.250] of test KL" in verdict
 
 
 def test_no_kept_task_gives_no_difference() -> None:
