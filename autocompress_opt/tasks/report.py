@@ -178,8 +178,9 @@ def blocked_bootstrap(
     tasks = sorted(a_blocks[0])
     if not tasks or any(sorted(blk) != tasks for blk in [*a_blocks, *b_blocks]):
         raise ConfigError("every block of both models needs the same non-empty set of tasks")
-    if not 0 < confidence < 1 or n_boot < 1:
-        raise ConfigError(f"need 0 < confidence < 1 and n_boot >= 1, got confidence={confidence}, n_boot={n_boot}")
+    from autocompress_opt.tasks.scoring import check_bootstrap
+
+    check_bootstrap(confidence, n_boot)
     rng = np.random.default_rng(seed)
     per_block = np.zeros((n_boot, len(a_blocks)))  # each replicate's difference on each block
     observed = []

@@ -53,6 +53,7 @@ __all__ = [
     "SuiteReport",
     "TaskInfo",
     "TaskResult",
+    "check_bootstrap",
     "describe_tasks",
     "encode_pair",
     "evaluate_tasks",
@@ -615,6 +616,12 @@ def describe_tasks(data_dir: str | Path | None = None) -> list[TaskInfo]:
 
 
 # ----------------------------------------------------------------- bootstrap
+def check_bootstrap(confidence: float, n_boot: int) -> None:
+    """Raise :class:`ConfigError` unless ``0 < confidence < 1`` and ``n_boot >= 1`` (every bootstrap here)."""
+    if not 0 < confidence < 1 or n_boot < 1:
+        raise ConfigError(f"need 0 < confidence < 1 and n_boot >= 1, got confidence={confidence}, n_boot={n_boot}")
+
+
 def paired_bootstrap(
     a_correct: Mapping[str, Sequence[bool]],
     b_correct: Mapping[str, Sequence[bool]],
@@ -635,8 +642,7 @@ def paired_bootstrap(
             f"paired_bootstrap needs the same non-empty set of tasks for both models, got "
             f"{sorted(a_correct)} and {sorted(b_correct)}"
         )
-    if not 0 < confidence < 1 or n_boot < 1:
-        raise ConfigError(f"need 0 < confidence < 1 and n_boot >= 1, got confidence={confidence}, n_boot={n_boot}")
+    check_bootstrap(confidence, n_boot)
     rng = np.random.default_rng(seed)
     observed, replicates = 0.0, np.zeros(n_boot)
     for task in sorted(a_correct):
@@ -675,8 +681,7 @@ def seeded_bootstrap(
     (each domain weighted equally, as tasks are), with its paired interval over rows and seeds.
     ``scale`` multiplies the mean over tasks (100: points of accuracy).
     """
-    if not 0 < confidence < 1 or n_boot < 1:
-        raise ConfigError(f"need 0 < confidence < 1 and n_boot >= 1, got confidence={confidence}, n_boot={n_boot}")
+    check_bootstrap(confidence, n_boot)
     observed, replicates = _seeded_replicates(a_runs, b_runs, n_boot=n_boot, seed=seed, scale=scale)
     tail = (1 - confidence) / 2
     lo, hi = np.quantile(replicates, [tail, 1 - tail])
