@@ -731,11 +731,10 @@ def expert_kl_scorer(
     cuts it. The expert
     counterpart of :func:`~autocompress_opt.prune.baselines.masked_kl_scorer`; ``model`` is unchanged
     after each call."""
-    import torch
-
     from autocompress_opt.hf.adapters import moe_adapter
     from autocompress_opt.prune.experts import expert_masks, head_choice, head_masks, hidden_choice
     from autocompress_opt.prune.masking import LayerMask, apply_masks
+    from autocompress_opt.prune.plan import _indicator
     from autocompress_opt.quality.metrics import cache_teacher_logits, kl_divergence
 
     adapter = moe_adapter(model)
@@ -762,9 +761,7 @@ def expert_kl_scorer(
             chosen = head_choice(importance, parent, attn.num_kv_heads, attn.num_heads // attn.num_kv_heads)
             masks = head_masks(masks, parent, chosen)
         if arch.hidden_size < parent.hidden_size:  # the residual channels a dense plan keeps, masked
-            hidden = torch.zeros(parent.hidden_size, dtype=torch.bool)
-            hidden[hidden_choice(importance, arch.hidden_size)] = True
-            masks = replace(masks, hidden=hidden)
+            masks = replace(masks, hidden=_indicator(parent.hidden_size, hidden_choice(importance, arch.hidden_size)))
         if len(arch.layers) == len(masks.layers):  # the layers ``arch`` drops: skipped (every sub-block None)
             skip = LayerMask(None, None)
             masks = replace(masks, layers=tuple(skip if s.is_noop else m for s, m in zip(arch.layers, masks.layers)))

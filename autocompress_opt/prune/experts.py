@@ -49,7 +49,7 @@ from autocompress_opt.prune.export import OutputExistsError
 from autocompress_opt.prune.importance import Importance, ranked
 from autocompress_opt.prune.mamba import mamba_layer_mask, slice_mamba_state, uniform_mamba_heads
 from autocompress_opt.prune.masking import LayerMask, Masks
-from autocompress_opt.prune.plan import layer_heads
+from autocompress_opt.prune.plan import _top, layer_heads
 
 __all__ = [
     "CONFIG_KEYS",
@@ -549,10 +549,9 @@ def export_experts(model: Any, masks: Masks, out_dir: str | Path, *, force: bool
 # ------------------------------------------------------------------------------ hidden size
 def hidden_choice(importance: Importance, hidden_size: int) -> list[int]:
     """The ``hidden_size`` residual channels of highest ``importance.hidden`` (ties: the lower index), in
-    channel order: the channels a dense plan keeps (:func:`~autocompress_opt.prune.importance.ranked`)."""
-    d = int(importance.hidden.shape[0])
-    check_int(hidden_size, "hidden_size", 1, maximum=d)
-    return sorted(int(c) for c in ranked(importance.hidden)[:hidden_size])
+    channel order: the channels a dense plan keeps (:func:`~autocompress_opt.prune.plan.plan_pruning`'s rule)."""
+    check_int(hidden_size, "hidden_size", 1, maximum=int(importance.hidden.shape[0]))
+    return list(_top(importance.hidden, hidden_size))
 
 
 def slice_hidden(model: Any, channels: Sequence[int], *, adapter: FamilyAdapter | None = None) -> Any:

@@ -178,7 +178,7 @@ def blocked_bootstrap(
     tasks = sorted(a_blocks[0])
     if not tasks or any(sorted(blk) != tasks for blk in [*a_blocks, *b_blocks]):
         raise ConfigError("every block of both models needs the same non-empty set of tasks")
-    from autocompress_opt.tasks.scoring import check_bootstrap
+    from autocompress_opt.tasks.scoring import check_bootstrap, two_sided_p
 
     check_bootstrap(confidence, n_boot)
     rng = np.random.default_rng(seed)
@@ -199,9 +199,4 @@ def blocked_bootstrap(
     replicates = np.take_along_axis(per_block, picks, axis=1).mean(axis=1) * scale
     tail = (1 - confidence) / 2
     lo, hi = np.quantile(replicates, [tail, 1 - tail])
-    below, above = int((replicates <= 0).sum()), int((replicates >= 0).sum())
-    return {
-        "mean": float(np.mean(observed) * scale),
-        "ci95": [float(lo), float(hi)],
-        "p": min(1.0, 2 * (min(below, above) + 1) / (n_boot + 1)),
-    }
+    return {"mean": float(np.mean(observed) * scale), "ci95": [float(lo), float(hi)], "p": two_sided_p(replicates)}

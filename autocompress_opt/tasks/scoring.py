@@ -64,6 +64,7 @@ __all__ = [
     "score_task",
     "seeded_bootstrap",
     "seeded_bootstrap_p",
+    "two_sided_p",
 ]
 
 DEFAULT_BATCH_SIZE = 16  # requests per forward pass; items are short (tens of tokens)
@@ -700,8 +701,14 @@ def seeded_bootstrap_p(
     ``(k + 1) / (n_boot + 1)``, at most 1. Below ``1 - confidence`` exactly when that interval
     excludes 0 (up to the quantiles' interpolation); :func:`holm` corrects a table of them."""
     _, replicates = _seeded_replicates(a_runs, b_runs, n_boot=n_boot, seed=seed, scale=1.0)
+    return two_sided_p(replicates)
+
+
+def two_sided_p(replicates: np.ndarray) -> float:
+    """The two-sided bootstrap p-value of a difference from its replicates: ``2 · min(P*(d ≤ 0),
+    P*(d ≥ 0))`` with the add-one correction ``(k + 1) / (n + 1)``, at most 1."""
     below, above = int((replicates <= 0).sum()), int((replicates >= 0).sum())
-    return min(1.0, 2 * (min(below, above) + 1) / (n_boot + 1))
+    return min(1.0, 2 * (min(below, above) + 1) / (len(replicates) + 1))
 
 
 def holm(p_values: Mapping[str, float]) -> dict[str, float]:

@@ -233,14 +233,16 @@ def test_a_puzzle_parent_cut_in_depth_keeps_each_layers_own_expert_sizes() -> No
         torch.testing.assert_close(cut(ids).logits, skipped)
 
 
-def _trial(tmp_path: Path, params_of: Any) -> tuple[Any, dict[str, Any]]:
-    """A weights trial on a saved tiny Qwen3-MoE of the point ``params_of(parent)``: the parent and the result."""
+def _trial(tmp_path: Path, params_of: Any, model: Any = None) -> tuple[Any, dict[str, Any]]:
+    """A weights trial of the point ``params_of(parent)`` on ``model`` (default a tiny Qwen3-MoE),
+    saved as ``tmp_path / "moe"``: the parent's architecture and the result."""
     from tiny_lm import save_hf_dir
 
     from autocompress_opt.hf.loading import load_model
     from autocompress_opt.search.study.weights_trial import run_weights_trial
 
-    model_dir = save_hf_dir(tiny_model("qwen3_moe", **TINY_MOE, vocab_size=260), tmp_path / "moe")
+    model = tiny_model("qwen3_moe", **TINY_MOE, vocab_size=260) if model is None else model
+    model_dir = save_hf_dir(model, tmp_path / "moe")
     parent = load_model(model_dir).architecture
     request = {
         "params": params_of(parent),

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_moe_depth import INNER, TARGET
+from test_moe_depth import _trial
 from tiny_families import TINY_MOE, hybrid_model, tiny_model, tokens
 
 from autocompress_opt.errors import ConfigError
@@ -84,7 +84,6 @@ def test_a_weights_trial_cuts_the_hidden_size_and_exports_its_own_child(family: 
     """A point of fewer residual channels than the parent (and one layer fewer): the trial's architecture
     has that hidden size, its kept record names the channels (the highest-scoring ones), the proxy
     prices the cut, and ``export_trial`` writes a model with the trial child's logits."""
-    from tiny_lm import save_hf_dir
     from transformers import AutoModelForCausalLM
 
     from autocompress_opt.arch.architecture import Architecture
@@ -93,26 +92,14 @@ def test_a_weights_trial_cuts_the_hidden_size_and_exports_its_own_child(family: 
     from autocompress_opt.prune.expert_kept import EXPERT_KEPT_DEPTH, kept_hidden, kept_model
     from autocompress_opt.search.study.export import export_trial
     from autocompress_opt.search.study.proxy import retained_expert_importance
-    from autocompress_opt.search.study.weights_trial import run_weights_trial
 
     model = (
         tiny_model("qwen3_moe", **TINY_MOE, vocab_size=260) if family == "qwen3_moe" else hybrid_model(vocab_size=260)
     )
-    model_dir = save_hf_dir(model, tmp_path / family)
-    loaded = load_model(model_dir)
-    parent = loaded.architecture
-    width = parent.hidden_size * 3 // 4
-    params = {**sparse_limits(parent), "num_layers": parent.num_layers - 1, "hidden_size": width, "num_experts": 4}
-    request = {
-        "params": params,
-        "parent": parent.to_dict(),
-        "target": TARGET.to_dict(),
-        "seed": 0,
-        "parent_model": str(model_dir),
-        "cache_dir": str(tmp_path / "cache"),
-        "inner": INNER,
-    }
-    result = run_weights_trial(request)
+    width = model.config.hidden_size * 3 // 4
+    point = lambda p: {**sparse_limits(p), "num_layers": p.num_layers - 1, "hidden_size": width, "num_experts": 4}
+    parent, result = _trial(tmp_path, point, model)
+    loaded = load_model(tmp_path / "moe")
     arch = Architecture.from_dict(result["architecture"])
     assert arch.hidden_size == width and sum(layer.is_noop for layer in arch.layers) == 1
     kept = result["kept"]

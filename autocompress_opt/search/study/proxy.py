@@ -210,14 +210,14 @@ def retained_expert_importance(arch: Architecture, importance: Any) -> float:
         fractions.append(used * channels)
     if not fractions:
         raise ConfigError("the importance record has no expert scores for this MoE architecture")
-    depth = 1.0
+    dense = 1.0  # what the dense cuts keep: the depth's share of skip-loss, times the hidden channels' mass
     if len(arch.layers) == len(importance.skip_loss) and any(layer.is_noop for layer in arch.layers):
         skip = importance.skip_loss.clamp_min(0)
         kept = [i for i, layer in enumerate(arch.layers) if not layer.is_noop]
-        depth = float(skip[kept].sum()) / float(skip.sum()) if float(skip.sum()) > 0 else len(kept) / len(arch.layers)
+        dense = float(skip[kept].sum()) / float(skip.sum()) if float(skip.sum()) > 0 else len(kept) / len(arch.layers)
     if arch.hidden_size < len(importance.hidden):  # a hidden cut: the channel mass it keeps
-        depth *= _kept_mass(importance.hidden.clamp_min(0)[None], arch.hidden_size)
-    return depth * sum(fractions) / len(fractions)
+        dense *= _kept_mass(importance.hidden.clamp_min(0)[None], arch.hidden_size)
+    return dense * sum(fractions) / len(fractions)
 
 
 def _kept_mass_of_groups(heads: Any, per_group: int) -> float:
