@@ -160,7 +160,6 @@ def test_a_weights_trial_cuts_depth_first_and_exports_its_own_child(family: str,
     ranks last (a MoE layer kept), its kept record names the layers it kept, its quality is the child's,
     and ``export_trial`` writes a model with that child's logits."""
     from tiny_lm import save_hf_dir
-    from transformers import AutoModelForCausalLM
 
     from autocompress_opt.arch.hybrid import sparse_limits
     from autocompress_opt.hf.loading import load_model
@@ -196,17 +195,27 @@ def test_a_weights_trial_cuts_depth_first_and_exports_its_own_child(family: str,
     assert {layer.num_kv_heads for layer in arch.layers if layer.attention} == {1}
     assert any(arch.layers[i].moe is not None for i in kept["kept_layers"])
     assert result["inner"]["form"] == "experts" and result["kl_to_parent"] > 0
-    out = export_trial(loaded, arch, tmp_path / "export", kept=kept)
-    child = AutoModelForCausalLM.from_pretrained(out.path).eval()
+    child = exported_as_kept(loaded, arch, kept, tmp_path / "export")
     assert child.config.num_hidden_layers == parent.num_layers - 1 and child.config.num_key_value_heads == 1
+    with pytest.raises(ConfigError, match="keeps layers"):  # a record of other layers than the architecture's
+        export_trial(loaded, arch, tmp_path / "other", kept={**kept, "kept_layers": kept["kept_layers"][::-1][:1]})
+
+
+def exported_as_kept(loaded: Any, arch: Architecture, kept: dict[str, Any], out: Path) -> Any:
+    """``export_trial`` of a trial's architecture and kept record, loaded back: asserts its logits equal
+    the parent cut as the record says (``kept_model``) under the record's masks."""
+    from transformers import AutoModelForCausalLM
+
+    from autocompress_opt.search.study.export import export_trial
+
+    child = AutoModelForCausalLM.from_pretrained(export_trial(loaded, arch, out, kept=kept).path).eval()
     cut, masks = kept_model(loaded.model, kept)
     ids = tokens(2, 12, seed=8)
     with torch.no_grad(), apply_masks(cut, masks, adapter=moe_adapter(cut)):
         masked = cut(ids).logits
     with torch.no_grad():
         torch.testing.assert_close(child(ids).logits, masked)
-    with pytest.raises(ConfigError, match="keeps layers"):  # a record of other layers than the architecture's
-        export_trial(loaded, arch, tmp_path / "other", kept={**kept, "kept_layers": kept["kept_layers"][::-1][:1]})
+    return child
 
 
 def test_a_puzzle_parent_cut_in_depth_keeps_each_layers_own_expert_sizes() -> None:
